@@ -1,0 +1,59 @@
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "core/threads.h"
+
+namespace hetrain_cli {
+
+namespace {
+
+nlohmann::json describe(const ht::Backend& be) {
+  ht::MemoryInfo mem = be.memory_info();
+  nlohmann::json ops = nlohmann::json::array();
+  for (int k = 0; k < static_cast<int>(ht::OpKind::count_); ++k)
+    if (be.supports(static_cast<ht::OpKind>(k)))
+      ops.push_back(ht::op_kind_name(static_cast<ht::OpKind>(k)));
+  return {{"name", be.name()},
+          {"memory_total_bytes", mem.total},
+          {"memory_available_bytes", mem.available},
+          {"supported_ops", ops}};
+}
+
+}  // namespace
+
+void register_info(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Show this build's backends, threads and memory");
+  auto json_out = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json_out, "Print machine-readable JSON");
+  cmd->callback([json_out] {
+    int threads = ht::resolve_thread_count();
+    nlohmann::json info = {
+        {"version", HETRAIN_VERSION},
+        {"threads", threads},
+        {"cuda_backend", false},
+        {"backends", {describe(ht::cpu_backend())}},
+    };
+    if (*json_out) {
+      std::printf("%s\n", info.dump(2).c_str());
+      return;
+    }
+    std::printf("hetrain %s\n", HETRAIN_VERSION);
+    std::printf("threads        %d (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or cores per rank)\n",
+                threads);
+    std::printf("cuda backend   not built (CPU only)\n");
+    for (const auto& be : info["backends"]) {
+      std::printf("backend %-6s memory %.1f GiB total, %.1f GiB available, %zu ops\n",
+                  be["name"].get<std::string>().c_str(),
+                  be["memory_total_bytes"].get<double>() / (1 << 30),
+                  be["memory_available_bytes"].get<double>() / (1 << 30),
+                  be["supported_ops"].size());
+    }
+  });
+}
+
+}  // namespace hetrain_cli

@@ -1,0 +1,174 @@
+// The narrow interface every compute device implements. Ops (src/ops) own the
+// autograd and shape logic and call down into these primitives; a backend only moves
+// bytes and runs kernels on its own memory. All pointers are device pointers; all
+// tensors are float32 unless a parameter says int32; element strides may be 0 to
+// express broadcasting.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/shape.h"
+#include "tensor/allocator.h"
+
+namespace ht {
+
+enum class DeviceKind { cpu, cuda };
+
+// Every primitive a backend may offer; `supports` answers per primitive so that the
+// planner can learn what a device runs without trying it.
+enum class OpKind {
+  fill, copy, unary, unary_backward, binary, where, reduce, max_backward, gemm, softmax, softmax_backward,
+  cross_entropy, cross_entropy_backward, layernorm, layernorm_backward, embedding,
+  embedding_backward, im2col, col2im, maxpool2d, maxpool2d_backward, dropout_mask, adamw, sgd,
+  count_
+};
+const char* op_kind_name(OpKind k);
+
+enum class UnaryOp { neg, exp, log, sqrt, tanh, relu, gelu, add_scalar, mul_scalar, pow_scalar };
+enum class BinaryOp { add, sub, mul, div };
+enum class ReduceOp { sum, max };
+
+struct MemoryInfo {
+  size_t total = 0;      // bytes the device has
+  size_t available = 0;  // bytes free now (before the engine's cap)
+};
+
+// C = alpha * op(A) @ op(B) + beta * C for `batch` matrices, row-major, op(X) = X or X^T.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.f, beta = 0.f;
+  const float* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  float* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  int64_t batch = 1;
+};
+
+// One 2-d convolution or pooling window geometry over NCHW images.
+struct Window2d {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input (N, C, H, W)
+  int64_t kh = 0, kw = 0, stride = 1, pad = 0;
+  int64_t out_h() const { return (h + 2 * pad - kh) / stride + 1; }
+  int64_t out_w() const { return (w + 2 * pad - kw) / stride + 1; }
+};
+
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1, bias_correction2;  // 1 - beta^t
+};
+
+struct SgdArgs {
+  float lr, momentum, weight_decay;
+  bool nesterov;
+  bool first_step;  // the momentum buffer starts as the first gradient
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;
+  Allocator& allocator() { return *allocator_; }
+
+  // ---- memory and synchronisation
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+  virtual MemoryInfo memory_info() const = 0;
+  virtual bool supports(OpKind op) const = 0;
+
+  // ---- data movement (4-byte elements: float32 or int32)
+  virtual void fill(float* y, float value, int64_t n) = 0;
+  // dst[i] = src[i] over `shape` with each side's element strides.
+  virtual void copy(const void* src, const Strides& src_strides, void* dst,
+                    const Strides& dst_strides, const Shape& shape) = 0;
+
+  // ---- elementwise; `out` is contiguous of `shape`
+  virtual void unary(UnaryOp op, const float* x, float* y, int64_t n, float alpha) = 0;
+  // gx = gy * d op / dx, from whichever of x (input) and y (output) the op needs.
+  virtual void unary_backward(UnaryOp op, const float* x, const float* y, const float* gy,
+                              float* gx, int64_t n, float alpha) = 0;
+  virtual void binary(BinaryOp op, const float* a, const Strides& sa, const float* b,
+                      const Strides& sb, float* out, const Shape& shape) = 0;
+  // out = cond != 0 ? a : b
+  virtual void where(const float* cond, const Strides& sc, const float* a, const Strides& sa,
+                     const float* b, const Strides& sb, float* out, const Shape& shape) = 0;
+
+  // ---- reductions over the middle axis of a contiguous (outer, n, inner) view.
+  // For max, `argmax` (may be null) receives the index along n of each maximum.
+  virtual void reduce(ReduceOp op, const float* x, float* y, int32_t* argmax, int64_t outer,
+                      int64_t n, int64_t inner) = 0;
+  // gx (outer, n, inner) = gy (outer, inner) placed at argmax, zero elsewhere.
+  virtual void max_backward(const float* gy, const int32_t* argmax, float* gx, int64_t outer,
+                            int64_t n, int64_t inner) = 0;
+
+  virtual void gemm(const GemmArgs& args) = 0;
+
+  // ---- row-wise ops over contiguous (rows, n)
+  virtual void softmax(const float* x, float* y, int64_t rows, int64_t n, bool log) = 0;
+  virtual void softmax_backward(const float* y, const float* gy, float* gx, int64_t rows,
+                                int64_t n, bool log) = 0;
+  // loss[r] = logsumexp(logits[r]) - logits[r][labels[r]]; lse[r] kept for backward.
+  // Throws when a label is outside [0, classes).
+  virtual void cross_entropy(const float* logits, const int32_t* labels, float* loss,
+                             float* lse, int64_t rows, int64_t classes) = 0;
+  // glogits[r] = gloss[r] * (softmax(logits[r]) - onehot(labels[r]))
+  virtual void cross_entropy_backward(const float* logits, const float* lse,
+                                      const int32_t* labels, const float* gloss,
+                                      float* glogits, int64_t rows, int64_t classes) = 0;
+  virtual void layernorm(const float* x, const float* gamma, const float* beta, float* y,
+                         float* mean, float* rstd, int64_t rows, int64_t n, float eps) = 0;
+  // Writes gx, and overwrites ggamma and gbeta with their sums over rows.
+  virtual void layernorm_backward(const float* x, const float* gamma, const float* mean,
+                                  const float* rstd, const float* gy, float* gx, float* ggamma,
+                                  float* gbeta, int64_t rows, int64_t n) = 0;
+
+  // ---- lookups. Throws when an id is outside [0, vocab).
+  virtual void embedding(const float* table, const int32_t* ids, float* out, int64_t count,
+                         int64_t vocab, int64_t dim) = 0;
+  // gtable[ids[i]] += gout[i]; gtable is not cleared first.
+  virtual void embedding_backward(const int32_t* ids, const float* gout, float* gtable,
+                                  int64_t count, int64_t vocab, int64_t dim) = 0;
+
+  // ---- convolution helpers: cols is (N, C*kh*kw, out_h*out_w)
+  virtual void im2col(const float* x, float* cols, const Window2d& g) = 0;
+  // gx += col2im(gcols); gx is not cleared first.
+  virtual void col2im(const float* gcols, float* gx, const Window2d& g) = 0;
+  virtual void maxpool2d(const float* x, float* y, int32_t* argmax, const Window2d& g) = 0;
+  // gx (cleared by the callee) receives gy routed through argmax.
+  virtual void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
+                                  const Window2d& g) = 0;
+
+  // mask[i] = (u(seed, offset + i) >= p) / (1 - p), u a counter-based uniform in [0, 1)
+  // that every backend computes identically.
+  virtual void dropout_mask(float* mask, int64_t n, float p, uint64_t seed, uint64_t offset) = 0;
+
+  // ---- fused optimiser updates, in place
+  virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n,
+                     const AdamWArgs& a) = 0;
+  virtual void sgd(float* param, const float* grad, float* momentum_buf, int64_t n,
+                   const SgdArgs& a) = 0;
+
+ protected:
+  explicit Backend(Allocator* allocator) : allocator_(allocator) {}
+  Allocator* allocator_;
+};
+
+Backend& cpu_backend();
+
+// The uniform counter-based generator behind dropout (splitmix64 of seed and index),
+// exposed so references and other backends produce the very same stream.
+inline float counter_uniform(uint64_t seed, uint64_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+}  // namespace ht

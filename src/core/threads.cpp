@@ -1,0 +1,48 @@
+#include "core/threads.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "core/error.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace ht {
+
+namespace {
+int g_threads = 1;
+
+int env_positive(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  HT_CHECK(*end == '\0' && n > 0 && n < 4096, "environment variable ", name, "='", v,
+           "' is not a thread count; expected an integer from 1 to 4095");
+  return static_cast<int>(n);
+}
+}  // namespace
+
+int resolve_thread_count(int requested) {
+  if (requested > 0) return requested;
+  if (int n = env_positive("OMP_NUM_THREADS")) return n;
+  if (int n = env_positive("OPENBLAS_NUM_THREADS")) return n;
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  int local = env_positive("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (local > 1) cores /= local;
+  return cores > 0 ? cores : 1;
+}
+
+void set_thread_count(int n) {
+  HT_CHECK(n > 0, "thread count ", n, " is invalid; expected at least 1");
+  g_threads = n;
+  openblas_set_num_threads(n);
+  omp_set_num_threads(n);
+}
+
+int thread_count() { return g_threads; }
+
+}  // namespace ht

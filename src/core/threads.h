@@ -1,0 +1,16 @@
+// How many threads this process computes with. Several MPI ranks on one node must
+// share its cores rather than each take all of them.
+#pragma once
+
+namespace ht {
+
+// Resolution order: `requested` (> 0), then OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS,
+// then the node's cores divided by the ranks on the node (OMPI_COMM_WORLD_LOCAL_SIZE),
+// at least 1.
+int resolve_thread_count(int requested = 0);
+
+// Applies the count to OpenBLAS and to the engine's own OpenMP loops.
+void set_thread_count(int n);
+int thread_count();
+
+}  // namespace ht

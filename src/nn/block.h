@@ -1,0 +1,58 @@
+// A Block is the planner's unit of partitioning: a model is a sequence of Blocks, and
+// pipeline stages take contiguous ranges of them. Besides computing, each Block states
+// what the planner needs to place it: parameters, forward FLOPs per sample, the
+// activation bytes per sample its backward keeps alive, and the shape it hands on.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace ht::nn {
+
+class Block : public Module {
+ public:
+  // x is batched: (batch, sample_input_shape...). Returns (batch, sample_output_shape...).
+  virtual Tensor forward(const Tensor& x) = 0;
+
+  // A short name of the block's type for plans and reports ("conv_relu_pool", ...).
+  virtual std::string kind() const = 0;
+
+  // Forward FLOPs for one sample. Convention (used by every block and by the tests'
+  // hand counts): a multiply-add is 2 FLOPs; each elementwise operation on one value
+  // (bias add, activation, comparison in pooling, normalisation step) is 1 FLOP per
+  // the count documented at each block's implementation.
+  virtual int64_t flops_per_sample() const = 0;
+
+  // Bytes of activations that the backward pass keeps alive for one sample, as the
+  // ops used by forward() actually save them.
+  virtual int64_t activation_bytes_per_sample() const = 0;
+
+  // Per-sample shapes (without the batch dimension) and input dtype.
+  virtual Shape sample_input_shape() const = 0;
+  virtual Shape sample_output_shape() const = 0;
+  virtual DType input_dtype() const { return DType::f32; }
+};
+
+// A model: Blocks applied in order.
+class Sequential : public Module {
+ public:
+  void add(std::unique_ptr<Block> block) { blocks_.push_back(std::move(block)); }
+  Tensor forward(const Tensor& x) const;  // all blocks
+  // Blocks [begin, end): what one pipeline stage runs.
+  Tensor forward_range(const Tensor& x, size_t begin, size_t end) const;
+
+  const std::vector<std::unique_ptr<Block>>& blocks() const { return blocks_; }
+  size_t size() const { return blocks_.size(); }
+  Block& block(size_t i) const { return *blocks_[i]; }
+
+  std::vector<NamedTensor> named_parameters() const override;  // "blocks.<i>.<name>"
+  void set_training(bool on) override;
+
+ private:
+  std::vector<std::unique_ptr<Block>> blocks_;
+};
+
+}  // namespace ht::nn

@@ -1,0 +1,132 @@
+#include "ops/op_support.h"
+
+namespace ht {
+
+using detail::check_f32;
+
+namespace {
+
+Window2d window_of(const Tensor& x, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
+                   const char* op) {
+  detail::check_rank(x, 4, op, "input");
+  HT_CHECK(stride >= 1, op, ": stride ", stride, "; expected at least 1");
+  HT_CHECK(pad >= 0, op, ": padding ", pad, "; expected 0 or more");
+  Window2d g{x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3], kh, kw, stride, pad};
+  HT_CHECK(kh >= 1 && kw >= 1 && g.h + 2 * pad >= kh && g.w + 2 * pad >= kw, op, ": window ",
+           kh, "x", kw, " does not fit input ", to_string(x.shape()), " with padding ", pad,
+           "; expected a window no larger than the padded image");
+  return g;
+}
+
+// gemm over the batch: C[i] = op(A[i]) @ op(B[i]) with per-operand batch strides.
+void batched_gemm(Backend& be, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                  const float* a, int64_t sa, const float* b, int64_t sb, float* c, int64_t sc,
+                  int64_t batch, float beta) {
+  GemmArgs g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.beta = beta;
+  g.a = a;
+  g.lda = ta ? m : k;
+  g.stride_a = sa;
+  g.b = b;
+  g.ldb = tb ? k : n;
+  g.stride_b = sb;
+  g.c = c;
+  g.ldc = n;
+  g.stride_c = sc;
+  g.batch = batch;
+  be.gemm(g);
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride,
+              int64_t padding) {
+  check_f32(x, "conv2d", "input");
+  check_f32(weight, "conv2d", "weight");
+  detail::check_same_backend(x, weight, "conv2d");
+  detail::check_rank(weight, 4, "conv2d", "weight");
+  const Shape& ws = weight.shape();
+  Window2d g = window_of(x, ws[2], ws[3], stride, padding, "conv2d");
+  HT_CHECK(ws[1] == g.c, "conv2d: weight ", to_string(ws), " expects ", ws[1],
+           " input channels but the input ", to_string(x.shape()), " has ", g.c);
+  int64_t out_ch = ws[0];
+  if (bias.defined()) {
+    check_f32(bias, "conv2d", "bias");
+    HT_CHECK(bias.shape() == Shape{out_ch}, "conv2d: bias ", to_string(bias.shape()),
+             "; expected shape [", out_ch, "]");
+  }
+  int64_t oh = g.out_h(), ow = g.out_w(), ck = g.c * g.kh * g.kw, hw = oh * ow;
+  Backend& be = x.backend();
+  Tensor xc = contiguous(x), wc = contiguous(weight);
+  Tensor out = Tensor::empty({g.n, out_ch, oh, ow}, DType::f32, be, "conv2d");
+  {
+    Tensor cols = Tensor::empty({g.n, ck, hw}, DType::f32, be, "conv2d");
+    be.im2col(xc.data(), cols.data(), g);
+    batched_gemm(be, false, false, out_ch, hw, ck, wc.data(), 0, cols.data(), ck * hw,
+                 out.data(), out_ch * hw, g.n, 0.f);
+  }
+  if (bias.defined()) {
+    Tensor bc = contiguous(bias);
+    be.binary(BinaryOp::add, out.data(), out.strides(), bc.data(), {0, 1, 0, 0}, out.data(),
+              out.shape());
+  }
+  if (any_requires_grad({&x, &weight, &bias})) {
+    // Keep the input, not its columns: they are kh*kw times larger, and rebuilding
+    // them in backward costs one pass over memory.
+    Tensor kx = xc.detach(), kw = wc.detach();
+    record(out, "conv2d", {&x, &weight, &bias},
+           [kx, kw, g, out_ch, ck, hw](const Tensor& gy_in, const Node& n) {
+             Tensor gy = contiguous(gy_in);
+             Backend& b = gy.backend();
+             std::vector<Tensor> grads(3);
+             if (n.needs(1)) {
+               Tensor cols = Tensor::empty({g.n, ck, hw}, DType::f32, b, "conv2d_backward");
+               b.im2col(kx.data(), cols.data(), g);
+               Tensor gw = Tensor::empty(kw.shape(), DType::f32, b, "conv2d_backward");
+               for (int64_t i = 0; i < g.n; ++i)
+                 batched_gemm(b, false, true, out_ch, ck, hw, gy.data() + i * out_ch * hw, 0,
+                              cols.data() + i * ck * hw, 0, gw.data(), 0, 1, i == 0 ? 0.f : 1.f);
+               grads[1] = gw;
+             }
+             if (n.needs(0)) {
+               Tensor gcols = Tensor::empty({g.n, ck, hw}, DType::f32, b, "conv2d_backward");
+               batched_gemm(b, true, false, ck, hw, out_ch, kw.data(), 0, gy.data(), out_ch * hw,
+                            gcols.data(), ck * hw, g.n, 0.f);
+               Tensor gx = Tensor::zeros(kx.shape(), b);
+               b.col2im(gcols.data(), gx.data(), g);
+               grads[0] = gx;
+             }
+             if (n.needs(2)) grads[2] = sum(gy, {0, 2, 3});
+             return grads;
+           });
+  }
+  return out;
+}
+
+Tensor maxpool2d(const Tensor& x, int64_t kernel, int64_t stride) {
+  check_f32(x, "maxpool2d", "input");
+  Window2d g = window_of(x, kernel, kernel, stride, 0, "maxpool2d");
+  Backend& be = x.backend();
+  Tensor xc = contiguous(x);
+  Shape shape{g.n, g.c, g.out_h(), g.out_w()};
+  Tensor out = Tensor::empty(shape, DType::f32, be, "maxpool2d");
+  Tensor argmax = Tensor::empty(shape, DType::i32, be, "maxpool2d");
+  be.maxpool2d(xc.data(), out.data(), argmax.data_i32(), g);
+  if (any_requires_grad({&x})) {
+    Shape in_shape = x.shape();
+    record(out, "maxpool2d", {&x}, [argmax, in_shape, g](const Tensor& gy_in, const Node&) {
+      Tensor gy = contiguous(gy_in);
+      Tensor gx = Tensor::empty(in_shape, DType::f32, gy.backend(), "maxpool2d_backward");
+      gy.backend().maxpool2d_backward(gy.data(), argmax.data_i32(), gx.data(), g);
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return out;
+}
+
+}  // namespace ht

@@ -1,0 +1,93 @@
+#include "tensor/allocator.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace ht {
+
+std::string format_bytes(size_t bytes) {
+  char buf[64];
+  double b = static_cast<double>(bytes);
+  if (b >= 1 << 30)
+    std::snprintf(buf, sizeof buf, "%zu bytes (%.2f GiB)", bytes, b / (1 << 30));
+  else if (b >= 1 << 20)
+    std::snprintf(buf, sizeof buf, "%zu bytes (%.2f MiB)", bytes, b / (1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  return buf;
+}
+
+Allocator::Allocator(std::string device, std::function<void*(size_t)> raw_alloc,
+                     std::function<void(void*)> raw_free)
+    : device_(std::move(device)), raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
+
+Allocator::~Allocator() { release_cache_locked(); }
+
+size_t Allocator::round_up(size_t bytes) { return bytes == 0 ? 64 : (bytes + 63) & ~size_t{63}; }
+
+void* Allocator::allocate(size_t bytes, const char* what) {
+  size_t size = round_up(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cap_ && live_ + size > cap_)
+    fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": requested ", format_bytes(size),
+                         " with ", format_bytes(live_), " in use and a cap of ",
+                         format_bytes(cap_), "; expected the request to fit under the cap");
+  void* p = nullptr;
+  auto it = cache_.find(size);
+  if (it != cache_.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+    cached_ -= size;
+  } else {
+    // Under a cap, cached blocks count against the device too: drop them before
+    // growing past it.
+    if (cap_ && live_ + cached_ + size > cap_) release_cache_locked();
+    p = raw_alloc_(size);
+    if (!p) {
+      release_cache_locked();
+      p = raw_alloc_(size);
+    }
+    if (!p)
+      fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": the device refused ",
+                           format_bytes(size), " with ", format_bytes(live_), " in use");
+  }
+  live_ += size;
+  if (live_ > peak_) peak_ = live_;
+  return p;
+}
+
+void Allocator::deallocate(void* p, size_t bytes) {
+  if (!p) return;
+  size_t size = round_up(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  live_ -= size;
+  cache_[size].push_back(p);
+  cached_ += size;
+}
+
+void Allocator::set_cap(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cap_ = bytes;
+  if (cap_ && live_ + cached_ > cap_) release_cache_locked();
+}
+
+size_t Allocator::cap() const { std::lock_guard<std::mutex> l(mu_); return cap_; }
+size_t Allocator::live_bytes() const { std::lock_guard<std::mutex> l(mu_); return live_; }
+size_t Allocator::peak_bytes() const { std::lock_guard<std::mutex> l(mu_); return peak_; }
+size_t Allocator::cached_bytes() const { std::lock_guard<std::mutex> l(mu_); return cached_; }
+void Allocator::reset_peak() { std::lock_guard<std::mutex> l(mu_); peak_ = live_; }
+
+void Allocator::release_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cache_locked();
+}
+
+void Allocator::release_cache_locked() {
+  for (auto& [size, blocks] : cache_)
+    for (void* p : blocks) raw_free_(p);
+  cache_.clear();
+  cached_ = 0;
+}
+
+}  // namespace ht

@@ -1,0 +1,53 @@
+// Per-device memory accounting with an optional cap, over a cache of freed blocks.
+//
+// The cap is how memory-limited devices are emulated: a request that would take the
+// live bytes past it throws OutOfMemory naming the request, the bytes in use and the
+// cap. Freed blocks are kept for reuse because a training step allocates the same
+// sizes every step; returning them to the OS (glibc does for large blocks) costs page
+// faults on every step, and cudaMalloc is slow for the same reason on GPUs.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace ht {
+
+class Allocator {
+ public:
+  Allocator(std::string device, std::function<void*(size_t)> raw_alloc,
+            std::function<void(void*)> raw_free);
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // `what` names the requester (usually an op) for the out-of-memory message.
+  void* allocate(size_t bytes, const char* what);
+  void deallocate(void* p, size_t bytes);
+
+  void set_cap(size_t bytes);  // 0 removes the cap
+  size_t cap() const;
+  size_t live_bytes() const;
+  size_t peak_bytes() const;
+  size_t cached_bytes() const;
+  void reset_peak();
+  void release_cache();
+
+ private:
+  static size_t round_up(size_t bytes);
+  void release_cache_locked();
+
+  std::string device_;
+  std::function<void*(size_t)> raw_alloc_;
+  std::function<void(void*)> raw_free_;
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> cache_;  // rounded size -> free blocks
+  size_t cap_ = 0, live_ = 0, peak_ = 0, cached_ = 0;
+};
+
+std::string format_bytes(size_t bytes);
+
+}  // namespace ht

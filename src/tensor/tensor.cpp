@@ -1,0 +1,150 @@
+#include "tensor/tensor.h"
+
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace ht {
+
+Storage::Storage(Backend& be, size_t n, const char* what)
+    : backend(be), data(be.allocator().allocate(n, what)), bytes(n) {}
+
+Storage::~Storage() { backend.allocator().deallocate(data, bytes); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Backend& be, const char* what) {
+  for (int64_t d : shape)
+    HT_CHECK(d >= 0, what, ": shape ", to_string(shape), " has a negative dimension");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(be, ht::numel(shape) * dtype_size(dtype), what);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, Backend& be) { return full(shape, 0.f, be); }
+
+Tensor Tensor::full(const Shape& shape, float value, Backend& be) {
+  Tensor t = empty(shape, DType::f32, be);
+  be.fill(t.data(), value, t.numel());
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, Backend& be) {
+  HT_CHECK(static_cast<int64_t>(values.size()) == ht::numel(shape), "from_vector: ",
+           values.size(), " values cannot fill shape ", to_string(shape), "; expected ",
+           ht::numel(shape));
+  Tensor t = empty(shape, DType::f32, be);
+  be.copy_from_host(t.data(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+Tensor Tensor::from_ints(const std::vector<int32_t>& values, const Shape& shape, Backend& be) {
+  HT_CHECK(static_cast<int64_t>(values.size()) == ht::numel(shape), "from_ints: ",
+           values.size(), " values cannot fill shape ", to_string(shape), "; expected ",
+           ht::numel(shape));
+  Tensor t = empty(shape, DType::i32, be);
+  be.copy_from_host(t.data_i32(), values.data(), values.size() * sizeof(int32_t));
+  return t;
+}
+
+int64_t Tensor::size(int64_t axis) const {
+  return impl_->shape[normalize_axis(axis, dim(), "size")];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expect = 1;
+  for (size_t i = impl_->shape.size(); i-- > 0;) {
+    if (impl_->shape[i] == 1) continue;
+    if (impl_->strides[i] != expect) return false;
+    expect *= impl_->shape[i];
+  }
+  return true;
+}
+
+float* Tensor::data() const {
+  HT_CHECK(impl_->dtype == DType::f32, "data(): tensor of shape ", to_string(shape()), " is ",
+           dtype_name(dtype()), "; expected float32");
+  return static_cast<float*>(impl_->storage->data) + impl_->offset;
+}
+
+int32_t* Tensor::data_i32() const {
+  HT_CHECK(impl_->dtype == DType::i32, "data_i32(): tensor of shape ", to_string(shape()),
+           " is ", dtype_name(dtype()), "; expected int32");
+  return static_cast<int32_t*>(impl_->storage->data) + impl_->offset;
+}
+
+void* Tensor::raw() const {
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(impl_->dtype);
+}
+
+std::vector<float> Tensor::to_vector() const {
+  Tensor c = contiguous(*this);
+  std::vector<float> out(c.numel());
+  backend().copy_to_host(out.data(), c.data(), out.size() * sizeof(float));
+  return out;
+}
+
+std::vector<int32_t> Tensor::to_ints() const {
+  HT_CHECK(dtype() == DType::i32, "to_ints(): tensor is ", dtype_name(dtype()),
+           "; expected int32");
+  Tensor c = contiguous(*this);
+  std::vector<int32_t> out(c.numel());
+  backend().copy_to_host(out.data(), c.data_i32(), out.size() * sizeof(int32_t));
+  return out;
+}
+
+float Tensor::item() const {
+  HT_CHECK(numel() == 1, "item(): tensor of shape ", to_string(shape()),
+           " has ", numel(), " elements; expected exactly 1");
+  return to_vector()[0];
+}
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  HT_CHECK(!on || dtype() == DType::f32, "set_requires_grad: an ", dtype_name(dtype()),
+           " tensor cannot have a gradient; expected float32");
+  HT_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can be marked; this one was made by ",
+           impl_->grad_fn->name, " (use detach() first)");
+  impl_->requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl_->grad ? Tensor(impl_->grad) : Tensor(); }
+
+void Tensor::zero_grad() const { impl_->grad.reset(); }
+
+void Tensor::set_grad(const Tensor& g) const {
+  HT_CHECK(!g.defined() || g.shape() == shape(), "set_grad: gradient shape ",
+           to_string(g.shape()), " does not match tensor shape ", to_string(shape()));
+  impl_->grad = g.defined() ? g.impl_ptr() : nullptr;
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->shape = impl_->shape;
+  impl->strides = impl_->strides;
+  impl->offset = impl_->offset;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+void Tensor::backward() const {
+  HT_CHECK(numel() == 1, "backward(): called on a tensor of shape ", to_string(shape()),
+           "; expected a single element (pass a gradient for other shapes)");
+  run_backward(*this, Tensor::full(shape(), 1.f, backend()));
+}
+
+void Tensor::backward(const Tensor& grad_output) const { run_backward(*this, grad_output); }
+
+Tensor Tensor::view_as(const Shape& shape, const Strides& strides, int64_t offset) const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace ht

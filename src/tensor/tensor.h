@@ -1,0 +1,102 @@
+// n-d tensors: a shared Storage on one backend, viewed through shape, strides and an
+// offset. Views (reshape, transpose, slice, expand, ...) share storage; ops that need
+// dense input call contiguous(), which copies only when the view is not dense.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "core/shape.h"
+
+namespace ht {
+
+struct Node;
+
+struct Storage {
+  Storage(Backend& backend, size_t bytes, const char* what);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  Backend& backend;
+  void* data;
+  size_t bytes;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Strides strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+
+  // autograd
+  bool requires_grad = false;
+  std::shared_ptr<Node> grad_fn;       // set on op outputs
+  std::shared_ptr<Node> grad_acc;      // leaves: accumulates into `grad`, made on first use
+  std::shared_ptr<TensorImpl> grad;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- creation
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Backend& be = cpu_backend(),
+                      const char* what = "tensor");
+  static Tensor zeros(const Shape& shape, Backend& be = cpu_backend());
+  static Tensor full(const Shape& shape, float value, Backend& be = cpu_backend());
+  static Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                            Backend& be = cpu_backend());
+  static Tensor from_ints(const std::vector<int32_t>& values, const Shape& shape,
+                          Backend& be = cpu_backend());
+
+  // ---- metadata
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  const Strides& strides() const { return impl_->strides; }
+  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  int64_t size(int64_t axis) const;
+  int64_t numel() const { return ht::numel(impl_->shape); }
+  int64_t offset() const { return impl_->offset; }
+  DType dtype() const { return impl_->dtype; }
+  Backend& backend() const { return impl_->storage->backend; }
+  bool is_contiguous() const;
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+
+  // Device pointers to the first element of this view.
+  float* data() const;
+  int32_t* data_i32() const;
+  void* raw() const;  // either dtype, for dtype-agnostic copies
+
+  // ---- host transfer (copies; works on any view)
+  std::vector<float> to_vector() const;
+  std::vector<int32_t> to_ints() const;
+  float item() const;
+
+  // ---- autograd
+  bool requires_grad() const { return impl_->requires_grad; }
+  Tensor& set_requires_grad(bool on = true);
+  Tensor grad() const;               // undefined until a backward pass reaches this leaf
+  void zero_grad() const;            // drops the accumulated gradient
+  void set_grad(const Tensor& g) const;
+  bool is_leaf() const { return impl_->grad_fn == nullptr; }
+  Tensor detach() const;             // shares storage, no history
+  void backward() const;             // from a one-element tensor
+  void backward(const Tensor& grad_output) const;
+
+  // A view of the same storage with new geometry (no autograd; ops build on this).
+  Tensor view_as(const Shape& shape, const Strides& strides, int64_t offset) const;
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+}  // namespace ht
