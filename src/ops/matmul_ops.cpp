@@ -47,6 +47,14 @@ MatrixStack as_matrix_stack(const Tensor& t) {
 }
 
 // Runs the product without recording: the caller records the whole matmul.
+// True when the last two axes are stored transposed (column-major), as transpose()
+// leaves them: the gradient is then produced in that layout too, so that it reaches
+// the underlying (dense) tensor without a transposing copy.
+bool column_major(const Tensor& t) {
+  int64_t r = t.dim();
+  return t.strides()[r - 2] == 1 && t.strides()[r - 1] != 1;
+}
+
 void gemm_into(const Tensor& a, const Tensor& b, Tensor& out, int64_t batch) {
   NoGradGuard raw;
   MatrixStack ma = as_matrix_stack(a), mb = as_matrix_stack(b);
@@ -93,7 +101,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (any_requires_grad({&a, &b})) {
       Tensor keep_a = b.requires_grad() ? a.detach() : Tensor();
       Tensor keep_b = a.requires_grad() ? b.detach() : Tensor();
-      record(out, "matmul", {&a, &b}, [keep_a, keep_b, k](const Tensor& g, const Node& n) {
+      bool b_col = column_major(b);
+      record(out, "matmul", {&a, &b}, [keep_a, keep_b, b_col, k](const Tensor& g, const Node& n) {
         int64_t cols = g.shape().back();
         Tensor g2 = reshape(g, {-1, cols});
         Tensor ga, gb;
@@ -102,7 +111,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
             s.back() = k;
             return s;
           }());
-        if (n.needs(1)) gb = matmul(transpose(reshape(keep_a, {-1, k}), 0, 1), g2);
+        if (n.needs(1)) {
+          Tensor a2 = reshape(keep_a, {-1, k});
+          gb = b_col ? transpose(matmul(transpose(g2, 0, 1), a2), 0, 1)
+                                    : matmul(transpose(a2, 0, 1), g2);
+        }
         return std::vector<Tensor>{ga, gb};
       });
     }
@@ -122,9 +135,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (any_requires_grad({&a, &b})) {
     Tensor keep_a = b.requires_grad() ? a.detach() : Tensor();
     Tensor keep_b = a.requires_grad() ? b.detach() : Tensor();
-    record(out, "batched_matmul", {&a, &b}, [keep_a, keep_b](const Tensor& g, const Node& n) {
-      return std::vector<Tensor>{n.needs(0) ? matmul(g, transpose(keep_b, -1, -2)) : Tensor(),
-                                 n.needs(1) ? matmul(transpose(keep_a, -1, -2), g) : Tensor()};
+    bool b_col = column_major(b);
+    record(out, "batched_matmul", {&a, &b}, [keep_a, keep_b, b_col](const Tensor& g, const Node& n) {
+      Tensor ga, gb;
+      if (n.needs(0)) ga = matmul(g, transpose(keep_b, -1, -2));
+      if (n.needs(1))
+        gb = b_col ? transpose(matmul(transpose(g, -1, -2), keep_a), -1, -2)
+                 : matmul(transpose(keep_a, -1, -2), g);
+      return std::vector<Tensor>{ga, gb};
     });
   }
   return out;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_math.h"
 #include "backend/cpu/strided_loop.h"
 
 namespace ht {
@@ -63,11 +64,11 @@ void CpuBackend::unary(UnaryOp op, const float* x, float* y, int64_t n, float al
     case UnaryOp::exp: return map1(x, y, n, [](float v) { return std::exp(v); });
     case UnaryOp::log: return map1(x, y, n, [](float v) { return std::log(v); });
     case UnaryOp::sqrt: return map1(x, y, n, [](float v) { return std::sqrt(v); });
-    case UnaryOp::tanh: return map1(x, y, n, [](float v) { return std::tanh(v); });
+    case UnaryOp::tanh: return map1(x, y, n, [](float v) { return cpu::tanh_approx(v); });
     case UnaryOp::relu: return map1(x, y, n, [](float v) { return v > 0.f ? v : 0.f; });
     case UnaryOp::gelu:
       return map1(x, y, n, [](float v) {
-        return 0.5f * v * (1.f + std::tanh(kGeluC * (v + kGeluK * v * v * v)));
+        return 0.5f * v * (1.f + cpu::tanh_approx(kGeluC * (v + kGeluK * v * v * v)));
       });
     case UnaryOp::add_scalar: return map1(x, y, n, [alpha](float v) { return v + alpha; });
     case UnaryOp::mul_scalar: return map1(x, y, n, [alpha](float v) { return v * alpha; });
@@ -92,7 +93,7 @@ void CpuBackend::unary_backward(UnaryOp op, const float* x, const float* y, cons
       return map2(y, gy, gx, n, [](float v, float g) { return v > 0.f ? g : 0.f; });
     case UnaryOp::gelu:
       return map2(x, gy, gx, n, [](float v, float g) {
-        float t = std::tanh(kGeluC * (v + kGeluK * v * v * v));
+        float t = cpu::tanh_approx(kGeluC * (v + kGeluK * v * v * v));
         float dt = (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluK * v * v);
         return g * (0.5f * (1.f + t) + 0.5f * v * dt);
       });

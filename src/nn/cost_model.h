@@ -1,0 +1,52 @@
+// The cost convention every Block uses for flops_per_sample() and
+// activation_bytes_per_sample(). The unit tests recompute these figures by hand from
+// the rules below, so a change here is a change to the planner's inputs.
+//
+// FLOPs (forward only, one sample):
+//   * matrix products and convolutions: 2 FLOPs per multiply-add, over the full
+//     product the kernel computes (attention scores are counted for the whole T x T
+//     matrix: the causal op computes it all and masks afterwards);
+//   * elementwise ops: 1 FLOP per output value, whatever the op's internal cost
+//     (bias add, ReLU, GELU, residual add, position add, attention scale, causal mask
+//     select, dropout multiply); copies, views and embedding lookups are 0;
+//   * max-pooling: k*k - 1 comparisons per output value;
+//   * layernorm: 7 per value = 1 (sum for the mean) + 1 (subtract the mean) + 2 (square
+//     and accumulate the variance, one multiply-add) + 1 (scale by 1/std) + 2 (gamma
+//     multiply-add beta); per-row sqrt/reciprocal is ignored;
+//   * softmax: 5 per value = max compare, subtract max, exp, sum, divide.
+//
+// Activation bytes (one sample): the distinct storage the ops' backward closures hold
+// once forward returns, read from src/ops: matmul keeps its left operand when the
+// right one needs a gradient, conv2d its (dense) input, relu its output, gelu its
+// input, layernorm its input plus per-row mean and 1/std, softmax its output, maxpool
+// an int32 argmax per output, embedding its int32 ids, dropout its float mask; bias
+// and residual adds and scalar multiplies keep nothing. A tensor kept by two ops (the
+// softmax output kept by softmax and by the following matmul; q, k, v as views of one
+// qkv buffer) counts once. A block's own input counts when its ops keep it, so each
+// block's figure is what it holds when run alone; two adjacent blocks that both keep
+// their shared boundary tensor (ReLU output, next Linear's input) therefore count it
+// twice when summed, an overestimate of at most one boundary tensor per block.
+// Buffers whose size does not grow with the batch (the causal mask, T x T) are not
+// per-sample and are left out.
+#pragma once
+
+#include <cstdint>
+
+namespace ht::nn::cost {
+
+inline constexpr int64_t kFloatBytes = 4;
+inline constexpr int64_t kIntBytes = 4;
+inline constexpr int64_t kLayerNormFlopsPerValue = 7;
+inline constexpr int64_t kSoftmaxFlopsPerValue = 5;
+
+// (rows, in) @ (in, out), plus the bias add when there is one.
+constexpr int64_t linear_flops(int64_t rows, int64_t in, int64_t out, bool bias) {
+  return 2 * rows * in * out + (bias ? rows * out : 0);
+}
+
+// Per-sample bytes of a layernorm's saved state: input plus mean and 1/std per row.
+constexpr int64_t layernorm_saved_bytes(int64_t rows, int64_t dim) {
+  return (rows * dim + 2 * rows) * kFloatBytes;
+}
+
+}  // namespace ht::nn::cost

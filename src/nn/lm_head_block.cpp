@@ -1,0 +1,41 @@
+#include "nn/lm_head_block.h"
+
+#include "nn/block_input.h"
+#include "nn/cost_model.h"
+
+namespace ht::nn {
+
+LmHeadBlock::LmHeadBlock(int64_t dim, int64_t vocab, int64_t context, Rng& rng)
+    : context_(context), ln_(dim), head_(dim, vocab, false, Init::gpt, rng) {}
+
+Tensor LmHeadBlock::forward(const Tensor& x) {
+  int64_t c = ln_.dim();
+  bool ok = x.defined() && x.dim() == 3 && x.shape()[0] >= 1 && x.shape()[1] >= 1 &&
+            x.shape()[1] <= context_ && x.shape()[2] == c;
+  check_block_input(*this, x, ok,
+                    "(B, T, " + std::to_string(c) + ") with 1 <= T <= " + std::to_string(context_));
+  return head_.forward(ln_.forward(x));  // (B, T, V)
+}
+
+// FLOPs: 7TC (layernorm) + 2*T*C*V (projection, no bias).
+int64_t LmHeadBlock::flops_per_sample() const {
+  int64_t t = context_, c = ln_.dim();
+  return cost::kLayerNormFlopsPerValue * t * c + cost::linear_flops(t, c, head_.out_features(), false);
+}
+
+// Kept: the layernorm's input (TC) + mean, 1/std (2T), and its output as the
+// projection's input (TC). The logits are not kept here; a loss that keeps them
+// (cross_entropy does) accounts for them itself.
+int64_t LmHeadBlock::activation_bytes_per_sample() const {
+  int64_t t = context_, c = ln_.dim();
+  return cost::layernorm_saved_bytes(t, c) + t * c * cost::kFloatBytes;
+}
+
+std::vector<NamedTensor> LmHeadBlock::named_parameters() const {
+  std::vector<NamedTensor> out;
+  append(out, "ln", ln_.named_parameters());
+  append(out, "head", head_.named_parameters());
+  return out;
+}
+
+}  // namespace ht::nn

@@ -1,0 +1,47 @@
+#include "nn/token_embedding_block.h"
+
+#include "nn/block_input.h"
+#include "nn/cost_model.h"
+#include "ops/ops.h"
+
+namespace ht::nn {
+
+TokenEmbeddingBlock::TokenEmbeddingBlock(int64_t vocab, int64_t context, int64_t dim,
+                                         float dropout, uint64_t dropout_seed, Rng& rng)
+    : context_(context),
+      tokens_(vocab, dim, rng),
+      positions_(context, dim, rng),
+      dropout_(dropout, dropout_seed) {}
+
+Tensor TokenEmbeddingBlock::forward(const Tensor& ids) {
+  bool ok = ids.defined() && ids.dim() == 2 && ids.shape()[0] >= 1 && ids.shape()[1] >= 1 &&
+            ids.shape()[1] <= context_;
+  check_block_input(*this, ids, ok,
+                    "(B, T) with 1 <= T <= " + std::to_string(context_) + " (the context)");
+  int64_t t = ids.shape()[1];
+  Tensor tok = tokens_.forward(ids);                 // (B, T, C)
+  Tensor pos = slice(positions_.table(), 0, 0, t);   // (T, C), a view; broadcasts over B
+  return dropout_.forward(add(tok, pos), training());  // (B, T, C)
+}
+
+// FLOPs: T*C for the position add [+ T*C for the dropout multiply]; lookups are copies.
+int64_t TokenEmbeddingBlock::flops_per_sample() const {
+  int64_t tc = context_ * tokens_.dim();
+  return tc + (dropout_.p() > 0.f ? tc : 0);
+}
+
+// Kept: the int32 ids (T, kept by the token lookup; the position table is sliced, so
+// no position ids exist) [+ the float dropout mask, T*C]. Figures assume training.
+int64_t TokenEmbeddingBlock::activation_bytes_per_sample() const {
+  int64_t tc = context_ * tokens_.dim();
+  return context_ * cost::kIntBytes + (dropout_.p() > 0.f ? tc * cost::kFloatBytes : 0);
+}
+
+std::vector<NamedTensor> TokenEmbeddingBlock::named_parameters() const {
+  std::vector<NamedTensor> out;
+  append(out, "tokens", tokens_.named_parameters());
+  append(out, "positions", positions_.named_parameters());
+  return out;
+}
+
+}  // namespace ht::nn

@@ -1,0 +1,37 @@
+// GPT input stage: token embedding plus learned position embedding, then dropout.
+#pragma once
+
+#include <cstdint>
+
+#include "nn/block.h"
+#include "nn/dropout.h"
+#include "nn/embedding.h"
+
+namespace ht::nn {
+
+class TokenEmbeddingBlock : public Block {
+ public:
+  TokenEmbeddingBlock(int64_t vocab, int64_t context, int64_t dim, float dropout,
+                      uint64_t dropout_seed, Rng& rng);
+
+  // ids int32 (B, T) with T <= context -> (B, T, C). The figures assume T = context.
+  Tensor forward(const Tensor& ids) override;
+
+  std::string kind() const override { return "token_embedding"; }
+  int64_t flops_per_sample() const override;
+  int64_t activation_bytes_per_sample() const override;
+  Shape sample_input_shape() const override { return {context_}; }
+  Shape sample_output_shape() const override { return {context_, tokens_.dim()}; }
+  DType input_dtype() const override { return DType::i32; }
+
+  std::vector<NamedTensor> named_parameters() const override;
+  Dropout& dropout() { return dropout_; }
+
+ private:
+  int64_t context_;
+  Embedding tokens_;     // (vocab, C)
+  Embedding positions_;  // (context, C)
+  Dropout dropout_;
+};
+
+}  // namespace ht::nn

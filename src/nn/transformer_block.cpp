@@ -1,0 +1,84 @@
+#include "nn/transformer_block.h"
+
+#include "nn/block_input.h"
+#include "nn/cost_model.h"
+#include "ops/ops.h"
+
+namespace ht::nn {
+
+TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t context, float dropout,
+                                   uint64_t dropout_seed, Rng& rng)
+    : dim_(dim),
+      heads_(heads),
+      context_(context),
+      ln1_(dim),
+      attn_(dim, heads, Init::gpt, rng),
+      ln2_(dim),
+      mlp_(dim, 4 * dim, Init::gpt, rng),
+      dropout_(dropout, dropout_seed) {}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  bool ok = x.defined() && x.dim() == 3 && x.shape()[0] >= 1 && x.shape()[1] >= 1 &&
+            x.shape()[1] <= context_ && x.shape()[2] == dim_;
+  check_block_input(*this, x, ok,
+                    "(B, T, " + std::to_string(dim_) + ") with 1 <= T <= " +
+                        std::to_string(context_));
+  Tensor h = add(x, dropout_.forward(attn_.forward(ln1_.forward(x)), training()));  // (B, T, C)
+  return add(h, dropout_.forward(mlp_.forward(ln2_.forward(h)), training()));      // (B, T, C)
+}
+
+// FLOPs per sample (T = context, C = dim, H = heads):
+//   ln1, ln2            2 * 7TC
+//   qkv                 2*T*C*3C + 3TC (bias)
+//   q @ k^T, att @ v    2 * 2*T*T*C (all heads, full T x T)
+//   scale, mask         2 * H*T*T
+//   softmax             5 * H*T*T
+//   proj                2*T*C*C + TC (bias)
+//   fc1, GELU, fc2      2*T*C*4C + 4TC (bias) + 4TC (GELU) + 2*T*4C*C + TC (bias)
+//   residual adds       2 * TC      [dropout multiplies: 2 * TC when p > 0]
+// = 24TC^2 + 4T^2C + 7HT^2 + 29TC [+ 2TC].
+int64_t TransformerBlock::flops_per_sample() const {
+  int64_t t = context_, c = dim_, h = heads_, tc = t * c;
+  int64_t ln = 2 * cost::kLayerNormFlopsPerValue * tc;
+  int64_t qkv = cost::linear_flops(t, c, 3 * c, true);
+  int64_t attention = 2 * 2 * t * t * c + 2 * h * t * t + cost::kSoftmaxFlopsPerValue * h * t * t;
+  int64_t proj = cost::linear_flops(t, c, c, true);
+  int64_t mlp = cost::linear_flops(t, c, 4 * c, true) + 4 * tc + cost::linear_flops(t, 4 * c, c, true);
+  int64_t residual = 2 * tc + (dropout_.p() > 0.f ? 2 * tc : 0);
+  return ln + qkv + attention + proj + mlp + residual;
+}
+
+// Kept per sample, in floats (T = context, C = dim, H = heads):
+//   ln1: its input x (TC) + mean, 1/std (2T)
+//   qkv matmul: ln1's output (TC)
+//   attention: the qkv buffer (3TC; q, k and v are views of it, kept by both
+//     matmuls) and the softmax output (H*T*T; kept by softmax and by att @ v)
+//   proj matmul: the merged heads (TC, a copy)
+//   ln2: its input, the first residual sum (TC) + mean, 1/std (2T)
+//   fc1 matmul: ln2's output (TC); GELU: its input (4TC); fc2 matmul: GELU's output (4TC)
+//   [dropout: two masks, 2TC, when p > 0 and training]
+// = 16TC + 4T + HT^2 [+ 2TC]. Scores, masked scores, attention output and the
+// residual branches' outputs are not kept. The T x T causal mask that `where` keeps
+// does not grow with the batch and is not counted.
+int64_t TransformerBlock::activation_bytes_per_sample() const {
+  int64_t t = context_, c = dim_, h = heads_, tc = t * c;
+  int64_t ln = cost::layernorm_saved_bytes(t, c);  // input, mean, 1/std
+  int64_t attention = tc          // qkv's input (ln1's output)
+                      + 3 * tc    // the qkv buffer behind q, k, v
+                      + h * t * t  // softmax output
+                      + tc;       // merged heads (proj's input)
+  int64_t mlp = tc + 4 * tc + 4 * tc;  // fc1's input, GELU input, GELU output
+  int64_t masks = dropout_.p() > 0.f ? 2 * tc : 0;
+  return 2 * ln + (attention + mlp + masks) * cost::kFloatBytes;
+}
+
+std::vector<NamedTensor> TransformerBlock::named_parameters() const {
+  std::vector<NamedTensor> out;
+  append(out, "ln1", ln1_.named_parameters());
+  append(out, "attn", attn_.named_parameters());
+  append(out, "ln2", ln2_.named_parameters());
+  append(out, "mlp", mlp_.named_parameters());
+  return out;
+}
+
+}  // namespace ht::nn

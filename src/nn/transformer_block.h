@@ -1,0 +1,42 @@
+// Pre-LN GPT block: x + attn(ln1(x)), then h + mlp(ln2(h)), with optional dropout on
+// both residual branches.
+#pragma once
+
+#include <cstdint>
+
+#include "nn/block.h"
+#include "nn/causal_self_attention.h"
+#include "nn/dropout.h"
+#include "nn/layernorm.h"
+#include "nn/mlp.h"
+
+namespace ht::nn {
+
+class TransformerBlock : public Block {
+ public:
+  // GPT initialisation (weights normal(0, 0.02), biases 0); MLP width 4 * dim.
+  TransformerBlock(int64_t dim, int64_t heads, int64_t context, float dropout,
+                   uint64_t dropout_seed, Rng& rng);
+
+  // (B, T, C) with T <= context -> (B, T, C). The figures assume T = context.
+  Tensor forward(const Tensor& x) override;
+
+  std::string kind() const override { return "transformer"; }
+  int64_t flops_per_sample() const override;
+  int64_t activation_bytes_per_sample() const override;
+  Shape sample_input_shape() const override { return {context_, dim_}; }
+  Shape sample_output_shape() const override { return {context_, dim_}; }
+
+  std::vector<NamedTensor> named_parameters() const override;
+  Dropout& dropout() { return dropout_; }
+
+ private:
+  int64_t dim_, heads_, context_;
+  LayerNorm ln1_;
+  CausalSelfAttention attn_;
+  LayerNorm ln2_;
+  Mlp mlp_;
+  Dropout dropout_;  // one stream for both residual branches
+};
+
+}  // namespace ht::nn

@@ -1,0 +1,54 @@
+#include "optim/grad_clip.h"
+
+#include <cmath>
+#include <string>
+
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace ht::optim {
+
+double clip_grad_norm(const std::vector<nn::NamedTensor>& params, float max_norm) {
+  HT_CHECK(max_norm > 0.f && std::isfinite(max_norm), "clip_grad_norm: max_norm ", max_norm,
+           " is out of range; expected a finite max_norm > 0");
+  NoGradGuard no_grad;
+  // Each tensor's sum of squares runs on its device; only one float per tensor
+  // crosses to the host, where the total is kept in double so that many small
+  // contributions are not lost next to a large one.
+  double total = 0.0;
+  for (const auto& [name, p] : params) {
+    HT_CHECK(p.defined(), "clip_grad_norm: parameter '", name, "' is an undefined tensor");
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    HT_CHECK(g.dtype() == DType::f32, "clip_grad_norm: the gradient of '", name, "' is ",
+             dtype_name(g.dtype()), "; expected float32");
+    total += static_cast<double>(sum(mul(g, g)).item());
+  }
+  double norm = std::sqrt(total);
+  double scale = static_cast<double>(max_norm) / (norm + 1e-6);
+  if (!(scale < 1.0)) return norm;
+  for (const auto& [name, p] : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    // A gradient set from a strided view cannot be scaled through its buffer; give
+    // the parameter a dense copy instead.
+    if (!g.is_contiguous()) {
+      g = clone(g);
+      p.set_grad(g);
+    }
+    g.backend().unary(UnaryOp::mul_scalar, g.data(), g.data(), g.numel(),
+                      static_cast<float>(scale));
+  }
+  return norm;
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
+  std::vector<nn::NamedTensor> named;
+  named.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    named.emplace_back("parameter #" + std::to_string(i), params[i]);
+  return clip_grad_norm(named, max_norm);
+}
+
+}  // namespace ht::optim

@@ -1,0 +1,117 @@
+// Tensors, views and the allocator.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "ops/ops.h"
+
+using namespace ht;
+
+namespace {
+std::vector<float> iota(int n) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = static_cast<float>(i);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("tensor: views share storage and follow their strides") {
+  Tensor x = Tensor::from_vector(iota(24), {2, 3, 4});
+  Tensor t = transpose(x, 0, 2);  // (4, 3, 2)
+  CHECK(t.same_storage(x));
+  CHECK(t.shape() == Shape{4, 3, 2});
+  CHECK(t.strides() == Strides{1, 4, 12});
+  CHECK_FALSE(t.is_contiguous());
+  std::vector<float> v = t.to_vector();
+  CHECK(v[1] == 12.f);  // t[0][0][1] = x[1][0][0]
+  CHECK(v[2] == 4.f);   // t[0][1][0] = x[0][1][0]
+
+  Tensor s = slice(x, 2, 1, 3);  // (2, 3, 2)
+  CHECK(s.same_storage(x));
+  CHECK(s.offset() == 1);
+  CHECK(s.to_vector() == std::vector<float>{1, 2, 5, 6, 9, 10, 13, 14, 17, 18, 21, 22});
+
+  Tensor e = expand(Tensor::from_vector({1, 2, 3}, {3, 1}), {2, 3, 4});
+  CHECK(e.strides() == Strides{0, 1, 0});
+  CHECK(e.to_vector()[5] == 2.f);
+
+  Tensor r = reshape(x, {6, 4});
+  CHECK(r.same_storage(x));  // dense: a view, no copy
+  Tensor rt = reshape(t, {24});
+  CHECK_FALSE(rt.same_storage(x));  // strided: copied
+  CHECK(rt.to_vector()[1] == 12.f);
+  CHECK(reshape(x, {-1, 8}).shape() == Shape{3, 8});
+
+  Tensor c = contiguous(t);
+  CHECK(c.is_contiguous());
+  CHECK(contiguous(x).same_storage(x));  // already dense: no copy
+  CHECK(c.to_vector() == t.to_vector());
+}
+
+TEST_CASE("tensor: permute round-trips and int32 tensors keep their values") {
+  Tensor x = Tensor::from_vector(iota(24), {2, 3, 4});
+  Tensor p = permute(permute(x, {1, 2, 0}), {2, 0, 1});
+  CHECK(p.shape() == x.shape());
+  CHECK(p.to_vector() == x.to_vector());
+  Tensor ids = Tensor::from_ints({3, -1, 7}, {3});
+  CHECK(ids.dtype() == DType::i32);
+  CHECK(ids.to_ints() == std::vector<int32_t>{3, -1, 7});
+}
+
+TEST_CASE("allocator: live and peak bytes, reuse, and the cap") {
+  Allocator& a = cpu_backend().allocator();
+  size_t base = a.live_bytes();
+  a.reset_peak();
+  {
+    Tensor x = Tensor::zeros({1000});  // 4000 bytes, rounded to 4032
+    CHECK(a.live_bytes() == base + 4032);
+    Tensor y = Tensor::zeros({1000});
+    CHECK(a.peak_bytes() >= base + 2 * 4032);
+  }
+  CHECK(a.live_bytes() == base);
+  CHECK(a.cached_bytes() >= 4032);  // kept for the next step
+
+  a.set_cap(base + 20000);
+  Tensor ok = Tensor::zeros({1000});
+  try {
+    Tensor too_big = Tensor::zeros({4000}, cpu_backend());
+    FAIL("expected OutOfMemory");
+  } catch (const OutOfMemory& e) {
+    std::string m = e.what();
+    CHECK(m.find("requested 16000 bytes") != std::string::npos);
+    CHECK(m.find("in use") != std::string::npos);
+    CHECK(m.find("cap of") != std::string::npos);
+  }
+  try {
+    Tensor x = Tensor::full({2000}, 1.f);
+    (void)add(x, x);  // the op's output no longer fits
+    FAIL("expected OutOfMemory");
+  } catch (const OutOfMemory& e) {
+    CHECK(std::string(e.what()).rfind("add:", 0) == 0);
+  }
+  a.set_cap(0);
+  CHECK(a.cap() == 0);
+}
+
+TEST_CASE("threads: explicit request, then OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS") {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  std::string saved = omp ? omp : "";
+  setenv("OMP_NUM_THREADS", "3", 1);
+  CHECK(resolve_thread_count(5) == 5);
+  CHECK(resolve_thread_count() == 3);
+  unsetenv("OMP_NUM_THREADS");
+  setenv("OPENBLAS_NUM_THREADS", "2", 1);
+  CHECK(resolve_thread_count() == 2);
+  unsetenv("OPENBLAS_NUM_THREADS");
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1000", 1);
+  CHECK(resolve_thread_count() == 1);  // many ranks per node: never oversubscribe
+  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  setenv("OMP_NUM_THREADS", "lots", 1);
+  CHECK_THROWS_WITH_AS(resolve_thread_count(), doctest::Contains("OMP_NUM_THREADS='lots'"),
+                       Error);
+  if (omp) setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else unsetenv("OMP_NUM_THREADS");
+}
