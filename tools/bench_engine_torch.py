@@ -5,12 +5,18 @@ batches, one thread, median step time of forward + backward + AdamW.
 Optional: needs Debian's python3-torch. Never used by the test suite."""
 import argparse
 import json
+import os
 import statistics
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# One thread everywhere, set before torch loads its BLAS: torch.set_num_threads does not
+# reach Debian's generic-BLAS build, whose OpenBLAS would otherwise use every core.
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = "1"
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 class Block(nn.Module):

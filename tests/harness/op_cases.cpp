@@ -158,6 +158,9 @@ std::vector<OpCase> build() {
   add_case({"conv2d_stride2_nobias", {real({1, 2, 6, 6}), real({3, 2, 3, 3})},
             [](const std::vector<Tensor>& x) { return conv2d(x[0], x[1], Tensor(), 2, 0); },
             [](const std::vector<Values>& v) { return ref::conv2d(v[0], v[1], {}, 1, 2, 6, 6, 3, 3, 2, 0); }});
+  add_case({"conv2d_stride2_pad1", {real({2, 2, 5, 6}), real({3, 2, 3, 3}), real({3})},
+            [](const std::vector<Tensor>& x) { return conv2d(x[0], x[1], x[2], 2, 1); },
+            [](const std::vector<Values>& v) { return ref::conv2d(v[0], v[1], v[2], 2, 2, 5, 6, 3, 3, 2, 1); }});
   add_case({"maxpool2d", {real({2, 2, 4, 4})},
             [](const std::vector<Tensor>& x) { return maxpool2d(x[0], 2, 2); },
             [](const std::vector<Values>& v) { return ref::maxpool2d(v[0], 2, 2, 4, 4, 2, 2); }});

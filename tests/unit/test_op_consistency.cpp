@@ -50,3 +50,24 @@ TEST_CASE("op consistency: the harness catches a wrong gradient") {
   CHECK_FALSE(check_forward(wrong, cpu_backend()).ok);
   CHECK_FALSE(check_gradients(wrong, cpu_backend()).ok);
 }
+
+TEST_CASE("op consistency: the backend comparison runs every case") {
+  // The CUDA suite compares each case with the CPU through check_against_cpu; here the
+  // CPU against itself must agree exactly, which exercises the same path end to end.
+  for (const OpCase& c : all_op_cases()) {
+    CAPTURE(c.name);
+    Report r = check_against_cpu(c, cpu_backend());
+    CHECK_MESSAGE(r.ok, r.detail);
+    CHECK(r.worst == 0.0);
+  }
+}
+
+TEST_CASE("backend: the CPU backend answers its capability and memory queries") {
+  Backend& be = cpu_backend();
+  for (int k = 0; k < static_cast<int>(OpKind::count_); ++k)
+    CHECK_MESSAGE(be.supports(static_cast<OpKind>(k)), op_kind_name(static_cast<OpKind>(k)));
+  MemoryInfo m = be.memory_info();
+  CHECK(m.total > (size_t{1} << 28));
+  CHECK(m.available > 0);
+  CHECK(m.available <= m.total);
+}

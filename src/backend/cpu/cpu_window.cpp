@@ -1,5 +1,7 @@
 // Embedding lookups and the sliding-window kernels behind conv2d and maxpool2d.
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <limits>
 
 #include "backend/cpu/cpu_backend.h"
@@ -14,6 +16,18 @@ void check_ids(const int32_t* ids, int64_t count, int64_t vocab, const char* op)
     HT_CHECK(ids[i] >= 0 && ids[i] < vocab, op, ": id ", ids[i], " at position ", i,
              " is out of range; expected 0 <= id < ", vocab, " (the table's rows)");
 }
+// Output columns [lo, hi) whose input column xo * stride - pad + kj lies inside the
+// image; the loops then run without a bounds test per element.
+std::pair<int64_t, int64_t> valid_columns(const Window2d& g, int64_t kj, int64_t ow) {
+  int64_t first = g.pad - kj;  // input column 0 is reached at xo * stride == first
+  int64_t lo = first <= 0 ? 0 : (first + g.stride - 1) / g.stride;
+  int64_t last = g.w - 1 + g.pad - kj;  // the last input column
+  int64_t hi = last < 0 ? 0 : last / g.stride + 1;
+  lo = std::min(lo, ow);
+  hi = std::clamp(hi, lo, ow);
+  return {lo, hi};
+}
+
 }  // namespace
 
 void CpuBackend::embedding(const float* table, const int32_t* ids, float* out, int64_t count,
@@ -48,18 +62,22 @@ void CpuBackend::im2col(const float* x, float* cols, const Window2d& g) {
       for (int64_t ki = 0; ki < g.kh; ++ki)
         for (int64_t kj = 0; kj < g.kw; ++kj) {
           float* row = base + (ki * g.kw + kj) * oh * ow;
+          auto [lo, hi] = valid_columns(g, kj, ow);
+          int64_t shift = kj - g.pad;
           for (int64_t y = 0; y < oh; ++y) {
             int64_t iy = y * g.stride - g.pad + ki;
             float* out = row + y * ow;
             if (iy < 0 || iy >= g.h) {
-              for (int64_t xo = 0; xo < ow; ++xo) out[xo] = 0.f;
+              std::fill(out, out + ow, 0.f);
               continue;
             }
-            const float* in = xp + iy * g.w;
-            for (int64_t xo = 0; xo < ow; ++xo) {
-              int64_t ix = xo * g.stride - g.pad + kj;
-              out[xo] = (ix >= 0 && ix < g.w) ? in[ix] : 0.f;
-            }
+            const float* in = xp + iy * g.w;  // output column xo reads in[xo * stride + shift]
+            std::fill(out, out + lo, 0.f);
+            if (g.stride == 1)
+              std::copy(in + lo + shift, in + hi + shift, out + lo);
+            else
+              for (int64_t xo = lo; xo < hi; ++xo) out[xo] = in[xo * g.stride + shift];
+            std::fill(out + hi, out + ow, 0.f);
           }
         }
     }
@@ -78,14 +96,18 @@ void CpuBackend::col2im(const float* gcols, float* gx, const Window2d& g) {
       for (int64_t ki = 0; ki < g.kh; ++ki)
         for (int64_t kj = 0; kj < g.kw; ++kj) {
           const float* row = base + (ki * g.kw + kj) * oh * ow;
+          auto [lo, hi] = valid_columns(g, kj, ow);
+          int64_t shift = kj - g.pad;
           for (int64_t y = 0; y < oh; ++y) {
             int64_t iy = y * g.stride - g.pad + ki;
             if (iy < 0 || iy >= g.h) continue;
-            float* out = xp + iy * g.w;
+            float* out = xp + iy * g.w;  // column xo adds into out[xo * stride + shift]
             const float* in = row + y * ow;
-            for (int64_t xo = 0; xo < ow; ++xo) {
-              int64_t ix = xo * g.stride - g.pad + kj;
-              if (ix >= 0 && ix < g.w) out[ix] += in[xo];
+            if (g.stride == 1) {
+#pragma omp simd
+              for (int64_t xo = lo; xo < hi; ++xo) out[xo + shift] += in[xo];
+            } else {
+              for (int64_t xo = lo; xo < hi; ++xo) out[xo * g.stride + shift] += in[xo];
             }
           }
         }

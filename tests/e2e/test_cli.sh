@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The hetrain binary's global surface: --version, --help, `info`, and a clear error
+# with a nonzero exit for an unknown subcommand.
+set -u
+hetrain=$1
+fail=0
+check() {  # check NAME CONDITION...
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fail=1; fi
+}
+
+out=$("$hetrain" --version); rc=$?
+check "--version exits 0" test $rc -eq 0
+check "--version prints the version" grep -qE '^hetrain [0-9]+\.[0-9]+\.[0-9]+$' <<<"$out"
+
+out=$("$hetrain" --help); rc=$?
+check "--help exits 0" test $rc -eq 0
+check "--help lists info" grep -q 'info' <<<"$out"
+
+out=$("$hetrain" info --json); rc=$?
+check "info --json exits 0" test $rc -eq 0
+check "info --json is JSON with the cpu backend and its ops" python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+cpu = [b for b in d["backends"] if b["name"] == "cpu"][0]
+assert d["threads"] >= 1 and "gemm" in cpu["supported_ops"] and cpu["memory_total_bytes"] > 0
+' <<<"$out"
+
+err=$("$hetrain" no-such-verb 2>&1); rc=$?
+check "unknown subcommand exits nonzero" test $rc -ne 0
+check "unknown subcommand is named" grep -q 'no-such-verb' <<<"$err"
+
+exit $fail
