@@ -34,6 +34,11 @@ class Block : public Module {
   virtual Shape sample_input_shape() const = 0;
   virtual Shape sample_output_shape() const = 0;
   virtual DType input_dtype() const { return DType::f32; }
+
+  // Position in the block's random stream (dropout masks). Checkpoints save it, so a
+  // resumed run draws the masks an uninterrupted run would. 0 for blocks without one.
+  virtual uint64_t random_offset() const { return 0; }
+  virtual void set_random_offset(uint64_t) {}
 };
 
 // A model: Blocks applied in order.

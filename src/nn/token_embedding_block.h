@@ -25,7 +25,8 @@ class TokenEmbeddingBlock : public Block {
   DType input_dtype() const override { return DType::i32; }
 
   std::vector<NamedTensor> named_parameters() const override;
-  Dropout& dropout() { return dropout_; }
+  uint64_t random_offset() const override { return dropout_.offset(); }
+  void set_random_offset(uint64_t offset) override { dropout_.set_offset(offset); }
 
  private:
   int64_t context_;

@@ -28,7 +28,8 @@ class TransformerBlock : public Block {
   Shape sample_output_shape() const override { return {context_, dim_}; }
 
   std::vector<NamedTensor> named_parameters() const override;
-  Dropout& dropout() { return dropout_; }
+  uint64_t random_offset() const override { return dropout_.offset(); }
+  void set_random_offset(uint64_t offset) override { dropout_.set_offset(offset); }
 
  private:
   int64_t dim_, heads_, context_;

@@ -1,0 +1,315 @@
+// Config loading: every check happens here, before any work starts, and the first
+// problem (in document order; within an object its "type"-like discriminator is read
+// first, and checks that relate several keys run once the object is read) becomes one
+// ConfigError line "<json path>: <value> <problem>; expected <what>".
+//
+// Required: the sections model, data and train; model.type; data.dataset;
+// train.optimizer with its lr; exactly one of train.steps / train.epochs; data.paths
+// when data.dataset is "text". Everything else defaults as in config.h.
+#include "config/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "config/json_schema.h"
+
+namespace ht::config {
+
+using namespace schema;
+
+namespace {
+
+const std::vector<std::string> kModelTypes{"mlp", "cnn", "gpt"};
+const std::vector<std::string> kDatasets{"fashion_mnist", "text"};
+const std::vector<std::string> kOptimizers{"adamw", "sgd"};
+const std::vector<std::string> kSchedules{"constant", "cosine"};
+constexpr int64_t kImageSide = 28;  // Fashion-MNIST; each cnn stage halves it
+
+// Reads the discriminator `key` of obj first, so the walk can tell keys of another
+// variant from unknown ones. Returns `fallback` when absent and fallback is non-empty.
+std::string read_variant(const Json& obj, const std::string& path, const std::string& key,
+                         const std::vector<std::string>& choices, const std::string& fallback) {
+  auto it = obj.find(key);
+  if (it != obj.end()) return read_enum(*it, key_path(path, key), choices);
+  if (fallback.empty()) fail_missing(key_path(path, key), one_of(choices));
+  return fallback;
+}
+
+// Table helpers: a key, the variants it applies to (none: all), where its value goes.
+using Variants = std::vector<std::string>;
+Field read_first(const char* key) {  // the discriminator, already read
+  return {key, {}, [](const Json&, const std::string&) {}};
+}
+Field int_field(const char* key, Variants only, int64_t& dst, int64_t min) {
+  return {key, std::move(only),
+          [&dst, min](const Json& v, const std::string& p) { dst = read_int(v, p, min); }};
+}
+Field float_field(const char* key, Variants only, float& dst, Range r) {
+  return {key, std::move(only),
+          [&dst, r](const Json& v, const std::string& p) { dst = read_float(v, p, r); }};
+}
+
+// A nested object, read by its own function.
+template <class T>
+Field section(const char* key, void (*read)(const Json&, const std::string&, T&), T& dst) {
+  return {key, {}, [read, &dst](const Json& v, const std::string& p) { read(v, p, dst); }};
+}
+
+std::string divisor_error(int64_t part, const std::string& whole_path, int64_t whole) {
+  return std::to_string(part) + " does not divide " + whole_path + " " + std::to_string(whole) +
+         "; expected a divisor of " + std::to_string(whole);
+}
+
+void read_model(const Json& j, const std::string& path, ModelConfig& m) {
+  expect_object(j, path, "an object with \"type\" (mlp, cnn or gpt) and its sizes");
+  m.type = read_variant(j, path, "type", kModelTypes, "");
+  auto read_channels = [&](const Json& v, const std::string& p) {
+    m.channels = read_int_array(v, p, 1);
+    // Each stage pools the image side in half and needs a side >= 2: 28, 14, 7, 3.
+    size_t stages = 0;
+    for (int64_t side = kImageSide; side >= 2; side /= 2) ++stages;
+    if (m.channels.size() > stages)
+      fail_at(p, show(v) + " has " + std::to_string(m.channels.size()) +
+                     " conv stages; expected at most " + std::to_string(stages) +
+                     " (each halves the 28x28 image)");
+  };
+  walk(j, path,
+       {read_first("type"),
+        {"hidden", {"mlp"}, [&](const Json& v, const std::string& p) {
+           m.hidden = read_int_array(v, p, 1);
+         }},
+        {"channels", {"cnn"}, read_channels},
+        int_field("fc_hidden", {"cnn"}, m.fc_hidden, 1),
+        int_field("context", {"gpt"}, m.context, 1),
+        int_field("layers", {"gpt"}, m.layers, 1),
+        int_field("heads", {"gpt"}, m.heads, 1),
+        int_field("d_model", {"gpt"}, m.d_model, 1),
+        float_field("dropout", {"gpt"}, m.dropout, Range::closed_open(0, 1))},
+       key_path(path, "type"), m.type);
+  if (m.type == "gpt" && m.d_model % m.heads != 0)
+    fail_at(key_path(path, "heads"), divisor_error(m.heads, key_path(path, "d_model"), m.d_model));
+}
+
+void read_data(const Json& j, const std::string& path, DataConfig& d) {
+  expect_object(j, path, "an object with \"dataset\" (fashion_mnist or text)");
+  d.dataset = read_variant(j, path, "dataset", kDatasets, "");
+  walk(j, path,
+       {read_first("dataset"),
+        {"dir", {"fashion_mnist"}, [&](const Json& v, const std::string& p) {
+           d.dir = read_string(v, p, "a directory holding the Fashion-MNIST IDX files");
+         }},
+        {"paths", {"text"}, [&](const Json& v, const std::string& p) {
+           d.paths = read_string_array(v, p, "file or directory paths");
+           if (d.paths.empty()) fail_at(p, "[] is empty; expected at least one file or directory");
+         }},
+        {"skip_suffixes", {"text"}, [&](const Json& v, const std::string& p) {
+           d.skip_suffixes = read_string_array(v, p, "file name suffixes such as \".dat\"");
+         }},
+        {"validation_fraction", {"text"}, [&](const Json& v, const std::string& p) {
+           d.validation_fraction = read_double(v, p, Range::open(0, 1));
+         }}},
+       key_path(path, "dataset"), d.dataset);
+  if (d.dataset == "text" && !j.contains("paths"))
+    fail_missing(key_path(path, "paths"),
+                 "a non-empty array of files or directories (required for dataset \"text\")");
+}
+
+void read_optimizer(const Json& j, const std::string& path, OptimizerConfig& o) {
+  expect_object(j, path, "an object with \"lr\" (and \"type\": adamw or sgd)");
+  o.type = read_variant(j, path, "type", kOptimizers, "adamw");
+  const Range beta = Range::closed_open(0, 1);
+  walk(j, path,
+       {read_first("type"),
+        float_field("lr", {}, o.lr, Range::above(0)),
+        float_field("beta1", {"adamw"}, o.beta1, beta),
+        float_field("beta2", {"adamw"}, o.beta2, beta),
+        float_field("eps", {"adamw"}, o.eps, Range::above(0)),
+        float_field("momentum", {"sgd"}, o.momentum, Range::at_least(0)),
+        {"nesterov", {"sgd"}, [&](const Json& v, const std::string& p) {
+           o.nesterov = read_bool(v, p);
+         }},
+        float_field("weight_decay", {}, o.weight_decay, Range::at_least(0))},
+       key_path(path, "type"), o.type);
+  if (!j.contains("lr")) fail_missing(key_path(path, "lr"), "a number > 0 (the learning rate)");
+  // Nesterov looks ahead along the momentum; without momentum it silently does nothing.
+  if (o.nesterov && o.momentum <= 0)
+    fail_at(key_path(path, "nesterov"), "true needs momentum; expected " +
+                                            key_path(path, "momentum") + " > 0 (it is " +
+                                            show(float_json(o.momentum)) + ") or nesterov false");
+}
+
+void read_schedule(const Json& j, const std::string& path, ScheduleConfig& s) {
+  expect_object(j, path, "an object with \"type\" (constant or cosine)");
+  s.type = read_variant(j, path, "type", kSchedules, "constant");
+  walk(j, path,
+       {read_first("type"),
+        int_field("warmup_steps", {"cosine"}, s.warmup_steps, 0),
+        float_field("min_lr", {"cosine"}, s.min_lr, Range::at_least(0))},
+       key_path(path, "type"), s.type);
+}
+
+void read_train(const Json& j, const std::string& path, TrainConfig& t) {
+  expect_object(j, path, "an object with \"optimizer\" and \"steps\" or \"epochs\"");
+  walk(j, path,
+       {{"steps", {}, [&](const Json& v, const std::string& p) { t.steps = read_int(v, p, 1); }},
+        {"epochs", {}, [&](const Json& v, const std::string& p) {
+           t.epochs = read_double(v, p, Range::above(0));
+         }},
+        int_field("batch_size", {}, t.batch_size, 1),
+        int_field("micro_batches", {}, t.micro_batches, 1),
+        {"seed", {}, [&](const Json& v, const std::string& p) { t.seed = read_uint(v, p); }},
+        section("optimizer", read_optimizer, t.optimizer),
+        section("schedule", read_schedule, t.schedule),
+        float_field("grad_clip", {}, t.grad_clip, Range::at_least(0)),
+        int_field("eval_every", {}, t.eval_every, 0),
+        int_field("eval_batch_size", {}, t.eval_batch_size, 1),
+        int_field("eval_max_samples", {}, t.eval_max_samples, 0),
+        int_field("log_every", {}, t.log_every, 1)});
+  if (!j.contains("optimizer"))
+    fail_missing(key_path(path, "optimizer"),
+                 "an object with \"lr\", e.g. {\"type\": \"adamw\", \"lr\": 0.001}");
+  if (t.steps && t.epochs)
+    fail_at(key_path(path, "epochs"), show(Json(*t.epochs)) + " is given together with " +
+                                          key_path(path, "steps") +
+                                          "; expected exactly one of steps, epochs");
+  if (!t.steps && !t.epochs)
+    fail_missing(key_path(path, "steps"),
+                 "exactly one of steps (an integer >= 1) or epochs (a number > 0)");
+  if (t.batch_size % t.micro_batches != 0)
+    fail_at(key_path(path, "micro_batches"),
+            divisor_error(t.micro_batches, key_path(path, "batch_size"), t.batch_size));
+  // A cosine floor above the peak would make the "decay" climb.
+  if (t.schedule.type == "cosine" && t.schedule.min_lr > t.optimizer.lr)
+    fail_at(path + ".schedule.min_lr",
+            show(float_json(t.schedule.min_lr)) + " is above " + path + ".optimizer.lr " +
+                show(float_json(t.optimizer.lr)) + "; expected a number in [0, lr]");
+}
+
+void read_checkpoint(const Json& j, const std::string& path, CheckpointConfig& c) {
+  expect_object(j, path, "an object with \"every\" and \"keep\"");
+  walk(j, path, {int_field("every", {}, c.every, 0), int_field("keep", {}, c.keep, 1)});
+}
+
+void read_run(const Json& j, const std::string& path, RunConfig& r) {
+  expect_object(j, path, "an object with \"dir\"");
+  walk(j, path, {{"dir", {}, [&](const Json& v, const std::string& p) {
+                    r.dir = read_string(v, p, "a non-empty directory path");
+                  }}});
+}
+
+}  // namespace
+
+Config parse_config(const std::string& json_text, const std::string& source_path) {
+  const std::string source = source_path.empty() ? "<config>" : source_path;
+  const Json doc = parse_document(json_text, source);
+  Config c;
+  c.source_path = source_path;
+  c.name = std::filesystem::path(source_path).stem().string();
+  if (c.name.empty()) c.name = "config";
+  expect_object(doc, "(top level)", "an object with sections model, data, train");
+  walk(doc, "",
+       {{"description", {}, [](const Json& v, const std::string& p) {
+           if (!v.is_string()) fail_at(p, show(v) + " is not a string; expected free text");
+         }},
+        section("model", read_model, c.model),
+        section("data", read_data, c.data),
+        section("train", read_train, c.train),
+        section("checkpoint", read_checkpoint, c.checkpoint),
+        section("run", read_run, c.run)});
+  if (!doc.contains("model"))
+    fail_missing("model", "a section like {\"type\": \"mlp\"} (mlp, cnn or gpt)");
+  if (!doc.contains("data"))
+    fail_missing("data", "a section like {\"dataset\": \"fashion_mnist\"} (fashion_mnist or text)");
+  if (!doc.contains("train"))
+    fail_missing("train", "a section with \"optimizer\" {\"lr\": ...} and \"steps\" or \"epochs\"");
+  // The classifiers read 28x28 images; the language model reads bytes.
+  const std::string wanted = c.model.type == "gpt" ? "text" : "fashion_mnist";
+  if (c.data.dataset != wanted)
+    fail_at("data.dataset", show(Json(c.data.dataset)) + " does not suit model.type \"" +
+                                c.model.type + "\"; expected \"" + wanted + "\"");
+  if (c.run.dir.empty()) c.run.dir = "runs/" + c.name;
+  return c;
+}
+
+Config load_config(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st))
+    throw ConfigError(path + ": no such config file; expected a readable JSON file");
+  if (fs::is_directory(st))
+    throw ConfigError(path + ": is a directory; expected a JSON config file");
+  // A config is a few hundred bytes; a huge file is a wrong path (a dataset, say).
+  constexpr uintmax_t kMaxBytes = 1 << 20;
+  if (fs::is_regular_file(st) && fs::file_size(path, ec) > kMaxBytes)
+    throw ConfigError(path + ": " + std::to_string(fs::file_size(path, ec)) +
+                      " bytes is too large for a config; expected at most 1 MiB");
+  std::ifstream in(path, std::ios::binary);
+  std::string text(std::istreambuf_iterator<char>(in), {});
+  if (!in.is_open() || in.bad())
+    throw ConfigError(path + ": cannot read the config file; expected a readable JSON file");
+  return parse_config(text, path);
+}
+
+std::string to_json(const Config& c) {
+  Json model{{"type", c.model.type}};
+  if (c.model.type == "mlp") {
+    model["hidden"] = c.model.hidden;
+  } else if (c.model.type == "cnn") {
+    model["channels"] = c.model.channels;
+    model["fc_hidden"] = c.model.fc_hidden;
+  } else {
+    model["context"] = c.model.context;
+    model["layers"] = c.model.layers;
+    model["heads"] = c.model.heads;
+    model["d_model"] = c.model.d_model;
+    model["dropout"] = float_json(c.model.dropout);
+  }
+  Json data{{"dataset", c.data.dataset}};
+  if (c.data.dataset == "fashion_mnist") {
+    data["dir"] = c.data.dir;
+  } else {
+    data["paths"] = c.data.paths;
+    data["skip_suffixes"] = c.data.skip_suffixes;
+    data["validation_fraction"] = c.data.validation_fraction;
+  }
+  const OptimizerConfig& o = c.train.optimizer;
+  Json opt{{"type", o.type}, {"lr", float_json(o.lr)}};
+  if (o.type == "adamw") {
+    opt["beta1"] = float_json(o.beta1);
+    opt["beta2"] = float_json(o.beta2);
+    opt["eps"] = float_json(o.eps);
+  } else {
+    opt["momentum"] = float_json(o.momentum);
+    opt["nesterov"] = o.nesterov;
+  }
+  opt["weight_decay"] = float_json(o.weight_decay);
+  const ScheduleConfig& s = c.train.schedule;
+  Json sched{{"type", s.type}};
+  if (s.type == "cosine") {
+    sched["warmup_steps"] = s.warmup_steps;
+    sched["min_lr"] = float_json(s.min_lr);
+  }
+  Json train = Json::object();
+  if (c.train.steps) train["steps"] = *c.train.steps;
+  if (c.train.epochs) train["epochs"] = *c.train.epochs;
+  train["batch_size"] = c.train.batch_size;
+  train["micro_batches"] = c.train.micro_batches;
+  train["seed"] = c.train.seed;
+  train["optimizer"] = opt;
+  train["schedule"] = sched;
+  train["grad_clip"] = float_json(c.train.grad_clip);
+  train["eval_every"] = c.train.eval_every;
+  train["eval_batch_size"] = c.train.eval_batch_size;
+  train["eval_max_samples"] = c.train.eval_max_samples;
+  train["log_every"] = c.train.log_every;
+  Json doc{{"model", model},
+           {"data", data},
+           {"train", train},
+           {"checkpoint", {{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}}},
+           {"run", {{"dir", c.run.dir}}}};
+  return doc.dump(2) + "\n";
+}
+
+}  // namespace ht::config

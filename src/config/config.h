@@ -1,0 +1,105 @@
+// The run configuration: one JSON file with sections model, data, train, checkpoint
+// and run. load_config() validates everything before any work starts; every error
+// names the JSON path, the value and what was expected (ConfigError, exit code 2).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace ht::config {
+
+// A rejected config. The CLI prints it and exits with status 2.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct ModelConfig {
+  std::string type;  // "mlp" | "cnn" | "gpt"
+  // mlp
+  std::vector<int64_t> hidden{512, 512};
+  // cnn
+  std::vector<int64_t> channels{32, 64};
+  int64_t fc_hidden = 128;
+  // gpt
+  int64_t context = 128;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t d_model = 128;
+  float dropout = 0.f;
+};
+
+struct DataConfig {
+  std::string dataset;  // "fashion_mnist" | "text"
+  // fashion_mnist: directory holding the four gzipped IDX files
+  std::string dir = "/usr/share/datasets/fashion-mnist";
+  // text: files, or directories whose regular files are all read (sorted by name),
+  // skipping names that end in one of skip_suffixes
+  std::vector<std::string> paths;
+  std::vector<std::string> skip_suffixes;
+  double validation_fraction = 0.1;  // text: tail share of the corpus held out
+};
+
+struct OptimizerConfig {
+  std::string type = "adamw";  // "adamw" | "sgd"
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
+  float momentum = 0.f;                             // sgd
+  bool nesterov = false;                            // sgd
+  float weight_decay = 0.f;
+};
+
+struct ScheduleConfig {
+  std::string type = "constant";  // "constant" | "cosine"
+  int64_t warmup_steps = 0;       // linear warmup from 0 (cosine)
+  float min_lr = 0.f;             // cosine floor
+};
+
+struct TrainConfig {
+  // Exactly one of steps / epochs is given; epochs become steps from the dataset
+  // size (resolved_steps, filled in once the data is known).
+  std::optional<int64_t> steps;
+  std::optional<double> epochs;
+  int64_t batch_size = 128;    // global batch per optimiser step
+  int64_t micro_batches = 1;   // gradient accumulation: batch_size splits into this many
+  uint64_t seed = 1;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  float grad_clip = 0.f;       // global L2 norm; 0 = off
+  int64_t eval_every = 0;      // steps; 0 = only at the end
+  int64_t eval_batch_size = 1000;
+  int64_t eval_max_samples = 0;  // 0 = the whole evaluation set
+  int64_t log_every = 50;      // steps between metrics records and log lines
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;  // steps; 0 = only at the end
+  int64_t keep = 3;   // newest checkpoints kept
+};
+
+struct RunConfig {
+  std::string dir;  // default: runs/<config file stem>
+};
+
+struct Config {
+  std::string source_path;  // the file it was read from
+  std::string name;         // the file's stem, e.g. "fashion_mnist_mlp"
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  RunConfig run;
+};
+
+// Reads and validates. Throws ConfigError naming the JSON path on any problem.
+Config load_config(const std::string& path);
+// Validates an already parsed document (text form, for tests and tools).
+Config parse_config(const std::string& json_text, const std::string& source_path);
+// The fully resolved config (defaults filled in) as JSON, for the run directory.
+std::string to_json(const Config& c);
+
+}  // namespace ht::config

@@ -1,0 +1,136 @@
+#include "data/text_corpus.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace ht::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint8_t kUnknownToken = '?' - 31;
+
+bool ends_with_any(const std::string& name, const std::vector<std::string>& suffixes) {
+  for (const auto& s : suffixes)
+    if (!s.empty() && name.size() >= s.size() &&
+        name.compare(name.size() - s.size(), s.size(), s) == 0)
+      return true;
+  return false;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+void append_file(const std::string& path, std::vector<uint8_t>& out) {
+  std::ifstream in(path, std::ios::binary);
+  HT_CHECK(in.good(), "text corpus: cannot open ", path);
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  HT_CHECK(!ec, "text corpus: cannot stat ", path, ": ", ec.message());
+  const size_t start = out.size();
+  out.resize(start + size);
+  in.read(reinterpret_cast<char*>(out.data() + start), static_cast<std::streamsize>(size));
+  HT_CHECK(static_cast<uintmax_t>(in.gcount()) == size, "text corpus: short read of ", path,
+           ": got ", in.gcount(), " of ", size, " bytes");
+  // Tokenise in place: one token per byte.
+  for (size_t i = start; i < out.size(); ++i) out[i] = byte_to_token(out[i]);
+}
+
+}  // namespace
+
+uint8_t byte_to_token(unsigned char c) {
+  if (c == '\n') return 0;
+  if (c == '\t') return 1;
+  if (c >= ' ' && c <= '~') return static_cast<uint8_t>(c - 31);
+  return kUnknownToken;
+}
+
+char token_to_char(int64_t id) {
+  HT_CHECK(id >= 0 && id < kByteVocab, "decode: token id ", id,
+           " is out of range; expected 0 <= id < ", kByteVocab);
+  return id == 0 ? '\n' : static_cast<char>(id + 31);
+}
+
+std::vector<uint8_t> encode(std::string_view text) {
+  std::vector<uint8_t> ids(text.size());
+  for (size_t i = 0; i < text.size(); ++i)
+    ids[i] = byte_to_token(static_cast<unsigned char>(text[i]));
+  return ids;
+}
+
+std::string decode(std::span<const int32_t> ids) {
+  std::string s(ids.size(), '\0');
+  for (size_t i = 0; i < ids.size(); ++i) s[i] = token_to_char(ids[i]);
+  return s;
+}
+
+std::string decode(std::span<const uint8_t> ids) {
+  std::string s(ids.size(), '\0');
+  for (size_t i = 0; i < ids.size(); ++i) s[i] = token_to_char(ids[i]);
+  return s;
+}
+
+std::vector<std::string> list_corpus_files(const std::vector<std::string>& paths,
+                                           const std::vector<std::string>& skip_suffixes) {
+  HT_CHECK(!paths.empty(), "text corpus: no paths given");
+  std::vector<std::string> files;
+  for (const auto& p : paths) {
+    std::error_code ec;
+    const auto st = fs::status(p, ec);
+    HT_CHECK(fs::exists(st), "text corpus: path ", p,
+             " not found (the Debian package fortunes provides /usr/share/games/fortunes: "
+             "apt-get install fortunes)");
+    if (!fs::is_directory(st)) {
+      files.push_back(p);
+      continue;
+    }
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(p, ec)) {
+      const std::string name = e.path().filename().string();
+      // is_regular_file follows symlinks, so a link to a regular file is read too.
+      if (e.is_regular_file(ec) && !ends_with_any(name, skip_suffixes)) names.push_back(name);
+    }
+    HT_CHECK(!ec, "text corpus: cannot list directory ", p, ": ", ec.message());
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) files.push_back((fs::path(p) / n).string());
+  }
+  return files;
+}
+
+TextCorpus load_text_corpus(const std::vector<std::string>& paths,
+                            const std::vector<std::string>& skip_suffixes,
+                            double validation_fraction, int64_t min_split_tokens) {
+  HT_CHECK(validation_fraction >= 0.0 && validation_fraction < 1.0,
+           "text corpus: validation_fraction ", validation_fraction,
+           " is out of range; expected 0 <= fraction < 1");
+  TextCorpus c;
+  c.files = list_corpus_files(paths, skip_suffixes);
+  std::vector<uint8_t> all;
+  for (const auto& f : c.files) append_file(f, all);
+  c.total_tokens = static_cast<int64_t>(all.size());
+  HT_CHECK(c.total_tokens > 0, "text corpus is empty: ", c.files.size(), " file(s) read from ",
+           join(paths));
+  const auto n_val = static_cast<int64_t>(validation_fraction * static_cast<double>(all.size()));
+  const int64_t n_train = c.total_tokens - n_val;
+  HT_CHECK(n_train >= min_split_tokens, "text corpus from ", join(paths), ": train split has ",
+           n_train, " tokens (of ", c.total_tokens, "); expected at least ", min_split_tokens,
+           " (context + 1)");
+  HT_CHECK(validation_fraction == 0.0 || n_val >= min_split_tokens, "text corpus from ",
+           join(paths), ": validation split has ", n_val, " tokens (", validation_fraction,
+           " of ", c.total_tokens, "); expected at least ", min_split_tokens,
+           " (context + 1); raise validation_fraction or add text");
+  c.validation.assign(all.begin() + n_train, all.end());
+  all.resize(static_cast<size_t>(n_train));
+  all.shrink_to_fit();
+  c.train = std::move(all);
+  return c;
+}
+
+}  // namespace ht::data

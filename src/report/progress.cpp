@@ -1,0 +1,71 @@
+#include "report/progress.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+
+namespace ht::report {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[32];
+  long t = std::lround(s);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+Progress::Mode Progress::detect(bool quiet) {
+  if (quiet) return Mode::quiet;
+  return isatty(STDOUT_FILENO) ? Mode::bar : Mode::lines;
+}
+
+Progress::Progress(Mode mode, int64_t total_steps, int64_t log_every)
+    : mode_(mode), total_(total_steps), log_every_(log_every > 0 ? log_every : 1) {}
+
+void Progress::step(int64_t done, float loss, float lr, double samples_per_s, double eta_s) {
+  if (mode_ == Mode::quiet) return;
+  if (mode_ == Mode::lines) {
+    if (done % log_every_ == 0 || done == total_)
+      std::printf("step %lld/%lld  loss %.4f  lr %.2e  %.0f samples/s  eta %s\n",
+                  static_cast<long long>(done), static_cast<long long>(total_), loss, lr,
+                  samples_per_s, format_duration(eta_s).c_str());
+    std::fflush(stdout);
+    return;
+  }
+  constexpr int kWidth = 28;
+  int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : kWidth;
+  char bar[kWidth + 1];
+  for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
+  bar[kWidth] = '\0';
+  std::printf("\r[%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\033[K", bar,
+              static_cast<long long>(done), static_cast<long long>(total_), loss, samples_per_s,
+              format_duration(eta_s).c_str());
+  std::fflush(stdout);
+  bar_drawn_ = true;
+}
+
+void Progress::clear_bar() {
+  if (bar_drawn_) std::printf("\r\033[K");
+  bar_drawn_ = false;
+}
+
+void Progress::note(const std::string& line) {
+  if (mode_ == Mode::quiet) return;
+  clear_bar();
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void Progress::finish() {
+  if (mode_ == Mode::bar && bar_drawn_) std::printf("\n");
+  bar_drawn_ = false;
+  std::fflush(stdout);
+}
+
+}  // namespace ht::report

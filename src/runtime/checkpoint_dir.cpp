@@ -1,0 +1,113 @@
+#include "runtime/checkpoint_dir.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include "core/error.h"
+
+namespace ht::runtime {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kPrefix = "ckpt-", kSuffix = ".safetensors";
+
+std::string file_name(int64_t step) {
+  char buf[48];  // room for any int64
+  std::snprintf(buf, sizeof buf, "ckpt-%08lld.safetensors", static_cast<long long>(step));
+  return buf;
+}
+
+// The step of a checkpoint file name, or nullopt for any other file. Only the canonical
+// spelling counts, so "ckpt-1.safetensors", "ckpt-00000001.safetensors.tmp" or a copy the
+// user made are never listed, loaded or deleted.
+std::optional<int64_t> parse_name(const std::string& name) {
+  if (name.size() <= kPrefix.size() + kSuffix.size() || !name.starts_with(kPrefix) ||
+      !name.ends_with(kSuffix))
+    return std::nullopt;
+  const char* b = name.data() + kPrefix.size();
+  const char* e = name.data() + name.size() - kSuffix.size();
+  int64_t step = 0;
+  auto [end, ec] = std::from_chars(b, e, step);
+  if (ec != std::errc() || end != e || step < 0 || file_name(step) != name) return std::nullopt;
+  return step;
+}
+
+}  // namespace
+
+CheckpointDir::CheckpointDir(std::string dir, int64_t keep) : dir_(std::move(dir)), keep_(keep) {
+  HT_CHECK(keep_ >= 1, "checkpoints in ", dir_, ": keep is ", keep_, "; expected at least 1");
+}
+
+std::string CheckpointDir::path_for(int64_t step) const {
+  HT_CHECK(step >= 0, "checkpoint step ", step, " is negative; expected >= 0");
+  return (fs::path(dir_) / file_name(step)).string();
+}
+
+std::vector<CheckpointFile> CheckpointDir::list() const {
+  std::vector<CheckpointFile> out;
+  std::error_code ec;
+  if (!fs::exists(dir_, ec)) return out;
+  fs::directory_iterator it(dir_, ec);
+  HT_CHECK(!ec, "cannot list checkpoints in ", dir_, ": ", ec.message());
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    HT_CHECK(!ec, "cannot list checkpoints in ", dir_, ": ", ec.message());
+    if (!it->is_regular_file(ec)) continue;
+    if (auto step = parse_name(it->path().filename().string()))
+      out.push_back({*step, it->path().string()});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointFile& a, const CheckpointFile& b) { return a.step < b.step; });
+  return out;
+}
+
+std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>& tensors,
+                                const std::map<std::string, std::string>& metadata) {
+  const std::string path = path_for(step);
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  HT_CHECK(!ec, "cannot create the checkpoint directory ", dir_, ": ", ec.message());
+  write_checkpoint(path, tensors, metadata);  // throws before retention: nothing deleted
+
+  // Retention by step, not by file time: the lowest steps go first until `keep` remain.
+  // The file just written always stays, even when higher steps exist (a run resumed from
+  // an older checkpoint overwrites its abandoned future).
+  std::vector<CheckpointFile> files = list();
+  int64_t excess = static_cast<int64_t>(files.size()) - keep_;
+  for (const CheckpointFile& f : files) {
+    if (excess <= 0) break;
+    if (f.step == step) continue;
+    fs::remove(f.path, ec);
+    HT_CHECK(!ec, "saved ", path, " but could not remove the old checkpoint ", f.path, ": ",
+             ec.message());
+    --excess;
+  }
+  return path;
+}
+
+std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::string>& skipped) const {
+  std::vector<CheckpointFile> files = list();
+  if (files.empty()) return std::nullopt;
+  std::vector<std::string> problems;
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    try {
+      Checkpoint c = read_checkpoint(it->path);
+      const std::string using_ = "; using " + fs::path(it->path).filename().string();
+      for (const std::string& p : problems) skipped.push_back(p + using_);
+      return c;
+    } catch (const OutOfMemory&) {
+      throw;  // not a property of the file: trying older ones would not help
+    } catch (const Error& e) {
+      problems.push_back(e.what());
+    }
+  }
+  std::string msg = "no valid checkpoint in " + dir_ + "; tried newest first:";
+  for (const std::string& p : problems) msg += "\n  " + p;
+  throw Error(msg);
+}
+
+}  // namespace ht::runtime

@@ -1,0 +1,50 @@
+// A run's checkpoints/ folder: ckpt-<step, 8+ digits>.safetensors files, the newest
+// `keep` of them retained, and resume from the newest one that verifies.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint.h"
+
+namespace ht::runtime {
+
+struct CheckpointFile {
+  int64_t step = 0;
+  std::string path;
+};
+
+class CheckpointDir {
+ public:
+  // `keep` >= 1. Nothing touches the disk until save() or list().
+  explicit CheckpointDir(std::string dir, int64_t keep = 3);
+
+  const std::string& dir() const { return dir_; }
+  int64_t keep() const { return keep_; }
+  // <dir>/ckpt-00000042.safetensors
+  std::string path_for(int64_t step) const;
+
+  // Writes the checkpoint for `step` atomically (creating the directory if needed), then
+  // deletes the oldest checkpoints beyond `keep`, never the one just written and never a
+  // file that does not match the name pattern. A failed save deletes nothing. Returns the
+  // path written.
+  std::string save(int64_t step, const std::vector<nn::NamedTensor>& tensors,
+                   const std::map<std::string, std::string>& metadata = {});
+
+  // Checkpoint files by ascending step; empty when the directory does not exist.
+  std::vector<CheckpointFile> list() const;
+
+  // Reads checkpoints newest first and returns the first that verifies. Each one passed
+  // over is appended to `skipped` as "<path>: <problem>; using <file>". Empty when there
+  // are no checkpoints; throws ht::Error listing every attempt when none verifies.
+  std::optional<Checkpoint> load_newest_valid(std::vector<std::string>& skipped) const;
+
+ private:
+  std::string dir_;
+  int64_t keep_;
+};
+
+}  // namespace ht::runtime

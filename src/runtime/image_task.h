@@ -1,0 +1,25 @@
+#pragma once
+
+#include "data/image_dataset.h"
+#include "data/sampler.h"
+#include "runtime/task.h"
+
+namespace ht::runtime {
+
+class ImageTask final : public Task {
+ public:
+  explicit ImageTask(const config::Config& cfg);
+
+  nn::Sequential build_model(uint64_t seed) const override;
+  int64_t train_size() const override { return data_.train.size(); }
+  int64_t predictions_per_sample() const override { return 1; }
+  Batch train_batch(int64_t first, int64_t count) override;
+  EvalResult evaluate(const nn::Sequential& model) const override;
+
+ private:
+  const config::Config& cfg_;
+  data::FashionMnist data_;
+  data::ShuffledSampler sampler_;
+};
+
+}  // namespace ht::runtime

@@ -1,0 +1,28 @@
+// The run directory: resolved config, metrics.jsonl, summary.json and checkpoints/.
+// Opening one never destroys a previous run: a directory that already holds one is
+// refused unless the run is being resumed.
+#pragma once
+
+#include <string>
+
+namespace ht::runtime {
+
+class RunDir {
+ public:
+  // Creates `path` (and parents) for a new run, or opens it to resume one. Throws
+  // naming the path and the reason when it cannot be created or written, or when a
+  // new run would overwrite an earlier one.
+  static RunDir open(const std::string& path, bool resume);
+
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::string checkpoints() const { return file("checkpoints"); }
+  // True when the directory already held a run (metrics or checkpoints) when opened.
+  bool had_run() const { return had_run_; }
+
+ private:
+  std::string path_;
+  bool had_run_ = false;
+};
+
+}  // namespace ht::runtime

@@ -1,0 +1,50 @@
+// A Task ties a model to its data: it builds the model, serves training batches by
+// stream position (so any consumer can take any share of a global batch, and a
+// resumed run picks up exactly where it stopped), defines the loss, and evaluates.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "nn/block.h"
+
+namespace ht::runtime {
+
+struct Batch {
+  Tensor inputs;   // images (n, 1, 28, 28) float32, or token ids (n, T) int32
+  Tensor targets;  // labels (n) int32, or next-token ids (n, T) int32
+};
+
+struct EvalResult {
+  std::vector<std::pair<std::string, double>> metrics;  // e.g. {"test_accuracy", 0.89}
+  std::string line;                                      // one human-readable line
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+
+  virtual nn::Sequential build_model(uint64_t seed) const = 0;
+  // Training samples in one epoch (turns train.epochs into steps).
+  virtual int64_t train_size() const = 0;
+  // Predictions per sample the loss averages over: 1 for a label, T for a sequence.
+  virtual int64_t predictions_per_sample() const = 0;
+  // The samples at stream positions [first, first + count) of the stream seeded by
+  // train.seed: a pure function of the positions, so any consumer can take any share.
+  virtual Batch train_batch(int64_t first, int64_t count) = 0;
+  // The held-out set (capped by train.eval_max_samples), in eval_batch_size chunks.
+  virtual EvalResult evaluate(const nn::Sequential& model) const = 0;
+};
+
+// Loads the data named by the config and returns the matching task.
+std::unique_ptr<Task> make_task(const config::Config& cfg);
+
+// Cross-entropy summed over every prediction in the batch: logits (..., C) against
+// int32 targets of the leading shape. Summing (not averaging) lets unequal shares of
+// a global batch combine exactly; the caller divides by the global prediction count.
+Tensor summed_loss(const Tensor& logits, const Tensor& targets);
+
+}  // namespace ht::runtime

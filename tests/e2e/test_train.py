@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""End-to-end checks of `hetrain train` and `hetrain eval` on small configs:
+exact resume (bit for bit), fallback past a corrupt checkpoint, a resume into a
+different model, a full disk while checkpointing, a missing dataset, an unwritable
+run directory, and the run directory's files.
+
+usage: test_train.py HETRAIN"""
+import filecmp
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+HETRAIN = os.path.abspath(sys.argv[1])
+FASHION = "/usr/share/datasets/fashion-mnist"
+FORTUNES = "/usr/share/games/fortunes"
+failures = []
+
+
+def check(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f"  [{detail}]"))
+    if not cond:
+        failures.append(name)
+
+
+def run(args, **kw):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([HETRAIN] + args, capture_output=True, text=True, env=env, **kw)
+
+
+def write_config(path, cfg):
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def mlp_config(steps=20, hidden=(32,), schedule="cosine"):
+    return {
+        "model": {"type": "mlp", "hidden": list(hidden)},
+        "data": {"dataset": "fashion_mnist", "dir": FASHION},
+        "train": {"steps": steps, "batch_size": 32, "micro_batches": 2, "seed": 5,
+                  "optimizer": {"type": "adamw", "lr": 0.002, "weight_decay": 0.01},
+                  "schedule": {"type": schedule, "warmup_steps": 3},
+                  "grad_clip": 1.0, "eval_every": 10, "eval_max_samples": 500, "log_every": 5},
+        "checkpoint": {"every": 5, "keep": 3},
+    }
+
+
+def gpt_config(steps=12):
+    return {
+        "model": {"type": "gpt", "context": 16, "layers": 1, "heads": 2, "d_model": 16,
+                  "dropout": 0.1},
+        "data": {"dataset": "text", "paths": [FORTUNES], "skip_suffixes": [".dat", ".u8"]},
+        "train": {"steps": steps, "batch_size": 8, "seed": 3,
+                  "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True},
+                  "eval_max_samples": 64, "log_every": 4},
+        "checkpoint": {"every": 4, "keep": 2},
+    }
+
+
+def ckpt(run_dir, step):
+    return os.path.join(run_dir, "checkpoints", f"ckpt-{step:08d}.safetensors")
+
+
+def exact_resume(tmp, name, cfg, total, stop):
+    path = write_config(os.path.join(tmp, name + ".json"), cfg)
+    full, split = os.path.join(tmp, name + "-full"), os.path.join(tmp, name + "-split")
+    r = run(["train", path, "--run-dir", full, "--quiet"])
+    check(f"{name}: uninterrupted run succeeds", r.returncode == 0, r.stderr)
+    r = run(["train", path, "--run-dir", split, "--quiet", "--stop-after", str(stop)])
+    check(f"{name}: --stop-after {stop} exits 0", r.returncode == 0, r.stderr)
+    check(f"{name}: stopped run left a checkpoint at step {stop}", os.path.exists(ckpt(split, stop)))
+    check(f"{name}: stopped run wrote no summary", not os.path.exists(os.path.join(split, "summary.json")))
+    r = run(["train", path, "--run-dir", split, "--resume", "--quiet"])
+    check(f"{name}: resume succeeds", r.returncode == 0, r.stderr)
+    same = os.path.exists(ckpt(split, total)) and filecmp.cmp(ckpt(full, total), ckpt(split, total), shallow=False)
+    check(f"{name}: {total} steps == {stop} + resume, bit for bit (parameters and optimiser state)", same)
+    return path, full, split
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="hetrain-e2e-")
+    try:
+        if not os.path.isdir(FASHION) or not os.path.isdir(FORTUNES):
+            print("SKIP: datasets not installed (tools/setup installs them)")
+            return 77
+        path, full, split = exact_resume(tmp, "mlp", mlp_config(), 20, 10)
+        exact_resume(tmp, "gpt", gpt_config(), 12, 5)
+
+        # The run directory's files.
+        with open(os.path.join(full, "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        train = [r for r in records if r["type"] == "train"]
+        evals = [r for r in records if r["type"] == "eval"]
+        check("metrics: a train record every log_every steps", [r["step"] for r in train] == [5, 10, 15, 20])
+        check("metrics: train records carry step, loss, lr, samples/s, wall time",
+              all({"step", "loss", "lr", "samples_per_s", "wall_s"} <= r.keys() for r in train))
+        check("metrics: evaluations at eval_every and the end", [r["step"] for r in evals] == [10, 20])
+        check("metrics: evaluations carry accuracy and loss",
+              all(0 <= r["test_accuracy"] <= 1 and r["test_loss"] > 0 for r in evals))
+        with open(os.path.join(full, "summary.json")) as f:
+            summary = json.load(f)
+        check("summary: steps, samples, wall time, samples/s, final metrics",
+              summary["steps"] == 20 and summary["samples"] == 640 and summary["wall_s"] > 0
+              and summary["mean_samples_per_s"] > 0 and "test_accuracy" in summary["final"])
+        with open(os.path.join(full, "config.json")) as f:
+            resolved = json.load(f)
+        check("config.json: the resolved config with defaults filled",
+              resolved["train"]["steps"] == 20 and resolved["model"]["hidden"] == [32]
+              and "keep" in resolved["checkpoint"])
+        ckpts = sorted(os.listdir(os.path.join(full, "checkpoints")))
+        check("checkpoints: the newest `keep` are kept", ckpts == [os.path.basename(ckpt(full, s)) for s in (10, 15, 20)], ckpts)
+
+        # eval on a checkpoint gives the run's final figures.
+        r = run(["eval", path, "--checkpoint", ckpt(full, 20)])
+        ok = r.returncode == 0
+        if ok:
+            got = json.loads(r.stdout)
+            ok = abs(got["test_accuracy"] - summary["final"]["test_accuracy"]) < 1e-12 and got["step"] == 20
+        check("eval --checkpoint reproduces the final evaluation", ok, r.stderr + r.stdout)
+
+        # A new run refuses to overwrite an existing one.
+        before = sorted(os.listdir(os.path.join(full, "checkpoints")))
+        r = run(["train", path, "--run-dir", full, "--quiet"])
+        check("a new run into a used run directory is refused, naming --resume",
+              r.returncode == 1 and "--resume" in r.stderr and full in r.stderr, r.stderr)
+        check("... and the earlier run is untouched", sorted(os.listdir(os.path.join(full, "checkpoints"))) == before)
+
+        # Corrupt newest checkpoint: reported, the previous one is used, result still exact.
+        corrupt = os.path.join(tmp, "mlp-corrupt")
+        r = run(["train", path, "--run-dir", corrupt, "--quiet", "--stop-after", "10"])
+        with open(ckpt(corrupt, 10), "r+b") as f:
+            f.seek(-3, os.SEEK_END)
+            b = f.read(1)
+            f.seek(-3, os.SEEK_END)
+            f.write(bytes([b[0] ^ 0xFF]))
+        r = run(["train", path, "--run-dir", corrupt, "--resume"])
+        check("corrupt newest checkpoint: resume succeeds from the previous one",
+              r.returncode == 0 and "checksum" in r.stdout and "at step 5" in r.stdout, r.stdout + r.stderr)
+        check("corrupt newest checkpoint: the final result is still exact",
+              filecmp.cmp(ckpt(full, 20), ckpt(corrupt, 20), shallow=False))
+
+        # Resume into a different model names the mismatching tensor and changes nothing.
+        other = write_config(os.path.join(tmp, "mlp-wide.json"), mlp_config(hidden=(48,)))
+        snapshot = {n: open(os.path.join(split, "checkpoints", n), "rb").read()
+                    for n in os.listdir(os.path.join(split, "checkpoints"))}
+        r = run(["train", other, "--run-dir", split, "--resume", "--quiet"])
+        check("resume with another model fails naming the tensor and both shapes",
+              r.returncode == 1 and "blocks.0.linear.weight" in r.stderr and "[32, 784]" in r.stderr
+              and "[48, 784]" in r.stderr, r.stderr)
+        after = {n: open(os.path.join(split, "checkpoints", n), "rb").read()
+                 for n in os.listdir(os.path.join(split, "checkpoints"))}
+        check("... and the run's checkpoints are unchanged", snapshot == after)
+
+        # A full disk while checkpointing: a clear error, earlier checkpoints intact, resumable.
+        disk = os.path.join(tmp, "mlp-disk")
+        r = run(["train", path, "--run-dir", disk, "--quiet", "--stop-after", "5"])
+        kept = open(ckpt(disk, 5), "rb").read()
+        size_kib = len(kept) // 1024
+
+        def limit_file_size():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            import resource
+            resource.setrlimit(resource.RLIMIT_FSIZE, (len(kept) // 2, len(kept) // 2))
+
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run([HETRAIN, "train", path, "--run-dir", disk, "--resume", "--quiet"],
+                           capture_output=True, text=True, env=env, preexec_fn=limit_file_size)
+        check(f"full disk (file size limit {size_kib // 2} KiB): nonzero exit naming the checkpoint and the reason",
+              r.returncode == 1 and "ckpt-00000010" in r.stderr and "File too large" in r.stderr, r.stderr)
+        check("... the earlier checkpoint is byte for byte intact", open(ckpt(disk, 5), "rb").read() == kept)
+        check("... no temporary file is left behind",
+              not any(n.endswith(".tmp") for n in os.listdir(os.path.join(disk, "checkpoints"))))
+        r = run(["train", path, "--run-dir", disk, "--resume", "--quiet"])
+        check("... and the run resumes and finishes exactly once space is back",
+              r.returncode == 0 and filecmp.cmp(ckpt(full, 20), ckpt(disk, 20), shallow=False), r.stderr)
+
+        # A missing dataset names the package; no run directory is created.
+        missing = mlp_config()
+        missing["data"]["dir"] = os.path.join(tmp, "no-such-dir")
+        mpath = write_config(os.path.join(tmp, "missing.json"), missing)
+        mdir = os.path.join(tmp, "missing-run")
+        r = run(["train", mpath, "--run-dir", mdir, "--quiet"])
+        check("missing dataset: exit 1 naming the path and the Debian package",
+              r.returncode == 1 and "no-such-dir" in r.stderr and "dataset-fashion-mnist" in r.stderr, r.stderr)
+        check("... and no run directory is created", not os.path.exists(mdir))
+
+        # An unwritable run directory.
+        blocker = os.path.join(tmp, "a-file")
+        open(blocker, "w").close()
+        r = run(["train", path, "--run-dir", os.path.join(blocker, "run"), "--quiet"])
+        check("unwritable run directory: exit 1 naming it", r.returncode == 1 and "a-file/run" in r.stderr, r.stderr)
+
+        # Overrides are validated like the config.
+        r = run(["train", path, "--run-dir", os.path.join(tmp, "x"), "--steps", "-3"])
+        check("--steps -3: exit 2 naming the option", r.returncode == 2 and "--steps" in r.stderr, r.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+// Checkpoints: the safetensors layout, integrity checks, atomic writes under failure,
+// retention, resume from the newest valid file, and loading into existing tensors.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "ops/ops.h"
+#include "runtime/checkpoint.h"
+#include "runtime/checkpoint_dir.h"
+
+using namespace ht;
+using namespace ht::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed (permissions restored) at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ht-ckpt-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path, fs::perms::owner_all, ec);
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::vector<float> iota(int n, float from = 0.f) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = from + static_cast<float>(i);
+  return v;
+}
+
+std::vector<nn::NamedTensor> small_model(float from = 0.f) {
+  return {{"w", Tensor::from_vector(iota(6, from), {2, 3})},
+          {"ids", Tensor::from_ints({1, 2, 3}, {3})}};
+}
+
+// A safetensors file from raw header text and data, for malformed-header cases.
+std::string raw_file(std::string header, const std::string& data) {
+  while (header.size() % 8) header += ' ';
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+// doctest::Contains takes only its own string type.
+doctest::Contains contains(const std::string& s) { return doctest::Contains(s.c_str()); }
+
+uint64_t header_length(const std::string& file) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: f32 and i32 tensors of several shapes and metadata round-trip") {
+  TempDir tmp;
+  const std::string path = tmp / "a.safetensors";
+  Tensor cube = Tensor::from_vector(iota(24, -5.f), {2, 3, 4});
+  std::vector<nn::NamedTensor> tensors = {
+      {"layers.0.weight", Tensor::from_vector(iota(6, 0.5f), {2, 3})},
+      {"labels", Tensor::from_ints({-7, 0, 2147483647, 3}, {4})},
+      {"scalar", Tensor::from_vector({3.25f}, {})},
+      {"empty", Tensor::from_vector({}, {0, 3})},
+      {"empty_ids", Tensor::from_ints({}, {0})},
+      {"transposed", transpose(cube, 0, 2)},  // a strided view is stored densely
+  };
+  std::map<std::string, std::string> meta = {
+      {"step", "42"}, {"rng", "state 1 2 3\nline two"}, {"note", "gr\u00fc\u00dfe \"quoted\""}};
+  write_checkpoint(path, tensors, meta);
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+
+  Checkpoint c = read_checkpoint(path);
+  CHECK(c.path == path);
+  CHECK(c.metadata == meta);  // reserved hetrain.* keys are verified and removed
+  REQUIRE(c.tensors.size() == tensors.size());
+  for (const auto& [name, t] : tensors) {
+    CAPTURE(name);
+    const Tensor& r = c.tensors.at(name);
+    CHECK(r.shape() == t.shape());
+    CHECK(r.dtype() == t.dtype());
+    if (t.dtype() == DType::f32) CHECK(r.to_vector() == t.to_vector());
+    else CHECK(r.to_ints() == t.to_ints());
+  }
+  CHECK(c.tensors.at("scalar").item() == 3.25f);
+
+  // An independent reader of the safetensors layout: length, JSON, offsets, bytes.
+  const std::string file = slurp(path);
+  const uint64_t n = header_length(file);
+  CHECK(n % 8 == 0);
+  REQUIRE(8 + n <= file.size());
+  const std::string data = file.substr(8 + n);
+  nlohmann::json h = nlohmann::json::parse(file.substr(8, n));
+  REQUIRE(h.is_object());
+  CHECK(h["__metadata__"]["step"] == "42");
+  CHECK(h["__metadata__"]["hetrain.format"] == "1");
+  char crc[9];
+  std::snprintf(crc, sizeof crc, "%08lx",
+                ::crc32(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
+  CHECK(h["__metadata__"]["hetrain.crc32"] == crc);
+  uint64_t expect_begin = 0;
+  for (const auto& [name, t] : tensors) {  // stored in the given order, back to back
+    CAPTURE(name);
+    const nlohmann::json& e = h.at(name);
+    CHECK(e["dtype"] == (t.dtype() == DType::f32 ? "F32" : "I32"));
+    CHECK(e["shape"].get<std::vector<int64_t>>() == t.shape());
+    const uint64_t begin = e["data_offsets"][0], end = e["data_offsets"][1];
+    CHECK(begin == expect_begin);
+    CHECK(end - begin == static_cast<uint64_t>(t.numel()) * 4);
+    if (t.dtype() == DType::f32) {
+      std::vector<float> v(t.numel());
+      if (!v.empty()) std::memcpy(v.data(), data.data() + begin, end - begin);
+      CHECK(v == t.to_vector());
+    }
+    expect_begin = end;
+  }
+  CHECK(expect_begin == data.size());
+}
+
+TEST_CASE("checkpoint: bad writes are refused before any file is created") {
+  TempDir tmp;
+  const std::string path = tmp / "bad.safetensors";
+  Tensor t = Tensor::from_vector({1.f}, {1});
+  CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"a", t}, {"a", t}}, {}),
+                       contains("duplicate tensor name 'a'"), Error);
+  CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"a", t}}, {{"hetrain.crc32", "0"}}),
+                       contains("reserved"), Error);
+  CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"a", Tensor()}}, {}),
+                       contains("tensor 'a' is undefined"), Error);
+  CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"__metadata__", t}}, {}),
+                       contains("invalid tensor name"), Error);
+  CHECK(fs::is_empty(tmp.path));
+}
+
+TEST_CASE("checkpoint: corrupt files fail with an error naming the file and the problem") {
+  TempDir tmp;
+  const std::string good = tmp / "good.safetensors";
+  write_checkpoint(good, small_model(), {{"step", "1"}});
+  const std::string bytes = slurp(good);
+  const uint64_t n = header_length(bytes);
+  const std::string bad = tmp / "bad.safetensors";
+  auto check_bad = [&](const std::string& content, const std::string& problem) {
+    CAPTURE(problem);
+    spit(bad, content);
+    CHECK_THROWS_WITH_AS(read_checkpoint(bad), contains("checkpoint " + bad + ": " + problem),
+                         Error);
+  };
+
+  const size_t data_bytes = bytes.size() - 8 - n;
+  check_bad(bytes.substr(0, bytes.size() - 10),
+            "truncated: header promises " + std::to_string(data_bytes) + " data bytes, file has " +
+                std::to_string(data_bytes - 10));
+  check_bad(bytes.substr(0, 5), "truncated: the file has 5 bytes");
+  check_bad(bytes.substr(0, 8 + n / 2), "truncated: header length field says " + std::to_string(n));
+
+  std::string flipped = bytes;
+  flipped[bytes.size() - 3] ^= 0x10;
+  check_bad(flipped, "checksum mismatch");
+
+  std::string json_broken = bytes;
+  json_broken[8] = '[';
+  check_bad(json_broken, "header is not valid JSON");
+
+  std::string too_long = bytes;
+  too_long[0] = static_cast<char>(0xff);  // N grows by 255 - (N & 0xff): past the file end
+  too_long[1] = static_cast<char>(0x10);
+  check_bad(too_long, "truncated: header length field says");
+  std::string absurd = bytes;
+  absurd[5] = 1;  // 2^40 bytes of header
+  check_bad(absurd, "header length field says " + std::to_string(n + (uint64_t{1} << 40)) +
+                        " bytes, over the limit");
+
+  std::string f16 = bytes;
+  f16.replace(f16.find("\"F32\""), 5, "\"F16\"");
+  check_bad(f16, "tensor 'w' has dtype 'F16'");
+
+  const std::string data(24, '\0');
+  check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,24]}})", data),
+            "tensor 'w' has shape [2, 2] (16 bytes of F32) but data_offsets [0, 24] span 24 bytes");
+  check_bad(raw_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                     R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", data),
+            "tensors 'a' [0, 16) and 'b' [8, 24) overlap");
+  check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,24]}})", data),
+            "tensor 'w' has shape entry -1");
+  check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})", data),
+            "no \"hetrain.format\"");  // valid safetensors, but no checksum to verify
+
+  CHECK_THROWS_WITH_AS(read_checkpoint(tmp / "missing.safetensors"),
+                       contains("missing.safetensors: cannot open: No such file"), Error);
+}
+
+TEST_CASE("checkpoint dir: keeps the newest K and never touches other files") {
+  TempDir tmp;
+  CheckpointDir dir(tmp / "checkpoints", 2);
+  CHECK(dir.list().empty());  // the directory does not exist yet
+  std::vector<std::string> skipped;
+  CHECK_FALSE(dir.load_newest_valid(skipped).has_value());
+
+  fs::create_directories(dir.dir());
+  // (<checkpoint>.tmp of a step being saved is the writer's own scratch name; a leftover
+  // from a crash at another step must survive retention.)
+  const std::vector<std::string> others = {"notes.txt", "ckpt-1.safetensors",
+                                           "ckpt-00000099.safetensors.tmp",
+                                           "ckpt-00000003.safetensors.bak", "ckpt-0000000x.safetensors"};
+  for (const std::string& o : others) spit(dir.dir() + "/" + o, "mine: " + o);
+  fs::create_directory(dir.dir() + "/ckpt-00000009.safetensors");  // a directory, not a file
+
+  for (int64_t step : {1, 2, 3, 4, 5})
+    CHECK(dir.save(step, small_model(static_cast<float>(step))) == dir.path_for(step));
+  std::vector<CheckpointFile> files = dir.list();
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].step == 4);
+  CHECK(files[1].step == 5);
+  CHECK(fs::path(files[1].path).filename() == "ckpt-00000005.safetensors");
+  for (const std::string& o : others) CHECK(slurp(dir.dir() + "/" + o) == "mine: " + o);
+  CHECK(fs::is_directory(dir.dir() + "/ckpt-00000009.safetensors"));
+
+  // Saving a lower step (a run resumed from an older checkpoint) never deletes itself.
+  dir.save(3, small_model());
+  files = dir.list();
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].step == 3);
+  CHECK(files[1].step == 5);
+  CHECK_THROWS_WITH_AS(CheckpointDir(tmp.path, 0), contains("expected at least 1"), Error);
+}
+
+TEST_CASE("checkpoint dir: a corrupt newest checkpoint falls back to the previous one") {
+  TempDir tmp;
+  CheckpointDir dir(tmp / "checkpoints", 5);
+  for (int64_t step : {10, 20, 30}) dir.save(step, small_model(static_cast<float>(step)), {{"step", std::to_string(step)}});
+  std::string s30 = slurp(dir.path_for(30));
+  s30[s30.size() - 1] ^= 1;
+  spit(dir.path_for(30), s30);
+  const std::string s20 = slurp(dir.path_for(20));
+  spit(dir.path_for(20), s20.substr(0, s20.size() - 4));
+
+  std::vector<std::string> skipped;
+  std::optional<Checkpoint> c = dir.load_newest_valid(skipped);
+  REQUIRE(c.has_value());
+  CHECK(c->metadata.at("step") == "10");
+  CHECK(c->tensors.at("w").to_vector() == iota(6, 10.f));
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0].find(dir.path_for(30) + ": checksum mismatch") != std::string::npos);
+  CHECK(skipped[0].find("; using ckpt-00000010.safetensors") != std::string::npos);
+  CHECK(skipped[1].find(dir.path_for(20) + ": truncated") != std::string::npos);
+
+  spit(dir.path_for(10), "garbage");
+  skipped.clear();
+  CHECK_THROWS_WITH_AS(dir.load_newest_valid(skipped),
+                       contains("no valid checkpoint in " + dir.dir()), Error);
+  try {
+    dir.load_newest_valid(skipped);
+  } catch (const Error& e) {
+    for (int64_t step : {10, 20, 30}) CHECK(std::string(e.what()).find(dir.path_for(step)) != std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: a full disk (EFBIG) leaves the previous checkpoints byte-for-byte intact") {
+  TempDir tmp;
+  CheckpointDir dir(tmp / "checkpoints", 2);
+  dir.save(10, small_model(10.f));
+  dir.save(20, small_model(20.f));
+  const std::string before10 = slurp(dir.path_for(10)), before20 = slurp(dir.path_for(20));
+  // 64 Ki floats = 256 KiB, well past the limit below.
+  std::vector<nn::NamedTensor> big = {{"w", Tensor::from_vector(iota(65536), {256, 256})}};
+
+  // Writes past the soft limit fail with EFBIG instead of raising SIGXFSZ (which would
+  // kill the test). Both are restored before any check can fail.
+  struct rlimit old_limit {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+  struct sigaction ignore {}, old_action {};
+  ignore.sa_handler = SIG_IGN;
+  REQUIRE(::sigaction(SIGXFSZ, &ignore, &old_action) == 0);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 16 * 1024;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  std::string same_path_error, new_path_error;
+  try {
+    dir.save(20, big);  // over an existing checkpoint
+  } catch (const Error& e) {
+    same_path_error = e.what();
+  }
+  try {
+    dir.save(30, big);  // would have pushed step 10 out of retention
+  } catch (const Error& e) {
+    new_path_error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::sigaction(SIGXFSZ, &old_action, nullptr);
+
+  CHECK(same_path_error.find(dir.path_for(20)) != std::string::npos);
+  CHECK(same_path_error.find("File too large") != std::string::npos);
+  CHECK(new_path_error.find(dir.path_for(30)) != std::string::npos);
+  CHECK(new_path_error.find("File too large") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir.path_for(20) + ".tmp"));
+  CHECK_FALSE(fs::exists(dir.path_for(30) + ".tmp"));
+  CHECK_FALSE(fs::exists(dir.path_for(30)));
+  CHECK(slurp(dir.path_for(10)) == before10);
+  CHECK(slurp(dir.path_for(20)) == before20);
+  CHECK(std::distance(fs::directory_iterator(dir.dir()), fs::directory_iterator()) == 2);
+  CHECK(read_checkpoint(dir.path_for(20)).tensors.at("w").to_vector() == iota(6, 20.f));
+}
+
+TEST_CASE("checkpoint: an unwritable directory fails cleanly") {
+  TempDir tmp;
+  // Always available: the parent of the path is a file.
+  spit(tmp / "file", "x");
+  CHECK_THROWS_WITH_AS(write_checkpoint(tmp / "file/c.safetensors", small_model(), {}),
+                       contains("file/c.safetensors: Not a directory"), Error);
+
+  const std::string dir = tmp / "ro";
+  fs::create_directory(dir);
+  const std::string path = dir + "/c.safetensors";
+  write_checkpoint(path, small_model(1.f), {});
+  const std::string before = slurp(path);
+  fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec);  // 0500
+
+  // Root ignores directory permissions. Then drop the effective uid to "nobody" for the
+  // attempt (the real uid stays 0, so it can be restored); skip visibly if that fails.
+  const bool root = ::geteuid() == 0;
+  if (root && ::seteuid(65534) != 0) {
+    MESSAGE("skipped the permission check: running as root and seteuid(nobody) failed");
+    return;
+  }
+  std::string error;
+  try {
+    write_checkpoint(path, small_model(2.f), {});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (root) REQUIRE(::seteuid(0) == 0);
+  fs::permissions(dir, fs::perms::owner_all);
+
+  CHECK(error.find(path) != std::string::npos);
+  CHECK(error.find("Permission denied") != std::string::npos);
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  CHECK(slurp(path) == before);
+}
+
+TEST_CASE("checkpoint: load_into copies in place and names every mismatch") {
+  TempDir tmp;
+  const std::string path = tmp / "ckpt-00000010.safetensors";
+  write_checkpoint(path,
+                   {{"model.w", Tensor::from_vector(iota(6, 1.f), {2, 3})},
+                    {"model.ids", Tensor::from_ints({7, 8}, {2})},
+                    {"optim.m", Tensor::from_vector(iota(6), {2, 3})}},
+                   {});
+  Checkpoint c = read_checkpoint(path);
+
+  Tensor w = Tensor::zeros({2, 3});
+  Tensor ids = Tensor::from_ints({0, 0}, {2});
+  float* storage = w.data();
+  load_into({{"model.w", w}, {"model.ids", ids}}, c, "model.");  // optim.* is not the model's
+  CHECK(w.data() == storage);  // same storage: the parameter keeps its identity
+  CHECK(w.to_vector() == iota(6, 1.f));
+  CHECK(ids.to_ints() == std::vector<int32_t>{7, 8});
+
+  // A strided view receives the values through its strides.
+  Tensor base = Tensor::zeros({3, 2});
+  load_into({{"model.w", transpose(base, 0, 1)}, {"model.ids", ids}}, c, "model.");
+  CHECK(base.to_vector() == std::vector<float>{1, 4, 2, 5, 3, 6});
+
+  const std::string head = "checkpoint ckpt-00000010.safetensors does not match the model: ";
+  Tensor untouched = Tensor::zeros({3, 2});
+  CHECK_THROWS_WITH_AS(load_into({{"model.w", untouched}, {"model.ids", ids}}, c, "model."),
+                       contains(head + "tensor 'model.w' has shape [2, 3] in the checkpoint and [3, 2] in the model"),
+                       Error);
+  CHECK(untouched.to_vector() == std::vector<float>(6, 0.f));  // nothing copied on failure
+  CHECK_THROWS_WITH_AS(load_into({{"model.w", w}, {"model.ids", Tensor::zeros({2})}}, c, "model."),
+                       contains("tensor 'model.ids' is int32 in the checkpoint and float32 in the model"),
+                       Error);
+  CHECK_THROWS_WITH_AS(load_into({{"model.w", w}, {"model.ids", ids}, {"model.b", Tensor::zeros({3})}}, c, "model."),
+                       contains("tensor 'model.b' of shape [3] is missing from the checkpoint"), Error);
+  CHECK_THROWS_WITH_AS(load_into({{"model.w", w}}, c, "model."),
+                       contains("tensor 'model.ids' of shape [2] is in the checkpoint but not in the model"),
+                       Error);
+  // Without a prefix every tensor in the file must be accounted for.
+  CHECK_THROWS_WITH_AS(load_into({{"model.w", w}, {"model.ids", ids}}, c),
+                       contains("tensor 'optim.m'"), Error);
+}
