@@ -1,12 +1,11 @@
 #include "core/threads.h"
 
-#include <omp.h>
-
 #include <cstdlib>
 #include <string>
 #include <thread>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -40,7 +39,7 @@ void set_thread_count(int n) {
   HT_CHECK(n > 0, "thread count ", n, " is invalid; expected at least 1");
   g_threads = n;
   openblas_set_num_threads(n);
-  omp_set_num_threads(n);
+  set_pool_threads(n);
 }
 
 int thread_count() { return g_threads; }

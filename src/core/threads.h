@@ -9,7 +9,7 @@ namespace ht {
 // at least 1.
 int resolve_thread_count(int requested = 0);
 
-// Applies the count to OpenBLAS and to the engine's own OpenMP loops.
+// Applies the count to OpenBLAS and to the engine's own parallel loops.
 void set_thread_count(int n);
 int thread_count();
 

@@ -72,8 +72,8 @@ void AtomicFile::commit() {
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail_os("renaming", errno);
   committed_ = true;
 
-  std::string dir = std::filesystem::path(path_).parent_path().string();
-  if (dir.empty()) dir = ".";
+  std::filesystem::path parent = std::filesystem::path(path_).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   int err = dfd < 0 ? errno : 0;
   if (dfd >= 0 && ::fsync(dfd) != 0) err = errno;

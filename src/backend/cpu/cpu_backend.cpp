@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <cblas.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -33,7 +34,13 @@ Backend& cpu_backend() {
 }
 
 CpuBackend::CpuBackend()
-    : Backend(new Allocator("cpu", aligned_raw_alloc, [](void* p) { std::free(p); })) {}
+    : Backend(new Allocator("cpu", aligned_raw_alloc, [](void* p) { std::free(p); })) {
+  // Host-side staging buffers (batches built on the host, values copied out) come and
+  // go every step. Above glibc's default mmap threshold each one would be mapped and
+  // unmapped anew, page-faulting on every step; keep such blocks in the heap instead.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
 
 void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);

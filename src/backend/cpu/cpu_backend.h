@@ -1,4 +1,4 @@
-// The CPU backend: OpenBLAS for matrix products, OpenMP-parallel loops with dense
+// The CPU backend: OpenBLAS for matrix products, thread-pool parallel loops with dense
 // fast paths for everything else. It is also the reference the other backends are
 // checked against, together with the plain loops in tests/harness.
 #pragma once

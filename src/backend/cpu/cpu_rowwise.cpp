@@ -192,10 +192,9 @@ void CpuBackend::layernorm_backward(const float* x, const float* gamma, const fl
                                     float* gbeta, int64_t rows, int64_t n) {
   // gamma/beta gradients are sums over rows: each thread sums its rows into its own
   // partial buffers, then the partials are added in thread order (deterministic).
-  int threads = (rows * n >= cpu::kParallelGrain) ? omp_get_max_threads() : 1;
+  int threads = (rows * n >= cpu::kParallelGrain) ? pool_threads() : 1;
   std::vector<float> partial(static_cast<size_t>(threads) * 2 * n, 0.f);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int t = 0; t < threads; ++t) {
+  parallel_chunks(threads, [&](int64_t t) {
     float* pg = partial.data() + static_cast<size_t>(t) * 2 * n;
     float* pb = pg + n;
     int64_t lo = rows * t / threads, hi = rows * (t + 1) / threads;
@@ -222,7 +221,7 @@ void CpuBackend::layernorm_backward(const float* x, const float* gamma, const fl
         out[i] = rs * (gr[i] * gamma[i] - md - xhat * mdx);
       }
     }
-  }
+  });
   for (int64_t i = 0; i < n; ++i) {
     float sg = 0.f, sb = 0.f;
     for (int t = 0; t < threads; ++t) {

@@ -4,12 +4,12 @@
 // one long inner loop with unit or zero strides that the kernels specialise on.
 #pragma once
 
-#include <omp.h>
-
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
 #include "core/shape.h"
+#include "core/thread_pool.h"
 
 namespace ht::cpu {
 
@@ -66,34 +66,40 @@ void for_each_row(const StridedShape<N>& s, Body&& body) {
     }
     body(offs, inner, inner_strides);
   };
-  if (rows == 1 && inner >= 2 * kParallelGrain && omp_get_max_threads() > 1) {
+  int threads = pool_threads();
+  if (rows == 1 && inner >= 2 * kParallelGrain && threads > 1) {
     // One long row: split it into chunks instead.
-    int64_t chunks = omp_get_max_threads() * 4;
+    int64_t chunks = threads * 4;
     int64_t step = (inner + chunks - 1) / chunks;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
+    parallel_chunks(chunks, [&](int64_t c) {
       int64_t begin = c * step, end = std::min(inner, begin + step);
-      if (begin >= end) continue;
+      if (begin >= end) return;
       std::array<int64_t, N> offs;
       for (size_t k = 0; k < N; ++k) offs[k] = begin * inner_strides[k];
       body(offs, end - begin, inner_strides);
-    }
+    });
     return;
   }
-#pragma omp parallel for schedule(static) if (rows * inner >= kParallelGrain && rows > 1)
-  for (int64_t r = 0; r < rows; ++r) row(r);
+  if (rows * inner < kParallelGrain || rows == 1 || threads == 1) {
+    for (int64_t r = 0; r < rows; ++r) row(r);
+    return;
+  }
+  int64_t chunks = std::min<int64_t>(rows, threads * 4);
+  parallel_chunks(chunks, [&](int64_t c) {
+    for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) row(r);
+  });
 }
 
 // Runs fn(begin, end) over [0, n) split across threads when n * cost is large.
 template <class Fn>
 void parallel_range(int64_t n, int64_t cost_per_item, Fn&& fn) {
-  if (n * cost_per_item < kParallelGrain || omp_get_max_threads() == 1 || n < 2) {
+  int threads = pool_threads();
+  if (n * cost_per_item < kParallelGrain || threads == 1 || n < 2) {
     fn(int64_t{0}, n);
     return;
   }
-  int64_t chunks = std::min<int64_t>(n, omp_get_max_threads());
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) fn(n * c / chunks, n * (c + 1) / chunks);
+  int64_t chunks = std::min<int64_t>(n, threads);
+  parallel_chunks(chunks, [&](int64_t c) { fn(n * c / chunks, n * (c + 1) / chunks); });
 }
 
 }  // namespace ht::cpu
