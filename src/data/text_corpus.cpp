@@ -126,10 +126,19 @@ TextCorpus load_text_corpus(const std::vector<std::string>& paths,
            join(paths), ": validation split has ", n_val, " tokens (", validation_fraction,
            " of ", c.total_tokens, "); expected at least ", min_split_tokens,
            " (context + 1); raise validation_fraction or add text");
-  c.validation.assign(all.begin() + n_train, all.end());
-  all.resize(static_cast<size_t>(n_train));
-  all.shrink_to_fit();
-  c.train = std::move(all);
+  // Held-out text spread over the whole corpus: K equal chunks each give their tail to
+  // validation. A corpus made of files on different subjects (the fortune files run
+  // alphabetically from "art" to "zippy") would otherwise be validated on its last
+  // files alone, a different distribution from the one trained on.
+  const int64_t segments = std::max<int64_t>(1, n_val / kValidationSegment);
+  c.train.reserve(static_cast<size_t>(n_train));
+  c.validation.reserve(static_cast<size_t>(n_val));
+  for (int64_t k = 0; k < segments; ++k) {
+    int64_t begin = c.total_tokens * k / segments, end = c.total_tokens * (k + 1) / segments;
+    int64_t held = n_val * (k + 1) / segments - n_val * k / segments;
+    c.train.insert(c.train.end(), all.begin() + begin, all.begin() + (end - held));
+    c.validation.insert(c.validation.end(), all.begin() + (end - held), all.begin() + end);
+  }
   return c;
 }
 

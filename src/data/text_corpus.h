@@ -1,5 +1,5 @@
 // A byte-level text corpus: files read and concatenated, mapped one token per byte to
-// a 96-symbol vocabulary, and split into train and validation tails.
+// a 96-symbol vocabulary, and split into train and validation parts.
 #pragma once
 
 #include <cstdint>
@@ -30,13 +30,18 @@ struct TextCorpus {
   std::vector<std::string> files;   // in reading order
   int64_t total_tokens = 0;
   std::vector<uint8_t> train;       // (T_train) token ids
-  std::vector<uint8_t> validation;  // (T_val) token ids, the corpus tail
+  std::vector<uint8_t> validation;  // (T_val) token ids, spread over the corpus
 };
 
+// Validation is taken in segments of about this many tokens, evenly spread.
+inline constexpr int64_t kValidationSegment = 4096;
+
 // The files named by `paths` in order: a file as is, a directory as all regular files
-// directly in it, sorted by name, skipping names ending in any of `skip_suffixes`. The
-// last floor(validation_fraction * T) tokens are validation (0 <= fraction < 1; 0 means
-// no validation split). Throws ht::Error on a missing path, an empty corpus, or a train
+// directly in it, sorted by name, skipping names ending in any of `skip_suffixes`.
+// floor(validation_fraction * T) tokens are validation (0 <= fraction < 1; 0 means no
+// validation split): the corpus is cut into K = max(1, T_val / kValidationSegment) equal
+// chunks and the tail of each is held out, so validation samples the whole corpus (a
+// small corpus, K = 1, holds out its tail). Throws ht::Error on a missing path, an empty corpus, or a train
 // split (or non-empty-requested validation split) shorter than `min_split_tokens`
 // (context + 1 for a model that reads windows of context + 1 tokens).
 TextCorpus load_text_corpus(const std::vector<std::string>& paths,

@@ -38,6 +38,10 @@ void Progress::step(int64_t done, float loss, float lr, double samples_per_s, do
     std::fflush(stdout);
     return;
   }
+  // Redraw at most ten times a second: fast steps would otherwise flood the terminal.
+  auto now = std::chrono::steady_clock::now();
+  if (done != total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  last_draw_ = now;
   constexpr int kWidth = 28;
   int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : kWidth;
   char bar[kWidth + 1];

@@ -2,6 +2,7 @@
 // terminal, plain periodic log lines otherwise (CI logs, files), nothing when quiet.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -27,6 +28,7 @@ class Progress {
   Mode mode_;
   int64_t total_, log_every_;
   bool bar_drawn_ = false;
+  std::chrono::steady_clock::time_point last_draw_{};
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "42s"

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -71,6 +72,22 @@ std::vector<nn::NamedTensor> prefixed(const std::string& prefix,
   std::vector<nn::NamedTensor> out;
   for (const auto& [name, t] : in) out.emplace_back(prefix + name, t);
   return out;
+}
+
+const std::string& metadata_text(const Checkpoint& c, const std::string& key) {
+  auto it = c.metadata.find(key);
+  HT_CHECK(it != c.metadata.end(), "checkpoint ", c.path, " lacks metadata '", key,
+           "'; expected a checkpoint written by hetrain train");
+  return it->second;
+}
+
+int64_t metadata_int(const Checkpoint& c, const std::string& key) {
+  const std::string& text = metadata_text(c, key);
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  HT_CHECK(!text.empty() && *end == '\0', "checkpoint ", c.path, ": metadata '", key, "' is '",
+           text, "'; expected an integer");
+  return static_cast<int64_t>(v);
 }
 
 json eval_json(int64_t step, const EvalResult& r) {
@@ -189,7 +206,7 @@ class Run {
     double predictions = static_cast<double>(t.batch_size * task_->predictions_per_sample());
     double loss_sum = 0;
     for (int64_t m = 0; m < t.micro_batches; ++m) {
-      Batch b = task_->train_batch(step * t.batch_size + m * micro, micro);
+      Batch b = task_->train_batch(stream_base_ + step * t.batch_size + m * micro, micro);
       Tensor loss = summed_loss(model_.forward(b.inputs), b.targets);
       loss_sum += loss.item();
       mul(loss, static_cast<float>(1.0 / predictions)).backward();
@@ -222,7 +239,7 @@ class Run {
         {"total_steps", std::to_string(total_steps_)},
         {"seed", std::to_string(cfg_.train.seed)},
         // The data stream is a pure function of (seed, position): this is its state.
-        {"sample_position", std::to_string(step * cfg_.train.batch_size)}};
+        {"sample_position", std::to_string(stream_base_ + step * cfg_.train.batch_size)}};
     for (size_t i = 0; i < model_.size(); ++i)
       if (uint64_t off = model_.block(i).random_offset())
         m["random_offset.block." + std::to_string(i)] = std::to_string(off);
@@ -246,12 +263,8 @@ class Run {
       return 0;
     }
     const auto& meta = loaded->metadata;
-    auto get = [&](const std::string& key) {
-      auto it = meta.find(key);
-      HT_CHECK(it != meta.end(), "checkpoint ", loaded->path, " lacks metadata '", key,
-               "'; expected a checkpoint written by hetrain train");
-      return it->second;
-    };
+    auto get = [&](const std::string& key) { return metadata_text(*loaded, key); };
+    auto get_int = [&](const std::string& key) { return metadata_int(*loaded, key); };
     HT_CHECK(get("model") == cfg_.model.type, "checkpoint ", loaded->path, " holds a ",
              get("model"), " model but the config builds a ", cfg_.model.type, " model");
     HT_CHECK(get("seed") == std::to_string(cfg_.train.seed), "checkpoint ", loaded->path,
@@ -263,10 +276,12 @@ class Run {
       if (name.rfind("optim.", 0) == 0) state.emplace_back(name.substr(6), t);
     opt_->load_state(state);
     for (size_t i = 0; i < model_.size(); ++i) {
-      auto it = meta.find("random_offset.block." + std::to_string(i));
-      model_.block(i).set_random_offset(it == meta.end() ? 0 : std::stoull(it->second));
+      std::string key = "random_offset.block." + std::to_string(i);
+      model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
     }
-    int64_t step = std::stoll(get("step"));
+    int64_t step = get_int("step");
+    // Continue the data stream where it stopped, even if train.batch_size changed.
+    stream_base_ = get_int("sample_position") - step * cfg_.train.batch_size;
     HT_CHECK(step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step,
              ", past the configured ", total_steps_, " steps; expected at most ", total_steps_,
              " (raise train.steps or --steps to train further)");
@@ -283,6 +298,7 @@ class Run {
   std::unique_ptr<optim::Optimizer> opt_;
   CheckpointDir checkpoints_;
   int64_t total_steps_ = 0;
+  int64_t stream_base_ = 0;  // stream position of step 0's first sample
   optim::LrSchedule schedule_;
 };
 
@@ -315,8 +331,7 @@ std::string evaluate_checkpoint(const config::Config& cfg, const std::string& pa
   NoGradGuard no_grad;
   EvalResult r = task->evaluate(model);
   json out = {{"checkpoint", path}, {"config", cfg.name}};
-  auto step = ckpt.metadata.find("step");
-  if (step != ckpt.metadata.end()) out["step"] = std::stoll(step->second);
+  if (ckpt.metadata.count("step")) out["step"] = metadata_int(ckpt, "step");
   for (const auto& [k, v] : r.metrics) out[k] = v;
   std::fprintf(stderr, "%s: %s\n", path.c_str(), r.line.c_str());
   return out.dump();

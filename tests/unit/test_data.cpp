@@ -482,3 +482,25 @@ TEST_CASE("data: WindowSampler starts are in range, counter-based and seekable")
   CHECK_THROWS_WITH_AS(WindowSampler(4, 5, 1), doctest::Contains("4 tokens cannot hold a window of 5"),
                        Error);
 }
+
+TEST_CASE("data: a large corpus holds out validation text from all over it") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("hetrain-spread-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  // Ten files of 16384 bytes, each one letter: a tail split would validate on 'i' and
+  // 'j' only; ten segments of 4096 (kValidationSegment) reach every file.
+  for (char letter = 'a'; letter <= 'j'; ++letter) {
+    std::ofstream f(dir / std::string(1, letter));
+    f << std::string(16384, letter);
+  }
+  TextCorpus c = load_text_corpus({dir.string()}, {}, 0.25, 129);
+  fs::remove_all(dir);
+  CHECK(c.validation.size() == 40960);
+  CHECK(c.train.size() + c.validation.size() == 163840);
+  std::string val = decode(c.validation), train = decode(c.train);
+  for (char letter = 'a'; letter <= 'j'; ++letter) {
+    CAPTURE(letter);
+    CHECK(val.find(letter) != std::string::npos);
+    CHECK(train.find(letter) != std::string::npos);
+  }
+}
