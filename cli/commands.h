@@ -9,6 +9,9 @@ namespace hetrain_cli {
 // `hetrain info`: what this build and this process can use.
 void register_info(CLI::App& app);
 
+// `hetrain probe`: fingerprint every rank's hardware, device rates and links.
+void register_probe(CLI::App& app);
+
 // `hetrain train CONFIG`: train one process from a config, into a run directory.
 void register_train(CLI::App& app);
 

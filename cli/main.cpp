@@ -4,12 +4,33 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "runtime/trainer.h"
+
+namespace {
+
+// Under mpirun an error names its rank and ends every rank: a peer must not wait for
+// this one until its deadline.
+int finish(int status, const char* kind, const char* what) {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  bool multi = size && std::atoi(size) > 1;
+  if (multi)
+    std::fprintf(stderr, "hetrain: rank %s: %s%s\n", rank ? rank : "?", kind, what);
+  else
+    std::fprintf(stderr, "hetrain: %s%s\n", kind, what);
+  std::fflush(stderr);
+  if (multi) ht::comm::abort_job(status);
+  return status;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"hetrain: train neural networks across heterogeneous hardware", "hetrain"};
@@ -17,6 +38,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   app.footer("Run 'hetrain SUBCOMMAND --help' for a subcommand's options.");
   hetrain_cli::register_info(app);
+  hetrain_cli::register_probe(app);
   hetrain_cli::register_train(app);
   hetrain_cli::register_eval(app);
   try {
@@ -25,14 +47,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const ht::config::ConfigError& e) {
     // A rejected config: nothing was started, and the exit status says so.
-    std::fprintf(stderr, "hetrain: config error: %s\n", e.what());
-    return 2;
+    return finish(2, "config error: ", e.what());
   } catch (const ht::runtime::Interrupted& e) {
-    std::fprintf(stderr, "hetrain: %s\n", e.what());
-    return 130;  // the shell's status for SIGINT
+    return finish(130, "", e.what());  // the shell's status for SIGINT
   } catch (const std::exception& e) {  // ht::Error and anything from the library
-    std::fprintf(stderr, "hetrain: error: %s\n", e.what());
-    return 1;
+    return finish(1, "error: ", e.what());
   }
   if (app.get_subcommands().empty()) std::fputs(app.help().c_str(), stdout);
   return 0;

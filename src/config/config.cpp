@@ -198,6 +198,38 @@ void read_run(const Json& j, const std::string& path, RunConfig& r) {
                   }}});
 }
 
+void read_emulate(const Json& j, const std::string& path, EmulateConfig& e) {
+  expect_object(j, path, "an object with \"ranks\": [{\"rank\": 1, \"latency_ms\": 20}, ...]");
+  walk(j, path, {{"ranks", {}, [&](const Json& v, const std::string& p) {
+                    if (!v.is_array())
+                      fail_at(p, show(v) + " is not an array; expected one object per emulated rank");
+                    for (size_t i = 0; i < v.size(); ++i) {
+                      const std::string ip = index_path(p, i);
+                      RankEmulation r;
+                      bool has_rank = false;
+                      expect_object(v[i], ip, "an object with \"rank\" and what to emulate");
+                      walk(v[i], ip,
+                           {{"rank", {}, [&](const Json& x, const std::string& xp) {
+                               r.rank = read_int(x, xp, 0);
+                               has_rank = true;
+                             }},
+                            {"latency_ms", {}, [&](const Json& x, const std::string& xp) {
+                               r.latency_ms = read_double(x, xp, Range::at_least(0));
+                             }},
+                            {"bandwidth_mb_s", {}, [&](const Json& x, const std::string& xp) {
+                               r.bandwidth_mb_s = read_double(x, xp, Range::at_least(0));
+                             }},
+                            int_field("memory_cap_mb", {}, r.memory_cap_mb, 0)});
+                      if (!has_rank) fail_missing(key_path(ip, "rank"), "the rank this entry emulates");
+                      for (const RankEmulation& other : e.ranks)
+                        if (other.rank == r.rank)
+                          fail_at(key_path(ip, "rank"), std::to_string(r.rank) +
+                                                             " appears twice; expected one entry per rank");
+                      e.ranks.push_back(r);
+                    }
+                  }}});
+}
+
 }  // namespace
 
 Config parse_config(const std::string& json_text, const std::string& source_path) {
@@ -216,7 +248,8 @@ Config parse_config(const std::string& json_text, const std::string& source_path
         section("data", read_data, c.data),
         section("train", read_train, c.train),
         section("checkpoint", read_checkpoint, c.checkpoint),
-        section("run", read_run, c.run)});
+        section("run", read_run, c.run),
+        section("emulate", read_emulate, c.emulate)});
   if (!doc.contains("model"))
     fail_missing("model", "a section like {\"type\": \"mlp\"} (mlp, cnn or gpt)");
   if (!doc.contains("data"))
@@ -309,6 +342,15 @@ std::string to_json(const Config& c) {
            {"train", train},
            {"checkpoint", {{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}}},
            {"run", {{"dir", c.run.dir}}}};
+  if (!c.emulate.ranks.empty()) {
+    Json ranks = Json::array();
+    for (const RankEmulation& r : c.emulate.ranks)
+      ranks.push_back({{"rank", r.rank},
+                       {"latency_ms", r.latency_ms},
+                       {"bandwidth_mb_s", r.bandwidth_mb_s},
+                       {"memory_cap_mb", r.memory_cap_mb}});
+    doc["emulate"] = {{"ranks", ranks}};
+  }
   return doc.dump(2) + "\n";
 }
 

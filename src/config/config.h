@@ -1,5 +1,5 @@
-// The run configuration: one JSON file with sections model, data, train, checkpoint
-// and run. load_config() validates everything before any work starts; every error
+// The run configuration: one JSON file with sections model, data, train, checkpoint,
+// run and (optionally) emulate. load_config() validates everything before any work starts; every error
 // names the JSON path, the value and what was expected (ConfigError, exit code 2).
 #pragma once
 
@@ -81,6 +81,20 @@ struct CheckpointConfig {
   int64_t keep = 3;   // newest checkpoints kept
 };
 
+// Emulation of a heterogeneous cluster on one machine (labelled as emulation wherever
+// it shows). Per rank: an added link latency and a bandwidth limit on every message the
+// rank sends or receives, and a cap on the engine's device memory.
+struct RankEmulation {
+  int64_t rank = 0;
+  double latency_ms = 0;
+  double bandwidth_mb_s = 0;  // megabytes (1e6) per second; 0 = unlimited
+  int64_t memory_cap_mb = 0;  // MiB; 0 = no cap
+};
+
+struct EmulateConfig {
+  std::vector<RankEmulation> ranks;
+};
+
 struct RunConfig {
   std::string dir;  // default: runs/<config file stem>
 };
@@ -93,6 +107,7 @@ struct Config {
   TrainConfig train;
   CheckpointConfig checkpoint;
   RunConfig run;
+  EmulateConfig emulate;
 };
 
 // Reads and validates. Throws ConfigError naming the JSON path on any problem.

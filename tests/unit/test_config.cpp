@@ -68,7 +68,7 @@ TEST_CASE("config: the shipped configs load") {
   CHECK(gpt.model.heads == 4);
   CHECK(gpt.data.paths == std::vector<std::string>{"/usr/share/games/fortunes"});
   CHECK(gpt.data.skip_suffixes == std::vector<std::string>{".dat", ".u8"});
-  CHECK(gpt.train.steps == 2000);
+  CHECK(gpt.train.steps == 3000);
   CHECK(gpt.train.optimizer.weight_decay == 0.01f);
   CHECK(gpt.train.grad_clip == 1.f);
   CHECK(gpt.train.eval_max_samples == 2048);

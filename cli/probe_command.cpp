@@ -1,0 +1,42 @@
+// `hetrain probe`: fingerprint every rank's hardware and links.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "probe/probe.h"
+#include "runtime/atomic_file.h"
+
+namespace hetrain_cli {
+
+void register_probe(CLI::App& app) {
+  struct Args {
+    bool quick = false;
+    std::string json, model;
+  };
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("probe", "Fingerprint each rank's hardware, device rates and links");
+  cmd->add_flag("--quick", args->quick, "Shorter measurements (under 5 s on 4 ranks), less accurate");
+  cmd->add_option("--json", args->json, "Write the cluster fingerprint here (for `hetrain plan --cluster`)");
+  cmd->add_option("--model", args->model,
+                  "Config whose model blocks are profiled on each rank; its emulate section applies");
+  cmd->callback([args] {
+    ht::probe::ProbeOptions opts;
+    opts.quick = args->quick;
+    if (!args->model.empty()) opts.model = ht::config::load_config(args->model);
+    ht::comm::Communicator& world = ht::comm::world();
+    ht::probe::ClusterFingerprint c = ht::probe::run_probe(world, opts);
+    if (world.rank() != 0) return;
+    std::printf("%s", ht::probe::format_cluster(c).c_str());
+    if (!args->json.empty()) {
+      ht::runtime::write_file_atomically(args->json, ht::probe::cluster_to_json(c) + "\n",
+                                         "cluster file");
+      std::printf("\ncluster fingerprint written to %s\n", args->json.c_str());
+    }
+  });
+}
+
+}  // namespace hetrain_cli

@@ -1,0 +1,128 @@
+// The communication layer every distributed feature uses: ranks, sub-communicators,
+// tensor point-to-point, a sum-allreduce of gradient buckets, and barriers, over
+// OpenMPI. Every wait takes a timeout and reports a missed deadline as a status,
+// never a hang: the straggler-tolerant paths are built from these non-blocking
+// operations (a blocking collective cannot exclude a stalled rank).
+//
+// Without mpirun (no OMPI_COMM_WORLD_SIZE in the environment) the world is one rank
+// and MPI is never initialised, so single-process commands work everywhere.
+//
+// Tensors on a device other than the CPU are staged through host memory: Debian's
+// OpenMPI is not CUDA-aware.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace ht::comm {
+
+using Clock = std::chrono::steady_clock;
+using Timeout = std::optional<std::chrono::duration<double>>;  // nullopt: wait forever
+
+enum class WaitStatus { done, timed_out };
+
+// Emulated link of one rank: every message this rank sends or receives crosses it.
+// A message from a to b is delayed by latency_a + latency_b + bytes / min(bw_a, bw_b)
+// (bandwidth 0 = unlimited). Emulation only; reports label it as such.
+// Point to point, the path from a sender to one destination carries one message at a
+// time: a message starts its bytes/bw term when the previous one on that path is through.
+// Collectives complete no earlier than this model of them after the call (p ranks,
+// hop = max over the ring i -> i+1 of latency_i + latency_{i+1}, bw = the smallest
+// non-zero bandwidth among the ranks):
+//   allreduce_sum: 2(p-1) hop + 2(p-1)/p * bytes / bw   (ring reduce-scatter + allgather)
+//   allgather:      (p-1) hop +  (p-1) * largest item / bw  (ring)
+//   barrier:   ceil(log2 p) * (sum of the two largest latencies)  (dissemination)
+struct LinkEmulation {
+  double latency_s = 0.0;
+  double bandwidth_bytes_per_s = 0.0;
+  bool active() const { return latency_s > 0.0 || bandwidth_bytes_per_s > 0.0; }
+};
+
+// A pending non-blocking operation. Destroying an unfinished send waits for it;
+// destroying an unfinished receive cancels it (one already copying in finishes), so
+// that a receive abandoned by an exception cannot hang.
+class Request {
+ public:
+  class Impl;
+  Request();
+  explicit Request(std::unique_ptr<Impl> impl);
+  Request(Request&&) noexcept;
+  Request& operator=(Request&&) noexcept;
+  ~Request();
+
+  bool test();                          // completed (never blocks)
+  WaitStatus wait(Timeout timeout = std::nullopt);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Rank and rank count among the processes on this host (world communicator only;
+  // sub-communicators report the world's values).
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
+  virtual std::string host() const = 0;
+
+  // Ranks with equal `color` form a new communicator, ordered by `key`. A negative
+  // color joins no group and gets nullptr. Every rank of this communicator must call it.
+  // The new communicator inherits its members' link emulation.
+  virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
+
+  // Tags run from 0 to max_tag() (MPI guarantees at least 32767).
+  virtual int max_tag() const = 0;
+
+  // ---- point to point. Messages between a pair with one tag arrive in send order, and
+  // receives posted for that pair and tag take them in the order they were posted.
+  // A receive must match the message's size exactly (a mismatch raises ht::Error and
+  // consumes the message). A wait on a receive that times out cancels it: its buffer is
+  // never written afterwards (a message already being copied in completes and the wait
+  // reports done). A send whose wait times out stays pending.
+  // Requests must finish before their communicator is destroyed.
+  virtual Request isend_bytes(const void* data, size_t bytes, int dst, int tag) = 0;
+  virtual Request irecv_bytes(void* data, size_t bytes, int src, int tag) = 0;
+  // Receives one whole message of any size; `*into` is resized to it on arrival.
+  virtual Request irecv_message(std::shared_ptr<std::vector<char>> into, int src, int tag) = 0;
+  void send_bytes(const void* data, size_t bytes, int dst, int tag);
+  WaitStatus recv_bytes(void* data, size_t bytes, int src, int tag, Timeout timeout = std::nullopt);
+  // Tensors: `into` must already have the sender's shape and dtype. A tensor travels as
+  // one message (a shape header and the dense bytes): do not receive it as bytes.
+  Request isend(const Tensor& t, int dst, int tag);
+  Request irecv(Tensor& into, int src, int tag);
+  void send(const Tensor& t, int dst, int tag);
+  WaitStatus recv(Tensor& into, int src, int tag, Timeout timeout = std::nullopt);
+
+  // ---- collectives
+  // In-place elementwise sum across ranks of each float32 tensor (gradient buckets).
+  // After timed_out the communicator is unusable (MPI cannot cancel a collective): its
+  // collectives and split() raise ht::Error; point to point still works. The buckets are
+  // left as they were unless the result is done.
+  virtual WaitStatus allreduce_sum(std::vector<Tensor>& buckets, Timeout timeout = std::nullopt) = 0;
+  virtual WaitStatus barrier(Timeout timeout = std::nullopt) = 0;
+  // Every rank's string, on every rank (small payloads: fingerprints, hashes).
+  virtual std::vector<std::string> allgather(const std::string& mine) = 0;
+
+  // ---- link emulation: one entry per rank of this communicator (empty: none).
+  virtual void set_link_emulation(std::vector<LinkEmulation> links) = 0;
+  virtual const std::vector<LinkEmulation>& link_emulation() const = 0;
+};
+
+// The process's world: MPI_COMM_WORLD under mpirun, else a single rank.
+Communicator& world();
+
+// Ends the whole job with `status`: MPI_Abort when MPI is running (so no peer is left
+// waiting on this rank), plain exit otherwise.
+[[noreturn]] void abort_job(int status);
+
+}  // namespace ht::comm

@@ -1,0 +1,68 @@
+// world(): MPI when started by mpirun, one local rank otherwise.
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "comm/local_communicator.h"
+#include "comm/mpi_communicator.h"
+#include "core/error.h"
+
+namespace ht::comm {
+
+namespace {
+
+// Owns the world communicator and MPI's lifetime: the communicator (and its emulation
+// thread) goes before MPI_Finalize, which runs at exit.
+struct World {
+  std::unique_ptr<Communicator> comm;
+  bool finalize = false;
+
+  World() {
+    // mpirun sets this for every rank it starts; without it MPI is never initialised,
+    // so single-process commands work where no MPI runtime can start.
+    const char* world_size = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (world_size == nullptr || *world_size == '\0') {
+      comm = std::make_unique<LocalCommunicator>();
+      return;
+    }
+    int initialized = 0, provided = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      HT_CHECK(rc == MPI_SUCCESS, "world: MPI_Init_thread failed with code ", rc,
+               " (OMPI_COMM_WORLD_SIZE=", world_size, ")");
+      finalize = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    // The emulation thread and concurrent requests call MPI from several threads.
+    HT_CHECK(provided >= MPI_THREAD_MULTIPLE, "world: MPI provides thread level ", provided,
+             "; expected MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE, ")");
+    comm = MpiCommunicator::make_world();
+  }
+
+  ~World() {
+    comm.reset();
+    if (!finalize) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+};
+
+}  // namespace
+
+Communicator& world() {
+  static World w;  // initialised once, thread-safely; destroyed at exit
+  return *w.comm;
+}
+
+void abort_job(int status) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, status);
+  std::exit(status);
+}
+
+}  // namespace ht::comm

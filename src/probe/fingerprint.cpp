@@ -1,0 +1,210 @@
+#include "probe/fingerprint.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
+#include "config/json_schema.h"
+
+namespace ht::probe {
+
+using namespace config::schema;
+
+namespace {
+
+Json host_json(const HostInfo& h) {
+  Json gpus = Json::array();
+  for (const GpuInfo& g : h.gpus)
+    gpus.push_back({{"index", g.index},
+                    {"name", g.name},
+                    {"compute_capability", std::to_string(g.compute_major) + "." +
+                                               std::to_string(g.compute_minor)},
+                    {"sm_count", g.sm_count},
+                    {"memory_total_bytes", g.memory_total},
+                    {"memory_free_bytes", g.memory_free}});
+  return {{"host", h.host},
+          {"cpu_model", h.cpu_model},
+          {"physical_cores", h.physical_cores},
+          {"hardware_threads", h.hardware_threads},
+          {"memory_total_bytes", h.memory_total},
+          {"memory_available_bytes", h.memory_available},
+          {"gpus", gpus},
+          {"gpu_note", h.gpu_note}};
+}
+
+Json rank_json(const RankFingerprint& r) {
+  Json blocks = Json::array();
+  for (size_t i = 0; i < r.blocks.size(); ++i)
+    blocks.push_back({{"index", i},
+                      {"kind", r.blocks[i].kind},
+                      {"fwd_bwd_s_per_sample", r.blocks[i].fwd_bwd_s_per_sample}});
+  return {{"rank", r.rank},
+          {"local_rank", r.local_rank},
+          {"host", host_json(r.host)},
+          {"device", {{"kind", r.device},
+                      {"threads", r.threads},
+                      {"sgemm_gflops", r.rates.sgemm_gflops},
+                      {"sgemm_size", r.rates.sgemm_size},
+                      {"memory_bandwidth_gb_s", r.rates.memory_bandwidth_gb_s}}},
+          {"memory_cap_bytes", r.memory_cap},
+          {"blocks", blocks},
+          {"emulation", r.emulation}};
+}
+
+double positive(const Json& obj, const std::string& path, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end()) fail_missing(key_path(path, key), "a positive number");
+  return read_double(*it, key_path(path, key), Range::above(0));
+}
+
+const Json& member(const Json& obj, const std::string& path, const char* key, const char* what) {
+  auto it = obj.find(key);
+  if (it == obj.end()) fail_missing(key_path(path, key), what);
+  return *it;
+}
+
+RankFingerprint parse_rank(const Json& j, const std::string& path) {
+  expect_object(j, path, "an object describing one rank");
+  RankFingerprint r;
+  r.rank = static_cast<int>(read_int(member(j, path, "rank", "the rank number"), key_path(path, "rank"), 0));
+  r.local_rank = static_cast<int>(read_int(member(j, path, "local_rank", "an integer >= 0"),
+                                           key_path(path, "local_rank"), 0));
+  const std::string hp = key_path(path, "host");
+  const Json& h = member(j, path, "host", "an object");
+  expect_object(h, hp, "an object describing the host");
+  r.host.host = read_string(member(h, hp, "host", "a host name"), key_path(hp, "host"), "a host name");
+  r.host.cpu_model = read_string(member(h, hp, "cpu_model", "a string"), key_path(hp, "cpu_model"), "a string");
+  r.host.physical_cores = static_cast<int>(read_int(member(h, hp, "physical_cores", "an integer"),
+                                                    key_path(hp, "physical_cores"), 0));
+  r.host.hardware_threads = static_cast<int>(read_int(member(h, hp, "hardware_threads", "an integer"),
+                                                      key_path(hp, "hardware_threads"), 0));
+  r.host.memory_total = read_uint(member(h, hp, "memory_total_bytes", "bytes"), key_path(hp, "memory_total_bytes"));
+  r.host.memory_available = read_uint(member(h, hp, "memory_available_bytes", "bytes"),
+                                      key_path(hp, "memory_available_bytes"));
+  const std::string gp = key_path(hp, "gpus");
+  const Json& gpus = member(h, hp, "gpus", "an array (empty without GPUs)");
+  if (!gpus.is_array()) fail_at(gp, show(gpus) + " is not an array; expected one object per GPU");
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    const std::string p = index_path(gp, i);
+    expect_object(gpus[i], p, "an object describing one GPU");
+    GpuInfo g;
+    g.index = static_cast<int>(read_int(member(gpus[i], p, "index", "an integer"), key_path(p, "index"), 0));
+    g.name = read_string(member(gpus[i], p, "name", "a string"), key_path(p, "name"), "the GPU's name");
+    std::string cc = read_string(member(gpus[i], p, "compute_capability", "\"major.minor\""),
+                                 key_path(p, "compute_capability"), "\"major.minor\"");
+    if (std::sscanf(cc.c_str(), "%d.%d", &g.compute_major, &g.compute_minor) != 2)
+      fail_at(key_path(p, "compute_capability"), show(Json(cc)) + " is not a version; expected \"major.minor\"");
+    g.sm_count = static_cast<int>(read_int(member(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1));
+    g.memory_total = read_uint(member(gpus[i], p, "memory_total_bytes", "bytes"), key_path(p, "memory_total_bytes"));
+    g.memory_free = read_uint(member(gpus[i], p, "memory_free_bytes", "bytes"), key_path(p, "memory_free_bytes"));
+    r.host.gpus.push_back(g);
+  }
+  auto note = h.find("gpu_note");
+  if (note != h.end()) {
+    if (!note->is_string()) fail_at(key_path(hp, "gpu_note"), show(*note) + " is not a string; expected a note");
+    r.host.gpu_note = note->get<std::string>();
+  }
+  const std::string dp = key_path(path, "device");
+  const Json& d = member(j, path, "device", "an object");
+  expect_object(d, dp, "an object describing the device");
+  r.device = read_enum(member(d, dp, "kind", "cpu or cuda"), key_path(dp, "kind"), {"cpu", "cuda"});
+  r.threads = static_cast<int>(read_int(member(d, dp, "threads", "an integer >= 1"), key_path(dp, "threads"), 1));
+  r.rates.sgemm_gflops = positive(d, dp, "sgemm_gflops");
+  r.rates.sgemm_size = read_int(member(d, dp, "sgemm_size", "an integer"), key_path(dp, "sgemm_size"), 1);
+  r.rates.memory_bandwidth_gb_s = positive(d, dp, "memory_bandwidth_gb_s");
+  r.memory_cap = read_uint(member(j, path, "memory_cap_bytes", "bytes (0 = none)"), key_path(path, "memory_cap_bytes"));
+  const std::string bp = key_path(path, "blocks");
+  const Json& blocks = member(j, path, "blocks", "an array");
+  if (!blocks.is_array()) fail_at(bp, show(blocks) + " is not an array; expected an array of blocks");
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::string p = index_path(bp, i);
+    expect_object(blocks[i], p, "an object with kind and fwd_bwd_s_per_sample");
+    r.blocks.push_back({read_string(member(blocks[i], p, "kind", "a string"), key_path(p, "kind"), "a block kind"),
+                        positive(blocks[i], p, "fwd_bwd_s_per_sample")});
+  }
+  auto em = j.find("emulation");
+  if (em != j.end()) r.emulation = read_string_array(*em, key_path(path, "emulation"), "a note");
+  return r;
+}
+
+std::vector<std::vector<double>> parse_matrix(const Json& j, const std::string& path, size_t n,
+                                              bool positive_off_diagonal) {
+  if (!j.is_array() || j.size() != n)
+    fail_at(path, show(j) + " is not a " + std::to_string(n) + " x " + std::to_string(n) +
+                      " matrix; expected one row per rank");
+  std::vector<std::vector<double>> m(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string rp = index_path(path, i);
+    if (!j[i].is_array() || j[i].size() != n)
+      fail_at(rp, show(j[i]) + " is not a row of " + std::to_string(n) + " numbers; expected one entry per rank");
+    for (size_t k = 0; k < n; ++k) {
+      Range r = positive_off_diagonal && i != k ? Range::above(0) : Range::at_least(0);
+      m[i].push_back(read_double(j[i][k], index_path(rp, k), r));
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string rank_to_json(const RankFingerprint& r) { return rank_json(r).dump(); }
+
+RankFingerprint rank_from_json(const std::string& text) {
+  return parse_rank(parse_document(text, "rank fingerprint"), "rank");
+}
+
+std::string cluster_to_json(const ClusterFingerprint& c) {
+  Json ranks = Json::array();
+  for (const RankFingerprint& r : c.ranks) ranks.push_back(rank_json(r));
+  Json j = {{"format", kClusterFormat},
+            {"world_size", c.ranks.size()},
+            {"model", c.model},
+            {"ranks", ranks},
+            {"links", {{"emulated", c.links_emulated},
+                       {"latency_s", c.links.latency_s},
+                       {"bandwidth_bytes_per_s", c.links.bandwidth_bytes_per_s}}}};
+  return j.dump(2);
+}
+
+ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expected_world_size) {
+  std::ifstream in(path);
+  if (!in) fail_at(path, "cannot be read; expected a cluster file written by `hetrain probe --json`");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Json j = parse_document(text, path);
+  expect_object(j, "", "a cluster file (an object with format, world_size, ranks and links)");
+  std::string format = read_string(member(j, "", "format", kClusterFormat), "format", kClusterFormat);
+  if (format != kClusterFormat)
+    fail_at("format", show(j["format"]) + " is not a known cluster format; expected \"" +
+                          std::string(kClusterFormat) + "\"");
+  auto n = static_cast<size_t>(read_int(member(j, "", "world_size", "an integer >= 1"), "world_size", 1));
+  if (expected_world_size && static_cast<int>(n) != *expected_world_size)
+    fail_at("world_size", std::to_string(n) + " ranks in " + path + " but this job has " +
+                              std::to_string(*expected_world_size) +
+                              "; expected a cluster file probed with the same world size");
+  ClusterFingerprint c;
+  auto model = j.find("model");
+  if (model != j.end()) {
+    if (!model->is_string()) fail_at("model", show(*model) + " is not a string; expected the profiled config's path or \"\"");
+    c.model = model->get<std::string>();
+  }
+  const Json& ranks = member(j, "", "ranks", "an array of ranks");
+  if (!ranks.is_array() || ranks.size() != n)
+    fail_at("ranks", "has " + std::to_string(ranks.is_array() ? ranks.size() : 0) +
+                         " entries; expected world_size = " + std::to_string(n));
+  for (size_t i = 0; i < n; ++i) {
+    c.ranks.push_back(parse_rank(ranks[i], index_path("ranks", i)));
+    if (c.ranks.back().rank != static_cast<int>(i))
+      fail_at(key_path(index_path("ranks", i), "rank"),
+              std::to_string(c.ranks.back().rank) + " is out of order; expected " + std::to_string(i));
+  }
+  const Json& links = member(j, "", "links", "an object with latency_s and bandwidth_bytes_per_s");
+  expect_object(links, "links", "an object with latency_s and bandwidth_bytes_per_s");
+  auto em = links.find("emulated");
+  if (em != links.end()) c.links_emulated = read_bool(*em, "links.emulated");
+  c.links.latency_s = parse_matrix(member(links, "links", "latency_s", "a matrix"), "links.latency_s", n, true);
+  c.links.bandwidth_bytes_per_s = parse_matrix(member(links, "links", "bandwidth_bytes_per_s", "a matrix"),
+                                               "links.bandwidth_bytes_per_s", n, true);
+  return c;
+}
+
+}  // namespace ht::probe

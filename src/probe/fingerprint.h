@@ -1,0 +1,44 @@
+// The cluster fingerprint: what `hetrain probe --json FILE` writes and what the planner
+// (`hetrain plan --cluster FILE`) reads. The schema is in the README ("Cluster file").
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "probe/host_info.h"
+#include "probe/link_matrix.h"
+#include "probe/microbench.h"
+
+namespace ht::probe {
+
+inline constexpr const char* kClusterFormat = "hetrain-cluster/1";
+
+struct RankFingerprint {
+  int rank = 0, local_rank = 0;
+  HostInfo host;
+  std::string device = "cpu";   // what this rank trains on
+  int threads = 1;              // compute threads it uses
+  DeviceRates rates;
+  uint64_t memory_cap = 0;      // engine allocator cap in bytes (0 = none)
+  std::vector<BlockTiming> blocks;  // with --model: per-block profile on this device
+  std::vector<std::string> emulation;  // what about this rank is emulated, in words
+};
+
+struct ClusterFingerprint {
+  std::vector<RankFingerprint> ranks;
+  LinkMatrix links;
+  bool links_emulated = false;
+  std::string model;  // the config whose blocks were profiled, if any
+};
+
+std::string rank_to_json(const RankFingerprint& r);
+RankFingerprint rank_from_json(const std::string& text);
+std::string cluster_to_json(const ClusterFingerprint& c);
+
+// Reads and validates a cluster file; errors (config::ConfigError, exit 2) name the file
+// and the JSON path. With `expected_world_size`, a file for another world size is refused.
+ClusterFingerprint read_cluster(const std::string& path,
+                                std::optional<int> expected_world_size = std::nullopt);
+
+}  // namespace ht::probe

@@ -1,0 +1,100 @@
+#include "probe/microbench.h"
+
+#include <chrono>
+#include <vector>
+
+#include "autograd/graph.h"
+#include "backend/backend.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+
+namespace ht::probe {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Runs `fn` until `budget` seconds have passed (at least `min_calls` times); returns
+// the calls made and the elapsed seconds.
+template <class Fn>
+std::pair<int64_t, double> run_for(double budget, int64_t min_calls, Fn&& fn) {
+  fn();  // warm-up: first-touch page faults and cache state
+  auto t0 = Clock::now();
+  int64_t calls = 0;
+  while (calls < min_calls || since(t0) < budget) {
+    fn();
+    ++calls;
+  }
+  return {calls, since(t0)};
+}
+
+Tensor random_tensor(const Shape& shape, Rng& rng) {
+  std::vector<float> v(numel(shape));
+  for (float& x : v) x = rng.normal();
+  return Tensor::from_vector(v, shape);
+}
+
+}  // namespace
+
+DeviceRates measure_device(double seconds) {
+  DeviceRates r;
+  Rng rng(11);
+  Backend& be = cpu_backend();
+  // 1024^3 is the scale of the models' larger products; smaller sizes measure
+  // call overhead more than the arithmetic units.
+  r.sgemm_size = 1024;
+  int64_t n = r.sgemm_size;
+  Tensor a = random_tensor({n, n}, rng), b = random_tensor({n, n}, rng);
+  Tensor c = Tensor::empty({n, n});
+  GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a.data();
+  g.lda = n;
+  g.b = b.data();
+  g.ldb = n;
+  g.c = c.data();
+  g.ldc = n;
+  auto [calls, secs] = run_for(seconds / 2, 3, [&] { be.gemm(g); });
+  r.sgemm_gflops = 2.0 * n * n * n * calls / secs / 1e9;
+
+  // 3 x 32 MiB: far beyond any last-level cache.
+  const size_t len = size_t{8} << 20;
+  std::vector<float> x(len, 1.f), y(len, 2.f), z(len, 0.f);
+  auto [passes, t] = run_for(seconds / 2, 3, [&] {
+    float* __restrict zp = z.data();
+    const float* __restrict xp = x.data();
+    const float* __restrict yp = y.data();
+#pragma omp simd
+    for (size_t i = 0; i < len; ++i) zp[i] = xp[i] + 0.5f * yp[i];
+  });
+  r.memory_bandwidth_gb_s = 3.0 * len * sizeof(float) * passes / t / 1e9;
+  return r;
+}
+
+std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t batch,
+                                        double seconds_per_block) {
+  std::vector<BlockTiming> out;
+  Rng rng(12);
+  for (size_t i = 0; i < model.size(); ++i) {
+    nn::Block& block = model.block(i);
+    Shape shape = block.sample_input_shape();
+    shape.insert(shape.begin(), batch);
+    // Token ids of 0 are valid for any vocabulary; values do not change the timing.
+    Tensor x = block.input_dtype() == DType::i32
+                   ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape)
+                   : random_tensor(shape, rng);
+    auto [calls, secs] = run_for(seconds_per_block, 2, [&] {
+      Tensor y = block.forward(x);
+      y.backward(Tensor::full(y.shape(), 1.f));
+    });
+    block.zero_grad();
+    out.push_back({block.kind(), secs / calls / static_cast<double>(batch)});
+  }
+  return out;
+}
+
+}  // namespace ht::probe

@@ -1,0 +1,31 @@
+// Microbenchmarks of the device a rank trains on. Each runs for a time budget and
+// reports total work over total time, not the best call: a CPU-quota-throttled rank
+// runs in bursts, and its average is what training will see.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/block.h"
+
+namespace ht::probe {
+
+struct DeviceRates {
+  double sgemm_gflops = 0;          // n x n x n single-precision products
+  int64_t sgemm_size = 0;
+  double memory_bandwidth_gb_s = 0;  // triad a = b + s * c over arrays beyond the caches
+};
+
+DeviceRates measure_device(double seconds_per_benchmark);
+
+struct BlockTiming {
+  std::string kind;
+  double fwd_bwd_s_per_sample = 0;  // forward + backward of the block alone
+};
+
+// Times each Block of `model` alone on a batch of `batch` samples (forward, then
+// backward of the output against a gradient of ones).
+std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t batch,
+                                        double seconds_per_block);
+
+}  // namespace ht::probe

@@ -1,0 +1,140 @@
+#include "probe/probe.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "comm/emulation.h"
+#include "core/threads.h"
+#include "runtime/task.h"
+
+namespace ht::probe {
+
+namespace {
+
+std::string read_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+}  // namespace
+
+double cgroup_cpu_quota() {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(self, line)) {
+    // v1: "4:cpu,cpuacct:/path"; v2: "0::/path"
+    size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::stringstream list(controllers);
+    std::string c;
+    bool cpu = false;
+    while (std::getline(list, c, ',')) cpu = cpu || c == "cpu";
+    if (cpu) {
+      for (const char* root : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
+        std::string q = read_line(std::string(root) + path + "/cpu.cfs_quota_us");
+        std::string p = read_line(std::string(root) + path + "/cpu.cfs_period_us");
+        if (!q.empty() && !p.empty() && std::stol(q) > 0 && std::stol(p) > 0)
+          return static_cast<double>(std::stol(q)) / static_cast<double>(std::stol(p));
+      }
+    } else if (controllers.empty()) {
+      std::stringstream max(read_line("/sys/fs/cgroup" + path + "/cpu.max"));
+      std::string quota, period;
+      if (max >> quota >> period && quota != "max")
+        return std::stod(quota) / std::stod(period);
+    }
+  }
+  return 0.0;
+}
+
+ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts) {
+  RankFingerprint me;
+  me.rank = comm.rank();
+  me.local_rank = comm.local_rank();
+  me.emulation = comm::apply_emulation(opts.model ? opts.model->emulate : config::EmulateConfig{}, comm);
+  if (double q = cgroup_cpu_quota(); q > 0)
+    me.emulation.insert(me.emulation.begin(), "CPU quota " + fmt("%.2f", q) + " of a core (cgroup)");
+  me.threads = resolve_thread_count();
+  set_thread_count(me.threads);
+  me.host = read_host_info();
+  me.memory_cap = cpu_backend().allocator().cap();
+  me.rates = measure_device(opts.quick ? 0.6 : 2.0);
+  if (opts.model) {
+    std::unique_ptr<runtime::Task> task = runtime::make_task(*opts.model);
+    nn::Sequential model = task->build_model(opts.model->train.seed);
+    me.blocks = profile_blocks(model, opts.quick ? 8 : 32, opts.quick ? 0.1 : 0.5);
+  }
+
+  ClusterFingerprint c;
+  if (opts.model) c.model = opts.model->source_path;
+  for (const std::string& text : comm.allgather(rank_to_json(me)))
+    c.ranks.push_back(rank_from_json(text));
+  LinkProbeOptions lo;
+  if (opts.quick) {
+    lo.pings = 8;
+    lo.bulk_bytes = 4 << 20;
+    lo.bulk_repeats = 2;
+  }
+  c.links = measure_links(comm, lo);
+  for (const comm::LinkEmulation& l : comm.link_emulation()) c.links_emulated = c.links_emulated || l.active();
+  return c;
+}
+
+std::string format_cluster(const ClusterFingerprint& c) {
+  std::ostringstream out;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-4s %-12s %-5s %-9s %-9s %-6s %-8s %-10s %-9s %s\n", "rank",
+                "host", "local", "cores/thr", "mem GiB", "device", "threads", "sgemm GF/s",
+                "mem GB/s", "memory cap / emulation");
+  out << line;
+  double base = c.ranks.empty() ? 1 : c.ranks[0].rates.sgemm_gflops;
+  for (const RankFingerprint& r : c.ranks) {
+    std::string notes = r.memory_cap ? fmt("cap %.0f MiB", static_cast<double>(r.memory_cap) / (1 << 20)) : "";
+    for (const std::string& n : r.emulation) notes += (notes.empty() ? "" : "; ") + n;
+    std::snprintf(line, sizeof line, "%-4d %-12.12s %-5d %-9s %-9.1f %-6s %-8d %-10.1f %-9.1f %s\n", r.rank,
+                  r.host.host.c_str(), r.local_rank,
+                  (std::to_string(r.host.physical_cores) + "/" + std::to_string(r.host.hardware_threads)).c_str(),
+                  static_cast<double>(r.host.memory_total) / (1 << 30), r.device.c_str(), r.threads,
+                  r.rates.sgemm_gflops, r.rates.memory_bandwidth_gb_s, notes.c_str());
+    out << line;
+  }
+  if (!c.ranks.empty()) {
+    out << "\ncpu: " << c.ranks[0].host.cpu_model << "\ngpus: ";
+    out << (c.ranks[0].host.gpus.empty() ? c.ranks[0].host.gpu_note : std::to_string(c.ranks[0].host.gpus.size()) + " visible") << "\n";
+    out << "compute relative to rank 0:";
+    for (const RankFingerprint& r : c.ranks) out << " " << fmt("%.2f", r.rates.sgemm_gflops / base);
+    out << "\n";
+  }
+  for (const RankFingerprint& r : c.ranks) {
+    if (r.blocks.empty()) continue;
+    out << "\nrank " << r.rank << " block profile (forward+backward per sample):";
+    for (size_t i = 0; i < r.blocks.size(); ++i)
+      out << "\n  " << i << " " << r.blocks[i].kind << " " << fmt("%.1f us", r.blocks[i].fwd_bwd_s_per_sample * 1e6);
+    out << "\n";
+  }
+  size_t n = c.ranks.size();
+  if (n > 1) {
+    out << "\nlinks" << (c.links_emulated ? " (EMULATED delays included)" : "")
+        << ": one-way latency in us / bandwidth in GB/s\n";
+    for (size_t i = 0; i < n; ++i) {
+      out << "  " << i << ":";
+      for (size_t j = 0; j < n; ++j)
+        out << (i == j ? std::string("        -      ")
+                       : fmt(" %8.1f", c.links.latency_s[i][j] * 1e6) +
+                             fmt(" /%5.2f", c.links.bandwidth_bytes_per_s[i][j] / 1e9));
+      out << "\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace ht::probe

@@ -1,0 +1,29 @@
+// `hetrain probe`: every rank fingerprints its hardware, measures its device, and
+// optionally profiles a model's blocks on it; then all ranks measure their links.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "probe/fingerprint.h"
+
+namespace ht::probe {
+
+struct ProbeOptions {
+  bool quick = false;                   // shorter benchmarks: under 5 s on 4 ranks
+  std::optional<config::Config> model;  // profile this config's blocks; apply its emulate section
+};
+
+// Collective: every rank of `comm` calls it and gets the whole cluster's fingerprint.
+ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts);
+
+// The human table rank 0 prints.
+std::string format_cluster(const ClusterFingerprint& c);
+
+// This process's CPU quota in cores from its cgroup (v1 cpu.cfs_quota_us / period, or
+// v2 cpu.max), or 0 when unlimited or unknown.
+double cgroup_cpu_quota();
+
+}  // namespace ht::probe

@@ -1,0 +1,147 @@
+// Collectives over MPI: sums, allgather, split groups, a barrier that times out.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "mpi_util.h"
+#include "ops/ops.h"
+
+using namespace ht;
+using namespace ht::comm;
+using namespace mpi_test;
+
+namespace {
+
+// Integer-valued floats (sums stay below 2^24), so the sums are exact in any order.
+float value(int64_t i, size_t bucket, int rank) {
+  return static_cast<float>((rank + 1) * ((i % 97) + static_cast<int64_t>(bucket)));
+}
+
+std::vector<Tensor> make_buckets(const std::vector<int64_t>& sizes, int rank) {
+  std::vector<Tensor> out;
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    std::vector<float> v(static_cast<size_t>(sizes[b]));
+    for (int64_t i = 0; i < sizes[b]; ++i) v[static_cast<size_t>(i)] = value(i, b, rank);
+    out.push_back(Tensor::from_vector(v, {sizes[b]}));
+  }
+  return out;
+}
+
+// Elements that differ from the sum over all p ranks.
+int64_t wrong_sums(const std::vector<Tensor>& buckets, int p) {
+  int64_t wrong = 0;
+  const float ranks_sum = static_cast<float>(p * (p + 1) / 2);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    std::vector<float> v = buckets[b].to_vector();
+    for (size_t i = 0; i < v.size(); ++i)
+      wrong += v[i] != value(static_cast<int64_t>(i), b, 0) * ranks_sum;
+  }
+  return wrong;
+}
+
+}  // namespace
+
+TEST_CASE("collectives: allreduce_sum over several buckets of 1 to 1e6 elements is exact") {
+  Communicator& w = world();
+  const std::vector<int64_t> sizes{1, 3, 1000, 65537, 1000000};
+  SUBCASE("in place") {
+    std::vector<Tensor> buckets = make_buckets(sizes, w.rank());
+    REQUIRE(w.allreduce_sum(buckets) == WaitStatus::done);
+    CHECK(wrong_sums(buckets, w.size()) == 0);
+  }
+  SUBCASE("staged, with a deadline") {
+    std::vector<Tensor> buckets = make_buckets(sizes, w.rank());
+    REQUIRE(w.allreduce_sum(buckets, kLong) == WaitStatus::done);
+    CHECK(wrong_sums(buckets, w.size()) == 0);
+  }
+  SUBCASE("a strided bucket") {
+    Tensor base = Tensor::full({4, 5}, static_cast<float>(w.rank() + 1));
+    std::vector<Tensor> buckets{transpose(base, 0, 1)};
+    REQUIRE(w.allreduce_sum(buckets) == WaitStatus::done);
+    CHECK(base.to_vector() ==
+          std::vector<float>(20, static_cast<float>(w.size() * (w.size() + 1) / 2)));
+  }
+  std::vector<Tensor> ints{Tensor::from_ints({1}, {1})};
+  CHECK_THROWS_WITH_AS(w.allreduce_sum(ints),
+                       doctest::Contains("bucket 0 of shape [1] is int32; expected float32"),
+                       Error);
+}
+
+TEST_CASE("collectives: allgather returns every rank's string in rank order") {
+  Communicator& w = world();
+  const std::string mine =
+      "rank-" + std::to_string(w.rank()) + std::string(static_cast<size_t>(w.rank()) * 10, 'x');
+  const std::vector<std::string> all = w.allgather(mine);
+  REQUIRE(static_cast<int>(all.size()) == w.size());
+  for (int r = 0; r < w.size(); ++r)
+    CHECK(all[static_cast<size_t>(r)] ==
+          "rank-" + std::to_string(r) + std::string(static_cast<size_t>(r) * 10, 'x'));
+  CHECK(w.allgather("") == std::vector<std::string>(static_cast<size_t>(w.size())));
+}
+
+TEST_CASE("collectives: split forms groups by color, ordered by key") {
+  Communicator& w = world();
+  // Colors by parity; keys reverse the order inside each group.
+  auto sub = w.split(w.rank() % 2, -w.rank());
+  REQUIRE(sub.get() != nullptr);
+  std::vector<int> members;  // world ranks of my group, in sub-rank order
+  for (int r = w.size() - 1; r >= 0; --r)
+    if (r % 2 == w.rank() % 2) members.push_back(r);
+  CHECK(sub->size() == static_cast<int>(members.size()));
+  CHECK(members[static_cast<size_t>(sub->rank())] == w.rank());
+  CHECK(sub->local_size() == w.local_size());
+  std::vector<std::string> want;
+  for (int r : members) want.push_back(std::to_string(r));
+  CHECK(sub->allgather(std::to_string(w.rank())) == want);
+  std::vector<Tensor> one{Tensor::full({2}, static_cast<float>(w.rank()))};
+  REQUIRE(sub->allreduce_sum(one, kLong) == WaitStatus::done);
+  float sum = 0;
+  for (int r : members) sum += static_cast<float>(r);
+  CHECK(one[0].to_vector() == std::vector<float>{sum, sum});
+  // Point to point inside the group uses the group's ranks.
+  if (sub->size() >= 2) {
+    int token = w.rank(), got = -1;
+    const int next = (sub->rank() + 1) % sub->size(),
+              prev = (sub->rank() + sub->size() - 1) % sub->size();
+    Request s = sub->isend_bytes(&token, sizeof token, next, 3);
+    CHECK(sub->recv_bytes(&got, sizeof got, prev, 3, kLong) == WaitStatus::done);
+    CHECK(s.wait(kLong) == WaitStatus::done);
+    CHECK(got == members[static_cast<size_t>(prev)]);
+  }
+
+  // A negative color joins no group.
+  const bool out = w.rank() == w.size() - 1;
+  auto rest = w.split(out ? -1 : 0, w.rank());
+  CHECK((rest.get() == nullptr) == out);
+  if (rest) CHECK(rest->size() == w.size() - 1);
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("collectives: a barrier that one member skips times out, and its group is abandoned") {
+  Communicator& w = world();
+  REQUIRE(w.size() >= 2);
+  auto sub = w.split(w.rank() < 2 ? 0 : 1, w.rank());
+  REQUIRE(sub.get() != nullptr);
+  if (w.rank() == 0) {
+    const auto t0 = Clock::now();
+    CHECK(sub->barrier(0.2s) == WaitStatus::timed_out);
+    const double took = seconds_since(t0);
+    CHECK(took >= 0.2);
+    CHECK(took <= 0.3);  // within 150% of the timeout
+    CHECK_THROWS_WITH_AS(
+        sub->barrier(),
+        doctest::Contains("barrier: this communicator is unusable since barrier timed out"), Error);
+    std::vector<Tensor> b{Tensor::zeros({1})};
+    CHECK_THROWS_WITH_AS(sub->allreduce_sum(b),
+                         doctest::Contains("allreduce_sum: this communicator is unusable"), Error);
+  } else if (w.rank() >= 2) {
+    CHECK(sub->barrier(kLong) == WaitStatus::done);  // the other group is unaffected
+  }
+  // Rank 1 never enters its group's barrier. The world still works.
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+  std::vector<Tensor> b{Tensor::full({1}, 1.f)};
+  CHECK(w.allreduce_sum(b, kLong) == WaitStatus::done);
+  CHECK(b[0].to_vector() == std::vector<float>{static_cast<float>(w.size())});
+}

@@ -1,0 +1,119 @@
+// Point to point over MPI: ordering, tensors, deadlines.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "core/error.h"
+#include "mpi_util.h"
+#include "ops/ops.h"
+
+using namespace ht;
+using namespace ht::comm;
+using namespace mpi_test;
+
+TEST_CASE("p2p: 100 messages of one pair and tag arrive in send order") {
+  Communicator& w = world();
+  REQUIRE(w.size() >= 2);
+  const int peer = w.rank() ^ 1;  // pairs (0, 1), (2, 3)
+  if (peer < w.size()) {
+    constexpr int n = 100;
+    if (w.rank() % 2 == 0) {
+      std::vector<int> values(n);
+      std::vector<Request> sends;
+      for (int i = 0; i < n; ++i) {
+        values[static_cast<size_t>(i)] = i * 7 + w.rank();
+        sends.push_back(w.isend_bytes(&values[static_cast<size_t>(i)], sizeof(int), peer, 21));
+      }
+      for (auto& s : sends) CHECK(s.wait(kLong) == WaitStatus::done);
+    } else {
+      std::vector<int> got(n, -1);
+      std::vector<Request> recvs;
+      for (int i = 0; i < n; ++i)
+        recvs.push_back(w.irecv_bytes(&got[static_cast<size_t>(i)], sizeof(int), peer, 21));
+      // Waited in reverse: matching follows the posting order, not the waiting order.
+      for (int i = n - 1; i >= 0; --i)
+        CHECK(recvs[static_cast<size_t>(i)].wait(kLong) == WaitStatus::done);
+      int wrong = 0;
+      for (int i = 0; i < n; ++i) wrong += got[static_cast<size_t>(i)] != i * 7 + peer;
+      CHECK(wrong == 0);
+    }
+  }
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("p2p: tensors travel; a shape mismatch names both shapes and consumes the message") {
+  Communicator& w = world();
+  const int peer = w.rank() ^ 1;
+  if (peer < w.size()) {
+    if (w.rank() % 2 == 0) {
+      Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+      w.send(t, peer, 30);
+      w.send(transpose(t, 0, 1), peer, 30);  // a strided view goes out dense
+      w.send(Tensor::full({1000, 100}, static_cast<float>(w.rank())), peer, 30);
+    } else {
+      Tensor wrong = Tensor::zeros({3, 2});
+      const std::string both =
+          "recv: tensor from rank " + std::to_string(peer) +
+          " tag 30 is [2, 3] float32 (24 bytes); `into` is [3, 2] float32 (24 bytes)";
+      CHECK_THROWS_WITH_AS(w.recv(wrong, peer, 30, kLong), doctest::Contains(both.c_str()), Error);
+      Tensor right = Tensor::zeros({3, 2});
+      REQUIRE(w.recv(right, peer, 30, kLong) == WaitStatus::done);
+      CHECK(right.to_vector() == std::vector<float>{1, 4, 2, 5, 3, 6});
+      // Received into a strided view of a larger tensor.
+      Tensor base = Tensor::zeros({100, 1000});
+      Tensor view = transpose(base, 0, 1);
+      REQUIRE(w.recv(view, peer, 30, kLong) == WaitStatus::done);
+      CHECK(base.to_vector() == std::vector<float>(100000, static_cast<float>(peer)));
+    }
+  }
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("p2p: a receive with no sender times out, and the rank stays usable") {
+  Communicator& w = world();
+  const int from = (w.rank() + 1) % w.size();
+  const int to = (w.rank() + w.size() - 1) % w.size();
+  float x = -1.f;
+  const auto t0 = Clock::now();
+  CHECK(w.recv_bytes(&x, sizeof x, from, 77, 0.2s) == WaitStatus::timed_out);
+  const double took = seconds_since(t0);
+  CHECK(took >= 0.2);
+  CHECK(took <= 0.3);  // within 150% of the timeout
+  Request r = w.irecv_bytes(&x, sizeof x, from, 77);
+  CHECK(r.wait(0.01s) == WaitStatus::timed_out);
+  CHECK_FALSE(r.test());  // cancelled: never completes
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+
+  // The same pair and tag now carry a message: the withdrawn receives do not take it.
+  float mine = static_cast<float>(w.rank()) + 0.5f, got = 0.f;
+  Request send = w.isend_bytes(&mine, sizeof mine, to, 77);
+  CHECK(w.recv_bytes(&got, sizeof got, from, 77, kLong) == WaitStatus::done);
+  CHECK(send.wait(kLong) == WaitStatus::done);
+  CHECK(got == static_cast<float>(from) + 0.5f);
+  CHECK(x == -1.f);
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("p2p: bad ranks and wrong sizes raise errors naming the values") {
+  Communicator& w = world();
+  int v = 0;
+  const std::string range = "isend_bytes: destination rank " + std::to_string(w.size()) +
+                            " is out of range [0, " + std::to_string(w.size()) + ")";
+  CHECK_THROWS_WITH_AS(w.send_bytes(&v, sizeof v, w.size(), 0), doctest::Contains(range.c_str()),
+                       Error);
+  CHECK_THROWS_WITH_AS(w.irecv_bytes(&v, sizeof v, 0, -1),
+                       doctest::Contains("irecv_bytes: tag -1 is out of range"), Error);
+  // A message longer than the receive buffer is an error, not an overwrite.
+  const int peer = w.rank() ^ 1;
+  if (peer < w.size()) {
+    if (w.rank() % 2 == 0) {
+      std::vector<char> big(10000, 'x');
+      w.send_bytes(big.data(), big.size(), peer, 31);
+    } else {
+      char small[16] = {};
+      CHECK_THROWS_WITH_AS(w.recv_bytes(small, sizeof small, peer, 31, kLong),
+                           doctest::Contains("has 10000 bytes; expected 16"), Error);
+    }
+  }
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}

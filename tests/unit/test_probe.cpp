@@ -1,0 +1,124 @@
+// Probe pieces that need no MPI: the pairing schedule, the device benchmarks, and the
+// cluster file reader's checks.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "config/config.h"
+#include "probe/fingerprint.h"
+#include "probe/link_matrix.h"
+#include "probe/microbench.h"
+#include "probe/probe.h"
+
+using namespace ht;
+using namespace ht::probe;
+
+TEST_CASE("probe: pairing rounds cover every pair once, disjoint within a round") {
+  for (int n = 1; n <= 9; ++n) {
+    CAPTURE(n);
+    auto rounds = pairing_rounds(n);
+    std::set<std::pair<int, int>> seen;
+    for (const auto& round : rounds) {
+      std::set<int> busy;
+      for (auto [a, b] : round) {
+        CHECK(a < b);
+        CHECK(busy.insert(a).second);
+        CHECK(busy.insert(b).second);
+        CHECK(seen.insert({a, b}).second);
+      }
+    }
+    CHECK(seen.size() == static_cast<size_t>(n * (n - 1) / 2));
+    // O(n) rounds, not n^2 / 2 sequential tests.
+    CHECK(rounds.size() <= static_cast<size_t>(n % 2 ? n : std::max(n - 1, 0)));
+  }
+}
+
+TEST_CASE("probe: device benchmarks report positive, plausible rates") {
+  DeviceRates r = measure_device(0.2);
+  CHECK(r.sgemm_size == 1024);
+  CHECK(r.sgemm_gflops > 1.0);
+  CHECK(r.sgemm_gflops < 1e5);
+  CHECK(r.memory_bandwidth_gb_s > 0.1);
+}
+
+namespace {
+
+ClusterFingerprint two_ranks() {
+  ClusterFingerprint c;
+  for (int i = 0; i < 2; ++i) {
+    RankFingerprint r;
+    r.rank = i;
+    r.host.host = "h";
+    r.host.cpu_model = "cpu";
+    r.host.physical_cores = 2;
+    r.host.hardware_threads = 2;
+    r.host.memory_total = 1 << 30;
+    r.host.memory_available = 1 << 29;
+    r.rates = {100.0 / (i + 1), 1024, 10.0};
+    r.blocks = {{"dense_relu", 1e-5}};
+    c.ranks.push_back(r);
+  }
+  c.links.latency_s = {{0, 1e-6}, {1e-6, 0}};
+  c.links.bandwidth_bytes_per_s = {{0, 5e9}, {5e9, 0}};
+  return c;
+}
+
+std::string write_temp(const std::string& text) {
+  std::string path = std::filesystem::temp_directory_path() /
+                     ("hetrain-cluster-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string error_for(const std::string& text, std::optional<int> world = std::nullopt) {
+  std::string path = write_temp(text);
+  try {
+    read_cluster(path, world);
+  } catch (const config::ConfigError& e) {
+    std::filesystem::remove(path);
+    return e.what();
+  }
+  std::filesystem::remove(path);
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by name") {
+  std::string good = cluster_to_json(two_ranks());
+  std::string path = write_temp(good);
+  ClusterFingerprint back = read_cluster(path, 2);
+  std::filesystem::remove(path);
+  REQUIRE(back.ranks.size() == 2);
+  CHECK(back.ranks[1].rates.sgemm_gflops == doctest::Approx(50.0));
+  CHECK(back.ranks[0].blocks[0].kind == "dense_relu");
+  CHECK(back.links.bandwidth_bytes_per_s[0][1] == doctest::Approx(5e9));
+
+  CHECK(error_for(good, 4).find("world_size: 2 ranks") != std::string::npos);
+  CHECK(error_for(good, 4).find("this job has 4") != std::string::npos);
+  CHECK(error_for("{").find("invalid JSON") != std::string::npos);
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string t = good;
+    size_t at = t.find(from);
+    REQUIRE(at != std::string::npos);
+    return t.replace(at, from.size(), to);
+  };
+  CHECK(error_for(replaced("\"hetrain-cluster/1\"", "\"other/9\"")).find("format") != std::string::npos);
+  CHECK(error_for(replaced("\"world_size\": 2", "\"world_size\": 3")).find("ranks: has 2 entries") !=
+        std::string::npos);
+  CHECK(error_for(replaced("\"sgemm_gflops\": 100.0", "\"sgemm_gflops\": -1")).find(
+            "ranks[0].device.sgemm_gflops: -1") != std::string::npos);
+  CHECK(error_for(replaced("\"kind\": \"cpu\"", "\"kind\": \"tpu\"")).find("ranks[0].device.kind") !=
+        std::string::npos);
+  CHECK(error_for(replaced("\"rank\": 1", "\"rank\": 0")).find("out of order") != std::string::npos);
+  std::string no_file = error_for("{}");
+  CHECK(no_file.find("format") != std::string::npos);
+}
+
+TEST_CASE("probe: the cgroup CPU quota reads as 0 or a positive fraction") {
+  double q = cgroup_cpu_quota();
+  CHECK(q >= 0.0);
+}
