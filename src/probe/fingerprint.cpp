@@ -21,7 +21,9 @@ Json host_json(const HostInfo& h) {
                                                std::to_string(g.compute_minor)},
                     {"sm_count", g.sm_count},
                     {"memory_total_bytes", g.memory_total},
-                    {"memory_free_bytes", g.memory_free}});
+                    {"memory_free_bytes", g.memory_free},
+                    {"host_to_device_gb_s", g.host_to_device_gb_s},
+                    {"device_to_host_gb_s", g.device_to_host_gb_s}});
   return {{"host", h.host},
           {"cpu_model", h.cpu_model},
           {"physical_cores", h.physical_cores},
@@ -97,6 +99,10 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     g.sm_count = static_cast<int>(read_int(member(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1));
     g.memory_total = read_uint(member(gpus[i], p, "memory_total_bytes", "bytes"), key_path(p, "memory_total_bytes"));
     g.memory_free = read_uint(member(gpus[i], p, "memory_free_bytes", "bytes"), key_path(p, "memory_free_bytes"));
+    g.host_to_device_gb_s = read_double(member(gpus[i], p, "host_to_device_gb_s", "GB/s"),
+                                        key_path(p, "host_to_device_gb_s"), Range::at_least(0));
+    g.device_to_host_gb_s = read_double(member(gpus[i], p, "device_to_host_gb_s", "GB/s"),
+                                        key_path(p, "device_to_host_gb_s"), Range::at_least(0));
     r.host.gpus.push_back(g);
   }
   auto note = h.find("gpu_note");

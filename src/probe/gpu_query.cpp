@@ -2,9 +2,44 @@
 
 #ifdef HETRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
 #endif
 
 namespace ht::probe {
+
+#ifdef HETRAIN_HAVE_CUDA
+namespace {
+
+// Copy rates between pinned host memory and the current device: the path activations
+// take between a GPU rank and the (host-staged) MPI layer. Best of a few 64 MiB copies.
+void measure_copies(GpuInfo& g) {
+  const size_t bytes = size_t{64} << 20;
+  void *host = nullptr, *dev = nullptr;
+  if (cudaMallocHost(&host, bytes) != cudaSuccess) return;
+  if (cudaMalloc(&dev, bytes) == cudaSuccess) {
+    auto rate = [&](cudaMemcpyKind kind) {
+      double best = 0;
+      for (int i = 0; i < 4; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        bool ok = (kind == cudaMemcpyHostToDevice ? cudaMemcpy(dev, host, bytes, kind)
+                                                  : cudaMemcpy(host, dev, bytes, kind)) == cudaSuccess &&
+                  cudaDeviceSynchronize() == cudaSuccess;
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (ok && i > 0) best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+      }
+      return best;
+    };
+    g.host_to_device_gb_s = rate(cudaMemcpyHostToDevice);
+    g.device_to_host_gb_s = rate(cudaMemcpyDeviceToHost);
+    cudaFree(dev);
+  }
+  cudaFreeHost(host);
+}
+
+}  // namespace
+#endif
 
 std::vector<GpuInfo> query_gpus(std::string& note) {
   std::vector<GpuInfo> gpus;
@@ -27,8 +62,10 @@ std::vector<GpuInfo> query_gpus(std::string& note) {
     g.sm_count = p.multiProcessorCount;
     g.memory_total = p.totalGlobalMem;
     size_t free_b = 0, total_b = 0;
-    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
       g.memory_free = free_b;
+      measure_copies(g);
+    }
     gpus.push_back(g);
   }
   if (gpus.empty()) note = "no GPU visible";

@@ -13,6 +13,7 @@ struct GpuInfo {
   int compute_major = 0, compute_minor = 0;
   int sm_count = 0;
   uint64_t memory_total = 0, memory_free = 0;
+  double host_to_device_gb_s = 0, device_to_host_gb_s = 0;  // pinned 64 MiB copies
 };
 
 struct HostInfo {

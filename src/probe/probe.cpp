@@ -108,8 +108,20 @@ std::string format_cluster(const ClusterFingerprint& c) {
     out << line;
   }
   if (!c.ranks.empty()) {
-    out << "\ncpu: " << c.ranks[0].host.cpu_model << "\ngpus: ";
-    out << (c.ranks[0].host.gpus.empty() ? c.ranks[0].host.gpu_note : std::to_string(c.ranks[0].host.gpus.size()) + " visible") << "\n";
+    out << "\ncpu: " << c.ranks[0].host.cpu_model << "\n";
+    for (const RankFingerprint& r : c.ranks) {
+      if (r.host.gpus.empty()) {
+        if (r.rank == 0) out << "gpus: " << r.host.gpu_note << "\n";
+        continue;
+      }
+      for (const GpuInfo& g : r.host.gpus)
+        out << "rank " << r.rank << " gpu " << g.index << ": " << g.name << ", sm_" << g.compute_major
+            << g.compute_minor << ", " << g.sm_count << " SMs, "
+            << fmt("%.1f", static_cast<double>(g.memory_free) / (1 << 30)) << " of "
+            << fmt("%.1f GiB free", static_cast<double>(g.memory_total) / (1 << 30)) << ", host->device "
+            << fmt("%.1f GB/s", g.host_to_device_gb_s) << ", device->host "
+            << fmt("%.1f GB/s", g.device_to_host_gb_s) << "\n";
+    }
     out << "compute relative to rank 0:";
     for (const RankFingerprint& r : c.ranks) out << " " << fmt("%.2f", r.rates.sgemm_gflops / base);
     out << "\n";

@@ -59,6 +59,16 @@ ClusterFingerprint two_ranks() {
     r.host.memory_available = 1 << 29;
     r.rates = {100.0 / (i + 1), 1024, 10.0};
     r.blocks = {{"dense_relu", 1e-5}};
+    if (i == 1) {
+      GpuInfo g;
+      g.name = "NVIDIA H200";
+      g.compute_major = 9;
+      g.sm_count = 132;
+      g.memory_total = 141ull << 30;
+      g.memory_free = 140ull << 30;
+      g.host_to_device_gb_s = 50.5;
+      r.host.gpus.push_back(g);
+    }
     c.ranks.push_back(r);
   }
   c.links.latency_s = {{0, 1e-6}, {1e-6, 0}};
@@ -96,6 +106,11 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   CHECK(back.ranks[1].rates.sgemm_gflops == doctest::Approx(50.0));
   CHECK(back.ranks[0].blocks[0].kind == "dense_relu");
   CHECK(back.links.bandwidth_bytes_per_s[0][1] == doctest::Approx(5e9));
+  REQUIRE(back.ranks[1].host.gpus.size() == 1);
+  CHECK(back.ranks[1].host.gpus[0].name == "NVIDIA H200");
+  CHECK(back.ranks[1].host.gpus[0].compute_major == 9);
+  CHECK(back.ranks[1].host.gpus[0].memory_total == (141ull << 30));
+  CHECK(back.ranks[1].host.gpus[0].host_to_device_gb_s == doctest::Approx(50.5));
 
   CHECK(error_for(good, 4).find("world_size: 2 ranks") != std::string::npos);
   CHECK(error_for(good, 4).find("this job has 4") != std::string::npos);
