@@ -2,15 +2,26 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "cli/commands.h"
 #include "config/config.h"
+#include "core/error.h"
 #include "runtime/trainer.h"
 
 namespace hetrain_cli {
 
 namespace {
+
+// Multi-rank training (uneven shares, pipeline stages) is not built yet: under mpirun
+// every rank would train the whole model alone into the same run directory.
+void require_single_process(const char* verb) {
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (size && std::atoi(size) > 1)
+    throw ht::Error(std::string("hetrain ") + verb + " runs as one process for now; this job has " +
+                    size + " ranks. Multi-rank training is not implemented yet: run it without mpirun");
+}
 
 struct TrainArgs {
   std::string config;
@@ -37,6 +48,7 @@ void register_train(CLI::App& app) {
   auto* seed = cmd->add_option("--seed", args->seed, "Override train.seed");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress bar or log lines");
   cmd->callback([args, seed] {
+    require_single_process("train");
     ht::config::Config cfg = ht::config::load_config(args->config);
     ht::runtime::TrainOptions opts;
     opts.resume = args->resume;
@@ -62,6 +74,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("config", *config, "Config file (JSON) the checkpoint was trained with")->required();
   cmd->add_option("--checkpoint", *checkpoint, "Checkpoint file (.safetensors)")->required();
   cmd->callback([config, checkpoint] {
+    require_single_process("eval");
     ht::config::Config cfg = ht::config::load_config(*config);
     std::printf("%s\n", ht::runtime::evaluate_checkpoint(cfg, *checkpoint).c_str());
   });

@@ -13,6 +13,14 @@ namespace {
 
 thread_local bool t_inside_task = false;
 
+// One parallel call. Workers hold it by shared_ptr, so a worker that wakes late (after
+// the call returned) still sees a valid job with no chunk left, and never the next job.
+struct Job {
+  const std::function<void(int64_t)>* fn;
+  int64_t chunks;
+  std::atomic<int64_t> next{0}, done{0};
+};
+
 class Pool {
  public:
   ~Pool() { resize(1); }
@@ -32,44 +40,48 @@ class Pool {
 
   void run(int64_t chunks, const std::function<void(int64_t)>& fn) {
     std::lock_guard<std::mutex> run_lock(run_mu_);  // one job at a time
+    auto job = std::make_shared<Job>();
+    job->fn = &fn;
+    job->chunks = chunks;
     {
       std::lock_guard<std::mutex> l(mu_);
-      fn_ = &fn;
-      chunks_ = chunks;
-      next_.store(0);
-      // Every worker takes part in every job, if only to find no chunk left, and the
-      // job ends when all have checked out: no worker can still be reading this job's
-      // fields when the next job writes them.
-      active_ = static_cast<int64_t>(workers_.size());
+      current_ = job;
       ++generation_;
     }
     wake_.notify_all();
-    take_chunks();
+    // The caller works too, and waits only for chunks that others have started: with
+    // busy cores a worker may wake late, and then simply finds nothing left to do.
+    take_chunks(*job);
     std::unique_lock<std::mutex> l(mu_);
-    done_.wait(l, [this] { return active_ == 0; });
-    fn_ = nullptr;
+    done_.wait(l, [&] { return job->done.load() == job->chunks; });
+    current_.reset();
   }
 
  private:
-  // Runs chunks until none are left.
-  void take_chunks() {
+  void take_chunks(Job& job) {
     t_inside_task = true;
-    for (int64_t c; (c = next_.fetch_add(1)) < chunks_;) (*fn_)(c);
+    for (int64_t c; (c = job.next.fetch_add(1)) < job.chunks;) {
+      (*job.fn)(c);
+      if (job.done.fetch_add(1) + 1 == job.chunks) {
+        std::lock_guard<std::mutex> l(mu_);  // pairs with the caller's predicate check
+        done_.notify_all();
+      }
+    }
     t_inside_task = false;
   }
 
   void work() {
     uint64_t seen = 0;
     for (;;) {
+      std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> l(mu_);
         wake_.wait(l, [&] { return stopping_ || generation_ != seen; });
         if (stopping_) return;
         seen = generation_;
+        job = current_;
       }
-      take_chunks();
-      std::lock_guard<std::mutex> l(mu_);
-      if (--active_ == 0) done_.notify_all();
+      if (job) take_chunks(*job);
     }
   }
 
@@ -86,9 +98,7 @@ class Pool {
   std::mutex run_mu_, mu_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t chunks_ = 0, active_ = 0;
-  std::atomic<int64_t> next_{0};
+  std::shared_ptr<Job> current_;
   uint64_t generation_ = 0;
   bool stopping_ = false;
 };

@@ -14,7 +14,10 @@
 namespace ht {
 
 // Runs fn(chunk) for every chunk in [0, chunks) on the pool's threads and the calling
-// thread, returning when all are done. Chunks are handed out dynamically. A call made
+// thread, returning when all are done. Chunks are handed out dynamically, and the caller
+// never waits for a worker that has not started one: on busy cores (ranks sharing them)
+// a late worker costs nothing, where waiting for every worker to check in made a
+// 3750-step run 20x slower. A call made
 // from inside a running task (nested parallelism) runs serially on that thread. fn must
 // not throw: the kernels check their inputs before they split the work.
 void parallel_chunks(int64_t chunks, const std::function<void(int64_t)>& fn);
