@@ -1,0 +1,103 @@
+// The schedule IR: for every rank, a flat list of instructions that the executor runs on
+// real tensors and MPI and the simulator runs against a cost model. Plain data on purpose
+// (no MPI, no tensors), so pairing, deadlock freedom and micro-batch coverage are
+// unit-tested on the lists alone, the way DeepSpeed tests its pipe schedules.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ht::plan {
+
+enum class Op {
+  load_micro_batch,  // read the stage's share of a micro-batch (see build_1f1b for who loads)
+  forward,
+  backward,
+  send_activation,   // to the next stage's rank; paired with its recv_activation
+  recv_activation,
+  send_grad,         // to the previous stage's rank; paired with its recv_grad
+  recv_grad,
+  reduce_grads,      // collective over the ranks that run the same stage in every replica
+  optimizer_step,
+  recompute,         // re-run the forward of a micro-batch whose activations were dropped
+};
+
+// "LoadMicroBatch", "Forward", ...: the one spelling shared by executor, simulator, JSON
+// and traces.
+const char* op_name(Op op);
+
+struct Instruction {
+  Op op;
+  int micro_batch = -1;  // -1 for per-step ops (ReduceGrads, OptimizerStep)
+  int stage = -1;
+  int peer = -1;         // world rank on the other end of a send/recv; -1 otherwise
+  int64_t bytes = 0;     // payload of a send/recv
+};
+
+using Schedule = std::vector<Instruction>;  // one per rank
+
+struct PipelineLayout {
+  // replicas[r][s] = world rank running stage s of pipeline replica r. Every replica has
+  // the same number of stages S. Pure data parallel: S = 1; pure pipeline: one replica.
+  std::vector<std::vector<int>> replicas;
+  int micro_batches = 1;                  // M, per replica per step
+  std::vector<int64_t> activation_bytes;  // size S-1: boundary s -> s+1, per micro-batch
+  std::vector<bool> recompute;            // size S (or empty = recompute nowhere)
+};
+
+// Forwards a stage runs before its first Backward can arrive: min(S-1-s, M).
+int warmup_forwards(int stage, int stages, int micro_batches);
+
+// The 1F1B (PipeDream-flush / Megatron) schedule for every rank of the world; ranks in no
+// replica get an empty schedule. Throws ht::Error on an inconsistent layout.
+//
+// Load convention: LoadMicroBatch loads what the stage itself needs of that micro-batch,
+// right before its Forward: the inputs on the first stage, the targets on the last, and
+// both in one instruction when a stage is first and last (S = 1). So a stage loads M times
+// when it is first or last, never 2M, and middle stages never load.
+//
+// Communication order: rendezvous sends (MPI_Ssend, or any send larger than the eager
+// limit) deadlock naive 1F1B: stage s sends an activation while stage s+1 sends it a
+// gradient. Between two compute instructions, even stages therefore send before they
+// receive and odd stages receive before they send (DeepSpeed's parity trick), so every
+// blocking send meets a receive that is already waiting or is reached next.
+std::vector<Schedule> build_1f1b(const PipelineLayout& layout, int world_size);
+
+struct ScheduleReport {
+  bool ok = true;
+  std::string problem;  // names the rank(s) and instruction(s) when !ok
+};
+
+// Checks, in this order, returning the first problem found:
+//  (a) every send has a receive of the matching kind on its peer with the same micro-batch
+//      and bytes, in the same order per (src, dst, kind);
+//  (b) no deadlock when sends are rendezvous and receives block; ReduceGrads of stage s is
+//      a barrier over every rank holding a ReduceGrads for stage s;
+//  (c) per rank and stage, each forwarded micro-batch is backwarded exactly once, never
+//      forwarded twice, and never backwarded (or recomputed) before its Forward;
+//  (d) ReduceGrads and OptimizerStep come after the rank's last Backward, and
+//      OptimizerStep after ReduceGrads.
+ScheduleReport check_schedules(const std::vector<Schedule>& schedules);
+
+struct InstructionCounts {
+  int loads = 0, forwards = 0, backwards = 0;
+  int send_activations = 0, recv_activations = 0, send_grads = 0, recv_grads = 0;
+  int recomputes = 0, reduces = 0, steps = 0;
+  bool operator==(const InstructionCounts&) const = default;
+};
+
+// What build_1f1b emits for one stage: M forwards and backwards; M activation sends unless
+// last, M activation recvs unless first (grads the other way); M loads on the first and on
+// the last stage (M, not 2M, when S = 1); M recomputes when on; one ReduceGrads when there
+// is more than one replica; one OptimizerStep.
+InstructionCounts expected_1f1b_counts(int stage, int stages, int micro_batches, int replicas,
+                                       bool recompute);
+InstructionCounts count(const Schedule& schedule);
+
+// One instruction per line, e.g. "Forward mb=3 stage=1", "SendActivation mb=3 stage=1
+// peer=2 bytes=4096"; unset fields are left out.
+std::string to_text(const Instruction& instruction);
+std::string to_text(const Schedule& schedule);
+
+}  // namespace ht::plan
