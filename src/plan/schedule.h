@@ -57,11 +57,11 @@ int warmup_forwards(int stage, int stages, int micro_batches);
 // both in one instruction when a stage is first and last (S = 1). So a stage loads M times
 // when it is first or last, never 2M, and middle stages never load.
 //
-// Communication order: rendezvous sends (MPI_Ssend, or any send larger than the eager
-// limit) deadlock naive 1F1B: stage s sends an activation while stage s+1 sends it a
-// gradient. Between two compute instructions, even stages therefore send before they
-// receive and odd stages receive before they send (DeepSpeed's parity trick), so every
-// blocking send meets a receive that is already waiting or is reached next.
+// Communication order: rendezvous sends (MPI_Ssend, or any send above the eager limit)
+// deadlock a naive 1F1B, where stage s sends an activation while stage s+1 sends it a
+// gradient. So every send/recv pair gets one key, shared by both ends, and each rank
+// issues its pairs in key order; a receive may therefore be posted a little before the
+// compute that needs it. check_schedules verifies the result under rendezvous semantics.
 std::vector<Schedule> build_1f1b(const PipelineLayout& layout, int world_size);
 
 struct ScheduleReport {
@@ -69,7 +69,8 @@ struct ScheduleReport {
   std::string problem;  // names the rank(s) and instruction(s) when !ok
 };
 
-// Checks, in this order, returning the first problem found:
+// Checks (a), (c), (d), then (b), returning the first problem found (local faults first,
+// since a deadlock they cause would only show where the ranks got stuck):
 //  (a) every send has a receive of the matching kind on its peer with the same micro-batch
 //      and bytes, in the same order per (src, dst, kind);
 //  (b) no deadlock when sends are rendezvous and receives block; ReduceGrads of stage s is
