@@ -310,6 +310,8 @@ void apply_overrides(config::Config& cfg, const TrainOptions& opts) {
     cfg.train.steps = *opts.steps;
     cfg.train.epochs.reset();
   }
+  HT_CHECK(!opts.stop_after || *opts.stop_after >= 1, "--stop-after ", opts.stop_after.value_or(0),
+           " is out of range; expected at least 1 step");
   if (opts.seed) cfg.train.seed = *opts.seed;
   if (opts.run_dir) cfg.run.dir = *opts.run_dir;
 }

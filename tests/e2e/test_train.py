@@ -197,6 +197,9 @@ def main():
         # Overrides are validated like the config.
         r = run(["train", path, "--run-dir", os.path.join(tmp, "x"), "--steps", "-3"])
         check("--steps -3: exit 2 naming the option", r.returncode == 2 and "--steps" in r.stderr, r.stderr)
+        r = run(["train", path, "--run-dir", os.path.join(tmp, "x"), "--stop-after", "-1"])
+        check("--stop-after -1: exit 2 naming the option",
+              r.returncode == 2 and "--stop-after" in r.stderr and not os.path.exists(os.path.join(tmp, "x")), r.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failed")
