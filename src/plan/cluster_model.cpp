@@ -1,0 +1,323 @@
+#include "plan/cluster_model.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include "config/json_schema.h"
+
+namespace ht::plan {
+
+using namespace config::schema;
+
+namespace {
+
+// Memory capacities are sold in GiB while the datasheet says "GB".
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// The link matrix is dense (n^2 doubles twice), so a typo like 80000xrtx3060 would
+// ask for gigabytes; 4,096 ranks (~270 MB of matrix) is beyond any cluster we plan.
+constexpr int64_t kMaxSynthRanks = 4096;
+// Ranks of one class: identical cards measured in one probe differ by ~1% in sgemm;
+// memory within 1% absorbs a few MiB reserved differently by drivers.
+constexpr double kDeviceTolerance = 0.01;
+// Ping-pong timings of one physical link vary by tens of percent between pairs, while
+// link classes differ by 2x or more (pcie vs nvlink latency, ib vs 10G bandwidth).
+constexpr double kLinkTolerance = 0.25;
+constexpr const char* kDefaultLink = "pcie";
+
+const Json& need(const Json& obj, const std::string& path, const std::string& key,
+                 const std::string& what) {
+  auto it = obj.find(key);
+  if (it == obj.end()) fail_missing(key_path(path, key), what);
+  return *it;
+}
+
+CatalogueDevice parse_device(const Json& d, const std::string& p) {
+  expect_object(d, p, "a device object");
+  CatalogueDevice c;
+  auto num = [](double& out, Range r) {
+    return [&out, r](const Json& v, const std::string& at) { out = read_double(v, at, r); };
+  };
+  walk(d, p,
+       {{"id", {}, [&](const Json& v, const std::string& at) { c.id = read_string(v, at, "a device id"); }},
+        {"name", {}, [&](const Json& v, const std::string& at) { c.name = read_string(v, at, "a name"); }},
+        {"kind", {}, [&](const Json& v, const std::string& at) { c.kind = read_enum(v, at, {"cuda", "cpu"}); }},
+        {"fp32_tflops", {}, num(c.fp32_tflops, Range::above(0))},
+        {"tf32_tflops", {}, num(c.tf32_tflops, Range::at_least(0))},
+        {"bf16_tflops", {}, num(c.bf16_tflops, Range::at_least(0))},
+        {"memory_gb", {}, num(c.memory_gb, Range::above(0))},
+        {"memory_bandwidth_gb_s", {}, num(c.memory_bandwidth_gb_s, Range::above(0))},
+        {"host_link", {}, [&](const Json& v, const std::string& at) {
+           expect_object(v, at, "an object with kind and gb_s");
+           walk(v, at,
+                {{"kind", {}, [&](const Json& x, const std::string& a) { c.host_link_kind = read_string(x, a, "a link name"); }},
+                 {"gb_s", {}, num(c.host_link_gb_s, Range::above(0))}});
+           need(v, at, "kind", "a link name");
+           need(v, at, "gb_s", "a number > 0");
+         }}});
+  // After the walk, so a misspelt key is reported as such (with a suggestion) first.
+  for (const char* k : {"id", "name", "kind", "fp32_tflops", "tf32_tflops", "bf16_tflops",
+                        "memory_gb", "memory_bandwidth_gb_s", "host_link"})
+    need(d, p, k, "a value");
+  return c;
+}
+
+Catalogue parse_catalogue(const Json& j) {
+  expect_object(j, "", "a device catalogue (format, devices, efficiency, link_classes)");
+  for (const char* k : {"format", "efficiency", "devices", "link_classes"}) need(j, "", k, "a value");
+  Catalogue cat;
+  std::map<std::string, double> eff;
+  walk(j, "",
+       {{"format", {}, [](const Json& v, const std::string& at) {
+           read_enum(v, at, {"hetrain-devices/1"});
+         }},
+        {"note", {}, [](const Json& v, const std::string& at) { read_string(v, at, "a note"); }},
+        {"efficiency", {}, [&](const Json& v, const std::string& at) {
+           expect_object(v, at, "an object of factors per device kind");
+           auto factor = [&](const char* kind) {
+             return [&eff, kind](const Json& x, const std::string& a) {
+               eff[kind] = read_double(x, a, Range{0, 1, true, false});
+             };
+           };
+           walk(v, at,
+                {{"note", {}, [](const Json& x, const std::string& a) { read_string(x, a, "a note"); }},
+                 {"cuda", {}, factor("cuda")},
+                 {"cpu", {}, factor("cpu")}});
+         }},
+        {"devices", {}, [&](const Json& v, const std::string& at) {
+           if (!v.is_array() || v.empty()) fail_at(at, show(v) + " is not a non-empty array; expected device objects");
+           for (size_t i = 0; i < v.size(); ++i) {
+             cat.devices.push_back(parse_device(v[i], index_path(at, i)));
+             for (size_t k = 0; k + 1 < cat.devices.size(); ++k)
+               if (cat.devices[k].id == cat.devices.back().id)
+                 fail_at(key_path(index_path(at, i), "id"), show(Json(cat.devices[k].id)) +
+                             " repeats devices[" + std::to_string(k) + "]; expected unique ids");
+           }
+         }},
+        {"link_classes", {}, [&](const Json& v, const std::string& at) {
+           expect_object(v, at, "an object of link classes");
+           for (const auto& [key, lc] : v.items()) {
+             const std::string p = key_path(at, key);
+             if (key == "note") { read_string(lc, p, "a note"); continue; }
+             expect_object(lc, p, "an object with latency_us and bandwidth_gb_s");
+             LinkClass l{key, 0, 0};
+             walk(lc, p,
+                  {{"latency_us", {}, [&](const Json& x, const std::string& a) { l.latency_s = read_double(x, a, Range::above(0)) * 1e-6; }},
+                   {"bandwidth_gb_s", {}, [&](const Json& x, const std::string& a) { l.bandwidth_bytes_per_s = read_double(x, a, Range::above(0)) * 1e9; }}});
+             if (l.latency_s == 0) fail_missing(key_path(p, "latency_us"), "a number > 0");
+             if (l.bandwidth_bytes_per_s == 0) fail_missing(key_path(p, "bandwidth_gb_s"), "a number > 0");
+             cat.links.push_back(l);
+           }
+           if (cat.links.empty()) fail_at(at, "has no link classes; expected at least one");
+         }}});
+  for (CatalogueDevice& d : cat.devices) {
+    if (!eff.count(d.kind)) fail_missing("efficiency." + d.kind, "a factor in (0, 1] for " + d.kind + " devices");
+    d.efficiency = eff[d.kind];
+  }
+  return cat;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const auto& i : items) s += (s.empty() ? "" : ", ") + i;
+  return s;
+}
+
+[[noreturn]] void spec_error(const std::string& spec, const std::string& token, const std::string& problem) {
+  throw config::ConfigError("cluster spec \"" + spec + "\": \"" + token + "\" " + problem);
+}
+
+bool close(double a, double b, double tol) {
+  return std::fabs(a - b) <= tol * std::max(std::fabs(a), std::fabs(b));
+}
+
+}  // namespace
+
+Catalogue read_catalogue(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw config::ConfigError(path + ": cannot be read; expected the device catalogue (configs/devices.json)");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Json j = parse_document(text, path);  // names the file itself
+  // The schema helpers name the JSON path only; a catalogue error must also say which file.
+  try {
+    return parse_catalogue(j);
+  } catch (const config::ConfigError& e) {
+    throw config::ConfigError(path + ": " + e.what());
+  }
+}
+
+ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
+  ClusterModel c;
+  c.source = "probe";
+  // Ranks on one host share its RAM; giving each the whole host would over-commit it.
+  std::map<std::string, int> ranks_on_host;
+  for (const auto& r : fp.ranks) ++ranks_on_host[r.host.host];
+  bool any_blocks = false;
+  for (const auto& r : fp.ranks) {
+    DeviceModel d;
+    d.kind = r.device;
+    d.measured = true;
+    d.flops = r.rates.sgemm_gflops * 1e9;
+    d.memory_bandwidth = r.rates.memory_bandwidth_gb_s * 1e9;
+    const auto& gpus = r.host.gpus;
+    if (r.device == "cuda" && !gpus.empty()) {
+      const auto& g = gpus[static_cast<size_t>(r.local_rank) % gpus.size()];
+      d.id = g.name;
+      d.memory_bytes = static_cast<double>(g.memory_total);
+    } else {
+      d.id = r.host.cpu_model.empty() ? r.device : r.host.cpu_model;
+      d.memory_bytes = static_cast<double>(r.host.memory_total) / ranks_on_host[r.host.host];
+    }
+    // The allocator cap is what the engine enforces (and how a small device is emulated).
+    if (r.memory_cap > 0) d.memory_bytes = static_cast<double>(r.memory_cap);
+    d.name = d.id + " on " + (r.host.host.empty() ? "?" : r.host.host);
+    c.ranks.push_back(d);
+    any_blocks = any_blocks || !r.blocks.empty();
+  }
+  c.latency_s = fp.links.latency_s;
+  c.bandwidth_bytes_per_s = fp.links.bandwidth_bytes_per_s;
+  if (any_blocks)
+    for (const auto& r : fp.ranks) {
+      std::vector<double> row;
+      for (const auto& b : r.blocks) row.push_back(b.fwd_bwd_s_per_sample);
+      c.block_seconds.push_back(std::move(row));
+    }
+  return c;
+}
+
+ClusterModel cluster_from_synth(const std::string& spec, const std::string& catalogue_path) {
+  const std::string prefix = "synth:";
+  const std::string grammar = "expected synth:COUNTxDEVICE[,COUNTxDEVICE...][@LINKCLASS], e.g. synth:8xrtx3060,2xa100-40g@ethernet-10g";
+  if (spec.rfind(prefix, 0) != 0) spec_error(spec, spec, "does not start with \"synth:\"; " + grammar);
+  const std::string body = spec.substr(prefix.size());
+  const size_t at = body.find('@');
+  const std::string list = body.substr(0, at);
+  const std::string link = at == std::string::npos ? kDefaultLink : body.substr(at + 1);
+  if (list.empty()) spec_error(spec, list, "lists no devices; " + grammar);
+
+  // Syntax first, so a malformed spec is reported without needing the catalogue.
+  std::vector<std::pair<int64_t, std::string>> items;
+  int64_t total = 0;
+  for (size_t pos = 0;;) {
+    const size_t comma = list.find(',', pos);
+    const std::string tok = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const char* b = tok.data();
+    const char* e = b + tok.size();
+    int64_t count = 0;
+    auto [ptr, ec] = std::from_chars(b, e, count);
+    if (ptr == b) spec_error(spec, tok, "has no count; expected COUNTxDEVICE, e.g. 8xrtx3060");
+    if (ec != std::errc() || count < 1 || count > kMaxSynthRanks)
+      spec_error(spec, tok, "has count " + std::string(b, ptr) + "; expected a count in [1, " +
+                                std::to_string(kMaxSynthRanks) + "]");
+    if (ptr == e || *ptr != 'x') spec_error(spec, tok, "has no 'x' after the count; expected COUNTxDEVICE, e.g. 8xrtx3060");
+    std::string id(ptr + 1, e);
+    if (id.empty()) spec_error(spec, tok, "names no device; expected COUNTxDEVICE, e.g. 8xrtx3060");
+    total += count;
+    if (total > kMaxSynthRanks)
+      spec_error(spec, tok, "brings the cluster to " + std::to_string(total) + " ranks; expected at most " +
+                                std::to_string(kMaxSynthRanks));
+    items.emplace_back(count, id);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+
+  const Catalogue cat = read_catalogue(catalogue_path);
+  std::vector<std::string> link_ids, device_ids;
+  for (const auto& l : cat.links) link_ids.push_back(l.id);
+  for (const auto& d : cat.devices) device_ids.push_back(d.id);
+  auto hint = [](const std::string& word, const std::vector<std::string>& known) {
+    const std::string s = suggest(word, known);
+    return s.empty() ? std::string() : " (did you mean \"" + s + "\"?)";
+  };
+  auto lc = std::find_if(cat.links.begin(), cat.links.end(), [&](const LinkClass& l) { return l.id == link; });
+  if (lc == cat.links.end())
+    spec_error(spec, "@" + link, "is an unknown link class" + hint(link, link_ids) + "; known link classes: " + join(link_ids));
+
+  ClusterModel c;
+  c.source = spec;
+  for (const auto& [count, id] : items) {
+    auto dev = std::find_if(cat.devices.begin(), cat.devices.end(), [&](const CatalogueDevice& d) { return d.id == id; });
+    if (dev == cat.devices.end())
+      spec_error(spec, std::to_string(count) + "x" + id, "names an unknown device \"" + id + "\"" + hint(id, device_ids) +
+                                                           "; known devices: " + join(device_ids));
+    const DeviceModel m{dev->id, dev->name, dev->kind, dev->fp32_tflops * 1e12 * dev->efficiency,
+                        dev->memory_gb * kGiB, dev->memory_bandwidth_gb_s * 1e9, false};
+    c.ranks.insert(c.ranks.end(), static_cast<size_t>(count), m);
+  }
+  const size_t n = c.ranks.size();
+  c.latency_s.assign(n, std::vector<double>(n, lc->latency_s));
+  c.bandwidth_bytes_per_s.assign(n, std::vector<double>(n, lc->bandwidth_bytes_per_s));
+  for (size_t i = 0; i < n; ++i) c.latency_s[i][i] = c.bandwidth_bytes_per_s[i][i] = 0;
+  return c;
+}
+
+ClusterModel load_cluster_model(const std::string& arg, const std::string& catalogue_path,
+                                std::optional<int> world_size) {
+  if (arg.rfind("synth:", 0) == 0) {
+    ClusterModel c = cluster_from_synth(arg, catalogue_path);
+    if (world_size && static_cast<int>(c.ranks.size()) != *world_size)
+      throw config::ConfigError("cluster spec \"" + arg + "\": has " + std::to_string(c.ranks.size()) +
+                                " ranks but this job has " + std::to_string(*world_size) +
+                                "; expected a spec with the job's world size");
+    return c;
+  }
+  ClusterModel c = cluster_from_probe(probe::read_cluster(arg, world_size));
+  c.source = "probe " + arg;
+  return c;
+}
+
+std::vector<DeviceClass> device_classes(const ClusterModel& c) {
+  const size_t n = c.ranks.size();
+  // Rank a joins the first class whose first member r has the same device and, to every
+  // third rank k, the same latency and bandwidth. Comparing with the first member (not
+  // any member) keeps tolerances from chaining. The link between a and r themselves is
+  // not compared: members of one class may sit on one host or across hosts alike.
+  auto same_links = [&](size_t a, size_t r) {
+    if (c.latency_s.empty()) return true;
+    for (size_t k = 0; k < n; ++k) {
+      if (k == a || k == r) continue;
+      if (!close(c.latency_s[a][k], c.latency_s[r][k], kLinkTolerance) ||
+          !close(c.bandwidth_bytes_per_s[a][k], c.bandwidth_bytes_per_s[r][k], kLinkTolerance))
+        return false;
+    }
+    return true;
+  };
+  std::vector<DeviceClass> classes;
+  std::vector<double> flops_sum;
+  for (size_t a = 0; a < n; ++a) {
+    const DeviceModel& d = c.ranks[a];
+    size_t found = classes.size();
+    for (size_t k = 0; k < classes.size() && found == classes.size(); ++k) {
+      const size_t r = static_cast<size_t>(classes[k].members.front());
+      const DeviceModel& rd = c.ranks[r];
+      if (d.id == rd.id && d.kind == rd.kind && close(d.flops, rd.flops, kDeviceTolerance) &&
+          close(d.memory_bytes, rd.memory_bytes, kDeviceTolerance) && same_links(a, r))
+        found = k;
+    }
+    if (found == classes.size()) {
+      classes.push_back({d, {}});
+      flops_sum.push_back(0);
+    }
+    DeviceClass& cls = classes[found];
+    cls.members.push_back(static_cast<int>(a));
+    flops_sum[found] += d.flops;
+    // The smallest memory is the one every member can rely on.
+    cls.device.memory_bytes = std::min(cls.device.memory_bytes, d.memory_bytes);
+  }
+  // The mean is a better estimate than any one measurement of identical devices.
+  for (size_t k = 0; k < classes.size(); ++k)
+    classes[k].device.flops = flops_sum[k] / static_cast<double>(classes[k].members.size());
+  return classes;
+}
+
+std::vector<int> class_of_rank(const std::vector<DeviceClass>& classes, size_t world_size) {
+  std::vector<int> of(world_size, -1);
+  for (size_t k = 0; k < classes.size(); ++k)
+    for (int r : classes[k].members) of[static_cast<size_t>(r)] = static_cast<int>(k);
+  return of;
+}
+
+}  // namespace ht::plan

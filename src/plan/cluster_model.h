@@ -1,0 +1,81 @@
+// The planner's view of a cluster: per-rank speed and memory plus the link matrix, in
+// SI units. It comes either from a probe file (measured; what real runs are planned
+// from) or from a synthetic spec over the datasheet catalogue configs/devices.json
+// (for planning clusters one does not have). The planner sees no difference between
+// the two except `measured`, so the same plan code serves both.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "probe/fingerprint.h"
+
+namespace ht::plan {
+
+struct DeviceModel {
+  std::string id;     // catalogue id ("rtx3060") or the probed device's model name
+  std::string name;   // for people: full name, and the host for probed ranks
+  std::string kind;   // "cuda" | "cpu"
+  double flops = 0;   // effective fp32 FLOP/s used for planning
+  double memory_bytes = 0;
+  double memory_bandwidth = 0;  // bytes/s
+  bool measured = false;        // from a probe, not a datasheet
+};
+
+struct ClusterModel {
+  std::vector<DeviceModel> ranks;
+  std::vector<std::vector<double>> latency_s;              // [i][j], one way; 0 on the diagonal
+  std::vector<std::vector<double>> bandwidth_bytes_per_s;  // [i][j]; 0 on the diagonal
+  std::string source;  // "probe FILE" or the "synth:..." spec
+  // Optional: [rank][block] measured forward + backward seconds per sample from
+  // `probe --model`; empty otherwise.
+  std::vector<std::vector<double>> block_seconds;
+};
+
+// Datasheet catalogue entries, as read from configs/devices.json.
+struct CatalogueDevice {
+  std::string id, name, kind;
+  double fp32_tflops = 0, tf32_tflops = 0, bf16_tflops = 0;
+  double memory_gb = 0, memory_bandwidth_gb_s = 0;
+  std::string host_link_kind;
+  double host_link_gb_s = 0;
+  double efficiency = 0;  // the factor for its kind
+};
+struct LinkClass {
+  std::string id;
+  double latency_s = 0, bandwidth_bytes_per_s = 0;
+};
+struct Catalogue {
+  std::vector<CatalogueDevice> devices;  // file order
+  std::vector<LinkClass> links;          // file order
+};
+
+// Reads and validates the catalogue; errors (config::ConfigError) name the file and
+// the JSON path.
+Catalogue read_catalogue(const std::string& path);
+
+ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp);
+
+// "synth:COUNTxID,COUNTxID,...[@LINKCLASS]": ranks in spec order, every pair joined by
+// one link class ("pcie" when none is given). flops = fp32 peak x efficiency.
+// Errors (config::ConfigError) name the offending token and list the known choices.
+ClusterModel cluster_from_synth(const std::string& spec, const std::string& catalogue_path);
+
+// "synth:..." or the path of a `hetrain probe --json` file. With `world_size`, a
+// cluster of another size is refused.
+ClusterModel load_cluster_model(const std::string& arg, const std::string& catalogue_path,
+                                std::optional<int> world_size = std::nullopt);
+
+// Ranks that are interchangeable for planning: the same device (id, flops within 1%,
+// memory) and the same links to every other rank. A planner can search over classes
+// instead of ranks, which keeps a 1,024-rank cluster of six card types tractable.
+struct DeviceClass {
+  DeviceModel device;        // the first member's; memory is the smallest member's
+  std::vector<int> members;  // ranks, ascending
+};
+std::vector<DeviceClass> device_classes(const ClusterModel& c);
+// The class index of every rank, for `classes` over a cluster of `world_size` ranks.
+std::vector<int> class_of_rank(const std::vector<DeviceClass>& classes, size_t world_size);
+
+}  // namespace ht::plan

@@ -1,0 +1,73 @@
+// The second interpreter of a plan: runs the per-rank schedules of schedule.h against a
+// cost model instead of tensors and MPI, and predicts the step time, per-rank busy, comm
+// and idle time, the pipeline bubble, peak activation memory and a timeline in the same
+// trace format the executor records (report/trace.h).
+//
+// Communication semantics (the same blocking model as check_schedules' deadlock check):
+//  - A send and its receive complete together. The transfer starts when BOTH ends have
+//    reached the pair (rendezvous) and lasts message_seconds(src, dst, bytes); both ranks
+//    are busy ("comm") for that time, and a rank that arrives first is idle until the
+//    other arrives. This is conservative: an eager (buffered) send would let the sender
+//    run on, so real small messages may finish earlier than predicted, never later. It is
+//    also the only model under which a schedule that passes check_schedules is guaranteed
+//    not to block in MPI, so predicting with it keeps prediction and execution consistent.
+//  - ReduceGrads of stage s is a collective over every rank holding a ReduceGrads for s:
+//    it starts when the last of them arrives and ends at start + max of their
+//    reduce_seconds(rank, s), for all of them.
+//  - Every other instruction is compute and occupies its rank for compute_seconds.
+// Each event's start is the max of its participants' arrival times, so the result does not
+// depend on the order in which the simulator happens to visit ranks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "plan/schedule.h"
+#include "report/trace.h"
+
+namespace ht::plan {
+
+// Costs in seconds and bytes. An empty function counts as zero, so a test (or a planner
+// asking only about time) sets only what it needs. Negative results are an error.
+struct CostModel {
+  // Forward, Backward, Recompute, LoadMicroBatch, OptimizerStep.
+  std::function<double(int rank, const Instruction& in)> compute_seconds;
+  // One point-to-point transfer of `bytes` from src to dst.
+  std::function<double(int src, int dst, int64_t bytes)> message_seconds;
+  // This rank's part of the ReduceGrads collective of `stage`.
+  std::function<double(int rank, int stage)> reduce_seconds;
+  // Activations one micro-batch stashes on this rank between its Forward and Backward.
+  std::function<int64_t(int rank, int stage)> activation_bytes;
+  // What stays stashed instead when the stage recomputes (the schedule holds a Recompute
+  // for that micro-batch): typically the stage's input only.
+  std::function<int64_t(int rank, int stage)> checkpoint_bytes;
+};
+
+struct SimResult {
+  double step_seconds = 0;  // when the last rank finishes its last instruction
+  // Per rank. Invariant for a rank with a non-empty schedule:
+  //   busy + comm + idle == step_seconds (idle includes waits for peers and the tail after
+  //   the rank's last instruction). A rank with an empty schedule has all zeros.
+  std::vector<double> busy_seconds;  // compute
+  std::vector<double> comm_seconds;  // transfers and reductions in progress
+  std::vector<double> idle_seconds;
+  std::vector<double> utilisation;   // busy / step
+  double bubble_fraction = 0;        // 1 - sum busy / (ranks with work * step)
+  // Memory model (kept simple on purpose): Forward of (stage, mb) adds activation_bytes,
+  // or checkpoint_bytes when that micro-batch is recomputed on this rank; Recompute adds
+  // activation_bytes again (the checkpoint is still held while it is rebuilt); Backward
+  // releases everything held for (stage, mb). The peak is over schedule order.
+  std::vector<int64_t> peak_activation_bytes;
+  // One compute or comm span per instruction (zero-length ones included, so spans match
+  // instructions one to one) plus an "idle" span, named after the instruction waited at,
+  // for each wait longer than zero.
+  std::vector<report::Span> timeline;
+};
+
+// Throws ht::Error naming the ranks and instructions involved when a send meets a receive
+// of a different micro-batch or size, when communication is unmatched (the peer finished
+// without posting it), or when the ranks deadlock.
+SimResult simulate(const std::vector<Schedule>& schedules, const CostModel& costs);
+
+}  // namespace ht::plan

@@ -1,0 +1,250 @@
+// The planner's cluster model: the shipped datasheet catalogue, synthetic specs and
+// their error messages, device classes on a large cluster, and a probe fingerprint.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "config/config.h"
+#include "plan/cluster_model.h"
+
+using namespace ht;
+using namespace ht::plan;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The repository root, found as test_config.cpp does (meson may compile by a relative path).
+fs::path source_root() {
+  const fs::path file(__FILE__);
+  if (file.is_absolute()) return file.parent_path().parent_path().parent_path();
+  for (fs::path dir = fs::current_path();; dir = dir.parent_path()) {
+    if (fs::exists(dir / "configs/devices.json")) return dir;
+    if (dir == dir.parent_path()) break;
+  }
+  FAIL("cannot find the source tree from " << fs::current_path());
+  return {};
+}
+
+std::string catalogue() { return (source_root() / "configs" / "devices.json").string(); }
+
+// The ConfigError message of `fn`, or "" when it does not throw one.
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const config::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string synth_error(const std::string& spec) {
+  return error_of([&] { cluster_from_synth(spec, catalogue()); });
+}
+
+fs::path temp_file(const std::string& name, const std::string& text) {
+  fs::path p = fs::temp_directory_path() / ("ht_cluster_" + std::to_string(getpid()) + "_" + name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("cluster: the shipped catalogue loads with positive figures") {
+  Catalogue cat = read_catalogue(catalogue());
+  CHECK(cat.devices.size() >= 15);
+  for (const auto& d : cat.devices) {
+    CAPTURE(d.id);
+    CHECK(!d.name.empty());
+    CHECK(d.fp32_tflops > 0);
+    CHECK(d.tf32_tflops >= 0);
+    CHECK(d.bf16_tflops >= 0);
+    CHECK(d.memory_gb > 0);
+    CHECK(d.memory_bandwidth_gb_s > 0);
+    CHECK(d.host_link_gb_s > 0);
+    CHECK(d.efficiency > 0);
+    CHECK(d.efficiency <= 1);
+  }
+  for (const char* id : {"rtx2080ti", "rtx3060", "rtx3090", "rtx4070", "rtx4090", "v100-16g", "v100-32g",
+                         "a100-40g", "a100-80g", "h100", "h200", "cpu-8c", "cpu-16c", "cpu-32c", "cpu-64c"}) {
+    CAPTURE(id);
+    CHECK(std::count_if(cat.devices.begin(), cat.devices.end(), [&](const auto& d) { return d.id == id; }) == 1);
+  }
+  CHECK(cat.links.size() == 6);
+}
+
+TEST_CASE("cluster: synth spec gives ranks in order with one link class") {
+  ClusterModel c = cluster_from_synth("synth:2xrtx3060,1xa100-40g,3xcpu-16c@ethernet-10g", catalogue());
+  REQUIRE(c.ranks.size() == 6);
+  CHECK(c.source == "synth:2xrtx3060,1xa100-40g,3xcpu-16c@ethernet-10g");
+  const char* want[] = {"rtx3060", "rtx3060", "a100-40g", "cpu-16c", "cpu-16c", "cpu-16c"};
+  for (size_t i = 0; i < 6; ++i) CHECK(c.ranks[i].id == want[i]);
+  CHECK(c.ranks[0].kind == "cuda");
+  CHECK(c.ranks[3].kind == "cpu");
+  CHECK(!c.ranks[0].measured);
+  CHECK(c.ranks[0].flops == doctest::Approx(12.74e12 * 0.45));
+  CHECK(c.ranks[2].memory_bytes == doctest::Approx(40.0 * (1 << 30)));
+  CHECK(c.ranks[2].memory_bandwidth == doctest::Approx(1555e9));
+  CHECK(c.block_seconds.empty());
+  for (size_t i = 0; i < 6; ++i)
+    for (size_t j = 0; j < 6; ++j) {
+      CHECK(c.latency_s[i][j] == doctest::Approx(i == j ? 0 : 50e-6));
+      CHECK(c.bandwidth_bytes_per_s[i][j] == doctest::Approx(i == j ? 0 : 1.2e9));
+    }
+  // No @: every pair is pcie.
+  ClusterModel d = cluster_from_synth("synth:1xrtx4090,1xh100", catalogue());
+  CHECK(d.latency_s[0][1] == doctest::Approx(5e-6));
+  CHECK(d.bandwidth_bytes_per_s[1][0] == doctest::Approx(25e9));
+  // load_cluster_model dispatches on the prefix and checks the world size.
+  CHECK(load_cluster_model("synth:4xcpu-8c", catalogue(), 4).ranks.size() == 4);
+  CHECK(error_of([] { load_cluster_model("synth:4xcpu-8c", catalogue(), 3); }).find("has 4 ranks but this job has 3") !=
+        std::string::npos);
+}
+
+TEST_CASE("cluster: bad synth specs name the token and the choices") {
+  struct Case {
+    const char* spec;
+    std::vector<std::string> parts;
+  };
+  const Case cases[] = {
+      {"synth:", {"lists no devices", "expected synth:COUNTxDEVICE"}},
+      {"synth:@pcie", {"lists no devices"}},
+      {"synth:0xrtx3060", {"\"0xrtx3060\"", "has count 0", "[1, 4096]"}},
+      {"synth:xrtx3060", {"\"xrtx3060\"", "has no count"}},
+      {"synth:8rtx3060", {"\"8rtx3060\"", "no 'x' after the count"}},
+      {"synth:8x", {"\"8x\"", "names no device"}},
+      {"synth:2xrtx3060,,1xh100", {"\"\"", "has no count"}},
+      {"synth:99999999999999999999xh100", {"has count 99999999999999999999"}},
+      {"synth:4000xh100,4000xh200", {"\"4000xh200\"", "8000 ranks"}},
+      {"synth:8xrtx3070", {"\"8xrtx3070\"", "unknown device \"rtx3070\"", "did you mean", "known devices: rtx2080ti,", "cpu-64c"}},
+      {"synth:8xrtx3060@infiniband", {"\"@infiniband\"", "unknown link class", "known link classes: nvlink, pcie, ib-200g"}},
+      {"synth:8xrtx3060@", {"\"@\"", "unknown link class"}},
+      {"rtx3060", {"does not start with \"synth:\""}},
+  };
+  for (const Case& c : cases) {
+    const std::string spec = c.spec;
+    CAPTURE(spec);
+    const std::string msg = synth_error(c.spec);
+    CAPTURE(msg);
+    REQUIRE(!msg.empty());
+    for (const auto& p : c.parts) CHECK(msg.find(p) != std::string::npos);
+  }
+}
+
+TEST_CASE("cluster: a missing or malformed catalogue is named with its JSON path") {
+  std::string msg = error_of([] { cluster_from_synth("synth:1xh100", "/nonexistent/devices.json"); });
+  CHECK(msg.find("/nonexistent/devices.json: cannot be read") != std::string::npos);
+
+  const std::string head = R"({"format": "hetrain-devices/1", "efficiency": {"cuda": 0.45, "cpu": 0.6},
+    "link_classes": {"pcie": {"latency_us": 5, "bandwidth_gb_s": 25}}, "devices": [)";
+  const std::string ok_dev = R"({"id": "g", "name": "G", "kind": "cuda", "fp32_tflops": 1, "tf32_tflops": 0,
+    "bf16_tflops": 0, "memory_gb": 8, "memory_bandwidth_gb_s": 100, "host_link": {"kind": "pcie", "gb_s": 16}})";
+  struct Case {
+    std::string text;
+    std::vector<std::string> parts;
+  };
+  std::string neg = ok_dev;
+  neg.replace(neg.find("\"fp32_tflops\": 1"), 16, "\"fp32_tflops\": -1");
+  std::string typo = ok_dev;
+  typo.replace(typo.find("\"memory_gb\""), 11, "\"memory_gib\"");
+  const Case cases[] = {
+      {head + ok_dev + "]}", {}},
+      {head + neg + "]}", {"devices[0].fp32_tflops", "-1 is out of range", "> 0"}},
+      {head + typo + "]}", {"devices[0].memory_gib", "did you mean 'memory_gb'"}},
+      {head + ok_dev + "," + ok_dev + "]}", {"devices[1].id", "repeats devices[0]"}},
+      {head + "]}", {"devices", "non-empty array"}},
+      {R"({"format": "hetrain-devices/1", "devices": []})", {"efficiency: missing"}},
+      {"{\"format\": ", {"malformed.json"}},
+  };
+  for (const Case& c : cases) {
+    const fs::path p = temp_file("malformed.json", c.text);
+    msg = error_of([&] { cluster_from_synth("synth:1xg", p.string()); });
+    fs::remove(p);
+    CAPTURE(c.text);
+    CAPTURE(msg);
+    if (c.parts.empty()) CHECK(msg.empty());
+    for (const auto& part : c.parts) {
+      CHECK(msg.find(part) != std::string::npos);
+      CHECK(msg.find(p.string()) != std::string::npos);  // the file is always named
+    }
+  }
+}
+
+TEST_CASE("cluster: a 1,024-rank synthetic cluster parses fast and has 6 classes") {
+  const std::string spec = "synth:256xrtx3060,128xrtx4090,64xa100-40g,64xa100-80g,256xcpu-16c,256xv100-32g";
+  auto t0 = std::chrono::steady_clock::now();
+  ClusterModel c = cluster_from_synth(spec, catalogue());
+  const double parse_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(c.ranks.size() == 1024);
+  CHECK(parse_s < 0.1);
+  auto classes = device_classes(c);
+  REQUIRE(classes.size() == 6);
+  CHECK(classes[0].device.id == "rtx3060");
+  CHECK(classes[0].members.size() == 256);
+  CHECK(classes[1].members.front() == 256);
+  CHECK(classes[5].device.id == "v100-32g");
+  auto of = class_of_rank(classes, c.ranks.size());
+  CHECK(of[0] == 0);
+  CHECK(of[300] == 1);
+  CHECK(of[1023] == 5);
+}
+
+TEST_CASE("cluster: device classes split identical devices with different links") {
+  // Two hosts of two identical cards: nvlink inside a host, 10G ethernet across.
+  ClusterModel c = cluster_from_synth("synth:4xrtx3090@ethernet-10g", catalogue());
+  c.latency_s[0][1] = c.latency_s[1][0] = c.latency_s[2][3] = c.latency_s[3][2] = 2e-6;
+  c.bandwidth_bytes_per_s[0][1] = c.bandwidth_bytes_per_s[1][0] = 300e9;
+  c.bandwidth_bytes_per_s[2][3] = c.bandwidth_bytes_per_s[3][2] = 300e9;
+  auto classes = device_classes(c);
+  REQUIRE(classes.size() == 2);
+  CHECK(classes[0].members == std::vector<int>{0, 1});
+  CHECK(classes[1].members == std::vector<int>{2, 3});
+  // 0.5% slower is noise; 20% slower is another device.
+  c = cluster_from_synth("synth:3xrtx3090", catalogue());
+  c.ranks[1].flops *= 0.995;
+  c.ranks[2].flops *= 0.8;
+  CHECK(device_classes(c).size() == 2);
+}
+
+TEST_CASE("cluster: from a probe fingerprint") {
+  probe::ClusterFingerprint fp;
+  const uint64_t gib = 1ull << 30;
+  probe::RankFingerprint r0, r1, r2;
+  r0.rank = 0, r0.local_rank = 1, r0.device = "cuda";
+  r0.host.host = "a", r0.host.cpu_model = "Xeon", r0.host.memory_total = 64 * gib;
+  r0.host.gpus = {{0, "RTX 3060", 8, 6, 28, 12 * gib, 11 * gib, 20, 20},
+                  {1, "RTX 4090", 8, 9, 128, 24 * gib, 23 * gib, 20, 20}};
+  r0.rates = {20000, 4096, 900};
+  r1 = r0, r1.rank = 1, r1.local_rank = 0, r1.device = "cpu", r1.rates = {500, 1024, 40};
+  r2 = r1, r2.rank = 2, r2.host.host = "b", r2.memory_cap = 2 * gib;
+  r0.blocks = {{"dense", 1e-4}, {"head", 2e-4}};
+  r1.blocks = {{"dense", 3e-3}, {"head", 4e-3}};
+  r2.blocks = {{"dense", 3e-3}, {"head", 4e-3}};
+  fp.ranks = {r0, r1, r2};
+  fp.links.latency_s = {{0, 1e-6, 5e-5}, {1e-6, 0, 5e-5}, {5e-5, 5e-5, 0}};
+  fp.links.bandwidth_bytes_per_s = {{0, 1e10, 1e9}, {1e10, 0, 1e9}, {1e9, 1e9, 0}};
+
+  ClusterModel c = cluster_from_probe(fp);
+  REQUIRE(c.ranks.size() == 3);
+  CHECK(c.ranks[0].id == "RTX 4090");  // local rank 1 -> the host's second GPU
+  CHECK(c.ranks[0].name == "RTX 4090 on a");
+  CHECK(c.ranks[0].memory_bytes == doctest::Approx(24.0 * gib));
+  CHECK(c.ranks[0].flops == doctest::Approx(20000e9));
+  CHECK(c.ranks[0].memory_bandwidth == doctest::Approx(900e9));
+  CHECK(c.ranks[0].measured);
+  CHECK(c.ranks[1].id == "Xeon");
+  CHECK(c.ranks[1].kind == "cpu");
+  // Host a's 64 GiB is shared by its two ranks; rank 2's engine cap wins.
+  CHECK(c.ranks[1].memory_bytes == doctest::Approx(32.0 * gib));
+  CHECK(c.ranks[2].memory_bytes == doctest::Approx(2.0 * gib));
+  CHECK(c.latency_s[0][2] == doctest::Approx(5e-5));
+  CHECK(c.bandwidth_bytes_per_s[1][0] == doctest::Approx(1e10));
+  REQUIRE(c.block_seconds.size() == 3);
+  CHECK(c.block_seconds[0] == std::vector<double>{1e-4, 2e-4});
+  CHECK(c.block_seconds[2][1] == doctest::Approx(4e-3));
+  // Ranks 1 and 2 share a device type but not memory: three classes.
+  CHECK(device_classes(c).size() == 3);
+}

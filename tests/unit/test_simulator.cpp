@@ -1,0 +1,305 @@
+// The simulator against closed-form pipeline results with hand-written cost models (1F1B
+// bubble, slowest-stage bound, message delays, data-parallel stragglers, activation peaks),
+// its error reports, and the Chrome trace it shares with the executor.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "plan/schedule.h"
+#include "plan/simulator.h"
+#include "report/trace.h"
+
+using namespace ht;
+using namespace ht::plan;
+
+namespace {
+
+// One replica per row, ranks numbered replica-major: replica r, stage s -> r*S + s.
+PipelineLayout layout(int stages, int micro_batches, int replicas = 1, bool recompute = false) {
+  PipelineLayout l;
+  l.replicas.assign(replicas, std::vector<int>(stages));
+  for (int r = 0; r < replicas; ++r)
+    for (int s = 0; s < stages; ++s) l.replicas[r][s] = r * stages + s;
+  l.micro_batches = micro_batches;
+  l.activation_bytes.assign(stages - 1, 4096);
+  if (recompute) l.recompute.assign(stages, true);
+  return l;
+}
+
+std::vector<Schedule> build(const PipelineLayout& l) {
+  const int world = static_cast<int>(l.replicas.size() * l.replicas[0].size());
+  return build_1f1b(l, world);
+}
+
+// Forward/backward seconds by rank; every other op is free unless `step` is set.
+CostModel compute_costs(std::vector<double> f, std::vector<double> b, double step = 0) {
+  CostModel c;
+  c.compute_seconds = [f, b, step](int rank, const Instruction& in) {
+    switch (in.op) {
+      case Op::forward: return f.at(rank);
+      case Op::backward: return b.at(rank);
+      case Op::optimizer_step: return step;
+      default: return 0.0;
+    }
+  };
+  return c;
+}
+
+size_t instruction_total(const std::vector<Schedule>& all) {
+  size_t n = 0;
+  for (const Schedule& s : all) n += s.size();
+  return n;
+}
+
+// busy + comm + idle == step on every rank with work: no time lost or counted twice.
+void check_accounting(const SimResult& r) {
+  for (size_t k = 0; k < r.busy_seconds.size(); ++k)
+    CHECK(r.busy_seconds[k] + r.comm_seconds[k] + r.idle_seconds[k] ==
+          doctest::Approx(r.step_seconds));
+}
+
+}  // namespace
+
+TEST_CASE("sim: one stage, one replica runs back to back") {
+  for (int m : {1, 4, 7}) {
+    const double f = 0.25, b = 0.5, step = 0.125;
+    const SimResult r = simulate(build(layout(1, m)), compute_costs({f}, {b}, step));
+    CHECK(r.step_seconds == doctest::Approx(m * (f + b) + step));
+    CHECK(r.utilisation[0] == doctest::Approx(1.0));
+    CHECK(r.bubble_fraction == doctest::Approx(0.0));
+    CHECK(r.idle_seconds[0] == doctest::Approx(0.0));
+    check_accounting(r);
+  }
+}
+
+TEST_CASE("sim: equal stages give the classic 1F1B bubble (S-1)/(M+S-1)") {
+  // Ratios other than the builder's nominal F=1, B=2 too: the order of communication must
+  // not add stalls of its own when messages are free.
+  for (auto [f, b] : {std::pair{1.0, 2.0}, std::pair{1.0, 1.0}, std::pair{0.3, 1.7}})
+    for (int s = 1; s <= 5; ++s)
+      for (int m = 1; m <= 9; ++m) {
+        CAPTURE(s);
+        CAPTURE(m);
+        CAPTURE(f);
+        const SimResult r = simulate(build(layout(s, m)), compute_costs(std::vector(s, f),
+                                                                         std::vector(s, b)));
+        CHECK(r.step_seconds == doctest::Approx((m + s - 1) * (f + b)));
+        CHECK(r.bubble_fraction == doctest::Approx(double(s - 1) / (m + s - 1)));
+        for (int k = 0; k < s; ++k)
+          CHECK(r.utilisation[k] == doctest::Approx(double(m) / (m + s - 1)));
+        check_accounting(r);
+      }
+}
+
+TEST_CASE("sim: unequal stages are paced by the slowest") {
+  // With t_s = f_s + b_s and zero comm, 1F1B has no clean closed form once the slowest
+  // stage k is not last (a slow first stage hides the others' latency behind its own
+  // warm-up, so the step can be just M*t_0). What holds, and is checked:
+  //  lower: stage k cannot start before its first input, sum_{s<k} f_s, must run M*t_k, and
+  //         its last gradient still crosses sum_{s<k} b_s; and micro-batch 0 alone takes
+  //         sum t_s. step >= max(sum t, max_k [sum_{s<k} t_s + M*t_k]).
+  //  upper: step <= sum t + (M-1) * max t (micro-batch 0 crosses everything, then the
+  //         slowest stage gates one more micro-batch per t_max).
+  //  exact: when the slowest stage is the last one the two bounds meet (k = S-1 in the
+  //         lower bound is the upper bound), so step = sum t + (M-1) * t_{S-1}.
+  // The upper bound assumes dataflow order. build_1f1b fixes each rank's order of blocking
+  // receives from a nominal F = 1, B = 2 timing; when a stage's B/F differs, a receive can
+  // be posted before independent compute and stall it (the last two cases: +1 s and
+  // +0.75 s over the bound, constant in M). So upper and exact are checked at B = 2F only.
+  const std::vector<std::vector<std::pair<double, double>>> cases = {
+      {{1, 2}, {2, 4}, {1, 2}},           {{3, 6}, {1, 2}, {1, 2}},
+      {{1, 2}, {1, 2}, {2, 4}},           {{1, 2}, {1.5, 3}, {1, 2}, {0.5, 1}},
+      {{0.5, 1}, {1, 1}, {0.25, 2}, {2, 3}}, {{2, 1}, {1, 3}},
+  };
+  for (const auto& stages : cases) {
+    const int s = static_cast<int>(stages.size());
+    std::vector<double> f, b, t;
+    for (auto [fs, bs] : stages) {
+      f.push_back(fs);
+      b.push_back(bs);
+      t.push_back(fs + bs);
+    }
+    const double sum = std::accumulate(t.begin(), t.end(), 0.0);
+    const double slowest = *std::max_element(t.begin(), t.end());
+    const bool last_is_slowest = t.back() == slowest;
+    bool nominal = true;  // B = 2F on every stage, the ratio build_1f1b orders by
+    for (int k = 0; k < s; ++k) nominal = nominal && b[k] == 2 * f[k];
+    for (int m = 1; m <= 8; ++m) {
+      CAPTURE(s);
+      CAPTURE(m);
+      CAPTURE(t[0]);
+      const SimResult r = simulate(build(layout(s, m)), compute_costs(f, b));
+      double lower = sum, before = 0;
+      for (int k = 0; k < s; ++k) {
+        lower = std::max(lower, before + m * t[k]);
+        before += t[k];
+      }
+      const double upper = sum + (m - 1) * slowest;
+      CHECK(r.step_seconds >= doctest::Approx(lower));
+      if (nominal) CHECK(r.step_seconds <= doctest::Approx(upper));
+      if (nominal && last_is_slowest) CHECK(r.step_seconds == doctest::Approx(upper));
+      check_accounting(r);
+    }
+  }
+}
+
+TEST_CASE("sim: messages delay a two-stage pipeline by one transfer each way") {
+  // M = 1: F0, activation over the link, F1, B1, gradient back, B0.
+  const double f0 = 1, f1 = 2, b0 = 3, b1 = 4, c = 0.5;
+  CostModel costs = compute_costs({f0, f1}, {b0, b1});
+  costs.message_seconds = [c](int, int, int64_t bytes) {
+    CHECK(bytes == 4096);
+    return c;
+  };
+  SimResult r = simulate(build(layout(2, 1)), costs);
+  CHECK(r.step_seconds == doctest::Approx(f0 + c + f1 + b1 + c + b0));
+  CHECK(r.comm_seconds[0] == doctest::Approx(2 * c));  // both ends busy for the transfer
+  CHECK(r.comm_seconds[1] == doctest::Approx(2 * c));
+  CHECK(r.idle_seconds[1] == doctest::Approx(f0 + b0));  // waits for F0, then after it sent
+  check_accounting(r);
+
+  // More micro-batches: every transfer is on some path, so the step grows with c and
+  // never undercuts the zero-comm step.
+  for (int m = 2; m <= 6; ++m) {
+    const double no_comm =
+        simulate(build(layout(2, m)), compute_costs({f0, f1}, {b0, b1})).step_seconds;
+    r = simulate(build(layout(2, m)), costs);
+    CHECK(r.step_seconds >= no_comm + 2 * c - 1e-12);
+    CHECK(r.comm_seconds[0] == doctest::Approx(2 * m * c));
+    check_accounting(r);
+  }
+}
+
+TEST_CASE("sim: data parallel reduction waits for the slowest replica") {
+  // S = 1, three replicas of different speeds: ReduceGrads starts when the slowest arrives
+  // and lasts the longest member's reduce time; then every rank steps.
+  const int m = 3;
+  const std::vector<double> f = {1, 2, 0.5}, b = {2, 3, 1};
+  const std::vector<double> reduce = {0.25, 0.5, 0.375};
+  const double step = 0.125;
+  CostModel costs = compute_costs(f, b, step);
+  costs.reduce_seconds = [reduce](int rank, int stage) {
+    CHECK(stage == 0);
+    return reduce.at(rank);
+  };
+  const SimResult r = simulate(build(layout(1, m, 3)), costs);
+  double slowest = 0;
+  for (int k = 0; k < 3; ++k) slowest = std::max(slowest, m * (f[k] + b[k]));
+  CHECK(r.step_seconds == doctest::Approx(slowest + 0.5 + step));
+  for (int k = 0; k < 3; ++k) {
+    CAPTURE(k);
+    CHECK(r.comm_seconds[k] == doctest::Approx(0.5));
+    CHECK(r.idle_seconds[k] == doctest::Approx(slowest - m * (f[k] + b[k])));
+    CHECK(r.busy_seconds[k] == doctest::Approx(m * (f[k] + b[k]) + step));
+  }
+  check_accounting(r);
+}
+
+TEST_CASE("sim: 1F1B holds min(S-s, M) micro-batches of activations per stage") {
+  for (int s = 1; s <= 4; ++s)
+    for (int m = 1; m <= 6; ++m)
+      for (bool recompute : {false, true}) {
+        CAPTURE(s);
+        CAPTURE(m);
+        CAPTURE(recompute);
+        CostModel costs = compute_costs(std::vector(s, 1.0), std::vector(s, 2.0));
+        costs.activation_bytes = [](int, int stage) { return int64_t{1000} * (stage + 1); };
+        costs.checkpoint_bytes = [](int, int stage) { return int64_t{10} * (stage + 1); };
+        const SimResult r = simulate(build(layout(s, m, 1, recompute)), costs);
+        for (int k = 0; k < s; ++k) {
+          const int64_t in_flight = std::min(s - k, m);
+          const int64_t full = 1000 * (k + 1), stash = 10 * (k + 1);
+          // With recompute the in-flight micro-batches keep only their checkpoints, and one
+          // at a time is rebuilt in full for its Backward.
+          CHECK(r.peak_activation_bytes[k] == (recompute ? in_flight * stash + full
+                                                         : in_flight * full));
+        }
+      }
+}
+
+TEST_CASE("sim: broken schedules are reported by rank and instruction") {
+  const Instruction send_act{Op::send_activation, 0, 0, 1, 64};
+  const Instruction recv_act{Op::recv_activation, 0, 1, 0, 64};
+  const Instruction send_grad{Op::send_grad, 0, 1, 0, 64};
+  const Instruction recv_grad{Op::recv_grad, 0, 0, 1, 64};
+  auto message = [](const std::vector<Schedule>& all) {
+    try {
+      simulate(all, CostModel{});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // Both ranks send first: under rendezvous neither send can complete.
+  std::string m = message({{send_act, recv_grad}, {send_grad, recv_act}});
+  CHECK(m.find("deadlock") != std::string::npos);
+  CHECK(m.find("rank 0 instruction 0 (SendActivation") != std::string::npos);
+  CHECK(m.find("rank 1 instruction 0 (SendGrad") != std::string::npos);
+  // The receiver never posts the receive.
+  m = message({{send_act}, {}});
+  CHECK(m.find("unmatched communication") != std::string::npos);
+  CHECK(m.find("rank 1, which has finished") != std::string::npos);
+  // A send meets the receive of another micro-batch.
+  Instruction other = recv_act;
+  other.micro_batch = 1;
+  m = message({{send_act}, {other}});
+  CHECK(m.find("micro-batch or bytes differ") != std::string::npos);
+  // A peer outside the world.
+  Instruction stray = send_act;
+  stray.peer = 5;
+  CHECK(message({{stray}, {}}).find("peer is not another rank") != std::string::npos);
+  // A reduction one member cannot reach: rank 1 waits for data rank 0 never sends.
+  const Instruction reduce{Op::reduce_grads, -1, 0};
+  m = message({{reduce}, {recv_act, reduce}});
+  CHECK(m.find("deadlock") != std::string::npos);
+  CHECK(m.find("waits for the ReduceGrads of stage 0 on rank 1 instruction 0") !=
+        std::string::npos);
+}
+
+TEST_CASE("trace: the simulated timeline is Chrome trace JSON, one event per instruction") {
+  const std::vector<Schedule> all = build(layout(3, 4));
+  CostModel costs = compute_costs({1, 1.5, 0.5}, {2, 3, 1}, 0.25);
+  costs.message_seconds = [](int, int, int64_t) { return 0.125; };
+  const SimResult r = simulate(all, costs);
+  const auto trace = nlohmann::json::parse(report::to_chrome_trace(r.timeline, "3x4 1F1B"));
+  CHECK(trace.at("displayTimeUnit") == "ms");
+  CHECK(trace.at("otherData").at("title") == "3x4 1F1B");
+  size_t work = 0, idle = 0, forwards = 0;
+  std::vector<std::string> lanes;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M") {
+      if (e.at("name") == "thread_name") lanes.push_back(e.at("args").at("name"));
+      continue;
+    }
+    CHECK(e.at("ph") == "X");
+    CHECK(e.at("pid") == 0);
+    const int rank = e.at("tid");
+    CHECK((rank >= 0 && rank < 3));
+    CHECK(e.at("dur").get<double>() >= 0);
+    (e.at("cat") == "idle" ? idle : work) += 1;
+    if (e.at("name") == "Forward" && e.at("cat") == "compute") {
+      ++forwards;
+      CHECK(e.at("args").at("micro_batch").get<int>() >= 0);
+      CHECK(e.at("args").at("stage") == rank);
+      const double f[] = {1, 1.5, 0.5};  // seconds -> microseconds
+      CHECK(e.at("dur").get<double>() == doctest::Approx(f[rank] * 1e6));
+    }
+  }
+  CHECK(work == instruction_total(all));
+  CHECK(idle > 0);  // stages 1 and 2 wait for their first activation at least
+  CHECK(forwards == 12);
+  CHECK(lanes == std::vector<std::string>{"rank 0", "rank 1", "rank 2"});
+}
+
+TEST_CASE("trace: spans are validated") {
+  CHECK_THROWS_AS(report::to_chrome_trace({{0, "Forward", "compute", 2, 1}}, "t"), Error);
+  CHECK_THROWS_AS(report::to_chrome_trace({{0, "Forward", "busy", 0, 1}}, "t"), Error);
+  CHECK_THROWS_AS(report::to_chrome_trace({{-1, "Forward", "compute", 0, 1}}, "t"), Error);
+  const auto empty = nlohmann::json::parse(report::to_chrome_trace({}, "empty"));
+  CHECK(empty.at("traceEvents").empty());
+}
