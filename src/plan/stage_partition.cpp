@@ -1,0 +1,223 @@
+#include "plan/stage_partition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "core/error.h"
+
+namespace ht::plan {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string gib(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+// Whole bytes read better than 1.28849e+10 and can be grepped for.
+long long whole(double bytes) { return std::llround(bytes); }
+
+std::string stage_name(const StagePartitionInput& in, int s) {
+  const DeviceModel& d = in.devices[static_cast<size_t>(s)];
+  return "stage " + std::to_string(s) + " (" + (d.id.empty() ? d.name : d.id) + ", " +
+         gib(d.memory_bytes) + ")";
+}
+
+void check_finite_nonneg(const std::vector<double>& v, const char* what) {
+  for (size_t b = 0; b < v.size(); ++b)
+    HT_CHECK(std::isfinite(v[b]) && v[b] >= 0, "stage partition: ", what, "[", b, "] = ",
+             v[b], "; expected a finite value >= 0");
+}
+
+void validate(const StagePartitionInput& in) {
+  const size_t S = in.devices.size(), B = in.memory_bytes.size();
+  HT_CHECK(S >= 1, "stage partition: no devices; expected at least one stage");
+  HT_CHECK(B >= 1, "stage partition: no blocks; expected at least one");
+  HT_CHECK(S <= B, "stage partition: ", S, " stages but only ", B,
+           " blocks; every stage needs at least one block");
+  HT_CHECK(in.activation_bytes.size() == B, "stage partition: activation_bytes has ",
+           in.activation_bytes.size(), " entries; expected ", B, " (one per block)");
+  HT_CHECK(in.compute_seconds.size() == S, "stage partition: compute_seconds has ",
+           in.compute_seconds.size(), " rows; expected ", S, " (one per device)");
+  for (size_t s = 0; s < S; ++s) {
+    HT_CHECK(in.compute_seconds[s].size() == B, "stage partition: compute_seconds[", s,
+             "] has ", in.compute_seconds[s].size(), " entries; expected ", B);
+    check_finite_nonneg(in.compute_seconds[s], "compute_seconds[stage]");
+  }
+  check_finite_nonneg(in.memory_bytes, "memory_bytes");
+  check_finite_nonneg(in.activation_bytes, "activation_bytes");
+  HT_CHECK(in.micro_batch_size >= 1, "stage partition: micro_batch_size = ",
+           in.micro_batch_size, "; expected >= 1");
+  HT_CHECK(in.micro_batches >= 1, "stage partition: micro_batches = ", in.micro_batches,
+           "; expected >= 1");
+}
+
+// Prefix sums make every range's time and memory O(1), which keeps the DP at O(S*B^2).
+struct Costs {
+  const StagePartitionInput& in;
+  int S, B;
+  std::vector<std::vector<double>> time_prefix;  // [s][b]
+  std::vector<double> mem_prefix, act_prefix;
+
+  explicit Costs(const StagePartitionInput& input)
+      : in(input),
+        S(static_cast<int>(input.devices.size())),
+        B(static_cast<int>(input.memory_bytes.size())) {
+    time_prefix.assign(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(B) + 1, 0));
+    mem_prefix.assign(static_cast<size_t>(B) + 1, 0);
+    act_prefix.assign(static_cast<size_t>(B) + 1, 0);
+    for (size_t b = 0; b < static_cast<size_t>(B); ++b) {
+      for (size_t s = 0; s < static_cast<size_t>(S); ++s)
+        time_prefix[s][b + 1] = time_prefix[s][b] + in.compute_seconds[s][b];
+      mem_prefix[b + 1] = mem_prefix[b] + in.memory_bytes[b];
+      act_prefix[b + 1] = act_prefix[b] + in.activation_bytes[b];
+    }
+  }
+  double seconds(int s, int i, int j) const {
+    const auto& p = time_prefix[static_cast<size_t>(s)];
+    return in.micro_batch_size * (p[static_cast<size_t>(j)] - p[static_cast<size_t>(i)]);
+  }
+  double memory(int s, int i, int j) const {
+    const double held = in_flight_micro_batches(s, S, in.micro_batches) *
+                        static_cast<double>(in.micro_batch_size);
+    return (mem_prefix[static_cast<size_t>(j)] - mem_prefix[static_cast<size_t>(i)]) +
+           held * (act_prefix[static_cast<size_t>(j)] - act_prefix[static_cast<size_t>(i)]);
+  }
+  double capacity(int s) const { return in.devices[static_cast<size_t>(s)].memory_bytes; }
+  bool fits(int s, int i, int j) const { return memory(s, i, j) <= capacity(s); }
+};
+
+StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges) {
+  StagePartition p;
+  p.ranges = std::move(ranges);
+  for (int s = 0; s < c.S; ++s) {
+    const auto [i, j] = p.ranges[static_cast<size_t>(s)];
+    p.stage_seconds.push_back(c.seconds(s, i, j));
+    p.stage_memory_bytes.push_back(c.memory(s, i, j));
+    p.bottleneck_seconds = std::max(p.bottleneck_seconds, p.stage_seconds.back());
+  }
+  return p;
+}
+
+// Explains an infeasible instance. Single blocks are the smallest ranges, so the most
+// useful finding is a block that no stage able to receive it can hold even alone, or a
+// stage that cannot hold any block it could be given; otherwise the blocks fit one by
+// one but no contiguous split does, and the totals say by how much.
+[[noreturn]] void fail_infeasible(const Costs& c) {
+  const std::string head = "no pipeline split of " + std::to_string(c.B) + " blocks over " +
+                           std::to_string(c.S) + " devices fits: ";
+  // Stage s can receive block b only if s <= b and the later stages can still get one
+  // block each: b <= B - S + s.
+  for (int b = 0; b < c.B; ++b) {
+    const int lo = std::max(0, b - (c.B - c.S)), hi = std::min(c.S - 1, b);
+    int best = lo;
+    bool any = false;
+    for (int s = lo; s <= hi; ++s) {
+      if (c.fits(s, b, b + 1)) any = true;
+      if (c.capacity(s) - c.memory(s, b, b + 1) > c.capacity(best) - c.memory(best, b, b + 1))
+        best = s;
+    }
+    if (!any)
+      fail(head, "block ", b, " alone needs ", gib(c.memory(best, b, b + 1)), " (",
+           whole(c.memory(best, b, b + 1)), " bytes) on ", stage_name(c.in, best),
+           ", the roomiest stage that could take it; capacity ", whole(c.capacity(best)),
+           " bytes. Use devices with more memory, fewer in-flight micro-batches or a "
+           "smaller micro-batch");
+  }
+  for (int s = 0; s < c.S; ++s) {
+    int lightest = s;
+    bool any = false;
+    for (int b = s; b <= c.B - c.S + s; ++b) {
+      if (c.fits(s, b, b + 1)) any = true;
+      if (c.memory(s, b, b + 1) < c.memory(s, lightest, lightest + 1)) lightest = b;
+    }
+    if (!any)
+      fail(head, stage_name(c.in, s), " cannot hold any block it could be given: the "
+           "lightest, block ", lightest, ", needs ", gib(c.memory(s, lightest, lightest + 1)),
+           " (", whole(c.memory(s, lightest, lightest + 1)), " bytes) vs capacity ",
+           whole(c.capacity(s)),
+           " bytes");
+  }
+  double capacity = 0;
+  for (int s = 0; s < c.S; ++s) capacity += c.capacity(s);
+  fail(head, "every block fits some stage alone, but no contiguous split does; the weight "
+       "state alone totals ", gib(c.mem_prefix.back()), " (", whole(c.mem_prefix.back()),
+       " bytes) against ", gib(capacity), " (", whole(capacity), " bytes) of total capacity, "
+       "before in-flight activations");
+}
+
+}  // namespace
+
+int in_flight_micro_batches(int stage, int stages, int micro_batches) {
+  return std::min(stages - stage, micro_batches);
+}
+
+StagePartition partition_stages(const StagePartitionInput& in) {
+  validate(in);
+  const Costs c(in);
+  const int S = c.S, B = c.B;
+  // best[s][i]: the least bottleneck of stages s..S-1 covering blocks i..B-1;
+  // cut[s][i]: where stage s ends in that optimum.
+  std::vector<std::vector<double>> best(static_cast<size_t>(S) + 1,
+                                        std::vector<double>(static_cast<size_t>(B) + 1, kInf));
+  std::vector<std::vector<int>> cut(static_cast<size_t>(S),
+                                    std::vector<int>(static_cast<size_t>(B) + 1, -1));
+  best[static_cast<size_t>(S)][static_cast<size_t>(B)] = 0;
+  for (int s = S - 1; s >= 0; --s) {
+    const size_t su = static_cast<size_t>(s);
+    // Stage s starts at block >= s (earlier stages take one each) and leaves one block
+    // for each later stage.
+    for (int i = s; i <= B - (S - s); ++i) {
+      for (int j = i + 1; j <= B - (S - s - 1); ++j) {
+        const double rest = best[su + 1][static_cast<size_t>(j)];
+        if (rest == kInf) continue;
+        // Memory grows with j, so once a range does not fit no longer one will.
+        if (!c.fits(s, i, j)) break;
+        const double v = std::max(c.seconds(s, i, j), rest);
+        // Strict < keeps the shortest first range among ties, a deterministic choice.
+        if (v < best[su][static_cast<size_t>(i)]) {
+          best[su][static_cast<size_t>(i)] = v;
+          cut[su][static_cast<size_t>(i)] = j;
+        }
+      }
+    }
+  }
+  if (best[0][0] == kInf) fail_infeasible(c);
+  std::vector<std::pair<int, int>> ranges;
+  for (int s = 0, i = 0; s < S; ++s) {
+    const int j = cut[static_cast<size_t>(s)][static_cast<size_t>(i)];
+    ranges.emplace_back(i, j);
+    i = j;
+  }
+  return evaluate(c, std::move(ranges));
+}
+
+StagePartition uniform_partition(const StagePartitionInput& in) {
+  validate(in);
+  const Costs c(in);
+  const int base = c.B / c.S, extra = c.B % c.S;
+  std::vector<std::pair<int, int>> ranges;
+  for (int s = 0, i = 0; s < c.S; ++s) {
+    const int j = i + base + (s < extra ? 1 : 0);
+    ranges.emplace_back(i, j);
+    i = j;
+  }
+  StagePartition p = evaluate(c, std::move(ranges));
+  for (int s = 0; s < c.S; ++s) {
+    const auto [i, j] = p.ranges[static_cast<size_t>(s)];
+    if (!c.fits(s, i, j))
+      p.problems.push_back(stage_name(in, s) + " holds blocks [" + std::to_string(i) + ", " +
+                           std::to_string(j) + ") needing " + gib(c.memory(s, i, j)) +
+                           " (" + std::to_string(whole(c.memory(s, i, j))) +
+                           " bytes) vs capacity " +
+                           std::to_string(whole(c.capacity(s))) + " bytes");
+  }
+  return p;
+}
+
+}  // namespace ht::plan
