@@ -1,0 +1,90 @@
+#include "plan/block_costs.h"
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace ht::plan {
+
+double optimizer_state_bytes_per_param(const config::OptimizerConfig& opt) {
+  if (opt.type == "adamw") return 8;  // first and second moments, fp32
+  if (opt.type == "sgd") return opt.momentum != 0.f ? 4 : 0;  // momentum buffer
+  fail("block_costs: unknown optimizer type '", opt.type, "'; expected adamw or sgd");
+}
+
+BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
+                       const config::OptimizerConfig& opt) {
+  const size_t blocks = model.size();
+  const size_t ranks = cluster.ranks.size();
+  HT_CHECK(cluster.block_seconds.size() <= ranks, "block_costs: the measured profile has ",
+           cluster.block_seconds.size(), " rank rows but the cluster has ", ranks,
+           " ranks");
+  const double opt_bytes = optimizer_state_bytes_per_param(opt);
+
+  BlockCosts c;
+  c.state_bytes.resize(blocks);
+  c.activation_bytes.resize(blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    const nn::Block& blk = model.block(b);
+    c.state_bytes[b] = static_cast<double>(blk.param_count()) *
+                       (kWeightBytesPerParam + kGradBytesPerParam + opt_bytes);
+    c.activation_bytes[b] = static_cast<double>(blk.activation_bytes_per_sample());
+  }
+
+  c.seconds_per_sample.resize(ranks);
+  c.source.resize(ranks);
+  for (size_t r = 0; r < ranks; ++r) {
+    const bool has_profile = r < cluster.block_seconds.size() && !cluster.block_seconds[r].empty();
+    if (has_profile) {
+      const auto& row = cluster.block_seconds[r];
+      HT_CHECK(row.size() == blocks, "block_costs: the measured profile of rank ", r, " has ",
+               row.size(), " blocks but the model has ", blocks,
+               " blocks; re-run `probe --model` for this model");
+      for (size_t b = 0; b < blocks; ++b)
+        HT_CHECK(std::isfinite(row[b]) && row[b] >= 0, "block_costs: measured seconds of rank ",
+                 r, " block ", b, " is ", row[b], "; expected finite and >= 0");
+      c.seconds_per_sample[r] = row;
+      c.source[r] = kSourceMeasured;
+    } else {
+      const double rate = cluster.ranks[r].flops;
+      HT_CHECK(std::isfinite(rate) && rate > 0, "block_costs: rank ", r, " (",
+               cluster.ranks[r].id, ") has flops ", rate, "; expected positive and finite");
+      auto& row = c.seconds_per_sample[r];
+      row.resize(blocks);
+      for (size_t b = 0; b < blocks; ++b)
+        row[b] = kTrainFlopsPerForwardFlop *
+                 static_cast<double>(model.block(b).flops_per_sample()) / rate;
+      c.source[r] = kSourceModelled;
+    }
+  }
+  return c;
+}
+
+double replica_samples_per_s(const BlockCosts& costs, int rank) {
+  HT_CHECK(rank >= 0 && static_cast<size_t>(rank) < costs.seconds_per_sample.size(),
+           "replica_samples_per_s: rank ", rank, " out of range; the costs have ",
+           costs.seconds_per_sample.size(), " ranks");
+  const auto& row = costs.seconds_per_sample[static_cast<size_t>(rank)];
+  const double total = std::accumulate(row.begin(), row.end(), 0.0);
+  HT_CHECK(total > 0, "replica_samples_per_s: rank ", rank,
+           " has zero total seconds per sample; expected positive");
+  return 1.0 / total;
+}
+
+int64_t max_samples_that_fit(const BlockCosts& costs, double memory_bytes) {
+  const double state =
+      std::accumulate(costs.state_bytes.begin(), costs.state_bytes.end(), 0.0);
+  const double act =
+      std::accumulate(costs.activation_bytes.begin(), costs.activation_bytes.end(), 0.0);
+  const double free = memory_bytes - state;
+  if (!(free > 0)) return 0;
+  if (act <= 0) return std::numeric_limits<int64_t>::max();
+  const double n = std::floor(free / act);
+  if (n >= static_cast<double>(std::numeric_limits<int64_t>::max()))
+    return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(n);
+}
+
+}  // namespace ht::plan

@@ -1,0 +1,55 @@
+// The cost model that feeds the planner: per rank and block, forward + backward seconds
+// per sample; per block, the bytes of weight state and of activations per sample.
+// Principle: measure, don't assume. A rank's measured profile (`probe --model`, in
+// ClusterModel::block_seconds) is used when there is one; otherwise the time is
+// modelled as 3 x forward FLOPs / the device's FLOP/s, since a backward pass costs about
+// twice the forward (gradients for the inputs and for the weights), so forward +
+// backward ~ 3 x forward FLOPs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "nn/block.h"
+#include "plan/cluster_model.h"
+
+namespace ht::plan {
+
+// Bytes per parameter: fp32 weights and fp32 gradients.
+inline constexpr double kWeightBytesPerParam = 4;
+inline constexpr double kGradBytesPerParam = 4;
+// Forward + backward ~ 3 x forward FLOPs (the FLOPs / rate model).
+inline constexpr double kTrainFlopsPerForwardFlop = 3;
+
+inline constexpr const char* kSourceMeasured = "measured profile";
+inline constexpr const char* kSourceModelled = "FLOPs / rate";
+
+struct BlockCosts {
+  std::vector<std::vector<double>> seconds_per_sample;  // [rank][block] forward + backward
+  std::vector<double> state_bytes;       // [block] params + grads + optimiser state
+  std::vector<double> activation_bytes;  // [block] per sample
+  std::vector<std::string> source;       // [rank] "measured profile" or "FLOPs / rate"
+};
+
+// Optimiser state bytes per parameter: AdamW 8 (two fp32 moments), SGD with momentum 4
+// (one buffer), SGD without 0. An unknown type is an ht::Error.
+double optimizer_state_bytes_per_param(const config::OptimizerConfig& opt);
+
+// Per rank: cluster.block_seconds[rank] when present (a non-empty row), else
+// 3 x flops_per_sample / ranks[rank].flops. Errors (ht::Error): a measured row whose
+// block count differs from the model's (naming both counts); a modelled rank whose
+// flops is not positive; more profile rows than ranks.
+BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
+                       const config::OptimizerConfig& opt);
+
+// Samples per second of one replica holding the whole model on `rank`:
+// 1 / sum of the rank's seconds_per_sample.
+double replica_samples_per_s(const BlockCosts& costs, int rank);
+
+// floor((memory - sum state) / sum activation) for a replica holding the whole model;
+// 0 when even the weight state does not fit. Never -1.
+int64_t max_samples_that_fit(const BlockCosts& costs, double memory_bytes);
+
+}  // namespace ht::plan
