@@ -68,6 +68,13 @@ void fail_missing(const std::string& path, const std::string& what) {
   fail_at(path, "missing; expected " + what);
 }
 
+const Json& require(const Json& obj, const std::string& path, const std::string& key,
+                    const std::string& what) {
+  auto it = obj.find(key);
+  if (it == obj.end()) fail_missing(key_path(path, key), what);
+  return *it;
+}
+
 Json float_json(float f) {
   char buf[32];
   auto res = std::to_chars(buf, buf + sizeof buf, f);

@@ -69,6 +69,9 @@ std::vector<std::string> read_string_array(const Json& v, const std::string& pat
 void expect_object(const Json& v, const std::string& path, const std::string& what);
 // "<path>: missing; expected <what>"
 [[noreturn]] void fail_missing(const std::string& path, const std::string& what);
+// obj[key], or fail_missing naming <path>.<key> and `what`.
+const Json& require(const Json& obj, const std::string& path, const std::string& key,
+                    const std::string& what);
 
 // One known key of an object: the variants (values of the object's discriminator, e.g.
 // model.type) it applies to, none meaning all, and how to read it.

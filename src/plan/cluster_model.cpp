@@ -28,13 +28,6 @@ constexpr double kDeviceTolerance = 0.01;
 constexpr double kLinkTolerance = 0.25;
 constexpr const char* kDefaultLink = "pcie";
 
-const Json& need(const Json& obj, const std::string& path, const std::string& key,
-                 const std::string& what) {
-  auto it = obj.find(key);
-  if (it == obj.end()) fail_missing(key_path(path, key), what);
-  return *it;
-}
-
 CatalogueDevice parse_device(const Json& d, const std::string& p) {
   expect_object(d, p, "a device object");
   CatalogueDevice c;
@@ -55,19 +48,19 @@ CatalogueDevice parse_device(const Json& d, const std::string& p) {
            walk(v, at,
                 {{"kind", {}, [&](const Json& x, const std::string& a) { c.host_link_kind = read_string(x, a, "a link name"); }},
                  {"gb_s", {}, num(c.host_link_gb_s, Range::above(0))}});
-           need(v, at, "kind", "a link name");
-           need(v, at, "gb_s", "a number > 0");
+           require(v, at, "kind", "a link name");
+           require(v, at, "gb_s", "a number > 0");
          }}});
   // After the walk, so a misspelt key is reported as such (with a suggestion) first.
   for (const char* k : {"id", "name", "kind", "fp32_tflops", "tf32_tflops", "bf16_tflops",
                         "memory_gb", "memory_bandwidth_gb_s", "host_link"})
-    need(d, p, k, "a value");
+    require(d, p, k, "a value");
   return c;
 }
 
 Catalogue parse_catalogue(const Json& j) {
   expect_object(j, "", "a device catalogue (format, devices, efficiency, link_classes)");
-  for (const char* k : {"format", "efficiency", "devices", "link_classes"}) need(j, "", k, "a value");
+  for (const char* k : {"format", "efficiency", "devices", "link_classes"}) require(j, "", k, "a value");
   Catalogue cat;
   std::map<std::string, double> eff;
   walk(j, "",

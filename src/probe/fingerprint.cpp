@@ -54,54 +54,46 @@ Json rank_json(const RankFingerprint& r) {
 }
 
 double positive(const Json& obj, const std::string& path, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end()) fail_missing(key_path(path, key), "a positive number");
-  return read_double(*it, key_path(path, key), Range::above(0));
-}
-
-const Json& member(const Json& obj, const std::string& path, const char* key, const char* what) {
-  auto it = obj.find(key);
-  if (it == obj.end()) fail_missing(key_path(path, key), what);
-  return *it;
+  return read_double(require(obj, path, key, "a positive number"), key_path(path, key), Range::above(0));
 }
 
 RankFingerprint parse_rank(const Json& j, const std::string& path) {
   expect_object(j, path, "an object describing one rank");
   RankFingerprint r;
-  r.rank = static_cast<int>(read_int(member(j, path, "rank", "the rank number"), key_path(path, "rank"), 0));
-  r.local_rank = static_cast<int>(read_int(member(j, path, "local_rank", "an integer >= 0"),
+  r.rank = static_cast<int>(read_int(require(j, path, "rank", "the rank number"), key_path(path, "rank"), 0));
+  r.local_rank = static_cast<int>(read_int(require(j, path, "local_rank", "an integer >= 0"),
                                            key_path(path, "local_rank"), 0));
   const std::string hp = key_path(path, "host");
-  const Json& h = member(j, path, "host", "an object");
+  const Json& h = require(j, path, "host", "an object");
   expect_object(h, hp, "an object describing the host");
-  r.host.host = read_string(member(h, hp, "host", "a host name"), key_path(hp, "host"), "a host name");
-  r.host.cpu_model = read_string(member(h, hp, "cpu_model", "a string"), key_path(hp, "cpu_model"), "a string");
-  r.host.physical_cores = static_cast<int>(read_int(member(h, hp, "physical_cores", "an integer"),
+  r.host.host = read_string(require(h, hp, "host", "a host name"), key_path(hp, "host"), "a host name");
+  r.host.cpu_model = read_string(require(h, hp, "cpu_model", "a string"), key_path(hp, "cpu_model"), "a string");
+  r.host.physical_cores = static_cast<int>(read_int(require(h, hp, "physical_cores", "an integer"),
                                                     key_path(hp, "physical_cores"), 0));
-  r.host.hardware_threads = static_cast<int>(read_int(member(h, hp, "hardware_threads", "an integer"),
+  r.host.hardware_threads = static_cast<int>(read_int(require(h, hp, "hardware_threads", "an integer"),
                                                       key_path(hp, "hardware_threads"), 0));
-  r.host.memory_total = read_uint(member(h, hp, "memory_total_bytes", "bytes"), key_path(hp, "memory_total_bytes"));
-  r.host.memory_available = read_uint(member(h, hp, "memory_available_bytes", "bytes"),
+  r.host.memory_total = read_uint(require(h, hp, "memory_total_bytes", "bytes"), key_path(hp, "memory_total_bytes"));
+  r.host.memory_available = read_uint(require(h, hp, "memory_available_bytes", "bytes"),
                                       key_path(hp, "memory_available_bytes"));
   const std::string gp = key_path(hp, "gpus");
-  const Json& gpus = member(h, hp, "gpus", "an array (empty without GPUs)");
+  const Json& gpus = require(h, hp, "gpus", "an array (empty without GPUs)");
   if (!gpus.is_array()) fail_at(gp, show(gpus) + " is not an array; expected one object per GPU");
   for (size_t i = 0; i < gpus.size(); ++i) {
     const std::string p = index_path(gp, i);
     expect_object(gpus[i], p, "an object describing one GPU");
     GpuInfo g;
-    g.index = static_cast<int>(read_int(member(gpus[i], p, "index", "an integer"), key_path(p, "index"), 0));
-    g.name = read_string(member(gpus[i], p, "name", "a string"), key_path(p, "name"), "the GPU's name");
-    std::string cc = read_string(member(gpus[i], p, "compute_capability", "\"major.minor\""),
+    g.index = static_cast<int>(read_int(require(gpus[i], p, "index", "an integer"), key_path(p, "index"), 0));
+    g.name = read_string(require(gpus[i], p, "name", "a string"), key_path(p, "name"), "the GPU's name");
+    std::string cc = read_string(require(gpus[i], p, "compute_capability", "\"major.minor\""),
                                  key_path(p, "compute_capability"), "\"major.minor\"");
     if (std::sscanf(cc.c_str(), "%d.%d", &g.compute_major, &g.compute_minor) != 2)
       fail_at(key_path(p, "compute_capability"), show(Json(cc)) + " is not a version; expected \"major.minor\"");
-    g.sm_count = static_cast<int>(read_int(member(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1));
-    g.memory_total = read_uint(member(gpus[i], p, "memory_total_bytes", "bytes"), key_path(p, "memory_total_bytes"));
-    g.memory_free = read_uint(member(gpus[i], p, "memory_free_bytes", "bytes"), key_path(p, "memory_free_bytes"));
-    g.host_to_device_gb_s = read_double(member(gpus[i], p, "host_to_device_gb_s", "GB/s"),
+    g.sm_count = static_cast<int>(read_int(require(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1));
+    g.memory_total = read_uint(require(gpus[i], p, "memory_total_bytes", "bytes"), key_path(p, "memory_total_bytes"));
+    g.memory_free = read_uint(require(gpus[i], p, "memory_free_bytes", "bytes"), key_path(p, "memory_free_bytes"));
+    g.host_to_device_gb_s = read_double(require(gpus[i], p, "host_to_device_gb_s", "GB/s"),
                                         key_path(p, "host_to_device_gb_s"), Range::at_least(0));
-    g.device_to_host_gb_s = read_double(member(gpus[i], p, "device_to_host_gb_s", "GB/s"),
+    g.device_to_host_gb_s = read_double(require(gpus[i], p, "device_to_host_gb_s", "GB/s"),
                                         key_path(p, "device_to_host_gb_s"), Range::at_least(0));
     r.host.gpus.push_back(g);
   }
@@ -111,21 +103,21 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     r.host.gpu_note = note->get<std::string>();
   }
   const std::string dp = key_path(path, "device");
-  const Json& d = member(j, path, "device", "an object");
+  const Json& d = require(j, path, "device", "an object");
   expect_object(d, dp, "an object describing the device");
-  r.device = read_enum(member(d, dp, "kind", "cpu or cuda"), key_path(dp, "kind"), {"cpu", "cuda"});
-  r.threads = static_cast<int>(read_int(member(d, dp, "threads", "an integer >= 1"), key_path(dp, "threads"), 1));
+  r.device = read_enum(require(d, dp, "kind", "cpu or cuda"), key_path(dp, "kind"), {"cpu", "cuda"});
+  r.threads = static_cast<int>(read_int(require(d, dp, "threads", "an integer >= 1"), key_path(dp, "threads"), 1));
   r.rates.sgemm_gflops = positive(d, dp, "sgemm_gflops");
-  r.rates.sgemm_size = read_int(member(d, dp, "sgemm_size", "an integer"), key_path(dp, "sgemm_size"), 1);
+  r.rates.sgemm_size = read_int(require(d, dp, "sgemm_size", "an integer"), key_path(dp, "sgemm_size"), 1);
   r.rates.memory_bandwidth_gb_s = positive(d, dp, "memory_bandwidth_gb_s");
-  r.memory_cap = read_uint(member(j, path, "memory_cap_bytes", "bytes (0 = none)"), key_path(path, "memory_cap_bytes"));
+  r.memory_cap = read_uint(require(j, path, "memory_cap_bytes", "bytes (0 = none)"), key_path(path, "memory_cap_bytes"));
   const std::string bp = key_path(path, "blocks");
-  const Json& blocks = member(j, path, "blocks", "an array");
+  const Json& blocks = require(j, path, "blocks", "an array");
   if (!blocks.is_array()) fail_at(bp, show(blocks) + " is not an array; expected an array of blocks");
   for (size_t i = 0; i < blocks.size(); ++i) {
     const std::string p = index_path(bp, i);
     expect_object(blocks[i], p, "an object with kind and fwd_bwd_s_per_sample");
-    r.blocks.push_back({read_string(member(blocks[i], p, "kind", "a string"), key_path(p, "kind"), "a block kind"),
+    r.blocks.push_back({read_string(require(blocks[i], p, "kind", "a string"), key_path(p, "kind"), "a block kind"),
                         positive(blocks[i], p, "fwd_bwd_s_per_sample")});
   }
   auto em = j.find("emulation");
@@ -178,11 +170,11 @@ ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expe
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   Json j = parse_document(text, path);
   expect_object(j, "", "a cluster file (an object with format, world_size, ranks and links)");
-  std::string format = read_string(member(j, "", "format", kClusterFormat), "format", kClusterFormat);
+  std::string format = read_string(require(j, "", "format", kClusterFormat), "format", kClusterFormat);
   if (format != kClusterFormat)
     fail_at("format", show(j["format"]) + " is not a known cluster format; expected \"" +
                           std::string(kClusterFormat) + "\"");
-  auto n = static_cast<size_t>(read_int(member(j, "", "world_size", "an integer >= 1"), "world_size", 1));
+  auto n = static_cast<size_t>(read_int(require(j, "", "world_size", "an integer >= 1"), "world_size", 1));
   if (expected_world_size && static_cast<int>(n) != *expected_world_size)
     fail_at("world_size", std::to_string(n) + " ranks in " + path + " but this job has " +
                               std::to_string(*expected_world_size) +
@@ -193,7 +185,7 @@ ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expe
     if (!model->is_string()) fail_at("model", show(*model) + " is not a string; expected the profiled config's path or \"\"");
     c.model = model->get<std::string>();
   }
-  const Json& ranks = member(j, "", "ranks", "an array of ranks");
+  const Json& ranks = require(j, "", "ranks", "an array of ranks");
   if (!ranks.is_array() || ranks.size() != n)
     fail_at("ranks", "has " + std::to_string(ranks.is_array() ? ranks.size() : 0) +
                          " entries; expected world_size = " + std::to_string(n));
@@ -203,12 +195,12 @@ ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expe
       fail_at(key_path(index_path("ranks", i), "rank"),
               std::to_string(c.ranks.back().rank) + " is out of order; expected " + std::to_string(i));
   }
-  const Json& links = member(j, "", "links", "an object with latency_s and bandwidth_bytes_per_s");
+  const Json& links = require(j, "", "links", "an object with latency_s and bandwidth_bytes_per_s");
   expect_object(links, "links", "an object with latency_s and bandwidth_bytes_per_s");
   auto em = links.find("emulated");
   if (em != links.end()) c.links_emulated = read_bool(*em, "links.emulated");
-  c.links.latency_s = parse_matrix(member(links, "links", "latency_s", "a matrix"), "links.latency_s", n, true);
-  c.links.bandwidth_bytes_per_s = parse_matrix(member(links, "links", "bandwidth_bytes_per_s", "a matrix"),
+  c.links.latency_s = parse_matrix(require(links, "links", "latency_s", "a matrix"), "links.latency_s", n, true);
+  c.links.bandwidth_bytes_per_s = parse_matrix(require(links, "links", "bandwidth_bytes_per_s", "a matrix"),
                                                "links.bandwidth_bytes_per_s", n, true);
   return c;
 }

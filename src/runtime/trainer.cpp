@@ -214,7 +214,7 @@ class Run {
     double mean_loss = loss_sum / predictions;
     HT_CHECK(std::isfinite(mean_loss), "training diverged at step ", step + 1, ": the loss is ",
              mean_loss, "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
-    if (t.grad_clip > 0) optim::clip_grad_norm(model_.named_parameters(), t.grad_clip);
+    if (t.grad_clip > 0) optim::clip_grad_norm(opt_->params(), t.grad_clip);
     opt_->step();
     return mean_loss;
   }

@@ -2,6 +2,8 @@
 // redistribution, min-max optimality against brute force, and every error message.
 #include <doctest/doctest.h>
 
+#include "tests/unit/error_message.h"
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -17,15 +19,6 @@ using namespace ht;
 using namespace ht::plan;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 

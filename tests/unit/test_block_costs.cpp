@@ -3,7 +3,8 @@
 // for the default MLP (784-512-512-10, 669,706 parameters).
 #include <doctest/doctest.h>
 
-#include <functional>
+#include "tests/unit/error_message.h"
+
 #include <string>
 
 #include "config/config.h"
@@ -15,15 +16,6 @@ using namespace ht;
 using namespace ht::plan;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // Two ranks, 1e11 and 5e10 FLOP/s, built by hand (no catalogue).
 ClusterModel two_ranks() {

@@ -3,6 +3,8 @@
 // reaching every parameter, and errors for bad inputs.
 #include <doctest/doctest.h>
 
+#include "tests/unit/error_message.h"
+
 #include <memory>
 #include <string>
 
@@ -135,21 +137,6 @@ void check_every_parameter_has_a_gradient(const nn::Sequential& model) {
   }
 }
 
-// Runs f, which must throw ht::Error, and returns the message.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  FAIL("expected ht::Error");
-  return {};
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 }  // namespace
 

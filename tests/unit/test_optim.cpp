@@ -4,8 +4,9 @@
 // expectation.
 #include <doctest/doctest.h>
 
+#include "tests/unit/error_message.h"
+
 #include <cmath>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,19 +46,6 @@ void check_close(const Tensor& t, const std::vector<double>& want, double rel = 
   }
 }
 
-// The message of the ht::Error that `f` throws ("" when it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 struct SgdRef {
   double lr, momentum, wd;
