@@ -1,7 +1,9 @@
 #include "plan/schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -47,8 +49,12 @@ namespace {
 void validate(const PipelineLayout& layout, int world_size) {
   HT_CHECK(world_size >= 1, "build_1f1b: world_size ", world_size, "; expected >= 1");
   HT_CHECK(!layout.replicas.empty(), "build_1f1b: the layout has no replicas");
-  HT_CHECK(layout.micro_batches >= 1, "build_1f1b: micro_batches ", layout.micro_batches,
-           "; expected >= 1");
+  HT_CHECK(layout.micro_batches.size() == layout.replicas.size(), "build_1f1b: micro_batches has ",
+           layout.micro_batches.size(), " entries; expected ", layout.replicas.size(),
+           " (one per replica)");
+  for (size_t r = 0; r < layout.micro_batches.size(); ++r)
+    HT_CHECK(layout.micro_batches[r] >= 1, "build_1f1b: micro_batches[", r, "] = ",
+             layout.micro_batches[r], "; expected >= 1");
   const size_t stages = layout.replicas[0].size();
   HT_CHECK(stages >= 1, "build_1f1b: replica 0 has no stages");
   std::map<int, std::pair<size_t, size_t>> seen;  // rank -> (replica, stage)
@@ -72,9 +78,23 @@ void validate(const PipelineLayout& layout, int world_size) {
   for (size_t b = 0; b < layout.activation_bytes.size(); ++b)
     HT_CHECK(layout.activation_bytes[b] >= 0, "build_1f1b: activation_bytes[", b,
              "] = ", layout.activation_bytes[b], "; expected >= 0");
-  HT_CHECK(layout.recompute.empty() || layout.recompute.size() == stages,
-           "build_1f1b: recompute has ", layout.recompute.size(), " entries; expected ", stages,
-           " (one per stage) or none");
+  auto check_shape = [&](const auto& per_stage, const char* what) {
+    HT_CHECK(per_stage.empty() || per_stage.size() == layout.replicas.size(), "build_1f1b: ",
+             what, " has ", per_stage.size(), " rows; expected ", layout.replicas.size(),
+             " (one per replica) or none");
+    for (size_t r = 0; r < per_stage.size(); ++r)
+      HT_CHECK(per_stage[r].size() == stages, "build_1f1b: ", what, "[", r, "] has ",
+               per_stage[r].size(), " entries; expected ", stages, " (one per stage)");
+  };
+  check_shape(layout.recompute, "recompute");
+  check_shape(layout.forward_seconds, "forward_seconds");
+  check_shape(layout.backward_seconds, "backward_seconds");
+  HT_CHECK(layout.forward_seconds.empty() == layout.backward_seconds.empty(),
+           "build_1f1b: forward_seconds and backward_seconds must be given together");
+  for (size_t r = 0; r < layout.forward_seconds.size(); ++r)
+    for (size_t s = 0; s < stages; ++s)
+      HT_CHECK(layout.forward_seconds[r][s] >= 0 && layout.backward_seconds[r][s] >= 0,
+               "build_1f1b: negative cost estimate at replica ", r, " stage ", s);
 }
 
 struct ComputeStep {
@@ -104,7 +124,7 @@ std::vector<ComputeStep> one_f_one_b(int stage, int stages, int m) {
 // suffice: in 1F1B's warm-up, neighbours reach their sends and receives in different
 // combinations, and a rendezvous send would block both.)
 struct Slot {
-  int64_t time;     // ticks of a nominal run, F = 1 and B = 2: used for ordering only
+  double time;      // of a nominal run (see build_1f1b): used for ordering only
   int phase;        // 0 = pair, 1 = compute: a pair at time t may feed compute at t
   int a, b, c;      // pair: (sending stage, kind, micro-batch); compute: sequence number
   Instruction in;
@@ -120,15 +140,22 @@ struct Slot {
 std::vector<Schedule> build_replica(const PipelineLayout& layout, size_t replica) {
   const auto& ranks = layout.replicas[replica];
   const int stages = static_cast<int>(ranks.size());
-  const int m = layout.micro_batches;
+  const int m = layout.micro_batches[replica];
+  const bool timed = !layout.forward_seconds.empty();
+  auto recomputes = [&](int s) { return !layout.recompute.empty() && layout.recompute[replica][s]; };
+  auto cost = [&](int s, bool forward) {
+    if (!timed) return forward ? 1.0 : 2.0;
+    const double f = layout.forward_seconds[replica][s];
+    return forward ? f : layout.backward_seconds[replica][s] + (recomputes(s) ? f : 0.0);
+  };
   std::vector<std::vector<ComputeStep>> order(stages);
   for (int s = 0; s < stages; ++s) order[s] = one_f_one_b(s, stages, m);
 
   // done_f[s][mb], done_b[s][mb]: nominal finish times; -1 while not yet placed.
-  std::vector<std::vector<int64_t>> done_f(stages, std::vector<int64_t>(m, -1)), done_b = done_f;
+  std::vector<std::vector<double>> done_f(stages, std::vector<double>(m, -1)), done_b = done_f;
   std::vector<std::vector<Slot>> slots(stages);
   std::vector<size_t> next(stages, 0);
-  std::vector<int64_t> free_at(stages, 0);
+  std::vector<double> free_at(stages, 0);
   int counter = 0;
   for (bool progress = true; progress;) {  // 1F1B's dataflow is acyclic: this terminates
     progress = false;
@@ -136,11 +163,13 @@ std::vector<Schedule> build_replica(const PipelineLayout& layout, size_t replica
       while (next[s] < order[s].size()) {
         const ComputeStep step = order[s][next[s]];
         const int mb = step.micro_batch;
-        const int64_t ready = step.forward ? (s > 0 ? done_f[s - 1][mb] : 0)
+        const double ready = step.forward ? (s > 0 ? done_f[s - 1][mb] : 0)
                                            : (s < stages - 1 ? done_b[s + 1][mb] : 0);
         if (ready < 0) break;  // input not produced yet
-        const int64_t start = std::max(ready, free_at[s]);
-        const int64_t end = start + (step.forward ? 1 : 2);
+        const double start = std::max(ready, free_at[s]);
+        // A result is sent strictly after the compute that makes it starts, even at zero cost.
+        const double end = std::max(start + cost(s, step.forward),
+                                    std::nextafter(start, std::numeric_limits<double>::infinity()));
         (step.forward ? done_f : done_b)[s][mb] = end;
         free_at[s] = end;
         auto compute = [&](Op op) { slots[s].push_back({start, 1, counter++, 0, 0, {op, mb, s}}); };
@@ -150,7 +179,7 @@ std::vector<Schedule> build_replica(const PipelineLayout& layout, size_t replica
         } else {
           // Recompute right before the Backward: the rebuilt activations then live only as
           // long as the Backward that needs them.
-          if (!layout.recompute.empty() && layout.recompute[s]) compute(Op::recompute);
+          if (recomputes(s)) compute(Op::recompute);
           compute(Op::backward);
         }
         // Each SendActivation must be paired with a RecvActivation on the next stage (and

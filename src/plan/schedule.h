@@ -41,9 +41,14 @@ struct PipelineLayout {
   // replicas[r][s] = world rank running stage s of pipeline replica r. Every replica has
   // the same number of stages S. Pure data parallel: S = 1; pure pipeline: one replica.
   std::vector<std::vector<int>> replicas;
-  int micro_batches = 1;                  // M, per replica per step
-  std::vector<int64_t> activation_bytes;  // size S-1: boundary s -> s+1, per micro-batch
-  std::vector<bool> recompute;            // size S (or empty = recompute nowhere)
+  // M per replica per step. Replicas are independent pipelines until ReduceGrads, so a
+  // replica on smaller devices may cut its share into more, smaller micro-batches.
+  std::vector<int> micro_batches;
+  std::vector<int64_t> activation_bytes;     // size S-1: boundary s -> s+1, per micro-batch
+  std::vector<std::vector<bool>> recompute;  // [r][s], the shape of replicas; empty = nowhere
+  // Optional [r][s] estimates of one micro-batch's Forward and Backward seconds. They only
+  // order communication (see build_1f1b); empty means nominal Forward 1, Backward 2.
+  std::vector<std::vector<double>> forward_seconds, backward_seconds;
 };
 
 // Forwards a stage runs before its first Backward can arrive: min(S-1-s, M).
@@ -61,7 +66,11 @@ int warmup_forwards(int stage, int stages, int micro_batches);
 // deadlock a naive 1F1B, where stage s sends an activation while stage s+1 sends it a
 // gradient. So every send/recv pair gets one key, shared by both ends, and each rank
 // issues its pairs in key order; a receive may therefore be posted a little before the
-// compute that needs it. check_schedules verifies the result under rendezvous semantics.
+// compute that needs it. The keys come from a nominal run of the pipeline, timed with the
+// layout's cost estimates when it has them: with nominal costs that are off (a Backward
+// that really costs 1x its Forward, not 2x), a receive can be posted before compute that
+// does not need it and stall the rank. check_schedules verifies the result under
+// rendezvous semantics.
 std::vector<Schedule> build_1f1b(const PipelineLayout& layout, int world_size);
 
 struct ScheduleReport {

@@ -21,9 +21,11 @@ PipelineLayout round_robin(int stages, int micro_batches, int replicas) {
   l.replicas.assign(replicas, std::vector<int>(stages));
   for (int r = 0; r < replicas; ++r)
     for (int s = 0; s < stages; ++s) l.replicas[r][s] = s * replicas + r;
-  l.micro_batches = micro_batches;
+  l.micro_batches.assign(replicas, micro_batches);
   for (int b = 0; b + 1 < stages; ++b) l.activation_bytes.push_back(1000 * (b + 1));
-  for (int s = 0; s < stages; ++s) l.recompute.push_back((s + micro_batches) % 2 == 0);
+  l.recompute.assign(replicas, std::vector<bool>(stages));
+  for (int r = 0; r < replicas; ++r)
+    for (int s = 0; s < stages; ++s) l.recompute[r][s] = (s + r + micro_batches) % 2 == 0;
   return l;
 }
 
@@ -83,7 +85,7 @@ TEST_CASE("schedule: 1F1B over S 1..5, M 1..9, replicas 1..3 passes the checker 
           for (int s = 0; s < S; ++s) {
             CAPTURE(s);
             const Schedule& sched = all[layout.replicas[r][s]];
-            CHECK(count(sched) == expected_1f1b_counts(s, S, M, R, layout.recompute[s]));
+            CHECK(count(sched) == expected_1f1b_counts(s, S, M, R, layout.recompute[r][s]));
             check_local_dependencies(sched, s, S);
 
             // 1F1B shape: warm-up forwards, then F/B alternating, then the cool-down.
@@ -110,7 +112,7 @@ TEST_CASE("schedule: 1F1B over S 1..5, M 1..9, replicas 1..3 passes the checker 
               if (sched[i].op != Op::backward) continue;
               const bool recomputed = i > 0 && sched[i - 1].op == Op::recompute &&
                                       sched[i - 1].micro_batch == sched[i].micro_batch;
-              CHECK(recomputed == layout.recompute[s]);
+              CHECK(recomputed == layout.recompute[r][s]);
             }
             CHECK(sched.back().op == Op::optimizer_step);
           }
@@ -120,7 +122,7 @@ TEST_CASE("schedule: 1F1B over S 1..5, M 1..9, replicas 1..3 passes the checker 
 TEST_CASE("schedule: text form and op names") {
   PipelineLayout l;
   l.replicas = {{0, 1}};
-  l.micro_batches = 1;
+  l.micro_batches = {1};
   l.activation_bytes = {64};
   const auto all = build_1f1b(l, 2);
   CHECK(to_text(all[0]) ==
@@ -144,8 +146,14 @@ TEST_CASE("schedule: invalid layouts name the values") {
   dup.replicas[1][1] = 0;
   CHECK_THROWS_WITH_AS(build_1f1b(dup, 4), doctest::Contains("rank 0 appears twice"), Error);
   PipelineLayout no_mb = l;
-  no_mb.micro_batches = 0;
-  CHECK_THROWS_WITH_AS(build_1f1b(no_mb, 4), doctest::Contains("micro_batches 0"), Error);
+  no_mb.micro_batches[1] = 0;
+  CHECK_THROWS_WITH_AS(build_1f1b(no_mb, 4), doctest::Contains("micro_batches[1] = 0"), Error);
+  PipelineLayout one_mb = l;
+  one_mb.micro_batches.pop_back();
+  CHECK_THROWS_WITH_AS(build_1f1b(one_mb, 4), doctest::Contains("one per replica"), Error);
+  PipelineLayout half_costs = l;
+  half_costs.forward_seconds.assign(2, {1.0, 1.0});
+  CHECK_THROWS_WITH_AS(build_1f1b(half_costs, 4), doctest::Contains("given together"), Error);
   PipelineLayout bytes = l;
   bytes.activation_bytes.push_back(5);
   CHECK_THROWS_WITH_AS(build_1f1b(bytes, 4), doctest::Contains("activation_bytes has 2 entries"),
