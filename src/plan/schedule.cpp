@@ -39,6 +39,16 @@ std::string to_text(const Schedule& schedule) {
   return out;
 }
 
+int64_t micro_batch_samples(const PipelineLayout& layout, int replica, int mb) {
+  HT_CHECK(replica >= 0 && static_cast<size_t>(replica) < layout.samples.size() &&
+               static_cast<size_t>(replica) < layout.micro_batches.size(),
+           "micro_batch_samples: replica ", replica, " is not in the layout");
+  const int64_t n = layout.samples[replica], m = layout.micro_batches[replica];
+  HT_CHECK(mb >= 0 && mb < m, "micro_batch_samples: micro-batch ", mb, " of replica ", replica,
+           "; expected 0 to ", m - 1);
+  return n / m + (mb < n % m ? 1 : 0);
+}
+
 int warmup_forwards(int stage, int stages, int micro_batches) {
   return std::min(stages - 1 - stage, micro_batches);
 }
@@ -52,9 +62,14 @@ void validate(const PipelineLayout& layout, int world_size) {
   HT_CHECK(layout.micro_batches.size() == layout.replicas.size(), "build_1f1b: micro_batches has ",
            layout.micro_batches.size(), " entries; expected ", layout.replicas.size(),
            " (one per replica)");
+  HT_CHECK(layout.samples.size() == layout.replicas.size(), "build_1f1b: samples has ",
+           layout.samples.size(), " entries; expected ", layout.replicas.size(),
+           " (one per replica)");
   for (size_t r = 0; r < layout.micro_batches.size(); ++r)
-    HT_CHECK(layout.micro_batches[r] >= 1, "build_1f1b: micro_batches[", r, "] = ",
-             layout.micro_batches[r], "; expected >= 1");
+    HT_CHECK(layout.micro_batches[r] >= 1 && layout.micro_batches[r] <= layout.samples[r],
+             "build_1f1b: micro_batches[", r, "] = ", layout.micro_batches[r],
+             "; expected 1 to samples[", r, "] = ", layout.samples[r],
+             " (every micro-batch holds a sample)");
   const size_t stages = layout.replicas[0].size();
   HT_CHECK(stages >= 1, "build_1f1b: replica 0 has no stages");
   std::map<int, std::pair<size_t, size_t>> seen;  // rank -> (replica, stage)
@@ -186,7 +201,8 @@ std::vector<Schedule> build_replica(const PipelineLayout& layout, size_t replica
         // each SendGrad with a RecvGrad on the previous one), or both ranks deadlock.
         const int to = step.forward ? s + 1 : s - 1;
         if (to >= 0 && to < stages) {
-          const int64_t bytes = layout.activation_bytes[std::min(s, to)];  // boundary
+          const int64_t bytes = layout.activation_bytes[std::min(s, to)] *  // boundary
+                                micro_batch_samples(layout, static_cast<int>(replica), mb);
           const Op send = step.forward ? Op::send_activation : Op::send_grad;
           const Op recv = step.forward ? Op::recv_activation : Op::recv_grad;
           const int kind = static_cast<int>(send);  // same key on both ends of the pair

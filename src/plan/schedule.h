@@ -32,7 +32,7 @@ struct Instruction {
   int micro_batch = -1;  // -1 for per-step ops (ReduceGrads, OptimizerStep)
   int stage = -1;
   int peer = -1;         // world rank on the other end of a send/recv; -1 otherwise
-  int64_t bytes = 0;     // payload of a send/recv
+  int64_t bytes = 0;     // payload of a send/recv: boundary bytes per sample x micro-batch size
 };
 
 using Schedule = std::vector<Instruction>;  // one per rank
@@ -41,15 +41,21 @@ struct PipelineLayout {
   // replicas[r][s] = world rank running stage s of pipeline replica r. Every replica has
   // the same number of stages S. Pure data parallel: S = 1; pure pipeline: one replica.
   std::vector<std::vector<int>> replicas;
-  // M per replica per step. Replicas are independent pipelines until ReduceGrads, so a
-  // replica on smaller devices may cut its share into more, smaller micro-batches.
+  // Samples of each global batch per replica (its data-parallel share), and M per replica
+  // per step. Replicas are independent pipelines until ReduceGrads, so a replica on
+  // smaller devices may cut its share into more, smaller micro-batches. 1 <= M <= samples.
+  std::vector<int64_t> samples;
   std::vector<int> micro_batches;
-  std::vector<int64_t> activation_bytes;     // size S-1: boundary s -> s+1, per micro-batch
+  std::vector<int64_t> activation_bytes;     // size S-1: boundary s -> s+1, per sample
   std::vector<std::vector<bool>> recompute;  // [r][s], the shape of replicas; empty = nowhere
   // Optional [r][s] estimates of one micro-batch's Forward and Backward seconds. They only
   // order communication (see build_1f1b); empty means nominal Forward 1, Backward 2.
   std::vector<std::vector<double>> forward_seconds, backward_seconds;
 };
+
+// Samples in micro-batch `mb` of `replica`: its share cut into M near-equal parts, the
+// first (samples mod M) one larger. Executor and simulator both size micro-batches by this.
+int64_t micro_batch_samples(const PipelineLayout& layout, int replica, int mb);
 
 // Forwards a stage runs before its first Backward can arrive: min(S-1-s, M).
 int warmup_forwards(int stage, int stages, int micro_batches);

@@ -22,6 +22,7 @@ PipelineLayout round_robin(int stages, int micro_batches, int replicas) {
   for (int r = 0; r < replicas; ++r)
     for (int s = 0; s < stages; ++s) l.replicas[r][s] = s * replicas + r;
   l.micro_batches.assign(replicas, micro_batches);
+  l.samples.assign(replicas, micro_batches);  // one sample each: bytes per micro-batch = per sample
   for (int b = 0; b + 1 < stages; ++b) l.activation_bytes.push_back(1000 * (b + 1));
   l.recompute.assign(replicas, std::vector<bool>(stages));
   for (int r = 0; r < replicas; ++r)
@@ -123,6 +124,7 @@ TEST_CASE("schedule: text form and op names") {
   PipelineLayout l;
   l.replicas = {{0, 1}};
   l.micro_batches = {1};
+  l.samples = {1};
   l.activation_bytes = {64};
   const auto all = build_1f1b(l, 2);
   CHECK(to_text(all[0]) ==
@@ -138,6 +140,24 @@ TEST_CASE("schedule: text form and op names") {
   CHECK(std::string(op_name(Op::recompute)) == "Recompute");
 }
 
+TEST_CASE("schedule: micro-batches split a replica's share near-evenly; messages scale with them") {
+  PipelineLayout l;
+  l.replicas = {{0, 1}, {2, 3}};
+  l.samples = {10, 7};
+  l.micro_batches = {4, 7};
+  l.activation_bytes = {100};  // per sample
+  const std::vector<int64_t> want0 = {3, 3, 2, 2};
+  for (int mb = 0; mb < 4; ++mb) CHECK(micro_batch_samples(l, 0, mb) == want0[mb]);
+  for (int mb = 0; mb < 7; ++mb) CHECK(micro_batch_samples(l, 1, mb) == 1);
+  CHECK_THROWS_WITH_AS(micro_batch_samples(l, 0, 4), doctest::Contains("micro-batch 4"), Error);
+  const auto all = build_1f1b(l, 4);
+  CHECK(check_schedules(all).ok);
+  for (int rank : {0, 2})
+    for (const Instruction& in : all[rank])
+      if (in.op == Op::send_activation)
+        CHECK(in.bytes == 100 * micro_batch_samples(l, rank / 2, in.micro_batch));
+}
+
 TEST_CASE("schedule: invalid layouts name the values") {
   PipelineLayout l = round_robin(2, 3, 2);  // ranks 0..3
   CHECK_THROWS_WITH_AS(build_1f1b(l, 3), doctest::Contains("rank 3 is outside the world [0, 3)"),
@@ -148,6 +168,11 @@ TEST_CASE("schedule: invalid layouts name the values") {
   PipelineLayout no_mb = l;
   no_mb.micro_batches[1] = 0;
   CHECK_THROWS_WITH_AS(build_1f1b(no_mb, 4), doctest::Contains("micro_batches[1] = 0"), Error);
+  PipelineLayout too_many = l;
+  too_many.micro_batches[0] = 4;  // samples[0] = 3
+  CHECK_THROWS_WITH_AS(build_1f1b(too_many, 4),
+                       doctest::Contains("micro_batches[0] = 4; expected 1 to samples[0] = 3"),
+                       Error);
   PipelineLayout one_mb = l;
   one_mb.micro_batches.pop_back();
   CHECK_THROWS_WITH_AS(build_1f1b(one_mb, 4), doctest::Contains("one per replica"), Error);

@@ -26,6 +26,7 @@ PipelineLayout layout(int stages, int micro_batches, int replicas = 1, bool reco
   for (int r = 0; r < replicas; ++r)
     for (int s = 0; s < stages; ++s) l.replicas[r][s] = r * stages + s;
   l.micro_batches.assign(replicas, micro_batches);
+  l.samples.assign(replicas, micro_batches);  // one sample each: bytes per micro-batch = per sample
   l.activation_bytes.assign(stages - 1, 4096);
   if (recompute) l.recompute.assign(replicas, std::vector<bool>(stages, true));
   return l;
