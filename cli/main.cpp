@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   app.footer("Run 'hetrain SUBCOMMAND --help' for a subcommand's options.");
   hetrain_cli::register_info(app);
   hetrain_cli::register_probe(app);
+  hetrain_cli::register_plan(app);
   hetrain_cli::register_train(app);
   hetrain_cli::register_eval(app);
   try {

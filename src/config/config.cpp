@@ -8,9 +8,12 @@
 // when data.dataset is "text". Everything else defaults as in config.h.
 #include "config/config.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+
+#include <zlib.h>
 
 #include "config/json_schema.h"
 
@@ -191,6 +194,13 @@ void read_checkpoint(const Json& j, const std::string& path, CheckpointConfig& c
   walk(j, path, {int_field("every", {}, c.every, 0), int_field("keep", {}, c.keep, 1)});
 }
 
+void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
+  expect_object(j, path, "an object with \"strategy\"");
+  walk(j, path, {{"strategy", {}, [&](const Json& v, const std::string& p) {
+                    c.strategy = read_enum(v, p, {"auto", "data", "pipeline", "equal"});
+                  }}});
+}
+
 void read_run(const Json& j, const std::string& path, RunConfig& r) {
   expect_object(j, path, "an object with \"dir\"");
   walk(j, path, {{"dir", {}, [&](const Json& v, const std::string& p) {
@@ -248,6 +258,7 @@ Config parse_config(const std::string& json_text, const std::string& source_path
         section("data", read_data, c.data),
         section("train", read_train, c.train),
         section("checkpoint", read_checkpoint, c.checkpoint),
+        section("parallel", read_parallel, c.parallel),
         section("run", read_run, c.run),
         section("emulate", read_emulate, c.emulate)});
   if (!doc.contains("model"))
@@ -341,6 +352,7 @@ std::string to_json(const Config& c) {
            {"data", data},
            {"train", train},
            {"checkpoint", {{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}}},
+           {"parallel", {{"strategy", c.parallel.strategy}}},
            {"run", {{"dir", c.run.dir}}}};
   if (!c.emulate.ranks.empty()) {
     Json ranks = Json::array();
@@ -352,6 +364,15 @@ std::string to_json(const Config& c) {
     doc["emulate"] = {{"ranks", ranks}};
   }
   return doc.dump(2) + "\n";
+}
+
+std::string config_hash(const Config& c) {
+  const std::string text = to_json(c);
+  const auto crc = ::crc32(::crc32(0, nullptr, 0), reinterpret_cast<const Bytef*>(text.data()),
+                           static_cast<uInt>(text.size()));
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc));
+  return buf;
 }
 
 }  // namespace ht::config

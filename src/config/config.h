@@ -1,5 +1,5 @@
 // The run configuration: one JSON file with sections model, data, train, checkpoint,
-// run and (optionally) emulate. load_config() validates everything before any work starts; every error
+// parallel, run and (optionally) emulate. load_config() validates everything before any work starts; every error
 // names the JSON path, the value and what was expected (ConfigError, exit code 2).
 #pragma once
 
@@ -95,6 +95,14 @@ struct EmulateConfig {
   std::vector<RankEmulation> ranks;
 };
 
+// How the work is split over the ranks of an mpirun job.
+struct ParallelConfig {
+  // auto: the planner's fastest layout (data, pipeline or hybrid); data: data parallel
+  // only; pipeline: one pipeline over all ranks; equal: the DDP baseline (equal batches,
+  // whole model per rank), kept for comparison.
+  std::string strategy = "auto";
+};
+
 struct RunConfig {
   std::string dir;  // default: runs/<config file stem>
 };
@@ -106,6 +114,7 @@ struct Config {
   DataConfig data;
   TrainConfig train;
   CheckpointConfig checkpoint;
+  ParallelConfig parallel;
   RunConfig run;
   EmulateConfig emulate;
 };
@@ -116,5 +125,8 @@ Config load_config(const std::string& path);
 Config parse_config(const std::string& json_text, const std::string& source_path);
 // The fully resolved config (defaults filled in) as JSON, for the run directory.
 std::string to_json(const Config& c);
+// 8 hex digits of CRC-32 over to_json(c): plans and ranks compare it to be sure they
+// speak of the same run.
+std::string config_hash(const Config& c);
 
 }  // namespace ht::config

@@ -24,13 +24,17 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
   const double opt_bytes = optimizer_state_bytes_per_param(opt);
 
   BlockCosts c;
-  c.state_bytes.resize(blocks);
-  c.activation_bytes.resize(blocks);
+  c.optimizer_bytes_per_param = opt_bytes;
   for (size_t b = 0; b < blocks; ++b) {
     const nn::Block& blk = model.block(b);
-    c.state_bytes[b] = static_cast<double>(blk.param_count()) *
-                       (kWeightBytesPerParam + kGradBytesPerParam + opt_bytes);
-    c.activation_bytes[b] = static_cast<double>(blk.activation_bytes_per_sample());
+    const auto params = static_cast<double>(blk.param_count());
+    c.flops.push_back(static_cast<double>(blk.flops_per_sample()));
+    c.params.push_back(params);
+    c.state_bytes.push_back(params * (kWeightBytesPerParam + kGradBytesPerParam + opt_bytes));
+    c.activation_bytes.push_back(static_cast<double>(blk.activation_bytes_per_sample()));
+    c.input_bytes.push_back(static_cast<double>(numel(blk.sample_input_shape()) *  // i32 ids too
+                                                dtype_size(blk.input_dtype())));
+    c.output_bytes.push_back(static_cast<double>(numel(blk.sample_output_shape())) * 4);  // f32
   }
 
   c.seconds_per_sample.resize(ranks);

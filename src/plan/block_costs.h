@@ -28,8 +28,14 @@ inline constexpr const char* kSourceModelled = "FLOPs / rate";
 
 struct BlockCosts {
   std::vector<std::vector<double>> seconds_per_sample;  // [rank][block] forward + backward
+  std::vector<double> flops;             // [block] forward FLOPs per sample
+  std::vector<double> params;            // [block] parameter count
+  double optimizer_bytes_per_param = 0;  // see optimizer_state_bytes_per_param
   std::vector<double> state_bytes;       // [block] params + grads + optimiser state
   std::vector<double> activation_bytes;  // [block] per sample
+  std::vector<double> input_bytes;       // [block] per sample: what it receives (and what
+                                         // recomputation keeps of it)
+  std::vector<double> output_bytes;      // [block] per sample: what it hands to the next
   std::vector<std::string> source;       // [rank] "measured profile" or "FLOPs / rate"
 };
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -142,6 +144,45 @@ Catalogue read_catalogue(const std::string& path) {
   }
 }
 
+std::string default_catalogue_path() {
+  if (const char* env = std::getenv("HETRAIN_DEVICES"); env && *env) return env;
+  const std::string source = std::string(HETRAIN_SOURCE_DIR) + "/configs/devices.json";
+  if (std::filesystem::exists(source)) return source;
+  return std::string(HETRAIN_DATA_DIR) + "/devices.json";
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// A pair measured far slower than both of its ranks' typical links was caught by the
+// scheduler (a throttled or oversubscribed rank descheduled mid-ping), not limited by a
+// wire: bound it by the slower rank's typical (median) link. A rank that is slow on
+// every link (an emulated or really remote one) keeps its figures, since its own median
+// is slow too.
+void bound_link_outliers(std::vector<std::vector<double>>& m, bool higher_is_worse) {
+  const size_t n = m.size();
+  if (n < 3) return;  // no majority to compare a pair against
+  std::vector<double> typical(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<double> row;
+    for (size_t j = 0; j < n; ++j)
+      if (j != i) row.push_back(m[i][j]);
+    typical[i] = median(row);
+  }
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j) continue;
+      if (higher_is_worse) m[i][j] = std::min(m[i][j], std::max(typical[i], typical[j]));
+      else m[i][j] = std::max(m[i][j], std::min(typical[i], typical[j]));
+    }
+}
+
+}  // namespace
+
 ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
   ClusterModel c;
   c.source = "probe";
@@ -172,6 +213,8 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
   }
   c.latency_s = fp.links.latency_s;
   c.bandwidth_bytes_per_s = fp.links.bandwidth_bytes_per_s;
+  bound_link_outliers(c.latency_s, true);
+  bound_link_outliers(c.bandwidth_bytes_per_s, false);
   if (any_blocks)
     for (const auto& r : fp.ranks) {
       std::vector<double> row;

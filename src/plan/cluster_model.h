@@ -51,10 +51,18 @@ struct Catalogue {
   std::vector<LinkClass> links;          // file order
 };
 
+// The shipped catalogue: $HETRAIN_DEVICES when set, else configs/devices.json of the
+// source tree the binary was built from, else the installed copy.
+std::string default_catalogue_path();
+
 // Reads and validates the catalogue; errors (config::ConfigError) name the file and
 // the JSON path.
 Catalogue read_catalogue(const std::string& path);
 
+// Measured figures as they are, except single link pairs far worse than both ranks'
+// typical (median) links, which are bounded by the slower rank's typical link: with 4
+// ranks throttled on 2 cores, one ping-pong can catch both ends descheduled and read
+// 1 ms where every other pair of those ranks reads 1 us.
 ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp);
 
 // "synth:COUNTxID,COUNTxID,...[@LINKCLASS]": ranks in spec order, every pair joined by

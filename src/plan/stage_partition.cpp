@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 
 #include "core/error.h"
+#include "report/units.h"
 
 namespace ht::plan {
 
@@ -13,19 +13,13 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string gib(double bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
-  return buf;
-}
-
 // Whole bytes read better than 1.28849e+10 and can be grepped for.
 long long whole(double bytes) { return std::llround(bytes); }
 
 std::string stage_name(const StagePartitionInput& in, int s) {
   const DeviceModel& d = in.devices[static_cast<size_t>(s)];
   return "stage " + std::to_string(s) + " (" + (d.id.empty() ? d.name : d.id) + ", " +
-         gib(d.memory_bytes) + ")";
+         report::format_bytes(d.memory_bytes) + ")";
 }
 
 void check_finite_nonneg(const std::vector<double>& v, const char* what) {
@@ -123,7 +117,7 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
         best = s;
     }
     if (!any)
-      fail(head, "block ", b, " alone needs ", gib(c.memory(best, b, b + 1)), " (",
+      fail(head, "block ", b, " alone needs ", report::format_bytes(c.memory(best, b, b + 1)), " (",
            whole(c.memory(best, b, b + 1)), " bytes) on ", stage_name(c.in, best),
            ", the roomiest stage that could take it; capacity ", whole(c.capacity(best)),
            " bytes. Use devices with more memory, fewer in-flight micro-batches or a "
@@ -138,7 +132,7 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
     }
     if (!any)
       fail(head, stage_name(c.in, s), " cannot hold any block it could be given: the "
-           "lightest, block ", lightest, ", needs ", gib(c.memory(s, lightest, lightest + 1)),
+           "lightest, block ", lightest, ", needs ", report::format_bytes(c.memory(s, lightest, lightest + 1)),
            " (", whole(c.memory(s, lightest, lightest + 1)), " bytes) vs capacity ",
            whole(c.capacity(s)),
            " bytes");
@@ -146,8 +140,8 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
   double capacity = 0;
   for (int s = 0; s < c.S; ++s) capacity += c.capacity(s);
   fail(head, "every block fits some stage alone, but no contiguous split does; the weight "
-       "state alone totals ", gib(c.mem_prefix.back()), " (", whole(c.mem_prefix.back()),
-       " bytes) against ", gib(capacity), " (", whole(capacity), " bytes) of total capacity, "
+       "state alone totals ", report::format_bytes(c.mem_prefix.back()), " (", whole(c.mem_prefix.back()),
+       " bytes) against ", report::format_bytes(capacity), " (", whole(capacity), " bytes) of total capacity, "
        "before in-flight activations");
 }
 
@@ -212,7 +206,7 @@ StagePartition uniform_partition(const StagePartitionInput& in) {
     const auto [i, j] = p.ranges[static_cast<size_t>(s)];
     if (!c.fits(s, i, j))
       p.problems.push_back(stage_name(in, s) + " holds blocks [" + std::to_string(i) + ", " +
-                           std::to_string(j) + ") needing " + gib(c.memory(s, i, j)) +
+                           std::to_string(j) + ") needing " + report::format_bytes(c.memory(s, i, j)) +
                            " (" + std::to_string(whole(c.memory(s, i, j))) +
                            " bytes) vs capacity " +
                            std::to_string(whole(c.capacity(s))) + " bytes");

@@ -1,0 +1,199 @@
+#include "plan/memory_fit.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+#include "plan/stage_memory.h"
+#include "report/units.h"
+
+namespace ht::plan {
+
+using report::format_bytes;
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string breakdown(const MemoryUse& m) {
+  return "params " + format_bytes(m.params) + ", grads " + format_bytes(m.grads) +
+         ", optimizer " + format_bytes(m.optimizer) + ", activations " +
+         format_bytes(m.activations);
+}
+
+std::string who(const RankPlan& rp) {
+  return "rank " + std::to_string(rp.rank) + " (" +
+         (rp.device.id.empty() ? rp.device.name : rp.device.id) + ", " +
+         format_bytes(rp.device.memory_bytes) + ")";
+}
+
+std::string blocks_text(const RankPlan& rp) {
+  return "blocks " + std::to_string(rp.block_begin) + "-" + std::to_string(rp.block_end - 1);
+}
+
+void add_strategy(RankPlan& rp, const char* strategy, const std::string& reason) {
+  if (rp.memory_strategy == kStrategyNone) rp.memory_strategy = strategy;
+  else if (rp.memory_strategy.find(strategy) == std::string::npos)
+    rp.memory_strategy += std::string(" + ") + strategy;
+  rp.memory_reason += (rp.memory_reason.empty() ? "" : "; ") + reason;
+}
+
+MemoryUse with_micro_batches(const Plan& p, const BlockCosts& costs, RankPlan rp, int m) {
+  rp.micro_batches = m;
+  rp.micro_batch_size = ceil_div(rp.samples, m);
+  return rank_memory(p, costs, rp);
+}
+
+// Strategy 2: the least M above the current one that fits; when none does, the M with the
+// least memory (sharding may close the rest). Returns the current M when nothing helps.
+int choose_micro_batches(const Plan& p, const BlockCosts& costs, const RankPlan& rp) {
+  const int current = rp.micro_batches;
+  double best = rank_memory(p, costs, rp).total();
+  int best_m = current;
+  for (int m = current + 1; m <= rp.samples; ++m) {
+    const double total = with_micro_batches(p, costs, rp, m).total();
+    if (total <= rp.device.memory_bytes) return m;
+    if (total < best) {
+      best = total;
+      best_m = m;
+    }
+  }
+  return best_m;
+}
+
+// Strategy 3: shard the optimiser state of rp's stage over its data-parallel group in
+// proportion to each member's free memory. False when the group cannot hold it.
+bool shard_optimizer(Plan& p, const BlockCosts& costs, RankPlan& rp) {
+  std::vector<RankPlan*> group;
+  for (const auto& replica : p.layout.replicas)
+    group.push_back(&p.ranks[static_cast<size_t>(replica[static_cast<size_t>(rp.stage)])]);
+  if (group.size() < 2) return false;
+  std::vector<double> free;
+  double total_free = 0;
+  for (RankPlan* g : group) {
+    const MemoryUse u = rank_memory(p, costs, *g);
+    const double f = g->device.memory_bytes - (u.params + u.grads + u.activations);
+    if (f <= 0) return false;
+    free.push_back(f);
+    total_free += f;
+  }
+  const StageFootprint fp = stage_footprint(costs, rp.block_begin, rp.block_end);
+  const double state = fp.params * fp.optimizer_bytes_per_param;
+  if (state <= 0 || total_free < state) return false;
+  for (size_t i = 0; i < group.size(); ++i) {
+    group[i]->optimizer_shard = free[i] / total_free;
+    char pct[32];
+    std::snprintf(pct, sizeof pct, "%.1f%%", 100 * group[i]->optimizer_shard);
+    if (group[i] == &rp)
+      add_strategy(rp, kStrategySharding,
+                   "optimizer sharding: the stage's " + format_bytes(state) + " of optimizer state " +
+                       "split over its " + std::to_string(group.size()) +
+                       " data-parallel ranks by free memory, keeping " + pct);
+    else
+      add_strategy(*group[i], kStrategySharding,
+                   "optimizer sharding: keeps " + std::string(pct) + " of stage " +
+                       std::to_string(rp.stage) + "'s optimizer state, sharded for rank " +
+                       std::to_string(rp.rank));
+  }
+  return true;
+}
+
+// One rank that does not fit: apply the strategies in order until it does.
+bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp) {
+  const double cap = rp.device.memory_bytes;
+  MemoryUse use = rank_memory(p, costs, rp);
+  rp.memory_reason += (rp.memory_reason.empty() ? "" : "; ") + std::string("needs ") +
+                      format_bytes(use.total()) + " of " + format_bytes(cap) + " (" +
+                      breakdown(use) + ")";
+  if (!rp.recompute) {
+    RankPlan trial = rp;
+    trial.recompute = true;
+    const MemoryUse u = rank_memory(p, costs, trial);
+    if (u.activations < use.activations) {
+      rp.recompute = true;
+      add_strategy(rp, kStrategyRecompute, "recompute: activations " + format_bytes(use.activations) +
+                                               " -> " + format_bytes(u.activations));
+      use = u;
+    }
+  }
+  if (use.total() > cap) {
+    const int m = choose_micro_batches(p, costs, rp);
+    if (m > rp.micro_batches) {
+      p.layout.micro_batches[static_cast<size_t>(rp.replica)] = m;
+      sync_rank_shares(p);
+      const MemoryUse u = rank_memory(p, costs, rp);
+      add_strategy(rp, kStrategyMicroBatches,
+                   "micro-batches: " + std::to_string(m) + " of at most " +
+                       std::to_string(rp.micro_batch_size) + " samples, activations " +
+                       format_bytes(use.activations) + " -> " + format_bytes(u.activations));
+      use = u;
+    }
+  }
+  if (use.total() > cap && shard_optimizer(p, costs, rp)) use = rank_memory(p, costs, rp);
+  return use.total() <= cap;
+}
+
+}  // namespace
+
+void sync_rank_shares(Plan& plan) {
+  for (RankPlan& rp : plan.ranks) {
+    if (rp.replica < 0) continue;
+    const auto r = static_cast<size_t>(rp.replica);
+    rp.samples = plan.layout.samples[r];
+    rp.micro_batches = plan.layout.micro_batches[r];
+    rp.micro_batch_size = ceil_div(rp.samples, rp.micro_batches);
+  }
+}
+
+MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rp) {
+  if (rp.replica < 0) return {};
+  StageMemoryParams params;
+  params.stage = rp.stage;
+  params.stages = static_cast<int>(plan.stage_ranges.size());
+  params.micro_batch_size = rp.micro_batch_size;
+  params.micro_batches = rp.micro_batches;
+  params.recompute = rp.recompute;
+  params.optimizer_shard = rp.optimizer_shard;
+  return stage_memory(stage_footprint(costs, rp.block_begin, rp.block_end), params);
+}
+
+std::string shortfall_text(const Plan&, const RankPlan& rp) {
+  return who(rp) + ": " + std::to_string(rp.samples) + " samples on " + blocks_text(rp) +
+         " need " + format_bytes(rp.memory.total()) + " (" + breakdown(rp.memory) + "), " +
+         format_bytes(rp.memory.total() - rp.device.memory_bytes) + " short";
+}
+
+std::string fit_memory(Plan& plan, const BlockCosts& costs) {
+  // A later rank's decision can only lower what others hold, except more micro-batches,
+  // which can raise a deeper stage's in-flight total by rounding; so repeat until stable.
+  for (int pass = 0; pass < 4; ++pass) {
+    bool changed = false;
+    for (RankPlan& rp : plan.ranks) {
+      if (rp.replica < 0 || rank_memory(plan, costs, rp).total() <= rp.device.memory_bytes)
+        continue;
+      changed = true;
+      if (!fit_rank(plan, costs, rp)) {
+        rp.memory = rank_memory(plan, costs, rp);
+        return who(rp) + " cannot hold stage " + std::to_string(rp.stage) + " (" +
+               blocks_text(rp) + ", " + std::to_string(rp.samples) + " samples) even with " +
+               "recomputation, " + std::to_string(rp.micro_batches) + " micro-batches of " +
+               std::to_string(rp.micro_batch_size) + (plan.layout.replicas.size() > 1
+                   ? " and optimizer sharding" : " (no optimizer sharding with one replica)") +
+               ": needs " + format_bytes(rp.memory.total()) + " (" + breakdown(rp.memory) +
+               "), " + format_bytes(rp.memory.total() - rp.device.memory_bytes) + " short";
+      }
+    }
+    if (!changed) break;
+  }
+  auto& recompute = plan.layout.recompute;
+  recompute.assign(plan.layout.replicas.size(), std::vector<bool>(plan.stage_ranges.size(), false));
+  for (RankPlan& rp : plan.ranks) {
+    rp.memory = rank_memory(plan, costs, rp);
+    if (rp.replica >= 0) recompute[static_cast<size_t>(rp.replica)][static_cast<size_t>(rp.stage)] = rp.recompute;
+  }
+  for (const RankPlan& rp : plan.ranks)
+    if (rp.memory.total() > rp.device.memory_bytes) return shortfall_text(plan, rp);
+  return "";
+}
+
+}  // namespace ht::plan

@@ -1,0 +1,36 @@
+// Fitting every rank of a plan into its memory: the per-rank strategies of the planner,
+// tried in order of cost until the rank fits (plan.h's kStrategy* names):
+//  1. recomputation: keep only each block's input per in-flight micro-batch and rebuild
+//     the activations block by block in the backward (costs one more forward);
+//  2. more, smaller micro-batches for the rank's replica: the least M that fits (costs a
+//     fixed overhead per micro-batch and block, and smaller, less efficient kernels);
+//  3. optimiser-state sharding over the stage's data-parallel group, each member keeping a
+//     part in proportion to its free memory (costs an all-gather of the weights after the
+//     step; possible only with more than one replica).
+#pragma once
+
+#include <string>
+
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/plan.h"
+
+namespace ht::plan {
+
+// Copies each replica's share and micro-batch count from the layout into its ranks
+// (samples, micro_batches, micro_batch_size).
+void sync_rank_shares(Plan& plan);
+
+// What `rank` holds under the plan's current decisions.
+MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
+
+// "rank 3 (rtx3060, 12.00 GiB): 32 samples on blocks 0-47 need 14.20 GiB (params ...,
+// grads ..., optimizer ..., activations ...), 2.20 GiB short", from rank.memory.
+std::string shortfall_text(const Plan& plan, const RankPlan& rank);
+
+// Applies the strategies where needed, recording per rank what was chosen and why, and
+// fills every rank's memory. Returns "" when everything fits, else the first rank that
+// cannot fit even with every strategy, with its numbers.
+std::string fit_memory(Plan& plan, const BlockCosts& costs);
+
+}  // namespace ht::plan

@@ -1,0 +1,89 @@
+// The Plan: what the planner decides and everything `hetrain plan` shows, `--json` writes
+// and `hetrain train --plan` reads back. It holds the layout (which ranks form which
+// stages of which data-parallel replicas, shares, micro-batches, recomputation) from
+// which plan_schedules() derives every rank's instruction list: one plan, two
+// interpreters (the simulator here, the executor in training).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plan/cluster_model.h"
+#include "plan/schedule.h"
+
+namespace ht::plan {
+
+// Bytes one rank holds during a step, by kind.
+struct MemoryUse {
+  double params = 0, grads = 0, optimizer = 0, activations = 0;
+  double total() const { return params + grads + optimizer + activations; }
+};
+
+// Memory strategies, in the order the planner tries them (cheapest first).
+inline constexpr const char* kStrategyNone = "none";
+inline constexpr const char* kStrategyRecompute = "recompute";
+inline constexpr const char* kStrategyMicroBatches = "micro-batches";
+inline constexpr const char* kStrategySharding = "optimizer sharding";
+
+struct RankPlan {
+  int rank = 0;
+  DeviceModel device;
+  int replica = -1, stage = -1;  // -1: the rank is left idle
+  int block_begin = 0, block_end = 0;  // [begin, end) of the model's blocks
+  int64_t samples = 0;       // of every global batch (its replica's share)
+  int micro_batches = 1;     // its replica's M
+  int64_t micro_batch_size = 0;  // the largest micro-batch, ceil(samples / M)
+  bool recompute = false;
+  double optimizer_shard = 1;  // fraction of its stage's optimizer state this rank keeps
+  // Strategies applied for this rank, joined with " + " ("none" when it fits as is), and
+  // why: the bytes it needed against its capacity and what each strategy saved.
+  std::string memory_strategy = kStrategyNone;
+  std::string memory_reason;
+  MemoryUse memory;
+  double busy_fraction = 0;  // predicted compute / step
+  bool slow_link = false;    // for the slow-link sync policy of a later issue
+  std::string link_note;     // why, when slow_link
+};
+
+struct Prediction {
+  double step_seconds = 0;
+  double samples_per_s = 0;
+  double bubble_fraction = 0;
+};
+
+// The DDP/DeepSpeed default on the same cluster and the same stage count: equal shares
+// per replica, uniform layer ranges, ranks placed in rank order, no memory strategy.
+struct Baseline {
+  PipelineLayout layout;
+  std::vector<std::pair<int, int>> stage_ranges;
+  Prediction predicted;  // as if it fitted, so the speed-up is shown either way
+  bool fits = true;
+  // One line per rank that does not fit: rank, device, bytes needed vs capacity, shortfall.
+  std::vector<std::string> problems;
+};
+
+struct Plan {
+  std::string config_name;     // stem of the config it was made for
+  std::string config_hash;     // FNV-1a of the resolved config; train --plan compares it
+  std::string cluster_source;  // "probe FILE" or "synth:..."
+  int world_size = 0;
+  int blocks = 0;
+  int64_t global_batch = 0;
+  std::string strategy;  // "data" | "pipeline" | "hybrid" | "equal": the shape chosen
+  std::string sync_policy = "synchronous";
+  PipelineLayout layout;
+  std::vector<std::pair<int, int>> stage_ranges;  // [begin, end) blocks per stage
+  std::vector<RankPlan> ranks;                    // one per world rank, in rank order
+  Prediction predicted;
+  Baseline baseline;
+  double speedup = 0;              // baseline step / plan step
+  std::vector<std::string> notes;  // for people: who takes how much work, what was ruled out
+  int candidates = 0;              // layouts the search evaluated
+};
+
+// Every rank's instruction list for one step: build_1f1b over the plan's layout.
+std::vector<Schedule> plan_schedules(const Plan& plan);
+
+}  // namespace ht::plan

@@ -1,0 +1,157 @@
+#include "plan/plan_costs.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "plan/stage_memory.h"
+
+namespace ht::plan {
+
+namespace {
+
+// Bytes an optimiser step streams per parameter besides its state: read the weight and
+// gradient, write the weight. The state is read and written once each.
+constexpr double kStepBytesPerParam = 12;
+
+double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
+  if (src == dst) return 0;
+  const double bw = c.bandwidth_bytes_per_s[src][dst];
+  return c.latency_s[src][dst] + (bw > 0 ? bytes / bw : 0);
+}
+
+}  // namespace
+
+double ring_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
+                              double bytes) {
+  const size_t n = group.size();
+  if (n <= 1) return 0;
+  // Along the ring: each member sends to the next one.
+  double worst_bw = 0, worst_latency = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int a = group[i], b = group[(i + 1) % n];
+    const double bw = cluster.bandwidth_bytes_per_s[a][b];
+    if (i == 0 || bw < worst_bw) worst_bw = bw;
+    worst_latency = std::max(worst_latency, cluster.latency_s[a][b]);
+  }
+  const double steps = 2.0 * static_cast<double>(n - 1);
+  return steps * worst_latency + (worst_bw > 0 ? steps / static_cast<double>(n) * bytes / worst_bw : 0);
+}
+
+PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
+                              const ClusterModel& cluster) {
+  const size_t n = plan.ranks.size();
+  HT_CHECK(costs.seconds_per_sample.size() == n && cluster.ranks.size() == n,
+           "plan_cost_table: the plan has ", n, " ranks, the costs ",
+           costs.seconds_per_sample.size(), " and the cluster ", cluster.ranks.size());
+  PlanCostTable t;
+  t.stage_seconds_per_sample.assign(n, 0);
+  t.pass_overhead_seconds.assign(n, 0);
+  t.load_seconds_per_sample.assign(n, 0);
+  t.optimizer_step_seconds.assign(n, 0);
+  t.activation_bytes.assign(n, 0);
+  t.checkpoint_bytes.assign(n, 0);
+  for (size_t r = 0; r < n; ++r) {
+    const RankPlan& rp = plan.ranks[r];
+    if (rp.replica < 0) continue;
+    const auto& row = costs.seconds_per_sample[r];
+    t.stage_seconds_per_sample[r] =
+        std::accumulate(row.begin() + rp.block_begin, row.begin() + rp.block_end, 0.0);
+    const DeviceModel& d = cluster.ranks[r];
+    const double overhead = d.kind == "cuda" ? kPassOverheadSecondsCuda : kPassOverheadSecondsCpu;
+    t.pass_overhead_seconds[r] = overhead * (rp.block_end - rp.block_begin);
+    const StageFootprint f = stage_footprint(costs, rp.block_begin, rp.block_end);
+    if (d.memory_bandwidth > 0) {
+      t.load_seconds_per_sample[r] = costs.input_bytes[static_cast<size_t>(rp.block_begin)] /
+                                     d.memory_bandwidth;
+      t.optimizer_step_seconds[r] =
+          f.params * (kStepBytesPerParam + 2 * f.optimizer_bytes_per_param * rp.optimizer_shard) /
+          d.memory_bandwidth;
+    }
+    const auto mb = static_cast<double>(rp.micro_batch_size);
+    t.activation_bytes[r] = mb * (rp.recompute ? f.largest_block_activation_bytes : f.activation_bytes);
+    t.checkpoint_bytes[r] = mb * f.checkpoint_bytes;
+  }
+  const size_t stages = plan.stage_ranges.size();
+  t.reduce_seconds.assign(stages, 0);
+  for (size_t s = 0; s < stages; ++s) {
+    std::vector<int> group;
+    for (const auto& replica : plan.layout.replicas) group.push_back(replica[s]);
+    const auto [begin, end] = plan.stage_ranges[s];
+    const double params = stage_footprint(costs, begin, end).params;
+    bool sharded = false;
+    for (int r : group) sharded = sharded || plan.ranks[static_cast<size_t>(r)].optimizer_shard < 1;
+    // Sharded: reduce-scatter + all-gather move what an all-reduce moves; one more round
+    // of latencies for the separate gather after the step.
+    double seconds = ring_allreduce_seconds(cluster, group, params * kGradBytesPerParam);
+    if (sharded && group.size() > 1)
+      seconds += ring_allreduce_seconds(cluster, group, 0) / 2;
+    t.reduce_seconds[s] = seconds;
+  }
+  return t;
+}
+
+CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable> table,
+                          const ClusterModel& cluster) {
+  CostModel m;
+  auto layout = std::make_shared<const PipelineLayout>(plan.layout);
+  std::vector<int> replica_of(plan.ranks.size(), -1);
+  for (const RankPlan& rp : plan.ranks) replica_of[static_cast<size_t>(rp.rank)] = rp.replica;
+  m.compute_seconds = [table, layout, replica_of](int rank, const Instruction& in) {
+    const auto r = static_cast<size_t>(rank);
+    if (in.op == Op::optimizer_step) return table->optimizer_step_seconds[r];
+    const auto samples =
+        static_cast<double>(micro_batch_samples(*layout, replica_of[r], in.micro_batch));
+    const double work = samples * table->stage_seconds_per_sample[r];
+    switch (in.op) {
+      case Op::load_micro_batch: return samples * table->load_seconds_per_sample[r];
+      case Op::forward:
+      case Op::recompute: return kForwardFraction * work + table->pass_overhead_seconds[r];
+      case Op::backward: return (1 - kForwardFraction) * work + table->pass_overhead_seconds[r];
+      default: fail("plan cost model: ", op_name(in.op), " is not compute");
+    }
+  };
+  auto links = std::make_shared<const ClusterModel>(cluster);
+  m.message_seconds = [links](int src, int dst, int64_t bytes) {
+    return message_seconds(*links, src, dst, static_cast<double>(bytes));
+  };
+  m.reduce_seconds = [table](int, int stage) { return table->reduce_seconds[static_cast<size_t>(stage)]; };
+  m.activation_bytes = [table](int rank, int) {
+    return static_cast<int64_t>(table->activation_bytes[static_cast<size_t>(rank)]);
+  };
+  m.checkpoint_bytes = [table](int rank, int) {
+    return static_cast<int64_t>(table->checkpoint_bytes[static_cast<size_t>(rank)]);
+  };
+  return m;
+}
+
+double estimate_step_seconds(const Plan& plan, const PlanCostTable& t, const ClusterModel& cluster) {
+  const PipelineLayout& l = plan.layout;
+  double slowest_replica = 0;
+  for (size_t r = 0; r < l.replicas.size(); ++r) {
+    const auto& ranks = l.replicas[r];
+    const double mb = static_cast<double>(l.samples[r]) / l.micro_batches[r];
+    double first = 0, pace = 0;
+    for (size_t s = 0; s < ranks.size(); ++s) {
+      const auto k = static_cast<size_t>(ranks[s]);
+      const bool recompute = plan.ranks[k].recompute;
+      const double compute = mb * t.stage_seconds_per_sample[k] * (1 + (recompute ? kForwardFraction : 0)) +
+                             2 * t.pass_overhead_seconds[k];
+      double comm = 0;
+      if (s + 1 < ranks.size())
+        comm += 2 * message_seconds(cluster, ranks[s], ranks[s + 1],
+                                    mb * static_cast<double>(l.activation_bytes[s]));
+      first += compute + comm;
+      const double in_comm = s > 0 ? 2 * message_seconds(cluster, ranks[s - 1], ranks[s],
+                                                         mb * static_cast<double>(l.activation_bytes[s - 1]))
+                                   : 0;
+      pace = std::max(pace, compute + comm + in_comm);
+    }
+    slowest_replica = std::max(slowest_replica, first + (l.micro_batches[r] - 1) * pace);
+  }
+  const double reduce = t.reduce_seconds.empty() ? 0 : *std::max_element(t.reduce_seconds.begin(), t.reduce_seconds.end());
+  const double step = t.optimizer_step_seconds.empty() ? 0 : *std::max_element(t.optimizer_step_seconds.begin(), t.optimizer_step_seconds.end());
+  return slowest_replica + reduce + step;
+}
+
+}  // namespace ht::plan

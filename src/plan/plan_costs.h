@@ -1,0 +1,52 @@
+// The simulator's cost model for a plan (plan/simulator.h's CostModel), built from the
+// same block costs and cluster the planner used, plus a closed-form estimate of the step
+// that the search uses to rank layouts before simulating the best few.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/plan.h"
+#include "plan/simulator.h"
+
+namespace ht::plan {
+
+// Fixed cost of one block's Forward or Backward call regardless of the micro-batch size
+// (dispatch, kernel launches, small-tensor bookkeeping). Not measured yet: these are
+// conservative figures for this engine, so that the search does not cut a batch into
+// micro-batches of one sample where the model says it would be free.
+inline constexpr double kPassOverheadSecondsCpu = 10e-6;
+inline constexpr double kPassOverheadSecondsCuda = 30e-6;
+// A Forward is about a third of forward + backward (see block_costs.h).
+inline constexpr double kForwardFraction = 1.0 / 3.0;
+
+// One ring all-reduce of `bytes` over `group` (world ranks): 2 (n-1)/n x bytes over the
+// slowest link of the group plus 2 (n-1) latencies of the slowest link. 0 for n <= 1.
+double ring_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
+                              double bytes);
+
+// Per-rank figures of a plan that both the cost model and the estimate use.
+struct PlanCostTable {
+  std::vector<double> stage_seconds_per_sample;  // [rank] forward + backward of its blocks
+  std::vector<double> pass_overhead_seconds;     // [rank] per Forward / Backward call
+  std::vector<double> load_seconds_per_sample;   // [rank]
+  std::vector<double> optimizer_step_seconds;    // [rank]
+  std::vector<double> reduce_seconds;            // [stage]
+  std::vector<double> activation_bytes;          // [rank] per micro-batch (largest)
+  std::vector<double> checkpoint_bytes;          // [rank] per micro-batch (largest)
+};
+PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
+                              const ClusterModel& cluster);
+
+CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable> table,
+                          const ClusterModel& cluster);
+
+// Closed-form step estimate: per replica, micro-batch 0 crosses every stage and back, then
+// the slowest stage (with its transfers) paces the other M - 1; plus the slowest
+// reduction and optimiser step. Used only to rank candidate layouts.
+double estimate_step_seconds(const Plan& plan, const PlanCostTable& table,
+                             const ClusterModel& cluster);
+
+}  // namespace ht::plan

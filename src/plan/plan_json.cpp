@@ -1,0 +1,286 @@
+#include "plan/plan_json.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "config/json_schema.h"
+#include "core/error.h"
+
+namespace ht::plan {
+
+using namespace config::schema;
+
+namespace {
+
+Json prediction_json(const Prediction& p) {
+  return {{"step_seconds", p.step_seconds},
+          {"samples_per_s", p.samples_per_s},
+          {"bubble_fraction", p.bubble_fraction}};
+}
+
+Json layout_json(const PipelineLayout& l) {
+  return {{"replicas", l.replicas},
+          {"samples", l.samples},
+          {"micro_batches", l.micro_batches},
+          {"activation_bytes", l.activation_bytes},
+          {"recompute", l.recompute},
+          {"forward_seconds", l.forward_seconds},
+          {"backward_seconds", l.backward_seconds}};
+}
+
+Json device_json(const DeviceModel& d) {
+  return {{"id", d.id},       {"name", d.name},
+          {"kind", d.kind},   {"flops", d.flops},
+          {"memory_bytes", d.memory_bytes},
+          {"memory_bandwidth", d.memory_bandwidth},
+          {"measured", d.measured}};
+}
+
+Json rank_json(const RankPlan& r) {
+  return {{"rank", r.rank},
+          {"device", device_json(r.device)},
+          {"replica", r.replica},
+          {"stage", r.stage},
+          {"blocks", {r.block_begin, r.block_end}},
+          {"samples", r.samples},
+          {"micro_batches", r.micro_batches},
+          {"micro_batch_size", r.micro_batch_size},
+          {"recompute", r.recompute},
+          {"optimizer_shard", r.optimizer_shard},
+          {"memory_strategy", r.memory_strategy},
+          {"memory_reason", r.memory_reason},
+          {"memory", {{"params", r.memory.params},
+                      {"grads", r.memory.grads},
+                      {"optimizer", r.memory.optimizer},
+                      {"activations", r.memory.activations}}},
+          {"busy_fraction", r.busy_fraction},
+          {"slow_link", r.slow_link},
+          {"link_note", r.link_note}};
+}
+
+// --- reading: every field through the schema helpers, so errors carry the JSON path ---
+
+const Json& at(const Json& obj, const std::string& path, const char* key) {
+  expect_object(obj, path, "an object");
+  return require(obj, path, key, "a value");
+}
+double nonneg(const Json& obj, const std::string& path, const char* key) {
+  return read_double(at(obj, path, key), key_path(path, key), Range::at_least(0));
+}
+int integer(const Json& obj, const std::string& path, const char* key, int64_t min) {
+  return static_cast<int>(read_int(at(obj, path, key), key_path(path, key), min));
+}
+std::string text(const Json& obj, const std::string& path, const char* key) {
+  const Json& v = at(obj, path, key);
+  if (!v.is_string()) fail_at(key_path(path, key), show(v) + " is not a string; expected text");
+  return v.get<std::string>();
+}
+const Json& array(const Json& obj, const std::string& path, const char* key) {
+  const Json& v = at(obj, path, key);
+  if (!v.is_array()) fail_at(key_path(path, key), show(v) + " is not an array; expected a list");
+  return v;
+}
+
+template <class T, class Read>
+std::vector<T> list(const Json& v, const std::string& path, Read read) {
+  if (!v.is_array()) fail_at(path, show(v) + " is not an array; expected a list");
+  std::vector<T> out;
+  for (size_t i = 0; i < v.size(); ++i) out.push_back(read(v[i], index_path(path, i)));
+  return out;
+}
+
+std::vector<std::vector<double>> matrix(const Json& obj, const std::string& path, const char* key) {
+  return list<std::vector<double>>(array(obj, path, key), key_path(path, key),
+                                   [](const Json& row, const std::string& p) {
+                                     return list<double>(row, p, [](const Json& x, const std::string& q) {
+                                       return read_double(x, q, Range::at_least(0));
+                                     });
+                                   });
+}
+
+PipelineLayout read_layout(const Json& j, const std::string& p) {
+  PipelineLayout l;
+  auto ints = [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 0)); };
+  l.replicas = list<std::vector<int>>(array(j, p, "replicas"), key_path(p, "replicas"),
+                                      [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
+  l.samples = read_int_array(array(j, p, "samples"), key_path(p, "samples"), 1);
+  l.micro_batches = list<int>(array(j, p, "micro_batches"), key_path(p, "micro_batches"),
+                              [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 1)); });
+  l.activation_bytes = read_int_array(array(j, p, "activation_bytes"), key_path(p, "activation_bytes"), 0);
+  l.recompute = list<std::vector<bool>>(array(j, p, "recompute"), key_path(p, "recompute"),
+                                        [](const Json& row, const std::string& q) {
+                                          return list<bool>(row, q, [](const Json& x, const std::string& r) { return read_bool(x, r); });
+                                        });
+  l.forward_seconds = matrix(j, p, "forward_seconds");
+  l.backward_seconds = matrix(j, p, "backward_seconds");
+  return l;
+}
+
+Prediction read_prediction(const Json& j, const std::string& p) {
+  return {nonneg(j, p, "step_seconds"), nonneg(j, p, "samples_per_s"), nonneg(j, p, "bubble_fraction")};
+}
+
+std::vector<std::pair<int, int>> read_ranges(const Json& j, const std::string& p) {
+  return list<std::pair<int, int>>(j, p, [](const Json& r, const std::string& q) {
+    const auto v = read_int_array(r, q, 0);
+    if (v.size() != 2) fail_at(q, show(r) + " is not a [begin, end) pair; expected two block indices");
+    return std::pair<int, int>(static_cast<int>(v[0]), static_cast<int>(v[1]));
+  });
+}
+
+RankPlan read_rank(const Json& j, const std::string& p) {
+  RankPlan r;
+  r.rank = integer(j, p, "rank", 0);
+  const std::string dp = key_path(p, "device");
+  const Json& d = at(j, p, "device");
+  r.device.id = text(d, dp, "id");
+  r.device.name = text(d, dp, "name");
+  r.device.kind = text(d, dp, "kind");
+  r.device.flops = nonneg(d, dp, "flops");
+  r.device.memory_bytes = nonneg(d, dp, "memory_bytes");
+  r.device.memory_bandwidth = nonneg(d, dp, "memory_bandwidth");
+  r.device.measured = read_bool(at(d, dp, "measured"), key_path(dp, "measured"));
+  r.replica = integer(j, p, "replica", -1);
+  r.stage = integer(j, p, "stage", -1);
+  const auto blocks = read_ranges(Json::array({at(j, p, "blocks")}), key_path(p, "blocks"));
+  std::tie(r.block_begin, r.block_end) = blocks[0];
+  r.samples = read_int(at(j, p, "samples"), key_path(p, "samples"), 0);
+  r.micro_batches = integer(j, p, "micro_batches", 1);
+  r.micro_batch_size = read_int(at(j, p, "micro_batch_size"), key_path(p, "micro_batch_size"), 0);
+  r.recompute = read_bool(at(j, p, "recompute"), key_path(p, "recompute"));
+  r.optimizer_shard = read_double(at(j, p, "optimizer_shard"), key_path(p, "optimizer_shard"), Range{0, 1});
+  r.memory_strategy = text(j, p, "memory_strategy");
+  r.memory_reason = text(j, p, "memory_reason");
+  const std::string mp = key_path(p, "memory");
+  const Json& m = at(j, p, "memory");
+  r.memory = {nonneg(m, mp, "params"), nonneg(m, mp, "grads"), nonneg(m, mp, "optimizer"),
+              nonneg(m, mp, "activations")};
+  r.busy_fraction = read_double(at(j, p, "busy_fraction"), key_path(p, "busy_fraction"), Range{0, 1});
+  r.slow_link = read_bool(at(j, p, "slow_link"), key_path(p, "slow_link"));
+  r.link_note = text(j, p, "link_note");
+  return r;
+}
+
+}  // namespace
+
+std::string plan_to_json(const Plan& p) {
+  Json ranks = Json::array();
+  for (const RankPlan& r : p.ranks) ranks.push_back(rank_json(r));
+  Json doc{{"format", kPlanFormat},
+           {"config", {{"name", p.config_name}, {"hash", p.config_hash}}},
+           {"cluster", p.cluster_source},
+           {"world_size", p.world_size},
+           {"blocks", p.blocks},
+           {"global_batch", p.global_batch},
+           {"strategy", p.strategy},
+           {"sync_policy", p.sync_policy},
+           {"stage_ranges", p.stage_ranges},
+           {"layout", layout_json(p.layout)},
+           {"ranks", ranks},
+           {"predicted", prediction_json(p.predicted)},
+           {"baseline", {{"fits", p.baseline.fits},
+                         {"problems", p.baseline.problems},
+                         {"predicted", prediction_json(p.baseline.predicted)},
+                         {"stage_ranges", p.baseline.stage_ranges},
+                         {"layout", layout_json(p.baseline.layout)}}},
+           {"speedup", p.speedup},
+           {"notes", p.notes},
+           {"candidates", p.candidates}};
+  return doc.dump(1) + "\n";
+}
+
+Plan plan_from_json(const std::string& text_in, const std::string& source) {
+  try {
+    const Json j = parse_document(text_in, source);
+    expect_object(j, "(top level)", "a plan written by `hetrain plan --json`");
+    read_enum(at(j, "", "format"), "format", {kPlanFormat});
+    Plan p;
+    const Json& cfg = at(j, "", "config");
+    p.config_name = text(cfg, "config", "name");
+    p.config_hash = text(cfg, "config", "hash");
+    p.cluster_source = text(j, "", "cluster");
+    p.world_size = integer(j, "", "world_size", 1);
+    p.blocks = integer(j, "", "blocks", 1);
+    p.global_batch = read_int(at(j, "", "global_batch"), "global_batch", 1);
+    p.strategy = read_enum(at(j, "", "strategy"), "strategy", {"data", "pipeline", "hybrid", "equal"});
+    p.sync_policy = read_enum(at(j, "", "sync_policy"), "sync_policy", {"synchronous"});
+    p.stage_ranges = read_ranges(array(j, "", "stage_ranges"), "stage_ranges");
+    p.layout = read_layout(at(j, "", "layout"), "layout");
+    p.ranks = list<RankPlan>(array(j, "", "ranks"), "ranks", read_rank);
+    p.predicted = read_prediction(at(j, "", "predicted"), "predicted");
+    const Json& b = at(j, "", "baseline");
+    p.baseline.fits = read_bool(at(b, "baseline", "fits"), "baseline.fits");
+    p.baseline.problems = list<std::string>(array(b, "baseline", "problems"), "baseline.problems",
+                                            [](const Json& x, const std::string& q) { return read_string(x, q, "text"); });
+    p.baseline.predicted = read_prediction(at(b, "baseline", "predicted"), "baseline.predicted");
+    p.baseline.stage_ranges = read_ranges(array(b, "baseline", "stage_ranges"), "baseline.stage_ranges");
+    p.baseline.layout = read_layout(at(b, "baseline", "layout"), "baseline.layout");
+    p.speedup = nonneg(j, "", "speedup");
+    p.notes = list<std::string>(array(j, "", "notes"), "notes",
+                                [](const Json& x, const std::string& q) { return read_string(x, q, "text"); });
+    p.candidates = integer(j, "", "candidates", 0);
+    check_plan(p);
+    return p;
+  } catch (const config::ConfigError& e) {
+    const std::string what = e.what();
+    throw config::ConfigError(what.rfind(source, 0) == 0 ? what : source + ": " + what);
+  } catch (const Error& e) {
+    throw config::ConfigError(source + ": not a consistent plan: " + e.what());
+  }
+}
+
+Plan read_plan(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw config::ConfigError(path + ": cannot be read; expected a plan file from `hetrain plan --json`");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return plan_from_json(s.str(), path);
+}
+
+void check_plan(const Plan& p) {
+  HT_CHECK(static_cast<int>(p.ranks.size()) == p.world_size, "the plan has ", p.ranks.size(),
+           " ranks but world_size ", p.world_size);
+  const size_t stages = p.stage_ranges.size();
+  HT_CHECK(stages >= 1, "the plan has no stages");
+  int next = 0;
+  for (size_t s = 0; s < stages; ++s) {
+    const auto [b, e] = p.stage_ranges[s];
+    HT_CHECK(b == next && e > b, "stage_ranges[", s, "] = [", b, ", ", e, "); expected it to start at block ",
+             next, " and hold at least one block");
+    next = e;
+  }
+  HT_CHECK(next == p.blocks, "stage_ranges cover blocks [0, ", next, ") but the model has ", p.blocks);
+  const std::vector<Schedule> schedules = plan_schedules(p);  // validates the layout
+  HT_CHECK(p.layout.replicas[0].size() == stages, "the layout has ", p.layout.replicas[0].size(),
+           " stages but stage_ranges has ", stages);
+  int64_t total = 0;
+  for (int64_t n : p.layout.samples) total += n;
+  HT_CHECK(total == p.global_batch, "the replicas' samples sum to ", total, " but global_batch is ",
+           p.global_batch);
+  for (size_t k = 0; k < p.ranks.size(); ++k) {
+    const RankPlan& r = p.ranks[k];
+    HT_CHECK(r.rank == static_cast<int>(k), "ranks[", k, "] has rank ", r.rank, "; expected ", k);
+    if (r.replica < 0) {
+      HT_CHECK(schedules[k].empty(), "rank ", k, " has no replica but a schedule");
+      continue;
+    }
+    HT_CHECK(static_cast<size_t>(r.replica) < p.layout.replicas.size() &&
+                 r.stage >= 0 && static_cast<size_t>(r.stage) < stages &&
+                 p.layout.replicas[r.replica][r.stage] == r.rank,
+             "rank ", k, " says replica ", r.replica, " stage ", r.stage,
+             " but the layout does not place it there");
+    HT_CHECK(r.block_begin == p.stage_ranges[r.stage].first && r.block_end == p.stage_ranges[r.stage].second,
+             "rank ", k, " holds blocks [", r.block_begin, ", ", r.block_end, ") but its stage ",
+             r.stage, " is [", p.stage_ranges[r.stage].first, ", ", p.stage_ranges[r.stage].second, ")");
+    HT_CHECK(r.samples == p.layout.samples[r.replica] && r.micro_batches == p.layout.micro_batches[r.replica],
+             "rank ", k, " has ", r.samples, " samples in ", r.micro_batches,
+             " micro-batches but its replica has ", p.layout.samples[r.replica], " in ",
+             p.layout.micro_batches[r.replica]);
+    const bool recompute = !p.layout.recompute.empty() && p.layout.recompute[r.replica][r.stage];
+    HT_CHECK(r.recompute == recompute, "rank ", k, " recompute ", r.recompute, " disagrees with the layout");
+  }
+  const ScheduleReport report = check_schedules(schedules);
+  HT_CHECK(report.ok, "its schedules fail the check: ", report.problem);
+}
+
+}  // namespace ht::plan

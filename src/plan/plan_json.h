@@ -1,0 +1,27 @@
+// The plan file: `hetrain plan --json FILE` writes it and `hetrain train --plan FILE`
+// reads it back. Format "hetrain-plan/1", documented in the README. Schedules are not
+// stored: they follow from the layout through build_1f1b (plan_schedules), so a file
+// cannot carry a schedule that disagrees with its own layout.
+#pragma once
+
+#include <string>
+
+#include "plan/plan.h"
+
+namespace ht::plan {
+
+inline constexpr const char* kPlanFormat = "hetrain-plan/1";
+
+std::string plan_to_json(const Plan& plan);
+
+// Parses and checks a plan; errors are config::ConfigError naming `source` and the JSON
+// path, or what is inconsistent (layout vs ranks, ranges vs blocks, schedules).
+Plan plan_from_json(const std::string& text, const std::string& source);
+Plan read_plan(const std::string& path);
+
+// Consistency of a plan (also used on planner output in tests): ranges contiguous over
+// [0, blocks), ranks agreeing with the layout, schedules that pass check_schedules.
+// Throws ht::Error naming the first problem.
+void check_plan(const Plan& plan);
+
+}  // namespace ht::plan

@@ -1,0 +1,439 @@
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+
+#include "core/error.h"
+#include "plan/batch_split.h"
+#include "plan/memory_fit.h"
+#include "plan/plan_costs.h"
+#include "plan/stage_memory.h"
+#include "report/units.h"
+#include "plan/stage_partition.h"
+
+namespace ht::plan {
+
+using report::format_seconds;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Candidates ranked best by the closed-form estimate that are then simulated.
+constexpr size_t kSimulatedCandidates = 4;
+// A rank is marked for the slow-link policy when its typical transfer of a 1 MiB message
+// takes this many times the cluster's typical one.
+constexpr double kSlowLinkFactor = 4;
+constexpr double kSlowLinkProbeBytes = 1 << 20;
+
+std::string label(const DeviceModel& d) { return d.id.empty() ? d.name : d.id; }
+
+std::string shape_name(int stages, int replicas) {
+  if (stages == 1) return "data (" + std::to_string(replicas) + " replicas)";
+  if (replicas == 1) return "pipeline (" + std::to_string(stages) + " stages)";
+  return "hybrid (" + std::to_string(replicas) + " replicas x " + std::to_string(stages) +
+         " stages)";
+}
+
+std::string strategy_of(int stages, int replicas) {
+  return stages == 1 ? "data" : replicas == 1 ? "pipeline" : "hybrid";
+}
+
+void validate(const PlannerInput& in) {
+  const size_t n = in.cluster.ranks.size();
+  HT_CHECK(n >= 1, "planner: the cluster has no ranks");
+  HT_CHECK(in.costs.seconds_per_sample.size() == n, "planner: block costs cover ",
+           in.costs.seconds_per_sample.size(), " ranks but the cluster has ", n);
+  HT_CHECK(!in.costs.params.empty(), "planner: the model has no blocks");
+  HT_CHECK(in.global_batch >= 1, "planner: global batch ", in.global_batch, "; expected >= 1");
+  HT_CHECK(in.min_micro_batches >= 1, "planner: micro-batches ", in.min_micro_batches,
+           "; expected >= 1");
+  HT_CHECK(in.strategy == "auto" || in.strategy == "data" || in.strategy == "pipeline" ||
+               in.strategy == "equal",
+           "planner: strategy '", in.strategy, "'; expected auto, data, pipeline or equal");
+  for (size_t r = 0; r < n; ++r)
+    HT_CHECK(in.cluster.ranks[r].memory_bytes > 0, "planner: rank ", r, " (",
+             label(in.cluster.ranks[r]), ") has memory ", in.cluster.ranks[r].memory_bytes,
+             " bytes; expected > 0");
+}
+
+// The plan's skeleton for a layout: ranks, ranges, shares, micro-batches; no memory
+// decisions yet.
+Plan skeleton(const PlannerInput& in, std::vector<std::vector<int>> replicas,
+              std::vector<std::pair<int, int>> ranges, const std::vector<int64_t>& shares,
+              int micro_batches) {
+  Plan p;
+  p.config_name = in.config_name;
+  p.config_hash = in.config_hash;
+  p.cluster_source = in.cluster.source;
+  p.world_size = static_cast<int>(in.cluster.ranks.size());
+  p.blocks = static_cast<int>(in.costs.params.size());
+  p.global_batch = in.global_batch;
+  const int stages = static_cast<int>(ranges.size());
+  const int replica_count = static_cast<int>(replicas.size());
+  p.strategy = strategy_of(stages, replica_count);
+  p.stage_ranges = std::move(ranges);
+  p.layout.replicas = std::move(replicas);
+  p.layout.samples = shares;
+  for (int64_t share : shares)
+    p.layout.micro_batches.push_back(static_cast<int>(std::min<int64_t>(micro_batches, share)));
+  for (int s = 0; s + 1 < stages; ++s)
+    p.layout.activation_bytes.push_back(static_cast<int64_t>(
+        in.costs.output_bytes[static_cast<size_t>(p.stage_ranges[s].second - 1)]));
+  p.ranks.resize(in.cluster.ranks.size());
+  for (size_t k = 0; k < p.ranks.size(); ++k) {
+    p.ranks[k].rank = static_cast<int>(k);
+    p.ranks[k].device = in.cluster.ranks[k];
+  }
+  for (int r = 0; r < replica_count; ++r)
+    for (int s = 0; s < stages; ++s) {
+      RankPlan& rp = p.ranks[static_cast<size_t>(p.layout.replicas[r][s])];
+      rp.replica = r;
+      rp.stage = s;
+      std::tie(rp.block_begin, rp.block_end) = p.stage_ranges[s];
+    }
+  sync_rank_shares(p);
+  return p;
+}
+
+// Fills the layout's cost estimates (they order each rank's communication, see
+// build_1f1b) and the prediction, by simulating the schedules when `simulate_it`.
+double finish(Plan& p, const PlannerInput& in, bool simulate_it) {
+  const auto table = std::make_shared<const PlanCostTable>(plan_cost_table(p, in.costs, in.cluster));
+  auto& l = p.layout;
+  l.forward_seconds.assign(l.replicas.size(), {});
+  l.backward_seconds.assign(l.replicas.size(), {});
+  for (size_t r = 0; r < l.replicas.size(); ++r)
+    for (int rank : l.replicas[r]) {
+      const auto k = static_cast<size_t>(rank);
+      const double work = table->stage_seconds_per_sample[k] *
+                          static_cast<double>(l.samples[r]) / l.micro_batches[r];
+      l.forward_seconds[r].push_back(kForwardFraction * work + table->pass_overhead_seconds[k]);
+      l.backward_seconds[r].push_back((1 - kForwardFraction) * work +
+                                      table->pass_overhead_seconds[k]);
+    }
+  if (!simulate_it) return estimate_step_seconds(p, *table, in.cluster);
+  const SimResult sim = simulate(plan_schedules(p), plan_cost_model(p, table, in.cluster));
+  p.predicted.step_seconds = sim.step_seconds;
+  p.predicted.samples_per_s = static_cast<double>(p.global_batch) / sim.step_seconds;
+  p.predicted.bubble_fraction = sim.bubble_fraction;
+  for (RankPlan& rp : p.ranks) rp.busy_fraction = sim.utilisation[static_cast<size_t>(rp.rank)];
+  return sim.step_seconds;
+}
+
+// Ranks by whole-model throughput (fastest first), then memory, then rank.
+std::vector<int> by_speed(const PlannerInput& in) {
+  std::vector<int> order(in.cluster.ranks.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<double> speed(order.size());
+  for (int k : order) speed[static_cast<size_t>(k)] = replica_samples_per_s(in.costs, k);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    const auto ka = static_cast<size_t>(a), kb = static_cast<size_t>(b);
+    if (speed[ka] != speed[kb]) return speed[ka] > speed[kb];
+    return in.cluster.ranks[ka].memory_bytes > in.cluster.ranks[kb].memory_bytes;
+  });
+  return order;
+}
+
+struct Candidate {
+  int stages = 1;
+  int micro_batches = 1;
+  std::optional<Plan> plan;
+  std::string problem;  // when no plan
+  double estimate = kInf;
+};
+
+// Layout `stages` x R over `order` (ranks, grouped R at a time: group g -> stage g).
+Candidate build(const PlannerInput& in, int stages, const std::vector<int>& order,
+                int micro_batches) {
+  Candidate c;
+  c.stages = stages;
+  c.micro_batches = micro_batches;
+  const int world = static_cast<int>(order.size());
+  const int replicas = world / stages;
+  if (in.global_batch < replicas) {
+    c.problem = "global batch " + std::to_string(in.global_batch) + " is smaller than its " +
+                std::to_string(replicas) + " data-parallel replicas (every replica needs a sample)";
+    return c;
+  }
+  std::vector<std::vector<int>> layout(static_cast<size_t>(replicas));
+  for (int r = 0; r < replicas; ++r)
+    for (int s = 0; s < stages; ++s) layout[r].push_back(order[static_cast<size_t>(s * replicas + r)]);
+
+  const int blocks = static_cast<int>(in.costs.params.size());
+  std::vector<std::pair<int, int>> ranges{{0, blocks}};
+  if (stages > 1) {
+    StagePartitionInput pin;
+    pin.memory_bytes = in.costs.state_bytes;
+    pin.activation_bytes = in.costs.activation_bytes;
+    for (int s = 0; s < stages; ++s) {
+      std::vector<double> mean(static_cast<size_t>(blocks), 0);
+      const DeviceModel* smallest = nullptr;
+      for (int r = 0; r < replicas; ++r) {
+        const auto k = static_cast<size_t>(layout[r][s]);
+        for (size_t b = 0; b < mean.size(); ++b) mean[b] += in.costs.seconds_per_sample[k][b] / replicas;
+        if (!smallest || in.cluster.ranks[k].memory_bytes < smallest->memory_bytes)
+          smallest = &in.cluster.ranks[k];
+      }
+      pin.compute_seconds.push_back(std::move(mean));
+      pin.devices.push_back(*smallest);
+    }
+    pin.micro_batches = micro_batches;
+    pin.micro_batch_size = std::max<int64_t>(1, in.global_batch / replicas / micro_batches);
+    try {
+      ranges = partition_stages(pin).ranges;
+    } catch (const Error&) {
+      // It may still fit with the memory strategies: partition for the least activation
+      // memory (one sample in flight) and let them decide.
+      pin.micro_batches = pin.micro_batch_size = 1;
+      try {
+        ranges = partition_stages(pin).ranges;
+      } catch (const Error& e) {
+        c.problem = e.what();
+        return c;
+      }
+    }
+  }
+
+  std::vector<ReplicaCapacity> speed(static_cast<size_t>(replicas));
+  for (int r = 0; r < replicas; ++r) {
+    double slowest = 0;
+    for (int s = 0; s < stages; ++s) {
+      const auto& row = in.costs.seconds_per_sample[static_cast<size_t>(layout[r][s])];
+      slowest = std::max(slowest, std::accumulate(row.begin() + ranges[s].first,
+                                                  row.begin() + ranges[s].second, 0.0));
+    }
+    speed[static_cast<size_t>(r)].samples_per_s = 1 / slowest;
+  }
+  Plan p = skeleton(in, std::move(layout), std::move(ranges), split_batch(in.global_batch, speed),
+                    micro_batches);
+  if (std::string problem = fit_memory(p, in.costs); !problem.empty()) {
+    c.problem = problem;
+    return c;
+  }
+  c.estimate = finish(p, in, false);
+  c.plan = std::move(p);
+  return c;
+}
+
+// Stage counts to try: S divides the world, S <= blocks; restricted by the strategy.
+std::vector<int> stage_counts(const PlannerInput& in) {
+  const int world = static_cast<int>(in.cluster.ranks.size());
+  const int blocks = static_cast<int>(in.costs.params.size());
+  if (in.strategy == "data" || in.strategy == "equal") return {1};
+  if (in.strategy == "pipeline") {
+    HT_CHECK(world <= blocks, "planner: a pipeline over all ", world,
+             " ranks needs a block per stage but the model has ", blocks, " blocks");
+    return {world};
+  }
+  std::vector<int> out;
+  for (int s = 1; s <= std::min(world, blocks); ++s)
+    if (world % s == 0) out.push_back(s);
+  return out;
+}
+
+// The pipeline orders tried for S groups of the speed order.
+std::vector<std::vector<int>> group_orders(const PlannerInput& in, const std::vector<int>& sorted,
+                                           int stages) {
+  const int replicas = static_cast<int>(sorted.size()) / stages;
+  std::vector<int> fastest_first(static_cast<size_t>(stages));
+  std::iota(fastest_first.begin(), fastest_first.end(), 0);
+  std::vector<std::vector<int>> orders{fastest_first};
+  if (stages == 1) return orders;
+  orders.emplace_back(fastest_first.rbegin(), fastest_first.rend());
+  std::vector<int> memory_first = fastest_first;
+  auto group_memory = [&](int g) {
+    double m = kInf;
+    for (int r = 0; r < replicas; ++r)
+      m = std::min(m, in.cluster.ranks[static_cast<size_t>(sorted[g * replicas + r])].memory_bytes);
+    return m;
+  };
+  std::stable_sort(memory_first.begin(), memory_first.end(),
+                   [&](int a, int b) { return group_memory(a) > group_memory(b); });
+  if (memory_first != orders[0] && memory_first != orders[1]) orders.push_back(memory_first);
+  return orders;
+}
+
+// The baseline: equal shares, uniform layers, rank-order placement, no strategies.
+Plan baseline_plan(const PlannerInput& in, int stages, int micro_batches) {
+  const int world = static_cast<int>(in.cluster.ranks.size());
+  const int replicas = world / stages;
+  const int blocks = static_cast<int>(in.costs.params.size());
+  std::vector<std::vector<int>> layout(static_cast<size_t>(replicas));
+  for (int r = 0; r < replicas; ++r)
+    for (int s = 0; s < stages; ++s) layout[r].push_back(r * stages + s);
+  std::vector<std::pair<int, int>> ranges;
+  for (int s = 0, i = 0; s < stages; ++s) {  // DeepSpeed's "uniform": remainder to the first
+    const int j = i + blocks / stages + (s < blocks % stages ? 1 : 0);
+    ranges.emplace_back(i, j);
+    i = j;
+  }
+  Plan p = skeleton(in, std::move(layout), std::move(ranges),
+                    equal_split(in.global_batch, static_cast<size_t>(replicas)), micro_batches);
+  p.strategy = "equal";
+  for (RankPlan& rp : p.ranks) {
+    rp.memory = rank_memory(p, in.costs, rp);
+    if (rp.memory.total() > rp.device.memory_bytes)
+      p.baseline.problems.push_back(shortfall_text(p, rp));
+  }
+  p.baseline.fits = p.baseline.problems.empty();
+  finish(p, in, true);
+  return p;
+}
+
+void mark_slow_links(Plan& p, const ClusterModel& c) {
+  const size_t n = c.ranks.size();
+  if (n < 3 || c.latency_s.size() != n) return;
+  std::vector<double> typical(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<double> t;
+    for (size_t j = 0; j < n; ++j)
+      if (j != i && c.bandwidth_bytes_per_s[i][j] > 0)
+        t.push_back(c.latency_s[i][j] + kSlowLinkProbeBytes / c.bandwidth_bytes_per_s[i][j]);
+    if (t.empty()) return;
+    std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
+    typical[i] = t[t.size() / 2];
+  }
+  std::vector<double> sorted = typical;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(n / 2), sorted.end());
+  const double cluster_typical = sorted[n / 2];
+  for (size_t i = 0; i < n; ++i)
+    if (typical[i] > kSlowLinkFactor * cluster_typical) {
+      p.ranks[i].slow_link = true;
+      p.ranks[i].link_note = "a 1 MiB message to its typical peer takes " + format_seconds(typical[i]) +
+                             ", " + std::to_string(static_cast<int>(typical[i] / cluster_typical)) +
+                             "x the cluster's typical " + format_seconds(cluster_typical);
+    }
+}
+
+// Who does how much of the step's FLOPs, by device.
+std::string work_note(const Plan& p, const BlockCosts& costs) {
+  std::map<std::string, std::pair<int, double>> by_device;  // id -> (ranks, FLOPs)
+  double total = 0;
+  for (const RankPlan& rp : p.ranks) {
+    if (rp.replica < 0) continue;
+    const double flops = static_cast<double>(rp.samples) *
+                         std::accumulate(costs.flops.begin() + rp.block_begin,
+                                         costs.flops.begin() + rp.block_end, 0.0);
+    auto& [ranks, work] = by_device[label(rp.device)];
+    ++ranks;
+    work += flops;
+    total += flops;
+  }
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [id, v] : by_device) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s (%d rank%s) %.1f%%", id.c_str(), v.first,
+                  v.first == 1 ? "" : "s", total > 0 ? 100 * v.second / total : 0);
+    rows.emplace_back(-v.second, buf);
+  }
+  std::sort(rows.begin(), rows.end());
+  std::string out = "work per step by device:";
+  for (size_t i = 0; i < rows.size(); ++i) out += (i ? ", " : " ") + rows[i].second;
+  return out;
+}
+
+}  // namespace
+
+std::vector<Schedule> plan_schedules(const Plan& plan) {
+  return build_1f1b(plan.layout, plan.world_size);
+}
+
+SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
+  auto table = std::make_shared<const PlanCostTable>(plan_cost_table(plan, costs, cluster));
+  return simulate(plan_schedules(plan), plan_cost_model(plan, table, cluster));
+}
+
+Plan make_plan(const PlannerInput& in) {
+  validate(in);
+  const int world = static_cast<int>(in.cluster.ranks.size());
+  const int base_m = in.min_micro_batches;
+  if (in.strategy == "data" || in.strategy == "equal")
+    HT_CHECK(in.global_batch >= world, "planner: global batch ", in.global_batch,
+             " is smaller than the ", world, " data-parallel replicas of strategy '",
+             in.strategy, "' (every replica needs a sample); raise train.batch_size to at least ",
+             world, " or use strategy auto or pipeline");
+
+  if (in.strategy == "equal") {
+    Plan p = baseline_plan(in, 1, base_m);
+    HT_CHECK(p.baseline.fits, "planner: the equal split does not fit: ", p.baseline.problems[0],
+             "; strategy auto plans uneven shares and memory strategies");
+    p.baseline.layout = p.layout;
+    p.baseline.stage_ranges = p.stage_ranges;
+    p.baseline.predicted = p.predicted;
+    p.speedup = 1;
+    p.candidates = 1;
+    mark_slow_links(p, in.cluster);
+    p.notes.push_back(work_note(p, in.costs));
+    return p;
+  }
+
+  const std::vector<int> sorted = by_speed(in);
+  std::vector<Candidate> candidates;
+  for (int stages : stage_counts(in))
+    for (const std::vector<int>& groups : group_orders(in, sorted, stages)) {
+      const int replicas = world / stages;
+      std::vector<int> order;
+      for (int g : groups)
+        for (int r = 0; r < replicas; ++r) order.push_back(sorted[static_cast<size_t>(g * replicas + r)]);
+      std::vector<int> ms{base_m};
+      if (stages > 1) ms = {std::max(base_m, stages), std::max(base_m, 2 * stages), std::max(base_m, 4 * stages)};
+      ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
+      for (int m : ms) candidates.push_back(build(in, stages, order, m));
+    }
+
+  std::vector<Candidate*> feasible;
+  for (Candidate& c : candidates)
+    if (c.plan) feasible.push_back(&c);
+  if (feasible.empty()) {
+    std::string why;
+    std::map<int, bool> said;  // one reason per stage count
+    for (const Candidate& c : candidates)
+      if (!said[c.stages]) {
+        said[c.stages] = true;
+        why += "\n  " + shape_name(c.stages, world / c.stages) + ": " + c.problem;
+      }
+    fail("planner: no plan fits the cluster (", world, " ranks, ", in.cluster.source,
+         ") with any layout, recomputation, micro-batching or optimizer sharding:", why);
+  }
+  std::stable_sort(feasible.begin(), feasible.end(),
+                   [](const Candidate* a, const Candidate* b) { return a->estimate < b->estimate; });
+  Plan* best = nullptr;
+  for (size_t i = 0; i < std::min(kSimulatedCandidates, feasible.size()); ++i) {
+    Plan& p = *feasible[i]->plan;
+    finish(p, in, true);
+    if (!best || p.predicted.step_seconds < best->predicted.step_seconds) best = &p;
+  }
+  Plan plan = std::move(*best);
+  plan.candidates = static_cast<int>(candidates.size());
+
+  const int stages = static_cast<int>(plan.stage_ranges.size());
+  Plan base = baseline_plan(in, stages, std::max(base_m, stages == 1 ? 1 : stages));
+  plan.baseline.layout = base.layout;
+  plan.baseline.stage_ranges = base.stage_ranges;
+  plan.baseline.predicted = base.predicted;
+  plan.baseline.fits = base.baseline.fits;
+  plan.baseline.problems = base.baseline.problems;
+  plan.speedup = base.predicted.step_seconds / plan.predicted.step_seconds;
+
+  mark_slow_links(plan, in.cluster);
+  plan.notes.push_back(work_note(plan, in.costs));
+  // The best of each shape, so the user sees what the choice was against.
+  std::map<int, const Candidate*> best_of;
+  for (const Candidate& c : candidates) {
+    const Candidate*& b = best_of[c.stages];
+    if (!b || (c.plan && (!b->plan || c.estimate < b->estimate))) b = &c;
+  }
+  for (const auto& [s, c] : best_of)
+    plan.notes.push_back(shape_name(s, world / s) + ": " +
+                         (c->plan ? "estimated step " + format_seconds(c->estimate)
+                                  : "ruled out: " + c->problem));
+  return plan;
+}
+
+}  // namespace ht::plan

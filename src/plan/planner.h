@@ -1,0 +1,49 @@
+// The planner: from a model's block costs and a cluster to a Plan that keeps every device
+// busy and inside its memory.
+//
+// Search. A layout is S stages x R replicas with S x R = world size. Ranks are sorted by
+// their whole-model throughput and cut into S groups of R consecutive ranks; group g runs
+// one stage in every replica, so a stage's replicas sit on like devices and the shared
+// layer ranges suit them all (a stage's weights must be the same in every replica for
+// ReduceGrads). Groups are tried in three pipeline orders (fastest first, slowest first,
+// largest memory first) and with M = S, 2S, 4S micro-batches. For each candidate:
+//  - layer ranges: stage_partition's DP over the group's mean block times and smallest
+//    memory;
+//  - shares: split_batch over the replicas' bottleneck throughputs;
+//  - memory: every rank that does not hold its share gets, in this order and only as far
+//    as needed, recomputation, more micro-batches for its replica, then optimiser-state
+//    sharding over its stage's group in proportion to free memory (plan/stage_memory.h);
+//  - time: a closed-form estimate ranks all candidates, the best few are simulated on
+//    their real schedules and the fastest simulated one wins.
+// Device classes keep the search small on big clusters: the candidates depend on S and
+// the sorted order, not on the world size, and 1,024 ranks plan in well under 2 s.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/plan.h"
+#include "plan/simulator.h"
+
+namespace ht::plan {
+
+struct PlannerInput {
+  BlockCosts costs;
+  ClusterModel cluster;
+  int64_t global_batch = 0;
+  int min_micro_batches = 1;      // train.micro_batches: the least accumulation asked for
+  std::string strategy = "auto";  // auto | data | pipeline | equal (parallel.strategy)
+  std::string config_name, config_hash;
+};
+
+// Throws ht::Error, naming the ranks, devices and numbers, when nothing fits (every
+// layout and strategy tried), when the strategy needs more replicas than samples, or on
+// inconsistent input.
+Plan make_plan(const PlannerInput& in);
+
+// The plan's predicted step on its schedules (what `hetrain plan` shows and draws).
+SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
+
+}  // namespace ht::plan

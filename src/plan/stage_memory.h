@@ -1,0 +1,39 @@
+// What one rank holds while it runs its stage, and the memory strategies that shrink it:
+// activation recomputation, more and smaller micro-batches, and optimiser-state sharding
+// across the stage's data-parallel group. The planner sizes every rank with this model
+// and the simulator's peak-activation accounting agrees with it (tested).
+#pragma once
+
+#include <cstdint>
+#include "plan/block_costs.h"
+#include "plan/plan.h"
+
+namespace ht::plan {
+
+// Per-sample and per-stage totals over blocks [begin, end).
+struct StageFootprint {
+  double params = 0;
+  double optimizer_bytes_per_param = 0;
+  double activation_bytes = 0;  // per sample: every block's saved activations
+  // With recomputation the stage keeps only each block's input per in-flight sample and
+  // rebuilds one block at a time during the backward, so it holds the inputs of all its
+  // blocks plus the largest block's activations for one micro-batch.
+  double checkpoint_bytes = 0;   // per sample: sum of the blocks' inputs
+  double largest_block_activation_bytes = 0;  // per sample
+};
+StageFootprint stage_footprint(const BlockCosts& costs, int begin, int end);
+
+struct StageMemoryParams {
+  int stage = 0, stages = 1;
+  int64_t micro_batch_size = 1;  // the largest micro-batch
+  int micro_batches = 1;
+  bool recompute = false;
+  double optimizer_shard = 1;  // fraction of the optimiser state kept
+};
+
+// Bytes by kind. Activations: k = min(S - s, M) micro-batches in flight (1F1B) hold
+// k * m * activation_bytes; with recomputation k * m * checkpoint_bytes plus one
+// micro-batch of the largest block rebuilt, m * largest_block_activation_bytes.
+MemoryUse stage_memory(const StageFootprint& f, const StageMemoryParams& p);
+
+}  // namespace ht::plan

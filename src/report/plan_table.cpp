@@ -1,0 +1,233 @@
+#include "report/plan_table.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "report/units.h"
+
+namespace ht::report {
+
+namespace {
+
+using Row = std::vector<std::string>;
+
+struct Unit {
+  double scale;
+  const char* name;
+};
+
+Unit byte_unit(double bytes) {
+  constexpr double kib = 1024, mib = kib * 1024, gib = mib * 1024;
+  if (bytes >= gib) return {gib, "GiB"};
+  if (bytes >= mib) return {mib, "MiB"};
+  if (bytes >= kib) return {kib, "KiB"};
+  return {1, "B"};
+}
+
+// The number only, so a breakdown can share its total's unit.
+std::string amount(double bytes, Unit unit) {
+  return unit.scale == 1 ? number("%.0f", bytes) : number("%.1f", bytes / unit.scale);
+}
+
+std::string rate_text(double per_s) { return number(per_s >= 100 ? "%.0f" : "%.1f", per_s); }
+
+std::string percent(double fraction) { return number("%.0f%%", fraction * 100); }
+
+std::string counted(size_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+// Device names may hold any UTF-8; counting bytes would misalign the columns after them.
+size_t display_width(const std::string& s) {
+  return static_cast<size_t>(
+      std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// Left-aligned columns two spaces apart; the last column is not padded, so no line ends
+// in blanks.
+std::string align(const std::vector<Row>& rows) {
+  std::vector<size_t> width;
+  for (const Row& row : rows) {
+    width.resize(std::max(width.size(), row.size()));
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], display_width(row[i]));
+  }
+  std::string out;
+  for (const Row& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      out += row[i];
+      if (i + 1 < row.size()) out += std::string(width[i] - display_width(row[i]) + 2, ' ');
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+// A run of consecutive ranks shown as one line.
+struct Group {
+  const plan::RankPlan* first;
+  const plan::RankPlan* last;
+  Row cells;
+};
+
+// Consecutive ranks with equal cells share a group when `continues(last, next)`; ranks
+// with no cells are left out.
+template <class CellsOf, class Continues>
+std::vector<Group> group_ranks(const plan::Plan& plan, CellsOf cells_of, Continues continues) {
+  std::vector<Group> groups;
+  for (const plan::RankPlan& r : plan.ranks) {
+    Row cells = cells_of(r);
+    if (cells.empty()) continue;
+    Group* g = groups.empty() ? nullptr : &groups.back();
+    if (g && g->last->rank + 1 == r.rank && g->cells == cells && continues(*g->last, r))
+      g->last = &r;
+    else
+      groups.push_back({&r, &r, std::move(cells)});
+  }
+  return groups;
+}
+
+std::string range(int first, int last) {
+  return first == last ? std::to_string(first) : number("%d-%d", first, last);
+}
+
+std::string rank_range(const Group& g) { return range(g.first->rank, g.last->rank); }
+
+std::string ranks_label(const Group& g) {
+  return (g.first == g.last ? "rank " : "ranks ") + rank_range(g);
+}
+
+std::string shape(const plan::Plan& plan) {
+  const auto& replicas = plan.layout.replicas;
+  if (replicas.empty()) return plan.strategy;
+  const size_t r = replicas.size(), s = replicas[0].size();
+  if (s == 1) return plan.strategy + ": " + counted(r, "replica");
+  if (r == 1) return plan.strategy + ": " + counted(s, "stage");
+  return plan.strategy + ": " + counted(r, "replica") + " x " + counted(s, "stage");
+}
+
+// In data parallelism every rank is its own replica, so a row that merged only ranks with
+// equal replicas would never merge there: a group spans a run of replicas of one stage.
+bool same_stage_next_replica(const plan::RankPlan& last, const plan::RankPlan& next) {
+  if (last.replica < 0 || next.replica < 0) return last.replica == next.replica;
+  return next.stage == last.stage && next.replica == last.replica + 1;
+}
+
+std::string placement(const Group& g) {
+  if (g.first->replica < 0) return "-";
+  const std::string replicas = range(g.first->replica, g.last->replica);
+  return "r" + replicas + number("/s%d", g.first->stage);
+}
+
+std::string layers(const plan::Plan& plan, const plan::RankPlan& r) {
+  if (r.replica < 0 || r.block_end <= r.block_begin) return "-";
+  if (r.block_begin == 0 && r.block_end == plan.blocks) return "all";
+  if (r.block_end - r.block_begin == 1) return number("b%d", r.block_begin);
+  return number("b%d-b%d", r.block_begin, r.block_end - 1);
+}
+
+std::string share(const plan::RankPlan& r) {
+  if (r.replica < 0) return "-";
+  return std::to_string(r.samples) + " (" + std::to_string(r.micro_batches) + "x" +
+         std::to_string(r.micro_batch_size) + ")";
+}
+
+std::string memory_total(const plan::RankPlan& r) {
+  const double used = r.memory.total(), capacity = r.device.memory_bytes;
+  if (capacity <= 0) return format_bytes(used);  // capacity unknown: no ratio to show
+  return format_bytes(used) + " / " + format_bytes(capacity) + " (" + percent(used / capacity) +
+         ")";
+}
+
+// All four kinds in their total's unit, so they compare at a glance.
+std::string memory_kinds(const plan::MemoryUse& m) {
+  const Unit unit = byte_unit(m.total());
+  return amount(m.params, unit) + "/" + amount(m.grads, unit) + "/" +
+         amount(m.optimizer, unit) + "/" + amount(m.activations, unit) + " " + unit.name;
+}
+
+std::string header(const plan::Plan& plan) {
+  return align({{"config:", plan.config_name},
+                {"cluster:", plan.cluster_source},
+                {"world size:", std::to_string(plan.world_size)},
+                {"strategy:", shape(plan)},
+                {"global batch:", std::to_string(plan.global_batch)},
+                {"sync policy:", plan.sync_policy}});
+}
+
+std::string rank_table(const plan::Plan& plan) {
+  std::vector<Row> rows = {
+      {"rank", "device", "r/s", "layers", "share", "memory", "p/g/o/a", "busy", "strategy"}};
+  const auto groups = group_ranks(plan, [&](const plan::RankPlan& r) -> Row {
+    return {r.device.id + (r.slow_link ? "*" : ""),
+            layers(plan, r),
+            share(r),
+            memory_total(r),
+            memory_kinds(r.memory),
+            percent(r.busy_fraction),
+            r.memory_strategy};
+  }, same_stage_next_replica);
+  for (const Group& g : groups) {
+    rows.push_back({rank_range(g), g.cells[0], placement(g)});
+    rows.back().insert(rows.back().end(), g.cells.begin() + 1, g.cells.end());
+  }
+  std::string out = align(rows);
+  const bool any_slow = std::any_of(plan.ranks.begin(), plan.ranks.end(),
+                                    [](const plan::RankPlan& r) { return r.slow_link; });
+  if (any_slow) out += "(* slow link: see below)\n";
+  return out;
+}
+
+std::string predictions(const plan::Plan& plan) {
+  const plan::Prediction& p = plan.predicted;
+  const plan::Baseline& b = plan.baseline;
+  std::string out = "predicted: step " + format_seconds(p.step_seconds) + ", " +
+                    rate_text(p.samples_per_s) + " samples/s, bubble " +
+                    percent(p.bubble_fraction) + "\n";
+  out += "baseline (equal batches, uniform layers): step " +
+         format_seconds(b.predicted.step_seconds) + ", " + rate_text(b.predicted.samples_per_s) +
+         " samples/s\n";
+  if (!b.fits) {
+    out += "baseline does not fit:\n";
+    for (const std::string& problem : b.problems) out += "  " + problem + "\n";
+  }
+  out += "speed-up over baseline: " + number("%.2fx", plan.speedup) + "\n";
+  return out;
+}
+
+// "title:" and one line per group of ranks that `line_of` has a line for (an empty Row:
+// nothing to say about that rank).
+template <class LineOf>
+std::string rank_section(const plan::Plan& plan, const std::string& title, LineOf line_of) {
+  const auto groups =
+      group_ranks(plan, line_of, [](const plan::RankPlan&, const plan::RankPlan&) { return true; });
+  if (groups.empty()) return "";
+  std::string out = title + ":\n";
+  for (const Group& g : groups) out += "  " + ranks_label(g) + ": " + g.cells[0] + "\n";
+  return out;
+}
+
+std::string sections(const plan::Plan& plan) {
+  std::string out = rank_section(plan, "memory strategies", [](const plan::RankPlan& r) {
+    if (r.memory_strategy == plan::kStrategyNone) return Row{};
+    return Row{r.memory_strategy + ": " + r.memory_reason};
+  });
+  out += rank_section(plan, "slow links", [](const plan::RankPlan& r) {
+    return r.slow_link ? Row{r.link_note} : Row{};
+  });
+  if (!plan.notes.empty()) {
+    out += "notes:\n";
+    for (const std::string& note : plan.notes) out += "  - " + note + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string format_plan(const plan::Plan& plan) {
+  return header(plan) + "\n" + rank_table(plan) + "\n" + predictions(plan) + "\n" +
+         sections(plan) + "candidates evaluated: " + std::to_string(plan.candidates) + "\n";
+}
+
+}  // namespace ht::report

@@ -1,0 +1,31 @@
+#include "report/units.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace ht::report {
+
+std::string number(const char* format, ...) {
+  char buf[64];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  return buf;
+}
+
+std::string format_bytes(double bytes) {
+  constexpr double kib = 1024, mib = kib * 1024, gib = mib * 1024;
+  if (bytes >= gib) return number("%.2f GiB", bytes / gib);
+  if (bytes >= mib) return number("%.1f MiB", bytes / mib);
+  if (bytes >= kib) return number("%.1f KiB", bytes / kib);
+  return number("%.0f B", bytes);
+}
+
+std::string format_seconds(double s) {
+  if (s < 1e-3) return number("%.1f µs", s * 1e6);
+  if (s < 1) return number("%.2f ms", s * 1e3);
+  return number("%.2f s", s);
+}
+
+}  // namespace ht::report

@@ -1,0 +1,18 @@
+// Numbers for people: the one spelling of bytes and durations in tables, messages and
+// pictures.
+#pragma once
+
+#include <string>
+
+namespace ht::report {
+
+// printf for numbers only (text is concatenated), so a small buffer always suffices.
+[[gnu::format(printf, 1, 2)]] std::string number(const char* format, ...);
+
+// 1024-based units: "512 B", "1.5 KiB", "310.0 MiB", "1.25 GiB".
+std::string format_bytes(double bytes);
+
+// "12.3 µs", "4.56 ms", "1.23 s".
+std::string format_seconds(double seconds);
+
+}  // namespace ht::report

@@ -1,0 +1,324 @@
+// The planner end to end on hand-built clusters and costs (no probe, no catalogue unless
+// named): data-parallel shares, pipeline and hybrid layouts, the memory strategies and
+// their order, the baseline, slow links, the bad inputs, and the plan file.
+#include <doctest/doctest.h>
+
+#include "tests/unit/error_message.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+
+#include "config/config.h"
+#include "models/models.h"
+#include "plan/batch_split.h"
+#include "plan/memory_fit.h"
+#include "plan/plan_json.h"
+#include "plan/planner.h"
+#include "plan/stage_memory.h"
+
+using namespace ht;
+using namespace ht::plan;
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// n ranks with the given FLOP/s and memory, every link `latency` and `bandwidth`.
+ClusterModel cluster(const std::vector<double>& flops, const std::vector<double>& memory,
+                     double latency = 0, double bandwidth = 1e18) {
+  ClusterModel c;
+  const size_t n = flops.size();
+  for (size_t i = 0; i < n; ++i) {
+    DeviceModel d;
+    d.id = "dev" + std::to_string(i);
+    d.name = d.id;
+    d.kind = "cpu";
+    d.flops = flops[i];
+    d.memory_bytes = memory[i];
+    c.ranks.push_back(d);  // memory_bandwidth 0: optimiser steps and loads cost nothing
+  }
+  c.latency_s.assign(n, std::vector<double>(n, latency));
+  c.bandwidth_bytes_per_s.assign(n, std::vector<double>(n, bandwidth));
+  for (size_t i = 0; i < n; ++i) c.latency_s[i][i] = c.bandwidth_bytes_per_s[i][i] = 0;
+  c.source = "hand-built";
+  return c;
+}
+
+// `blocks` identical blocks: 1e6 params, 1e9 FLOPs, 1 MB of activations and 64 KB in and
+// out per sample (or as given); AdamW state (8 bytes per parameter).
+BlockCosts costs(const ClusterModel& c, int blocks, double activation = 1e6,
+                 double boundary = 65536) {
+  BlockCosts k;
+  k.optimizer_bytes_per_param = 8;
+  for (int b = 0; b < blocks; ++b) {
+    k.flops.push_back(1e9);
+    k.params.push_back(1e6);
+    k.state_bytes.push_back(1e6 * 16);
+    k.activation_bytes.push_back(activation);
+    k.input_bytes.push_back(boundary);
+    k.output_bytes.push_back(boundary);
+  }
+  for (const DeviceModel& d : c.ranks) {
+    k.seconds_per_sample.emplace_back(static_cast<size_t>(blocks), 3e9 / d.flops);
+    k.source.emplace_back(kSourceModelled);
+  }
+  return k;
+}
+
+PlannerInput input(const ClusterModel& c, const BlockCosts& k, int64_t batch,
+                   const std::string& strategy = "auto") {
+  PlannerInput in;
+  in.cluster = c;
+  in.costs = k;
+  in.global_batch = batch;
+  in.strategy = strategy;
+  in.config_name = "test";
+  in.config_hash = "0badc0de";
+  return in;
+}
+
+// Every rank within its memory; the plan consistent; the planner's activation figure the
+// simulator's peak.
+void check_fits_and_agrees(const Plan& p, const PlannerInput& in) {
+  check_plan(p);
+  const SimResult sim = simulate_plan(p, in.costs, in.cluster);
+  CHECK(sim.step_seconds == doctest::Approx(p.predicted.step_seconds));
+  for (const RankPlan& r : p.ranks) {
+    CAPTURE(r.rank);
+    CHECK(r.memory.total() <= r.device.memory_bytes);
+    CHECK(static_cast<double>(sim.peak_activation_bytes[static_cast<size_t>(r.rank)]) ==
+          doctest::Approx(r.memory.activations).epsilon(1e-6));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("planner: data-parallel shares follow speed, 4:2:1:1 gives 2x over equal") {
+  const ClusterModel c = cluster({8e12, 4e12, 2e12, 2e12}, std::vector(4, 64 * kGiB));
+  const PlannerInput in = input(c, costs(c, 4), 128);
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.strategy == "data");
+  CHECK(p.layout.samples == std::vector<int64_t>{64, 32, 16, 16});
+  CHECK(p.baseline.layout.samples == std::vector<int64_t>{32, 32, 32, 32});
+  // Free links and steps: the step is compute, so the speed-up is the analytic 8/4.
+  CHECK(p.speedup == doctest::Approx(2.0).epsilon(0.01));
+  CHECK(p.baseline.fits);
+  for (const RankPlan& r : p.ranks) {
+    CHECK(r.memory_strategy == kStrategyNone);
+    CHECK(r.busy_fraction == doctest::Approx(1.0).epsilon(0.01));
+  }
+  CHECK(p.candidates > 1);  // 1, 2 and 4 stages were on the table
+}
+
+TEST_CASE("planner: a cluster whose links dominate pipelines the model instead") {
+  // 200 MB/s links make the 16 MB all-reduce cost twice the compute, while the pipeline
+  // moves 4 KB per sample: the search must find that.
+  const ClusterModel c = cluster({1e13, 1e13}, std::vector(2, 64 * kGiB), 1e-4, 2e8);
+  const PlannerInput in = input(c, costs(c, 4, 1e6, 4096), 64);
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.strategy == "pipeline");
+  CHECK(p.stage_ranges == std::vector<std::pair<int, int>>{{0, 2}, {2, 4}});
+  CHECK(p.layout.micro_batches[0] >= 2);
+  // The same cluster forced to data parallel is slower.
+  const Plan dp = make_plan(input(c, costs(c, 4, 1e6, 4096), 64, "data"));
+  CHECK(dp.strategy == "data");
+  CHECK(dp.predicted.step_seconds > p.predicted.step_seconds);
+}
+
+TEST_CASE("planner: hybrid layouts put like devices on one stage across replicas") {
+  // Two fast and two slow ranks, links that penalise a 4-way all-reduce: 2 x 2 hybrid,
+  // each replica a fast and a slow rank, the slow stage given fewer blocks.
+  const ClusterModel c = cluster({2e13, 2e13, 1e13, 1e13}, std::vector(4, 64 * kGiB), 2e-3, 2e9);
+  const PlannerInput in = input(c, costs(c, 6), 64);
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  INFO(p.notes[1]);
+  REQUIRE(p.strategy == "hybrid");
+  for (const auto& replica : p.layout.replicas) {
+    REQUIRE(replica.size() == 2);
+    std::vector<double> speeds{c.ranks[replica[0]].flops, c.ranks[replica[1]].flops};
+    CHECK(speeds[0] != speeds[1]);
+  }
+  // The stage on the slow ranks holds fewer blocks.
+  const int slow_stage = p.ranks[2].stage;
+  const auto [b, e] = p.stage_ranges[slow_stage];
+  CHECK(e - b < 3);
+}
+
+TEST_CASE("planner: memory strategies in order: recompute, then micro-batches, then sharding") {
+  // Rank 1 holds 40 % less than it needs for its share; each case tightens it further.
+  const double weights = 4 * 1e6 * 16;  // 4 blocks of state
+  auto plan_with = [&](double rank1_memory) {
+    const ClusterModel c = cluster({1e12, 1e12}, {64 * kGiB, rank1_memory});
+    PlannerInput in = input(c, costs(c, 4), 64, "data");
+    return std::pair{make_plan(in), in};
+  };
+  // Equal speeds: 32 samples each, 4 MB of activations per sample = 128 MB held.
+  SUBCASE("recompute alone") {
+    // With recompute: 32 x (4 x 64 KB inputs) + 32 x 1 MB largest block = 40.4 MB.
+    auto [p, in] = plan_with(weights + 64e6);
+    check_fits_and_agrees(p, in);
+    CHECK(p.ranks[0].memory_strategy == kStrategyNone);
+    CHECK(p.ranks[1].memory_strategy == "recompute");
+    CHECK(p.ranks[1].recompute);
+    CHECK(p.layout.recompute[1][0]);
+    CHECK(p.layout.micro_batches[1] == 1);
+    CHECK(contains(p.ranks[1].memory_reason, "recompute: activations"));
+    CHECK_FALSE(p.baseline.fits);
+    REQUIRE(p.baseline.problems.size() == 1);
+    CHECK(contains(p.baseline.problems[0], "rank 1 (dev1"));
+    CHECK(contains(p.baseline.problems[0], "short"));
+  }
+  SUBCASE("recompute + micro-batches") {
+    // 20 MB: recompute leaves 40.4 MB; M = 3 gives 11 x 1.25 MB = 13.9 MB, M = 2 gives 20.2 MB.
+    auto [p, in] = plan_with(weights + 20e6);
+    check_fits_and_agrees(p, in);
+    CHECK(p.ranks[1].memory_strategy == "recompute + micro-batches");
+    CHECK(p.layout.micro_batches[1] == 3);
+    CHECK(p.layout.micro_batches[0] == 1);  // the other replica keeps one
+    CHECK(contains(p.ranks[1].memory_reason, "micro-batches: 3 of at most 11 samples"));
+  }
+  SUBCASE("all three, sharding by free memory") {
+    // Weights with the optimiser state do not fit, params + grads + 1 sample do: shard.
+    auto [p, in] = plan_with(weights / 2 + 4e6);
+    check_fits_and_agrees(p, in);
+    CHECK(p.ranks[1].memory_strategy == "recompute + micro-batches + optimizer sharding");
+    CHECK(p.ranks[0].memory_strategy == "optimizer sharding");
+    const double s0 = p.ranks[0].optimizer_shard, s1 = p.ranks[1].optimizer_shard;
+    CHECK(s0 + s1 == doctest::Approx(1.0));
+    CHECK(s0 > 0.9);  // rank 0 has 64 GiB free, rank 1 a few MB
+    CHECK(contains(p.ranks[0].memory_reason, "sharded for rank 1"));
+  }
+  SUBCASE("nothing fits: the error names the rank and the numbers") {
+    const std::string msg = error_of([&] { plan_with(weights / 2 - 1e6); });
+    CHECK(contains(msg, "no plan fits"));
+    CHECK(contains(msg, "rank 1 (dev1"));
+    CHECK(contains(msg, "short"));
+  }
+}
+
+TEST_CASE("planner: a device that cannot hold the model gets fewer layers of a pipeline") {
+  // Rank 1 holds 1.5 blocks of weight state: data parallel cannot place it (one replica
+  // per rank, no sharding partner for all of it), the pipeline gives it one block.
+  const double block_state = 1e6 * 16;
+  const ClusterModel c = cluster({1e12, 1e12}, {64 * kGiB, 1.5 * block_state + 8e6});
+  const PlannerInput in = input(c, costs(c, 4, 1e5), 32, "pipeline");
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.ranks[1].block_end - p.ranks[1].block_begin == 1);
+  CHECK_FALSE(p.baseline.fits);  // uniform: 2 blocks on rank 1
+  CHECK(contains(p.baseline.problems[0], "rank 1"));
+  CHECK(contains(p.baseline.problems[0], "blocks 2-3"));
+}
+
+TEST_CASE("planner: bad inputs get errors naming the numbers") {
+  const ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB));
+  CHECK(contains(error_of([&] { make_plan(input(c, costs(c, 4), 3, "data")); }),
+                 "global batch 3 is smaller than the 4 data-parallel replicas"));
+  // auto still plans: a pipeline or hybrid needs fewer replicas than samples.
+  const Plan p = make_plan(input(c, costs(c, 4), 3));
+  CHECK(p.layout.replicas.size() <= 3);
+  CHECK(contains(error_of([&] { make_plan(input(c, costs(c, 4), 8, "zero3")); }),
+                 "strategy 'zero3'"));
+  ClusterModel no_memory = c;
+  no_memory.ranks[2].memory_bytes = 0;
+  CHECK(contains(error_of([&] { make_plan(input(no_memory, costs(c, 4), 8)); }),
+                 "rank 2 (dev2) has memory 0 bytes"));
+}
+
+TEST_CASE("planner: a rank far slower on every link is marked for the slow-link policy") {
+  ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB), 1e-5, 1e10);
+  for (size_t j = 0; j < 4; ++j)
+    if (j != 3) c.latency_s[3][j] = c.latency_s[j][3] = 5e-3;
+  const Plan p = make_plan(input(c, costs(c, 4), 64));
+  for (const RankPlan& r : p.ranks) CHECK(r.slow_link == (r.rank == 3));
+  CHECK(contains(p.ranks[3].link_note, "1 MiB message"));
+  CHECK(p.sync_policy == "synchronous");
+}
+
+TEST_CASE("planner: strategy equal is the baseline itself") {
+  const ClusterModel c = cluster({8e12, 4e12, 2e12, 2e12}, std::vector(4, 64 * kGiB));
+  const PlannerInput in = input(c, costs(c, 4), 128, "equal");
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.strategy == "equal");
+  CHECK(p.layout.samples == std::vector<int64_t>{32, 32, 32, 32});
+  CHECK(p.speedup == 1);
+}
+
+TEST_CASE("planner: a GPU beside two CPUs takes the large majority of the CNN's work") {
+  namespace fs = std::filesystem;
+  fs::path root = fs::current_path();
+  while (!fs::exists(root / "configs/devices.json") && root.has_parent_path() && root != root.parent_path())
+    root = root.parent_path();
+  const ClusterModel c = cluster_from_synth("synth:1xrtx4090,2xcpu-16c", (root / "configs/devices.json").string());
+  const nn::Sequential model = models::build_cnn({}, 1);
+  PlannerInput in;
+  in.cluster = c;
+  in.costs = block_costs(model, c, config::OptimizerConfig{});
+  in.global_batch = 128;
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.ranks[0].samples > 100);
+  const std::string& work = p.notes[0];
+  CHECK(contains(work, "work per step by device: rtx4090 (1 rank) 9"));  // 90-99 %
+}
+
+TEST_CASE("plan file: round trip, and malformed files name the problem") {
+  const ClusterModel c = cluster({2e13, 2e13, 1e13, 1e13}, std::vector(4, 64 * kGiB), 2e-3, 2e9);
+  const Plan p = make_plan(input(c, costs(c, 6), 64));
+  const std::string text = plan_to_json(p);
+  const Plan q = plan_from_json(text, "plan.json");
+  CHECK(plan_to_json(q) == text);
+  CHECK(q.layout.replicas == p.layout.replicas);
+  CHECK(plan_schedules(q).size() == 4);
+
+  auto error = [](const std::string& t) {
+    try {
+      plan_from_json(t, "bad.json");
+    } catch (const config::ConfigError& e) {
+      return std::string(e.what());
+    }
+    FAIL_CHECK("expected a ConfigError");
+    return std::string();
+  };
+  auto edit = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    const size_t at = t.find(from);
+    REQUIRE(at != std::string::npos);
+    return t.replace(at, from.size(), to);
+  };
+  CHECK(contains(error("{"), "bad.json"));
+  CHECK(contains(error(edit("\"hetrain-plan/1\"", "\"hetrain-plan/9\"")), "format"));
+  CHECK(contains(error(edit("\"world_size\": 4", "\"world_size\": 5")),
+                 "not a consistent plan: the plan has 4 ranks but world_size 5"));
+  CHECK(contains(error(edit("\"global_batch\": 64", "\"global_batch\": 65")),
+                 "samples sum to 64 but global_batch is 65"));
+  CHECK(contains(error(edit("\"blocks\": 6", "\"blocks\": \"six\"")), "blocks"));
+  CHECK(contains(error(edit("\"speedup\"", "\"speed_up\"")), "speedup: missing"));
+}
+
+TEST_CASE("plan: stage memory follows the 1F1B in-flight count and the strategies") {
+  const ClusterModel c = cluster({1e12}, {64 * kGiB});
+  const BlockCosts k = costs(c, 4);
+  const StageFootprint f = stage_footprint(k, 1, 3);
+  CHECK(f.params == 2e6);
+  CHECK(f.activation_bytes == 2e6);
+  CHECK(f.checkpoint_bytes == 2 * 65536);
+  StageMemoryParams s;
+  s.stage = 0;
+  s.stages = 3;
+  s.micro_batch_size = 4;
+  s.micro_batches = 8;  // min(3 - 0, 8) = 3 in flight
+  CHECK(stage_memory(f, s).activations == 3 * 4 * 2e6);
+  s.recompute = true;
+  CHECK(stage_memory(f, s).activations == 3 * 4 * 2 * 65536 + 4 * 1e6);
+  s.optimizer_shard = 0.25;
+  const MemoryUse m = stage_memory(f, s);
+  CHECK(m.params == 8e6);
+  CHECK(m.grads == 8e6);
+  CHECK(m.optimizer == 0.25 * 16e6);
+}
