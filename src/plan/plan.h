@@ -53,9 +53,12 @@ struct Prediction {
   double bubble_fraction = 0;
 };
 
-// The DDP/DeepSpeed default on the same cluster and the same stage count: equal shares
-// per replica, uniform layer ranges, ranks placed in rank order, no memory strategy.
+// What DDP does on the same cluster: equal shares, the whole model on every rank, no
+// memory strategy. When the global batch is smaller than the world (DDP cannot run), the
+// DeepSpeed pipeline default of the plan's shape instead: equal shares per replica,
+// uniform layer ranges, ranks placed in rank order.
 struct Baseline {
+  std::string description;  // "equal batches, whole model per rank (DDP)", ...
   PipelineLayout layout;
   std::vector<std::pair<int, int>> stage_ranges;
   Prediction predicted;  // as if it fitted, so the speed-up is shown either way

@@ -178,7 +178,8 @@ std::string plan_to_json(const Plan& p) {
            {"layout", layout_json(p.layout)},
            {"ranks", ranks},
            {"predicted", prediction_json(p.predicted)},
-           {"baseline", {{"fits", p.baseline.fits},
+           {"baseline", {{"description", p.baseline.description},
+                         {"fits", p.baseline.fits},
                          {"problems", p.baseline.problems},
                          {"predicted", prediction_json(p.baseline.predicted)},
                          {"stage_ranges", p.baseline.stage_ranges},
@@ -209,6 +210,7 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
     p.ranks = list<RankPlan>(array(j, "", "ranks"), "ranks", read_rank);
     p.predicted = read_prediction(at(j, "", "predicted"), "predicted");
     const Json& b = at(j, "", "baseline");
+    p.baseline.description = text(b, "baseline", "description");
     p.baseline.fits = read_bool(at(b, "baseline", "fits"), "baseline.fits");
     p.baseline.problems = list<std::string>(array(b, "baseline", "problems"), "baseline.problems",
                                             [](const Json& x, const std::string& q) { return read_string(x, q, "text"); });

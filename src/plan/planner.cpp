@@ -259,8 +259,9 @@ std::vector<std::vector<int>> group_orders(const PlannerInput& in, const std::ve
   return orders;
 }
 
-// The baseline: equal shares, uniform layers, rank-order placement, no strategies.
-Plan baseline_plan(const PlannerInput& in, int stages, int micro_batches) {
+// Equal shares, uniform layers, rank-order placement, no strategies: DDP with one stage,
+// DeepSpeed's pipeline default with more.
+Plan equal_plan(const PlannerInput& in, int stages, int micro_batches) {
   const int world = static_cast<int>(in.cluster.ranks.size());
   const int replicas = world / stages;
   const int blocks = static_cast<int>(in.costs.params.size());
@@ -268,7 +269,7 @@ Plan baseline_plan(const PlannerInput& in, int stages, int micro_batches) {
   for (int r = 0; r < replicas; ++r)
     for (int s = 0; s < stages; ++s) layout[r].push_back(r * stages + s);
   std::vector<std::pair<int, int>> ranges;
-  for (int s = 0, i = 0; s < stages; ++s) {  // DeepSpeed's "uniform": remainder to the first
+  for (int s = 0, i = 0; s < stages; ++s) {  // "uniform": the remainder to the first stages
     const int j = i + blocks / stages + (s < blocks % stages ? 1 : 0);
     ranges.emplace_back(i, j);
     i = j;
@@ -276,6 +277,9 @@ Plan baseline_plan(const PlannerInput& in, int stages, int micro_batches) {
   Plan p = skeleton(in, std::move(layout), std::move(ranges),
                     equal_split(in.global_batch, static_cast<size_t>(replicas)), micro_batches);
   p.strategy = "equal";
+  p.baseline.description = stages == 1 ? "equal batches, whole model per rank (DDP)"
+                                       : "equal batches, uniform layers over " +
+                                             std::to_string(stages) + " stages (DeepSpeed)";
   for (RankPlan& rp : p.ranks) {
     rp.memory = rank_memory(p, in.costs, rp);
     if (rp.memory.total() > rp.device.memory_bytes)
@@ -284,6 +288,20 @@ Plan baseline_plan(const PlannerInput& in, int stages, int micro_batches) {
   p.baseline.fits = p.baseline.problems.empty();
   finish(p, in, true);
   return p;
+}
+
+void set_baseline(Plan& plan, const Plan& equal) {
+  plan.baseline.description = equal.baseline.description;
+  plan.baseline.layout = equal.layout;
+  plan.baseline.stage_ranges = equal.stage_ranges;
+  plan.baseline.predicted = equal.predicted;
+  plan.baseline.fits = equal.baseline.fits;
+  plan.baseline.problems = equal.baseline.problems;
+  plan.speedup = equal.predicted.step_seconds / plan.predicted.step_seconds;
+}
+
+std::string fit_text(const Plan& equal) {
+  return equal.baseline.fits ? "fits" : "does not fit (" + equal.baseline.problems[0] + ")";
 }
 
 void mark_slow_links(Plan& p, const ClusterModel& c) {
@@ -360,13 +378,10 @@ Plan make_plan(const PlannerInput& in) {
              world, " or use strategy auto or pipeline");
 
   if (in.strategy == "equal") {
-    Plan p = baseline_plan(in, 1, base_m);
+    Plan p = equal_plan(in, 1, base_m);
     HT_CHECK(p.baseline.fits, "planner: the equal split does not fit: ", p.baseline.problems[0],
              "; strategy auto plans uneven shares and memory strategies");
-    p.baseline.layout = p.layout;
-    p.baseline.stage_ranges = p.stage_ranges;
-    p.baseline.predicted = p.predicted;
-    p.speedup = 1;
+    set_baseline(p, p);
     p.candidates = 1;
     mark_slow_links(p, in.cluster);
     p.notes.push_back(work_note(p, in.costs));
@@ -413,16 +428,15 @@ Plan make_plan(const PlannerInput& in) {
   plan.candidates = static_cast<int>(candidates.size());
 
   const int stages = static_cast<int>(plan.stage_ranges.size());
-  Plan base = baseline_plan(in, stages, std::max(base_m, stages == 1 ? 1 : stages));
-  plan.baseline.layout = base.layout;
-  plan.baseline.stage_ranges = base.stage_ranges;
-  plan.baseline.predicted = base.predicted;
-  plan.baseline.fits = base.baseline.fits;
-  plan.baseline.problems = base.baseline.problems;
-  plan.speedup = base.predicted.step_seconds / plan.predicted.step_seconds;
+  std::optional<Plan> uniform;  // DeepSpeed's default for the chosen shape
+  if (stages > 1) uniform = equal_plan(in, stages, std::max(base_m, stages));
+  set_baseline(plan, in.global_batch >= world ? equal_plan(in, 1, base_m) : *uniform);
 
   mark_slow_links(plan, in.cluster);
   plan.notes.push_back(work_note(plan, in.costs));
+  if (uniform && in.global_batch >= world)
+    plan.notes.push_back(uniform->baseline.description + ": predicted step " +
+                         format_seconds(uniform->predicted.step_seconds) + ", " + fit_text(*uniform));
   // The best of each shape, so the user sees what the choice was against.
   std::map<int, const Candidate*> best_of;
   for (const Candidate& c : candidates) {

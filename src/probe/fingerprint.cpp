@@ -164,11 +164,10 @@ std::string cluster_to_json(const ClusterFingerprint& c) {
   return j.dump(2);
 }
 
-ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expected_world_size) {
-  std::ifstream in(path);
-  if (!in) fail_at(path, "cannot be read; expected a cluster file written by `hetrain probe --json`");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Json j = parse_document(text, path);
+namespace {
+
+ClusterFingerprint parse_cluster(const Json& j, const std::string& path,
+                                 std::optional<int> expected_world_size) {
   expect_object(j, "", "a cluster file (an object with format, world_size, ranks and links)");
   std::string format = read_string(require(j, "", "format", kClusterFormat), "format", kClusterFormat);
   if (format != kClusterFormat)
@@ -203,6 +202,20 @@ ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expe
   c.links.bandwidth_bytes_per_s = parse_matrix(require(links, "links", "bandwidth_bytes_per_s", "a matrix"),
                                                "links.bandwidth_bytes_per_s", n, true);
   return c;
+}
+
+}  // namespace
+
+ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expected_world_size) {
+  std::ifstream in(path);
+  if (!in) fail_at(path, "cannot be read; expected a cluster file written by `hetrain probe --json`");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const Json j = parse_document(text, path);  // names the file itself
+  try {
+    return parse_cluster(j, path, expected_world_size);
+  } catch (const config::ConfigError& e) {
+    throw config::ConfigError(path + ": " + e.what());
+  }
 }
 
 }  // namespace ht::probe

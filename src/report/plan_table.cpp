@@ -158,9 +158,11 @@ std::string header(const plan::Plan& plan) {
 
 std::string rank_table(const plan::Plan& plan) {
   std::vector<Row> rows = {
-      {"rank", "device", "r/s", "layers", "share", "memory", "p/g/o/a", "busy", "strategy"}};
+      {"rank", "device", "r/s", "GFLOP/s", "layers", "share", "memory", "p/g/o/a", "busy", "strategy"}};
   const auto groups = group_ranks(plan, [&](const plan::RankPlan& r) -> Row {
     return {r.device.id + (r.slow_link ? "*" : ""),
+            // Probed ranks of one CPU model differ only here (quotas, contention).
+            number("%.0f", r.device.flops / 1e9),
             layers(plan, r),
             share(r),
             memory_total(r),
@@ -185,7 +187,7 @@ std::string predictions(const plan::Plan& plan) {
   std::string out = "predicted: step " + format_seconds(p.step_seconds) + ", " +
                     rate_text(p.samples_per_s) + " samples/s, bubble " +
                     percent(p.bubble_fraction) + "\n";
-  out += "baseline (equal batches, uniform layers): step " +
+  out += "baseline (" + b.description + "): step " +
          format_seconds(b.predicted.step_seconds) + ", " + rate_text(b.predicted.samples_per_s) +
          " samples/s\n";
   if (!b.fits) {

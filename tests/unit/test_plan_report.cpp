@@ -108,7 +108,7 @@ TEST_CASE("plan report: format_plan shows ranks, prediction, baseline and reason
   CHECK(contains(out, "  - rank 0 takes half of every batch"));
   CHECK(contains(out, "candidates evaluated: 12"));
   for (size_t at = 0, end; (end = out.find('\n', at)) != std::string::npos; at = end + 1) {
-    CHECK(end - at <= 110);
+    CHECK(end - at <= 120);  // fits a 120-column terminal
     CHECK((end == at || out[end - 1] != ' '));  // no trailing blanks
   }
 }

@@ -209,9 +209,16 @@ TEST_CASE("planner: a device that cannot hold the model gets fewer layers of a p
   const Plan p = make_plan(in);
   check_fits_and_agrees(p, in);
   CHECK(p.ranks[1].block_end - p.ranks[1].block_begin == 1);
-  CHECK_FALSE(p.baseline.fits);  // uniform: 2 blocks on rank 1
-  CHECK(contains(p.baseline.problems[0], "rank 1"));
-  CHECK(contains(p.baseline.problems[0], "blocks 2-3"));
+  CHECK_FALSE(p.baseline.fits);  // DDP: the whole model on rank 1
+  CHECK(contains(p.baseline.description, "DDP"));
+  CHECK(contains(p.baseline.problems[0], "rank 1 (dev1"));
+  CHECK(contains(p.baseline.problems[0], "blocks 0-3"));
+  // DeepSpeed's uniform split of the same shape gives rank 1 two blocks: also too many.
+  const auto note = std::find_if(p.notes.begin(), p.notes.end(),
+                                 [](const std::string& n) { return contains(n, "uniform layers"); });
+  REQUIRE(note != p.notes.end());
+  CHECK(contains(*note, "does not fit (rank 1"));
+  CHECK(contains(*note, "blocks 2-3"));
 }
 
 TEST_CASE("planner: bad inputs get errors naming the numbers") {
