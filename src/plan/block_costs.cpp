@@ -38,6 +38,7 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
   }
 
   c.seconds_per_sample.resize(ranks);
+  c.step_seconds.resize(ranks);
   c.source.resize(ranks);
   for (size_t r = 0; r < ranks; ++r) {
     const bool has_profile = r < cluster.block_seconds.size() && !cluster.block_seconds[r].empty();
@@ -51,6 +52,8 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
                  r, " block ", b, " is ", row[b], "; expected finite and >= 0");
       c.seconds_per_sample[r] = row;
       c.source[r] = kSourceMeasured;
+      if (r < cluster.block_step_seconds.size() && cluster.block_step_seconds[r].size() == blocks)
+        c.step_seconds[r] = cluster.block_step_seconds[r];
     } else {
       const double rate = cluster.ranks[r].flops;
       HT_CHECK(std::isfinite(rate) && rate > 0, "block_costs: rank ", r, " (",
@@ -62,6 +65,12 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
                  static_cast<double>(model.block(b).flops_per_sample()) / rate;
       c.source[r] = kSourceModelled;
     }
+    // Blocks the profile did not time (older files) get the bandwidth model.
+    const double bw = cluster.ranks[r].memory_bandwidth;
+    c.step_seconds[r].resize(blocks, 0);
+    for (size_t b = 0; b < blocks; ++b)
+      if (c.step_seconds[r][b] <= 0 && bw > 0)
+        c.step_seconds[r][b] = c.params[b] * (kStepBytesPerParam + 2 * opt_bytes) / bw;
   }
   return c;
 }

@@ -22,12 +22,18 @@ inline constexpr double kWeightBytesPerParam = 4;
 inline constexpr double kGradBytesPerParam = 4;
 // Forward + backward ~ 3 x forward FLOPs (the FLOPs / rate model).
 inline constexpr double kTrainFlopsPerForwardFlop = 3;
+// Bytes an optimiser step streams per parameter besides its state (read the weight and
+// the gradient, write the weight); the state is read and written once each.
+inline constexpr double kStepBytesPerParam = 12;
 
 inline constexpr const char* kSourceMeasured = "measured profile";
 inline constexpr const char* kSourceModelled = "FLOPs / rate";
 
 struct BlockCosts {
   std::vector<std::vector<double>> seconds_per_sample;  // [rank][block] forward + backward
+  // [rank][block] one optimiser step over the block's parameters: measured when the
+  // profile has it, else bytes streamed / memory bandwidth (0 without a bandwidth).
+  std::vector<std::vector<double>> step_seconds;
   std::vector<double> flops;             // [block] forward FLOPs per sample
   std::vector<double> params;            // [block] parameter count
   double optimizer_bytes_per_param = 0;  // see optimizer_state_bytes_per_param
@@ -44,7 +50,7 @@ struct BlockCosts {
 double optimizer_state_bytes_per_param(const config::OptimizerConfig& opt);
 
 // Per rank: cluster.block_seconds[rank] when present (a non-empty row), else
-// 3 x flops_per_sample / ranks[rank].flops. Errors (ht::Error): a measured row whose
+// 3 x flops_per_sample / ranks[rank].flops; likewise for the optimiser step, per block. Errors (ht::Error): a measured row whose
 // block count differs from the model's (naming both counts); a modelled rank whose
 // flops is not positive; more profile rows than ranks.
 BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,

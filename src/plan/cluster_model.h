@@ -31,6 +31,9 @@ struct ClusterModel {
   // Optional: [rank][block] measured forward + backward seconds per sample from
   // `probe --model`; empty otherwise.
   std::vector<std::vector<double>> block_seconds;
+  // Optional, alongside: [rank][block] measured seconds of one optimiser step over the
+  // block's parameters (0 where not measured).
+  std::vector<std::vector<double>> block_step_seconds;
 };
 
 // Datasheet catalogue entries, as read from configs/devices.json.

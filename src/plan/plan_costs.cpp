@@ -10,10 +10,6 @@ namespace ht::plan {
 
 namespace {
 
-// Bytes an optimiser step streams per parameter besides its state: read the weight and
-// gradient, write the weight. The state is read and written once each.
-constexpr double kStepBytesPerParam = 12;
-
 double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
   if (src == dst) return 0;
   const double bw = c.bandwidth_bytes_per_s[src][dst];
@@ -61,13 +57,14 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
     const double overhead = d.kind == "cuda" ? kPassOverheadSecondsCuda : kPassOverheadSecondsCpu;
     t.pass_overhead_seconds[r] = overhead * (rp.block_end - rp.block_begin);
     const StageFootprint f = stage_footprint(costs, rp.block_begin, rp.block_end);
-    if (d.memory_bandwidth > 0) {
+    if (d.memory_bandwidth > 0)
       t.load_seconds_per_sample[r] = costs.input_bytes[static_cast<size_t>(rp.block_begin)] /
                                      d.memory_bandwidth;
-      t.optimizer_step_seconds[r] =
-          f.params * (kStepBytesPerParam + 2 * f.optimizer_bytes_per_param * rp.optimizer_shard) /
-          d.memory_bandwidth;
-    }
+    // A sharded rank updates its part of the weights; the all-gather brings the rest.
+    const auto& step = costs.step_seconds[r];
+    t.optimizer_step_seconds[r] =
+        rp.optimizer_shard *
+        std::accumulate(step.begin() + rp.block_begin, step.begin() + rp.block_end, 0.0);
     const auto mb = static_cast<double>(rp.micro_batch_size);
     t.activation_bytes[r] = mb * (rp.recompute ? f.largest_block_activation_bytes : f.activation_bytes);
     t.checkpoint_bytes[r] = mb * f.checkpoint_bytes;

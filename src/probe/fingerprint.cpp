@@ -39,7 +39,8 @@ Json rank_json(const RankFingerprint& r) {
   for (size_t i = 0; i < r.blocks.size(); ++i)
     blocks.push_back({{"index", i},
                       {"kind", r.blocks[i].kind},
-                      {"fwd_bwd_s_per_sample", r.blocks[i].fwd_bwd_s_per_sample}});
+                      {"fwd_bwd_s_per_sample", r.blocks[i].fwd_bwd_s_per_sample},
+                      {"optimizer_step_s", r.blocks[i].optimizer_step_s}});
   return {{"rank", r.rank},
           {"local_rank", r.local_rank},
           {"host", host_json(r.host)},
@@ -117,8 +118,11 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     const std::string p = index_path(bp, i);
     expect_object(blocks[i], p, "an object with kind and fwd_bwd_s_per_sample");
-    r.blocks.push_back({read_string(require(blocks[i], p, "kind", "a string"), key_path(p, "kind"), "a block kind"),
-                        positive(blocks[i], p, "fwd_bwd_s_per_sample")});
+    BlockTiming t{read_string(require(blocks[i], p, "kind", "a string"), key_path(p, "kind"), "a block kind"),
+                  positive(blocks[i], p, "fwd_bwd_s_per_sample")};
+    if (auto step = blocks[i].find("optimizer_step_s"); step != blocks[i].end())
+      t.optimizer_step_s = read_double(*step, key_path(p, "optimizer_step_s"), Range::at_least(0));
+    r.blocks.push_back(t);
   }
   auto em = j.find("emulation");
   if (em != j.end()) r.emulation = read_string_array(*em, key_path(path, "emulation"), "a note");

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "ops/ops.h"
+#include "optim/make_optimizer.h"
 
 namespace ht::probe {
 
@@ -76,7 +77,8 @@ DeviceRates measure_device(double seconds) {
 }
 
 std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t batch,
-                                        double seconds_per_block) {
+                                        double seconds_per_block,
+                                        const config::OptimizerConfig& opt) {
   std::vector<BlockTiming> out;
   Rng rng(12);
   for (size_t i = 0; i < model.size(); ++i) {
@@ -91,8 +93,14 @@ std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t bat
       Tensor y = block.forward(x);
       y.backward(Tensor::full(y.shape(), 1.f));
     });
+    BlockTiming t{block.kind(), secs / calls / static_cast<double>(batch)};
+    if (auto params = block.named_parameters(); !params.empty()) {
+      auto optimizer = optim::make_optimizer(opt, std::move(params));
+      auto [steps, step_secs] = run_for(seconds_per_block / 4, 2, [&] { optimizer->step(); });
+      t.optimizer_step_s = step_secs / static_cast<double>(steps);
+    }
     block.zero_grad();
-    out.push_back({block.kind(), secs / calls / static_cast<double>(batch)});
+    out.push_back(t);
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "config/config.h"
 #include "nn/block.h"
 
 namespace ht::probe {
@@ -21,11 +22,17 @@ DeviceRates measure_device(double seconds_per_benchmark);
 struct BlockTiming {
   std::string kind;
   double fwd_bwd_s_per_sample = 0;  // forward + backward of the block alone
+  // One step of the config's optimiser over the block's parameters; 0 = not measured
+  // (files from before it was) or a block without parameters.
+  double optimizer_step_s = 0;
 };
 
 // Times each Block of `model` alone on a batch of `batch` samples (forward, then
-// backward of the output against a gradient of ones).
+// backward of the output against a gradient of ones), then `opt` stepping its
+// parameters: a small model's optimiser state sits in cache, so bytes over memory
+// bandwidth would overstate that step several times.
 std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t batch,
-                                        double seconds_per_block);
+                                        double seconds_per_block,
+                                        const config::OptimizerConfig& opt);
 
 }  // namespace ht::probe

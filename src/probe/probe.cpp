@@ -71,7 +71,8 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
   if (opts.model) {
     std::unique_ptr<runtime::Task> task = runtime::make_task(*opts.model);
     nn::Sequential model = task->build_model(opts.model->train.seed);
-    me.blocks = profile_blocks(model, opts.quick ? 8 : 32, opts.quick ? 0.1 : 0.5);
+    me.blocks = profile_blocks(model, opts.quick ? 8 : 32, opts.quick ? 0.1 : 0.5,
+                               opts.model->train.optimizer);
   }
 
   ClusterFingerprint c;

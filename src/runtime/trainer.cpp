@@ -12,10 +12,9 @@
 #include "autograd/graph.h"
 #include "core/threads.h"
 #include "ops/ops.h"
-#include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
-#include "optim/sgd.h"
+#include "optim/make_optimizer.h"
 #include "report/metrics_log.h"
 #include "report/progress.h"
 #include "runtime/checkpoint.h"
@@ -48,15 +47,6 @@ class InterruptScope {
  private:
   void (*previous_)(int);
 };
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const config::OptimizerConfig& c,
-                                                 std::vector<nn::NamedTensor> params) {
-  if (c.type == "sgd")
-    return std::make_unique<optim::SGD>(
-        std::move(params), optim::SgdOptions{c.lr, c.momentum, c.weight_decay, c.nesterov});
-  return std::make_unique<optim::AdamW>(
-      std::move(params), optim::AdamWOptions{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay});
-}
 
 int64_t resolve_steps(const config::TrainConfig& t, int64_t train_size) {
   if (t.steps) return *t.steps;
@@ -104,7 +94,7 @@ class Run {
         task_(make_task(cfg_)),
         dir_(RunDir::open(cfg_.run.dir, opts.resume)),
         model_(task_->build_model(cfg_.train.seed)),
-        opt_(make_optimizer(cfg_.train.optimizer, model_.named_parameters())),
+        opt_(optim::make_optimizer(cfg_.train.optimizer, model_.named_parameters())),
         checkpoints_(dir_.checkpoints(), cfg_.checkpoint.keep) {
     total_steps_ = resolve_steps(cfg_.train, task_->train_size());
     const auto& s = cfg_.train.schedule;

@@ -92,6 +92,21 @@ TEST_CASE("block costs: a measured profile is preferred when present") {
   CHECK(replica_samples_per_s(c, 0) == doctest::Approx(1 / 6e-4));
 }
 
+TEST_CASE("block costs: optimiser steps measured where timed, else bytes / bandwidth") {
+  const auto model = models::build_mlp({}, 1);
+  auto cluster = two_ranks();
+  cluster.ranks[0].memory_bandwidth = cluster.ranks[1].memory_bandwidth = 1e10;
+  cluster.block_seconds = {{1e-4, 2e-4, 3e-4}, {}};
+  cluster.block_step_seconds = {{5e-5, 0, 7e-5}, {}};  // block 1 untimed
+  const auto c = block_costs(model, cluster, adamw());
+  CHECK(c.step_seconds[0][0] == 5e-5);
+  CHECK(c.step_seconds[0][2] == 7e-5);
+  // AdamW: 12 bytes of weight and gradient traffic + 2 x 8 of state per parameter.
+  CHECK(c.step_seconds[0][1] == doctest::Approx(c.params[1] * 28 / 1e10));
+  for (size_t b = 0; b < 3; ++b) CHECK(c.step_seconds[1][b] == doctest::Approx(c.params[b] * 28 / 1e10));
+  CHECK(c.params == std::vector<double>{784 * 512 + 512, 512 * 512 + 512, 512 * 10 + 10});
+}
+
 TEST_CASE("block costs: a profile of the wrong length is an error naming both counts") {
   const auto model = models::build_mlp({}, 1);
   auto cluster = two_ranks();

@@ -61,6 +61,7 @@ BlockCosts costs(const ClusterModel& c, int blocks, double activation = 1e6,
   }
   for (const DeviceModel& d : c.ranks) {
     k.seconds_per_sample.emplace_back(static_cast<size_t>(blocks), 3e9 / d.flops);
+    k.step_seconds.emplace_back(static_cast<size_t>(blocks), 0.0);
     k.source.emplace_back(kSourceModelled);
   }
   return k;

@@ -1,6 +1,8 @@
 // Probe pieces that need no MPI: the pairing schedule, the device benchmarks, and the
 // cluster file reader's checks.
 #include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <filesystem>
@@ -58,7 +60,7 @@ ClusterFingerprint two_ranks() {
     r.host.memory_total = 1 << 30;
     r.host.memory_available = 1 << 29;
     r.rates = {100.0 / (i + 1), 1024, 10.0};
-    r.blocks = {{"dense_relu", 1e-5}};
+    r.blocks = {{"dense_relu", 1e-5, 2e-4}};
     if (i == 1) {
       GpuInfo g;
       g.name = "NVIDIA H200";
@@ -105,6 +107,7 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   REQUIRE(back.ranks.size() == 2);
   CHECK(back.ranks[1].rates.sgemm_gflops == doctest::Approx(50.0));
   CHECK(back.ranks[0].blocks[0].kind == "dense_relu");
+  CHECK(back.ranks[0].blocks[0].optimizer_step_s == doctest::Approx(2e-4));
   CHECK(back.links.bandwidth_bytes_per_s[0][1] == doctest::Approx(5e9));
   REQUIRE(back.ranks[1].host.gpus.size() == 1);
   CHECK(back.ranks[1].host.gpus[0].name == "NVIDIA H200");
@@ -129,6 +132,14 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   CHECK(error_for(replaced("\"kind\": \"cpu\"", "\"kind\": \"tpu\"")).find("ranks[0].device.kind") !=
         std::string::npos);
   CHECK(error_for(replaced("\"rank\": 1", "\"rank\": 0")).find("out of order") != std::string::npos);
+  // Files from before optimiser steps were timed still load, as "not measured".
+  nlohmann::json old = nlohmann::json::parse(good);
+  old["ranks"][0]["blocks"][0].erase("optimizer_step_s");
+  std::string old_path = write_temp(old.dump());
+  CHECK(read_cluster(old_path).ranks[0].blocks[0].optimizer_step_s == 0);
+  std::filesystem::remove(old_path);
+  old["ranks"][0]["blocks"][0]["optimizer_step_s"] = -1;
+  CHECK(error_for(old.dump()).find("ranks[0].blocks[0].optimizer_step_s: -1") != std::string::npos);
   std::string no_file = error_for("{}");
   CHECK(no_file.find("format") != std::string::npos);
 }
