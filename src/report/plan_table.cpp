@@ -194,7 +194,8 @@ std::string predictions(const plan::Plan& plan) {
     out += "baseline does not fit:\n";
     for (const std::string& problem : b.problems) out += "  " + problem + "\n";
   }
-  out += "speed-up over baseline: " + number("%.2fx", plan.speedup) + "\n";
+  out += "speed-up over baseline: " + number("%.2fx", plan.speedup) +
+         (b.fits ? "" : " (as if it fitted; it cannot run)") + "\n";
   return out;
 }
 
