@@ -1,8 +1,6 @@
 #include "plan/planner.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <limits>
 #include <map>
 #include <memory>
@@ -13,9 +11,10 @@
 #include "plan/batch_split.h"
 #include "plan/memory_fit.h"
 #include "plan/plan_costs.h"
+#include "plan/plan_notes.h"
 #include "plan/stage_memory.h"
-#include "report/units.h"
 #include "plan/stage_partition.h"
+#include "report/units.h"
 
 namespace ht::plan {
 
@@ -26,11 +25,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // Candidates ranked best by the closed-form estimate that are then simulated.
 constexpr size_t kSimulatedCandidates = 4;
-// A rank is marked for the slow-link policy when its typical transfer of a 1 MiB message
-// takes this many times the cluster's typical one.
-constexpr double kSlowLinkFactor = 4;
-constexpr double kSlowLinkProbeBytes = 1 << 20;
-
 std::string label(const DeviceModel& d) { return d.id.empty() ? d.name : d.id; }
 
 std::string shape_name(int stages, int replicas) {
@@ -142,7 +136,6 @@ std::vector<int> by_speed(const PlannerInput& in) {
 
 struct Candidate {
   int stages = 1;
-  int micro_batches = 1;
   std::optional<Plan> plan;
   std::string problem;  // when no plan
   double estimate = kInf;
@@ -153,7 +146,6 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
                 int micro_batches) {
   Candidate c;
   c.stages = stages;
-  c.micro_batches = micro_batches;
   const int world = static_cast<int>(order.size());
   const int replicas = world / stages;
   if (in.global_batch < replicas) {
@@ -302,58 +294,6 @@ void set_baseline(Plan& plan, const Plan& equal) {
 
 std::string fit_text(const Plan& equal) {
   return equal.baseline.fits ? "fits" : "does not fit (" + equal.baseline.problems[0] + ")";
-}
-
-void mark_slow_links(Plan& p, const ClusterModel& c) {
-  const size_t n = c.ranks.size();
-  if (n < 3 || c.latency_s.size() != n) return;
-  std::vector<double> typical(n);
-  for (size_t i = 0; i < n; ++i) {
-    std::vector<double> t;
-    for (size_t j = 0; j < n; ++j)
-      if (j != i && c.bandwidth_bytes_per_s[i][j] > 0)
-        t.push_back(c.latency_s[i][j] + kSlowLinkProbeBytes / c.bandwidth_bytes_per_s[i][j]);
-    if (t.empty()) return;
-    std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
-    typical[i] = t[t.size() / 2];
-  }
-  std::vector<double> sorted = typical;
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(n / 2), sorted.end());
-  const double cluster_typical = sorted[n / 2];
-  for (size_t i = 0; i < n; ++i)
-    if (typical[i] > kSlowLinkFactor * cluster_typical) {
-      p.ranks[i].slow_link = true;
-      p.ranks[i].link_note = "a 1 MiB message to its typical peer takes " + format_seconds(typical[i]) +
-                             ", " + std::to_string(static_cast<int>(typical[i] / cluster_typical)) +
-                             "x the cluster's typical " + format_seconds(cluster_typical);
-    }
-}
-
-// Who does how much of the step's FLOPs, by device.
-std::string work_note(const Plan& p, const BlockCosts& costs) {
-  std::map<std::string, std::pair<int, double>> by_device;  // id -> (ranks, FLOPs)
-  double total = 0;
-  for (const RankPlan& rp : p.ranks) {
-    if (rp.replica < 0) continue;
-    const double flops = static_cast<double>(rp.samples) *
-                         std::accumulate(costs.flops.begin() + rp.block_begin,
-                                         costs.flops.begin() + rp.block_end, 0.0);
-    auto& [ranks, work] = by_device[label(rp.device)];
-    ++ranks;
-    work += flops;
-    total += flops;
-  }
-  std::vector<std::pair<double, std::string>> rows;
-  for (const auto& [id, v] : by_device) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%s (%d rank%s) %.1f%%", id.c_str(), v.first,
-                  v.first == 1 ? "" : "s", total > 0 ? 100 * v.second / total : 0);
-    rows.emplace_back(-v.second, buf);
-  }
-  std::sort(rows.begin(), rows.end());
-  std::string out = "work per step by device:";
-  for (size_t i = 0; i < rows.size(); ++i) out += (i ? ", " : " ") + rows[i].second;
-  return out;
 }
 
 }  // namespace

@@ -147,7 +147,8 @@ def main():
         data = write_config(os.path.join(tmp, "mlp_data.json"), MLP, parallel={"strategy": "data"})
         r = plan(data, "--cluster", hetero, "--json", j)
         print(r.stdout)
-        shares = load(j)["layout"]["samples"] if r.returncode == 0 else [0, 0, 0, 0]
+        # Per rank (replicas follow the speed order, not the rank order).
+        shares = [x["samples"] for x in load(j)["ranks"]] if r.returncode == 0 else [0, 0, 0, 0]
         speed = [1 / sum(b["fwd_bwd_s_per_sample"] for b in x["blocks"]) for x in load(hetero)["ranks"]]
         ideal = [128 * v / sum(speed) for v in speed]
         want = [64, 32, 16, 16]

@@ -1,0 +1,27 @@
+// What a plan tells people besides its layout: ranks whose links are far slower than
+// the rest (for the slow-link sync policy of a later issue), and who does how much of
+// the work.
+#pragma once
+
+#include <string>
+
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/plan.h"
+
+namespace ht::plan {
+
+// A rank is marked for the slow-link policy when its typical (median) transfer of a
+// 1 MiB message takes this many times the cluster's typical one.
+inline constexpr double kSlowLinkFactor = 4;
+inline constexpr double kSlowLinkProbeBytes = 1 << 20;
+
+// Sets slow_link and link_note on such ranks (clusters of 3 ranks or more: with two,
+// there is no majority to compare against).
+void mark_slow_links(Plan& plan, const ClusterModel& cluster);
+
+// "work per step by device: rtx4090 (1 rank) 96.9%, cpu-16c (2 ranks) 3.1%": each
+// device's share of the step's forward FLOPs (samples x FLOPs of its blocks).
+std::string work_note(const Plan& plan, const BlockCosts& costs);
+
+}  // namespace ht::plan
