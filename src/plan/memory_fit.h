@@ -1,7 +1,8 @@
 // Fitting every rank of a plan into its memory: the per-rank strategies of the planner,
 // tried in order of cost until the rank fits (plan.h's kStrategy* names):
-//  1. recomputation: keep only each block's input per in-flight micro-batch and rebuild
-//     the activations block by block in the backward (costs one more forward);
+//  1. recomputation: keep only the stage's input per in-flight micro-batch and re-run its
+//     forward before each Backward (costs one more forward; helps only with more than
+//     one micro-batch in flight, i.e. on pipeline stages);
 //  2. more, smaller micro-batches for the rank's replica: the least M that fits (costs a
 //     fixed overhead per micro-batch and block, and smaller, less efficient kernels);
 //  3. optimiser-state sharding over the stage's data-parallel group, each member keeping a

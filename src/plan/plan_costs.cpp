@@ -66,7 +66,7 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
         rp.optimizer_shard *
         std::accumulate(step.begin() + rp.block_begin, step.begin() + rp.block_end, 0.0);
     const auto mb = static_cast<double>(rp.micro_batch_size);
-    t.activation_bytes[r] = mb * (rp.recompute ? f.largest_block_activation_bytes : f.activation_bytes);
+    t.activation_bytes[r] = mb * f.activation_bytes;
     t.checkpoint_bytes[r] = mb * f.checkpoint_bytes;
   }
   const size_t stages = plan.stage_ranges.size();

@@ -16,10 +16,8 @@ StageFootprint stage_footprint(const BlockCosts& costs, int begin, int end) {
   for (auto b = static_cast<size_t>(begin); b < static_cast<size_t>(end); ++b) {
     f.params += costs.params[b];
     f.activation_bytes += costs.activation_bytes[b];
-    f.checkpoint_bytes += costs.input_bytes[b];
-    f.largest_block_activation_bytes =
-        std::max(f.largest_block_activation_bytes, costs.activation_bytes[b]);
   }
+  f.checkpoint_bytes = costs.input_bytes[static_cast<size_t>(begin)];
   return f;
 }
 
@@ -36,7 +34,7 @@ MemoryUse stage_memory(const StageFootprint& f, const StageMemoryParams& p) {
   const auto k = static_cast<double>(in_flight_micro_batches(p.stage, p.stages, p.micro_batches));
   const auto mb = static_cast<double>(p.micro_batch_size);
   m.activations = p.recompute
-                      ? k * mb * f.checkpoint_bytes + mb * f.largest_block_activation_bytes
+                      ? k * mb * f.checkpoint_bytes + mb * f.activation_bytes
                       : k * mb * f.activation_bytes;
   return m;
 }

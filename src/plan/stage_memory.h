@@ -15,11 +15,10 @@ struct StageFootprint {
   double params = 0;
   double optimizer_bytes_per_param = 0;
   double activation_bytes = 0;  // per sample: every block's saved activations
-  // With recomputation the stage keeps only each block's input per in-flight sample and
-  // rebuilds one block at a time during the backward, so it holds the inputs of all its
-  // blocks plus the largest block's activations for one micro-batch.
-  double checkpoint_bytes = 0;   // per sample: sum of the blocks' inputs
-  double largest_block_activation_bytes = 0;  // per sample
+  // With recomputation (GPipe's re-materialisation at the stage boundary) a stage keeps
+  // only its input per in-flight micro-batch and re-runs its forward right before each
+  // Backward, so one micro-batch's activations are alive at a time.
+  double checkpoint_bytes = 0;  // per sample: the stage's input
 };
 StageFootprint stage_footprint(const BlockCosts& costs, int begin, int end);
 
@@ -33,7 +32,8 @@ struct StageMemoryParams {
 
 // Bytes by kind. Activations: k = min(S - s, M) micro-batches in flight (1F1B) hold
 // k * m * activation_bytes; with recomputation k * m * checkpoint_bytes plus one
-// micro-batch of the largest block rebuilt, m * largest_block_activation_bytes.
+// micro-batch rebuilt, m * activation_bytes. So recomputation pays off only with more
+// than one micro-batch in flight: on pipeline stages, not in pure data parallelism.
 MemoryUse stage_memory(const StageFootprint& f, const StageMemoryParams& p);
 
 }  // namespace ht::plan

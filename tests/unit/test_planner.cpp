@@ -149,56 +149,104 @@ TEST_CASE("planner: hybrid layouts put like devices on one stage across replicas
   CHECK(e - b < 3);
 }
 
+namespace {
+
+// Two replicas of two stages (blocks 0-1 and 2-3), 32 samples each in 2 micro-batches;
+// rank 0 (replica 0, stage 0) holds `memory`, the others plenty.
+Plan hybrid_skeleton(double memory) {
+  Plan p;
+  p.world_size = 4;
+  p.blocks = 4;
+  p.global_batch = 64;
+  p.stage_ranges = {{0, 2}, {2, 4}};
+  p.layout.replicas = {{0, 1}, {2, 3}};
+  p.layout.samples = {32, 32};
+  p.layout.micro_batches = {2, 2};
+  p.layout.activation_bytes = {65536};
+  for (int k = 0; k < 4; ++k) {
+    RankPlan r;
+    r.rank = k;
+    r.device.id = "dev" + std::to_string(k);
+    r.device.memory_bytes = k == 0 ? memory : 64 * kGiB;
+    r.replica = k / 2;
+    r.stage = k % 2;
+    std::tie(r.block_begin, r.block_end) = p.stage_ranges[static_cast<size_t>(r.stage)];
+    p.ranks.push_back(r);
+  }
+  sync_rank_shares(p);
+  return p;
+}
+
+}  // namespace
+
 TEST_CASE("planner: memory strategies in order: recompute, then micro-batches, then sharding") {
-  // Rank 1 holds 40 % less than it needs for its share; each case tightens it further.
-  const double weights = 4 * 1e6 * 16;  // 4 blocks of state
-  auto plan_with = [&](double rank1_memory) {
-    const ClusterModel c = cluster({1e12, 1e12}, {64 * kGiB, rank1_memory});
-    PlannerInput in = input(c, costs(c, 4), 64, "data");
-    return std::pair{make_plan(in), in};
-  };
-  // Equal speeds: 32 samples each, 4 MB of activations per sample = 128 MB held.
+  const ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB));
+  const BlockCosts k = costs(c, 4);
+  // Rank 0: 32 MB of weight state; 2 micro-batches of 16 in flight x 2 MB = 64 MB.
   SUBCASE("recompute alone") {
-    // With recompute: 32 x (4 x 64 KB inputs) + 32 x 1 MB largest block = 40.4 MB.
-    auto [p, in] = plan_with(weights + 64e6);
-    check_fits_and_agrees(p, in);
-    CHECK(p.ranks[0].memory_strategy == kStrategyNone);
-    CHECK(p.ranks[1].memory_strategy == "recompute");
-    CHECK(p.ranks[1].recompute);
-    CHECK(p.layout.recompute[1][0]);
-    CHECK(p.layout.micro_batches[1] == 1);
-    CHECK(contains(p.ranks[1].memory_reason, "recompute: activations"));
-    CHECK_FALSE(p.baseline.fits);
-    REQUIRE(p.baseline.problems.size() == 1);
-    CHECK(contains(p.baseline.problems[0], "rank 1 (dev1"));
-    CHECK(contains(p.baseline.problems[0], "short"));
+    // Recompute: 2 x 16 x 64 KiB inputs + 16 x 2 MB rebuilt = 34.1 MB, 66.1 MB in all.
+    Plan p = hybrid_skeleton(80e6);
+    REQUIRE(fit_memory(p, k).empty());
+    CHECK(p.ranks[0].memory_strategy == "recompute");
+    CHECK(p.ranks[0].recompute);
+    CHECK(p.layout.recompute[0][0]);
+    CHECK_FALSE(p.layout.recompute[1][0]);
+    CHECK(p.layout.micro_batches[0] == 2);
+    CHECK(contains(p.ranks[0].memory_reason, "needs 91.6 MiB of 76.3 MiB"));
+    CHECK(contains(p.ranks[0].memory_reason, "recompute: activations 61.0 MiB -> 32.5 MiB"));
+    for (int r = 1; r < 4; ++r) CHECK(p.ranks[r].memory_strategy == kStrategyNone);
+    check_plan(p);
   }
   SUBCASE("recompute + micro-batches") {
-    // 20 MB: recompute leaves 40.4 MB; M = 3 gives 11 x 1.25 MB = 13.9 MB, M = 2 gives 20.2 MB.
-    auto [p, in] = plan_with(weights + 20e6);
-    check_fits_and_agrees(p, in);
-    CHECK(p.ranks[1].memory_strategy == "recompute + micro-batches");
-    CHECK(p.layout.micro_batches[1] == 3);
-    CHECK(p.layout.micro_batches[0] == 1);  // the other replica keeps one
-    CHECK(contains(p.ranks[1].memory_reason, "micro-batches: 3 of at most 11 samples"));
+    // 3 micro-batches of 11: 55.4 MB; 4 of 8: 49.05 MB fits 50 MB.
+    Plan p = hybrid_skeleton(50e6);
+    REQUIRE(fit_memory(p, k).empty());
+    CHECK(p.ranks[0].memory_strategy == "recompute + micro-batches");
+    CHECK(p.layout.micro_batches == std::vector<int>{4, 2});  // the other replica keeps 2
+    CHECK(p.ranks[1].micro_batches == 4);  // the whole replica follows
+    CHECK(contains(p.ranks[0].memory_reason, "micro-batches: 4 of at most 8 samples"));
+    CHECK(p.ranks[0].memory.total() <= 50e6);
   }
   SUBCASE("all three, sharding by free memory") {
-    // Weights with the optimiser state do not fit, params + grads + 1 sample do: shard.
-    auto [p, in] = plan_with(weights / 2 + 4e6);
-    check_fits_and_agrees(p, in);
-    CHECK(p.ranks[1].memory_strategy == "recompute + micro-batches + optimizer sharding");
-    CHECK(p.ranks[0].memory_strategy == "optimizer sharding");
-    const double s0 = p.ranks[0].optimizer_shard, s1 = p.ranks[1].optimizer_shard;
-    CHECK(s0 + s1 == doctest::Approx(1.0));
-    CHECK(s0 > 0.9);  // rank 0 has 64 GiB free, rank 1 a few MB
-    CHECK(contains(p.ranks[0].memory_reason, "sharded for rank 1"));
+    // Below the 32 MB of weight state: the optimiser state is sharded with rank 2.
+    Plan p = hybrid_skeleton(30e6);
+    REQUIRE(fit_memory(p, k).empty());
+    CHECK(p.ranks[0].memory_strategy == "recompute + micro-batches + optimizer sharding");
+    CHECK(p.ranks[2].memory_strategy == "optimizer sharding");
+    CHECK(p.ranks[1].optimizer_shard == 1);  // stage 1's group is untouched
+    const double s0 = p.ranks[0].optimizer_shard, s2 = p.ranks[2].optimizer_shard;
+    CHECK(s0 + s2 == doctest::Approx(1.0));
+    CHECK(s0 < 0.01);  // rank 2 has 64 GiB free, rank 0 about 12 MB
+    CHECK(contains(p.ranks[2].memory_reason, "sharded for rank 0"));
+    for (const RankPlan& r : p.ranks) CHECK(r.memory.total() <= r.device.memory_bytes);
   }
-  SUBCASE("nothing fits: the error names the rank and the numbers") {
-    const std::string msg = error_of([&] { plan_with(weights / 2 - 1e6); });
-    CHECK(contains(msg, "no plan fits"));
-    CHECK(contains(msg, "rank 1 (dev1"));
+  SUBCASE("nothing fits: the rank and the numbers") {
+    Plan p = hybrid_skeleton(16e6 + 1);  // params + grads alone
+    const std::string msg = fit_memory(p, k);
+    CHECK(contains(msg, "rank 0 (dev0, 15.3 MiB) cannot hold stage 0 (blocks 0-1, 32 samples)"));
     CHECK(contains(msg, "short"));
   }
+}
+
+TEST_CASE("planner: in data parallelism a short rank gets more micro-batches, not recompute") {
+  // One sample in flight at a time: recomputation would add the input to what it holds.
+  const ClusterModel c = cluster({1e12, 1e12}, {64 * kGiB, 4 * 1e6 * 16 + 20e6});
+  const PlannerInput in = input(c, costs(c, 4), 64, "data");
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.ranks[1].memory_strategy == "micro-batches");
+  CHECK_FALSE(p.ranks[1].recompute);
+  CHECK(p.layout.micro_batches[1] == 7);  // 32 samples x 4 MB = 128 MB; 5 x 4 MB = 20 MB
+  CHECK_FALSE(p.baseline.fits);
+  REQUIRE(p.baseline.problems.size() == 1);
+  CHECK(contains(p.baseline.problems[0], "rank 1 (dev1"));
+  CHECK(contains(p.baseline.problems[0], "short"));
+  // A whole model beyond any rank, with no partner to shard with across a pipeline: no plan.
+  const ClusterModel tiny = cluster({1e12, 1e12}, {16e6, 16e6});
+  const std::string msg = error_of([&] { make_plan(input(tiny, costs(tiny, 4), 64)); });
+  CHECK(contains(msg, "no plan fits"));
+  CHECK(contains(msg, "rank "));
+  CHECK(contains(msg, "short"));
 }
 
 TEST_CASE("planner: a device that cannot hold the model gets fewer layers of a pipeline") {
@@ -315,7 +363,7 @@ TEST_CASE("plan: stage memory follows the 1F1B in-flight count and the strategie
   const StageFootprint f = stage_footprint(k, 1, 3);
   CHECK(f.params == 2e6);
   CHECK(f.activation_bytes == 2e6);
-  CHECK(f.checkpoint_bytes == 2 * 65536);
+  CHECK(f.checkpoint_bytes == 65536);  // block 1's input
   StageMemoryParams s;
   s.stage = 0;
   s.stages = 3;
@@ -323,7 +371,7 @@ TEST_CASE("plan: stage memory follows the 1F1B in-flight count and the strategie
   s.micro_batches = 8;  // min(3 - 0, 8) = 3 in flight
   CHECK(stage_memory(f, s).activations == 3 * 4 * 2e6);
   s.recompute = true;
-  CHECK(stage_memory(f, s).activations == 3 * 4 * 2 * 65536 + 4 * 1e6);
+  CHECK(stage_memory(f, s).activations == 3 * 4 * 65536 + 4 * 2e6);
   s.optimizer_shard = 0.25;
   const MemoryUse m = stage_memory(f, s);
   CHECK(m.params == 8e6);
