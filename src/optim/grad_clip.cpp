@@ -9,7 +9,8 @@
 
 namespace ht::optim {
 
-double clip_grad_norm(const std::vector<nn::NamedTensor>& params, float max_norm) {
+double clip_grad_norm(const std::vector<nn::NamedTensor>& params, float max_norm,
+                      const std::function<double(double)>& global_sum) {
   HT_CHECK(max_norm > 0.f && std::isfinite(max_norm), "clip_grad_norm: max_norm ", max_norm,
            " is out of range; expected a finite max_norm > 0");
   NoGradGuard no_grad;
@@ -25,6 +26,7 @@ double clip_grad_norm(const std::vector<nn::NamedTensor>& params, float max_norm
              dtype_name(g.dtype()), "; expected float32");
     total += static_cast<double>(sum(mul(g, g)).item());
   }
+  if (global_sum) total = global_sum(total);
   double norm = std::sqrt(total);
   double scale = static_cast<double>(max_norm) / (norm + 1e-6);
   if (!(scale < 1.0)) return norm;

@@ -3,6 +3,7 @@
 // max_norm / (norm + 1e-6). Parameters without a gradient are skipped.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "nn/module.h"
@@ -11,7 +12,11 @@ namespace ht::optim {
 
 // Returns the norm before clipping. Check it for inf/NaN to skip a step: an infinite
 // norm scales every gradient by 0 (inf entries become NaN); a NaN norm scales nothing.
-double clip_grad_norm(const std::vector<nn::NamedTensor>& params, float max_norm);
+// When the model is split over ranks (pipeline stages), `global_sum` turns this rank's
+// sum of squares into the whole model's (a sum over the stages), so every stage clips by
+// the same global norm.
+double clip_grad_norm(const std::vector<nn::NamedTensor>& params, float max_norm,
+                      const std::function<double(double)>& global_sum = {});
 double clip_grad_norm(const std::vector<Tensor>& params, float max_norm);
 
 }  // namespace ht::optim

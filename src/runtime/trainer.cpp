@@ -10,16 +10,15 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/graph.h"
+#include "comm/communicator.h"
 #include "core/threads.h"
-#include "ops/ops.h"
-#include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
-#include "optim/make_optimizer.h"
 #include "report/metrics_log.h"
 #include "report/progress.h"
 #include "runtime/checkpoint.h"
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_dir.h"
+#include "runtime/executor.h"
 #include "runtime/run_dir.h"
 #include "runtime/task.h"
 
@@ -94,7 +93,9 @@ class Run {
         task_(make_task(cfg_)),
         dir_(RunDir::open(cfg_.run.dir, opts.resume)),
         model_(task_->build_model(cfg_.train.seed)),
-        opt_(optim::make_optimizer(cfg_.train.optimizer, model_.named_parameters())),
+        plan_(single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
+                                  static_cast<int>(cfg_.train.micro_batches))),
+        executor_(plan_, model_, *task_, comm::world(), cfg_.train),
         checkpoints_(dir_.checkpoints(), cfg_.checkpoint.keep) {
     total_steps_ = resolve_steps(cfg_.train, task_->train_size());
     const auto& s = cfg_.train.schedule;
@@ -188,24 +189,11 @@ class Run {
 
   double train_step(int64_t step, float lr) {
     const auto& t = cfg_.train;
-    opt_->set_lr(lr);
-    opt_->zero_grad();
-    int64_t micro = t.batch_size / t.micro_batches;
-    // Every micro-batch's summed loss is scaled by the same global count, so the
-    // accumulated gradient is the mean over the whole batch whatever the split.
-    double predictions = static_cast<double>(t.batch_size * task_->predictions_per_sample());
-    double loss_sum = 0;
-    for (int64_t m = 0; m < t.micro_batches; ++m) {
-      Batch b = task_->train_batch(stream_base_ + step * t.batch_size + m * micro, micro);
-      Tensor loss = summed_loss(model_.forward(b.inputs), b.targets);
-      loss_sum += loss.item();
-      mul(loss, static_cast<float>(1.0 / predictions)).backward();
-    }
-    double mean_loss = loss_sum / predictions;
+    const StepResult r = executor_.step(stream_base_ + step * t.batch_size, lr, false);
+    double mean_loss =
+        r.loss_sum / static_cast<double>(t.batch_size * task_->predictions_per_sample());
     HT_CHECK(std::isfinite(mean_loss), "training diverged at step ", step + 1, ": the loss is ",
              mean_loss, "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
-    if (t.grad_clip > 0) optim::clip_grad_norm(opt_->params(), t.grad_clip);
-    opt_->step();
     return mean_loss;
   }
 
@@ -238,7 +226,7 @@ class Run {
 
   void save(int64_t step, report::Progress& progress) {
     std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
-    for (auto& nt : prefixed("optim.", opt_->state())) tensors.push_back(nt);
+    for (auto& nt : prefixed("optim.", executor_.optimizer()->state())) tensors.push_back(nt);
     std::string path = checkpoints_.save(step, tensors, metadata(step));
     progress.note("checkpoint " + path);
   }
@@ -264,7 +252,7 @@ class Run {
     std::vector<nn::NamedTensor> state;
     for (const auto& [name, t] : loaded->tensors)
       if (name.rfind("optim.", 0) == 0) state.emplace_back(name.substr(6), t);
-    opt_->load_state(state);
+    executor_.optimizer()->load_state(state);
     for (size_t i = 0; i < model_.size(); ++i) {
       std::string key = "random_offset.block." + std::to_string(i);
       model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
@@ -285,7 +273,8 @@ class Run {
   std::unique_ptr<Task> task_;  // loads the data first: a missing dataset creates no run dir
   RunDir dir_;
   nn::Sequential model_;
-  std::unique_ptr<optim::Optimizer> opt_;
+  plan::Plan plan_;
+  Executor executor_;  // the whole model's optimiser lives here
   CheckpointDir checkpoints_;
   int64_t total_steps_ = 0;
   int64_t stream_base_ = 0;  // stream position of step 0's first sample

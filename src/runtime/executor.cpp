@@ -1,0 +1,273 @@
+#include "runtime/executor.h"
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "ops/ops.h"
+#include "optim/grad_clip.h"
+#include "optim/make_optimizer.h"
+
+namespace ht::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kTagActivation = 11;
+constexpr int kTagGrad = 12;
+// A peer that sends nothing for this long has stalled or died: fail with its name
+// rather than wait forever. Far above any step of the shipped configs.
+constexpr std::chrono::seconds kPeerTimeout{600};
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// "blocks.<i>.<rest>" -> i
+size_t block_of(const std::string& name) {
+  const size_t dot = name.find('.', 7);
+  HT_CHECK(name.rfind("blocks.", 0) == 0 && dot != std::string::npos,
+           "executor: parameter '", name, "' is not named blocks.<index>.<name>");
+  return std::stoul(name.substr(7, dot - 7));
+}
+
+}  // namespace
+
+struct Executor::MicroBatch {
+  Tensor inputs, targets;  // as loaded: inputs on the first stage, targets on the last
+  Tensor stage_input;      // what the stage's first block takes (a leaf after a receive)
+  Tensor output;           // the stage's last block's output (stages before the last)
+  Tensor scaled_loss;      // last stage: summed loss x scale
+  Tensor grad_output;      // received for `output`
+  Tensor grad_input;       // of stage_input, to send back
+  std::vector<uint64_t> offsets_before, offsets_after;  // dropout streams around Forward
+};
+
+Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
+                   comm::Communicator& world, const config::TrainConfig& train)
+    : plan_(plan), model_(model), task_(task), world_(world), train_(train) {
+  HT_CHECK(plan.world_size == world.size(), "the plan is for ", plan.world_size,
+           " ranks but this job has ", world.size(), "; plan again for this job");
+  HT_CHECK(plan.blocks == static_cast<int>(model.size()), "the plan splits ", plan.blocks,
+           " blocks but the config's model has ", model.size());
+  rank_plan_ = plan.ranks[static_cast<size_t>(world.rank())];
+  schedule_ = plan::build_1f1b(plan.layout, plan.world_size)[static_cast<size_t>(world.rank())];
+  stage_ = rank_plan_.stage;
+  replica_ = rank_plan_.replica;
+  stages_ = static_cast<int>(plan.stage_ranges.size());
+  // Collective: every rank splits, idle ones joining no group.
+  stage_group_ = world.split(active() ? stage_ : -1, replica_);
+  replica_group_ = world.split(active() ? replica_ : -1, stage_);
+  if (!active()) return;
+
+  HT_CHECK(rank_plan_.optimizer_shard == 1, "rank ", world.rank(), ": the plan shards the ",
+           "optimizer state (keeps ", rank_plan_.optimizer_shard, " of it), which the executor ",
+           "does not run yet; plan with more memory or fewer samples per rank");
+  first_ = stage_ == 0;
+  last_ = stage_ == stages_ - 1;
+  recompute_ = rank_plan_.recompute;
+  for (int r = 0; r < replica_; ++r) replica_offset_ += plan.layout.samples[static_cast<size_t>(r)];
+  int64_t offset = 0;
+  for (int mb = 0; mb < rank_plan_.micro_batches; ++mb) {
+    mb_offset_.push_back(offset);
+    offset += plan::micro_batch_samples(plan.layout, replica_, mb);
+  }
+  scale_ = 1.0 / static_cast<double>(plan.global_batch * task.predictions_per_sample());
+  for (const auto& p : model.named_parameters()) {
+    const size_t b = block_of(p.first);
+    if (b >= static_cast<size_t>(rank_plan_.block_begin) && b < static_cast<size_t>(rank_plan_.block_end))
+      params_.push_back(p);
+  }
+  opt_ = optim::make_optimizer(train.optimizer, params_);
+}
+
+Executor::~Executor() = default;
+
+Shape Executor::boundary_shape(int mb, bool input) const {
+  Shape s{plan::micro_batch_samples(plan_.layout, replica_, mb)};
+  const Shape sample = input ? model_.block(static_cast<size_t>(rank_plan_.block_begin)).sample_input_shape()
+                             : model_.block(static_cast<size_t>(rank_plan_.block_end - 1)).sample_output_shape();
+  s.insert(s.end(), sample.begin(), sample.end());
+  return s;
+}
+
+void Executor::load(int mb, int64_t first) {
+  const int64_t count = plan::micro_batch_samples(plan_.layout, replica_, mb);
+  Batch b = task_.train_batch(first + replica_offset_ + mb_offset_[static_cast<size_t>(mb)], count);
+  MicroBatch& m = live_[mb];
+  if (first_) m.stage_input = m.inputs = b.inputs;
+  if (last_) m.targets = b.targets;
+}
+
+// With `keep_graph` false (a recomputing stage's Forward) only the stage input is kept;
+// its Recompute calls this again with the dropout streams rewound.
+void Executor::forward(int mb, bool keep_graph) {
+  MicroBatch& m = live_.at(mb);
+  HT_CHECK(m.stage_input.defined(), "executor: rank ", world_.rank(), " runs Forward of micro-batch ",
+           mb, " before its input was loaded or received");
+  const auto begin = static_cast<size_t>(rank_plan_.block_begin);
+  const auto end = static_cast<size_t>(rank_plan_.block_end);
+  const bool replay = !m.offsets_after.empty();  // this is the Recompute
+  if (replay)
+    for (size_t b = begin; b < end; ++b) model_.block(b).set_random_offset(m.offsets_before[b - begin]);
+  else
+    for (size_t b = begin; b < end; ++b) m.offsets_before.push_back(model_.block(b).random_offset());
+  {
+    std::unique_ptr<NoGradGuard> no_grad;
+    if (!keep_graph) no_grad = std::make_unique<NoGradGuard>();
+    Tensor out = model_.forward_range(m.stage_input, begin, end);
+    if (last_) {
+      Tensor loss = summed_loss(out, m.targets);
+      if (!replay) loss_sum_ += static_cast<double>(loss.item());
+      if (keep_graph) m.scaled_loss = mul(loss, static_cast<float>(scale_));
+    } else {
+      m.output = keep_graph ? out : out.detach();
+    }
+  }
+  if (replay) {
+    for (size_t b = begin; b < end; ++b) model_.block(b).set_random_offset(m.offsets_after[b - begin]);
+  } else {
+    for (size_t b = begin; b < end; ++b) m.offsets_after.push_back(model_.block(b).random_offset());
+  }
+}
+
+void Executor::backward(int mb) {
+  MicroBatch& m = live_.at(mb);
+  if (last_) {
+    HT_CHECK(m.scaled_loss.defined(), "executor: rank ", world_.rank(),
+             " runs Backward of micro-batch ", mb, " without its loss");
+    m.scaled_loss.backward();
+  } else {
+    HT_CHECK(m.grad_output.defined(), "executor: rank ", world_.rank(),
+             " runs Backward of micro-batch ", mb, " before its gradient arrived");
+    m.output.backward(m.grad_output);
+  }
+  if (!first_) {
+    m.grad_input = m.stage_input.grad();
+    HT_CHECK(m.grad_input.defined(), "executor: rank ", world_.rank(), " stage ", stage_,
+             " got no gradient for its input of micro-batch ", mb);
+  }
+  m.output = m.scaled_loss = m.grad_output = Tensor();
+  if (first_) live_.erase(mb);
+}
+
+void Executor::reduce_grads() {
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : params_) {
+    Tensor g = p.grad();
+    if (!g.defined()) {
+      g = Tensor::zeros(p.shape());  // a parameter this step did not reach
+    } else if (!g.is_contiguous()) {
+      g = clone(g);
+    }
+    p.set_grad(g);
+    grads.push_back(g);
+  }
+  const comm::WaitStatus s = stage_group_->allreduce_sum(grads, kPeerTimeout);
+  HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ReduceGrads of stage ", stage_,
+           " timed out after ", kPeerTimeout.count(), " s; a rank of its group has stalled");
+}
+
+void Executor::optimizer_step(float lr) {
+  if (train_.grad_clip > 0) {
+    std::function<double(double)> over_stages;
+    if (stages_ > 1)
+      over_stages = [this](double local) {
+        std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1})};
+        const comm::WaitStatus s = replica_group_->allreduce_sum(t, kPeerTimeout);
+        HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(),
+                 ": the gradient norm across stages timed out");
+        return static_cast<double>(t[0].item());
+      };
+    optim::clip_grad_norm(params_, train_.grad_clip, over_stages);
+  }
+  opt_->set_lr(lr);
+  opt_->step();
+}
+
+StepResult Executor::step(int64_t first, float lr, bool record_spans) {
+  StepResult r;
+  if (!active()) return r;
+  opt_->zero_grad();
+  loss_sum_ = 0;
+  live_.clear();
+  const auto start = Clock::now();
+  for (const plan::Instruction& in : schedule_) {
+    const auto t0 = Clock::now();
+    bool comm = false;
+    auto wait = [&](comm::WaitStatus s) {
+      HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ", plan::op_name(in.op),
+               " of micro-batch ", in.micro_batch, " from rank ", in.peer, " timed out after ",
+               kPeerTimeout.count(), " s; that rank has stalled or died");
+    };
+    switch (in.op) {
+      case plan::Op::load_micro_batch: load(in.micro_batch, first); break;
+      case plan::Op::forward: forward(in.micro_batch, !recompute_); break;
+      case plan::Op::recompute: forward(in.micro_batch, true); break;
+      case plan::Op::backward: backward(in.micro_batch); break;
+      case plan::Op::send_activation:
+        comm = true;
+        world_.send(live_.at(in.micro_batch).output, in.peer, kTagActivation);
+        break;
+      case plan::Op::recv_activation: {
+        comm = true;
+        Tensor x = Tensor::empty(boundary_shape(in.micro_batch, true));
+        wait(world_.recv(x, in.peer, kTagActivation, kPeerTimeout));
+        live_[in.micro_batch].stage_input = x.set_requires_grad();
+        break;
+      }
+      case plan::Op::send_grad:
+        comm = true;
+        world_.send(live_.at(in.micro_batch).grad_input, in.peer, kTagGrad);
+        live_.erase(in.micro_batch);
+        break;
+      case plan::Op::recv_grad: {
+        comm = true;
+        Tensor g = Tensor::empty(boundary_shape(in.micro_batch, false));
+        wait(world_.recv(g, in.peer, kTagGrad, kPeerTimeout));
+        live_.at(in.micro_batch).grad_output = g;
+        break;
+      }
+      case plan::Op::reduce_grads:
+        comm = true;
+        reduce_grads();
+        break;
+      case plan::Op::optimizer_step: optimizer_step(lr); break;
+    }
+    const double dt = since(t0);
+    (comm ? r.comm_s : r.compute_s) += dt;
+    if (record_spans) {
+      const double at = std::chrono::duration<double>(t0 - start).count();
+      r.spans.push_back({world_.rank(), plan::op_name(in.op), comm ? "comm" : "compute", at, at + dt,
+                         in.micro_batch, in.stage});
+    }
+  }
+  HT_CHECK(live_.empty(), "executor: rank ", world_.rank(), " ended a step with ", live_.size(),
+           " micro-batches not backwarded (an inconsistent schedule)");
+  r.loss_sum = loss_sum_;
+  r.wall_s = since(start);
+  return r;
+}
+
+plan::Plan single_process_plan(int blocks, int64_t global_batch, int micro_batches) {
+  plan::Plan p;
+  p.world_size = 1;
+  p.blocks = blocks;
+  p.global_batch = global_batch;
+  p.strategy = "data";
+  p.stage_ranges = {{0, blocks}};
+  p.layout.replicas = {{0}};
+  p.layout.samples = {global_batch};
+  p.layout.micro_batches = {micro_batches};
+  plan::RankPlan r;
+  r.replica = r.stage = 0;
+  r.block_end = blocks;
+  r.samples = global_batch;
+  r.micro_batches = micro_batches;
+  r.micro_batch_size = (global_batch + micro_batches - 1) / micro_batches;
+  p.ranks = {r};
+  return p;
+}
+
+}  // namespace ht::runtime

@@ -1,0 +1,90 @@
+// The executor: the first interpreter of a plan. It runs this rank's instruction list
+// (plan/schedule.h) for one optimiser step on real tensors and the communication layer,
+// the same list the simulator runs against the cost model. Every training run goes
+// through it, one process or many: a single process is the plan of one rank.
+//
+// Exactness: every micro-batch's summed loss is scaled by 1 / (global batch x
+// predictions per sample) and gradients are summed over micro-batches and replicas, so
+// the step's gradient is the global batch's mean whatever the split; stages share the
+// global gradient norm for clipping. Stage inputs arrive as leaves, so a stage's
+// backward ends at its input and hands that gradient to the previous stage.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "nn/block.h"
+#include "optim/optimizer.h"
+#include "plan/plan.h"
+#include "report/trace.h"
+#include "runtime/task.h"
+
+namespace ht::runtime {
+
+struct StepResult {
+  // Summed loss over the micro-batches this rank finished as the last stage (0 on other
+  // stages); the global mean is the sum over ranks / (global batch x predictions).
+  double loss_sum = 0;
+  double compute_s = 0, comm_s = 0;  // this rank's time in each kind of instruction
+  double wall_s = 0;
+  std::vector<report::Span> spans;   // when recorded: one per instruction
+};
+
+class Executor {
+ public:
+  // `model` is the whole model built from the config's seed, identical on every rank;
+  // this rank trains blocks [begin, end) of its stage with its own optimiser. Collective:
+  // every rank of `world` constructs one (it splits the stage and replica groups).
+  Executor(const plan::Plan& plan, nn::Sequential& model, Task& task, comm::Communicator& world,
+           const config::TrainConfig& train);
+  ~Executor();
+
+  bool active() const { return !schedule_.empty(); }  // false: an idle rank
+  int stage() const { return stage_; }
+  int replica() const { return replica_; }
+  const plan::RankPlan& rank_plan() const { return rank_plan_; }
+  // This rank's parameters, named as in the whole model ("blocks.<i>.<name>").
+  const std::vector<nn::NamedTensor>& parameters() const { return params_; }
+  optim::Optimizer* optimizer() const { return opt_.get(); }
+
+  // One step over the global batch whose first sample sits at stream position `first`.
+  StepResult step(int64_t first, float lr, bool record_spans);
+
+ private:
+  struct MicroBatch;
+  void load(int mb, int64_t first);
+  void forward(int mb, bool keep_graph);
+  void backward(int mb);
+  void reduce_grads();
+  void optimizer_step(float lr);
+  Shape boundary_shape(int mb, bool input) const;
+
+  const plan::Plan& plan_;
+  nn::Sequential& model_;
+  Task& task_;
+  comm::Communicator& world_;
+  config::TrainConfig train_;
+  plan::RankPlan rank_plan_;
+  plan::Schedule schedule_;
+  int stage_ = -1, replica_ = -1, stages_ = 0;
+  bool first_ = false, last_ = false, recompute_ = false;
+  int64_t replica_offset_ = 0;       // first sample of this replica within a global batch
+  std::vector<int64_t> mb_offset_;   // first sample of each micro-batch within the replica
+  double scale_ = 0;                 // 1 / (global batch x predictions per sample)
+  std::vector<nn::NamedTensor> params_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<comm::Communicator> stage_group_;    // this stage in every replica
+  std::unique_ptr<comm::Communicator> replica_group_;  // every stage of this replica
+  std::map<int, MicroBatch> live_;   // micro-batches between their Forward and Backward
+  double loss_sum_ = 0;
+};
+
+// The plan of one process: the whole model, the whole batch in `micro_batches`
+// micro-batches (gradient accumulation).
+plan::Plan single_process_plan(int blocks, int64_t global_batch, int micro_batches);
+
+}  // namespace ht::runtime
