@@ -1,0 +1,165 @@
+// Exactness of the executor: training split over ranks (uneven data-parallel shares, 2
+// and 3 pipeline stages, a 2 x 2 hybrid, recomputation) gives the parameters of one
+// process training the same global batches.
+//
+// Tolerance. Every layout computes the same per-sample terms; what differs is the order
+// of float32 sums (over micro-batches, over replicas in the all-reduce, of the squared
+// norm for clipping) and the size of the matrix products, so gradients differ by a few
+// float32 roundings (relative ~1e-7 per addition, the batch is 20 samples). AdamW
+// normalises each update to about lr, so after a few steps parameters differ by much
+// less than lr x 1e-4 = 1e-6. Observed: at most 7e-7 (the hybrid, rank 0); 2e-6 leaves
+// room for that while a wrong share, a lost micro-batch or a missing reduction moves
+// parameters by ~lr = 1e-2.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/models.h"
+#include "mpi_util.h"
+#include "plan/plan.h"
+#include "runtime/executor.h"
+#include "runtime/task.h"
+
+using namespace ht;
+
+namespace {
+
+constexpr int64_t kBatch = 20;
+constexpr int kSteps = 3;
+constexpr float kTolerance = 2e-6f;
+
+// A 4-block MLP on synthetic data that is a pure function of the stream position.
+class SyntheticTask : public runtime::Task {
+ public:
+  nn::Sequential build_model(uint64_t seed) const override {
+    return models::build_mlp({12, {16, 16, 16}, 5}, seed);
+  }
+  int64_t train_size() const override { return 1 << 20; }
+  int64_t predictions_per_sample() const override { return 1; }
+  runtime::Batch train_batch(int64_t first, int64_t count) override {
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    for (int64_t i = first; i < first + count; ++i) {
+      for (int j = 0; j < 12; ++j) x.push_back(std::sin(0.37f * static_cast<float>(i) + 1.3f * j));
+      y.push_back(static_cast<int32_t>((i * 7) % 5));
+    }
+    return {Tensor::from_vector(x, {count, 12}), Tensor::from_ints(y, {count})};
+  }
+  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
+};
+
+config::TrainConfig train_config() {
+  config::TrainConfig t;
+  t.batch_size = kBatch;
+  t.optimizer.lr = 1e-2f;
+  t.grad_clip = 0.5f;  // small enough to clip: the norm is summed across stages
+  return t;
+}
+
+// A hand-made plan: replicas[r][s] = rank, ranges per stage, samples and M per replica;
+// ranks in no replica stay idle.
+plan::Plan layout(std::vector<std::vector<int>> replicas, std::vector<std::pair<int, int>> ranges,
+                  std::vector<int64_t> samples, std::vector<int> micro_batches,
+                  std::vector<int> recompute_ranks = {}) {
+  plan::Plan p;
+  p.world_size = 4;
+  p.blocks = 4;
+  p.global_batch = kBatch;
+  p.stage_ranges = ranges;
+  p.layout.replicas = replicas;
+  p.layout.samples = samples;
+  p.layout.micro_batches = micro_batches;
+  p.layout.activation_bytes.assign(ranges.size() - 1, 16 * 4);
+  p.layout.recompute.assign(replicas.size(), std::vector<bool>(ranges.size(), false));
+  p.ranks.resize(4);
+  for (int k = 0; k < 4; ++k) p.ranks[static_cast<size_t>(k)].rank = k;
+  for (size_t r = 0; r < replicas.size(); ++r)
+    for (size_t s = 0; s < ranges.size(); ++s) {
+      plan::RankPlan& rp = p.ranks[static_cast<size_t>(replicas[r][s])];
+      rp.replica = static_cast<int>(r);
+      rp.stage = static_cast<int>(s);
+      std::tie(rp.block_begin, rp.block_end) = ranges[s];
+      rp.samples = samples[r];
+      rp.micro_batches = micro_batches[r];
+      for (int k : recompute_ranks)
+        if (k == rp.rank) rp.recompute = p.layout.recompute[r][s] = true;
+    }
+  return p;
+}
+
+// Parameters after kSteps of one process on the whole batch.
+std::map<std::string, std::vector<float>> reference(comm::Communicator& self, double& loss) {
+  SyntheticTask task;
+  nn::Sequential model = task.build_model(7);
+  const plan::Plan p = runtime::single_process_plan(4, kBatch, 1);
+  runtime::Executor ex(p, model, task, self, train_config());
+  loss = 0;
+  for (int step = 0; step < kSteps; ++step) loss += ex.step(step * kBatch, 1e-2f, false).loss_sum;
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, t] : model.named_parameters()) out[name] = t.to_vector();
+  return out;
+}
+
+void check_exact(const plan::Plan& p) {
+  comm::Communicator& world = comm::world();
+  REQUIRE(world.size() == 4);
+  auto self = world.split(world.rank(), 0);
+  double ref_loss = 0;
+  const auto want = reference(*self, ref_loss);
+
+  SyntheticTask task;
+  nn::Sequential model = task.build_model(7);
+  runtime::Executor ex(p, model, task, world, train_config());
+  double loss = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    const runtime::StepResult r = ex.step(step * kBatch, 1e-2f, step == 0);
+    loss += r.loss_sum;
+    if (step == 0 && ex.active()) CHECK(r.spans.size() == plan::build_1f1b(p.layout, 4)[static_cast<size_t>(world.rank())].size());
+  }
+  // The loss over all last stages is the one process's loss.
+  std::vector<Tensor> total{Tensor::from_vector({static_cast<float>(loss)}, {1})};
+  REQUIRE(world.allreduce_sum(total, mpi_test::kLong) == comm::WaitStatus::done);
+  CHECK(total[0].item() == doctest::Approx(ref_loss).epsilon(1e-5));
+
+  float worst = 0, moved = 0;
+  for (const auto& [name, t] : ex.parameters()) {
+    const std::vector<float> got = t.to_vector();
+    const std::vector<float>& ref = want.at(name);
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]));
+  }
+  // Training moved the parameters, so agreeing means something.
+  SyntheticTask fresh;
+  const nn::Sequential init = fresh.build_model(7);
+  for (const auto& [name, t] : init.named_parameters()) {
+    const std::vector<float> a = t.to_vector();
+    const std::vector<float>& b = want.at(name);
+    for (size_t i = 0; i < a.size(); ++i) moved = std::max(moved, std::fabs(a[i] - b[i]));
+  }
+  CAPTURE(world.rank());
+  CHECK(moved > 1e-2f);
+  CHECK(worst <= kTolerance);
+  MESSAGE("rank ", world.rank(), ": largest parameter difference ", worst);
+}
+
+}  // namespace
+
+TEST_CASE("executor: 4 ranks with uneven data-parallel shares match one process") {
+  check_exact(layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {11, 5, 3, 1}, {2, 1, 3, 1}));
+}
+
+TEST_CASE("executor: 2 pipeline stages match one process (stage 0 recomputes)") {
+  check_exact(layout({{0, 1}}, {{0, 2}, {2, 4}}, {20}, {3}, {0}));
+}
+
+TEST_CASE("executor: 3 pipeline stages match one process") {
+  check_exact(layout({{2, 0, 1}}, {{0, 1}, {1, 3}, {3, 4}}, {20}, {4}));
+}
+
+TEST_CASE("executor: 2 pipelines x 2 stages match one process") {
+  check_exact(layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3}));
+}
