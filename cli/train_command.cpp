@@ -1,31 +1,27 @@
-// `hetrain train` and `hetrain eval`: one process, from a config.
+// `hetrain train`: one process, or every rank of an MPI job executing a plan; and
+// `hetrain eval` (one process).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/planning.h"
+#include "comm/communicator.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "plan/plan_json.h"
+#include "report/plan_table.h"
 #include "runtime/trainer.h"
 
 namespace hetrain_cli {
 
 namespace {
 
-// Multi-rank training (uneven shares, pipeline stages) is not built yet: under mpirun
-// every rank would train the whole model alone into the same run directory.
-void require_single_process(const char* verb) {
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (size && std::atoi(size) > 1)
-    throw ht::Error(std::string("hetrain ") + verb + " runs as one process for now; this job has " +
-                    size + " ranks. Multi-rank training is not implemented yet: run it without mpirun");
-}
-
 struct TrainArgs {
   std::string config;
   std::string run_dir;
+  std::string plan, cluster, catalogue, timeline;
   bool resume = false;
   int64_t steps = 0;
   int64_t stop_after = 0;
@@ -33,6 +29,41 @@ struct TrainArgs {
   bool seed_given = false;
   bool quiet = false;
 };
+
+// Every rank must train the same config: compare the resolved configs' hashes.
+void check_same_config(ht::comm::Communicator& world, const ht::config::Config& cfg) {
+  const std::vector<std::string> hashes = world.allgather(ht::config::config_hash(cfg) + " " + cfg.source_path);
+  for (size_t r = 1; r < hashes.size(); ++r)
+    if (hashes[r] != hashes[0])
+      throw ht::config::ConfigError("the ranks disagree on the config: rank 0 has " + hashes[0] +
+                                    " and rank " + std::to_string(r) + " has " + hashes[r] +
+                                    " (hash and file); expected every rank to train the same config");
+}
+
+// The plan every rank executes: a plan file (checked against this job and config), or
+// the planner's over the given or probed cluster, made on rank 0 and shared so that all
+// ranks run the same one.
+ht::plan::Plan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg,
+                            ht::comm::Communicator& world) {
+  if (!a.plan.empty()) {
+    ht::plan::Plan p = ht::plan::read_plan(a.plan);
+    if (p.world_size != world.size())
+      throw ht::config::ConfigError(a.plan + ": the plan is for " + std::to_string(p.world_size) +
+                                    " ranks but this job has " + std::to_string(world.size()) +
+                                    "; plan again with this job's ranks");
+    const std::string hash = ht::config::config_hash(cfg);
+    if (p.config_hash != hash)
+      throw ht::config::ConfigError(a.plan + ": the plan was made for config '" + p.config_name +
+                                    "' (hash " + p.config_hash + ") but this run's config '" + cfg.name +
+                                    "' hashes to " + hash + "; plan again for this config");
+    return p;
+  }
+  const std::string catalogue = a.catalogue.empty() ? ht::plan::default_catalogue_path() : a.catalogue;
+  const ht::plan::ClusterModel cluster = cluster_for(a.cluster, catalogue, cfg, world, true);
+  std::string text;
+  if (world.rank() == 0) text = ht::plan::plan_to_json(plan_for(cfg, cluster).plan);
+  return ht::plan::plan_from_json(world.allgather(text)[0], "the plan from rank 0");
+}
 
 }  // namespace
 
@@ -47,8 +78,12 @@ void register_train(CLI::App& app) {
                   "Stop with a checkpoint after this many steps of this invocation; --resume continues");
   auto* seed = cmd->add_option("--seed", args->seed, "Override train.seed");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress bar or log lines");
+  cmd->add_option("--plan", args->plan, "Execute this plan (from `hetrain plan --json`)");
+  cmd->add_option("--cluster", args->cluster,
+                  "Plan over this probe file or synth: spec (default under mpirun: quick-probe the job)");
+  cmd->add_option("--catalogue", args->catalogue, "Device catalogue for synth: clusters");
+  cmd->add_option("--timeline", args->timeline, "Write one step's measured timeline here (Chrome trace JSON)");
   cmd->callback([args, seed] {
-    require_single_process("train");
     ht::config::Config cfg = ht::config::load_config(args->config);
     ht::runtime::TrainOptions opts;
     opts.resume = args->resume;
@@ -63,7 +98,17 @@ void register_train(CLI::App& app) {
     } catch (const ht::Error& e) {
       throw ht::config::ConfigError(e.what());
     }
-    ht::runtime::train(std::move(cfg), opts);
+    opts.timeline = args->timeline;
+    ht::comm::Communicator& world = ht::comm::world();
+    if (world.size() == 1 && args->plan.empty() && args->cluster.empty()) {
+      ht::runtime::train(std::move(cfg), opts);
+      return;
+    }
+    check_same_config(world, cfg);
+    ht::plan::Plan plan = plan_for_job(*args, cfg, world);
+    opts.plan_json = ht::plan::plan_to_json(plan);
+    if (world.rank() == 0 && !args->quiet) std::printf("%s\n", ht::report::format_plan(plan).c_str());
+    ht::runtime::train(std::move(cfg), opts, std::move(plan));
   });
 }
 
@@ -74,7 +119,9 @@ void register_eval(CLI::App& app) {
   cmd->add_option("config", *config, "Config file (JSON) the checkpoint was trained with")->required();
   cmd->add_option("--checkpoint", *checkpoint, "Checkpoint file (.safetensors)")->required();
   cmd->callback([config, checkpoint] {
-    require_single_process("eval");
+    if (ht::comm::world().size() > 1)
+      throw ht::Error("hetrain eval runs as one process; this job has " +
+                      std::to_string(ht::comm::world().size()) + " ranks: run it without mpirun");
     ht::config::Config cfg = ht::config::load_config(*config);
     std::printf("%s\n", ht::runtime::evaluate_checkpoint(cfg, *checkpoint).c_str());
   });

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +21,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/executor.h"
+#include "runtime/stage_gather.h"
 #include "runtime/run_dir.h"
 #include "runtime/task.h"
 
@@ -85,89 +88,186 @@ json eval_json(int64_t step, const EvalResult& r) {
   return j;
 }
 
+// Per-rank step figures exchanged at every log step: rank 0 writes them to the metrics.
+struct Window {
+  double loss_sum = 0, compute_s = 0, comm_s = 0, wall_s = 0;
+  bool interrupted = false;
+  std::string to_text() const {
+    return json{{"loss_sum", loss_sum}, {"compute_s", compute_s}, {"comm_s", comm_s},
+                {"wall_s", wall_s}, {"interrupted", interrupted}}.dump();
+  }
+  static Window from_text(const std::string& t) {
+    const json j = json::parse(t);
+    return {j["loss_sum"], j["compute_s"], j["comm_s"], j["wall_s"], j["interrupted"]};
+  }
+};
+
 class Run {
  public:
-  Run(config::Config cfg, const TrainOptions& opts)
+  Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan> plan)
       : cfg_(std::move(cfg)),
         opts_(opts),
+        world_(comm::world()),
+        root_(world_.rank() == 0),
         task_(make_task(cfg_)),
-        dir_(RunDir::open(cfg_.run.dir, opts.resume)),
+        dir_(root_ ? std::optional<RunDir>(RunDir::open(cfg_.run.dir, opts.resume)) : std::nullopt),
         model_(task_->build_model(cfg_.train.seed)),
-        plan_(single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
-                                  static_cast<int>(cfg_.train.micro_batches))),
-        executor_(plan_, model_, *task_, comm::world(), cfg_.train),
-        checkpoints_(dir_.checkpoints(), cfg_.checkpoint.keep) {
+        plan_(plan ? std::move(*plan)
+                   : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
+                                         static_cast<int>(cfg_.train.micro_batches))),
+        executor_(plan_, model_, *task_, world_, cfg_.train),
+        checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep) {
     total_steps_ = resolve_steps(cfg_.train, task_->train_size());
     const auto& s = cfg_.train.schedule;
     schedule_ = {s.type, cfg_.train.optimizer.lr, s.warmup_steps, s.min_lr, total_steps_};
   }
 
   TrainSummary run() {
-    report::Progress progress(report::Progress::detect(opts_.quiet), total_steps_,
+    report::Progress progress(report::Progress::detect(opts_.quiet || !root_), total_steps_,
                               cfg_.train.log_every);
     int64_t start = opts_.resume ? restore(progress) : 0;
-    write_file_atomically(dir_.file("config.json"), config::to_json(cfg_) + "\n", "resolved config");
-    report::MetricsLog metrics(dir_.file("metrics.jsonl"));
-    if (opts_.resume) metrics.write(json{{"type", "resume"}, {"step", start}}.dump());
+    std::optional<report::MetricsLog> metrics;
+    if (root_) {
+      write_file_atomically(dir_->file("config.json"), config::to_json(cfg_) + "\n", "resolved config");
+      if (!opts_.plan_json.empty()) write_file_atomically(dir_->file("plan.json"), opts_.plan_json, "plan");
+      metrics.emplace(dir_->file("metrics.jsonl"));
+      if (opts_.resume) metrics->write(json{{"type", "resume"}, {"step", start}}.dump());
+    }
     if (start == 0)
       progress.note("training " + cfg_.name + ": " + std::to_string(total_steps_) + " steps of " +
                     std::to_string(cfg_.train.batch_size) + " samples, " +
-                    std::to_string(model_.param_count()) + " parameters, run directory " +
-                    dir_.path());
+                    std::to_string(model_.param_count()) + " parameters" +
+                    (multi() ? ", " + std::to_string(world_.size()) + " ranks (" + plan_.strategy + ")" : "") +
+                    ", run directory " + cfg_.run.dir);
 
     InterruptScope interrupt_scope;
-    auto t0 = Clock::now(), window_start = t0;
+    auto t0 = Clock::now();
+    Window window;
     int64_t window_steps = 0, step = start;
-    double window_loss = 0;
-    std::optional<EvalResult> last_eval;
+    double last_loss = 0;
+    std::vector<double> step_walls;
+    const int64_t traced = std::min(start + 5, total_steps_ - 1);  // past the warm-up
     for (; step < total_steps_; ++step) {
-      float lr = schedule_.at(step);
-      double loss = train_step(step, lr);
-      window_loss += loss;
+      const float lr = schedule_.at(step);
+      const bool trace = !opts_.timeline.empty() && step == traced;
+      StepResult r = executor_.step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
+      if (trace) write_timeline(r.spans);
+      window.loss_sum += r.loss_sum;
+      window.compute_s += r.compute_s;
+      window.comm_s += r.comm_s;
+      window.wall_s += r.wall_s;
+      step_walls.push_back(r.wall_s);
       ++window_steps;
-      int64_t done = step + 1;
-      double elapsed = seconds_since(t0);
-      double rate = static_cast<double>((done - start) * cfg_.train.batch_size) / elapsed;
-      double eta = static_cast<double>(total_steps_ - done) * elapsed / (done - start);
-      progress.step(done, static_cast<float>(loss), lr, rate, eta);
-      if (done % cfg_.train.log_every == 0 || done == total_steps_) {
-        double window = seconds_since(window_start);
-        metrics.write(json{{"type", "train"},
-                           {"step", done},
-                           {"loss", window_loss / static_cast<double>(window_steps)},
-                           {"lr", lr},
-                           {"samples_per_s", window_steps * cfg_.train.batch_size / window},
-                           {"wall_s", elapsed}}
-                          .dump());
-        window_loss = 0;
+      const int64_t done = step + 1;
+      if (!multi()) last_loss = check_loss(r.loss_sum, 1, done);
+      const bool log = done % cfg_.train.log_every == 0 || done == total_steps_;
+      bool stop_all = false;
+      if (log) {
+        window.interrupted = g_interrupted;
+        std::vector<Window> ranks;
+        for (const std::string& t : world_.allgather(window.to_text())) ranks.push_back(Window::from_text(t));
+        double loss_sum = 0;
+        for (const Window& w : ranks) {
+          loss_sum += w.loss_sum;
+          stop_all = stop_all || w.interrupted;
+        }
+        last_loss = check_loss(loss_sum, window_steps, done);
+        if (root_) metrics->write(train_record(done, lr, last_loss, ranks, window_steps, seconds_since(t0)).dump());
+        window = Window{};
         window_steps = 0;
-        window_start = Clock::now();
       }
-      bool last = done == total_steps_;
+      const double elapsed = seconds_since(t0);
+      const double rate = static_cast<double>((done - start) * cfg_.train.batch_size) / elapsed;
+      const double eta = static_cast<double>(total_steps_ - done) * elapsed / static_cast<double>(done - start);
+      progress.step(done, static_cast<float>(last_loss), lr, rate, eta);
+      const bool last = done == total_steps_;
       if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 && !last) {
-        EvalResult r = evaluate();
-        metrics.write(eval_json(done, r).dump());
-        progress.note("step " + std::to_string(done) + ": " + r.line);
+        std::optional<EvalResult> r2 = evaluate();
+        if (root_) {
+          metrics->write(eval_json(done, *r2).dump());
+          progress.note("step " + std::to_string(done) + ": " + r2->line);
+        }
       }
-      bool stop = g_interrupted || (opts_.stop_after && done - start >= *opts_.stop_after);
+      // One process stops at once; many agree at a log step (every rank saw the flag).
+      const bool interrupted = multi() ? stop_all : static_cast<bool>(g_interrupted);
+      const bool stop = interrupted || (opts_.stop_after && done - start >= *opts_.stop_after);
       if ((cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || last || stop)
         save(done, progress);
       if (stop && !last) {
         progress.finish();
-        if (g_interrupted)
+        if (interrupted)
           fail_as<Interrupted>("interrupted at step ", done, " of ", total_steps_,
                                "; a checkpoint was saved: continue with --resume");
         progress.note("stopped after " + std::to_string(done - start) + " steps at step " +
                       std::to_string(done) + "; continue with --resume");
-        return {done, seconds_since(t0), dir_.path()};
+        return {done, seconds_since(t0), cfg_.run.dir};
       }
     }
     progress.finish();
-    EvalResult final_eval = evaluate();
-    metrics.write(eval_json(total_steps_, final_eval).dump());
-    progress.note("final (step " + std::to_string(total_steps_) + "): " + final_eval.line);
+    std::optional<EvalResult> final_eval = evaluate();
+    const double wall = seconds_since(t0);
+    if (root_) {
+      metrics->write(eval_json(total_steps_, *final_eval).dump());
+      progress.note("final (step " + std::to_string(total_steps_) + "): " + final_eval->line);
+      write_summary(start, wall, step_walls, *final_eval);
+    }
+    return {total_steps_, wall, cfg_.run.dir};
+  }
 
-    double wall = seconds_since(t0);
+ private:
+  bool multi() const { return world_.size() > 1; }
+
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+
+  // The mean loss of `steps` steps from the summed loss of their samples.
+  double check_loss(double loss_sum, int64_t steps, int64_t done) const {
+    const double mean = loss_sum / static_cast<double>(steps * cfg_.train.batch_size *
+                                                       task_->predictions_per_sample());
+    HT_CHECK(std::isfinite(mean), "training diverged by step ", done, ": the loss is ", mean,
+             "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
+    return mean;
+  }
+
+  json train_record(int64_t done, float lr, double loss, const std::vector<Window>& ranks,
+                    int64_t steps, double elapsed) const {
+    double wall = 0;
+    for (const Window& w : ranks) wall = std::max(wall, w.wall_s);
+    json j{{"type", "train"},
+           {"step", done},
+           {"loss", loss},
+           {"lr", lr},
+           {"samples_per_s", static_cast<double>(steps * cfg_.train.batch_size) / wall},
+           {"wall_s", elapsed}};
+    if (multi()) {
+      json per_rank = json::array();
+      for (const Window& w : ranks)
+        per_rank.push_back({{"compute_s", w.compute_s},
+                            {"comm_s", w.comm_s},
+                            {"idle_s", std::max(0.0, wall - w.compute_s - w.comm_s)}});
+      j["ranks"] = per_rank;
+    }
+    return j;
+  }
+
+  void write_timeline(const std::vector<report::Span>& spans) {
+    json mine = json::array();
+    for (const report::Span& s : spans)
+      mine.push_back({s.name, s.category, s.start_s, s.end_s, s.micro_batch, s.stage});
+    const std::vector<std::string> all = world_.allgather(mine.dump());
+    if (!root_) return;
+    std::vector<report::Span> merged;
+    for (size_t r = 0; r < all.size(); ++r)
+      for (const json& e : json::parse(all[r]))
+        merged.push_back({static_cast<int>(r), e[0], e[1], e[2], e[3], e[4], e[5]});
+    write_file_atomically(opts_.timeline,
+                          report::to_chrome_trace(merged, "hetrain train " + cfg_.name + " (measured)"),
+                          "timeline");
+  }
+
+  void write_summary(int64_t start, double wall, std::vector<double> step_walls,
+                     const EvalResult& final_eval) {
     json summary = {{"config", cfg_.name},
                     {"steps", total_steps_},
                     {"samples", total_steps_ * cfg_.train.batch_size},
@@ -178,26 +278,21 @@ class Run {
                      static_cast<double>((total_steps_ - start) * cfg_.train.batch_size) / wall},
                     {"final", json::object()}};
     for (const auto& [k, v] : final_eval.metrics) summary["final"][k] = v;
-    write_file_atomically(dir_.file("summary.json"), summary.dump(2) + "\n", "summary");
-    return {total_steps_, wall, dir_.path()};
+    if (multi()) {
+      std::sort(step_walls.begin(), step_walls.end());
+      summary["ranks"] = world_.size();
+      summary["strategy"] = plan_.strategy;
+      summary["predicted_step_s"] = plan_.predicted.step_seconds;
+      summary["measured_step_s"] = step_walls.empty() ? 0.0 : step_walls[step_walls.size() / 2];
+    }
+    write_file_atomically(dir_->file("summary.json"), summary.dump(2) + "\n", "summary");
   }
 
- private:
-  static double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  }
-
-  double train_step(int64_t step, float lr) {
-    const auto& t = cfg_.train;
-    const StepResult r = executor_.step(stream_base_ + step * t.batch_size, lr, false);
-    double mean_loss =
-        r.loss_sum / static_cast<double>(t.batch_size * task_->predictions_per_sample());
-    HT_CHECK(std::isfinite(mean_loss), "training diverged at step ", step + 1, ": the loss is ",
-             mean_loss, "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
-    return mean_loss;
-  }
-
-  EvalResult evaluate() {
+  // Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
+  // nothing.
+  std::optional<EvalResult> evaluate() {
+    if (multi()) gather_to_root(plan_, executor_, model_, world_, cfg_.train.optimizer, false);
+    if (!root_) return std::nullopt;
     model_.set_training(false);
     EvalResult r;
     {
@@ -208,7 +303,7 @@ class Run {
     return r;
   }
 
-  std::map<std::string, std::string> metadata(int64_t step) const {
+  std::map<std::string, std::string> metadata(int64_t step) {
     std::map<std::string, std::string> m = {
         {"hetrain.version", HETRAIN_VERSION},
         {"config", cfg_.name},
@@ -218,26 +313,40 @@ class Run {
         {"seed", std::to_string(cfg_.train.seed)},
         // The data stream is a pure function of (seed, position): this is its state.
         {"sample_position", std::to_string(stream_base_ + step * cfg_.train.batch_size)}};
-    for (size_t i = 0; i < model_.size(); ++i)
-      if (uint64_t off = model_.block(i).random_offset())
-        m["random_offset.block." + std::to_string(i)] = std::to_string(off);
+    // Dropout streams live with each stage's blocks: replica 0's ranks report theirs.
+    json mine = json::object();
+    if (executor_.replica() == 0)
+      for (int b = executor_.rank_plan().block_begin; b < executor_.rank_plan().block_end; ++b)
+        mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
+    for (const std::string& t : world_.allgather(mine.dump())) {
+      const json offsets = json::parse(t);
+      for (auto it = offsets.begin(); it != offsets.end(); ++it)
+        if (const auto off = it.value().get<uint64_t>())
+          m["random_offset.block." + it.key()] = std::to_string(off);
+    }
     return m;
   }
 
+  // Collective: rank 0 writes one whole-model checkpoint, whatever the world size.
   void save(int64_t step, report::Progress& progress) {
+    std::vector<nn::NamedTensor> state =
+        multi() ? gather_to_root(plan_, executor_, model_, world_, cfg_.train.optimizer, true)
+                : executor_.optimizer()->state();
+    std::map<std::string, std::string> meta = metadata(step);
+    if (!root_) return;
     std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
-    for (auto& nt : prefixed("optim.", executor_.optimizer()->state())) tensors.push_back(nt);
-    std::string path = checkpoints_.save(step, tensors, metadata(step));
+    for (auto& nt : prefixed("optim.", state)) tensors.push_back(nt);
+    std::string path = checkpoints_.save(step, tensors, meta);
     progress.note("checkpoint " + path);
   }
 
-  // Loads the newest valid checkpoint into the model and optimiser; returns its step.
+  // Every rank loads its stage from the newest valid checkpoint; returns its step.
   int64_t restore(report::Progress& progress) {
     std::vector<std::string> skipped;
     auto loaded = checkpoints_.load_newest_valid(skipped);
     for (const std::string& s : skipped) progress.note("warning: " + s);
     if (!loaded) {
-      progress.note("no checkpoint in " + dir_.checkpoints() + " to resume from; starting at step 0");
+      progress.note("no checkpoint in " + checkpoints_.dir() + " to resume from; starting at step 0");
       return 0;
     }
     const auto& meta = loaded->metadata;
@@ -249,10 +358,7 @@ class Run {
              " was trained with seed ", get("seed"), " but the config (or --seed) says ",
              cfg_.train.seed, "; resuming with another seed would not continue the same run");
     load_into(prefixed("model.", model_.named_parameters()), *loaded, "model.");
-    std::vector<nn::NamedTensor> state;
-    for (const auto& [name, t] : loaded->tensors)
-      if (name.rfind("optim.", 0) == 0) state.emplace_back(name.substr(6), t);
-    executor_.optimizer()->load_state(state);
+    load_stage(*loaded, executor_);
     for (size_t i = 0; i < model_.size(); ++i) {
       std::string key = "random_offset.block." + std::to_string(i);
       model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
@@ -270,11 +376,13 @@ class Run {
 
   config::Config cfg_;
   TrainOptions opts_;
+  comm::Communicator& world_;
+  bool root_;
   std::unique_ptr<Task> task_;  // loads the data first: a missing dataset creates no run dir
-  RunDir dir_;
-  nn::Sequential model_;
+  std::optional<RunDir> dir_;   // rank 0's
+  nn::Sequential model_;        // whole on every rank; each trains its stage's blocks
   plan::Plan plan_;
-  Executor executor_;  // the whole model's optimiser lives here
+  Executor executor_;           // owns this rank's optimiser
   CheckpointDir checkpoints_;
   int64_t total_steps_ = 0;
   int64_t stream_base_ = 0;  // stream position of step 0's first sample
@@ -295,10 +403,13 @@ void apply_overrides(config::Config& cfg, const TrainOptions& opts) {
   if (opts.run_dir) cfg.run.dir = *opts.run_dir;
 }
 
-TrainSummary train(config::Config cfg, const TrainOptions& opts) {
+TrainSummary train(config::Config cfg, const TrainOptions& opts,
+                   std::optional<plan::Plan> plan) {
   apply_overrides(cfg, opts);
+  HT_CHECK(plan || comm::world().size() == 1, "train: ", comm::world().size(),
+           " ranks need a plan; expected one from `hetrain plan` or the planner");
   set_thread_count(resolve_thread_count());
-  Run run(std::move(cfg), opts);
+  Run run(std::move(cfg), opts, std::move(plan));
   return run.run();
 }
 

@@ -1,6 +1,8 @@
-// Single-process training from a config into a run directory: the loop, evaluation,
-// metrics, progress, checkpoints and resume. The multi-rank executor reuses its
-// pieces (task, checkpoints, run directory, metrics).
+// Training from a config into a run directory: the loop, evaluation, metrics, progress,
+// checkpoints and resume, for one process or for every rank of an MPI job. Each step is
+// the executor's (runtime/executor.h) run of this rank's part of the plan; rank 0 owns
+// the run directory, gathers the stages for evaluation and writes whole-model
+// checkpoints, which any world size can resume from.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "plan/plan.h"
 
 namespace ht::runtime {
 
@@ -21,6 +24,8 @@ struct TrainOptions {
   // Stop (with a checkpoint) after this many steps of this invocation; the schedule
   // still spans the whole run, so --resume continues it as if never stopped.
   std::optional<int64_t> stop_after;
+  std::string timeline;   // write one step's measured Chrome trace here (rank 0)
+  std::string plan_json;  // the plan as a file, kept in the run directory as plan.json
 };
 
 // Ctrl-C during training: a checkpoint was written at the step boundary it stopped at.
@@ -38,7 +43,12 @@ struct TrainSummary {
 // Applies the overrides to the config (validating them like the config itself).
 void apply_overrides(config::Config& cfg, const TrainOptions& opts);
 
-TrainSummary train(config::Config cfg, const TrainOptions& opts);
+// Collective under MPI: every rank calls it with the same config and plan. Without a
+// plan (one process only) the whole model trains in train.micro_batches micro-batches.
+// Many ranks agree on Ctrl-C at the next log step, so the stop (with its checkpoint)
+// can lag by up to train.log_every steps.
+TrainSummary train(config::Config cfg, const TrainOptions& opts,
+                   std::optional<plan::Plan> plan = std::nullopt);
 
 // Evaluates the model of `cfg` with the parameters in `checkpoint`; returns the
 // result as a JSON object (text) and prints a line unless quiet.

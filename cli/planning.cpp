@@ -1,0 +1,49 @@
+#include "cli/planning.h"
+
+#include <chrono>
+#include <memory>
+
+#include "plan/planner.h"
+#include "probe/probe.h"
+#include "runtime/task.h"
+
+namespace hetrain_cli {
+
+ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& catalogue,
+                                   const ht::config::Config& cfg, ht::comm::Communicator& world,
+                                   bool check_world_size) {
+  if (!arg.empty())
+    return ht::plan::load_cluster_model(arg, catalogue,
+                                        check_world_size ? std::optional<int>(world.size()) : std::nullopt);
+  ht::probe::ProbeOptions opts;
+  opts.quick = true;
+  opts.model = cfg;
+  ht::plan::ClusterModel c = ht::plan::cluster_from_probe(ht::probe::run_probe(world, opts));
+  c.source = "quick probe of this job (" + std::to_string(c.ranks.size()) + " ranks)";
+  return c;
+}
+
+Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const auto start = Clock::now();
+  const std::unique_ptr<ht::runtime::Task> task = ht::runtime::make_task(cfg);
+  const ht::nn::Sequential model = task->build_model(cfg.train.seed);
+  const auto searching = Clock::now();
+  ht::plan::PlannerInput in;
+  in.costs = ht::plan::block_costs(model, cluster, cfg.train.optimizer);
+  in.cluster = cluster;
+  in.global_batch = cfg.train.batch_size;
+  in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);
+  in.strategy = cfg.parallel.strategy;
+  in.config_name = cfg.name;
+  in.config_hash = ht::config::config_hash(cfg);
+  Planned out{ht::plan::make_plan(in), in.costs};
+  out.data_and_model_s = seconds(start, searching);
+  out.search_s = seconds(searching, Clock::now());
+  return out;
+}
+
+}  // namespace hetrain_cli

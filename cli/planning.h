@@ -1,0 +1,32 @@
+// Getting a plan for a config, shared by `hetrain plan` and `hetrain train`: the cluster
+// (a file, a synth: spec, or a quick probe of this job) and the planner's run over it.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/plan.h"
+
+namespace hetrain_cli {
+
+// `arg` is a probe file or synth: spec, checked against the world size when given; empty
+// means a quick probe of `world` with the config's blocks profiled (collective: every
+// rank takes part and gets the same cluster).
+ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& catalogue,
+                                   const ht::config::Config& cfg, ht::comm::Communicator& world,
+                                   bool check_world_size);
+
+struct Planned {
+  ht::plan::Plan plan;
+  ht::plan::BlockCosts costs;
+  double data_and_model_s = 0, search_s = 0;
+};
+
+// Builds the config's model and plans it over `cluster` with parallel.strategy.
+Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster);
+
+}  // namespace hetrain_cli
