@@ -39,7 +39,7 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);
   in.strategy = cfg.parallel.strategy;
   in.config_name = cfg.name;
-  in.config_hash = ht::config::config_hash(cfg);
+  in.config_hash = ht::config::plan_hash(cfg);
   Planned out{ht::plan::make_plan(in), in.costs};
   out.data_and_model_s = seconds(start, searching);
   out.search_s = seconds(searching, Clock::now());

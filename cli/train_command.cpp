@@ -51,7 +51,7 @@ ht::plan::Plan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg,
       throw ht::config::ConfigError(a.plan + ": the plan is for " + std::to_string(p.world_size) +
                                     " ranks but this job has " + std::to_string(world.size()) +
                                     "; plan again with this job's ranks");
-    const std::string hash = ht::config::config_hash(cfg);
+    const std::string hash = ht::config::plan_hash(cfg);
     if (p.config_hash != hash)
       throw ht::config::ConfigError(a.plan + ": the plan was made for config '" + p.config_name +
                                     "' (hash " + p.config_hash + ") but this run's config '" + cfg.name +
@@ -108,7 +108,17 @@ void register_train(CLI::App& app) {
     ht::plan::Plan plan = plan_for_job(*args, cfg, world);
     opts.plan_json = ht::plan::plan_to_json(plan);
     if (world.rank() == 0 && !args->quiet) std::printf("%s\n", ht::report::format_plan(plan).c_str());
-    ht::runtime::train(std::move(cfg), opts, std::move(plan));
+    const ht::plan::RankPlan mine = plan.ranks[static_cast<size_t>(world.rank())];
+    try {
+      ht::runtime::train(std::move(cfg), opts, std::move(plan));
+    } catch (const ht::OutOfMemory& e) {
+      // The plan fitted the memory it was told about; this rank holds less.
+      throw ht::Error(std::string(e.what()) + "; the plan gave this rank " +
+                      std::to_string(mine.samples) + " samples in " + std::to_string(mine.micro_batches) +
+                      " micro-batches (memory strategy: " + mine.memory_strategy +
+                      "). Plan with this rank's real memory (`hetrain probe` reads its cap) so the " +
+                      "planner can choose recomputation, more micro-batches or optimizer sharding");
+    }
   });
 }
 

@@ -366,13 +366,35 @@ std::string to_json(const Config& c) {
   return doc.dump(2) + "\n";
 }
 
-std::string config_hash(const Config& c) {
-  const std::string text = to_json(c);
+namespace {
+
+std::string crc_hex(const std::string& text) {
   const auto crc = ::crc32(::crc32(0, nullptr, 0), reinterpret_cast<const Bytef*>(text.data()),
                            static_cast<uInt>(text.size()));
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc));
   return buf;
+}
+
+}  // namespace
+
+std::string config_hash(const Config& c) {
+  Config same = c;
+  same.run.dir.clear();  // where rank 0 writes is not part of what is trained
+  return crc_hex(to_json(same));
+}
+
+std::string plan_hash(const Config& c) {
+  const Json all = Json::parse(to_json(c));
+  const Json& train = all["train"];
+  const Json planned = {{"model", all["model"]},
+                        {"dataset", all["data"]["dataset"]},
+                        {"batch_size", train["batch_size"]},
+                        {"micro_batches", train["micro_batches"]},
+                        {"optimizer", train["optimizer"]["type"]},
+                        {"momentum", train["optimizer"].value("momentum", Json(0))},
+                        {"parallel", all["parallel"]}};
+  return crc_hex(planned.dump());
 }
 
 }  // namespace ht::config

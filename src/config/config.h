@@ -125,8 +125,12 @@ Config load_config(const std::string& path);
 Config parse_config(const std::string& json_text, const std::string& source_path);
 // The fully resolved config (defaults filled in) as JSON, for the run directory.
 std::string to_json(const Config& c);
-// 8 hex digits of CRC-32 over to_json(c): plans and ranks compare it to be sure they
-// speak of the same run.
+// 8 hex digits of CRC-32 over to_json(c) without run.dir: the ranks of a job compare it
+// to be sure they train the same thing.
 std::string config_hash(const Config& c);
+// The same over what a plan depends on (model, dataset, batch and micro-batches,
+// optimiser type, parallel section): a plan file records it, and training with a
+// plan checks it, so --steps or a new learning rate does not invalidate a plan.
+std::string plan_hash(const Config& c);
 
 }  // namespace ht::config

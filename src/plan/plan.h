@@ -69,7 +69,7 @@ struct Baseline {
 
 struct Plan {
   std::string config_name;     // stem of the config it was made for
-  std::string config_hash;     // FNV-1a of the resolved config; train --plan compares it
+  std::string config_hash;     // config::plan_hash of the config; train --plan compares it
   std::string cluster_source;  // "probe FILE" or "synth:..."
   int world_size = 0;
   int blocks = 0;

@@ -13,6 +13,7 @@
 
 #include "autograd/graph.h"
 #include "comm/communicator.h"
+#include "comm/emulation.h"
 #include "core/threads.h"
 #include "optim/lr_schedule.h"
 #include "report/metrics_log.h"
@@ -409,6 +410,8 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   HT_CHECK(plan || comm::world().size() == 1, "train: ", comm::world().size(),
            " ranks need a plan; expected one from `hetrain plan` or the planner");
   set_thread_count(resolve_thread_count());
+  // The config's emulate section and tools/hetero-local's memory cap, as the probe saw them.
+  comm::apply_emulation(cfg.emulate, comm::world());
   Run run(std::move(cfg), opts, std::move(plan));
   return run.run();
 }

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""End-to-end checks of `mpirun hetrain train`: a planned 2-rank run and its outputs
+(plan, per-rank metrics, measured timeline, predicted vs measured step), exactness of a
+pipeline and a hybrid against one process, resume on another world size, and the bad
+inputs and faults (a plan for another world size or config, ranks with different
+configs, a rank running out of memory).
+
+usage: test_distributed.py HETRAIN"""
+import array
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HETRAIN = os.path.abspath(sys.argv[1])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+failures = []
+
+
+def check(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f"  [{detail}]"))
+    if not cond:
+        failures.append(name)
+
+
+def run(cmd, timeout=180):
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def mpirun(n, args, timeout=180):
+    return run(["mpirun", "-np", str(n), "--bind-to", "none", HETRAIN] + args, timeout)
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def config(path, steps, **sections):
+    cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
+    cfg["train"].pop("epochs")
+    cfg["train"].update(steps=steps, eval_every=0, eval_max_samples=2000, log_every=10)
+    cfg["checkpoint"] = {"every": 0, "keep": 2}
+    for k, v in sections.items():
+        cfg.setdefault(k, {}).update(v)
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def weights(run_dir):
+    """The newest checkpoint's model tensors as float arrays."""
+    path = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))[-1]
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+    return {k: array.array("f", data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k.startswith("model.")}
+
+
+def max_difference(a, b):
+    return max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a) if a.keys() == b.keys() else float("inf")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="hetrain-dist-")
+    cfg = config(os.path.join(tmp, "mlp.json"), 40)
+
+    # A planned 2-rank run and everything it leaves behind.
+    out, timeline = os.path.join(tmp, "two"), os.path.join(tmp, "timeline.json")
+    r = mpirun(2, ["train", cfg, "--run-dir", out, "--timeline", timeline])
+    check("2 ranks: probe, plan and train", r.returncode == 0, r.stderr[-2000:])
+    check("2 ranks: the plan is printed before training", "predicted: step" in r.stdout
+          and r.stdout.index("predicted: step") < r.stdout.index("training mlp"))
+    s = load(os.path.join(out, "summary.json")) if r.returncode == 0 else {}
+    check("2 ranks: summary has the world, the strategy, predicted and measured step",
+          s.get("ranks") == 2 and s.get("strategy") in ("data", "pipeline")
+          and s.get("predicted_step_s", 0) > 0 and s.get("measured_step_s", 0) > 0, str(s))
+    check("2 ranks: the plan is kept in the run directory",
+          os.path.exists(os.path.join(out, "plan.json")) and load(os.path.join(out, "plan.json"))["world_size"] == 2)
+    records = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))] if r.returncode == 0 else []
+    train = [x for x in records if x["type"] == "train"]
+    check("2 ranks: metrics give each rank's compute, communication and idle time",
+          train and all(len(x["ranks"]) == 2 and all({"compute_s", "comm_s", "idle_s"} <= set(y) for y in x["ranks"])
+                        for x in train), str(train[:1]))
+    events = load(timeline)["traceEvents"] if os.path.exists(timeline) else []
+    check("2 ranks: --timeline holds both ranks' measured instructions",
+          {e["tid"] for e in events if e.get("ph") == "X"} == {0, 1}
+          and any(e.get("name") == "ReduceGrads" for e in events) if s.get("strategy") == "data" else True)
+
+    # Exactness: one process against a 3-stage pipeline and a 2 x 2 hybrid (by --plan).
+    short = config(os.path.join(tmp, "short.json"), 15)
+    one = os.path.join(tmp, "one")
+    r = run([HETRAIN, "train", short, "--run-dir", one, "-q"])
+    check("one process reference", r.returncode == 0, r.stderr[-1500:])
+    layouts = {"pipeline of 3": (3, "synth:3xcpu-16c", {"strategy": "pipeline"}),
+               "hybrid 2 x 2": (4, "synth:2xa100-80g,2xcpu-16c@ethernet-1g", {"strategy": "auto"})}
+    for name, (n, cluster, parallel) in layouts.items():
+        c = config(os.path.join(tmp, name.replace(" ", "") + ".json"), 15, parallel=parallel)
+        plan = os.path.join(tmp, name.replace(" ", "") + ".plan.json")
+        r = run([HETRAIN, "plan", c, "--cluster", cluster, "--json", plan])
+        shape = load(plan)["strategy"] if r.returncode == 0 else ""
+        d = os.path.join(tmp, name.replace(" ", ""))
+        r = mpirun(n, ["train", c, "--plan", plan, "--run-dir", d, "-q"])
+        diff = max_difference(weights(one), weights(d)) if r.returncode == 0 else float("inf")
+        print(f"{name}: plan {shape}, largest parameter difference to one process after 15 steps {diff:.2e}")
+        check(f"{name}: same parameters as one process (within 1e-5)", diff <= 1e-5, r.stderr[-1500:])
+    check("the hybrid layout really is hybrid", load(os.path.join(tmp, "hybrid2x2.plan.json"))["strategy"] == "hybrid")
+
+    # Stop on 3 ranks (a pipeline), resume on 2 (data parallel): checkpoints are whole-model.
+    c3 = config(os.path.join(tmp, "resume3.json"), 30, parallel={"strategy": "pipeline"})
+    c2 = config(os.path.join(tmp, "resume2.json"), 30, parallel={"strategy": "pipeline"})
+    d = os.path.join(tmp, "resume")
+    r = mpirun(3, ["train", c3, "--run-dir", d, "--stop-after", "20", "-q"])
+    check("3-rank pipeline stops after 20 steps with a checkpoint", r.returncode == 0
+          and os.path.exists(os.path.join(d, "checkpoints", "ckpt-00000020.safetensors")), r.stderr[-1500:])
+    r = mpirun(2, ["train", c2, "--run-dir", d, "--resume", "-q"])
+    s = load(os.path.join(d, "summary.json")) if r.returncode == 0 else {}
+    check("... and resumes on 2 ranks to the end", s.get("resumed_from_step") == 20 and s.get("steps") == 30,
+          r.stderr[-1500:])
+
+    # Bad input and faults: clear errors, no hang.
+    plan2 = os.path.join(tmp, "two", "plan.json")
+    r = mpirun(3, ["train", cfg, "--plan", plan2, "--run-dir", os.path.join(tmp, "x1"), "-q"])
+    check("a plan for another world size: exit 2 naming both sizes",
+          r.returncode != 0 and "the plan is for 2 ranks but this job has 3" in r.stderr, r.stderr[-800:])
+    other = config(os.path.join(tmp, "other.json"), 40, train={"batch_size": 64})
+    r = mpirun(2, ["train", other, "--plan", plan2, "--run-dir", os.path.join(tmp, "x2"), "-q"])
+    check("a plan for another config: names both configs",
+          r.returncode != 0 and "the plan was made for config 'mlp'" in r.stderr and "'other'" in r.stderr,
+          r.stderr[-800:])
+    longer = config(os.path.join(tmp, "mlp.json"), 12)  # same model and batch: the plan still holds
+    r = mpirun(2, ["train", longer, "--plan", plan2, "--run-dir", os.path.join(tmp, "x5"), "-q"])
+    check("a plan stays valid when only the length of the run changes", r.returncode == 0, r.stderr[-800:])
+    r = run(["mpirun", "--bind-to", "none", "-np", "1", HETRAIN, "train", cfg, "--run-dir", os.path.join(tmp, "x3"), "-q",
+             ":", "-np", "1", HETRAIN, "train", other, "--run-dir", os.path.join(tmp, "x3"), "-q"])
+    check("ranks with different configs: refused naming the ranks",
+          r.returncode != 0 and "the ranks disagree on the config: rank 0 has" in r.stderr, r.stderr[-800:])
+    t0 = time.monotonic()
+    r = run(["mpirun", "--bind-to", "none", "-np", "1", HETRAIN, "train", cfg, "--run-dir", os.path.join(tmp, "x4"),
+             "-q", "--plan", plan2, ":", "-np", "1", "-x", "HETRAIN_MEMORY_CAP=200000", HETRAIN, "train", cfg,
+             "--run-dir", os.path.join(tmp, "x4"), "-q", "--plan", plan2], timeout=120)
+    took = time.monotonic() - t0
+    check("a rank out of memory ends the job naming the rank and suggesting the memory strategies",
+          r.returncode != 0 and "rank 1:" in r.stderr and "micro-batches" in r.stderr and took < 60,
+          f"{took:.1f} s: {r.stderr[-800:]}")
+    print(f"{len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
