@@ -5,6 +5,7 @@
 #include <string>
 
 #include "autograd/graph.h"
+#include "comm/weighted_allreduce.h"
 #include "core/error.h"
 #include "ops/ops.h"
 #include "optim/grad_clip.h"
@@ -164,7 +165,10 @@ void Executor::reduce_grads() {
     p.set_grad(g);
     grads.push_back(g);
   }
-  const comm::WaitStatus s = stage_group_->allreduce_sum(grads, kPeerTimeout);
+  // The group's ranks are ordered by replica (the split's key): weight each by its share.
+  std::vector<double> weights;
+  for (int64_t n : plan_.layout.samples) weights.push_back(static_cast<double>(n));
+  const comm::WaitStatus s = comm::allreduce_sum_weighted(*stage_group_, grads, weights, kPeerTimeout);
   HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ReduceGrads of stage ", stage_,
            " timed out after ", kPeerTimeout.count(), " s; a rank of its group has stalled");
 }

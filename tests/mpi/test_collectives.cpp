@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/weighted_allreduce.h"
 #include "core/error.h"
 #include "mpi_util.h"
 #include "ops/ops.h"
@@ -144,4 +145,19 @@ TEST_CASE("collectives: a barrier that one member skips times out, and its group
   std::vector<Tensor> b{Tensor::full({1}, 1.f)};
   CHECK(w.allreduce_sum(b, kLong) == WaitStatus::done);
   CHECK(b[0].to_vector() == std::vector<float>{static_cast<float>(w.size())});
+}
+
+TEST_CASE("weighted all-reduce: exact sums for uneven weights, tiny and empty parts") {
+  Communicator& world = ht::comm::world();
+  const int p = world.size();
+  for (const std::vector<double>& weights :
+       {std::vector<double>{8, 4, 2, 2}, std::vector<double>{1, 1, 1, 1}, std::vector<double>{1000, 1, 1, 1}}) {
+    CAPTURE(weights[0]);
+    std::vector<Tensor> buckets = make_buckets({1, 3, 1000, 4097}, world.rank());
+    REQUIRE(allreduce_sum_weighted(world, buckets, weights, kLong) == WaitStatus::done);
+    CHECK(wrong_sums(buckets, p) == 0);
+  }
+  std::vector<Tensor> one = make_buckets({10}, world.rank());
+  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, 2}), doctest::Contains("2 weights for 4 ranks"), Error);
+  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, 0, 1, 1}), doctest::Contains("weight 0"), Error);
 }
