@@ -18,20 +18,24 @@ double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
 
 }  // namespace
 
-double ring_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
-                              double bytes) {
+double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
+                                  const std::vector<double>& parts, double bytes) {
   const size_t n = group.size();
   if (n <= 1) return 0;
-  // Along the ring: each member sends to the next one.
-  double worst_bw = 0, worst_latency = 0;
+  double latency = 0, round = 0;
   for (size_t i = 0; i < n; ++i) {
-    const int a = group[i], b = group[(i + 1) % n];
-    const double bw = cluster.bandwidth_bytes_per_s[a][b];
-    if (i == 0 || bw < worst_bw) worst_bw = bw;
-    worst_latency = std::max(worst_latency, cluster.latency_s[a][b]);
+    double slowest_bw = 0;
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j) continue;
+      const auto a = static_cast<size_t>(group[i]), b = static_cast<size_t>(group[j]);
+      latency = std::max(latency, cluster.latency_s[a][b]);
+      const double bw = cluster.bandwidth_bytes_per_s[a][b];
+      if (slowest_bw == 0 || bw < slowest_bw) slowest_bw = bw;
+    }
+    const double moved = std::max(1 - parts[i], static_cast<double>(n - 1) * parts[i]) * bytes;
+    if (slowest_bw > 0) round = std::max(round, moved / slowest_bw);
   }
-  const double steps = 2.0 * static_cast<double>(n - 1);
-  return steps * worst_latency + (worst_bw > 0 ? steps / static_cast<double>(n) * bytes / worst_bw : 0);
+  return 2 * (latency + round);
 }
 
 PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
@@ -74,16 +78,10 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
   for (size_t s = 0; s < stages; ++s) {
     std::vector<int> group;
     for (const auto& replica : plan.layout.replicas) group.push_back(replica[s]);
+    const std::vector<double> parts(group.size(), 1.0 / static_cast<double>(group.size()));  // as the executor
     const auto [begin, end] = plan.stage_ranges[s];
     const double params = stage_footprint(costs, begin, end).params;
-    bool sharded = false;
-    for (int r : group) sharded = sharded || plan.ranks[static_cast<size_t>(r)].optimizer_shard < 1;
-    // Sharded: reduce-scatter + all-gather move what an all-reduce moves; one more round
-    // of latencies for the separate gather after the step.
-    double seconds = ring_allreduce_seconds(cluster, group, params * kGradBytesPerParam);
-    if (sharded && group.size() > 1)
-      seconds += ring_allreduce_seconds(cluster, group, 0) / 2;
-    t.reduce_seconds[s] = seconds;
+    t.reduce_seconds[s] = weighted_allreduce_seconds(cluster, group, parts, params * kGradBytesPerParam);
   }
   return t;
 }

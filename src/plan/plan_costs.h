@@ -22,10 +22,12 @@ inline constexpr double kPassOverheadSecondsCuda = 30e-6;
 // A Forward is about a third of forward + backward (see block_costs.h).
 inline constexpr double kForwardFraction = 1.0 / 3.0;
 
-// One ring all-reduce of `bytes` over `group` (world ranks): 2 (n-1)/n x bytes over the
-// slowest link of the group plus 2 (n-1) latencies of the slowest link. 0 for n <= 1.
-double ring_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
-                              double bytes);
+// The executor's all-reduce (comm/weighted_allreduce.h) of `bytes` over `group` (world
+// ranks), member i owning the fraction `parts[i]`: two rounds, each as long as its
+// slowest member, who sends and receives max(1 - f_i, (n - 1) f_i) x bytes over its
+// slowest link in the group, plus that round's worst latency. 0 for n <= 1.
+double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
+                                  const std::vector<double>& parts, double bytes);
 
 // Per-rank figures of a plan that both the cost model and the estimate use.
 struct PlanCostTable {
