@@ -1,7 +1,10 @@
 #include "runtime/executor.h"
 
+#include <zlib.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "autograd/graph.h"
@@ -253,6 +256,37 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   r.loss_sum = loss_sum_;
   r.wall_s = since(start);
   return r;
+}
+
+std::string Executor::parameter_checksum() const {
+  if (!active()) return "";
+  uLong crc = ::crc32(0, nullptr, 0);
+  for (const auto& [name, t] : params_) {
+    const Tensor dense = contiguous(t.detach());
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(dense.data()),
+                  static_cast<uInt>(dense.numel() * 4));
+  }
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc));
+  return buf;
+}
+
+void check_replicas_identical(const plan::Plan& plan, const std::vector<std::string>& checksums,
+                              int64_t step) {
+  HT_CHECK(checksums.size() == plan.ranks.size(), "check_replicas_identical: ", checksums.size(),
+           " checksums for ", plan.ranks.size(), " ranks");
+  for (size_t s = 0; s < plan.stage_ranges.size(); ++s) {
+    const int first = plan.layout.replicas[0][s];
+    for (const auto& replica : plan.layout.replicas) {
+      const int other = replica[s];
+      HT_CHECK(checksums[static_cast<size_t>(other)] == checksums[static_cast<size_t>(first)],
+               "replicas diverged by step ", step, ": stage ", s, " has parameter checksum ",
+               checksums[static_cast<size_t>(first)], " on rank ", first, " but ",
+               checksums[static_cast<size_t>(other)], " on rank ", other,
+               "; expected bit-identical replicas (a rank with different hardware arithmetic or a "
+               "lost gradient reduction)");
+    }
+  }
 }
 
 plan::Plan single_process_plan(int blocks, int64_t global_batch, int micro_batches) {

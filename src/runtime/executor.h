@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -54,6 +55,10 @@ class Executor {
   // One step over the global batch whose first sample sits at stream position `first`.
   StepResult step(int64_t first, float lr, bool record_spans);
 
+  // CRC-32 of this rank's parameter bytes ("" on an idle rank): replicas of a stage must
+  // hold bit-identical parameters, since they apply the same summed gradient.
+  std::string parameter_checksum() const;
+
  private:
   struct MicroBatch;
   void load(int mb, int64_t first);
@@ -82,6 +87,11 @@ class Executor {
   std::map<int, MicroBatch> live_;   // micro-batches between their Forward and Backward
   double loss_sum_ = 0;
 };
+
+// Throws when two replicas of one stage report different checksums (one per world rank,
+// in rank order, "" for idle ranks), naming the stage, both ranks and the step.
+void check_replicas_identical(const plan::Plan& plan, const std::vector<std::string>& checksums,
+                              int64_t step);
 
 // The plan of one process: the whole model, the whole batch in `micro_batches`
 // micro-batches (gradient accumulation).

@@ -93,13 +93,14 @@ json eval_json(int64_t step, const EvalResult& r) {
 struct Window {
   double loss_sum = 0, compute_s = 0, comm_s = 0, wall_s = 0;
   bool interrupted = false;
+  std::string checksum;  // of the rank's parameters after the window's last step
   std::string to_text() const {
     return json{{"loss_sum", loss_sum}, {"compute_s", compute_s}, {"comm_s", comm_s},
-                {"wall_s", wall_s}, {"interrupted", interrupted}}.dump();
+                {"wall_s", wall_s}, {"interrupted", interrupted}, {"checksum", checksum}}.dump();
   }
   static Window from_text(const std::string& t) {
     const json j = json::parse(t);
-    return {j["loss_sum"], j["compute_s"], j["comm_s"], j["wall_s"], j["interrupted"]};
+    return {j["loss_sum"], j["compute_s"], j["comm_s"], j["wall_s"], j["interrupted"], j["checksum"]};
   }
 };
 
@@ -165,8 +166,14 @@ class Run {
       bool stop_all = false;
       if (log) {
         window.interrupted = g_interrupted;
+        if (multi()) window.checksum = executor_.parameter_checksum();
         std::vector<Window> ranks;
-        for (const std::string& t : world_.allgather(window.to_text())) ranks.push_back(Window::from_text(t));
+        std::vector<std::string> checksums;
+        for (const std::string& t : world_.allgather(window.to_text())) {
+          ranks.push_back(Window::from_text(t));
+          checksums.push_back(ranks.back().checksum);
+        }
+        if (multi()) check_replicas_identical(plan_, checksums, done);
         double loss_sum = 0;
         for (const Window& w : ranks) {
           loss_sum += w.loss_sum;

@@ -16,6 +16,7 @@
 #include "plan/plan_json.h"
 #include "plan/planner.h"
 #include "plan/stage_memory.h"
+#include "runtime/executor.h"
 
 using namespace ht;
 using namespace ht::plan;
@@ -378,4 +379,13 @@ TEST_CASE("plan: stage memory follows the 1F1B in-flight count and the strategie
   CHECK(m.params == 8e6);
   CHECK(m.grads == 8e6);
   CHECK(m.optimizer == 0.25 * 16e6);
+}
+
+TEST_CASE("executor: replicas of a stage must report the same parameter checksum") {
+  const Plan p = hybrid_skeleton(64 * kGiB);  // replicas {0, 1} and {2, 3}
+  runtime::check_replicas_identical(p, {"aa", "bb", "aa", "bb"}, 50);  // stage 0: 0, 2; stage 1: 1, 3
+  const std::string msg =
+      error_of([&] { runtime::check_replicas_identical(p, {"aa", "bb", "aa", "cc"}, 50); });
+  CHECK(contains(msg, "replicas diverged by step 50: stage 1 has parameter checksum bb on rank 1 "
+                      "but cc on rank 3"));
 }
