@@ -69,6 +69,7 @@ std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Execut
 }
 
 void load_stage(const Checkpoint& checkpoint, const Executor& executor) {
+  if (!executor.active()) return;  // an idle rank holds nothing
   Checkpoint params = checkpoint;
   params.tensors.clear();
   std::vector<nn::NamedTensor> into;
