@@ -30,10 +30,12 @@ Progress::Progress(Mode mode, int64_t total_steps, int64_t log_every)
 
 void Progress::step(int64_t done, float loss, float lr, double samples_per_s, double eta_s) {
   if (mode_ == Mode::quiet) return;
+  char loss_text[32] = "-";  // NaN: not known yet (many ranks learn it at log steps)
+  if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", static_cast<double>(loss));
   if (mode_ == Mode::lines) {
     if (done % log_every_ == 0 || done == total_)
-      std::printf("step %lld/%lld  loss %.4f  lr %.2e  %.0f samples/s  eta %s\n",
-                  static_cast<long long>(done), static_cast<long long>(total_), loss, lr,
+      std::printf("step %lld/%lld  loss %s  lr %.2e  %.0f samples/s  eta %s\n",
+                  static_cast<long long>(done), static_cast<long long>(total_), loss_text, lr,
                   samples_per_s, format_duration(eta_s).c_str());
     std::fflush(stdout);
     return;
@@ -47,8 +49,8 @@ void Progress::step(int64_t done, float loss, float lr, double samples_per_s, do
   char bar[kWidth + 1];
   for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
   bar[kWidth] = '\0';
-  std::printf("\r[%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\033[K", bar,
-              static_cast<long long>(done), static_cast<long long>(total_), loss, samples_per_s,
+  std::printf("\r[%s] %lld/%lld  loss %s  %.0f samples/s  ETA %s\033[K", bar,
+              static_cast<long long>(done), static_cast<long long>(total_), loss_text, samples_per_s,
               format_duration(eta_s).c_str());
   std::fflush(stdout);
   bar_drawn_ = true;

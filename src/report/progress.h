@@ -16,7 +16,7 @@ class Progress {
 
   Progress(Mode mode, int64_t total_steps, int64_t log_every);
 
-  // After each optimiser step (1-based count of steps done).
+  // After each optimiser step (1-based count of steps done); a NaN loss shows as "-".
   void step(int64_t done, float loss, float lr, double samples_per_s, double eta_s);
   // A line that must not be overwritten by the bar (evaluations, checkpoints).
   void note(const std::string& line);

@@ -146,7 +146,7 @@ class Run {
     auto t0 = Clock::now();
     Window window;
     int64_t window_steps = 0, step = start;
-    double last_loss = 0;
+    double last_loss = std::nan("");  // many ranks know it only at log steps
     std::vector<double> step_walls;
     const int64_t traced = std::min(start + 5, total_steps_ - 1);  // past the warm-up
     for (; step < total_steps_; ++step) {
