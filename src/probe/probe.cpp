@@ -1,5 +1,7 @@
 #include "probe/probe.h"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -71,7 +73,10 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
   if (opts.model) {
     std::unique_ptr<runtime::Task> task = runtime::make_task(*opts.model);
     nn::Sequential model = task->build_model(opts.model->train.seed);
-    me.blocks = profile_blocks(model, opts.quick ? 8 : 32, opts.quick ? 0.1 : 0.5,
+    // Per-sample cost depends on the batch (caches), so time blocks at the scale they
+    // will train at: an equal share of the global batch.
+    const int64_t share = (opts.model->train.batch_size + comm.size() - 1) / comm.size();
+    me.blocks = profile_blocks(model, std::clamp<int64_t>(share, 8, 256), opts.quick ? 0.1 : 0.5,
                                opts.model->train.optimizer);
   }
 
