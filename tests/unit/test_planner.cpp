@@ -14,6 +14,7 @@
 #include "plan/batch_split.h"
 #include "plan/memory_fit.h"
 #include "plan/plan_json.h"
+#include "plan/plan_costs.h"
 #include "plan/planner.h"
 #include "plan/stage_memory.h"
 #include "runtime/executor.h"
@@ -388,4 +389,20 @@ TEST_CASE("executor: replicas of a stage must report the same parameter checksum
       error_of([&] { runtime::check_replicas_identical(p, {"aa", "bb", "aa", "cc"}, 50); });
   CHECK(contains(msg, "replicas diverged by step 50: stage 1 has parameter checksum bb on rank 1 "
                       "but cc on rank 3"));
+}
+
+TEST_CASE("plan costs: the two-round all-reduce model, by hand") {
+  const ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB), 1e-5, 1e9);
+  // Equal parts: each rank moves max(1 - 1/4, 3 x 1/4) of 4 MB = 3 MB per round at 1 GB/s.
+  CHECK(weighted_allreduce_seconds(c, {0, 1, 2, 3}, {0.25, 0.25, 0.25, 0.25}, 4e6) ==
+        doctest::Approx(2 * (1e-5 + 3e-3)));
+  // A half owner moves 3 x 1/2 = 1.5 x the bytes: the round takes 6 ms.
+  CHECK(weighted_allreduce_seconds(c, {0, 1, 2, 3}, {0.5, 0.2, 0.2, 0.1}, 4e6) ==
+        doctest::Approx(2 * (1e-5 + 6e-3)));
+  // Slowest link of the group sets the round; one rank has nothing to reduce with.
+  ClusterModel slow = c;
+  slow.bandwidth_bytes_per_s[2][3] = slow.bandwidth_bytes_per_s[3][2] = 1e8;
+  CHECK(weighted_allreduce_seconds(slow, {0, 2, 3}, {1.0 / 3, 1.0 / 3, 1.0 / 3}, 3e6) ==
+        doctest::Approx(2 * (1e-5 + 2e6 / 1e8)));
+  CHECK(weighted_allreduce_seconds(c, {1}, {1.0}, 4e6) == 0);
 }
