@@ -47,7 +47,6 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--trace", args->trace, "Write the predicted timeline here (Chrome trace JSON)");
   cmd->callback([args] {
     const ht::config::Config cfg = ht::config::load_config(args->config);
-    if (args->catalogue.empty()) args->catalogue = ht::plan::default_catalogue_path();
     ht::comm::Communicator& world = ht::comm::world();
     // Every rank takes part in a probe; only rank 0 plans and prints.
     const ht::plan::ClusterModel cluster = cluster_for(args->cluster, args->catalogue, cfg, world, false);

@@ -13,7 +13,7 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
                                    const ht::config::Config& cfg, ht::comm::Communicator& world,
                                    bool check_world_size) {
   if (!arg.empty())
-    return ht::plan::load_cluster_model(arg, catalogue,
+    return ht::plan::load_cluster_model(arg, catalogue.empty() ? ht::plan::default_catalogue_path() : catalogue,
                                         check_world_size ? std::optional<int>(world.size()) : std::nullopt);
   ht::probe::ProbeOptions opts;
   opts.quick = true;

@@ -15,7 +15,7 @@ namespace hetrain_cli {
 
 // `arg` is a probe file or synth: spec, checked against the world size when given; empty
 // means a quick probe of `world` with the config's blocks profiled (collective: every
-// rank takes part and gets the same cluster).
+// rank takes part and gets the same cluster). An empty `catalogue` is the shipped one.
 ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& catalogue,
                                    const ht::config::Config& cfg, ht::comm::Communicator& world,
                                    bool check_world_size);

@@ -58,8 +58,7 @@ ht::plan::Plan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg,
                                     "' hashes to " + hash + "; plan again for this config");
     return p;
   }
-  const std::string catalogue = a.catalogue.empty() ? ht::plan::default_catalogue_path() : a.catalogue;
-  const ht::plan::ClusterModel cluster = cluster_for(a.cluster, catalogue, cfg, world, true);
+  const ht::plan::ClusterModel cluster = cluster_for(a.cluster, a.catalogue, cfg, world, true);
   std::string text;
   if (world.rank() == 0) text = ht::plan::plan_to_json(plan_for(cfg, cluster).plan);
   return ht::plan::plan_from_json(world.allgather(text)[0], "the plan from rank 0");

@@ -8,14 +8,12 @@
 // when data.dataset is "text". Everything else defaults as in config.h.
 #include "config/config.h"
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
-#include <zlib.h>
-
 #include "config/json_schema.h"
+#include "core/crc32.h"
 
 namespace ht::config {
 
@@ -369,11 +367,7 @@ std::string to_json(const Config& c) {
 namespace {
 
 std::string crc_hex(const std::string& text) {
-  const auto crc = ::crc32(::crc32(0, nullptr, 0), reinterpret_cast<const Bytef*>(text.data()),
-                           static_cast<uInt>(text.size()));
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc));
-  return buf;
+  return crc32_hex(crc32_update(0, text.data(), text.size()));
 }
 
 }  // namespace

@@ -54,6 +54,8 @@ class Sequential : public Module {
   Block& block(size_t i) const { return *blocks_[i]; }
 
   std::vector<NamedTensor> named_parameters() const override;  // "blocks.<i>.<name>"
+  // Those of blocks [begin, end), named the same way: one pipeline stage's.
+  std::vector<NamedTensor> named_parameters(size_t begin, size_t end) const;
   void set_training(bool on) override;
 
  private:

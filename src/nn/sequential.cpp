@@ -14,8 +14,14 @@ Tensor Sequential::forward_range(const Tensor& x, size_t begin, size_t end) cons
 }
 
 std::vector<NamedTensor> Sequential::named_parameters() const {
+  return named_parameters(0, blocks_.size());
+}
+
+std::vector<NamedTensor> Sequential::named_parameters(size_t begin, size_t end) const {
+  HT_CHECK(begin <= end && end <= blocks_.size(), "Sequential: block range [", begin, ", ", end,
+           ") is outside the model's ", blocks_.size(), " blocks");
   std::vector<NamedTensor> out;
-  for (size_t i = 0; i < blocks_.size(); ++i)
+  for (size_t i = begin; i < end; ++i)
     append(out, "blocks." + std::to_string(i), blocks_[i]->named_parameters());
   return out;
 }

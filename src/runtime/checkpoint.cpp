@@ -3,18 +3,16 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <sstream>
 #include <system_error>
 
+#include "core/crc32.h"
 #include "core/error.h"
 #include "runtime/atomic_file.h"
 #include "runtime/safetensors.h"
@@ -24,25 +22,6 @@ namespace ht::runtime {
 namespace {
 
 namespace st = safetensors;
-
-// zlib takes 32-bit lengths; feed it in chunks so tensors over 4 GiB work.
-uint32_t crc_update(uint32_t crc, const void* data, size_t bytes) {
-  const auto* p = static_cast<const Bytef*>(data);
-  constexpr size_t kChunk = size_t{1} << 30;
-  while (bytes > 0) {
-    size_t n = std::min(bytes, kChunk);
-    crc = static_cast<uint32_t>(::crc32(crc, p, static_cast<uInt>(n)));
-    p += n;
-    bytes -= n;
-  }
-  return crc;
-}
-
-std::string crc_hex(uint32_t crc) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", crc);
-  return buf;
-}
 
 std::string filename_of(const std::string& path) {
   std::string f = std::filesystem::path(path).filename().string();
@@ -108,10 +87,10 @@ Checkpoint read_unprefixed(const std::string& path) {
 
   std::vector<unsigned char> data(data_bytes);
   read_exact(f.fd, st::kLengthBytes + n, data.data(), data.size(), "tensor data");
-  const uint32_t got = crc_update(static_cast<uint32_t>(::crc32(0, nullptr, 0)), data.data(),
+  const uint32_t got = crc32_update(0, data.data(),
                                   data.size());
-  HT_CHECK(got == want, "checksum mismatch: the header records crc32 ", crc_hex(want),
-           ", the data has ", crc_hex(got), " (the file is corrupt)");
+  HT_CHECK(got == want, "checksum mismatch: the header records crc32 ", crc32_hex(want),
+           ", the data has ", crc32_hex(got), " (the file is corrupt)");
 
   Checkpoint ck;
   ck.path = path;
@@ -162,25 +141,25 @@ void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor
   // one tensor at a time instead of holding a host copy of the whole model.
   std::map<std::string, std::string> meta = metadata;
   meta.insert_or_assign(kFormatKey, std::string("1"));  // not operator=: GCC 12 -Wrestrict false positive
-  meta[kCrcKey] = crc_hex(0);
+  meta[kCrcKey] = crc32_hex(0);
   const std::string placeholder = st::encode_header(entries, meta);
 
   AtomicFile out(path, "checkpoint");
   out.write(placeholder.data(), placeholder.size());
-  uint32_t crc = static_cast<uint32_t>(::crc32(0, nullptr, 0));
+  uint32_t crc = 0;
   for (const auto& [name, t] : tensors) {
     if (t.numel() == 0) continue;
     if (t.dtype() == DType::f32) {
       std::vector<float> v = t.to_vector();
-      crc = crc_update(crc, v.data(), v.size() * sizeof(float));
+      crc = crc32_update(crc, v.data(), v.size() * sizeof(float));
       out.write(v.data(), v.size() * sizeof(float));
     } else {
       std::vector<int32_t> v = t.to_ints();
-      crc = crc_update(crc, v.data(), v.size() * sizeof(int32_t));
+      crc = crc32_update(crc, v.data(), v.size() * sizeof(int32_t));
       out.write(v.data(), v.size() * sizeof(int32_t));
     }
   }
-  meta[kCrcKey] = crc_hex(crc);
+  meta[kCrcKey] = crc32_hex(crc);
   const std::string header = st::encode_header(entries, meta);
   HT_CHECK(header.size() == placeholder.size(), "write_checkpoint: header size changed");
   out.write_at(0, header.data(), header.size());

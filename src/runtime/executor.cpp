@@ -1,14 +1,12 @@
 #include "runtime/executor.h"
 
-#include <zlib.h>
-
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <string>
 
 #include "autograd/graph.h"
 #include "comm/weighted_allreduce.h"
+#include "core/crc32.h"
 #include "core/error.h"
 #include "ops/ops.h"
 #include "optim/grad_clip.h"
@@ -27,14 +25,6 @@ constexpr int kTagGrad = 12;
 constexpr std::chrono::seconds kPeerTimeout{600};
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// "blocks.<i>.<rest>" -> i
-size_t block_of(const std::string& name) {
-  const size_t dot = name.find('.', 7);
-  HT_CHECK(name.rfind("blocks.", 0) == 0 && dot != std::string::npos,
-           "executor: parameter '", name, "' is not named blocks.<index>.<name>");
-  return std::stoul(name.substr(7, dot - 7));
-}
 
 }  // namespace
 
@@ -78,11 +68,8 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
     offset += plan::micro_batch_samples(plan.layout, replica_, mb);
   }
   scale_ = 1.0 / static_cast<double>(plan.global_batch * task.predictions_per_sample());
-  for (const auto& p : model.named_parameters()) {
-    const size_t b = block_of(p.first);
-    if (b >= static_cast<size_t>(rank_plan_.block_begin) && b < static_cast<size_t>(rank_plan_.block_end))
-      params_.push_back(p);
-  }
+  params_ = model.named_parameters(static_cast<size_t>(rank_plan_.block_begin),
+                                   static_cast<size_t>(rank_plan_.block_end));
   opt_ = optim::make_optimizer(train.optimizer, params_);
 }
 
@@ -260,15 +247,12 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
 
 std::string Executor::parameter_checksum() const {
   if (!active()) return "";
-  uLong crc = ::crc32(0, nullptr, 0);
+  uint32_t crc = 0;
   for (const auto& [name, t] : params_) {
     const Tensor dense = contiguous(t.detach());
-    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(dense.data()),
-                  static_cast<uInt>(dense.numel() * 4));
+    crc = crc32_update(crc, dense.data(), static_cast<size_t>(dense.numel()) * 4);
   }
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc));
-  return buf;
+  return crc32_hex(crc);
 }
 
 void check_replicas_identical(const plan::Plan& plan, const std::vector<std::string>& checksums,

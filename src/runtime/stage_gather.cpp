@@ -14,14 +14,6 @@ namespace {
 constexpr int kTagGather = 21;
 constexpr std::chrono::seconds kGatherTimeout{600};
 
-std::vector<nn::NamedTensor> stage_parameters(const nn::Sequential& model, std::pair<int, int> range) {
-  std::vector<nn::NamedTensor> out;
-  for (size_t b = static_cast<size_t>(range.first); b < static_cast<size_t>(range.second); ++b)
-    for (auto [name, t] : model.block(b).named_parameters())
-      out.emplace_back("blocks." + std::to_string(b) + "." + name, t);
-  return out;
-}
-
 // The same list, in the same order, that the stage's rank sends: its parameters and, with
 // state, its optimiser's state() (an optimiser over the same parameters lists the same
 // names in the same order).
@@ -53,7 +45,9 @@ std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Execut
         continue;
       }
     } else if (root) {
-      std::vector<nn::NamedTensor> params = stage_parameters(model, plan.stage_ranges[s]);
+      const auto [begin, end] = plan.stage_ranges[s];
+      std::vector<nn::NamedTensor> params =
+          model.named_parameters(static_cast<size_t>(begin), static_cast<size_t>(end));
       receive_all(params, world, src);
       if (optimizer_state) {
         auto layout = optim::make_optimizer(opt, params);  // names and shapes to receive into

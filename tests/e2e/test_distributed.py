@@ -11,35 +11,18 @@ import glob
 import json
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 
+from e2e_util import ROOT, check, finish, load, run
+from e2e_util import mpirun as mpirun_with
+
 HETRAIN = os.path.abspath(sys.argv[1])
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-failures = []
-
-
-def check(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f"  [{detail}]"))
-    if not cond:
-        failures.append(name)
-
-
-def run(cmd, timeout=180):
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
 
 
 def mpirun(n, args, timeout=180):
-    return run(["mpirun", "-np", str(n), "--bind-to", "none", HETRAIN] + args, timeout)
-
-
-def load(path):
-    with open(path) as f:
-        return json.load(f)
+    return mpirun_with(HETRAIN, n, args, timeout)
 
 
 def config(path, steps, **sections):
@@ -151,8 +134,7 @@ def main():
     check("a rank out of memory ends the job naming the rank and suggesting the memory strategies",
           r.returncode != 0 and "rank 1:" in r.stderr and "micro-batches" in r.stderr and took < 60,
           f"{took:.1f} s: {r.stderr[-800:]}")
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

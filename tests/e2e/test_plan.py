@@ -13,33 +13,19 @@ import subprocess
 import sys
 import tempfile
 
+from e2e_util import ENV, ROOT, check, finish, load, run
+from e2e_util import mpirun as mpirun_with
+
 HETRAIN, HETERO = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 MLP, CNN = (os.path.join(ROOT, "configs", n) for n in ("fashion_mnist_mlp.json", "fashion_mnist_cnn.json"))
-failures = []
-
-
-def check(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f"  [{detail}]"))
-    if not cond:
-        failures.append(name)
 
 
 def plan(*args, timeout=120):
-    return subprocess.run([HETRAIN, "plan", *args], capture_output=True, text=True, env=ENV,
-                          timeout=timeout)
+    return run([HETRAIN, "plan", *args], timeout)
 
 
 def mpirun(n, args, timeout=120):
-    cmd = ["mpirun", "-np", str(n), "--bind-to", "none", HETRAIN] + args
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
-
-
-def load(path):
-    with open(path) as f:
-        return json.load(f)
+    return mpirun_with(HETRAIN, n, args, timeout)
 
 
 def write_config(path, base, **sections):
@@ -165,8 +151,7 @@ def main():
         check("4-rank cluster: auto plans and beats the equal split",
               r.returncode == 0 and float(re.search(r"speed-up over baseline: ([0-9.]+)x", r.stdout).group(1)) > 1.2,
               r.stderr[-1500:])
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -12,27 +12,14 @@ import sys
 import tempfile
 import time
 
+from e2e_util import ENV, ROOT, check, finish, load
+from e2e_util import mpirun as mpirun_with
+
 HETRAIN, HETERO = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-failures = []
-
-
-def check(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f"  [{detail}]"))
-    if not cond:
-        failures.append(name)
 
 
 def mpirun(n, args, timeout=120, wrapper=None):
-    cmd = ["mpirun", "-np", str(n), "--bind-to", "none"] + (wrapper or []) + [HETRAIN] + args
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
-
-
-def load(path):
-    with open(path) as f:
-        return json.load(f)
+    return mpirun_with(HETRAIN, n, args, timeout, wrapper)
 
 
 def main():
@@ -139,8 +126,7 @@ def main():
               ok and all(abs(a - w) <= 0.2 * w for a, w in zip(rel, want)), r.stderr[-2000:])
         check("hetero-local: the probe labels the quotas",
               ok and all(any("CPU quota" in n for n in x["emulation"]) for x in load(out)["ranks"]))
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":
