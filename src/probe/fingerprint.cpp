@@ -41,7 +41,7 @@ Json rank_json(const RankFingerprint& r) {
                       {"kind", r.blocks[i].kind},
                       {"fwd_bwd_s_per_sample", r.blocks[i].fwd_bwd_s_per_sample},
                       {"optimizer_step_s", r.blocks[i].optimizer_step_s}});
-  return {{"rank", r.rank},
+  Json j = {{"rank", r.rank},
           {"local_rank", r.local_rank},
           {"host", host_json(r.host)},
           {"device", {{"kind", r.device},
@@ -52,6 +52,9 @@ Json rank_json(const RankFingerprint& r) {
           {"memory_cap_bytes", r.memory_cap},
           {"blocks", blocks},
           {"emulation", r.emulation}};
+  if (r.cpu_quota.fraction > 0)
+    j["cpu_quota"] = {{"fraction", r.cpu_quota.fraction}, {"period_s", r.cpu_quota.period_s}};
+  return j;
 }
 
 double positive(const Json& obj, const std::string& path, const char* key) {
@@ -126,6 +129,12 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   }
   auto em = j.find("emulation");
   if (em != j.end()) r.emulation = read_string_array(*em, key_path(path, "emulation"), "a note");
+  if (auto q = j.find("cpu_quota"); q != j.end()) {
+    const std::string qp = key_path(path, "cpu_quota");
+    expect_object(*q, qp, "an object with fraction and period_s");
+    r.cpu_quota.fraction = positive(*q, qp, "fraction");
+    r.cpu_quota.period_s = positive(*q, qp, "period_s");
+  }
   return r;
 }
 

@@ -14,6 +14,14 @@ namespace ht::probe {
 
 inline constexpr const char* kClusterFormat = "hetrain-cluster/1";
 
+// A CFS bandwidth limit (cgroup): `fraction` of a core per `period_s`. A rank that has
+// used its quota waits for the next period, so besides running slower it answers a
+// message late; the planner's cost model counts that (plan/plan_costs.h).
+struct CpuQuota {
+  double fraction = 0;  // 0 = no limit
+  double period_s = 0;
+};
+
 struct RankFingerprint {
   int rank = 0, local_rank = 0;
   HostInfo host;
@@ -21,6 +29,7 @@ struct RankFingerprint {
   int threads = 1;              // compute threads it uses
   DeviceRates rates;
   uint64_t memory_cap = 0;      // engine allocator cap in bytes (0 = none)
+  CpuQuota cpu_quota;           // optional in files
   std::vector<BlockTiming> blocks;  // with --model: per-block profile on this device
   std::vector<std::string> emulation;  // what about this rank is emulated, in words
 };

@@ -29,7 +29,7 @@ std::string fmt(const char* f, double v) {
 
 }  // namespace
 
-double cgroup_cpu_quota() {
+CpuQuota cgroup_cpu_quota() {
   std::ifstream self("/proc/self/cgroup");
   std::string line;
   while (std::getline(self, line)) {
@@ -46,16 +46,17 @@ double cgroup_cpu_quota() {
         std::string q = read_line(std::string(root) + path + "/cpu.cfs_quota_us");
         std::string p = read_line(std::string(root) + path + "/cpu.cfs_period_us");
         if (!q.empty() && !p.empty() && std::stol(q) > 0 && std::stol(p) > 0)
-          return static_cast<double>(std::stol(q)) / static_cast<double>(std::stol(p));
+          return {static_cast<double>(std::stol(q)) / static_cast<double>(std::stol(p)),
+                  static_cast<double>(std::stol(p)) * 1e-6};
       }
     } else if (controllers.empty()) {
       std::stringstream max(read_line("/sys/fs/cgroup" + path + "/cpu.max"));
       std::string quota, period;
       if (max >> quota >> period && quota != "max")
-        return std::stod(quota) / std::stod(period);
+        return {std::stod(quota) / std::stod(period), std::stod(period) * 1e-6};
     }
   }
-  return 0.0;
+  return {};
 }
 
 ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts) {
@@ -63,8 +64,11 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
   me.rank = comm.rank();
   me.local_rank = comm.local_rank();
   me.emulation = comm::apply_emulation(opts.model ? opts.model->emulate : config::EmulateConfig{}, comm);
-  if (double q = cgroup_cpu_quota(); q > 0)
-    me.emulation.insert(me.emulation.begin(), "CPU quota " + fmt("%.2f", q) + " of a core (cgroup)");
+  me.cpu_quota = cgroup_cpu_quota();
+  if (me.cpu_quota.fraction > 0)
+    me.emulation.insert(me.emulation.begin(), "CPU quota " + fmt("%.2f", me.cpu_quota.fraction) +
+                                                  " of a core per " + fmt("%g", me.cpu_quota.period_s * 1e3) +
+                                                  " ms (cgroup)");
   me.threads = resolve_thread_count();
   set_thread_count(me.threads);
   me.host = read_host_info();

@@ -22,8 +22,8 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
 // The human table rank 0 prints.
 std::string format_cluster(const ClusterFingerprint& c);
 
-// This process's CPU quota in cores from its cgroup (v1 cpu.cfs_quota_us / period, or
-// v2 cpu.max), or 0 when unlimited or unknown.
-double cgroup_cpu_quota();
+// This process's CPU quota from its cgroup (v1 cpu.cfs_quota_us / period, or v2
+// cpu.max); fraction 0 when unlimited or unknown.
+CpuQuota cgroup_cpu_quota();
 
 }  // namespace ht::probe

@@ -61,6 +61,7 @@ ClusterFingerprint two_ranks() {
     r.host.memory_available = 1 << 29;
     r.rates = {100.0 / (i + 1), 1024, 10.0};
     r.blocks = {{"dense_relu", 1e-5, 2e-4}};
+    if (i == 0) r.cpu_quota = {0.25, 0.01};
     if (i == 1) {
       GpuInfo g;
       g.name = "NVIDIA H200";
@@ -108,6 +109,9 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   CHECK(back.ranks[1].rates.sgemm_gflops == doctest::Approx(50.0));
   CHECK(back.ranks[0].blocks[0].kind == "dense_relu");
   CHECK(back.ranks[0].blocks[0].optimizer_step_s == doctest::Approx(2e-4));
+  CHECK(back.ranks[0].cpu_quota.fraction == doctest::Approx(0.25));
+  CHECK(back.ranks[0].cpu_quota.period_s == doctest::Approx(0.01));
+  CHECK(back.ranks[1].cpu_quota.fraction == 0);  // written only where there is a quota
   CHECK(back.links.bandwidth_bytes_per_s[0][1] == doctest::Approx(5e9));
   REQUIRE(back.ranks[1].host.gpus.size() == 1);
   CHECK(back.ranks[1].host.gpus[0].name == "NVIDIA H200");
@@ -138,13 +142,16 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   std::string old_path = write_temp(old.dump());
   CHECK(read_cluster(old_path).ranks[0].blocks[0].optimizer_step_s == 0);
   std::filesystem::remove(old_path);
+  CHECK(error_for(replaced("\"period_s\": 0.01", "\"period_s\": 0")).find(
+            "ranks[0].cpu_quota.period_s: 0") != std::string::npos);
   old["ranks"][0]["blocks"][0]["optimizer_step_s"] = -1;
   CHECK(error_for(old.dump()).find("ranks[0].blocks[0].optimizer_step_s: -1") != std::string::npos);
   std::string no_file = error_for("{}");
   CHECK(no_file.find("format") != std::string::npos);
 }
 
-TEST_CASE("probe: the cgroup CPU quota reads as 0 or a positive fraction") {
-  double q = cgroup_cpu_quota();
-  CHECK(q >= 0.0);
+TEST_CASE("probe: the cgroup CPU quota reads as none or a positive fraction and period") {
+  const CpuQuota q = cgroup_cpu_quota();
+  CHECK(q.fraction >= 0.0);
+  CHECK((q.fraction == 0.0) == (q.period_s == 0.0));
 }
