@@ -10,6 +10,7 @@
 #include <map>
 
 #include "config/json_schema.h"
+#include "core/stats.h"
 
 namespace ht::plan {
 
@@ -153,11 +154,6 @@ std::string default_catalogue_path() {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
-
 // A pair measured far slower than both of its ranks' typical links was caught by the
 // scheduler (a throttled or oversubscribed rank descheduled mid-ping), not limited by a
 // wire: bound it by the slower rank's typical (median) link. A rank that is slow on
@@ -196,6 +192,8 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
     d.measured = true;
     d.flops = r.rates.sgemm_gflops * 1e9;
     d.memory_bandwidth = r.rates.memory_bandwidth_gb_s * 1e9;
+    d.cpu_quota = r.cpu_quota.fraction;
+    d.cpu_quota_period_s = r.cpu_quota.period_s;
     const auto& gpus = r.host.gpus;
     if (r.device == "cuda" && !gpus.empty()) {
       const auto& g = gpus[static_cast<size_t>(r.local_rank) % gpus.size()];

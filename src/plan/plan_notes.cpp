@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/stats.h"
 #include "report/units.h"
 
 namespace ht::plan {
@@ -21,12 +22,9 @@ void mark_slow_links(Plan& p, const ClusterModel& c) {
       if (j != i && c.bandwidth_bytes_per_s[i][j] > 0)
         t.push_back(c.latency_s[i][j] + kSlowLinkProbeBytes / c.bandwidth_bytes_per_s[i][j]);
     if (t.empty()) return;
-    std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
-    typical[i] = t[t.size() / 2];
+    typical[i] = median(std::move(t));
   }
-  std::vector<double> sorted = typical;
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(n / 2), sorted.end());
-  const double cluster_typical = sorted[n / 2];
+  const double cluster_typical = median(typical);
   if (!(cluster_typical > 0)) return;  // free links: nothing is slower than free by a factor
   for (size_t i = 0; i < n; ++i)
     if (typical[i] > kSlowLinkFactor * cluster_typical) {
