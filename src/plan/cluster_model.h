@@ -21,6 +21,8 @@ struct DeviceModel {
   double memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes/s
   bool measured = false;        // from a probe, not a datasheet
+  // A cgroup CPU limit the probe found: this fraction of a core per period (0 = none).
+  double cpu_quota = 0, cpu_quota_period_s = 0;
 };
 
 struct ClusterModel {

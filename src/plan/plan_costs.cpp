@@ -10,20 +10,28 @@ namespace ht::plan {
 
 namespace {
 
+// A message waits for its receiver to wake as well as for the link.
 double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
   if (src == dst) return 0;
   const double bw = c.bandwidth_bytes_per_s[src][dst];
-  return c.latency_s[src][dst] + (bw > 0 ? bytes / bw : 0);
+  return c.latency_s[src][dst] + (bw > 0 ? bytes / bw : 0) +
+         wake_seconds(c.ranks[static_cast<size_t>(dst)]);
 }
 
 }  // namespace
+
+double wake_seconds(const DeviceModel& d) {
+  if (d.cpu_quota <= 0 || d.cpu_quota >= 1) return 0;
+  return (1 - d.cpu_quota) * (1 - d.cpu_quota) * d.cpu_quota_period_s / 2;
+}
 
 double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
                                   const std::vector<double>& parts, double bytes) {
   const size_t n = group.size();
   if (n <= 1) return 0;
-  double latency = 0, round = 0;
+  double latency = 0, round = 0, wake = 0;
   for (size_t i = 0; i < n; ++i) {
+    wake = std::max(wake, wake_seconds(cluster.ranks[static_cast<size_t>(group[i])]));
     double slowest_bw = 0;
     for (size_t j = 0; j < n; ++j) {
       if (i == j) continue;
@@ -35,7 +43,7 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
     const double moved = std::max(1 - parts[i], static_cast<double>(n - 1) * parts[i]) * bytes;
     if (slowest_bw > 0) round = std::max(round, moved / slowest_bw);
   }
-  return 2 * (latency + round);
+  return 2 * (latency + round + wake);
 }
 
 PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,

@@ -22,10 +22,18 @@ inline constexpr double kPassOverheadSecondsCuda = 30e-6;
 // A Forward is about a third of forward + backward (see block_costs.h).
 inline constexpr double kForwardFraction = 1.0 / 3.0;
 
+// The expected delay before a busy rank under a CPU quota (DeviceModel::cpu_quota) acts
+// on a message: it has used its quota for the period a fraction 1 - q of the time, and
+// then waits on average half of the (1 - q) x period left, so (1 - q)^2 x period / 2.
+// 0 without a quota. Measured under tools/hetero-local (10 ms period): a 4-rank
+// all-reduce of the CNN's gradients with two ranks at 0.2 took 6.1 ms, this gives 6.4.
+double wake_seconds(const DeviceModel& d);
+
 // The executor's all-reduce (comm/weighted_allreduce.h) of `bytes` over `group` (world
 // ranks), member i owning the fraction `parts[i]`: two rounds, each as long as its
 // slowest member, who sends and receives max(1 - f_i, (n - 1) f_i) x bytes over its
-// slowest link in the group, plus that round's worst latency. 0 for n <= 1.
+// slowest link in the group, plus that round's worst latency and the group's longest
+// wake_seconds. 0 for n <= 1.
 double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
                                   const std::vector<double>& parts, double bytes);
 
