@@ -23,11 +23,17 @@ using report::format_seconds;
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// Candidates ranked best by the closed-form estimate that are then simulated.
+// Candidates ranked best by the closed-form estimate that are then simulated (besides
+// the best of every rank count).
 constexpr size_t kSimulatedCandidates = 4;
+// Under auto the planner also tries leaving the slowest ranks idle, cutting the speed
+// order wherever the next rank is more than this much slower than the one before: a
+// class of slow ranks can cost more in communication than its compute gives back.
+constexpr double kSpeedStep = 0.85;
 std::string label(const DeviceModel& d) { return d.id.empty() ? d.name : d.id; }
 
 std::string shape_name(int stages, int replicas) {
+  if (stages == 1 && replicas == 1) return "one rank";
   if (stages == 1) return "data (" + std::to_string(replicas) + " replicas)";
   if (replicas == 1) return "pipeline (" + std::to_string(stages) + " stages)";
   return "hybrid (" + std::to_string(replicas) + " replicas x " + std::to_string(stages) +
@@ -97,8 +103,12 @@ Plan skeleton(const PlannerInput& in, std::vector<std::vector<int>> replicas,
 
 // Fills the layout's cost estimates (they order each rank's communication, see
 // build_1f1b) and the prediction, by simulating the schedules when `simulate_it`.
-double finish(Plan& p, const PlannerInput& in, bool simulate_it) {
-  const auto table = std::make_shared<const PlanCostTable>(plan_cost_table(p, in.costs, in.cluster));
+double finish(Plan& p, const BlockCosts& costs, const ClusterModel& cluster, bool simulate_it,
+              const std::vector<double>& reduce_seconds = {}) {
+  PlanCostTable costed = plan_cost_table(p, costs, cluster);
+  for (size_t s = 0; s < reduce_seconds.size() && s < costed.reduce_seconds.size(); ++s)
+    if (reduce_seconds[s] >= 0) costed.reduce_seconds[s] = reduce_seconds[s];
+  const auto table = std::make_shared<const PlanCostTable>(std::move(costed));
   auto& l = p.layout;
   l.forward_seconds.assign(l.replicas.size(), {});
   l.backward_seconds.assign(l.replicas.size(), {});
@@ -111,8 +121,8 @@ double finish(Plan& p, const PlannerInput& in, bool simulate_it) {
       l.backward_seconds[r].push_back((1 - kForwardFraction) * work +
                                       table->pass_overhead_seconds[k]);
     }
-  if (!simulate_it) return estimate_step_seconds(p, *table, in.cluster);
-  const SimResult sim = simulate(plan_schedules(p), plan_cost_model(p, table, in.cluster));
+  if (!simulate_it) return estimate_step_seconds(p, *table, cluster);
+  const SimResult sim = simulate(plan_schedules(p), plan_cost_model(p, table, cluster));
   p.predicted.step_seconds = sim.step_seconds;
   p.predicted.samples_per_s = static_cast<double>(p.global_batch) / sim.step_seconds;
   p.predicted.bubble_fraction = sim.bubble_fraction;
@@ -135,6 +145,7 @@ std::vector<int> by_speed(const PlannerInput& in) {
 }
 
 struct Candidate {
+  int used = 0;  // ranks the layout uses (the fastest ones)
   int stages = 1;
   std::optional<Plan> plan;
   std::string problem;  // when no plan
@@ -146,7 +157,8 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
                 int micro_batches) {
   Candidate c;
   c.stages = stages;
-  const int world = static_cast<int>(order.size());
+  c.used = static_cast<int>(order.size());
+  const int world = c.used;
   const int replicas = world / stages;
   if (in.global_batch < replicas) {
     c.problem = "global batch " + std::to_string(in.global_batch) + " is smaller than its " +
@@ -208,24 +220,45 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
     c.problem = problem;
     return c;
   }
-  c.estimate = finish(p, in, false);
+  c.estimate = finish(p, in.costs, in.cluster, false);
   c.plan = std::move(p);
   return c;
 }
 
-// Stage counts to try: S divides the world, S <= blocks; restricted by the strategy.
-std::vector<int> stage_counts(const PlannerInput& in) {
-  const int world = static_cast<int>(in.cluster.ranks.size());
+// Stage counts to try over `used` ranks: S divides them, S <= blocks; restricted by the
+// strategy.
+std::vector<int> stage_counts(const PlannerInput& in, int used) {
   const int blocks = static_cast<int>(in.costs.params.size());
   if (in.strategy == "data" || in.strategy == "equal") return {1};
   if (in.strategy == "pipeline") {
-    HT_CHECK(world <= blocks, "planner: a pipeline over all ", world,
+    HT_CHECK(used <= blocks, "planner: a pipeline over all ", used,
              " ranks needs a block per stage but the model has ", blocks, " blocks");
-    return {world};
+    return {used};
   }
   std::vector<int> out;
-  for (int s = 1; s <= std::min(world, blocks); ++s)
-    if (world % s == 0) out.push_back(s);
+  for (int s = 1; s <= std::min(used, blocks); ++s)
+    if (used % s == 0) out.push_back(s);
+  return out;
+}
+
+// How many of the fastest ranks (`sorted`) to try: all of them and, under auto, every
+// count before a step down in speed (kSpeedStep).
+std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sorted) {
+  const int world = static_cast<int>(sorted.size());
+  if (in.strategy != "auto") return {world};
+  std::vector<int> out;
+  for (int k = 1; k < world; ++k)
+    if (replica_samples_per_s(in.costs, sorted[static_cast<size_t>(k)]) <
+        kSpeedStep * replica_samples_per_s(in.costs, sorted[static_cast<size_t>(k - 1)]))
+      out.push_back(k);
+  out.push_back(world);
+  return out;
+}
+
+std::string rank_list(const Plan& p, bool idle) {
+  std::string out;
+  for (const RankPlan& r : p.ranks)
+    if ((r.replica < 0) == idle) out += (out.empty() ? "" : ", ") + std::to_string(r.rank);
   return out;
 }
 
@@ -278,7 +311,7 @@ Plan equal_plan(const PlannerInput& in, int stages, int micro_batches) {
       p.baseline.problems.push_back(shortfall_text(p, rp));
   }
   p.baseline.fits = p.baseline.problems.empty();
-  finish(p, in, true);
+  finish(p, in.costs, in.cluster, true);
   return p;
 }
 
@@ -300,6 +333,11 @@ std::string fit_text(const Plan& equal) {
 
 std::vector<Schedule> plan_schedules(const Plan& plan) {
   return build_1f1b(plan.layout, plan.world_size);
+}
+
+void predict_plan(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                  const std::vector<double>& reduce_seconds) {
+  finish(plan, costs, cluster, true, reduce_seconds);
 }
 
 SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
@@ -330,41 +368,53 @@ Plan make_plan(const PlannerInput& in) {
 
   const std::vector<int> sorted = by_speed(in);
   std::vector<Candidate> candidates;
-  for (int stages : stage_counts(in))
-    for (const std::vector<int>& groups : group_orders(in, sorted, stages)) {
-      const int replicas = world / stages;
-      std::vector<int> order;
-      for (int g : groups)
-        for (int r = 0; r < replicas; ++r) order.push_back(sorted[static_cast<size_t>(g * replicas + r)]);
-      std::vector<int> ms{base_m};
-      if (stages > 1) ms = {std::max(base_m, stages), std::max(base_m, 2 * stages), std::max(base_m, 4 * stages)};
-      ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
-      for (int m : ms) candidates.push_back(build(in, stages, order, m));
-    }
+  for (int used : rank_counts(in, sorted)) {
+    const std::vector<int> fastest(sorted.begin(), sorted.begin() + used);
+    for (int stages : stage_counts(in, used))
+      for (const std::vector<int>& groups : group_orders(in, fastest, stages)) {
+        const int replicas = used / stages;
+        std::vector<int> order;
+        for (int g : groups)
+          for (int r = 0; r < replicas; ++r) order.push_back(fastest[static_cast<size_t>(g * replicas + r)]);
+        std::vector<int> ms{base_m};
+        if (stages > 1) ms = {std::max(base_m, stages), std::max(base_m, 2 * stages), std::max(base_m, 4 * stages)};
+        ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
+        for (int m : ms) candidates.push_back(build(in, stages, order, m));
+      }
+  }
 
   std::vector<Candidate*> feasible;
   for (Candidate& c : candidates)
     if (c.plan) feasible.push_back(&c);
   if (feasible.empty()) {
     std::string why;
-    std::map<int, bool> said;  // one reason per stage count
+    std::map<std::pair<int, int>, bool> said;  // one reason per rank and stage count
     for (const Candidate& c : candidates)
-      if (!said[c.stages]) {
-        said[c.stages] = true;
-        why += "\n  " + shape_name(c.stages, world / c.stages) + ": " + c.problem;
+      if (!said[{c.used, c.stages}]) {
+        said[{c.used, c.stages}] = true;
+        why += "\n  " + shape_name(c.stages, c.used / c.stages) + ": " + c.problem;
       }
     fail("planner: no plan fits the cluster (", world, " ranks, ", in.cluster.source,
          ") with any layout, recomputation, micro-batching or optimizer sharding:", why);
   }
   std::stable_sort(feasible.begin(), feasible.end(),
                    [](const Candidate* a, const Candidate* b) { return a->estimate < b->estimate; });
-  Plan* best = nullptr;
-  for (size_t i = 0; i < std::min(kSimulatedCandidates, feasible.size()); ++i) {
-    Plan& p = *feasible[i]->plan;
-    finish(p, in, true);
-    if (!best || p.predicted.step_seconds < best->predicted.step_seconds) best = &p;
+  // Simulated: the best few overall and the best of every rank count, so that leaving
+  // ranks idle is weighed against the simulated best that uses them all.
+  std::map<int, Candidate*> best_using;
+  for (size_t i = 0; i < feasible.size(); ++i) {
+    Candidate* c = feasible[i];
+    if (i >= kSimulatedCandidates && best_using.count(c->used)) continue;
+    finish(*c->plan, in.costs, in.cluster, true);
+    c->estimate = c->plan->predicted.step_seconds;
+    best_using.try_emplace(c->used, c);
   }
-  Plan plan = std::move(*best);
+  Candidate* chosen = nullptr;
+  for (Candidate* c : feasible)
+    if (c->plan->predicted.step_seconds > 0 &&
+        (!chosen || c->plan->predicted.step_seconds < chosen->plan->predicted.step_seconds))
+      chosen = c;
+  Plan plan = std::move(*chosen->plan);
   plan.candidates = static_cast<int>(candidates.size());
 
   const int stages = static_cast<int>(plan.stage_ranges.size());
@@ -374,17 +424,24 @@ Plan make_plan(const PlannerInput& in) {
 
   mark_slow_links(plan, in.cluster);
   plan.notes.push_back(work_note(plan, in.costs));
+  if (chosen->used < world && best_using.count(world))
+    plan.notes.push_back("ranks " + rank_list(plan, true) + " left idle: the best plan over all " +
+                         std::to_string(world) + " ranks is predicted at " +
+                         format_seconds(best_using[world]->plan->predicted.step_seconds) +
+                         " a step against " + format_seconds(plan.predicted.step_seconds) +
+                         " without them (their compute does not pay for the communication they add)");
   if (uniform && in.global_batch >= world)
     plan.notes.push_back(uniform->baseline.description + ": predicted step " +
                          format_seconds(uniform->predicted.step_seconds) + ", " + fit_text(*uniform));
   // The best of each shape, so the user sees what the choice was against.
-  std::map<int, const Candidate*> best_of;
+  std::map<std::pair<int, int>, const Candidate*> best_of;  // by (-ranks used, stages)
   for (const Candidate& c : candidates) {
-    const Candidate*& b = best_of[c.stages];
+    const Candidate*& b = best_of[{-c.used, c.stages}];
     if (!b || (c.plan && (!b->plan || c.estimate < b->estimate))) b = &c;
   }
-  for (const auto& [s, c] : best_of)
-    plan.notes.push_back(shape_name(s, world / s) + ": " +
+  for (const auto& [key, c] : best_of)
+    plan.notes.push_back(shape_name(c->stages, c->used / c->stages) +
+                         (c->used < world ? " over the fastest " + std::to_string(c->used) : "") + ": " +
                          (c->plan ? "estimated step " + format_seconds(c->estimate)
                                   : "ruled out: " + c->problem));
   return plan;

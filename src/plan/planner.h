@@ -1,7 +1,8 @@
 // The planner: from a model's block costs and a cluster to a Plan that keeps every device
 // busy and inside its memory.
 //
-// Search. A layout is S stages x R replicas with S x R = world size. Ranks are sorted by
+// Search. A layout is S stages x R replicas with S x R = the ranks it uses: all of them,
+// and under auto also the fastest ranks up to each step down in speed (the others idle). Ranks are sorted by
 // their whole-model throughput and cut into S groups of R consecutive ranks; group g runs
 // one stage in every replica, so a stage's replicas sit on like devices and the shared
 // layer ranges suit them all (a stage's weights must be the same in every replica for
@@ -21,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "plan/block_costs.h"
 #include "plan/cluster_model.h"
@@ -42,6 +44,12 @@ struct PlannerInput {
 // layout and strategy tried), when the strategy needs more replicas than samples, or on
 // inconsistent input.
 Plan make_plan(const PlannerInput& in);
+
+// Fills the plan's prediction (step, samples/s, bubble, every rank's busy fraction) and
+// the layout's cost estimates that order each rank's communication, by simulating it.
+// `reduce_seconds[stage]`, where given and >= 0, replaces the modelled ReduceGrads.
+void predict_plan(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                  const std::vector<double>& reduce_seconds = {});
 
 // The plan's predicted step on its schedules (what `hetrain plan` shows and draws).
 SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);

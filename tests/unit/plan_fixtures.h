@@ -1,0 +1,85 @@
+// Hand-built clusters, block costs and planner inputs for the planner's unit tests.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "plan/plan_json.h"
+#include "plan/planner.h"
+
+namespace ht::plan::fixtures {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// n ranks with the given FLOP/s and memory, every link `latency` and `bandwidth`.
+inline ClusterModel cluster(const std::vector<double>& flops, const std::vector<double>& memory,
+                     double latency = 0, double bandwidth = 1e18) {
+  ClusterModel c;
+  const size_t n = flops.size();
+  for (size_t i = 0; i < n; ++i) {
+    DeviceModel d;
+    d.id = "dev" + std::to_string(i);
+    d.name = d.id;
+    d.kind = "cpu";
+    d.flops = flops[i];
+    d.memory_bytes = memory[i];
+    c.ranks.push_back(d);  // memory_bandwidth 0: optimiser steps and loads cost nothing
+  }
+  c.latency_s.assign(n, std::vector<double>(n, latency));
+  c.bandwidth_bytes_per_s.assign(n, std::vector<double>(n, bandwidth));
+  for (size_t i = 0; i < n; ++i) c.latency_s[i][i] = c.bandwidth_bytes_per_s[i][i] = 0;
+  c.source = "hand-built";
+  return c;
+}
+
+// `blocks` identical blocks: 1e6 params, 1e9 FLOPs, 1 MB of activations and 64 KB in and
+// out per sample (or as given); AdamW state (8 bytes per parameter).
+inline BlockCosts costs(const ClusterModel& c, int blocks, double activation = 1e6,
+                 double boundary = 65536) {
+  BlockCosts k;
+  k.optimizer_bytes_per_param = 8;
+  for (int b = 0; b < blocks; ++b) {
+    k.flops.push_back(1e9);
+    k.params.push_back(1e6);
+    k.state_bytes.push_back(1e6 * 16);
+    k.activation_bytes.push_back(activation);
+    k.input_bytes.push_back(boundary);
+    k.output_bytes.push_back(boundary);
+  }
+  for (const DeviceModel& d : c.ranks) {
+    k.seconds_per_sample.emplace_back(static_cast<size_t>(blocks), 3e9 / d.flops);
+    k.step_seconds.emplace_back(static_cast<size_t>(blocks), 0.0);
+    k.source.emplace_back(kSourceModelled);
+  }
+  return k;
+}
+
+inline PlannerInput input(const ClusterModel& c, const BlockCosts& k, int64_t batch,
+                   const std::string& strategy = "auto") {
+  PlannerInput in;
+  in.cluster = c;
+  in.costs = k;
+  in.global_batch = batch;
+  in.strategy = strategy;
+  in.config_name = "test";
+  in.config_hash = "0badc0de";
+  return in;
+}
+
+// Every rank within its memory; the plan consistent; the planner's activation figure the
+// simulator's peak.
+inline void check_fits_and_agrees(const Plan& p, const PlannerInput& in) {
+  check_plan(p);
+  const SimResult sim = simulate_plan(p, in.costs, in.cluster);
+  CHECK(sim.step_seconds == doctest::Approx(p.predicted.step_seconds));
+  for (const RankPlan& r : p.ranks) {
+    CAPTURE(r.rank);
+    CHECK(r.memory.total() <= r.device.memory_bytes);
+    CHECK(static_cast<double>(sim.peak_activation_bytes[static_cast<size_t>(r.rank)]) ==
+          doctest::Approx(r.memory.activations).epsilon(1e-6));
+  }
+}
+
+}  // namespace ht::plan::fixtures
