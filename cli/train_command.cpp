@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "plan/plan_json.h"
+#include "plan/rebalance.h"
 #include "report/plan_table.h"
 #include "runtime/trainer.h"
 
@@ -40,11 +41,16 @@ void check_same_config(ht::comm::Communicator& world, const ht::config::Config& 
                                     " (hash and file); expected every rank to train the same config");
 }
 
-// The plan every rank executes: a plan file (checked against this job and config), or
-// the planner's over the given or probed cluster, made on rank 0 and shared so that all
-// ranks run the same one.
-ht::plan::Plan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg,
-                            ht::comm::Communicator& world) {
+// The plan every rank executes: a plan file (checked against this job and config) run
+// as given, or the planner's over the given or probed cluster, made on rank 0 and shared
+// so that all ranks run the same one; then the job rebalances it as it measures itself
+// (parallel.rebalance_every), with rank 0 deciding from the planner's costs.
+struct JobPlan {
+  ht::plan::Plan plan;
+  ht::runtime::RebalanceFn rebalance;
+};
+
+JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm::Communicator& world) {
   if (!a.plan.empty()) {
     ht::plan::Plan p = ht::plan::read_plan(a.plan);
     if (p.world_size != world.size())
@@ -56,12 +62,25 @@ ht::plan::Plan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg,
       throw ht::config::ConfigError(a.plan + ": the plan was made for config '" + p.config_name +
                                     "' (hash " + p.config_hash + ") but this run's config '" + cfg.name +
                                     "' hashes to " + hash + "; plan again for this config");
-    return p;
+    return {std::move(p), {}};
   }
   const ht::plan::ClusterModel cluster = cluster_for(a.cluster, a.catalogue, cfg, world, true);
   std::string text;
-  if (world.rank() == 0) text = ht::plan::plan_to_json(plan_for(cfg, cluster).plan);
-  return ht::plan::plan_from_json(world.allgather(text)[0], "the plan from rank 0");
+  ht::plan::BlockCosts costs;  // rank 0's, the only rank that decides
+  if (world.rank() == 0) {
+    Planned planned = plan_for(cfg, cluster);
+    text = ht::plan::plan_to_json(planned.plan);
+    costs = std::move(planned.costs);
+  }
+  JobPlan job{ht::plan::plan_from_json(world.allgather(text)[0], "the plan from rank 0"), {}};
+  if (cfg.parallel.rebalance_every > 0) {
+    auto tuner = std::make_shared<ht::plan::ShareTuner>(job.plan, std::move(costs), cluster,
+                                                        cfg.parallel.strategy != "equal");
+    job.rebalance = [tuner](const ht::plan::Plan& current, const std::vector<ht::plan::RankMeasure>& measured) {
+      return tuner->check(current, measured);
+    };
+  }
+  return job;
 }
 
 }  // namespace
@@ -104,8 +123,10 @@ void register_train(CLI::App& app) {
       return;
     }
     check_same_config(world, cfg);
-    ht::plan::Plan plan = plan_for_job(*args, cfg, world);
+    JobPlan job = plan_for_job(*args, cfg, world);
+    ht::plan::Plan& plan = job.plan;
     opts.plan_json = ht::plan::plan_to_json(plan);
+    opts.rebalance = std::move(job.rebalance);
     if (world.rank() == 0 && !args->quiet) std::printf("%s\n", ht::report::format_plan(plan).c_str());
     const ht::plan::RankPlan mine = plan.ranks[static_cast<size_t>(world.rank())];
     try {

@@ -193,10 +193,11 @@ void read_checkpoint(const Json& j, const std::string& path, CheckpointConfig& c
 }
 
 void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
-  expect_object(j, path, "an object with \"strategy\"");
+  expect_object(j, path, "an object with \"strategy\" and \"rebalance_every\"");
   walk(j, path, {{"strategy", {}, [&](const Json& v, const std::string& p) {
                     c.strategy = read_enum(v, p, {"auto", "data", "pipeline", "equal"});
-                  }}});
+                  }},
+                 int_field("rebalance_every", {}, c.rebalance_every, 0)});
 }
 
 void read_run(const Json& j, const std::string& path, RunConfig& r) {
@@ -350,7 +351,7 @@ std::string to_json(const Config& c) {
            {"data", data},
            {"train", train},
            {"checkpoint", {{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}}},
-           {"parallel", {{"strategy", c.parallel.strategy}}},
+           {"parallel", {{"strategy", c.parallel.strategy}, {"rebalance_every", c.parallel.rebalance_every}}},
            {"run", {{"dir", c.run.dir}}}};
   if (!c.emulate.ranks.empty()) {
     Json ranks = Json::array();
@@ -387,7 +388,7 @@ std::string plan_hash(const Config& c) {
                         {"micro_batches", train["micro_batches"]},
                         {"optimizer", train["optimizer"]["type"]},
                         {"momentum", train["optimizer"].value("momentum", Json(0))},
-                        {"parallel", all["parallel"]}};
+                        {"strategy", all["parallel"]["strategy"]}};
   return crc_hex(planned.dump());
 }
 

@@ -101,6 +101,10 @@ struct ParallelConfig {
   // only; pipeline: one pipeline over all ranks; equal: the DDP baseline (equal batches,
   // whole model per rank), kept for comparison.
   std::string strategy = "auto";
+  // Every this many steps a job that planned for itself compares what each rank measured
+  // with the plan and re-splits the batch over the replicas when that is predicted to
+  // be faster (not under equal, never changing the layout); 0 = never.
+  int64_t rebalance_every = 10;
 };
 
 struct RunConfig {
@@ -129,7 +133,7 @@ std::string to_json(const Config& c);
 // to be sure they train the same thing.
 std::string config_hash(const Config& c);
 // The same over what a plan depends on (model, dataset, batch and micro-batches,
-// optimiser type, parallel section): a plan file records it, and training with a
+// optimiser type, parallel.strategy): a plan file records it, and training with a
 // plan checks it, so --steps or a new learning rate does not invalidate a plan.
 std::string plan_hash(const Config& c);
 

@@ -45,8 +45,7 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
            " ranks but this job has ", world.size(), "; plan again for this job");
   HT_CHECK(plan.blocks == static_cast<int>(model.size()), "the plan splits ", plan.blocks,
            " blocks but the config's model has ", model.size());
-  rank_plan_ = plan.ranks[static_cast<size_t>(world.rank())];
-  schedule_ = plan::build_1f1b(plan.layout, plan.world_size)[static_cast<size_t>(world.rank())];
+  take_shares();
   stage_ = rank_plan_.stage;
   replica_ = rank_plan_.replica;
   stages_ = static_cast<int>(plan.stage_ranges.size());
@@ -61,12 +60,6 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
   first_ = stage_ == 0;
   last_ = stage_ == stages_ - 1;
   recompute_ = rank_plan_.recompute;
-  for (int r = 0; r < replica_; ++r) replica_offset_ += plan.layout.samples[static_cast<size_t>(r)];
-  int64_t offset = 0;
-  for (int mb = 0; mb < rank_plan_.micro_batches; ++mb) {
-    mb_offset_.push_back(offset);
-    offset += plan::micro_batch_samples(plan.layout, replica_, mb);
-  }
   scale_ = 1.0 / static_cast<double>(plan.global_batch * task.predictions_per_sample());
   params_ = model.named_parameters(static_cast<size_t>(rank_plan_.block_begin),
                                    static_cast<size_t>(rank_plan_.block_end));
@@ -74,6 +67,29 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
 }
 
 Executor::~Executor() = default;
+
+void Executor::take_shares() {
+  rank_plan_ = plan_.ranks[static_cast<size_t>(world_.rank())];
+  schedule_ = plan::build_1f1b(plan_.layout, plan_.world_size)[static_cast<size_t>(world_.rank())];
+  if (rank_plan_.replica < 0) return;  // idle
+  replica_offset_ = 0;
+  for (int r = 0; r < rank_plan_.replica; ++r) replica_offset_ += plan_.layout.samples[static_cast<size_t>(r)];
+  mb_offset_.clear();
+  int64_t offset = 0;
+  for (int mb = 0; mb < rank_plan_.micro_batches; ++mb) {
+    mb_offset_.push_back(offset);
+    offset += plan::micro_batch_samples(plan_.layout, rank_plan_.replica, mb);
+  }
+}
+
+void Executor::reshare() {
+  const plan::RankPlan& now = plan_.ranks[static_cast<size_t>(world_.rank())];
+  HT_CHECK(now.replica == replica_ && now.stage == stage_ && now.block_begin == rank_plan_.block_begin &&
+               now.block_end == rank_plan_.block_end && now.recompute == recompute_,
+           "executor: rank ", world_.rank(), " was asked to change its replica, stage, blocks or "
+           "recomputation between steps; only the shares may change");
+  take_shares();
+}
 
 Shape Executor::boundary_shape(int mb, bool input) const {
   Shape s{plan::micro_batch_samples(plan_.layout, replica_, mb)};
@@ -232,6 +248,8 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     }
     const double dt = since(t0);
     (comm ? r.comm_s : r.compute_s) += dt;
+    if (in.op == plan::Op::optimizer_step) r.optimizer_s += dt;
+    if (in.op == plan::Op::reduce_grads) r.reduce_s += dt;
     if (record_spans) {
       const double at = std::chrono::duration<double>(t0 - start).count();
       r.spans.push_back({world_.rank(), plan::op_name(in.op), comm ? "comm" : "compute", at, at + dt,

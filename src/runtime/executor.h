@@ -31,6 +31,8 @@ struct StepResult {
   // stages); the global mean is the sum over ranks / (global batch x predictions).
   double loss_sum = 0;
   double compute_s = 0, comm_s = 0;  // this rank's time in each kind of instruction
+  double optimizer_s = 0;            // the part of compute_s in OptimizerStep
+  double reduce_s = 0;               // the part of comm_s in ReduceGrads
   double wall_s = 0;
   std::vector<report::Span> spans;   // when recorded: one per instruction
 };
@@ -52,6 +54,10 @@ class Executor {
   const std::vector<nn::NamedTensor>& parameters() const { return params_; }
   optim::Optimizer* optimizer() const { return opt_.get(); }
 
+  // The plan it was made with now holds new shares (layout unchanged, see
+  // plan/rebalance.h); the next step runs them. Every rank calls it at the same step.
+  void reshare();
+
   // One step over the global batch whose first sample sits at stream position `first`.
   StepResult step(int64_t first, float lr, bool record_spans);
 
@@ -67,6 +73,7 @@ class Executor {
   void reduce_grads();
   void optimizer_step(float lr);
   Shape boundary_shape(int mb, bool input) const;
+  void take_shares();  // this rank's plan, schedule and sample offsets from plan_
 
   const plan::Plan& plan_;
   nn::Sequential& model_;

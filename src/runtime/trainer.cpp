@@ -118,6 +118,8 @@ class Run {
                    : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
                                          static_cast<int>(cfg_.train.micro_batches))),
         executor_(plan_, model_, *task_, world_, cfg_.train),
+        rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_),
+        planned_step_s_(plan_.predicted.step_seconds),
         checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep) {
     total_steps_ = resolve_steps(cfg_.train, task_->train_size());
     const auto& s = cfg_.train.schedule;
@@ -154,6 +156,7 @@ class Run {
       const bool trace = !opts_.timeline.empty() && step == traced;
       StepResult r = executor_.step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
       if (trace) write_timeline(r.spans);
+      rebalancer_.record(r);
       window.loss_sum += r.loss_sum;
       window.compute_s += r.compute_s;
       window.comm_s += r.comm_s;
@@ -183,6 +186,16 @@ class Run {
         if (root_) metrics->write(train_record(done, lr, last_loss, ranks, window_steps, seconds_since(t0)).dump());
         window = Window{};
         window_steps = 0;
+      }
+      if (auto o = rebalancer_.maybe_run(done, total_steps_, plan_)) {
+        if (o->changed) {
+          executor_.reshare();
+          step_walls.clear();  // the measured step is the current shares'
+        }
+        if (root_) {
+          metrics->write(rebalance_json(done, *o).dump());
+          if (o->changed) progress.note(rebalance_line(done, *o));
+        }
       }
       const double elapsed = seconds_since(t0);
       const double rate = static_cast<double>((done - start) * cfg_.train.batch_size) / elapsed;
@@ -259,6 +272,33 @@ class Run {
     return j;
   }
 
+  static json rebalance_json(int64_t done, const Rebalancer::Outcome& o) {
+    return {{"type", "rebalance"},
+            {"step", done},
+            {"changed", o.changed},
+            {"reverted", o.reverted},
+            {"shares_before", o.before},
+            {"shares", o.after},
+            {"measured_step_s", o.measured_step_s},
+            {"calibrated_step_s", o.before_predicted_step_s},
+            {"predicted_step_s", o.predicted_step_s},
+            {"measured_s_per_sample", o.seconds_per_sample}};
+  }
+
+  static std::string rebalance_line(int64_t done, const Rebalancer::Outcome& o) {
+    auto shares = [](const std::vector<int64_t>& v) {
+      std::string t;
+      for (int64_t x : v) t += (t.empty() ? "" : "/") + std::to_string(x);
+      return t;
+    };
+    char step[32];
+    std::snprintf(step, sizeof step, "%.2f ms", o.predicted_step_s * 1e3);
+    return "step " + std::to_string(done) + ": " +
+           (o.reverted ? "undid the last rebalancing (the measured step got slower): shares "
+                       : "rebalanced the replicas' shares from measured speeds: ") +
+           shares(o.before) + " -> " + shares(o.after) + ", predicted step " + step;
+  }
+
   void write_timeline(const std::vector<report::Span>& spans) {
     json mine = json::array();
     for (const report::Span& s : spans)
@@ -290,7 +330,9 @@ class Run {
       std::sort(step_walls.begin(), step_walls.end());
       summary["ranks"] = world_.size();
       summary["strategy"] = plan_.strategy;
+      summary["planned_step_s"] = planned_step_s_;
       summary["predicted_step_s"] = plan_.predicted.step_seconds;
+      summary["shares"] = plan_.layout.samples;
       summary["measured_step_s"] = step_walls.empty() ? 0.0 : step_walls[step_walls.size() / 2];
     }
     write_file_atomically(dir_->file("summary.json"), summary.dump(2) + "\n", "summary");
@@ -391,6 +433,8 @@ class Run {
   nn::Sequential model_;        // whole on every rank; each trains its stage's blocks
   plan::Plan plan_;
   Executor executor_;           // owns this rank's optimiser
+  Rebalancer rebalancer_;       // moves plan_'s shares while training
+  double planned_step_s_;       // the plan's prediction before any measurement
   CheckpointDir checkpoints_;
   int64_t total_steps_ = 0;
   int64_t stream_base_ = 0;  // stream position of step 0's first sample

@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "plan/plan.h"
+#include "runtime/rebalancer.h"
 
 namespace ht::runtime {
 
@@ -26,6 +27,9 @@ struct TrainOptions {
   std::optional<int64_t> stop_after;
   std::string timeline;   // write one step's measured Chrome trace here (rank 0)
   std::string plan_json;  // the plan as a file, kept in the run directory as plan.json
+  // Rebalances the shares every parallel.rebalance_every steps when set (a job that
+  // planned for itself); empty: the plan runs as given.
+  RebalanceFn rebalance;
 };
 
 // Ctrl-C during training: a checkpoint was written at the step boundary it stopped at.

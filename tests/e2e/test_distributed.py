@@ -73,6 +73,12 @@ def main():
     check("2 ranks: metrics give each rank's compute, communication and idle time",
           train and all(len(x["ranks"]) == 2 and all({"compute_s", "comm_s", "idle_s"} <= set(y) for y in x["ranks"])
                         for x in train), str(train[:1]))
+    checks = [x for x in records if x["type"] == "rebalance"]
+    check("2 ranks: a rebalancing check every 10 steps, with measured and calibrated step",
+          [x["step"] for x in checks] == [10, 20, 30]
+          and all(x["measured_step_s"] > 0 and x["calibrated_step_s"] > 0 for x in checks), str(checks[:1]))
+    check("2 ranks: summary has the planned and the calibrated prediction",
+          s.get("planned_step_s", 0) > 0 and s.get("shares") and sum(s["shares"]) == 128, str(s))
     events = load(timeline)["traceEvents"] if os.path.exists(timeline) else []
     check("2 ranks: --timeline holds both ranks' measured instructions",
           {e["tid"] for e in events if e.get("ph") == "X"} == {0, 1}
@@ -84,7 +90,7 @@ def main():
     r = run([HETRAIN, "train", short, "--run-dir", one, "-q"])
     check("one process reference", r.returncode == 0, r.stderr[-1500:])
     layouts = {"pipeline of 3": (3, "synth:3xcpu-16c", {"strategy": "pipeline"}),
-               "hybrid 2 x 2": (4, "synth:2xa100-80g,2xcpu-16c@ethernet-1g", {"strategy": "auto"})}
+               "hybrid 2 x 2": (4, "synth:2xa100-80g,2xa100-40g@ethernet-1g", {"strategy": "auto"})}
     for name, (n, cluster, parallel) in layouts.items():
         c = config(os.path.join(tmp, name.replace(" ", "") + ".json"), 15, parallel=parallel)
         plan = os.path.join(tmp, name.replace(" ", "") + ".plan.json")

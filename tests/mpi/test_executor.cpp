@@ -1,6 +1,6 @@
 // Exactness of the executor: training split over ranks (uneven data-parallel shares, 2
-// and 3 pipeline stages, a 2 x 2 hybrid, recomputation) gives the parameters of one
-// process training the same global batches.
+// and 3 pipeline stages, a 2 x 2 hybrid, recomputation, shares changed between steps)
+// gives the parameters of one process training the same global batches.
 //
 // Tolerance. Every layout computes the same per-sample terms; what differs is the order
 // of float32 sums (over micro-batches, over replicas in the all-reduce, of the squared
@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,7 +105,9 @@ std::map<std::string, std::vector<float>> reference(comm::Communicator& self, do
   return out;
 }
 
-void check_exact(const plan::Plan& p) {
+// With `then`, the shares (and micro-batch counts) change to its after the first step,
+// as rebalancing does between steps.
+void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = std::nullopt) {
   comm::Communicator& world = comm::world();
   REQUIRE(world.size() == 4);
   auto self = world.split(world.rank(), 0);
@@ -113,9 +116,14 @@ void check_exact(const plan::Plan& p) {
 
   SyntheticTask task;
   nn::Sequential model = task.build_model(7);
-  runtime::Executor ex(p, model, task, world, train_config());
+  plan::Plan current = p;
+  runtime::Executor ex(current, model, task, world, train_config());
   double loss = 0;
   for (int step = 0; step < kSteps; ++step) {
+    if (step == 1 && then) {
+      current = *then;
+      ex.reshare();
+    }
     const runtime::StepResult r = ex.step(step * kBatch, 1e-2f, step == 0);
     loss += r.loss_sum;
     if (step == 0 && ex.active()) CHECK(r.spans.size() == plan::build_1f1b(p.layout, 4)[static_cast<size_t>(world.rank())].size());
@@ -162,4 +170,11 @@ TEST_CASE("executor: 3 pipeline stages match one process") {
 
 TEST_CASE("executor: 2 pipelines x 2 stages match one process") {
   check_exact(layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3}));
+}
+
+TEST_CASE("executor: shares that change between steps (rebalancing) still match one process") {
+  check_exact(layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {11, 5, 3, 1}, {2, 1, 3, 1}),
+              layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {4, 9, 2, 5}, {2, 1, 2, 1}));
+  check_exact(layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3}),
+              layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {6, 14}, {4, 2}, {3}));
 }

@@ -1,0 +1,167 @@
+#include "plan/rebalance.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/stats.h"
+#include "plan/batch_split.h"
+#include "plan/memory_fit.h"
+#include "plan/planner.h"
+
+namespace ht::plan {
+
+namespace {
+
+double sum(const std::vector<double>& row, int begin, int end) {
+  return std::accumulate(row.begin() + begin, row.begin() + end, 0.0);
+}
+
+// Replica r's shares set to `share`, micro-batches as first planned (at most the share).
+void set_share(Plan& p, const Plan& original, size_t r, int64_t share) {
+  p.layout.samples[r] = share;
+  p.layout.micro_batches[r] =
+      static_cast<int>(std::min<int64_t>(original.layout.micro_batches[r], share));
+}
+
+// The most samples replica r holds: every rank of it inside its memory.
+int64_t replica_capacity(Plan p, const Plan& original, size_t r, const BlockCosts& costs) {
+  auto fits = [&](int64_t share) {
+    set_share(p, original, r, share);
+    sync_rank_shares(p);
+    for (int rank : p.layout.replicas[r]) {
+      const RankPlan& rp = p.ranks[static_cast<size_t>(rank)];
+      if (rank_memory(p, costs, rp).total() > rp.device.memory_bytes) return false;
+    }
+    return true;
+  };
+  int64_t lo = 1, hi = p.global_batch;
+  if (fits(hi)) return hi;
+  while (hi - lo > 1) {  // fits(lo), !fits(hi)
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+}  // namespace
+
+BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs,
+                            const std::vector<RankMeasure>& measured) {
+  HT_CHECK(measured.size() == plan.ranks.size(), "calibrated_costs: ", measured.size(),
+           " measurements for ", plan.ranks.size(), " ranks");
+  BlockCosts out = costs;
+  for (const RankPlan& rp : plan.ranks) {
+    const auto k = static_cast<size_t>(rp.rank);
+    const RankMeasure& m = measured[k];
+    if (rp.replica < 0 || m.work_s.empty() || rp.samples <= 0) continue;
+    const double per_sample = median(m.work_s) / static_cast<double>(rp.samples);
+    const double modelled = sum(costs.seconds_per_sample[k], rp.block_begin, rp.block_end);
+    if (per_sample > 0 && modelled > 0)
+      for (double& s : out.seconds_per_sample[k]) s *= per_sample / modelled;
+    const double step = median(m.optimizer_s);
+    const double modelled_step = sum(costs.step_seconds[k], rp.block_begin, rp.block_end);
+    const double params = sum(costs.params, rp.block_begin, rp.block_end);
+    for (int b = rp.block_begin; b < rp.block_end; ++b) {
+      double& s = out.step_seconds[k][static_cast<size_t>(b)];
+      if (modelled_step > 0) s *= step / modelled_step;
+      else if (params > 0) s = step * costs.params[static_cast<size_t>(b)] / params;
+    }
+  }
+  return out;
+}
+
+Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs) {
+  Plan p = plan;
+  const size_t replicas = p.layout.replicas.size();
+  std::vector<ReplicaCapacity> capacity(replicas);
+  for (size_t r = 0; r < replicas; ++r) {
+    double slowest = 0;
+    for (int rank : p.layout.replicas[r]) {
+      const RankPlan& rp = p.ranks[static_cast<size_t>(rank)];
+      slowest = std::max(slowest, sum(costs.seconds_per_sample[static_cast<size_t>(rank)],
+                                      rp.block_begin, rp.block_end));
+    }
+    HT_CHECK(slowest > 0, "resplit: replica ", r, " has no cost");
+    capacity[r] = {1 / slowest, replica_capacity(p, original, r, costs)};
+  }
+  const std::vector<int64_t> shares = split_batch(p.global_batch, capacity);
+  for (size_t r = 0; r < replicas; ++r) set_share(p, original, r, shares[r]);
+  sync_rank_shares(p);
+  for (RankPlan& rp : p.ranks) rp.memory = rank_memory(p, costs, rp);
+  return p;
+}
+
+double measured_step_seconds(const std::vector<RankMeasure>& measured) {
+  std::vector<double> slowest;
+  for (const RankMeasure& m : measured)
+    for (size_t k = 0; k < m.wall_s.size(); ++k) {
+      if (slowest.size() <= k) slowest.push_back(0);
+      slowest[k] = std::max(slowest[k], m.wall_s[k]);
+    }
+  return median(std::move(slowest));
+}
+
+std::vector<double> measured_reduce_seconds(const Plan& plan, const std::vector<RankMeasure>& measured) {
+  HT_CHECK(measured.size() == plan.ranks.size(), "measured_reduce_seconds: ", measured.size(),
+           " measurements for ", plan.ranks.size(), " ranks");
+  std::vector<double> out;
+  for (size_t s = 0; s < plan.stage_ranges.size(); ++s) {
+    size_t steps = SIZE_MAX;
+    for (const auto& replica : plan.layout.replicas)
+      steps = std::min(steps, measured[static_cast<size_t>(replica[s])].reduce_s.size());
+    std::vector<double> least(steps, -1);
+    for (const auto& replica : plan.layout.replicas)
+      for (size_t k = 0; k < steps; ++k) {
+        const double t = measured[static_cast<size_t>(replica[s])].reduce_s[k];
+        least[k] = least[k] < 0 ? t : std::min(least[k], t);
+      }
+    out.push_back(least.empty() ? -1 : median(std::move(least)));
+  }
+  return out;
+}
+
+ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bool move_shares)
+    : original_(std::move(original)),
+      costs_(std::move(costs)),
+      cluster_(std::move(cluster)),
+      move_shares_(move_shares) {}
+
+Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>& measured) {
+  const BlockCosts calibrated = calibrated_costs(current, costs_, measured);
+  const std::vector<double> reduce = measured_reduce_seconds(current, measured);
+  Rebalance out{current, false, false, 0, 0};
+  predict_plan(out.plan, calibrated, cluster_, reduce);
+  out.current_step_s = out.plan.predicted.step_seconds;
+  out.measured_step_s = measured_step_seconds(measured);
+
+  if (before_change_) {
+    std::optional<Plan> before = std::move(before_change_);
+    before_change_.reset();
+    if (out.measured_step_s > (1 + kRebalanceMinGain) * step_before_change_) {
+      rejected_.insert(current.layout.samples);
+      out.plan = std::move(*before);
+      out.changed = out.reverted = true;
+      settle_ = kSettleChecks;
+      return out;
+    }
+  }
+  if (settle_ > 0) {
+    --settle_;
+    return out;
+  }
+  if (!move_shares_ || current.layout.replicas.size() < 2) return out;
+  Plan next = resplit(current, original_, calibrated);
+  if (next.layout.samples == current.layout.samples || rejected_.count(next.layout.samples)) return out;
+  predict_plan(next, calibrated, cluster_, reduce);
+  if (next.predicted.step_seconds < (1 - kRebalanceMinGain) * out.current_step_s) {
+    before_change_ = out.plan;
+    step_before_change_ = out.measured_step_s;
+    out.plan = std::move(next);
+    out.changed = true;
+  }
+  return out;
+}
+
+}  // namespace ht::plan

@@ -1,0 +1,93 @@
+// Rebalancing while training: what every rank measured over a window of steps becomes
+// calibrated costs, a new split of the global batch over the replicas, and the
+// simulator's prediction for it. The layout stays (ranks, stages, layer ranges,
+// micro-batch counts, memory strategies); only the replicas' shares move, so parameters
+// stay where they are and the step's gradient is still the global batch's mean.
+//
+// Why: a probe measures each block alone for a fraction of a second; in the job the same
+// rank runs another batch size beside other processes, and under a CPU quota its speed
+// depends on how long it waits between bursts. LB-BSP's observation holds here: the
+// shares that balance a real job are found by measuring the job.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/plan.h"
+
+namespace ht::plan {
+
+// A re-split is taken only when the simulator predicts at least this gain, so that
+// noise in the measurements does not move samples back and forth.
+inline constexpr double kRebalanceMinGain = 0.03;
+// After undoing a change that made the step slower, this many checks pass before the
+// next change is tried: each try costs a window at the slower split.
+inline constexpr int kSettleChecks = 5;
+
+// One rank's steps in a window, each figure per step (empty: nothing measured, e.g. an
+// idle rank). Medians over the steps are used: a rank under a CPU quota has steps that
+// land in a stopped stretch of its period and take far longer than the rest.
+struct RankMeasure {
+  std::vector<double> work_s;       // loading, forward, backward and recomputation
+  std::vector<double> optimizer_s;  // the optimiser step
+  std::vector<double> wall_s;       // the whole step
+  std::vector<double> reduce_s;     // ReduceGrads
+};
+
+// `costs` with every measured active rank's row scaled so that its stage's forward +
+// backward per sample takes what it measured (median step), and its optimiser step likewise (spread
+// over the stage's blocks by parameter count where the model had no step times).
+// Errors (ht::Error): a measurement per rank missing.
+BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs,
+                            const std::vector<RankMeasure>& measured);
+
+// `plan` with the global batch re-split over its replicas in proportion to their
+// throughput under `costs` (a replica runs at its slowest stage), each share capped at
+// what every rank of the replica holds in memory. Micro-batch counts are `original`'s
+// (the plan as first made), at most the share.
+Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs);
+
+// The window's step: per step the slowest rank's wall, the median over steps.
+double measured_step_seconds(const std::vector<RankMeasure>& measured);
+
+// Per stage: what ReduceGrads took, measured. Ranks wait in it for the group's last
+// member, so a step's cost is the least time any member spent in it; the median over
+// the window's steps. -1 for a stage without measurements.
+std::vector<double> measured_reduce_seconds(const Plan& plan, const std::vector<RankMeasure>& measured);
+
+struct Rebalance {
+  Plan plan;                  // to run next
+  bool changed = false;       // shares differ from the current plan's
+  bool reverted = false;      // back to the shares before the last change
+  double current_step_s = 0;  // the simulator's step for the current plan, calibrated
+  double measured_step_s = 0; // the window's median over steps of the slowest rank's
+};
+
+// The checks of one job. Each calibrates the costs (compute and ReduceGrads from the
+// measurements), predicts the current plan with them and, when `move_shares` and there
+// is more than one replica, takes the re-split if predicted kRebalanceMinGain faster.
+// A change that made the measured step slower by as much is undone at the next check,
+// never tried again, and no other change follows for kSettleChecks checks: the
+// simulator cannot see everything (a rank under a CPU quota that finishes its share
+// early answers the all-reduce at once; balanced, it answers late).
+class ShareTuner {
+ public:
+  ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bool move_shares);
+  Rebalance check(const Plan& current, const std::vector<RankMeasure>& measured);
+
+ private:
+  Plan original_;
+  BlockCosts costs_;
+  ClusterModel cluster_;
+  bool move_shares_;
+  std::optional<Plan> before_change_;  // the plan the last change replaced
+  double step_before_change_ = 0;      // and its measured step
+  std::set<std::vector<int64_t>> rejected_;
+  int settle_ = 0;  // checks left before the next try
+};
+
+}  // namespace ht::plan

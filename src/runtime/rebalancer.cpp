@@ -1,0 +1,69 @@
+#include "runtime/rebalancer.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/stats.h"
+#include "plan/plan_json.h"
+
+namespace ht::runtime {
+
+using json = nlohmann::json;
+
+Rebalancer::Rebalancer(RebalanceFn decide, int64_t every, comm::Communicator& world)
+    : decide_(std::move(decide)), every_(decide_ ? every : 0), world_(world) {}
+
+void Rebalancer::record(const StepResult& r) {
+  if (skip_next_) {
+    skip_next_ = false;
+    return;
+  }
+  window_.work_s.push_back(r.compute_s - r.optimizer_s);
+  window_.optimizer_s.push_back(r.optimizer_s);
+  window_.wall_s.push_back(r.wall_s);
+  window_.reduce_s.push_back(r.reduce_s);
+}
+
+std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t total, plan::Plan& plan) {
+  if (every_ <= 0 || done % every_ != 0 || done >= total) return std::nullopt;
+  std::vector<plan::RankMeasure> measured;
+  for (const std::string& t : world_.allgather(
+           json{window_.work_s, window_.optimizer_s, window_.wall_s, window_.reduce_s}.dump())) {
+    const json j = json::parse(t);
+    measured.push_back({j[0].get<std::vector<double>>(), j[1].get<std::vector<double>>(),
+                        j[2].get<std::vector<double>>(), j[3].get<std::vector<double>>()});
+  }
+  window_ = {};
+  // Rank 0 decides; the whole plan travels, so that every rank orders its communication
+  // by the same estimates.
+  std::string decision;
+  if (world_.rank() == 0) {
+    const plan::Rebalance r = decide_(plan, measured);
+    decision = json{{"changed", r.changed},
+                    {"reverted", r.reverted},
+                    {"measured_step_s", r.measured_step_s},
+                    {"current_step_s", r.current_step_s},
+                    {"plan", plan::plan_to_json(r.plan)}}
+                   .dump();
+  }
+  const json d = json::parse(world_.allgather(decision)[0]);
+  Outcome out;
+  out.changed = d["changed"].get<bool>();
+  out.reverted = d["reverted"].get<bool>();
+  out.measured_step_s = d["measured_step_s"].get<double>();
+  out.before_predicted_step_s = d["current_step_s"].get<double>();
+  out.before = plan.layout.samples;
+  plan = plan::plan_from_json(d["plan"].get<std::string>(), "the rebalanced plan from rank 0");
+  out.after = plan.layout.samples;
+  out.predicted_step_s = plan.predicted.step_seconds;
+  for (size_t k = 0; k < measured.size(); ++k) {
+    const plan::RankPlan& rp = plan.ranks[k];
+    out.seconds_per_sample.push_back(
+        rp.replica < 0 || measured[k].work_s.empty()
+            ? 0.0
+            : median(measured[k].work_s) / static_cast<double>(out.before[static_cast<size_t>(rp.replica)]));
+  }
+  if (out.changed) skip_next_ = true;
+  return out;
+}
+
+}  // namespace ht::runtime

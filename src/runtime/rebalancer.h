@@ -1,0 +1,53 @@
+// Rebalancing in a running job (plan/rebalance.h): every rank sums what its steps took;
+// every `every` steps the ranks exchange those sums, rank 0 asks the planner's decision
+// and every rank takes rank 0's answer, so all run the same plan. The first step after
+// the start and after every change is left out of the sums (allocations, caches).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "plan/plan.h"
+#include "plan/rebalance.h"
+#include "runtime/executor.h"
+
+namespace ht::runtime {
+
+// The planner's decision (plan::ShareTuner::check, bound to the job's costs, cluster and
+// first plan; the runtime does not link the planner, the command that planned the job
+// supplies it). Called on rank 0 only.
+using RebalanceFn = std::function<plan::Rebalance(const plan::Plan& current,
+                                                  const std::vector<plan::RankMeasure>& measured)>;
+
+class Rebalancer {
+ public:
+  // Never runs when `decide` is empty or `every` is 0.
+  Rebalancer(RebalanceFn decide, int64_t every, comm::Communicator& world);
+
+  void record(const StepResult& r);  // after every step
+
+  struct Outcome {
+    bool changed = false, reverted = false;  // see plan::Rebalance
+    std::vector<int64_t> before, after;      // the replicas' shares
+    double predicted_step_s = 0;             // calibrated, for `after`
+    double measured_step_s = 0;              // the window's, for `before`
+    double before_predicted_step_s = 0;      // calibrated, for `before`
+    std::vector<double> seconds_per_sample;  // per rank, measured (0 for idle ranks)
+  };
+  // Collective on the steps it is due (`done` a multiple of `every`, before the last
+  // step): replaces `plan` with rank 0's decision. After a change the caller reshares its
+  // executor.
+  std::optional<Outcome> maybe_run(int64_t done, int64_t total, plan::Plan& plan);
+
+ private:
+  RebalanceFn decide_;
+  int64_t every_;
+  comm::Communicator& world_;
+  plan::RankMeasure window_;
+  bool skip_next_ = true;
+};
+
+}  // namespace ht::runtime

@@ -1,0 +1,122 @@
+// Rebalancing while training (plan/rebalance.h) on hand-built clusters: calibration from
+// measurements, the re-split and its memory caps, the measured all-reduce, and the
+// tuner's keep / undo / settle decisions.
+#include <doctest/doctest.h>
+
+#include "tests/unit/error_message.h"
+#include "tests/unit/plan_fixtures.h"
+
+#include "plan/memory_fit.h"
+
+#include "plan/rebalance.h"
+
+using namespace ht;
+using namespace ht::plan;
+using namespace ht::plan::fixtures;
+
+namespace {
+
+// A window of `steps` identical steps.
+RankMeasure steady(int steps, double work, double optimizer, double wall, double reduce) {
+  RankMeasure m;
+  for (int i = 0; i < steps; ++i) {
+    m.work_s.push_back(work);
+    m.optimizer_s.push_back(optimizer);
+    m.wall_s.push_back(wall);
+    m.reduce_s.push_back(reduce);
+  }
+  return m;
+}
+
+// Two equal ranks by the model, data parallel over 100 samples: 50 / 50.
+struct TwoEqual {
+  ClusterModel c = cluster({1e12, 1e12}, std::vector(2, 64 * kGiB));
+  PlannerInput in = input(c, costs(c, 2), 100, "data");
+  Plan plan = make_plan(in);
+};
+
+}  // namespace
+
+TEST_CASE("rebalance: calibration scales each rank's costs to what it measured") {
+  TwoEqual t;
+  REQUIRE(t.plan.layout.samples == std::vector<int64_t>{50, 50});
+  // Rank 0: 50 samples in 0.15 s (3 ms each); rank 1 twice as slow; steps of 1 and 2 ms.
+  const std::vector<RankMeasure> m{steady(5, 0.15, 1e-3, 0.4, 0.05), steady(5, 0.30, 2e-3, 0.4, 0.2)};
+  const BlockCosts k = calibrated_costs(t.plan, t.in.costs, m);
+  CHECK(k.seconds_per_sample[0][0] + k.seconds_per_sample[0][1] == doctest::Approx(3e-3));
+  CHECK(k.seconds_per_sample[1][0] + k.seconds_per_sample[1][1] == doctest::Approx(6e-3));
+  // The model had no step times: the measured step is spread by parameter count.
+  CHECK(k.step_seconds[1][0] == doctest::Approx(1e-3));
+  CHECK(k.step_seconds[1][1] == doctest::Approx(1e-3));
+  // Medians, not means: one step caught in a stopped stretch does not move the figure.
+  std::vector<RankMeasure> noisy = m;
+  noisy[0].work_s[2] = 10.0;
+  CHECK(calibrated_costs(t.plan, t.in.costs, noisy).seconds_per_sample[0][0] ==
+        doctest::Approx(k.seconds_per_sample[0][0]));
+  // The all-reduce: per step the least time any member waited, then the median.
+  CHECK(measured_reduce_seconds(t.plan, m) == std::vector<double>{0.05});
+  CHECK(measured_step_seconds(m) == doctest::Approx(0.4));
+  CHECK(measured_reduce_seconds(t.plan, {RankMeasure{}, RankMeasure{}}) == std::vector<double>{-1});
+  CHECK(error_of([&] { calibrated_costs(t.plan, t.in.costs, {m[0]}); }).find("1 measurements for 2 ranks") !=
+        std::string::npos);
+}
+
+TEST_CASE("rebalance: the re-split follows measured speed within each replica's memory") {
+  TwoEqual t;
+  const std::vector<RankMeasure> m{steady(5, 0.10, 0, 0.3, 0), steady(5, 0.20, 0, 0.3, 0)};
+  const BlockCosts k = calibrated_costs(t.plan, t.in.costs, m);
+  const Plan p = resplit(t.plan, t.plan, k);
+  CHECK(p.layout.samples == std::vector<int64_t>{67, 33});  // 2 : 1
+  CHECK(p.ranks[0].samples == 67);
+  CHECK(p.ranks[0].micro_batch_size == 67);
+  // Rank 0 capped so that 60 samples do not fit: it keeps what fits, rank 1 the rest.
+  TwoEqual small;
+  small.plan.ranks[0].device.memory_bytes = rank_memory(small.plan, k, small.plan.ranks[0]).total() * 1.1;
+  const Plan capped = resplit(small.plan, small.plan, k);
+  CHECK(capped.layout.samples[0] < 60);
+  CHECK(capped.layout.samples[0] + capped.layout.samples[1] == 100);
+  CHECK(capped.ranks[0].memory.total() <= capped.ranks[0].device.memory_bytes);
+}
+
+TEST_CASE("rebalance: the tuner moves shares, undoes a move that measured slower, then settles") {
+  TwoEqual t;
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true);
+  // Rank 1 measures twice as slow: predicted faster at 2 : 1, so the shares move.
+  const std::vector<RankMeasure> slow1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.20, 0, 0.30, 0)};
+  Rebalance r = tuner.check(t.plan, slow1);
+  REQUIRE(r.changed);
+  CHECK_FALSE(r.reverted);
+  CHECK(r.plan.layout.samples == std::vector<int64_t>{67, 33});
+  CHECK(r.current_step_s == doctest::Approx(0.20).epsilon(0.05));  // rank 1's 50 samples
+  CHECK(r.plan.predicted.step_seconds == doctest::Approx(0.134).epsilon(0.05));
+  CHECK(r.measured_step_s == doctest::Approx(0.30));
+  // The new split measured slower (0.36 s > 0.30 s): undone, never tried again.
+  const Plan moved = r.plan;
+  const std::vector<RankMeasure> worse{steady(9, 0.13, 0, 0.36, 0), steady(9, 0.13, 0, 0.36, 0)};
+  r = tuner.check(moved, worse);
+  CHECK(r.changed);
+  CHECK(r.reverted);
+  CHECK(r.plan.layout.samples == std::vector<int64_t>{50, 50});
+  // Settling: kSettleChecks checks without a move, then only untried splits.
+  for (int i = 0; i < kSettleChecks; ++i) CHECK_FALSE(tuner.check(r.plan, slow1).changed);
+  CHECK_FALSE(tuner.check(r.plan, slow1).changed);  // 67 / 33 again: rejected
+  const std::vector<RankMeasure> slower1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.40, 0, 0.30, 0)};
+  CHECK(tuner.check(r.plan, slower1).plan.layout.samples == std::vector<int64_t>{80, 20});
+}
+
+TEST_CASE("rebalance: a move that measured faster stays; equal never moves but is recalibrated") {
+  TwoEqual t;
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true);
+  const std::vector<RankMeasure> slow1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.20, 0, 0.30, 0)};
+  const Plan moved = tuner.check(t.plan, slow1).plan;
+  const std::vector<RankMeasure> better{steady(9, 0.134, 0, 0.14, 0), steady(9, 0.132, 0, 0.14, 0)};
+  const Rebalance kept = tuner.check(moved, better);
+  CHECK_FALSE(kept.changed);
+  CHECK(kept.plan.layout.samples == std::vector<int64_t>{67, 33});
+
+  ShareTuner equal(t.plan, t.in.costs, t.c, false);
+  const Rebalance e = equal.check(t.plan, slow1);
+  CHECK_FALSE(e.changed);
+  CHECK(e.plan.layout.samples == std::vector<int64_t>{50, 50});
+  CHECK(e.plan.predicted.step_seconds == doctest::Approx(0.20).epsilon(0.05));
+}
