@@ -38,6 +38,7 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
   }
 
   c.seconds_per_sample.resize(ranks);
+  c.call_seconds.resize(ranks);
   c.step_seconds.resize(ranks);
   c.source.resize(ranks);
   for (size_t r = 0; r < ranks; ++r) {
@@ -54,6 +55,8 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
       c.source[r] = kSourceMeasured;
       if (r < cluster.block_step_seconds.size() && cluster.block_step_seconds[r].size() == blocks)
         c.step_seconds[r] = cluster.block_step_seconds[r];
+      if (r < cluster.block_call_seconds.size() && cluster.block_call_seconds[r].size() == blocks)
+        c.call_seconds[r] = cluster.block_call_seconds[r];
     } else {
       const double rate = cluster.ranks[r].flops;
       HT_CHECK(std::isfinite(rate) && rate > 0, "block_costs: rank ", r, " (",
@@ -65,6 +68,10 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
                  static_cast<double>(model.block(b).flops_per_sample()) / rate;
       c.source[r] = kSourceModelled;
     }
+    // Calls the profile did not time get the engine's figure.
+    c.call_seconds[r].resize(blocks, 0);
+    for (double& call : c.call_seconds[r])
+      if (call <= 0) call = cluster.ranks[r].kind == "cuda" ? kCallSecondsCuda : kCallSecondsCpu;
     // Blocks the profile did not time (older files) get the bandwidth model.
     const double bw = cluster.ranks[r].memory_bandwidth;
     c.step_seconds[r].resize(blocks, 0);

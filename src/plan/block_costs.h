@@ -26,11 +26,19 @@ inline constexpr double kTrainFlopsPerForwardFlop = 3;
 // the gradient, write the weight); the state is read and written once each.
 inline constexpr double kStepBytesPerParam = 12;
 
+// Fixed cost of one block's forward + backward call regardless of the batch (dispatch,
+// kernel launches, small-tensor bookkeeping) where the profile did not measure it:
+// conservative figures for this engine, so that the search does not cut a batch into
+// micro-batches of one sample where the model says it would be free.
+inline constexpr double kCallSecondsCpu = 20e-6;
+inline constexpr double kCallSecondsCuda = 60e-6;
+
 inline constexpr const char* kSourceMeasured = "measured profile";
 inline constexpr const char* kSourceModelled = "FLOPs / rate";
 
 struct BlockCosts {
   std::vector<std::vector<double>> seconds_per_sample;  // [rank][block] forward + backward
+  std::vector<std::vector<double>> call_seconds;        // [rank][block] fixed part per call
   // [rank][block] one optimiser step over the block's parameters: measured when the
   // profile has it, else bytes streamed / memory bandwidth (0 without a bandwidth).
   std::vector<std::vector<double>> step_seconds;

@@ -215,13 +215,15 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
   bound_link_outliers(c.bandwidth_bytes_per_s, false);
   if (any_blocks)
     for (const auto& r : fp.ranks) {
-      std::vector<double> row, step;
+      std::vector<double> row, step, call;
       for (const auto& b : r.blocks) {
         row.push_back(b.fwd_bwd_s_per_sample);
         step.push_back(b.optimizer_step_s);
+        call.push_back(b.fwd_bwd_s_per_call);
       }
       c.block_seconds.push_back(std::move(row));
       c.block_step_seconds.push_back(std::move(step));
+      c.block_call_seconds.push_back(std::move(call));
     }
   return c;
 }

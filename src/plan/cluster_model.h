@@ -34,8 +34,10 @@ struct ClusterModel {
   // `probe --model`; empty otherwise.
   std::vector<std::vector<double>> block_seconds;
   // Optional, alongside: [rank][block] measured seconds of one optimiser step over the
-  // block's parameters (0 where not measured).
+  // block's parameters (0 where not measured), and the fixed seconds of one forward +
+  // backward call (0 where not measured).
   std::vector<std::vector<double>> block_step_seconds;
+  std::vector<std::vector<double>> block_call_seconds;
 };
 
 // Datasheet catalogue entries, as read from configs/devices.json.

@@ -66,8 +66,9 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
     t.stage_seconds_per_sample[r] =
         std::accumulate(row.begin() + rp.block_begin, row.begin() + rp.block_end, 0.0);
     const DeviceModel& d = cluster.ranks[r];
-    const double overhead = d.kind == "cuda" ? kPassOverheadSecondsCuda : kPassOverheadSecondsCpu;
-    t.pass_overhead_seconds[r] = overhead * (rp.block_end - rp.block_begin);
+    t.pass_overhead_seconds[r] =
+        std::accumulate(costs.call_seconds[r].begin() + rp.block_begin,
+                        costs.call_seconds[r].begin() + rp.block_end, 0.0) / 2;
     const StageFootprint f = stage_footprint(costs, rp.block_begin, rp.block_end);
     if (d.memory_bandwidth > 0)
       t.load_seconds_per_sample[r] = costs.input_bytes[static_cast<size_t>(rp.block_begin)] /

@@ -13,12 +13,6 @@
 
 namespace ht::plan {
 
-// Fixed cost of one block's Forward or Backward call regardless of the micro-batch size
-// (dispatch, kernel launches, small-tensor bookkeeping). Not measured yet: these are
-// conservative figures for this engine, so that the search does not cut a batch into
-// micro-batches of one sample where the model says it would be free.
-inline constexpr double kPassOverheadSecondsCpu = 10e-6;
-inline constexpr double kPassOverheadSecondsCuda = 30e-6;
 // A Forward is about a third of forward + backward (see block_costs.h).
 inline constexpr double kForwardFraction = 1.0 / 3.0;
 
@@ -41,6 +35,7 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
 struct PlanCostTable {
   std::vector<double> stage_seconds_per_sample;  // [rank] forward + backward of its blocks
   std::vector<double> pass_overhead_seconds;     // [rank] per Forward / Backward call
+                                                 // (half the stage's call_seconds)
   std::vector<double> load_seconds_per_sample;   // [rank]
   std::vector<double> optimizer_step_seconds;    // [rank]
   std::vector<double> reduce_seconds;            // [stage]

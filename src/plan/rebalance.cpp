@@ -56,10 +56,16 @@ BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs,
     const auto k = static_cast<size_t>(rp.rank);
     const RankMeasure& m = measured[k];
     if (rp.replica < 0 || m.work_s.empty() || rp.samples <= 0) continue;
-    const double per_sample = median(m.work_s) / static_cast<double>(rp.samples);
-    const double modelled = sum(costs.seconds_per_sample[k], rp.block_begin, rp.block_end);
-    if (per_sample > 0 && modelled > 0)
-      for (double& s : out.seconds_per_sample[k]) s *= per_sample / modelled;
+    // The model's time for the rank's work in a step: its micro-batches' fixed costs
+    // plus its samples; both parts scale to what it measured.
+    const double modelled =
+        sum(costs.seconds_per_sample[k], rp.block_begin, rp.block_end) * static_cast<double>(rp.samples) +
+        sum(costs.call_seconds[k], rp.block_begin, rp.block_end) * rp.micro_batches;
+    const double work = median(m.work_s);
+    if (work > 0 && modelled > 0) {
+      for (double& s : out.seconds_per_sample[k]) s *= work / modelled;
+      for (double& s : out.call_seconds[k]) s *= work / modelled;
+    }
     const double step = median(m.optimizer_s);
     const double modelled_step = sum(costs.step_seconds[k], rp.block_begin, rp.block_end);
     const double params = sum(costs.params, rp.block_begin, rp.block_end);

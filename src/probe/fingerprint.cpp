@@ -40,6 +40,7 @@ Json rank_json(const RankFingerprint& r) {
     blocks.push_back({{"index", i},
                       {"kind", r.blocks[i].kind},
                       {"fwd_bwd_s_per_sample", r.blocks[i].fwd_bwd_s_per_sample},
+                      {"fwd_bwd_s_per_call", r.blocks[i].fwd_bwd_s_per_call},
                       {"optimizer_step_s", r.blocks[i].optimizer_step_s}});
   Json j = {{"rank", r.rank},
           {"local_rank", r.local_rank},
@@ -123,6 +124,8 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     expect_object(blocks[i], p, "an object with kind and fwd_bwd_s_per_sample");
     BlockTiming t{read_string(require(blocks[i], p, "kind", "a string"), key_path(p, "kind"), "a block kind"),
                   positive(blocks[i], p, "fwd_bwd_s_per_sample")};
+    if (auto call = blocks[i].find("fwd_bwd_s_per_call"); call != blocks[i].end())
+      t.fwd_bwd_s_per_call = read_double(*call, key_path(p, "fwd_bwd_s_per_call"), Range::at_least(0));
     if (auto step = blocks[i].find("optimizer_step_s"); step != blocks[i].end())
       t.optimizer_step_s = read_double(*step, key_path(p, "optimizer_step_s"), Range::at_least(0));
     r.blocks.push_back(t);

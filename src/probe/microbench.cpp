@@ -1,5 +1,7 @@
 #include "probe/microbench.h"
 
+#include "core/error.h"
+
 #include <chrono>
 #include <vector>
 
@@ -76,24 +78,35 @@ DeviceRates measure_device(double seconds) {
   return r;
 }
 
-std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t batch,
+std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t small, int64_t large,
                                         double seconds_per_block,
                                         const config::OptimizerConfig& opt) {
+  HT_CHECK(small >= 1 && large >= small, "profile_blocks: batches ", small, " and ", large,
+           "; expected 1 <= small <= large");
   std::vector<BlockTiming> out;
   Rng rng(12);
   for (size_t i = 0; i < model.size(); ++i) {
     nn::Block& block = model.block(i);
-    Shape shape = block.sample_input_shape();
-    shape.insert(shape.begin(), batch);
-    // Token ids of 0 are valid for any vocabulary; values do not change the timing.
-    Tensor x = block.input_dtype() == DType::i32
-                   ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape)
-                   : random_tensor(shape, rng);
-    auto [calls, secs] = run_for(seconds_per_block, 2, [&] {
-      Tensor y = block.forward(x);
-      y.backward(Tensor::full(y.shape(), 1.f));
-    });
-    BlockTiming t{block.kind(), secs / calls / static_cast<double>(batch)};
+    auto seconds_per_call = [&](int64_t batch) {
+      Shape shape = block.sample_input_shape();
+      shape.insert(shape.begin(), batch);
+      // Token ids of 0 are valid for any vocabulary; values do not change the timing.
+      Tensor x = block.input_dtype() == DType::i32
+                     ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape)
+                     : random_tensor(shape, rng);
+      auto [calls, secs] = run_for(seconds_per_block / 2, 2, [&] {
+        Tensor y = block.forward(x);
+        y.backward(Tensor::full(y.shape(), 1.f));
+      });
+      return secs / calls;
+    };
+    const double at_small = seconds_per_call(small), at_large = seconds_per_call(large);
+    BlockTiming t{block.kind(), at_large / static_cast<double>(large)};
+    // A noisy pair (the larger batch no slower) keeps the large batch's average.
+    if (large > small && at_large > at_small) {
+      t.fwd_bwd_s_per_sample = (at_large - at_small) / static_cast<double>(large - small);
+      t.fwd_bwd_s_per_call = std::max(0.0, at_small - t.fwd_bwd_s_per_sample * static_cast<double>(small));
+    }
     if (auto params = block.named_parameters(); !params.empty()) {
       auto optimizer = optim::make_optimizer(opt, std::move(params));
       auto [steps, step_secs] = run_for(seconds_per_block / 4, 2, [&] { optimizer->step(); });

@@ -77,11 +77,13 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
   if (opts.model) {
     std::unique_ptr<runtime::Task> task = runtime::make_task(*opts.model);
     nn::Sequential model = task->build_model(opts.model->train.seed);
-    // Per-sample cost depends on the batch (caches), so time blocks at the scale they
-    // will train at: an equal share of the global batch.
-    const int64_t share = (opts.model->train.batch_size + comm.size() - 1) / comm.size();
-    me.blocks = profile_blocks(model, std::clamp<int64_t>(share, 8, 256), opts.quick ? 0.1 : 0.5,
-                               opts.model->train.optimizer);
+    // Per-sample cost depends on the batch (fixed costs per call, caches): time blocks
+    // over the range a plan may give a rank, from an equal share of the global batch
+    // to all of it.
+    const int64_t batch = opts.model->train.batch_size;
+    const int64_t small = std::clamp<int64_t>((batch + comm.size() - 1) / comm.size(), 8, 256);
+    me.blocks = profile_blocks(model, small, std::clamp<int64_t>(batch, small, 512),
+                               opts.quick ? 0.2 : 1.0, opts.model->train.optimizer);
   }
 
   ClusterFingerprint c;
@@ -138,9 +140,10 @@ std::string format_cluster(const ClusterFingerprint& c) {
   }
   for (const RankFingerprint& r : c.ranks) {
     if (r.blocks.empty()) continue;
-    out << "\nrank " << r.rank << " block profile (forward+backward per sample):";
+    out << "\nrank " << r.rank << " block profile (forward+backward per sample + per call):";
     for (size_t i = 0; i < r.blocks.size(); ++i)
-      out << "\n  " << i << " " << r.blocks[i].kind << " " << fmt("%.1f us", r.blocks[i].fwd_bwd_s_per_sample * 1e6);
+      out << "\n  " << i << " " << r.blocks[i].kind << " " << fmt("%.1f us", r.blocks[i].fwd_bwd_s_per_sample * 1e6)
+          << " + " << fmt("%.1f us", r.blocks[i].fwd_bwd_s_per_call * 1e6);
     out << "\n";
   }
   size_t n = c.ranks.size();

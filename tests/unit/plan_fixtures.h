@@ -50,6 +50,7 @@ inline BlockCosts costs(const ClusterModel& c, int blocks, double activation = 1
   }
   for (const DeviceModel& d : c.ranks) {
     k.seconds_per_sample.emplace_back(static_cast<size_t>(blocks), 3e9 / d.flops);
+    k.call_seconds.emplace_back(static_cast<size_t>(blocks), kCallSecondsCpu);
     k.step_seconds.emplace_back(static_cast<size_t>(blocks), 0.0);
     k.source.emplace_back(kSourceModelled);
   }

@@ -10,6 +10,8 @@
 #include <set>
 
 #include "config/config.h"
+#include "core/error.h"
+#include "models/models.h"
 #include "probe/fingerprint.h"
 #include "probe/link_matrix.h"
 #include "probe/microbench.h"
@@ -46,6 +48,19 @@ TEST_CASE("probe: device benchmarks report positive, plausible rates") {
   CHECK(r.memory_bandwidth_gb_s > 0.1);
 }
 
+TEST_CASE("probe: block profiles split each call into a fixed part and a part per sample") {
+  const nn::Sequential model = models::build_mlp({64, {256}, 10}, 3);
+  const std::vector<BlockTiming> t = profile_blocks(model, 8, 128, 0.1, config::OptimizerConfig{});
+  REQUIRE(t.size() == model.size());
+  for (const BlockTiming& b : t) {
+    CAPTURE(b.kind);
+    CHECK(b.fwd_bwd_s_per_sample > 0);
+    CHECK(b.fwd_bwd_s_per_call >= 0);
+  }
+  CHECK_THROWS_WITH_AS(profile_blocks(model, 64, 8, 0.1, config::OptimizerConfig{}),
+                       "profile_blocks: batches 64 and 8; expected 1 <= small <= large", Error);
+}
+
 namespace {
 
 ClusterFingerprint two_ranks() {
@@ -60,7 +75,7 @@ ClusterFingerprint two_ranks() {
     r.host.memory_total = 1 << 30;
     r.host.memory_available = 1 << 29;
     r.rates = {100.0 / (i + 1), 1024, 10.0};
-    r.blocks = {{"dense_relu", 1e-5, 2e-4}};
+    r.blocks = {{"dense_relu", 1e-5, 3e-6, 2e-4}};
     if (i == 0) r.cpu_quota = {0.25, 0.01};
     if (i == 1) {
       GpuInfo g;
@@ -109,6 +124,7 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   CHECK(back.ranks[1].rates.sgemm_gflops == doctest::Approx(50.0));
   CHECK(back.ranks[0].blocks[0].kind == "dense_relu");
   CHECK(back.ranks[0].blocks[0].optimizer_step_s == doctest::Approx(2e-4));
+  CHECK(back.ranks[0].blocks[0].fwd_bwd_s_per_call == doctest::Approx(3e-6));
   CHECK(back.ranks[0].cpu_quota.fraction == doctest::Approx(0.25));
   CHECK(back.ranks[0].cpu_quota.period_s == doctest::Approx(0.01));
   CHECK(back.ranks[1].cpu_quota.fraction == 0);  // written only where there is a quota
@@ -139,8 +155,10 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   // Files from before optimiser steps were timed still load, as "not measured".
   nlohmann::json old = nlohmann::json::parse(good);
   old["ranks"][0]["blocks"][0].erase("optimizer_step_s");
+  old["ranks"][0]["blocks"][0].erase("fwd_bwd_s_per_call");
   std::string old_path = write_temp(old.dump());
   CHECK(read_cluster(old_path).ranks[0].blocks[0].optimizer_step_s == 0);
+  CHECK(read_cluster(old_path).ranks[0].blocks[0].fwd_bwd_s_per_call == 0);
   std::filesystem::remove(old_path);
   CHECK(error_for(replaced("\"period_s\": 0.01", "\"period_s\": 0")).find(
             "ranks[0].cpu_quota.period_s: 0") != std::string::npos);
