@@ -28,81 +28,112 @@ std::vector<int64_t> parts(int64_t n, const std::vector<double>& weights) {
   return off;
 }
 
-// Polls every request in turn until all are done. Waiting on them one by one can
-// deadlock: a receive is matched only while its own request is tested (probe-based
-// receives), so two ranks each waiting on a large send to the other would never match.
-// Backs off from polling to sleeps of up to 1 ms, so a throttled rank keeps its quota.
-WaitStatus wait_all(std::vector<Request>& requests, Clock::time_point deadline, bool bounded) {
-  auto pause = std::chrono::microseconds(0);
-  while (!requests.empty()) {
-    const size_t before = requests.size();
-    std::erase_if(requests, [](Request& r) { return r.test(); });
-    if (requests.empty()) break;
-    if (bounded && Clock::now() > deadline) return WaitStatus::timed_out;
-    if (requests.size() < before) pause = std::chrono::microseconds(0);
-    else pause = std::min(std::chrono::microseconds(1000), std::max(std::chrono::microseconds(20), pause * 2));
-    std::this_thread::sleep_for(pause);
-  }
-  return WaitStatus::done;
-}
-
 }  // namespace
 
-WaitStatus allreduce_sum_weighted(Communicator& comm, std::vector<Tensor>& tensors,
-                                  const std::vector<double>& weights, Timeout timeout) {
-  const int p = comm.size(), me = comm.rank();
-  HT_CHECK(static_cast<int>(weights.size()) == p, "allreduce_sum_weighted: ", weights.size(),
-           " weights for ", p, " ranks; expected one per rank");
-  for (double w : weights)
+// One tensor between its add and its end: its parts, what the peers sent for this rank's
+// part, and the requests of the round it is in.
+struct OverlappedAllreduce::Pending {
+  Tensor tensor;
+  int tag = 0;
+  std::vector<int64_t> offsets;
+  std::vector<std::vector<float>> incoming;  // [peer] round 1, for this rank's part
+  std::vector<Request> requests;
+  int round = 1;
+};
+
+OverlappedAllreduce::OverlappedAllreduce(Communicator& comm, std::vector<double> weights)
+    : comm_(comm), weights_(std::move(weights)) {
+  HT_CHECK(static_cast<int>(weights_.size()) == comm.size(), "allreduce_sum_weighted: ", weights_.size(),
+           " weights for ", comm.size(), " ranks; expected one per rank");
+  for (double w : weights_)
     HT_CHECK(std::isfinite(w) && w > 0, "allreduce_sum_weighted: weight ", w, "; expected > 0");
+}
+
+OverlappedAllreduce::~OverlappedAllreduce() = default;
+
+void OverlappedAllreduce::add(std::vector<Tensor> tensors) {
   for (const Tensor& t : tensors)
     HT_CHECK(t.dtype() == DType::f32 && t.is_contiguous(), "allreduce_sum_weighted: tensors must be ",
              "contiguous float32; got ", dtype_name(t.dtype()), " of shape ", to_string(t.shape()));
-  if (p == 1) return WaitStatus::done;
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout.value_or(std::chrono::duration<double>(0)));
-  const bool bounded = timeout.has_value();
-
-  std::vector<std::vector<int64_t>> offsets;
-  std::vector<std::vector<std::vector<float>>> incoming(tensors.size());  // [t][peer]
-  std::vector<Request> requests;
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    offsets.push_back(parts(tensors[t].numel(), weights));
-    float* data = tensors[t].data();
-    const auto& off = offsets.back();
+  const int p = comm_.size(), me = comm_.rank();
+  for (Tensor& t : tensors) {
+    const size_t index = added_++;
+    if (p == 1) continue;
+    auto x = std::make_unique<Pending>();
+    x->tensor = t;
+    x->tag = tag(index, 0);
+    x->offsets = parts(t.numel(), weights_);
+    float* data = t.data();
+    const auto& off = x->offsets;
     const int64_t mine = off[me + 1] - off[me];
-    incoming[t].resize(static_cast<size_t>(p));
+    x->incoming.resize(static_cast<size_t>(p));
     for (int j = 0; j < p; ++j) {
       if (j == me) continue;
       const int64_t len = off[j + 1] - off[j];
-      if (len > 0) requests.push_back(comm.isend_bytes(data + off[j], static_cast<size_t>(len) * 4, j, tag(t, 0)));
+      if (len > 0) x->requests.push_back(comm_.isend_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x->tag));
       if (mine > 0) {
-        auto& buf = incoming[t][static_cast<size_t>(j)];
+        auto& buf = x->incoming[static_cast<size_t>(j)];
         buf.resize(static_cast<size_t>(mine));
-        requests.push_back(comm.irecv_bytes(buf.data(), buf.size() * 4, j, tag(t, 0)));
+        x->requests.push_back(comm_.irecv_bytes(buf.data(), buf.size() * 4, j, x->tag));
       }
     }
+    pending_.push_back(std::move(x));
   }
-  if (wait_all(requests, deadline, bounded) == WaitStatus::timed_out) return WaitStatus::timed_out;
+}
 
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    float* data = tensors[t].data();
-    const auto& off = offsets[t];
+// Tests every request in turn (a receive is matched only while its own request is tested,
+// see finish); a tensor whose round 1 is done is summed and starts round 2.
+bool OverlappedAllreduce::progress() {
+  const int p = comm_.size(), me = comm_.rank();
+  bool moved = false;
+  for (auto& x : pending_) {
+    moved = std::erase_if(x->requests, [](Request& r) { return r.test(); }) > 0 || moved;
+    if (!x->requests.empty() || x->round == 2) continue;
+    float* data = x->tensor.data();
+    const auto& off = x->offsets;
     float* part = data + off[me];
     const int64_t mine = off[me + 1] - off[me];
     for (int j = 0; j < p; ++j)  // in rank order, so every owner adds in the same order
       if (j != me && mine > 0) {
-        const float* in = incoming[t][static_cast<size_t>(j)].data();
+        const float* in = x->incoming[static_cast<size_t>(j)].data();
         for (int64_t i = 0; i < mine; ++i) part[i] += in[i];
       }
+    x->incoming.clear();
     for (int j = 0; j < p; ++j) {
       if (j == me) continue;
       const int64_t len = off[j + 1] - off[j];
-      if (mine > 0) requests.push_back(comm.isend_bytes(part, static_cast<size_t>(mine) * 4, j, tag(t, 1)));
-      if (len > 0) requests.push_back(comm.irecv_bytes(data + off[j], static_cast<size_t>(len) * 4, j, tag(t, 1)));
+      if (mine > 0) x->requests.push_back(comm_.isend_bytes(part, static_cast<size_t>(mine) * 4, j, x->tag + 1));
+      if (len > 0) x->requests.push_back(comm_.irecv_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x->tag + 1));
     }
+    x->round = 2;
   }
-  return wait_all(requests, deadline, bounded);
+  std::erase_if(pending_, [](const std::unique_ptr<Pending>& x) { return x->round == 2 && x->requests.empty(); });
+  return moved;
+}
+
+// Waiting on requests one by one can deadlock: a receive is matched only while its own
+// request is tested (probe-based receives), so two ranks each waiting on a large send to
+// the other would never match. So every request is polled in turn, backing off from
+// polling to sleeps of up to 1 ms, so a throttled rank keeps its quota.
+WaitStatus OverlappedAllreduce::finish(Timeout timeout) {
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout.value_or(std::chrono::duration<double>(0)));
+  auto pause = std::chrono::microseconds(0);
+  for (;;) {
+    const bool moved = progress();
+    if (pending_.empty()) return WaitStatus::done;
+    if (timeout && Clock::now() > deadline) return WaitStatus::timed_out;
+    if (moved) pause = std::chrono::microseconds(0);
+    else pause = std::min(std::chrono::microseconds(1000), std::max(std::chrono::microseconds(20), pause * 2));
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+WaitStatus allreduce_sum_weighted(Communicator& comm, std::vector<Tensor>& tensors,
+                                  const std::vector<double>& weights, Timeout timeout) {
+  OverlappedAllreduce reduce(comm, weights);
+  reduce.add(tensors);
+  return reduce.finish(timeout);
 }
 
 }  // namespace ht::comm

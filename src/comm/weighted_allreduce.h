@@ -10,11 +10,36 @@
 // many rounds each wait for a throttled rank's next time slice.)
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 
 namespace ht::comm {
+
+// The same all-reduce with tensors joining while it runs, so that it overlaps the
+// backward pass: `add` the gradients of each block as its backward finishes (every rank
+// adds the same tensors in the same order), call `progress` between blocks (it never
+// blocks: round 1 of a tensor completes, its owner adds and starts round 2), and
+// `finish` at the end. The sums are exactly those of the blocking call below.
+class OverlappedAllreduce {
+ public:
+  // Every member passes the same weights, one per rank of `comm`, each > 0.
+  OverlappedAllreduce(Communicator& comm, std::vector<double> weights);
+  ~OverlappedAllreduce();
+  // Contiguous float32 tensors on the CPU, reduced in place.
+  void add(std::vector<Tensor> tensors);
+  bool progress();  // whether any message completed
+  // Waits for everything added; on timed_out the tensors are in an unspecified state.
+  WaitStatus finish(Timeout timeout = std::nullopt);
+
+ private:
+  struct Pending;
+  Communicator& comm_;
+  std::vector<double> weights_;
+  std::vector<std::unique_ptr<Pending>> pending_;  // tensors in round 1 or 2
+  size_t added_ = 0;                               // tensors so far: their tags
+};
 
 // Collective over `comm`: every rank passes the same number of float32 tensors of the
 // same sizes (contiguous, on the CPU) and the same weights, one per rank, each > 0.

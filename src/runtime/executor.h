@@ -24,6 +24,10 @@
 #include "report/trace.h"
 #include "runtime/task.h"
 
+namespace ht::comm {
+class OverlappedAllreduce;
+}
+
 namespace ht::runtime {
 
 struct StepResult {
@@ -71,6 +75,7 @@ class Executor {
   void forward(int mb, bool keep_graph);
   void backward(int mb);
   void reduce_grads();
+  std::vector<Tensor> reducible_grads(size_t begin, size_t end);
   void optimizer_step(float lr);
   Shape boundary_shape(int mb, bool input) const;
   void take_shares();  // this rank's plan, schedule and sample offsets from plan_
@@ -88,6 +93,10 @@ class Executor {
   std::vector<int64_t> mb_offset_;   // first sample of each micro-batch within the replica
   double scale_ = 0;                 // 1 / (global batch x predictions per sample)
   std::vector<nn::NamedTensor> params_;
+  std::vector<size_t> block_params_;  // params_ of the stage's block i: [i], [i + 1]
+  int last_backward_mb_ = -1;         // the micro-batch of this rank's last Backward
+  std::unique_ptr<comm::OverlappedAllreduce> reduce_;  // this step's, replicated stages only
+  bool reduce_started_ = false;       // the last Backward added the gradients
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<comm::Communicator> stage_group_;    // this stage in every replica
   std::unique_ptr<comm::Communicator> replica_group_;  // every stage of this replica
