@@ -30,6 +30,10 @@ constexpr size_t kSimulatedCandidates = 4;
 // order wherever the next rank is more than this much slower than the one before: a
 // class of slow ranks can cost more in communication than its compute gives back.
 constexpr double kSpeedStep = 0.85;
+// ... and takes such a plan only when it is predicted this much faster than the best with
+// more ranks: a margin for the model's error, since using every rank is what a user
+// expects of a job started on them.
+constexpr double kIdleMinGain = 0.10;
 std::string label(const DeviceModel& d) { return d.id.empty() ? d.name : d.id; }
 
 std::string shape_name(int stages, int replicas) {
@@ -401,19 +405,19 @@ Plan make_plan(const PlannerInput& in) {
                    [](const Candidate* a, const Candidate* b) { return a->estimate < b->estimate; });
   // Simulated: the best few overall and the best of every rank count, so that leaving
   // ranks idle is weighed against the simulated best that uses them all.
-  std::map<int, Candidate*> best_using;
+  std::map<int, Candidate*> best_using;  // simulated, by ranks used
   for (size_t i = 0; i < feasible.size(); ++i) {
     Candidate* c = feasible[i];
     if (i >= kSimulatedCandidates && best_using.count(c->used)) continue;
     finish(*c->plan, in.costs, in.cluster, true);
     c->estimate = c->plan->predicted.step_seconds;
-    best_using.try_emplace(c->used, c);
+    Candidate*& b = best_using[c->used];
+    if (!b || c->estimate < b->estimate) b = c;
   }
+  // The most ranks, unless fewer are predicted kIdleMinGain faster.
   Candidate* chosen = nullptr;
-  for (Candidate* c : feasible)
-    if (c->plan->predicted.step_seconds > 0 &&
-        (!chosen || c->plan->predicted.step_seconds < chosen->plan->predicted.step_seconds))
-      chosen = c;
+  for (auto it = best_using.rbegin(); it != best_using.rend(); ++it)
+    if (!chosen || it->second->estimate < (1 - kIdleMinGain) * chosen->estimate) chosen = it->second;
   Plan plan = std::move(*chosen->plan);
   plan.candidates = static_cast<int>(candidates.size());
 
