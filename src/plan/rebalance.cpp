@@ -100,13 +100,9 @@ Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs) {
 }
 
 double measured_step_seconds(const std::vector<RankMeasure>& measured) {
-  std::vector<double> slowest;
-  for (const RankMeasure& m : measured)
-    for (size_t k = 0; k < m.wall_s.size(); ++k) {
-      if (slowest.size() <= k) slowest.push_back(0);
-      slowest[k] = std::max(slowest[k], m.wall_s[k]);
-    }
-  return median(std::move(slowest));
+  double slowest = 0;
+  for (const RankMeasure& m : measured) slowest = std::max(slowest, median(m.wall_s));
+  return slowest;
 }
 
 std::vector<double> measured_reduce_seconds(const Plan& plan, const std::vector<RankMeasure>& measured) {

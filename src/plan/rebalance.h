@@ -51,7 +51,8 @@ BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs,
 // (the plan as first made), at most the share.
 Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs);
 
-// The window's step: per step the slowest rank's wall, the median over steps.
+// The window's step: the slowest rank's median step (ranks' steps are not aligned in
+// time, so a per-step maximum would add up their noise).
 double measured_step_seconds(const std::vector<RankMeasure>& measured);
 
 // Per stage: what ReduceGrads took, measured. Ranks wait in it for the group's last
@@ -64,7 +65,7 @@ struct Rebalance {
   bool changed = false;       // shares differ from the current plan's
   bool reverted = false;      // back to the shares before the last change
   double current_step_s = 0;  // the simulator's step for the current plan, calibrated
-  double measured_step_s = 0; // the window's median over steps of the slowest rank's
+  double measured_step_s = 0; // the window's, see measured_step_seconds
 };
 
 // The checks of one job. Each calibrates the costs (compute and ReduceGrads from the

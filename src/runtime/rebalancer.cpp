@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+
 #include "core/stats.h"
 #include "plan/plan_json.h"
 
@@ -33,17 +35,19 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
                         j[2].get<std::vector<double>>(), j[3].get<std::vector<double>>()});
   }
   window_ = {};
-  // Rank 0 decides; the whole plan travels, so that every rank orders its communication
-  // by the same estimates.
+  // Rank 0 decides. A changed plan travels whole, so that every rank orders its
+  // communication by the same estimates; otherwise only the calibrated prediction.
   std::string decision;
   if (world_.rank() == 0) {
     const plan::Rebalance r = decide_(plan, measured);
-    decision = json{{"changed", r.changed},
-                    {"reverted", r.reverted},
-                    {"measured_step_s", r.measured_step_s},
-                    {"current_step_s", r.current_step_s},
-                    {"plan", plan::plan_to_json(r.plan)}}
-                   .dump();
+    json d{{"changed", r.changed},
+           {"reverted", r.reverted},
+           {"measured_step_s", r.measured_step_s},
+           {"current_step_s", r.current_step_s},
+           {"predicted", {r.plan.predicted.step_seconds, r.plan.predicted.samples_per_s,
+                          r.plan.predicted.bubble_fraction}}};
+    if (r.changed) d["plan"] = plan::plan_to_json(r.plan);
+    decision = d.dump();
   }
   const json d = json::parse(world_.allgather(decision)[0]);
   Outcome out;
@@ -52,7 +56,10 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   out.measured_step_s = d["measured_step_s"].get<double>();
   out.before_predicted_step_s = d["current_step_s"].get<double>();
   out.before = plan.layout.samples;
-  plan = plan::plan_from_json(d["plan"].get<std::string>(), "the rebalanced plan from rank 0");
+  if (out.changed) plan = plan::plan_from_json(d["plan"].get<std::string>(), "the rebalanced plan from rank 0");
+  plan.predicted.step_seconds = d["predicted"][0].get<double>();
+  plan.predicted.samples_per_s = d["predicted"][1].get<double>();
+  plan.predicted.bubble_fraction = d["predicted"][2].get<double>();
   out.after = plan.layout.samples;
   out.predicted_step_s = plan.predicted.step_seconds;
   for (size_t k = 0; k < measured.size(); ++k) {
@@ -64,6 +71,37 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   }
   if (out.changed) skip_next_ = true;
   return out;
+}
+
+std::string Rebalancer::Outcome::record(int64_t step) const {
+  return json{{"type", "rebalance"},
+              {"step", step},
+              {"changed", changed},
+              {"reverted", reverted},
+              {"shares_before", before},
+              {"shares", after},
+              {"measured_step_s", measured_step_s},
+              {"calibrated_step_s", before_predicted_step_s},
+              {"predicted_step_s", predicted_step_s},
+              {"measured_s_per_sample", seconds_per_sample}}
+      .dump();
+}
+
+std::string Rebalancer::Outcome::line(int64_t step) const {
+  auto shares = [](const std::vector<int64_t>& v) {
+    std::string t;
+    for (int64_t x : v) {
+      if (!t.empty()) t += '/';
+      t += std::to_string(x);
+    }
+    return t;
+  };
+  char ms[32];
+  std::snprintf(ms, sizeof ms, "%.2f ms", predicted_step_s * 1e3);
+  return "step " + std::to_string(step) + ": " +
+         (reverted ? "undid the last rebalancing (the measured step got slower): shares "
+                   : "rebalanced the replicas' shares from measured speeds: ") +
+         shares(before) + " -> " + shares(after) + ", predicted step " + ms;
 }
 
 }  // namespace ht::runtime

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -36,6 +37,9 @@ class Rebalancer {
     double measured_step_s = 0;              // the window's, for `before`
     double before_predicted_step_s = 0;      // calibrated, for `before`
     std::vector<double> seconds_per_sample;  // per rank, measured (0 for idle ranks)
+
+    std::string record(int64_t step) const;  // the metrics.jsonl line (JSON, type "rebalance")
+    std::string line(int64_t step) const;    // for people, after a change
   };
   // Collective on the steps it is due (`done` a multiple of `every`, before the last
   // step): replaces `plan` with rank 0's decision. After a change the caller reshares its

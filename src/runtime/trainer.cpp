@@ -193,8 +193,8 @@ class Run {
           step_walls.clear();  // the measured step is the current shares'
         }
         if (root_) {
-          metrics->write(rebalance_json(done, *o).dump());
-          if (o->changed) progress.note(rebalance_line(done, *o));
+          metrics->write(o->record(done));
+          if (o->changed) progress.note(o->line(done));
         }
       }
       const double elapsed = seconds_since(t0);
@@ -270,33 +270,6 @@ class Run {
       j["ranks"] = per_rank;
     }
     return j;
-  }
-
-  static json rebalance_json(int64_t done, const Rebalancer::Outcome& o) {
-    return {{"type", "rebalance"},
-            {"step", done},
-            {"changed", o.changed},
-            {"reverted", o.reverted},
-            {"shares_before", o.before},
-            {"shares", o.after},
-            {"measured_step_s", o.measured_step_s},
-            {"calibrated_step_s", o.before_predicted_step_s},
-            {"predicted_step_s", o.predicted_step_s},
-            {"measured_s_per_sample", o.seconds_per_sample}};
-  }
-
-  static std::string rebalance_line(int64_t done, const Rebalancer::Outcome& o) {
-    auto shares = [](const std::vector<int64_t>& v) {
-      std::string t;
-      for (int64_t x : v) t += (t.empty() ? "" : "/") + std::to_string(x);
-      return t;
-    };
-    char step[32];
-    std::snprintf(step, sizeof step, "%.2f ms", o.predicted_step_s * 1e3);
-    return "step " + std::to_string(done) + ": " +
-           (o.reverted ? "undid the last rebalancing (the measured step got slower): shares "
-                       : "rebalanced the replicas' shares from measured speeds: ") +
-           shares(o.before) + " -> " + shares(o.after) + ", predicted step " + step;
   }
 
   void write_timeline(const std::vector<report::Span>& spans) {

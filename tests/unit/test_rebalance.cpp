@@ -56,6 +56,10 @@ TEST_CASE("rebalance: calibration scales each rank's costs to what it measured")
   // The all-reduce: per step the least time any member waited, then the median.
   CHECK(measured_reduce_seconds(t.plan, m) == std::vector<double>{0.05});
   CHECK(measured_step_seconds(m) == doctest::Approx(0.4));
+  noisy[1].wall_s[1] = 3.0;  // one step of one rank in a stopped stretch
+  CHECK(measured_step_seconds(noisy) == doctest::Approx(0.4));
+  noisy[1].wall_s.assign(5, 0.5);  // a slower rank sets the step
+  CHECK(measured_step_seconds(noisy) == doctest::Approx(0.5));
   CHECK(measured_reduce_seconds(t.plan, {RankMeasure{}, RankMeasure{}}) == std::vector<double>{-1});
   CHECK(error_of([&] { calibrated_costs(t.plan, t.in.costs, {m[0]}); }).find("1 measurements for 2 ranks") !=
         std::string::npos);
