@@ -2,6 +2,7 @@
 the ok/FAIL report, and running commands."""
 import json
 import os
+import shutil
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,9 +17,14 @@ def check(name, cond, detail=""):
         failures.append(name)
 
 
-def finish():
-    """Prints the count of failed checks and returns the script's exit status."""
+def finish(scratch=None):
+    """Prints the count of failed checks and returns the script's exit status. The
+    scratch directory is removed when every check passed and kept, named, otherwise."""
     print(f"{len(failures)} failed")
+    if scratch and not failures:
+        shutil.rmtree(scratch, ignore_errors=True)
+    elif scratch:
+        print(f"kept for inspection: {scratch}")
     return 1 if failures else 0
 
 

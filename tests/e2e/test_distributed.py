@@ -140,7 +140,7 @@ def main():
     check("a rank out of memory ends the job naming the rank and suggesting the memory strategies",
           r.returncode != 0 and "rank 1:" in r.stderr and "micro-batches" in r.stderr and took < 60,
           f"{took:.1f} s: {r.stderr[-800:]}")
-    return finish()
+    return finish(tmp)
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def main():
         check("4-rank cluster: auto plans and beats the equal split",
               r.returncode == 0 and float(re.search(r"speed-up over baseline: ([0-9.]+)x", r.stdout).group(1)) > 1.2,
               r.stderr[-1500:])
-    return finish()
+    return finish(tmp)
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def main():
               ok and all(abs(a - w) <= 0.2 * w for a, w in zip(rel, want)), r.stderr[-2000:])
         check("hetero-local: the probe labels the quotas",
               ok and all(any("CPU quota" in n for n in x["emulation"]) for x in load(out)["ranks"]))
-    return finish()
+    return finish(tmp)
 
 
 if __name__ == "__main__":
