@@ -24,6 +24,7 @@
 #include "runtime/executor.h"
 #include "runtime/stage_gather.h"
 #include "runtime/run_dir.h"
+#include "runtime/run_records.h"
 #include "runtime/task.h"
 
 namespace ht::runtime {
@@ -82,27 +83,6 @@ int64_t metadata_int(const Checkpoint& c, const std::string& key) {
            text, "'; expected an integer");
   return static_cast<int64_t>(v);
 }
-
-json eval_json(int64_t step, const EvalResult& r) {
-  json j = {{"type", "eval"}, {"step", step}};
-  for (const auto& [k, v] : r.metrics) j[k] = v;
-  return j;
-}
-
-// Per-rank step figures exchanged at every log step: rank 0 writes them to the metrics.
-struct Window {
-  double loss_sum = 0, compute_s = 0, comm_s = 0, wall_s = 0;
-  bool interrupted = false;
-  std::string checksum;  // of the rank's parameters after the window's last step
-  std::string to_text() const {
-    return json{{"loss_sum", loss_sum}, {"compute_s", compute_s}, {"comm_s", comm_s},
-                {"wall_s", wall_s}, {"interrupted", interrupted}, {"checksum", checksum}}.dump();
-  }
-  static Window from_text(const std::string& t) {
-    const json j = json::parse(t);
-    return {j["loss_sum"], j["compute_s"], j["comm_s"], j["wall_s"], j["interrupted"], j["checksum"]};
-  }
-};
 
 class Run {
  public:
@@ -183,7 +163,7 @@ class Run {
           stop_all = stop_all || w.interrupted;
         }
         last_loss = check_loss(loss_sum, window_steps, done);
-        if (root_) metrics->write(train_record(done, lr, last_loss, ranks, window_steps, seconds_since(t0)).dump());
+        if (root_) metrics->write(train_record(done, lr, last_loss, ranks, window_steps, cfg_.train.batch_size, seconds_since(t0)));
         window = Window{};
         window_steps = 0;
       }
@@ -205,7 +185,7 @@ class Run {
       if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 && !last) {
         std::optional<EvalResult> r2 = evaluate();
         if (root_) {
-          metrics->write(eval_json(done, *r2).dump());
+          metrics->write(eval_record(done, *r2));
           progress.note("step " + std::to_string(done) + ": " + r2->line);
         }
       }
@@ -228,7 +208,7 @@ class Run {
     std::optional<EvalResult> final_eval = evaluate();
     const double wall = seconds_since(t0);
     if (root_) {
-      metrics->write(eval_json(total_steps_, *final_eval).dump());
+      metrics->write(eval_record(total_steps_, *final_eval));
       progress.note("final (step " + std::to_string(total_steps_) + "): " + final_eval->line);
       write_summary(start, wall, step_walls, *final_eval);
     }
@@ -249,27 +229,6 @@ class Run {
     HT_CHECK(std::isfinite(mean), "training diverged by step ", done, ": the loss is ", mean,
              "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
     return mean;
-  }
-
-  json train_record(int64_t done, float lr, double loss, const std::vector<Window>& ranks,
-                    int64_t steps, double elapsed) const {
-    double wall = 0;
-    for (const Window& w : ranks) wall = std::max(wall, w.wall_s);
-    json j{{"type", "train"},
-           {"step", done},
-           {"loss", loss},
-           {"lr", lr},
-           {"samples_per_s", static_cast<double>(steps * cfg_.train.batch_size) / wall},
-           {"wall_s", elapsed}};
-    if (multi()) {
-      json per_rank = json::array();
-      for (const Window& w : ranks)
-        per_rank.push_back({{"compute_s", w.compute_s},
-                            {"comm_s", w.comm_s},
-                            {"idle_s", std::max(0.0, wall - w.compute_s - w.comm_s)}});
-      j["ranks"] = per_rank;
-    }
-    return j;
   }
 
   void write_timeline(const std::vector<report::Span>& spans) {

@@ -1,0 +1,32 @@
+// The records a training run writes to metrics.jsonl (besides the rebalancing checks',
+// runtime/rebalancer.h), and the per-rank figures the ranks exchange at every log step
+// to make them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/task.h"
+
+namespace ht::runtime {
+
+// One rank's figures over the steps since the last log step.
+struct Window {
+  double loss_sum = 0, compute_s = 0, comm_s = 0, wall_s = 0;
+  bool interrupted = false;
+  std::string checksum;  // of the rank's parameters after the window's last step
+  std::string to_text() const;
+  static Window from_text(const std::string& text);
+};
+
+// {"type": "train", step, loss, lr, samples_per_s over the slowest rank's window,
+// wall_s since the start}, plus each rank's compute, communication and idle seconds when
+// there is more than one rank.
+std::string train_record(int64_t step, float lr, double loss, const std::vector<Window>& ranks,
+                         int64_t steps, int64_t batch_size, double elapsed_s);
+
+// {"type": "eval", step, and the evaluation's metrics}.
+std::string eval_record(int64_t step, const EvalResult& r);
+
+}  // namespace ht::runtime
