@@ -112,7 +112,7 @@ void check_replicas_identical(const plan::Plan& plan, const std::vector<std::str
 // Each replica's part of every tensor in a stage's ReduceGrads (the stage group's ranks
 // are its replicas in order): in proportion to the replica's share, so that a slow rank
 // adds and sends little. Under the 4-rank quotas the CNN (shares 64/34/15/15) ran
-// 2,848-2,886 samples/s so against 2,747-2,820 with equal parts. The cost model uses the
+// 2,848-2,886 samples/s against 2,747-2,820 with equal parts. The cost model uses the
 // same parts.
 std::vector<double> reduce_parts(const plan::PipelineLayout& layout);
 
