@@ -30,6 +30,7 @@ class OverlappedAllreduce {
   // Contiguous float32 tensors on the CPU, reduced in place.
   void add(std::vector<Tensor> tensors);
   bool progress();  // whether any message completed
+  size_t added() const { return added_; }  // tensors added so far
   // Waits for everything added; on timed_out the tensors are in an unspecified state.
   WaitStatus finish(Timeout timeout = std::nullopt);
 

@@ -87,9 +87,7 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
   for (size_t s = 0; s < stages; ++s) {
     std::vector<int> group;
     for (const auto& replica : plan.layout.replicas) group.push_back(replica[s]);
-    std::vector<double> parts;  // as the executor's (runtime/executor.h reduce_parts)
-    for (int64_t samples : plan.layout.samples)
-      parts.push_back(static_cast<double>(samples) / static_cast<double>(plan.global_batch));
+    const std::vector<double> parts = reduce_parts(plan.layout);  // as the executor
     const auto [begin, end] = plan.stage_ranges[s];
     const double params = stage_footprint(costs, begin, end).params;
     t.reduce_seconds[s] = weighted_allreduce_seconds(cluster, group, parts, params * kGradBytesPerParam);

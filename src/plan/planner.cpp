@@ -259,10 +259,10 @@ std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sor
   return out;
 }
 
-std::string rank_list(const Plan& p, bool idle) {
+std::string idle_ranks(const Plan& p) {
   std::string out;
   for (const RankPlan& r : p.ranks)
-    if ((r.replica < 0) == idle) out += (out.empty() ? "" : ", ") + std::to_string(r.rank);
+    if (r.replica < 0) out += (out.empty() ? "" : ", ") + std::to_string(r.rank);
   return out;
 }
 
@@ -429,7 +429,7 @@ Plan make_plan(const PlannerInput& in) {
   mark_slow_links(plan, in.cluster);
   plan.notes.push_back(work_note(plan, in.costs));
   if (chosen->used < world && best_using.count(world))
-    plan.notes.push_back("ranks " + rank_list(plan, true) + " left idle: the best plan over all " +
+    plan.notes.push_back("ranks " + idle_ranks(plan) + " left idle: the best plan over all " +
                          std::to_string(world) + " ranks is predicted at " +
                          format_seconds(best_using[world]->plan->predicted.step_seconds) +
                          " a step against " + format_seconds(plan.predicted.step_seconds) +

@@ -39,6 +39,14 @@ std::string to_text(const Schedule& schedule) {
   return out;
 }
 
+std::vector<double> reduce_parts(const PipelineLayout& layout) {
+  double total = 0;
+  for (int64_t samples : layout.samples) total += static_cast<double>(samples);
+  std::vector<double> parts;
+  for (int64_t samples : layout.samples) parts.push_back(static_cast<double>(samples) / total);
+  return parts;
+}
+
 int64_t micro_batch_samples(const PipelineLayout& layout, int replica, int mb) {
   HT_CHECK(replica >= 0 && static_cast<size_t>(replica) < layout.samples.size() &&
                static_cast<size_t>(replica) < layout.micro_batches.size(),

@@ -175,7 +175,6 @@ void Executor::backward(int mb) {
     if (overlap) {
       reduce_->add(reducible_grads(block_params_[i], block_params_[i + 1]));
       reduce_->progress();
-      reduce_started_ = true;
     }
   }
   m.segments.clear();
@@ -209,7 +208,7 @@ std::vector<Tensor> Executor::reducible_grads(size_t begin, size_t end) {
 // What the last Backward did not start (nothing when it overlapped), then the wait.
 void Executor::reduce_grads() {
   if (!reduce_) return;  // the only replica of its stage
-  if (!reduce_started_) reduce_->add(reducible_grads(0, params_.size()));
+  if (reduce_->added() == 0) reduce_->add(reducible_grads(0, params_.size()));
   const comm::WaitStatus s = reduce_->finish(kPeerTimeout);
   reduce_.reset();
   HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ReduceGrads of stage ", stage_,
@@ -240,9 +239,8 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   loss_sum_ = 0;
   live_.clear();
   reduce_.reset();
-  reduce_started_ = false;
   if (stage_group_->size() > 1)
-    reduce_ = std::make_unique<comm::OverlappedAllreduce>(*stage_group_, reduce_parts(plan_.layout));
+    reduce_ = std::make_unique<comm::OverlappedAllreduce>(*stage_group_, plan::reduce_parts(plan_.layout));
   const auto start = Clock::now();
   for (const plan::Instruction& in : schedule_) {
     const auto t0 = Clock::now();
@@ -329,12 +327,6 @@ void check_replicas_identical(const plan::Plan& plan, const std::vector<std::str
                "lost gradient reduction)");
     }
   }
-}
-
-std::vector<double> reduce_parts(const plan::PipelineLayout& layout) {
-  std::vector<double> parts;
-  for (int64_t samples : layout.samples) parts.push_back(static_cast<double>(samples));
-  return parts;
 }
 
 plan::Plan single_process_plan(int blocks, int64_t global_batch, int micro_batches) {

@@ -96,7 +96,6 @@ class Executor {
   std::vector<size_t> block_params_;  // params_ of the stage's block i: [i], [i + 1]
   int last_backward_mb_ = -1;         // the micro-batch of this rank's last Backward
   std::unique_ptr<comm::OverlappedAllreduce> reduce_;  // this step's, replicated stages only
-  bool reduce_started_ = false;       // the last Backward added the gradients
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<comm::Communicator> stage_group_;    // this stage in every replica
   std::unique_ptr<comm::Communicator> replica_group_;  // every stage of this replica
@@ -108,13 +107,6 @@ class Executor {
 // in rank order, "" for idle ranks), naming the stage, both ranks and the step.
 void check_replicas_identical(const plan::Plan& plan, const std::vector<std::string>& checksums,
                               int64_t step);
-
-// Each replica's part of every tensor in a stage's ReduceGrads (the stage group's ranks
-// are its replicas in order): in proportion to the replica's share, so that a slow rank
-// adds and sends little. Under the 4-rank quotas the CNN (shares 64/34/15/15) ran
-// 2,848-2,886 samples/s against 2,747-2,820 with equal parts. The cost model uses the
-// same parts.
-std::vector<double> reduce_parts(const plan::PipelineLayout& layout);
 
 // The plan of one process: the whole model, the whole batch in `micro_batches`
 // micro-batches (gradient accumulation).

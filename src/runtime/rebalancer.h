@@ -1,7 +1,7 @@
-// Rebalancing in a running job (plan/rebalance.h): every rank sums what its steps took;
-// every `every` steps the ranks exchange those sums, rank 0 asks the planner's decision
-// and every rank takes rank 0's answer, so all run the same plan. The first step after
-// the start and after every change is left out of the sums (allocations, caches).
+// Rebalancing in a running job (plan/rebalance.h): every rank records what each of its
+// steps took; every `every` steps the ranks exchange those records, rank 0 asks the
+// planner's decision and every rank takes rank 0's answer, so all run the same plan. The
+// first step after the start and after every change is left out (allocations, caches).
 #pragma once
 
 #include <cstdint>
