@@ -46,10 +46,24 @@ OverlappedAllreduce::OverlappedAllreduce(Communicator& comm, std::vector<double>
   HT_CHECK(static_cast<int>(weights_.size()) == comm.size(), "allreduce_sum_weighted: ", weights_.size(),
            " weights for ", comm.size(), " ranks; expected one per rank");
   for (double w : weights_)
-    HT_CHECK(std::isfinite(w) && w > 0, "allreduce_sum_weighted: weight ", w, "; expected > 0");
+    HT_CHECK(std::isfinite(w) && w >= 0, "allreduce_sum_weighted: weight ", w, "; expected >= 0");
+  HT_CHECK(std::accumulate(weights_.begin(), weights_.end(), 0.0) > 0,
+           "allreduce_sum_weighted: every weight is 0; expected some rank to own a part");
 }
 
-OverlappedAllreduce::~OverlappedAllreduce() = default;
+// Messages still in flight here mean the job is failing (finish or drain gave up, or an
+// error unwound the step). Their buffers must outlive MPI's use of them, and waiting could
+// hang on a stalled peer, so they are left, unwaited, to the process's imminent end.
+OverlappedAllreduce::~OverlappedAllreduce() {
+  if (pending_.empty() && outgoing_.empty()) return;
+  try {
+    progress();
+  } catch (...) {
+  }
+  for (auto& x : pending_) (void)x.release();
+  for (auto& o : outgoing_)
+    if (!o.sends.empty()) (void)new Outgoing(std::move(o));
+}
 
 void OverlappedAllreduce::add(std::vector<Tensor> tensors) {
   for (const Tensor& t : tensors)
@@ -99,29 +113,41 @@ bool OverlappedAllreduce::progress() {
         for (int64_t i = 0; i < mine; ++i) part[i] += in[i];
       }
     x->incoming.clear();
+    // The sums go out from a copy, so the tensor is final once this rank's receives are.
+    Outgoing* out = nullptr;
+    if (mine > 0) {
+      out = &outgoing_.emplace_back();
+      out->data.assign(part, part + mine);
+    }
     for (int j = 0; j < p; ++j) {
       if (j == me) continue;
       const int64_t len = off[j + 1] - off[j];
-      if (mine > 0) x->requests.push_back(comm_.isend_bytes(part, static_cast<size_t>(mine) * 4, j, x->tag + 1));
+      if (out)
+        out->sends.push_back(comm_.isend_bytes(out->data.data(), static_cast<size_t>(mine) * 4, j, x->tag + 1));
       if (len > 0) x->requests.push_back(comm_.irecv_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x->tag + 1));
     }
     x->round = 2;
   }
   std::erase_if(pending_, [](const std::unique_ptr<Pending>& x) { return x->round == 2 && x->requests.empty(); });
+  for (auto& o : outgoing_) moved = std::erase_if(o.sends, [](Request& r) { return r.test(); }) > 0 || moved;
+  std::erase_if(outgoing_, [](const Outgoing& o) { return o.sends.empty(); });
   return moved;
 }
+
+WaitStatus OverlappedAllreduce::finish(Timeout timeout) { return poll(timeout, false); }
+WaitStatus OverlappedAllreduce::drain(Timeout timeout) { return poll(timeout, true); }
 
 // Waiting on requests one by one can deadlock: a receive is matched only while its own
 // request is tested (probe-based receives), so two ranks each waiting on a large send to
 // the other would never match. So every request is polled in turn, backing off from
 // polling to sleeps of up to 1 ms, so a throttled rank keeps its quota.
-WaitStatus OverlappedAllreduce::finish(Timeout timeout) {
+WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout.value_or(std::chrono::duration<double>(0)));
   auto pause = std::chrono::microseconds(0);
   for (;;) {
     const bool moved = progress();
-    if (pending_.empty()) return WaitStatus::done;
+    if (pending_.empty() && (!sends || outgoing_.empty())) return WaitStatus::done;
     if (timeout && Clock::now() > deadline) return WaitStatus::timed_out;
     if (moved) pause = std::chrono::microseconds(0);
     else pause = std::min(std::chrono::microseconds(1000), std::max(std::chrono::microseconds(20), pause * 2));
@@ -133,7 +159,8 @@ WaitStatus allreduce_sum_weighted(Communicator& comm, std::vector<Tensor>& tenso
                                   const std::vector<double>& weights, Timeout timeout) {
   OverlappedAllreduce reduce(comm, weights);
   reduce.add(tensors);
-  return reduce.finish(timeout);
+  const WaitStatus s = reduce.finish(timeout);
+  return s == WaitStatus::done ? reduce.drain(timeout) : s;
 }
 
 }  // namespace ht::comm

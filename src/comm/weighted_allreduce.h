@@ -1,11 +1,13 @@
 // A sum all-reduce for ranks of unequal speed, built from point-to-point messages.
 //
 // Each tensor is cut into one part per rank, sized in proportion to the rank's weight
-// (its speed). Round 1: every rank sends each part to its owner, and each owner adds
-// what it receives into its part. Round 2: every owner sends its summed part to every
-// rank. Two rounds of latency, all messages of a round in flight at once, and a slow
-// rank adds and sends only its small part; waits back off instead of spinning, so a rank
-// throttled by a CPU quota does not spend its quota waiting. (Open MPI's MPI_Allreduce
+// (its speed; 0 owns nothing). Round 1: every rank sends each part to its owner, and each
+// owner adds what it receives into its part. Round 2: every owner sends its summed part
+// to every rank. Two rounds of latency, all messages of a round in flight at once, and a
+// slow rank adds and sends only its small part, or none; waits back off instead of
+// spinning, so a rank throttled by a CPU quota does not spend its quota waiting. An owner
+// need not wait for its round-2 sends to arrive (finish, then drain later): with one
+// owner, the others' lateness in taking the sums never holds it up. (Open MPI's MPI_Allreduce
 // of the MLP's 2.7 MB over 4 ranks under quotas 0.8/0.4/0.2/0.2 took 19.8 ms here: its
 // many rounds each wait for a throttled rank's next time slice.)
 #pragma once
@@ -24,26 +26,36 @@ namespace ht::comm {
 // `finish` at the end. The sums are exactly those of the blocking call below.
 class OverlappedAllreduce {
  public:
-  // Every member passes the same weights, one per rank of `comm`, each > 0.
+  // Every member passes the same weights, one per rank of `comm`, each >= 0, not all 0.
   OverlappedAllreduce(Communicator& comm, std::vector<double> weights);
   ~OverlappedAllreduce();
   // Contiguous float32 tensors on the CPU, reduced in place.
   void add(std::vector<Tensor> tensors);
   bool progress();  // whether any message completed
   size_t added() const { return added_; }  // tensors added so far
-  // Waits for everything added; on timed_out the tensors are in an unspecified state.
+  // Waits until every tensor added holds its sums; this rank's round-2 sends may still
+  // be in flight (from copies). On timed_out the tensors are in an unspecified state.
   WaitStatus finish(Timeout timeout = std::nullopt);
+  // Waits for the round-2 sends as well; call it before the job ends.
+  WaitStatus drain(Timeout timeout = std::nullopt);
 
  private:
   struct Pending;
+  struct Outgoing {  // one tensor's summed part, on its way to every peer
+    std::vector<float> data;
+    std::vector<Request> sends;
+  };
+  WaitStatus poll(Timeout timeout, bool sends);
   Communicator& comm_;
   std::vector<double> weights_;
   std::vector<std::unique_ptr<Pending>> pending_;  // tensors in round 1 or 2
+  std::vector<Outgoing> outgoing_;                 // round-2 sends not yet complete
   size_t added_ = 0;                               // tensors so far: their tags
 };
 
 // Collective over `comm`: every rank passes the same number of float32 tensors of the
-// same sizes (contiguous, on the CPU) and the same weights, one per rank, each > 0.
+// same sizes (contiguous, on the CPU) and the same weights, one per rank, each >= 0
+// and not all 0.
 // In place; on timed_out the tensors are in an unspecified state.
 WaitStatus allreduce_sum_weighted(Communicator& comm, std::vector<Tensor>& tensors,
                                   const std::vector<double>& weights,

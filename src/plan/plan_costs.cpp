@@ -31,7 +31,7 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
   if (n <= 1) return 0;
   double latency = 0, round = 0, wake = 0;
   for (size_t i = 0; i < n; ++i) {
-    wake = std::max(wake, wake_seconds(cluster.ranks[static_cast<size_t>(group[i])]));
+    if (parts[i] > 0) wake = std::max(wake, wake_seconds(cluster.ranks[static_cast<size_t>(group[i])]));
     double slowest_bw = 0;
     for (size_t j = 0; j < n; ++j) {
       if (i == j) continue;
@@ -44,6 +44,43 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
     if (slowest_bw > 0) round = std::max(round, moved / slowest_bw);
   }
   return 2 * (latency + round + wake);
+}
+
+namespace {
+
+// Stage s's ReduceGrads under the layout's reduce_parts.
+double stage_reduce_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs,
+                            const ClusterModel& cluster, size_t s) {
+  std::vector<int> group;
+  for (const auto& replica : layout.replicas) group.push_back(replica[s]);
+  const auto [begin, end] = plan.stage_ranges[s];
+  const double params = stage_footprint(costs, begin, end).params;
+  return weighted_allreduce_seconds(cluster, group, reduce_parts(layout), params * kGradBytesPerParam);
+}
+
+}  // namespace
+
+ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
+  const PipelineLayout& l = plan.layout;
+  ReduceChoice out;
+  if (l.replicas.size() < 2) return out;
+  PipelineLayout hub = l;
+  hub.reduce_owner = static_cast<int>(std::max_element(l.samples.begin(), l.samples.end()) - l.samples.begin());
+  const double peers = static_cast<double>(l.replicas.size() - 1);
+  PipelineLayout by_share = l;
+  by_share.reduce_owner = -1;
+  bool fits = true;
+  for (size_t s = 0; s < plan.stage_ranges.size(); ++s) {
+    const RankPlan& rp = plan.ranks[static_cast<size_t>(hub.replicas[static_cast<size_t>(hub.reduce_owner)][s])];
+    const auto [begin, end] = plan.stage_ranges[s];
+    const double incoming = peers * stage_footprint(costs, begin, end).params * kGradBytesPerParam;
+    fits = fits && rp.memory.total() + incoming <= rp.device.memory_bytes;
+    out.by_share_seconds += stage_reduce_seconds(plan, by_share, costs, cluster, s);
+    out.hub_seconds += stage_reduce_seconds(plan, hub, costs, cluster, s);
+  }
+  if (!fits) out.hub_seconds = 0;
+  else if (out.hub_seconds < out.by_share_seconds) out.owner = hub.reduce_owner;
+  return out;
 }
 
 PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
@@ -84,14 +121,7 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
   }
   const size_t stages = plan.stage_ranges.size();
   t.reduce_seconds.assign(stages, 0);
-  for (size_t s = 0; s < stages; ++s) {
-    std::vector<int> group;
-    for (const auto& replica : plan.layout.replicas) group.push_back(replica[s]);
-    const std::vector<double> parts = reduce_parts(plan.layout);  // as the executor
-    const auto [begin, end] = plan.stage_ranges[s];
-    const double params = stage_footprint(costs, begin, end).params;
-    t.reduce_seconds[s] = weighted_allreduce_seconds(cluster, group, parts, params * kGradBytesPerParam);
-  }
+  for (size_t s = 0; s < stages; ++s) t.reduce_seconds[s] = stage_reduce_seconds(plan, plan.layout, costs, cluster, s);
   return t;
 }
 

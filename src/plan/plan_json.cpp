@@ -25,7 +25,8 @@ Json layout_json(const PipelineLayout& l) {
           {"activation_bytes", l.activation_bytes},
           {"recompute", l.recompute},
           {"forward_seconds", l.forward_seconds},
-          {"backward_seconds", l.backward_seconds}};
+          {"backward_seconds", l.backward_seconds},
+          {"reduce_owner", l.reduce_owner}};
 }
 
 Json device_json(const DeviceModel& d) {
@@ -113,6 +114,12 @@ PipelineLayout read_layout(const Json& j, const std::string& p) {
                                         });
   l.forward_seconds = matrix(j, p, "forward_seconds");
   l.backward_seconds = matrix(j, p, "backward_seconds");
+  if (j.contains("reduce_owner")) {  // absent in plans from before it existed
+    const int64_t owner = read_int(j.at("reduce_owner"), key_path(p, "reduce_owner"), -1);
+    HT_CHECK(owner < static_cast<int64_t>(l.replicas.size()), key_path(p, "reduce_owner"), " is ", owner,
+             "; expected -1 (parts in proportion to the shares) or a replica, 0 to ", l.replicas.size() - 1);
+    l.reduce_owner = static_cast<int>(owner);
+  }
   return l;
 }
 

@@ -224,6 +224,7 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
     c.problem = problem;
     return c;
   }
+  p.layout.reduce_owner = cheapest_reduce_owner(p, in.costs, in.cluster).owner;
   c.estimate = finish(p, in.costs, in.cluster, false);
   c.plan = std::move(p);
   return c;
@@ -428,6 +429,17 @@ Plan make_plan(const PlannerInput& in) {
 
   mark_slow_links(plan, in.cluster);
   plan.notes.push_back(work_note(plan, in.costs));
+  if (plan.layout.reduce_owner >= 0) {
+    const ReduceChoice r = cheapest_reduce_owner(plan, in.costs, in.cluster);
+    std::string hub;
+    for (int rank : plan.layout.replicas[static_cast<size_t>(plan.layout.reduce_owner)])
+      hub += (hub.empty() ? "" : ", ") + std::to_string(rank);
+    const bool one = plan.layout.replicas[0].size() == 1;
+    plan.notes.push_back("gradients are summed on " + (one ? "rank " + hub : "ranks " + hub + " (one per stage)") +
+                         " alone: predicted ReduceGrads " +
+                         format_seconds(r.hub_seconds) + " against " + format_seconds(r.by_share_seconds) +
+                         " with parts by share (every owner must wake for both rounds)");
+  }
   if (chosen->used < world && best_using.count(world))
     plan.notes.push_back("ranks " + idle_ranks(plan) + " left idle: the best plan over all " +
                          std::to_string(world) + " ranks is predicted at " +

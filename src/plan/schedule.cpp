@@ -44,6 +44,11 @@ std::vector<double> reduce_parts(const PipelineLayout& layout) {
   for (int64_t samples : layout.samples) total += static_cast<double>(samples);
   std::vector<double> parts;
   for (int64_t samples : layout.samples) parts.push_back(static_cast<double>(samples) / total);
+  if (layout.reduce_owner >= 0) {
+    HT_CHECK(static_cast<size_t>(layout.reduce_owner) < parts.size(), "reduce_parts: reduce_owner ",
+             layout.reduce_owner, " is not one of the ", parts.size(), " replicas");
+    for (size_t r = 0; r < parts.size(); ++r) parts[r] = r == static_cast<size_t>(layout.reduce_owner) ? 1 : 0;
+  }
   return parts;
 }
 

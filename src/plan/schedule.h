@@ -51,6 +51,9 @@ struct PipelineLayout {
   // Optional [r][s] estimates of one micro-batch's Forward and Backward seconds. They only
   // order communication (see build_1f1b); empty means nominal Forward 1, Backward 2.
   std::vector<std::vector<double>> forward_seconds, backward_seconds;
+  // Who owns the parts of every stage's ReduceGrads (see reduce_parts): -1, each replica
+  // in proportion to its share; r >= 0, replica r alone (a hub that sums and sends back).
+  int reduce_owner = -1;
 };
 
 // Samples in micro-batch `mb` of `replica`: its share cut into M near-equal parts, the
@@ -58,10 +61,12 @@ struct PipelineLayout {
 int64_t micro_batch_samples(const PipelineLayout& layout, int replica, int mb);
 
 // Each replica's fraction of every tensor in a stage's ReduceGrads (the stage group's
-// ranks are its replicas in order): its share of the global batch, so that a slow rank
-// adds and sends little. Under the 4-rank quotas the CNN (shares 64/34/15/15) ran
-// 2,848-2,886 samples/s against 2,747-2,820 with equal parts. The executor reduces with
-// these parts and the cost model charges them.
+// ranks are its replicas in order). Without an owner, its share of the global batch, so
+// that a slow rank adds and sends little: under the 4-rank quotas the CNN (shares
+// 64/34/15/15) ran 2,848-2,886 samples/s against 2,747-2,820 with equal parts. With
+// `reduce_owner` r, all of it to replica r: the others only send their gradients and
+// receive the sums, so no round waits on them (see weighted_allreduce_seconds). The
+// executor reduces with these parts and the cost model charges them.
 std::vector<double> reduce_parts(const PipelineLayout& layout);
 
 // Forwards a stage runs before its first Backward can arrive: min(S-1-s, M).

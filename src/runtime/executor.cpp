@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <string>
 
 #include "autograd/graph.h"
@@ -73,7 +74,15 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
   opt_ = optim::make_optimizer(train.optimizer, params_);
 }
 
-Executor::~Executor() = default;
+// The last step's sums may still be on their way to slower replicas; after an error the
+// job is ending anyway (see ~OverlappedAllreduce).
+Executor::~Executor() {
+  if (!draining_ || std::uncaught_exceptions() > 0) return;
+  try {
+    (void)draining_->drain(kPeerTimeout);
+  } catch (...) {
+  }
+}
 
 void Executor::take_shares() {
   rank_plan_ = plan_.ranks[static_cast<size_t>(world_.rank())];
@@ -209,8 +218,9 @@ std::vector<Tensor> Executor::reducible_grads(size_t begin, size_t end) {
 void Executor::reduce_grads() {
   if (!reduce_) return;  // the only replica of its stage
   if (reduce_->added() == 0) reduce_->add(reducible_grads(0, params_.size()));
-  const comm::WaitStatus s = reduce_->finish(kPeerTimeout);
-  reduce_.reset();
+  comm::WaitStatus s = reduce_->finish(kPeerTimeout);
+  if (draining_ && s == comm::WaitStatus::done) s = draining_->drain(kPeerTimeout);
+  draining_ = std::move(reduce_);  // its sums go out while the next step runs
   HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ReduceGrads of stage ", stage_,
            " timed out after ", kPeerTimeout.count(), " s; a rank of its group has stalled");
 }

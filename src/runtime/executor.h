@@ -95,10 +95,12 @@ class Executor {
   std::vector<nn::NamedTensor> params_;
   std::vector<size_t> block_params_;  // params_ of the stage's block i: [i], [i + 1]
   int last_backward_mb_ = -1;         // the micro-batch of this rank's last Backward
-  std::unique_ptr<comm::OverlappedAllreduce> reduce_;  // this step's, replicated stages only
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<comm::Communicator> stage_group_;    // this stage in every replica
   std::unique_ptr<comm::Communicator> replica_group_;  // every stage of this replica
+  // Over stage_group_, so declared after it (destroyed first).
+  std::unique_ptr<comm::OverlappedAllreduce> reduce_;    // this step's, replicated stages only
+  std::unique_ptr<comm::OverlappedAllreduce> draining_;  // the last step's, its sums still going out
   std::map<int, MicroBatch> live_;   // micro-batches between their Forward and Backward
   double loss_sum_ = 0;
 };

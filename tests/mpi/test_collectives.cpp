@@ -1,7 +1,9 @@
 // Collectives over MPI: sums, allgather, split groups, a barrier that times out.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/weighted_allreduce.h"
@@ -147,17 +149,39 @@ TEST_CASE("collectives: a barrier that one member skips times out, and its group
   CHECK(b[0].to_vector() == std::vector<float>{static_cast<float>(w.size())});
 }
 
-TEST_CASE("weighted all-reduce: exact sums for uneven weights, tiny and empty parts") {
+TEST_CASE("weighted all-reduce: exact sums for uneven weights, tiny, empty and absent parts") {
   Communicator& world = ht::comm::world();
   const int p = world.size();
   for (const std::vector<double>& weights :
-       {std::vector<double>{8, 4, 2, 2}, std::vector<double>{1, 1, 1, 1}, std::vector<double>{1000, 1, 1, 1}}) {
+       {std::vector<double>{8, 4, 2, 2}, std::vector<double>{1, 1, 1, 1}, std::vector<double>{1000, 1, 1, 1},
+        std::vector<double>{0, 0, 1, 0}, std::vector<double>{3, 0, 1, 0}}) {
     CAPTURE(weights[0]);
+    CAPTURE(weights[1]);
     std::vector<Tensor> buckets = make_buckets({1, 3, 1000, 4097}, world.rank());
     REQUIRE(allreduce_sum_weighted(world, buckets, weights, kLong) == WaitStatus::done);
     CHECK(wrong_sums(buckets, p) == 0);
   }
   std::vector<Tensor> one = make_buckets({10}, world.rank());
   CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, 2}), doctest::Contains("2 weights for 4 ranks"), Error);
-  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, 0, 1, 1}), doctest::Contains("weight 0"), Error);
+  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, -1, 1, 1}), doctest::Contains("weight -1; expected >= 0"), Error);
+  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {0, 0, 0, 0}), doctest::Contains("every weight is 0"), Error);
+}
+
+TEST_CASE("weighted all-reduce: a lone owner's finish does not wait for a late receiver") {
+  Communicator& world = ht::comm::world();
+  const int p = world.size();
+  OverlappedAllreduce reduce(world, {1, 0, 0, 0});
+  std::vector<Tensor> buckets = make_buckets({1000, 40000}, world.rank());
+  reduce.add(buckets);
+  if (world.rank() == 1) {
+    // Round 1 (its gradients to rank 0) completes; then it is late for the sums.
+    const auto t0 = Clock::now();
+    while (seconds_since(t0) < 0.1) reduce.progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  }
+  const auto t0 = Clock::now();
+  REQUIRE(reduce.finish(kLong) == WaitStatus::done);
+  if (world.rank() == 0) CHECK(seconds_since(t0) < 0.3);  // rank 1 is still asleep
+  REQUIRE(reduce.drain(kLong) == WaitStatus::done);
+  CHECK(wrong_sums(buckets, p) == 0);
 }

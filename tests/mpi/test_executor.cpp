@@ -172,6 +172,17 @@ TEST_CASE("executor: 2 pipelines x 2 stages match one process") {
   check_exact(layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3}));
 }
 
+TEST_CASE("executor: one replica owning every part of the reduction (a hub) matches one process") {
+  plan::Plan data = layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {11, 5, 3, 1}, {2, 1, 3, 1});
+  data.layout.reduce_owner = 1;  // not rank 0, and not the largest share
+  check_exact(data);
+  plan::Plan hybrid = layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3});
+  hybrid.layout.reduce_owner = 0;
+  plan::Plan moved = layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {6, 14}, {4, 2}, {3});
+  moved.layout.reduce_owner = 0;
+  check_exact(hybrid, moved);
+}
+
 TEST_CASE("executor: shares that change between steps (rebalancing) still match one process") {
   check_exact(layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {11, 5, 3, 1}, {2, 1, 3, 1}),
               layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {4, 9, 2, 5}, {2, 1, 2, 1}));

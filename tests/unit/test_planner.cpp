@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <numeric>
+#include <nlohmann/json.hpp>
 
 #include "config/config.h"
 #include "models/models.h"
@@ -295,6 +296,13 @@ TEST_CASE("plan file: round trip, and malformed files name the problem") {
                  "samples sum to 64 but global_batch is 65"));
   CHECK(contains(error(edit("\"blocks\": 6", "\"blocks\": \"six\"")), "blocks"));
   CHECK(contains(error(edit("\"speedup\"", "\"speed_up\"")), "speedup: missing"));
+  REQUIRE(p.layout.replicas.size() == 2);
+  CHECK(contains(error(edit("\"reduce_owner\": -1", "\"reduce_owner\": 2")),
+                 "layout.reduce_owner is 2; expected -1 (parts in proportion to the shares) or a replica, 0 to 1"));
+  CHECK(plan_from_json(edit("\"reduce_owner\": -1", "\"reduce_owner\": 1"), "hub.json").layout.reduce_owner == 1);
+  nlohmann::json old = nlohmann::json::parse(text);  // a plan from before the field
+  old["layout"].erase("reduce_owner");
+  CHECK(plan_from_json(old.dump(), "old.json").layout.reduce_owner == -1);
 }
 
 TEST_CASE("plan: stage memory follows the 1F1B in-flight count and the strategies") {
@@ -354,4 +362,44 @@ TEST_CASE("plan costs: the two-round all-reduce model, by hand") {
         doctest::Approx(2 * (1e-5 + 3e-3 + 3.2e-3)));
   CHECK(weighted_allreduce_seconds(quota, {0, 3}, {0.5, 0.5}, 4e6) ==
         doctest::Approx(2 * (1e-5 + 2e-3 + 0.8e-3)));
+  // One owner (a hub) moves 3 x 4 MB a round, but only its own wake counts: the others
+  // owe the rounds nothing.
+  CHECK(weighted_allreduce_seconds(quota, {0, 1, 2, 3}, {1, 0, 0, 0}, 4e6) ==
+        doctest::Approx(2 * (1e-5 + 12e-3)));
+  CHECK(weighted_allreduce_seconds(quota, {0, 1, 2, 3}, {0, 0, 1, 0}, 4e6) ==
+        doctest::Approx(2 * (1e-5 + 12e-3 + 3.2e-3)));
+}
+
+TEST_CASE("plan costs: a hub owns the reduction where waking slow owners costs more than its bytes") {
+  // Four data-parallel replicas of a small model (0.4 MB of gradients) on fast links.
+  ClusterModel c = cluster({4e12, 2e12, 1e12, 1e12}, std::vector(4, 64 * kGiB), 1e-5, 5e9);
+  BlockCosts k = costs(c, 4);
+  for (size_t b = 0; b < 4; ++b) {
+    k.params[b] = 25000;
+    k.state_bytes[b] = 25000 * 16;
+  }
+  PlannerInput in = input(c, k, 128, "data");
+  // Without quotas, parts by share move the fewest bytes.
+  Plan p = make_plan(in);
+  CHECK(p.layout.reduce_owner == -1);
+  CHECK(cheapest_reduce_owner(p, k, c).owner == -1);
+  // Under CPU quotas every owner would add its wake to both rounds; the largest replica
+  // sums alone.
+  for (size_t r = 0; r < 4; ++r) {
+    in.cluster.ranks[r].cpu_quota = std::vector{0.8, 0.4, 0.2, 0.2}[r];
+    in.cluster.ranks[r].cpu_quota_period_s = 0.01;
+  }
+  p = make_plan(in);
+  const auto largest = std::max_element(p.layout.samples.begin(), p.layout.samples.end());
+  CHECK(p.layout.reduce_owner == largest - p.layout.samples.begin());
+  CHECK(reduce_parts(p.layout)[static_cast<size_t>(p.layout.reduce_owner)] == 1);
+  check_fits_and_agrees(p, in);
+  CHECK(std::any_of(p.notes.begin(), p.notes.end(), [](const std::string& n) {
+    return contains(n, "gradients are summed on rank 0 alone: predicted ReduceGrads");
+  }));
+  // ... unless the hub cannot hold the other three replicas' gradients.
+  p.ranks[static_cast<size_t>(p.layout.replicas[p.layout.reduce_owner][0])].device.memory_bytes =
+      p.ranks[static_cast<size_t>(p.layout.replicas[p.layout.reduce_owner][0])].memory.total() + 1e5;
+  CHECK(cheapest_reduce_owner(p, k, in.cluster).owner == -1);
+  CHECK(cheapest_reduce_owner(p, k, in.cluster).hub_seconds == 0);
 }
