@@ -14,6 +14,14 @@ namespace ht::plan {
 
 namespace {
 
+// The median seconds of a rank's steps, and under a CPU quota q at least the median CPU
+// seconds / q.
+double sustained(const std::vector<double>& wall, const std::vector<double>& cpu, const DeviceModel& d) {
+  const double w = median(wall);
+  if (d.cpu_quota <= 0 || d.cpu_quota >= 1 || cpu.empty()) return w;
+  return std::max(w, median(cpu) / d.cpu_quota);
+}
+
 double sum(const std::vector<double>& row, int begin, int end) {
   return std::accumulate(row.begin() + begin, row.begin() + end, 0.0);
 }
@@ -47,10 +55,12 @@ int64_t replica_capacity(Plan p, const Plan& original, size_t r, const BlockCost
 
 }  // namespace
 
-BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs,
+BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                             const std::vector<RankMeasure>& measured) {
   HT_CHECK(measured.size() == plan.ranks.size(), "calibrated_costs: ", measured.size(),
            " measurements for ", plan.ranks.size(), " ranks");
+  HT_CHECK(cluster.ranks.size() == plan.ranks.size(), "calibrated_costs: a cluster of ", cluster.ranks.size(),
+           " ranks for a plan of ", plan.ranks.size());
   BlockCosts out = costs;
   for (const RankPlan& rp : plan.ranks) {
     const auto k = static_cast<size_t>(rp.rank);
@@ -61,12 +71,13 @@ BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs,
     const double modelled =
         sum(costs.seconds_per_sample[k], rp.block_begin, rp.block_end) * static_cast<double>(rp.samples) +
         sum(costs.call_seconds[k], rp.block_begin, rp.block_end) * rp.micro_batches;
-    const double work = median(m.work_s);
+    const DeviceModel& d = cluster.ranks[k];
+    const double work = sustained(m.work_s, m.work_cpu_s, d);
     if (work > 0 && modelled > 0) {
       for (double& s : out.seconds_per_sample[k]) s *= work / modelled;
       for (double& s : out.call_seconds[k]) s *= work / modelled;
     }
-    const double step = median(m.optimizer_s);
+    const double step = sustained(m.optimizer_s, m.optimizer_cpu_s, d);
     const double modelled_step = sum(costs.step_seconds[k], rp.block_begin, rp.block_end);
     const double params = sum(costs.params, rp.block_begin, rp.block_end);
     for (int b = rp.block_begin; b < rp.block_end; ++b) {
@@ -131,7 +142,7 @@ ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bo
       move_shares_(move_shares) {}
 
 Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>& measured) {
-  const BlockCosts calibrated = calibrated_costs(current, costs_, measured);
+  const BlockCosts calibrated = calibrated_costs(current, costs_, cluster_, measured);
   const std::vector<double> reduce = measured_reduce_seconds(current, measured);
   Rebalance out{current, false, false, 0, 0};
   predict_plan(out.plan, calibrated, cluster_, reduce);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <exception>
 #include <string>
 
@@ -26,6 +27,13 @@ constexpr int kTagGrad = 12;
 constexpr std::chrono::seconds kPeerTimeout{600};
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// CPU seconds this process has used, all threads.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 }  // namespace
 
@@ -254,6 +262,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   const auto start = Clock::now();
   for (const plan::Instruction& in : schedule_) {
     const auto t0 = Clock::now();
+    const double cpu0 = process_cpu_seconds();
     bool comm = false;
     auto wait = [&](comm::WaitStatus s) {
       HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ", plan::op_name(in.op),
@@ -296,6 +305,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     }
     const double dt = since(t0);
     (comm ? r.comm_s : r.compute_s) += dt;
+    if (!comm) (in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += process_cpu_seconds() - cpu0;
     if (in.op == plan::Op::optimizer_step) r.optimizer_s += dt;
     if (in.op == plan::Op::reduce_grads) r.reduce_s += dt;
     if (record_spans) {

@@ -38,6 +38,8 @@ struct StepResult {
   double optimizer_s = 0;            // the part of compute_s in OptimizerStep
   double reduce_s = 0;               // the part of comm_s in ReduceGrads
   double wall_s = 0;
+  // CPU seconds of the process in the compute instructions: OptimizerStep, the rest.
+  double work_cpu_s = 0, optimizer_cpu_s = 0;
   std::vector<report::Span> spans;   // when recorded: one per instruction
 };
 

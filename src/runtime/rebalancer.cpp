@@ -23,16 +23,20 @@ void Rebalancer::record(const StepResult& r) {
   window_.optimizer_s.push_back(r.optimizer_s);
   window_.wall_s.push_back(r.wall_s);
   window_.reduce_s.push_back(r.reduce_s);
+  window_.work_cpu_s.push_back(r.work_cpu_s);
+  window_.optimizer_cpu_s.push_back(r.optimizer_cpu_s);
 }
 
 std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t total, plan::Plan& plan) {
   if (every_ <= 0 || done % every_ != 0 || done >= total) return std::nullopt;
   std::vector<plan::RankMeasure> measured;
   for (const std::string& t : world_.allgather(
-           json{window_.work_s, window_.optimizer_s, window_.wall_s, window_.reduce_s}.dump())) {
+           json{window_.work_s, window_.optimizer_s, window_.wall_s, window_.reduce_s, window_.work_cpu_s,
+                window_.optimizer_cpu_s}.dump())) {
     const json j = json::parse(t);
     measured.push_back({j[0].get<std::vector<double>>(), j[1].get<std::vector<double>>(),
-                        j[2].get<std::vector<double>>(), j[3].get<std::vector<double>>()});
+                        j[2].get<std::vector<double>>(), j[3].get<std::vector<double>>(),
+                        j[4].get<std::vector<double>>(), j[5].get<std::vector<double>>()});
   }
   window_ = {};
   // Rank 0 decides. A changed plan travels whole, so that every rank orders its

@@ -42,7 +42,7 @@ TEST_CASE("rebalance: calibration scales each rank's costs to what it measured")
   REQUIRE(t.plan.layout.samples == std::vector<int64_t>{50, 50});
   // Rank 0: 50 samples in 0.15 s (3 ms each); rank 1 twice as slow; steps of 1 and 2 ms.
   const std::vector<RankMeasure> m{steady(5, 0.15, 1e-3, 0.4, 0.05), steady(5, 0.30, 2e-3, 0.4, 0.2)};
-  const BlockCosts k = calibrated_costs(t.plan, t.in.costs, m);
+  const BlockCosts k = calibrated_costs(t.plan, t.in.costs, t.c, m);
   CHECK(k.seconds_per_sample[0][0] + k.seconds_per_sample[0][1] == doctest::Approx(3e-3));
   CHECK(k.seconds_per_sample[1][0] + k.seconds_per_sample[1][1] == doctest::Approx(6e-3));
   // The model had no step times: the measured step is spread by parameter count.
@@ -51,7 +51,7 @@ TEST_CASE("rebalance: calibration scales each rank's costs to what it measured")
   // Medians, not means: one step caught in a stopped stretch does not move the figure.
   std::vector<RankMeasure> noisy = m;
   noisy[0].work_s[2] = 10.0;
-  CHECK(calibrated_costs(t.plan, t.in.costs, noisy).seconds_per_sample[0][0] ==
+  CHECK(calibrated_costs(t.plan, t.in.costs, t.c, noisy).seconds_per_sample[0][0] ==
         doctest::Approx(k.seconds_per_sample[0][0]));
   // The all-reduce: per step the least time any member waited, then the median.
   CHECK(measured_reduce_seconds(t.plan, m) == std::vector<double>{0.05});
@@ -61,14 +61,38 @@ TEST_CASE("rebalance: calibration scales each rank's costs to what it measured")
   noisy[1].wall_s.assign(5, 0.5);  // a slower rank sets the step
   CHECK(measured_step_seconds(noisy) == doctest::Approx(0.5));
   CHECK(measured_reduce_seconds(t.plan, {RankMeasure{}, RankMeasure{}}) == std::vector<double>{-1});
-  CHECK(error_of([&] { calibrated_costs(t.plan, t.in.costs, {m[0]}); }).find("1 measurements for 2 ranks") !=
+  CHECK(error_of([&] { calibrated_costs(t.plan, t.in.costs, t.c, {m[0]}); }).find("1 measurements for 2 ranks") !=
         std::string::npos);
+}
+
+TEST_CASE("rebalance: a rank under a CPU quota is charged its CPU time over the quota") {
+  TwoEqual t;
+  t.c.ranks[1].cpu_quota = 0.4;
+  t.c.ranks[1].cpu_quota_period_s = 0.01;
+  // Both ranks did their 50 samples in 0.15 s of wall time, but rank 1 spent 0.12 s of
+  // CPU on them: in one burst of its period it ran at a whole core's speed, and in the
+  // long run it gets 0.4 of one, so its work costs 0.12 / 0.4 = 0.3 s. Its optimiser
+  // step likewise: 1 ms of CPU is 2.5 ms.
+  std::vector<RankMeasure> m{steady(5, 0.15, 1e-3, 0.4, 0.05), steady(5, 0.15, 1e-3, 0.4, 0.05)};
+  m[0].work_cpu_s.assign(5, 0.12);  // no quota: the wall time stands
+  m[1].work_cpu_s.assign(5, 0.12);
+  m[1].optimizer_cpu_s.assign(5, 1e-3);
+  const BlockCosts k = calibrated_costs(t.plan, t.in.costs, t.c, m);
+  CHECK(k.seconds_per_sample[0][0] + k.seconds_per_sample[0][1] == doctest::Approx(3e-3));
+  CHECK(k.seconds_per_sample[1][0] + k.seconds_per_sample[1][1] == doctest::Approx(6e-3));
+  CHECK(k.step_seconds[1][0] + k.step_seconds[1][1] == doctest::Approx(2.5e-3));
+  // A rank that was throttled while it worked measured more than CPU / q: that stands.
+  m[1].work_s.assign(5, 0.5);
+  CHECK(calibrated_costs(t.plan, t.in.costs, t.c, m).seconds_per_sample[1][0] * 2 == doctest::Approx(1e-2));
+  CHECK(resplit(t.plan, t.plan, k).layout.samples == std::vector<int64_t>{67, 33});
+  CHECK(error_of([&] { calibrated_costs(t.plan, t.in.costs, cluster({1e12}, {kGiB}), m); })
+            .find("a cluster of 1 ranks for a plan of 2") != std::string::npos);
 }
 
 TEST_CASE("rebalance: the re-split follows measured speed within each replica's memory") {
   TwoEqual t;
   const std::vector<RankMeasure> m{steady(5, 0.10, 0, 0.3, 0), steady(5, 0.20, 0, 0.3, 0)};
-  const BlockCosts k = calibrated_costs(t.plan, t.in.costs, m);
+  const BlockCosts k = calibrated_costs(t.plan, t.in.costs, t.c, m);
   const Plan p = resplit(t.plan, t.plan, k);
   CHECK(p.layout.samples == std::vector<int64_t>{67, 33});  // 2 : 1
   CHECK(p.ranks[0].samples == 67);
