@@ -29,9 +29,11 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
                                   const std::vector<double>& parts, double bytes) {
   const size_t n = group.size();
   if (n <= 1) return 0;
-  double latency = 0, round = 0, wake = 0;
+  double latency = 0, round = 0, owner_wake = 0, any_wake = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (parts[i] > 0) wake = std::max(wake, wake_seconds(cluster.ranks[static_cast<size_t>(group[i])]));
+    const double wake = wake_seconds(cluster.ranks[static_cast<size_t>(group[i])]);
+    any_wake = std::max(any_wake, wake);
+    if (parts[i] > 0) owner_wake = std::max(owner_wake, wake);
     double slowest_bw = 0;
     for (size_t j = 0; j < n; ++j) {
       if (i == j) continue;
@@ -43,7 +45,7 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
     const double moved = std::max(1 - parts[i], static_cast<double>(n - 1) * parts[i]) * bytes;
     if (slowest_bw > 0) round = std::max(round, moved / slowest_bw);
   }
-  return 2 * (latency + round + wake);
+  return 2 * (latency + round) + owner_wake + any_wake;
 }
 
 namespace {

@@ -26,12 +26,13 @@ double wake_seconds(const DeviceModel& d);
 // The executor's all-reduce (comm/weighted_allreduce.h) of `bytes` over `group` (world
 // ranks), member i owning the fraction `parts[i]`: two rounds, each as long as its
 // slowest member, who sends and receives max(1 - f_i, (n - 1) f_i) x bytes over its
-// slowest link in the group, plus that round's worst latency and the longest
-// wake_seconds among the owners (f_i > 0). A member that owns nothing posts its sends
-// when its backward ends, before the last rank's, and only waits for the sums, so no
-// round waits for it to wake. Measured under the 4-rank quotas (CNN, 64/34/15/15): the
-// 0.8 rank's ReduceGrads waits 5-7 ms a step with parts by share, 2-3 ms with that rank
-// owning every part. 0 for n <= 1.
+// slowest link in the group, plus that round's worst latency, plus the longest
+// wake_seconds of the owners (f_i > 0) for round 1 and of every member for round 2. A
+// member that owns nothing posts its sends as its backward ends, awake, so round 1 never
+// waits for it to wake; it does wake late for the sums, and its next step starts that
+// much later. Measured under the 4-rank quotas (CNN, 64/34/15/15): the 0.8 rank's
+// ReduceGrads waits 5-7 ms a step with parts by share, 2-3 ms with that rank owning
+// every part. 0 for n <= 1.
 double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
                                   const std::vector<double>& parts, double bytes);
 
