@@ -438,7 +438,7 @@ Plan make_plan(const PlannerInput& in) {
     plan.notes.push_back("gradients are summed on " + (one ? "rank " + hub : "ranks " + hub + " (one per stage)") +
                          " alone: predicted ReduceGrads " +
                          format_seconds(r.hub_seconds) + " against " + format_seconds(r.by_share_seconds) +
-                         " with parts by share (every owner must wake for both rounds)");
+                         " with parts by share (every owner must wake to sum its part)");
   }
   if (chosen->used < world && best_using.count(world))
     plan.notes.push_back("ranks " + idle_ranks(plan) + " left idle: the best plan over all " +

@@ -47,7 +47,7 @@ struct RankMeasure {
 // enough to fit in one burst of its period runs at a whole core's speed, which it cannot
 // sustain (the MLP's 0.4 rank measured as fast as the 0.8 one and was given more samples
 // than it, at a step of 9.6 ms against 5.5 planned).
-// Errors (ht::Error): a measurement per rank missing.
+// Errors (ht::Error): a measurement per rank missing, or a cluster of another size.
 BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                             const std::vector<RankMeasure>& measured);
 

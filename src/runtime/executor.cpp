@@ -2,12 +2,12 @@
 
 #include <chrono>
 #include <cmath>
-#include <ctime>
 #include <exception>
 #include <string>
 
 #include "autograd/graph.h"
 #include "comm/weighted_allreduce.h"
+#include "core/cpu_time.h"
 #include "core/crc32.h"
 #include "core/error.h"
 #include "ops/ops.h"
@@ -27,13 +27,6 @@ constexpr int kTagGrad = 12;
 constexpr std::chrono::seconds kPeerTimeout{600};
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// CPU seconds this process has used, all threads.
-double process_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
 
 }  // namespace
 
