@@ -36,7 +36,7 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
     if (parts[i] > 0) owner_wake = std::max(owner_wake, wake);
     double slowest_bw = 0;
     for (size_t j = 0; j < n; ++j) {
-      if (i == j) continue;
+      if (i == j || (parts[i] <= 0 && parts[j] <= 0)) continue;  // two non-owners never talk
       const auto a = static_cast<size_t>(group[i]), b = static_cast<size_t>(group[j]);
       latency = std::max(latency, cluster.latency_s[a][b]);
       const double bw = cluster.bandwidth_bytes_per_s[a][b];

@@ -26,7 +26,8 @@ double wake_seconds(const DeviceModel& d);
 // The executor's all-reduce (comm/weighted_allreduce.h) of `bytes` over `group` (world
 // ranks), member i owning the fraction `parts[i]`: two rounds, each as long as its
 // slowest member, who sends and receives max(1 - f_i, (n - 1) f_i) x bytes over its
-// slowest link in the group, plus that round's worst latency, plus the longest
+// slowest link to a member it exchanges with (one of the two owns a part), plus the
+// worst latency among those pairs, plus the longest
 // wake_seconds of the owners (f_i > 0) for round 1 and of every member for round 2. A
 // member that owns nothing posts its sends as its backward ends, awake, so round 1 never
 // waits for it to wake; it does wake late for the sums, and its next step starts that

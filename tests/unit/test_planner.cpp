@@ -390,6 +390,14 @@ TEST_CASE("plan costs: the two-round all-reduce model, by hand") {
         doctest::Approx(2 * (1e-5 + 12e-3) + 3.2e-3));
   CHECK(weighted_allreduce_seconds(quota, {0, 1, 2, 3}, {0, 0, 1, 0}, 4e6) ==
         doctest::Approx(2 * (1e-5 + 12e-3 + 3.2e-3)));
+  // Members that own nothing never message each other: their link does not count (a
+  // probe's ping-pong between two throttled ranks measures their wake as latency).
+  ClusterModel apart = c;
+  apart.latency_s[2][3] = apart.latency_s[3][2] = 5e-3;
+  apart.bandwidth_bytes_per_s[2][3] = apart.bandwidth_bytes_per_s[3][2] = 1e6;
+  CHECK(weighted_allreduce_seconds(apart, {0, 1, 2, 3}, {1, 0, 0, 0}, 4e6) == doctest::Approx(2 * (1e-5 + 12e-3)));
+  CHECK(weighted_allreduce_seconds(apart, {0, 1, 2, 3}, {0.25, 0.25, 0.25, 0.25}, 4e6) ==
+        doctest::Approx(2 * (5e-3 + 3e6 / 1e6)));
 }
 
 TEST_CASE("plan costs: a hub owns the reduction where waking slow owners costs more than its bytes") {
