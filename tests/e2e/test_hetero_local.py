@@ -4,8 +4,9 @@
 Always: bad inputs are refused with exit 2 and a message naming the value.
 Then, if `hetero-local --check` says cgroups are not writable here, prints SKIP with the
 reason and exits 77 (meson counts it as skipped). Otherwise:
-  - quotas 0.5,0.25: the CPU burners' count ratio rank1/rank0 is within 20% of 0.5 (up to
-    3 tries, as other load skews iteration rates) and their CPU-time ratio within 10%; each
+  - quotas 0.5,0.25, both burners on one CPU: the median of 3 runs' count ratio
+    rank1/rank0 is within 25% of 0.5 (other load and a VM's stolen time skew iteration
+    rates) and every run's CPU-time ratio within 10%; each
     rank sits in hetrain-<pid>-rank<r> with the right quota, memory cap and
     HETRAIN_MEMORY_CAP;
   - --change 1.5s:1=0.1 drops rank 1's count in the second half of its run;
@@ -43,6 +44,10 @@ def tool(*args):
 BURNER = r'''
 import os, sys, time
 dur = float(sys.argv[1])
+if len(sys.argv) > 2 and sys.argv[2] == "one-cpu":
+    # Both ranks on one CPU, so that their counts per CPU-second compare: the two vCPUs
+    # of a VM have differed by half from one run to the next.
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 rank = os.environ.get("OMPI_COMM_WORLD_RANK")
 mnt = {}
 for line in open("/proc/self/mounts"):
@@ -88,8 +93,8 @@ say(f"result {rank} {n} {half} {n - half} {cpu_path} {mem_path} {quota} {memlim}
 '''
 
 
-def burner(dur):
-    return [PY, "-c", BURNER, str(dur)]
+def burner(dur, *flags):
+    return [PY, "-c", BURNER, str(dur), *flags]
 
 
 def cgroup_roots():
@@ -187,13 +192,15 @@ def test_refusals():
 # ---------------------------------------------------------------- runs (need cgroups)
 
 def test_ratio():
-    # The iteration rate per CPU-second varies with other load on the machine (cache and
-    # frequency effects), so a count ratio outside the band is measured again, up to 3
-    # times; the CPU-time ratio, which the quota sets directly, must hold every time.
+    # The iteration rate per CPU-second varies with other load on the machine (cache,
+    # frequency, and on a VM time stolen by the host, which the guest counts as the
+    # process's CPU time: single runs have measured 0.34 and 0.73), so the count ratio is
+    # the median of 3 runs; the CPU-time ratio, which the quota sets directly, must hold
+    # every time.
     ratios = []
     for attempt in range(3):
         rc, out, err = run_tool(["--quota", "0.5,0.25", "--mem", "256M,128M", "--"]
-                                + burner(1.5))
+                                + burner(1.5, "one-cpu"))
         check(rc == 0, f"quota run exits 0 (got {rc}; stderr: {err.strip()[-300:]})")
         res = results(out)
         if sorted(res) != [0, 1]:
@@ -216,13 +223,11 @@ def test_ratio():
               f"({cpu[0]:.3f} s, {cpu[1]:.3f} s in 1.5 s), expected 0.5 +-10%")
         ratio = res[1]["total"] / res[0]["total"]
         ratios.append(ratio)
-        ok = abs(ratio / 0.5 - 1) <= 0.2
-        print(f"     attempt {attempt + 1}: count ratio rank1/rank0 = {ratio:.3f} "
+        print(f"     run {attempt + 1}: count ratio rank1/rank0 = {ratio:.3f} "
               f"(counts {res[0]['total']}, {res[1]['total']})", flush=True)
-        if ok:
-            break
-    check(ok, f"count ratio rank1/rank0 within 20% of 0.5 (measured "
-          f"{', '.join(f'{r:.3f}' for r in ratios)})")
+    median = sorted(ratios)[1]
+    check(abs(median / 0.5 - 1) <= 0.25, f"median count ratio rank1/rank0 {median:.3f} within 25% of "
+          f"0.5 (runs {', '.join(f'{r:.3f}' for r in ratios)})")
 
 
 def test_change():
