@@ -1,7 +1,9 @@
 // world(): MPI when started by mpirun, one local rank otherwise.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
@@ -61,7 +63,15 @@ void abort_job(int status) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, status);
+  if (initialized && !finalized) {
+    // MPI_Abort can wait forever for a launcher that has already gone (Open MPI 4's PMIx,
+    // when several ranks abort at once): a watchdog ends the process regardless.
+    std::thread([status] {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::_Exit(status);
+    }).detach();
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
   std::exit(status);
 }
 

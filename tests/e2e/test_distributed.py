@@ -140,7 +140,24 @@ def main():
     check("a rank out of memory ends the job naming the rank and suggesting the memory strategies",
           r.returncode != 0 and "rank 1:" in r.stderr and "micro-batches" in r.stderr and took < 60,
           f"{took:.1f} s: {r.stderr[-800:]}")
+    # Every failed job's ranks are gone within seconds (a rank's MPI_Abort has waited
+    # forever for a launcher that had already exited).
+    deadline, left = time.monotonic() + 20, []
+    while time.monotonic() < deadline:
+        left = [pid for pid in os.listdir("/proc") if pid.isdigit() and in_cmdline(pid, tmp)]
+        if not left:
+            break
+        time.sleep(0.5)
+    check("no rank of a failed job is left running", not left, f"pids {left}")
     return finish(tmp)
+
+
+def in_cmdline(pid, text):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read()
+    except OSError:  # gone meanwhile
+        return False
 
 
 if __name__ == "__main__":
