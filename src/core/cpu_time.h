@@ -1,5 +1,5 @@
 // CPU time of this process, for telling a rank's sustained speed under a CPU quota from
-// the speed of one burst (see plan/rebalance.h and probe/microbench.h).
+// the speed of one burst (see plan/rebalance.h and run_for in probe/microbench.cpp).
 #pragma once
 
 #include <ctime>
