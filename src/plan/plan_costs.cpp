@@ -18,6 +18,16 @@ double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
          wake_seconds(c.ranks[static_cast<size_t>(dst)]);
 }
 
+// Stage s's ReduceGrads under the layout's reduce_parts.
+double stage_reduce_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs,
+                            const ClusterModel& cluster, size_t s) {
+  std::vector<int> group;
+  for (const auto& replica : layout.replicas) group.push_back(replica[s]);
+  const auto [begin, end] = plan.stage_ranges[s];
+  const double params = stage_footprint(costs, begin, end).params;
+  return weighted_allreduce_seconds(cluster, group, reduce_parts(layout), params * kGradBytesPerParam);
+}
+
 }  // namespace
 
 double wake_seconds(const DeviceModel& d) {
@@ -47,20 +57,6 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
   }
   return 2 * (latency + round) + owner_wake + any_wake;
 }
-
-namespace {
-
-// Stage s's ReduceGrads under the layout's reduce_parts.
-double stage_reduce_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs,
-                            const ClusterModel& cluster, size_t s) {
-  std::vector<int> group;
-  for (const auto& replica : layout.replicas) group.push_back(replica[s]);
-  const auto [begin, end] = plan.stage_ranges[s];
-  const double params = stage_footprint(costs, begin, end).params;
-  return weighted_allreduce_seconds(cluster, group, reduce_parts(layout), params * kGradBytesPerParam);
-}
-
-}  // namespace
 
 ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
   const PipelineLayout& l = plan.layout;

@@ -40,15 +40,18 @@ std::string to_text(const Schedule& schedule) {
 }
 
 std::vector<double> reduce_parts(const PipelineLayout& layout) {
+  const size_t n = layout.samples.size();
+  if (layout.reduce_owner >= 0) {
+    HT_CHECK(static_cast<size_t>(layout.reduce_owner) < n, "reduce_parts: reduce_owner ", layout.reduce_owner,
+             " is not one of the ", n, " replicas");
+    std::vector<double> parts(n, 0);
+    parts[static_cast<size_t>(layout.reduce_owner)] = 1;
+    return parts;
+  }
   double total = 0;
   for (int64_t samples : layout.samples) total += static_cast<double>(samples);
   std::vector<double> parts;
   for (int64_t samples : layout.samples) parts.push_back(static_cast<double>(samples) / total);
-  if (layout.reduce_owner >= 0) {
-    HT_CHECK(static_cast<size_t>(layout.reduce_owner) < parts.size(), "reduce_parts: reduce_owner ",
-             layout.reduce_owner, " is not one of the ", parts.size(), " replicas");
-    for (size_t r = 0; r < parts.size(); ++r) parts[r] = r == static_cast<size_t>(layout.reduce_owner) ? 1 : 0;
-  }
   return parts;
 }
 

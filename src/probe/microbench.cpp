@@ -1,7 +1,5 @@
 #include "probe/microbench.h"
 
-#include "core/error.h"
-
 #include <algorithm>
 #include <chrono>
 #include <vector>
@@ -9,6 +7,7 @@
 #include "autograd/graph.h"
 #include "backend/backend.h"
 #include "core/cpu_time.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 #include "optim/make_optimizer.h"
