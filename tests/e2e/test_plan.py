@@ -142,11 +142,20 @@ def main():
         shares = [x["samples"] for x in load(j)["ranks"]] if r.returncode == 0 else [0, 0, 0, 0]
         speed = [1 / sum(b["fwd_bwd_s_per_sample"] for b in x["blocks"]) for x in load(hetero)["ranks"]]
         ideal = [128 * v / sum(speed) for v in speed]
+        # The best whole-sample split: each sample to the rank that would finish it first
+        # (optimal for the slowest rank's time; it can differ from `ideal` by more than one
+        # sample, e.g. 65 against 63.9 when the small shares round down).
+        best = [0] * len(speed)
+        for _ in range(128):
+            k = min(range(len(speed)), key=lambda i: (best[i] + 1) / speed[i])
+            best[k] += 1
+        slowest = lambda split: max(n / v for n, v in zip(split, speed))
         want = [64, 32, 16, 16]
         print("data-parallel shares " + ", ".join(map(str, shares)) + "; proportional to the measured speeds "
-              + ", ".join(f"{x:.1f}" for x in ideal) + "; 4:2:1:1 is " + ", ".join(map(str, want)))
-        check("4-rank cluster: shares are the measured speeds' split, to the sample",
-              r.returncode == 0 and all(abs(a - w) <= 1 for a, w in zip(shares, ideal)), str(shares))
+              + ", ".join(f"{x:.1f}" for x in ideal) + "; best whole split " + ", ".join(map(str, best))
+              + "; 4:2:1:1 is " + ", ".join(map(str, want)))
+        check("4-rank cluster: shares are the measured speeds' best split (the slowest rank's time)",
+              r.returncode == 0 and slowest(shares) <= slowest(best) * (1 + 1e-9), str(shares))
         # The emulation itself is looser than 10%: three throttled ranks sharing a CPU run at
         # 0.21-0.25 of rank 0, not 0.25 (see the README); 20% still catches a wrong split.
         check("4-rank cluster: shares within 20% of 4:2:1:1",
