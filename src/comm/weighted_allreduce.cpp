@@ -15,8 +15,9 @@ namespace {
 constexpr int kTagBase = 1000;
 int tag(size_t tensor, int round) { return kTagBase + static_cast<int>(tensor % 15000) * 2 + round; }
 
-// [offsets[j], offsets[j + 1]) is rank j's part of an n-element tensor.
-std::vector<int64_t> parts(int64_t n, const std::vector<double>& weights) {
+}  // namespace
+
+std::vector<int64_t> part_offsets(int64_t n, const std::vector<double>& weights) {
   const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
   std::vector<int64_t> off{0};
   double before = 0;
@@ -28,8 +29,6 @@ std::vector<int64_t> parts(int64_t n, const std::vector<double>& weights) {
   return off;
 }
 
-}  // namespace
-
 // One tensor between its add and its end: its parts, what the peers sent for this rank's
 // part, and the requests of the round it is in.
 struct OverlappedAllreduce::Pending {
@@ -38,11 +37,12 @@ struct OverlappedAllreduce::Pending {
   std::vector<int64_t> offsets;
   std::vector<std::vector<float>> incoming;  // [peer] round 1, for this rank's part
   std::vector<Request> requests;
-  int round = 1;
+  // Round 1 in flight; summed, round 2 not yet asked for (scatter_only); round 2 in flight.
+  enum { collecting, scattered, spreading } state = collecting;
 };
 
-OverlappedAllreduce::OverlappedAllreduce(Communicator& comm, std::vector<double> weights)
-    : comm_(comm), weights_(std::move(weights)) {
+OverlappedAllreduce::OverlappedAllreduce(Communicator& comm, std::vector<double> weights, bool scatter_only)
+    : comm_(comm), weights_(std::move(weights)), scatter_only_(scatter_only) {
   HT_CHECK(static_cast<int>(weights_.size()) == comm.size(), "allreduce_sum_weighted: ", weights_.size(),
            " weights for ", comm.size(), " ranks; expected one per rank");
   for (double w : weights_)
@@ -76,7 +76,7 @@ void OverlappedAllreduce::add(std::vector<Tensor> tensors) {
     auto x = std::make_unique<Pending>();
     x->tensor = t;
     x->tag = tag(index, 0);
-    x->offsets = parts(t.numel(), weights_);
+    x->offsets = part_offsets(t.numel(), weights_);
     float* data = t.data();
     const auto& off = x->offsets;
     const int64_t mine = off[me + 1] - off[me];
@@ -96,16 +96,16 @@ void OverlappedAllreduce::add(std::vector<Tensor> tensors) {
 }
 
 // Tests every request in turn (a receive is matched only while its own request is tested,
-// see finish); a tensor whose round 1 is done is summed and starts round 2.
+// see finish); a tensor whose round 1 is done is summed and, unless scatter_only, starts
+// round 2.
 bool OverlappedAllreduce::progress() {
   const int p = comm_.size(), me = comm_.rank();
   bool moved = false;
   for (auto& x : pending_) {
     moved = std::erase_if(x->requests, [](Request& r) { return r.test(); }) > 0 || moved;
-    if (!x->requests.empty() || x->round == 2) continue;
-    float* data = x->tensor.data();
+    if (!x->requests.empty() || x->state != Pending::collecting) continue;
     const auto& off = x->offsets;
-    float* part = data + off[me];
+    float* part = x->tensor.data() + off[me];
     const int64_t mine = off[me + 1] - off[me];
     for (int j = 0; j < p; ++j)  // in rank order, so every owner adds in the same order
       if (j != me && mine > 0) {
@@ -113,25 +113,54 @@ bool OverlappedAllreduce::progress() {
         for (int64_t i = 0; i < mine; ++i) part[i] += in[i];
       }
     x->incoming.clear();
-    // The sums go out from a copy, so the tensor is final once this rank's receives are.
-    Outgoing* out = nullptr;
-    if (mine > 0) {
-      out = &outgoing_.emplace_back();
-      out->data.assign(part, part + mine);
-    }
-    for (int j = 0; j < p; ++j) {
-      if (j == me) continue;
-      const int64_t len = off[j + 1] - off[j];
-      if (out)
-        out->sends.push_back(comm_.isend_bytes(out->data.data(), static_cast<size_t>(mine) * 4, j, x->tag + 1));
-      if (len > 0) x->requests.push_back(comm_.irecv_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x->tag + 1));
-    }
-    x->round = 2;
+    if (scatter_only_) x->state = Pending::scattered;
+    else spread(*x);
   }
-  std::erase_if(pending_, [](const std::unique_ptr<Pending>& x) { return x->round == 2 && x->requests.empty(); });
+  std::erase_if(pending_, [](const std::unique_ptr<Pending>& x) {
+    return x->state == Pending::spreading && x->requests.empty();
+  });
   for (auto& o : outgoing_) moved = std::erase_if(o.sends, [](Request& r) { return r.test(); }) > 0 || moved;
   std::erase_if(outgoing_, [](const Outgoing& o) { return o.sends.empty(); });
   return moved;
+}
+
+// The part goes out from a copy, so the tensor is final once this rank's receives are.
+void OverlappedAllreduce::spread(Pending& x) {
+  const int p = comm_.size(), me = comm_.rank();
+  const auto& off = x.offsets;
+  float* data = x.tensor.data();
+  const int64_t mine = off[me + 1] - off[me];
+  Outgoing* out = nullptr;
+  if (mine > 0) {
+    out = &outgoing_.emplace_back();
+    out->data.assign(data + off[me], data + off[me + 1]);
+  }
+  for (int j = 0; j < p; ++j) {
+    if (j == me) continue;
+    const int64_t len = off[j + 1] - off[j];
+    if (out) out->sends.push_back(comm_.isend_bytes(out->data.data(), static_cast<size_t>(mine) * 4, j, x.tag + 1));
+    if (len > 0) x.requests.push_back(comm_.irecv_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x.tag + 1));
+  }
+  x.state = Pending::spreading;
+}
+
+void OverlappedAllreduce::gather(std::vector<Tensor> sources) {
+  HT_CHECK(scatter_only_, "OverlappedAllreduce::gather: round 2 already runs on its own; ",
+           "expected an all-reduce made with scatter_only");
+  if (comm_.size() == 1) return;
+  HT_CHECK(sources.size() == pending_.size(), "OverlappedAllreduce::gather: ", sources.size(),
+           " sources for ", pending_.size(), " tensors in flight; expected one per tensor added");
+  for (size_t i = 0; i < sources.size(); ++i) {
+    Pending& x = *pending_[i];
+    const Tensor& t = sources[i];
+    HT_CHECK(x.state == Pending::scattered, "OverlappedAllreduce::gather: tensor ", i,
+             " is not summed yet; call finish first");
+    HT_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.numel() == x.tensor.numel(),
+             "OverlappedAllreduce::gather: source ", i, " is ", dtype_name(t.dtype()), " of shape ",
+             to_string(t.shape()), "; expected contiguous float32 of ", x.tensor.numel(), " elements");
+    x.tensor = t;
+    spread(x);
+  }
 }
 
 WaitStatus OverlappedAllreduce::finish(Timeout timeout) { return poll(timeout, false); }
@@ -145,9 +174,11 @@ WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout.value_or(std::chrono::duration<double>(0)));
   auto pause = std::chrono::microseconds(0);
+  auto summed = [](const std::unique_ptr<Pending>& x) { return x->state == Pending::scattered; };
   for (;;) {
     const bool moved = progress();
-    if (pending_.empty() && (!sends || outgoing_.empty())) return WaitStatus::done;
+    if (std::all_of(pending_.begin(), pending_.end(), summed) && (!sends || outgoing_.empty()))
+      return WaitStatus::done;
     if (timeout && Clock::now() > deadline) return WaitStatus::timed_out;
     if (moved) pause = std::chrono::microseconds(0);
     else pause = std::min(std::chrono::microseconds(1000), std::max(std::chrono::microseconds(20), pause * 2));

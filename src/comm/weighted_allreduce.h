@@ -19,23 +19,38 @@
 
 namespace ht::comm {
 
+// [offsets[j], offsets[j + 1]) is rank j's part of an n-element tensor under `weights`
+// (in proportion to them, rounded; every rank computes the same cuts).
+std::vector<int64_t> part_offsets(int64_t n, const std::vector<double>& weights);
+
 // The same all-reduce with tensors joining while it runs, so that it overlaps the
 // backward pass: `add` the gradients of each block as its backward finishes (every rank
 // adds the same tensors in the same order), call `progress` between blocks (it never
 // blocks: round 1 of a tensor completes, its owner adds and starts round 2), and
 // `finish` at the end. The sums are exactly those of the blocking call below.
+//
+// With `scatter_only`, round 2 waits to be asked: `finish` returns once this rank's part
+// of every tensor holds its sum (the other parts keep what this rank added), and
+// `gather(sources)` then sends this rank's part of each source to every rank and takes
+// theirs, in place, and `finish` waits for that. Optimiser-state sharding runs its update
+// between the two: each rank updates only the weights of its part, and round 2 carries
+// the updated weights instead of the summed gradients.
 class OverlappedAllreduce {
  public:
   // Every member passes the same weights, one per rank of `comm`, each >= 0, not all 0.
-  OverlappedAllreduce(Communicator& comm, std::vector<double> weights);
+  OverlappedAllreduce(Communicator& comm, std::vector<double> weights, bool scatter_only = false);
   ~OverlappedAllreduce();
   // Contiguous float32 tensors on the CPU, reduced in place.
   void add(std::vector<Tensor> tensors);
   bool progress();  // whether any message completed
   size_t added() const { return added_; }  // tensors added so far
-  // Waits until every tensor added holds its sums; this rank's round-2 sends may still
-  // be in flight (from copies). On timed_out the tensors are in an unspecified state.
+  // Waits until every tensor added holds its sums (with scatter_only: until this rank's
+  // parts do, or after gather until every part arrived); this rank's round-2 sends may
+  // still be in flight (from copies). On timed_out the tensors are in an unspecified state.
   WaitStatus finish(Timeout timeout = std::nullopt);
+  // Scatter_only, after finish: round 2 from `sources`, one per tensor added, in order,
+  // each of its tensor's size (contiguous float32 on the CPU).
+  void gather(std::vector<Tensor> sources);
   // Waits for the round-2 sends as well; call it before the job ends.
   WaitStatus drain(Timeout timeout = std::nullopt);
 
@@ -46,8 +61,10 @@ class OverlappedAllreduce {
     std::vector<Request> sends;
   };
   WaitStatus poll(Timeout timeout, bool sends);
+  void spread(Pending& x);  // starts round 2 of x from its tensor's part
   Communicator& comm_;
   std::vector<double> weights_;
+  bool scatter_only_;
   std::vector<std::unique_ptr<Pending>> pending_;  // tensors in round 1 or 2
   std::vector<Outgoing> outgoing_;                 // round-2 sends not yet complete
   size_t added_ = 0;                               // tensors so far: their tags

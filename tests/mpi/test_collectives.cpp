@@ -185,3 +185,43 @@ TEST_CASE("weighted all-reduce: a lone owner's finish does not wait for a late r
   REQUIRE(reduce.drain(kLong) == WaitStatus::done);
   CHECK(wrong_sums(buckets, p) == 0);
 }
+
+TEST_CASE("weighted all-reduce: scatter_only sums each rank's part, then gather spreads new values") {
+  Communicator& world = ht::comm::world();
+  const int p = world.size(), me = world.rank();
+  const std::vector<double> weights{0.5, 0.3, 0.2, 0};  // rank 3 owns nothing
+  const std::vector<int64_t> sizes{1, 3, 1000, 4097};
+  OverlappedAllreduce reduce(world, weights, true);
+  std::vector<Tensor> grads = make_buckets(sizes, me);
+  reduce.add({grads[0], grads[1]});
+  reduce.add({grads[2], grads[3]});
+  REQUIRE(reduce.finish(kLong) == WaitStatus::done);
+  // This rank's part holds the sums, the rest its own values.
+  const float ranks_sum = static_cast<float>(p * (p + 1) / 2);
+  int64_t wrong = 0;
+  std::vector<Tensor> weights_out;
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    const std::vector<int64_t> off = part_offsets(sizes[b], weights);
+    const std::vector<float> v = grads[b].to_vector();
+    std::vector<float> mine(v.size(), -1);
+    for (int64_t i = 0; i < sizes[b]; ++i) {
+      const bool owned = i >= off[static_cast<size_t>(me)] && i < off[static_cast<size_t>(me) + 1];
+      const float want = value(i, b, 0) * (owned ? ranks_sum : static_cast<float>(me + 1));
+      wrong += v[static_cast<size_t>(i)] != want;
+      if (owned) mine[static_cast<size_t>(i)] = 2 * v[static_cast<size_t>(i)];  // "the update"
+    }
+    weights_out.push_back(Tensor::from_vector(mine, {sizes[b]}));
+  }
+  CHECK(wrong == 0);
+  // Round 2 spreads every owner's updated part: all ranks end with twice the sums.
+  CHECK_THROWS_WITH_AS(reduce.gather({weights_out[0]}), doctest::Contains("1 sources for 4 tensors"), Error);
+  reduce.gather(weights_out);
+  REQUIRE(reduce.finish(kLong) == WaitStatus::done);
+  REQUIRE(reduce.drain(kLong) == WaitStatus::done);
+  wrong = 0;
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    const std::vector<float> v = weights_out[b].to_vector();
+    for (size_t i = 0; i < v.size(); ++i) wrong += v[i] != 2 * value(static_cast<int64_t>(i), b, 0) * ranks_sum;
+  }
+  CHECK(wrong == 0);
+}
