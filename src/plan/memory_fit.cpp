@@ -70,10 +70,9 @@ bool shard_optimizer(Plan& p, const BlockCosts& costs, RankPlan& rp) {
   if (group.size() < 2) return false;
   std::vector<double> free;
   double total_free = 0;
-  for (RankPlan* g : group) {
+  for (RankPlan* g : group) {  // a member with nothing free keeps no state
     const MemoryUse u = rank_memory(p, costs, *g);
-    const double f = g->device.memory_bytes - (u.params + u.grads + u.activations);
-    if (f <= 0) return false;
+    const double f = std::max(0.0, g->device.memory_bytes - (u.params + u.grads + u.activations));
     free.push_back(f);
     total_free += f;
   }
@@ -116,20 +115,30 @@ bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp) {
       use = u;
     }
   }
-  if (use.total() > cap) {
+  // More micro-batches first only when they alone make the rank fit: sharding costs no
+  // compute, while many small micro-batches can cost several times the step (a rank
+  // whose weights, not activations, overflow would otherwise run one sample at a time).
+  auto more_micro_batches = [&](bool only_if_fits) {
     const int m = choose_micro_batches(p, costs, rp);
-    if (m > rp.micro_batches) {
-      p.layout.micro_batches[static_cast<size_t>(rp.replica)] = m;
-      sync_rank_shares(p);
-      const MemoryUse u = rank_memory(p, costs, rp);
-      add_strategy(rp, kStrategyMicroBatches,
-                   "micro-batches: " + std::to_string(m) + " of at most " +
-                       std::to_string(rp.micro_batch_size) + " samples, activations " +
-                       format_bytes(use.activations) + " -> " + format_bytes(u.activations));
-      use = u;
-    }
-  }
-  if (use.total() > cap && shard_optimizer(p, costs, rp)) use = rank_memory(p, costs, rp);
+    if (m <= rp.micro_batches) return;
+    if (only_if_fits && with_micro_batches(p, costs, rp, m).total() > cap) return;
+    p.layout.micro_batches[static_cast<size_t>(rp.replica)] = m;
+    sync_rank_shares(p);
+    const MemoryUse u = rank_memory(p, costs, rp);
+    add_strategy(rp, kStrategyMicroBatches,
+                 "micro-batches: " + std::to_string(m) + " of at most " + std::to_string(rp.micro_batch_size) +
+                     " samples, activations " + format_bytes(use.activations) + " -> " + format_bytes(u.activations));
+    use = u;
+  };
+  if (use.total() > cap) more_micro_batches(true);
+  // Sharding splits what the group has free; a rank whose activations leave it none
+  // shards after the micro-batches instead.
+  auto shard = [&] {
+    if (use.total() > cap && rp.optimizer_shard == 1 && shard_optimizer(p, costs, rp)) use = rank_memory(p, costs, rp);
+  };
+  shard();
+  if (use.total() > cap) more_micro_batches(false);
+  shard();
   return use.total() <= cap;
 }
 

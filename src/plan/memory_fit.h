@@ -4,10 +4,13 @@
 //     forward before each Backward (costs one more forward; helps only with more than
 //     one micro-batch in flight, i.e. on pipeline stages);
 //  2. more, smaller micro-batches for the rank's replica: the least M that fits (costs a
-//     fixed overhead per micro-batch and block, and smaller, less efficient kernels);
+//     fixed overhead per micro-batch and block, and smaller, less efficient kernels),
+//     taken here only when it makes the rank fit by itself;
 //  3. optimiser-state sharding over the stage's data-parallel group, each member keeping a
-//     part in proportion to its free memory (costs an all-gather of the weights after the
-//     step; possible only with more than one replica).
+//     part in proportion to its free memory (possible only with more than one replica; no
+//     compute and no more traffic: round 2 of the gradient all-reduce carries the updated
+//     weights instead, runtime/executor.h, but it waits for the optimiser step);
+//  4. then, if still short, the least M that fits with the sharding.
 #pragma once
 
 #include <string>

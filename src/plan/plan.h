@@ -89,4 +89,13 @@ struct Plan {
 // Every rank's instruction list for one step: build_1f1b over the plan's layout.
 std::vector<Schedule> plan_schedules(const Plan& plan);
 
+// The optimiser shards of stage s's ranks, in replica order; empty when the stage is not
+// sharded (every rank keeps its whole state).
+std::vector<double> optimizer_shards(const Plan& plan, size_t stage);
+
+// The parts of stage s's ReduceGrads, one per replica: its optimiser shards when sharded
+// (each rank sums and updates the weights of its part; round 2 carries the weights), else
+// reduce_parts(layout).
+std::vector<double> stage_reduce_parts(const Plan& plan, const PipelineLayout& layout, size_t stage);
+
 }  // namespace ht::plan

@@ -18,14 +18,14 @@ double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
          wake_seconds(c.ranks[static_cast<size_t>(dst)]);
 }
 
-// Stage s's ReduceGrads under the layout's reduce_parts.
+// Stage s's ReduceGrads under the layout's reduce_parts, or its optimiser shards.
 double stage_reduce_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs,
                             const ClusterModel& cluster, size_t s) {
   std::vector<int> group;
   for (const auto& replica : layout.replicas) group.push_back(replica[s]);
   const auto [begin, end] = plan.stage_ranges[s];
   const double params = stage_footprint(costs, begin, end).params;
-  return weighted_allreduce_seconds(cluster, group, reduce_parts(layout), params * kGradBytesPerParam);
+  return weighted_allreduce_seconds(cluster, group, stage_reduce_parts(plan, layout, s), params * kGradBytesPerParam);
 }
 
 }  // namespace
@@ -72,7 +72,8 @@ ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, co
     const RankPlan& rp = plan.ranks[static_cast<size_t>(hub.replicas[static_cast<size_t>(hub.reduce_owner)][s])];
     const auto [begin, end] = plan.stage_ranges[s];
     const double incoming = peers * stage_footprint(costs, begin, end).params * kGradBytesPerParam;
-    fits = fits && rp.memory.total() + incoming <= rp.device.memory_bytes;
+    // A sharded stage reduces by its shards either way.
+    fits = fits && (!optimizer_shards(plan, s).empty() || rp.memory.total() + incoming <= rp.device.memory_bytes);
     out.by_share_seconds += stage_reduce_seconds(plan, by_share, costs, cluster, s);
     out.hub_seconds += stage_reduce_seconds(plan, hub, costs, cluster, s);
   }

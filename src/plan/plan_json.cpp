@@ -1,5 +1,6 @@
 #include "plan/plan_json.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -287,6 +288,13 @@ void check_plan(const Plan& p) {
              p.layout.micro_batches[r.replica]);
     const bool recompute = !p.layout.recompute.empty() && p.layout.recompute[r.replica][r.stage];
     HT_CHECK(r.recompute == recompute, "rank ", k, " recompute ", r.recompute, " disagrees with the layout");
+  }
+  for (size_t s = 0; s < stages; ++s) {
+    const std::vector<double> shards = optimizer_shards(p, s);
+    double total = 0;
+    for (double f : shards) total += f;
+    HT_CHECK(shards.empty() || std::fabs(total - 1) < 1e-6, "stage ", s, "'s ranks keep optimizer_shard ",
+             "fractions that sum to ", total, "; expected 1 when a stage's optimizer state is sharded");
   }
   const ScheduleReport report = check_schedules(schedules);
   HT_CHECK(report.ok, "its schedules fail the check: ", report.problem);

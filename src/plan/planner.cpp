@@ -342,10 +342,6 @@ std::string fit_text(const Plan& equal) {
 
 }  // namespace
 
-std::vector<Schedule> plan_schedules(const Plan& plan) {
-  return build_1f1b(plan.layout, plan.world_size);
-}
-
 void predict_plan(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                   const std::vector<double>& reduce_seconds) {
   finish(plan, costs, cluster, true, reduce_seconds);

@@ -110,7 +110,7 @@ Plan hybrid_skeleton(double memory) {
 
 }  // namespace
 
-TEST_CASE("planner: memory strategies in order: recompute, then micro-batches, then sharding") {
+TEST_CASE("planner: memory strategies in order: recompute, micro-batches that fit alone, sharding, micro-batches") {
   const ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB));
   const BlockCosts k = costs(c, 4);
   // Rank 0: 32 MB of weight state; 2 micro-batches of 16 in flight x 2 MB = 64 MB.
@@ -139,10 +139,11 @@ TEST_CASE("planner: memory strategies in order: recompute, then micro-batches, t
     CHECK(p.ranks[0].memory.total() <= 50e6);
   }
   SUBCASE("all three, sharding by free memory") {
-    // Below the 32 MB of weight state: the optimiser state is sharded with rank 2.
+    // Below the 32 MB of weight state: micro-batches alone cannot fit, so the optimiser
+    // state is sharded with rank 2 first, then micro-batches close the rest.
     Plan p = hybrid_skeleton(30e6);
     REQUIRE(fit_memory(p, k).empty());
-    CHECK(p.ranks[0].memory_strategy == "recompute + micro-batches + optimizer sharding");
+    CHECK(p.ranks[0].memory_strategy == "recompute + optimizer sharding + micro-batches");
     CHECK(p.ranks[2].memory_strategy == "optimizer sharding");
     CHECK(p.ranks[1].optimizer_shard == 1);  // stage 1's group is untouched
     const double s0 = p.ranks[0].optimizer_shard, s2 = p.ranks[2].optimizer_shard;
@@ -157,6 +158,22 @@ TEST_CASE("planner: memory strategies in order: recompute, then micro-batches, t
     CHECK(contains(msg, "rank 0 (dev0, 15.3 MiB) cannot hold stage 0 (blocks 0-1, 32 samples)"));
     CHECK(contains(msg, "short"));
   }
+}
+
+TEST_CASE("planner: a rank short of memory for its weights shards before it takes many micro-batches") {
+  // Rank 1: 32 MB of weights and gradients, 32 MB of AdamW state, 4 MB of activations a
+  // sample, 60 MB in all. Micro-batches alone cannot fit (32 of 1 sample: 68 MB); the
+  // state goes to rank 0 (rank 1 has nothing free to keep any), and then 5 micro-batches
+  // of at most 7 samples fit: 32 + 28 MB. Micro-batches first would run 32 of 1 sample.
+  const ClusterModel c = cluster({1e12, 1e12}, {64 * kGiB, 60e6});
+  const PlannerInput in = input(c, costs(c, 4), 64, "data");
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.ranks[1].memory_strategy == "optimizer sharding + micro-batches");
+  CHECK(p.ranks[1].optimizer_shard == 0);
+  CHECK(p.ranks[0].optimizer_shard == 1 - p.ranks[1].optimizer_shard);
+  CHECK(p.layout.micro_batches[1] == 5);
+  CHECK(p.ranks[1].memory.total() <= 60e6);
 }
 
 TEST_CASE("planner: in data parallelism a short rank gets more micro-batches, not recompute") {
@@ -325,6 +342,16 @@ TEST_CASE("plan file: round trip, and malformed files name the problem") {
   nlohmann::json old = nlohmann::json::parse(text);  // a plan from before the field
   old["layout"].erase("reduce_owner");
   CHECK(plan_from_json(old.dump(), "old.json").layout.reduce_owner == -1);
+  // Optimiser shards: a stage's must sum to 1 once any is below 1.
+  nlohmann::json shard = nlohmann::json::parse(text);
+  const int stage0_rank = p.layout.replicas[0][0], partner = p.layout.replicas[1][0];
+  shard["ranks"][stage0_rank]["optimizer_shard"] = 0.25;
+  CHECK(contains(error(shard.dump()), "stage 0's ranks keep optimizer_shard fractions that sum to 1.25; expected 1"));
+  shard["ranks"][partner]["optimizer_shard"] = 0.75;
+  const Plan sharded = plan_from_json(shard.dump(), "sharded.json");
+  CHECK(optimizer_shards(sharded, 0) == std::vector<double>{0.25, 0.75});
+  CHECK(stage_reduce_parts(sharded, sharded.layout, 0) == std::vector<double>{0.25, 0.75});
+  CHECK(optimizer_shards(sharded, 1).empty());
 }
 
 TEST_CASE("plan: stage memory follows the 1F1B in-flight count and the strategies") {

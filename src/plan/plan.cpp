@@ -1,0 +1,26 @@
+#include "plan/plan.h"
+
+namespace ht::plan {
+
+std::vector<Schedule> plan_schedules(const Plan& plan) {
+  return build_1f1b(plan.layout, plan.world_size);
+}
+
+std::vector<double> optimizer_shards(const Plan& plan, size_t stage) {
+  std::vector<double> shards;
+  bool sharded = false;
+  for (const auto& replica : plan.layout.replicas) {
+    const double f = plan.ranks[static_cast<size_t>(replica[stage])].optimizer_shard;
+    sharded = sharded || f < 1;
+    shards.push_back(f);
+  }
+  if (!sharded) shards.clear();
+  return shards;
+}
+
+std::vector<double> stage_reduce_parts(const Plan& plan, const PipelineLayout& layout, size_t stage) {
+  std::vector<double> shards = optimizer_shards(plan, stage);
+  return shards.empty() ? reduce_parts(layout) : shards;
+}
+
+}  // namespace ht::plan
