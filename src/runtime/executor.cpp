@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "autograd/graph.h"
@@ -60,9 +61,6 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
   replica_group_ = world.split(active() ? replica_ : -1, stage_);
   if (!active()) return;
 
-  HT_CHECK(rank_plan_.optimizer_shard == 1, "rank ", world.rank(), ": the plan shards the ",
-           "optimizer state (keeps ", rank_plan_.optimizer_shard, " of it), which the executor ",
-           "does not run yet; plan with more memory or fewer samples per rank");
   first_ = stage_ == 0;
   last_ = stage_ == stages_ - 1;
   recompute_ = rank_plan_.recompute;
@@ -72,7 +70,17 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
   block_params_ = {0};
   for (int b = rank_plan_.block_begin; b < rank_plan_.block_end; ++b)
     block_params_.push_back(block_params_.back() + model.block(static_cast<size_t>(b)).named_parameters().size());
-  opt_ = optim::make_optimizer(train.optimizer, params_);
+  shards_ = plan::optimizer_shards(plan, static_cast<size_t>(stage_));
+  if (shards_.empty()) {
+    opt_ = optim::make_optimizer(train.optimizer, params_);
+    return;
+  }
+  for (const auto& [name, p] : params_) {
+    const std::vector<int64_t> off = comm::part_offsets(p.numel(), shards_);
+    const int64_t begin = off[static_cast<size_t>(replica_)], end = off[static_cast<size_t>(replica_) + 1];
+    shard_params_.emplace_back(name, p.view_as({end - begin}, {1}, p.offset() + begin));
+  }
+  opt_ = optim::make_optimizer(train.optimizer, shard_params_);
 }
 
 // The last step's sums may still be on their way to slower replicas; after an error the
@@ -104,9 +112,10 @@ void Executor::take_shares() {
 void Executor::reshare() {
   const plan::RankPlan& now = plan_.ranks[static_cast<size_t>(world_.rank())];
   HT_CHECK(now.replica == replica_ && now.stage == stage_ && now.block_begin == rank_plan_.block_begin &&
-               now.block_end == rank_plan_.block_end && now.recompute == recompute_,
-           "executor: rank ", world_.rank(), " was asked to change its replica, stage, blocks or "
-           "recomputation between steps; only the shares may change");
+               now.block_end == rank_plan_.block_end && now.recompute == recompute_ &&
+               now.optimizer_shard == rank_plan_.optimizer_shard,
+           "executor: rank ", world_.rank(), " was asked to change its replica, stage, blocks, "
+           "recomputation or optimizer shard between steps; only the shares may change");
   take_shares();
 }
 
@@ -183,7 +192,7 @@ void Executor::backward(int mb) {
                " got no gradient for its input of micro-batch ", mb);
     }
     if (overlap) {
-      reduce_->add(reducible_grads(block_params_[i], block_params_[i + 1]));
+      add_to_reduce(block_params_[i], block_params_[i + 1]);
       reduce_->progress();
     }
   }
@@ -197,9 +206,10 @@ void Executor::backward(int mb) {
   if (first_) live_.erase(mb);
 }
 
-// Parameters [begin, end) of this stage: their gradients as contiguous tensors that the
-// parameters hold (zeros for one this step did not reach), to be reduced in place.
-std::vector<Tensor> Executor::reducible_grads(size_t begin, size_t end) {
+// Parameters [begin, end) of this stage join the all-reduce: their gradients as
+// contiguous tensors that the parameters hold (zeros for one this step did not reach),
+// reduced in place.
+void Executor::add_to_reduce(size_t begin, size_t end) {
   std::vector<Tensor> grads;
   for (size_t i = begin; i < end; ++i) {
     const Tensor& p = params_[i].second;
@@ -211,52 +221,80 @@ std::vector<Tensor> Executor::reducible_grads(size_t begin, size_t end) {
     }
     p.set_grad(g);
     grads.push_back(g);
+    reduce_order_.push_back(i);
   }
-  return grads;
+  reduce_->add(std::move(grads));
 }
 
-// What the last Backward did not start (nothing when it overlapped), then the wait.
+// What the last Backward did not start (nothing when it overlapped), then the wait. A
+// sharded stage's all-reduce stops at the sums of this rank's parts; gather_weights ends it.
 void Executor::reduce_grads() {
   if (!reduce_) return;  // the only replica of its stage
-  if (reduce_->added() == 0) reduce_->add(reducible_grads(0, params_.size()));
+  if (reduce_->added() == 0) add_to_reduce(0, params_.size());
   comm::WaitStatus s = reduce_->finish(kPeerTimeout);
   if (draining_ && s == comm::WaitStatus::done) s = draining_->drain(kPeerTimeout);
-  draining_ = std::move(reduce_);  // its sums go out while the next step runs
+  draining_.reset();
+  if (shards_.empty()) draining_ = std::move(reduce_);  // its sums go out while the next step runs
   HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ReduceGrads of stage ", stage_,
            " timed out after ", kPeerTimeout.count(), " s; a rank of its group has stalled");
 }
 
 void Executor::optimizer_step(float lr) {
+  if (!shards_.empty())  // the summed gradients of this rank's parts
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Tensor g = params_[i].second.grad();
+      const Tensor& part = shard_params_[i].second;
+      part.set_grad(g.view_as(part.shape(), {1}, g.offset() + (part.offset() - params_[i].second.offset())));
+    }
   if (train_.grad_clip > 0) {
-    std::function<double(double)> over_stages;
-    if (stages_ > 1)
-      over_stages = [this](double local) {
-        std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1})};
-        const comm::WaitStatus s = replica_group_->allreduce_sum(t, kPeerTimeout);
-        HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(),
-                 ": the gradient norm across stages timed out");
-        return static_cast<double>(t[0].item());
+    // This rank's sum of squares, summed over the stage's parts when sharded and over
+    // the stages: every rank clips by the whole model's norm.
+    auto sum_over = [this](comm::Communicator& group, double local) {
+      std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1})};
+      const comm::WaitStatus s = group.allreduce_sum(t, kPeerTimeout);
+      HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": the gradient norm timed out");
+      return static_cast<double>(t[0].item());
+    };
+    std::function<double(double)> global;
+    if (!shards_.empty() || stages_ > 1)
+      global = [this, sum_over](double local) {
+        if (!shards_.empty()) local = sum_over(*stage_group_, local);
+        return stages_ > 1 ? sum_over(*replica_group_, local) : local;
       };
-    optim::clip_grad_norm(params_, train_.grad_clip, over_stages);
+    optim::clip_grad_norm(shards_.empty() ? params_ : shard_params_, train_.grad_clip, global);
   }
   opt_->set_lr(lr);
   opt_->step();
 }
 
+double Executor::gather_weights() {
+  const auto t0 = Clock::now();
+  std::vector<Tensor> weights;
+  for (size_t i : reduce_order_) weights.push_back(params_[i].second);
+  reduce_->gather(std::move(weights));
+  const comm::WaitStatus s = reduce_->finish(kPeerTimeout);
+  HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": gathering stage ", stage_,
+           "'s updated weights timed out after ", kPeerTimeout.count(), " s; a rank of its group has stalled");
+  draining_ = std::move(reduce_);  // this rank's part goes out while the next step runs
+  return since(t0);
+}
+
 StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   StepResult r;
   if (!active()) return r;
-  opt_->zero_grad();
   loss_sum_ = 0;
   live_.clear();
   reduce_.reset();
+  reduce_order_.clear();
   if (stage_group_->size() > 1)
-    reduce_ = std::make_unique<comm::OverlappedAllreduce>(*stage_group_, plan::reduce_parts(plan_.layout));
+    reduce_ = std::make_unique<comm::OverlappedAllreduce>(
+        *stage_group_, plan::stage_reduce_parts(plan_, plan_.layout, static_cast<size_t>(stage_)), !shards_.empty());
   const auto start = Clock::now();
   for (const plan::Instruction& in : schedule_) {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     bool comm = false;
+    double gathered = 0;  // seconds of a sharded OptimizerStep spent gathering weights
     auto wait = [&](comm::WaitStatus s) {
       HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ", plan::op_name(in.op),
                " of micro-batch ", in.micro_batch, " from rank ", in.peer, " timed out after ",
@@ -294,24 +332,38 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         comm = true;
         reduce_grads();
         break;
-      case plan::Op::optimizer_step: optimizer_step(lr); break;
+      case plan::Op::optimizer_step:
+        optimizer_step(lr);
+        if (!shards_.empty()) gathered = gather_weights();
+        break;
     }
-    const double dt = since(t0);
+    const double dt = since(t0) - gathered;
     (comm ? r.comm_s : r.compute_s) += dt;
     if (!comm) (in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += process_cpu_seconds() - cpu0;
     if (in.op == plan::Op::optimizer_step) r.optimizer_s += dt;
     if (in.op == plan::Op::reduce_grads) r.reduce_s += dt;
+    r.comm_s += gathered;
+    r.reduce_s += gathered;
     if (record_spans) {
       const double at = std::chrono::duration<double>(t0 - start).count();
       r.spans.push_back({world_.rank(), plan::op_name(in.op), comm ? "comm" : "compute", at, at + dt,
                          in.micro_batch, in.stage});
+      if (gathered > 0)
+        r.spans.push_back({world_.rank(), "GatherWeights", "comm", at + dt, at + dt + gathered, -1, in.stage});
     }
   }
   HT_CHECK(live_.empty(), "executor: rank ", world_.rank(), " ended a step with ", live_.size(),
            " micro-batches not backwarded (an inconsistent schedule)");
+  // Gradients are not kept between steps: evaluation and checkpoints get the memory.
+  for (const auto& [name, p] : params_) p.zero_grad();
+  opt_->zero_grad();  // when sharded, the views of the parts hold their own
   r.loss_sum = loss_sum_;
   r.wall_s = since(start);
   return r;
+}
+
+void Executor::load_optimizer_state(const std::vector<nn::NamedTensor>& whole) const {
+  opt_->load_state(shards_.empty() ? whole : optimizer_state_part(whole, params_, shards_, replica_));
 }
 
 std::string Executor::parameter_checksum() const {
@@ -360,6 +412,29 @@ plan::Plan single_process_plan(int blocks, int64_t global_batch, int micro_batch
   r.micro_batch_size = (global_batch + micro_batches - 1) / micro_batches;
   p.ranks = {r};
   return p;
+}
+
+std::vector<nn::NamedTensor> optimizer_state_part(const std::vector<nn::NamedTensor>& whole,
+                                                  const std::vector<nn::NamedTensor>& params,
+                                                  const std::vector<double>& shards, int part) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, p] : params) by_name.emplace(name, &p);
+  std::vector<nn::NamedTensor> out;
+  for (const auto& [name, t] : whole) {
+    const size_t dot = name.rfind('.');
+    const auto it = dot == std::string::npos ? by_name.end() : by_name.find(name.substr(0, dot));
+    if (t.dtype() != DType::f32 || it == by_name.end()) {  // a counter, or not a parameter's slot
+      out.emplace_back(name, t);
+      continue;
+    }
+    const Tensor& p = *it->second;
+    HT_CHECK(t.shape() == p.shape() && t.is_contiguous(), "optimizer state '", name, "' has shape ",
+             to_string(t.shape()), "; expected its parameter's ", to_string(p.shape()));
+    const std::vector<int64_t> off = comm::part_offsets(p.numel(), shards);
+    const int64_t begin = off[static_cast<size_t>(part)], end = off[static_cast<size_t>(part) + 1];
+    out.emplace_back(name, t.view_as({end - begin}, {1}, t.offset() + begin));
+  }
+  return out;
 }
 
 }  // namespace ht::runtime

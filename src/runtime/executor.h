@@ -8,6 +8,14 @@
 // the step's gradient is the global batch's mean whatever the split; stages share the
 // global gradient norm for clipping. Stage inputs arrive as leaves, so a stage's
 // backward ends at its input and hands that gradient to the previous stage.
+//
+// Optimiser-state sharding (the plan's optimizer_shard < 1, ZeRO stage 1 with uneven
+// parts): every tensor of the stage is cut into one part per replica in proportion to
+// the shards (comm::part_offsets), and each rank's optimiser holds state for its parts
+// only. ReduceGrads sums each part on its owner; OptimizerStep clips by the norm over all
+// parts and stages, updates this rank's parts of the weights and gathers the others'
+// from their owners. The update is element-wise, so the weights are those of the
+// unsharded step.
 #pragma once
 
 #include <cstdint>
@@ -58,7 +66,11 @@ class Executor {
   const plan::RankPlan& rank_plan() const { return rank_plan_; }
   // This rank's parameters, named as in the whole model ("blocks.<i>.<name>").
   const std::vector<nn::NamedTensor>& parameters() const { return params_; }
+  // Over parameters(), or when sharded over this rank's parts of them (flat, same names).
   optim::Optimizer* optimizer() const { return opt_.get(); }
+  // Loads the stage's whole optimiser state (as an optimiser over parameters() names it),
+  // keeping this rank's part when sharded.
+  void load_optimizer_state(const std::vector<nn::NamedTensor>& whole) const;
 
   // The plan it was made with now holds new shares (layout unchanged, see
   // plan/rebalance.h); the next step runs them. Every rank calls it at the same step.
@@ -77,8 +89,9 @@ class Executor {
   void forward(int mb, bool keep_graph);
   void backward(int mb);
   void reduce_grads();
-  std::vector<Tensor> reducible_grads(size_t begin, size_t end);
+  void add_to_reduce(size_t begin, size_t end);
   void optimizer_step(float lr);
+  double gather_weights();  // sharded: the other parts' updated weights; returns seconds
   Shape boundary_shape(int mb, bool input) const;
   void take_shares();  // this rank's plan, schedule and sample offsets from plan_
 
@@ -96,6 +109,9 @@ class Executor {
   double scale_ = 0;                 // 1 / (global batch x predictions per sample)
   std::vector<nn::NamedTensor> params_;
   std::vector<size_t> block_params_;  // params_ of the stage's block i: [i], [i + 1]
+  std::vector<double> shards_;        // the stage's optimiser shards; empty: not sharded
+  std::vector<nn::NamedTensor> shard_params_;  // sharded: views of this rank's parts
+  std::vector<size_t> reduce_order_;  // params_ indices in the order reduce_ got them
   int last_backward_mb_ = -1;         // the micro-batch of this rank's last Backward
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<comm::Communicator> stage_group_;    // this stage in every replica
@@ -115,5 +131,13 @@ void check_replicas_identical(const plan::Plan& plan, const std::vector<std::str
 // The plan of one process: the whole model, the whole batch in `micro_batches`
 // micro-batches (gradient accumulation).
 plan::Plan single_process_plan(int blocks, int64_t global_batch, int micro_batches);
+
+// The part of a stage's whole optimiser state (`whole`, as an optimiser over `params`
+// lists it) that the rank of replica `part` keeps when sharded by `shards`: flat views of
+// the slot tensors' parts, the counters as they are, in order. Throws, naming the tensor,
+// when a slot tensor is not of its parameter's shape.
+std::vector<nn::NamedTensor> optimizer_state_part(const std::vector<nn::NamedTensor>& whole,
+                                                  const std::vector<nn::NamedTensor>& params,
+                                                  const std::vector<double>& shards, int part);
 
 }  // namespace ht::runtime

@@ -25,6 +25,17 @@ void receive_all(std::vector<nn::NamedTensor>& into, comm::Communicator& world, 
   }
 }
 
+// Copies `from` (on any backend) into `to`, tensor by tensor: same shapes and dtypes.
+void copy_into(const std::vector<nn::NamedTensor>& to, const std::vector<nn::NamedTensor>& from) {
+  for (size_t i = 0; i < to.size(); ++i) {
+    const Tensor& dst = to[i].second;
+    const Tensor& src = from[i].second;
+    const size_t bytes = static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype());
+    if (dst.dtype() == DType::f32) dst.backend().copy_from_host(dst.raw(), src.to_vector().data(), bytes);
+    else dst.backend().copy_from_host(dst.raw(), src.to_ints().data(), bytes);
+  }
+}
+
 }  // namespace
 
 std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Executor& executor,
@@ -36,28 +47,32 @@ std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Execut
   const bool root = world.rank() == 0;
   for (size_t s = 0; s < plan.stage_ranges.size(); ++s) {
     const int src = plan.layout.replicas[0][s];
-    std::vector<nn::NamedTensor> stage_state;
-    if (src == world.rank()) {
-      if (optimizer_state) stage_state = executor.optimizer()->state();
-      if (!root) {
-        for (const auto& [name, t] : executor.parameters()) world.send(t, 0, kTagGather);
-        for (const auto& [name, t] : stage_state) world.send(t, 0, kTagGather);
-        continue;
-      }
-    } else if (root) {
-      const auto [begin, end] = plan.stage_ranges[s];
-      std::vector<nn::NamedTensor> params =
-          model.named_parameters(static_cast<size_t>(begin), static_cast<size_t>(end));
-      receive_all(params, world, src);
-      if (optimizer_state) {
-        auto layout = optim::make_optimizer(opt, params);  // names and shapes to receive into
-        stage_state = layout->state();
-        receive_all(stage_state, world, src);
-      }
+    // When the stage is sharded, every replica sends its part of the optimiser state.
+    const std::vector<double> shards = optimizer_state ? plan::optimizer_shards(plan, s) : std::vector<double>{};
+    if (src == world.rank() && !root)
+      for (const auto& [name, t] : executor.parameters()) world.send(t, 0, kTagGather);
+    if (optimizer_state && !root && executor.stage() == static_cast<int>(s) &&
+        (src == world.rank() || !shards.empty()))
+      for (const auto& [name, t] : executor.optimizer()->state()) world.send(t, 0, kTagGather);
+    if (!root) continue;
+
+    const auto [begin, end] = plan.stage_ranges[s];
+    std::vector<nn::NamedTensor> params =
+        model.named_parameters(static_cast<size_t>(begin), static_cast<size_t>(end));
+    if (src != 0) receive_all(params, world, src);
+    if (!optimizer_state) continue;
+    // Names and shapes to receive into: a whole stage's optimiser.
+    std::vector<nn::NamedTensor> stage_state = optim::make_optimizer(opt, params)->state();
+    const int replicas = shards.empty() ? 1 : static_cast<int>(plan.layout.replicas.size());
+    for (int r = 0; r < replicas; ++r) {
+      const int from = plan.layout.replicas[static_cast<size_t>(r)][s];
+      std::vector<nn::NamedTensor> into =
+          shards.empty() ? stage_state : optimizer_state_part(stage_state, params, shards, r);
+      if (from == 0) copy_into(into, executor.optimizer()->state());
+      else receive_all(into, world, from);
     }
-    if (root)
-      for (auto& nt : stage_state)
-        if (seen.insert(nt.first).second) state.push_back(nt);  // one "step" for all stages
+    for (auto& nt : stage_state)
+      if (seen.insert(nt.first).second) state.push_back(nt);  // one "step" for all stages
   }
   return state;
 }
@@ -82,7 +97,7 @@ void load_stage(const Checkpoint& checkpoint, const Executor& executor) {
     for (const auto& p : executor.parameters()) mine = mine || rest.rfind(p.first + ".", 0) == 0;
     if (mine) state.emplace_back(rest, t);
   }
-  executor.optimizer()->load_state(state);
+  executor.load_optimizer_state(state);
 }
 
 }  // namespace ht::runtime

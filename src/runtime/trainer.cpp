@@ -277,9 +277,12 @@ class Run {
     if (!root_) return std::nullopt;
     model_.set_training(false);
     EvalResult r;
-    {
+    try {
       NoGradGuard no_grad;
       r = task_->evaluate(model_);
+    } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
+      fail("rank 0 ran out of memory evaluating the whole model in batches of ", cfg_.train.eval_batch_size,
+           " (", e.what(), "); lower train.eval_batch_size");
     }
     model_.set_training(true);
     return r;
@@ -311,6 +314,7 @@ class Run {
 
   // Collective: rank 0 writes one whole-model checkpoint, whatever the world size.
   void save(int64_t step, report::Progress& progress) {
+    Allocator::HostStaging staging;
     std::vector<nn::NamedTensor> state =
         multi() ? gather_to_root(plan_, executor_, model_, world_, cfg_.train.optimizer, true)
                 : executor_.optimizer()->state();
@@ -325,7 +329,11 @@ class Run {
   // Every rank loads its stage from the newest valid checkpoint; returns its step.
   int64_t restore(report::Progress& progress) {
     std::vector<std::string> skipped;
-    auto loaded = checkpoints_.load_newest_valid(skipped);
+    std::optional<Checkpoint> loaded;
+    {
+      Allocator::HostStaging staging;
+      loaded = checkpoints_.load_newest_valid(skipped);
+    }
     for (const std::string& s : skipped) progress.note("warning: " + s);
     if (!loaded) {
       progress.note("no checkpoint in " + checkpoints_.dir() + " to resume from; starting at step 0");

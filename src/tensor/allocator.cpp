@@ -24,11 +24,25 @@ Allocator::Allocator(std::string device, std::function<void*(size_t)> raw_alloc,
 
 Allocator::~Allocator() { release_cache_locked(); }
 
+namespace {
+thread_local int staging_depth = 0;
+}
+
+Allocator::HostStaging::HostStaging() { ++staging_depth; }
+Allocator::HostStaging::~HostStaging() { --staging_depth; }
+
 size_t Allocator::round_up(size_t bytes) { return bytes == 0 ? 64 : (bytes + 63) & ~size_t{63}; }
 
 void* Allocator::allocate(size_t bytes, const char* what) {
   size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  if (staging_depth > 0) {
+    void* p = raw_alloc_(size);
+    if (!p)
+      fail_as<OutOfMemory>(what, ": out of host memory staging ", format_bytes(size), " for a checkpoint");
+    staged_.insert(p);
+    return p;
+  }
   if (cap_ && live_ + size > cap_)
     fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": requested ", format_bytes(size),
                          " with ", format_bytes(live_), " in use and a cap of ",
@@ -61,6 +75,10 @@ void Allocator::deallocate(void* p, size_t bytes) {
   if (!p) return;
   size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  if (staged_.erase(p)) {
+    raw_free_(p);
+    return;
+  }
   live_ -= size;
   cache_[size].push_back(p);
   cached_ += size;

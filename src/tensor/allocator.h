@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace ht {
@@ -27,6 +28,17 @@ class Allocator {
   // `what` names the requester (usually an op) for the out-of-memory message.
   void* allocate(size_t bytes, const char* what);
   void deallocate(void* p, size_t bytes);
+
+  // While one lives on this thread, this thread's allocations are host staging: outside
+  // the cap and the counts. Checkpoints are read and assembled in host memory, which an
+  // emulated device cap does not stand for (on a GPU they never touch device memory).
+  class HostStaging {
+   public:
+    HostStaging();
+    ~HostStaging();
+    HostStaging(const HostStaging&) = delete;
+    HostStaging& operator=(const HostStaging&) = delete;
+  };
 
   void set_cap(size_t bytes);  // 0 removes the cap
   size_t cap() const;
@@ -45,6 +57,7 @@ class Allocator {
   std::function<void(void*)> raw_free_;
   mutable std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> cache_;  // rounded size -> free blocks
+  std::unordered_set<void*> staged_;  // host staging blocks, freed straight back
   size_t cap_ = 0, live_ = 0, peak_ = 0, cached_ = 0;
 };
 

@@ -1,6 +1,7 @@
 // Exactness of the executor: training split over ranks (uneven data-parallel shares, 2
-// and 3 pipeline stages, a 2 x 2 hybrid, recomputation, shares changed between steps)
-// gives the parameters of one process training the same global batches.
+// and 3 pipeline stages, a 2 x 2 hybrid, recomputation, shares changed between steps,
+// optimiser-state sharding) gives the parameters and optimiser state of one process
+// training the same global batches.
 //
 // Tolerance. Every layout computes the same per-sample terms; what differs is the order
 // of float32 sums (over micro-batches, over replicas in the all-reduce, of the squared
@@ -22,7 +23,9 @@
 #include "models/models.h"
 #include "mpi_util.h"
 #include "plan/plan.h"
+#include "optim/make_optimizer.h"
 #include "runtime/executor.h"
+#include "runtime/stage_gather.h"
 #include "runtime/task.h"
 
 using namespace ht;
@@ -92,17 +95,72 @@ plan::Plan layout(std::vector<std::vector<int>> replicas, std::vector<std::pair<
   return p;
 }
 
-// Parameters after kSteps of one process on the whole batch.
-std::map<std::string, std::vector<float>> reference(comm::Communicator& self, double& loss) {
+// Sets the optimiser shards of stage s's ranks, in replica order.
+plan::Plan sharded(plan::Plan p, size_t stage, const std::vector<double>& shards) {
+  for (size_t r = 0; r < shards.size(); ++r)
+    p.ranks[static_cast<size_t>(p.layout.replicas[r][stage])].optimizer_shard = shards[r];
+  return p;
+}
+
+struct Reference {
+  std::map<std::string, std::vector<float>> params;
+  std::vector<nn::NamedTensor> optimizer_state;
+  double loss = 0;
+};
+
+// Parameters and optimiser state after kSteps of one process on the whole batch.
+Reference reference(comm::Communicator& self) {
   SyntheticTask task;
   nn::Sequential model = task.build_model(7);
   const plan::Plan p = runtime::single_process_plan(4, kBatch, 1);
   runtime::Executor ex(p, model, task, self, train_config());
-  loss = 0;
-  for (int step = 0; step < kSteps; ++step) loss += ex.step(step * kBatch, 1e-2f, false).loss_sum;
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, t] : model.named_parameters()) out[name] = t.to_vector();
+  Reference out;
+  for (int step = 0; step < kSteps; ++step) out.loss += ex.step(step * kBatch, 1e-2f, false).loss_sum;
+  for (const auto& [name, t] : model.named_parameters()) out.params[name] = t.to_vector();
+  out.optimizer_state = ex.optimizer()->state();
   return out;
+}
+
+// The largest difference between two optimiser states of the same names and shapes.
+float state_difference(const std::vector<nn::NamedTensor>& got, const std::vector<nn::NamedTensor>& want) {
+  REQUIRE(got.size() == want.size());
+  std::map<std::string, Tensor> by_name(want.begin(), want.end());
+  float worst = 0;
+  for (const auto& [name, t] : got) {
+    CAPTURE(name);
+    REQUIRE(by_name.count(name) == 1);
+    const Tensor& w = by_name.at(name);
+    REQUIRE(t.shape() == w.shape());
+    if (t.dtype() == DType::i32) {
+      CHECK(t.to_ints() == w.to_ints());
+      continue;
+    }
+    const std::vector<float> a = t.to_vector(), b = w.to_vector();
+    for (size_t k = 0; k < a.size(); ++k) worst = std::max(worst, std::fabs(a[k] - b[k]));
+  }
+  return worst;
+}
+
+// Rank 0 gathers the optimiser state (from every part when sharded): it must be the one
+// process's. Then every rank loads its part of the one process's state and rank 0
+// gathers again: a round trip, so exactly the same.
+void check_optimizer_state(const plan::Plan& p, const runtime::Executor& ex, nn::Sequential& model,
+                           const Reference& want) {
+  comm::Communicator& world = comm::world();
+  const config::OptimizerConfig opt = train_config().optimizer;
+  std::vector<nn::NamedTensor> got = runtime::gather_to_root(p, ex, model, world, opt, true);
+  if (world.rank() == 0) CHECK(state_difference(got, want.optimizer_state) <= kTolerance);
+  if (ex.active()) {
+    std::vector<nn::NamedTensor> mine;
+    for (const auto& [name, t] : want.optimizer_state) {
+      bool ours = name == "step";
+      for (const auto& [param, v] : ex.parameters()) ours = ours || name.rfind(param + ".", 0) == 0;
+      if (ours) mine.emplace_back(name, t);
+    }
+    ex.load_optimizer_state(mine);
+  }
+  got = runtime::gather_to_root(p, ex, model, world, opt, true);
+  if (world.rank() == 0) CHECK(state_difference(got, want.optimizer_state) == 0);
 }
 
 // With `then`, the shares (and micro-batch counts) change to its after the first step,
@@ -111,8 +169,8 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
   comm::Communicator& world = comm::world();
   REQUIRE(world.size() == 4);
   auto self = world.split(world.rank(), 0);
-  double ref_loss = 0;
-  const auto want = reference(*self, ref_loss);
+  const Reference ref = reference(*self);
+  const auto& want = ref.params;
 
   SyntheticTask task;
   nn::Sequential model = task.build_model(7);
@@ -126,12 +184,15 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
     }
     const runtime::StepResult r = ex.step(step * kBatch, 1e-2f, step == 0);
     loss += r.loss_sum;
-    if (step == 0 && ex.active()) CHECK(r.spans.size() == plan::build_1f1b(p.layout, 4)[static_cast<size_t>(world.rank())].size());
+    if (step == 0 && ex.active()) {  // one span per instruction, and one for gathering sharded weights
+      const size_t gathers = ex.rank_plan().optimizer_shard < 1 ? 1 : 0;
+      CHECK(r.spans.size() == plan::build_1f1b(p.layout, 4)[static_cast<size_t>(world.rank())].size() + gathers);
+    }
   }
   // The loss over all last stages is the one process's loss.
   std::vector<Tensor> total{Tensor::from_vector({static_cast<float>(loss)}, {1})};
   REQUIRE(world.allreduce_sum(total, mpi_test::kLong) == comm::WaitStatus::done);
-  CHECK(total[0].item() == doctest::Approx(ref_loss).epsilon(1e-5));
+  CHECK(total[0].item() == doctest::Approx(ref.loss).epsilon(1e-5));
 
   float worst = 0, moved = 0;
   for (const auto& [name, t] : ex.parameters()) {
@@ -152,6 +213,7 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
   CHECK(moved > 1e-2f);
   CHECK(worst <= kTolerance);
   MESSAGE("rank ", world.rank(), ": largest parameter difference ", worst);
+  check_optimizer_state(current, ex, model, ref);
 }
 
 }  // namespace
@@ -188,4 +250,33 @@ TEST_CASE("executor: shares that change between steps (rebalancing) still match 
               layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {4, 9, 2, 5}, {2, 1, 2, 1}));
   check_exact(layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3}),
               layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {6, 14}, {4, 2}, {3}));
+}
+
+TEST_CASE("executor: optimizer state sharded unevenly over the replicas matches one process") {
+  // Data parallel with one rank keeping no state; shares that change between steps.
+  const plan::Plan data = layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {11, 5, 3, 1}, {2, 1, 3, 1});
+  check_exact(sharded(data, 0, {0.5, 0.3, 0.2, 0}),
+              sharded(layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {4, 9, 2, 5}, {2, 1, 2, 1}), 0, {0.5, 0.3, 0.2, 0}));
+  // The hybrid with stage 0 sharded and stage 1 reduced by a hub (the norm for clipping
+  // sums parts within stage 0, then both stages).
+  plan::Plan hybrid = sharded(layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3}), 0, {0.25, 0.75});
+  hybrid.layout.reduce_owner = 1;
+  check_exact(hybrid);
+}
+
+TEST_CASE("executor: a sharded stage's whole optimizer state of the wrong shape is refused by name") {
+  comm::Communicator& world = comm::world();
+  SyntheticTask task;
+  nn::Sequential model = task.build_model(7);
+  const plan::Plan p = sharded(layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {5, 5, 5, 5}, {1, 1, 1, 1}), 0, {0.4, 0.3, 0.2, 0.1});
+  runtime::Executor ex(p, model, task, world, train_config());
+  std::vector<nn::NamedTensor> whole = optim::make_optimizer(train_config().optimizer, ex.parameters())->state();
+  const std::string name = whole[0].first;
+  whole[0].second = Tensor::zeros({3});
+  try {
+    ex.load_optimizer_state(whole);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("optimizer state '" + name + "' has shape [3]") != std::string::npos);
+  }
 }

@@ -96,6 +96,25 @@ TEST_CASE("allocator: live and peak bytes, reuse, and the cap") {
   CHECK(a.cap() == 0);
 }
 
+TEST_CASE("allocator: host staging is outside the cap and the counts") {
+  Allocator& a = cpu_backend().allocator();
+  const size_t base = a.live_bytes();
+  a.set_cap(base + 20000);
+  {
+    Tensor staged;
+    {
+      Allocator::HostStaging staging;
+      staged = Tensor::full({100000}, 2.f);  // 400 KB, far past the cap
+    }
+    CHECK(a.live_bytes() == base);
+    CHECK(staged.to_vector()[99999] == 2.f);
+    CHECK_THROWS_AS(Tensor::zeros({100000}), OutOfMemory);  // the guard has ended
+  }
+  CHECK(a.live_bytes() == base);
+  CHECK(a.cached_bytes() < 400000);  // the staged block went back, not to the cache
+  a.set_cap(0);
+}
+
 TEST_CASE("threads: explicit request, then OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS") {
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::string saved = omp ? omp : "";
