@@ -330,6 +330,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
       }
       case plan::Op::reduce_grads:
         comm = true;
+        if (reduce_) r.grads_overlapped = reduce_->added();
         reduce_grads();
         break;
       case plan::Op::optimizer_step:

@@ -45,6 +45,9 @@ struct StepResult {
   double compute_s = 0, comm_s = 0;  // this rank's time in each kind of instruction
   double optimizer_s = 0;            // the part of compute_s in OptimizerStep
   double reduce_s = 0;               // the part of comm_s in ReduceGrads
+  // Gradient tensors that joined the all-reduce during Backward, before ReduceGrads (all
+  // of the stage's on a replicated stage, since they join block by block).
+  size_t grads_overlapped = 0;
   double wall_s = 0;
   // CPU seconds of the process in the compute instructions: OptimizerStep, the rest.
   double work_cpu_s = 0, optimizer_cpu_s = 0;

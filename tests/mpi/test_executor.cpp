@@ -188,6 +188,8 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
       const size_t gathers = ex.rank_plan().optimizer_shard < 1 ? 1 : 0;
       CHECK(r.spans.size() == plan::build_1f1b(p.layout, 4)[static_cast<size_t>(world.rank())].size() + gathers);
     }
+    // A replicated stage's gradients all join the all-reduce during Backward.
+    if (ex.active()) CHECK(r.grads_overlapped == (p.layout.replicas.size() > 1 ? ex.parameters().size() : 0));
   }
   // The loss over all last stages is the one process's loss.
   std::vector<Tensor> total{Tensor::from_vector({static_cast<float>(loss)}, {1})};
