@@ -1,5 +1,7 @@
 #include "cli/planning.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <memory>
 
@@ -40,9 +42,17 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   in.strategy = cfg.parallel.strategy;
   in.config_name = cfg.name;
   in.config_hash = ht::config::plan_hash(cfg);
-  Planned out{ht::plan::make_plan(in), in.costs};
+  Planned out{ht::plan::make_plan(in), in.costs, 0, 0, std::nullopt};
   out.data_and_model_s = seconds(start, searching);
   out.search_s = seconds(searching, Clock::now());
+  const auto& ranks = out.plan.ranks;
+  if (std::any_of(ranks.begin(), ranks.end(), [](const ht::plan::RankPlan& r) { return r.replica < 0; })) {
+    in.strategy = "data";
+    try {
+      out.all_ranks = ht::plan::make_plan(in);
+    } catch (const ht::Error&) {  // nothing fits over every rank: nothing to try
+    }
+  }
   return out;
 }
 

@@ -67,15 +67,17 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
   const ht::plan::ClusterModel cluster = cluster_for(a.cluster, a.catalogue, cfg, world, true);
   std::string text;
   ht::plan::BlockCosts costs;  // rank 0's, the only rank that decides
+  std::optional<ht::plan::Plan> all_ranks;
   if (world.rank() == 0) {
     Planned planned = plan_for(cfg, cluster);
     text = ht::plan::plan_to_json(planned.plan);
     costs = std::move(planned.costs);
+    all_ranks = std::move(planned.all_ranks);
   }
   JobPlan job{ht::plan::plan_from_json(world.allgather(text)[0], "the plan from rank 0"), {}};
   if (cfg.parallel.rebalance_every > 0) {
     auto tuner = std::make_shared<ht::plan::ShareTuner>(job.plan, std::move(costs), cluster,
-                                                        cfg.parallel.strategy != "equal");
+                                                        cfg.parallel.strategy != "equal", std::move(all_ranks));
     job.rebalance = [tuner](const ht::plan::Plan& current, const std::vector<ht::plan::RankMeasure>& measured) {
       return tuner->check(current, measured);
     };

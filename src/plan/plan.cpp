@@ -18,6 +18,10 @@ std::vector<double> optimizer_shards(const Plan& plan, size_t stage) {
   return shards;
 }
 
+bool replicates_whole_model(const Plan& plan) {
+  return plan.stage_ranges.size() == 1 && optimizer_shards(plan, 0).empty();
+}
+
 std::vector<double> stage_reduce_parts(const Plan& plan, const PipelineLayout& layout, size_t stage) {
   std::vector<double> shards = optimizer_shards(plan, stage);
   return shards.empty() ? reduce_parts(layout) : shards;

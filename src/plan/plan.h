@@ -93,6 +93,10 @@ std::vector<Schedule> plan_schedules(const Plan& plan);
 // sharded (every rank keeps its whole state).
 std::vector<double> optimizer_shards(const Plan& plan, size_t stage);
 
+// One stage over the whole model on every active rank, no optimiser sharding: a plan a
+// running job can move to or from another such plan (runtime/stage_gather.h's relayout).
+bool replicates_whole_model(const Plan& plan);
+
 // The parts of stage s's ReduceGrads, one per replica: its optimiser shards when sharded
 // (each rank sums and updates the weights of its part; round 2 carries the weights), else
 // reduce_parts(layout).

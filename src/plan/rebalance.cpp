@@ -135,11 +135,19 @@ std::vector<double> measured_reduce_seconds(const Plan& plan, const std::vector<
   return out;
 }
 
-ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bool move_shares)
+ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bool move_shares,
+                       std::optional<Plan> all_ranks)
     : original_(std::move(original)),
       costs_(std::move(costs)),
       cluster_(std::move(cluster)),
-      move_shares_(move_shares) {}
+      move_shares_(move_shares) {
+  const bool idle = std::any_of(original_.ranks.begin(), original_.ranks.end(),
+                                [](const RankPlan& r) { return r.replica < 0; });
+  if (all_ranks && idle && move_shares_ && replicates_whole_model(original_) && replicates_whole_model(*all_ranks) &&
+      all_ranks->world_size == original_.world_size &&
+      all_ranks->predicted.step_seconds <= (1 + kIdleTrialMargin) * original_.predicted.step_seconds)
+    all_ranks_ = std::move(all_ranks);
+}
 
 Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>& measured) {
   const BlockCosts calibrated = calibrated_costs(current, costs_, cluster_, measured);
@@ -154,11 +162,25 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
     before_change_.reset();
     if (out.measured_step_s > (1 + kRebalanceMinGain) * step_before_change_) {
       rejected_.insert(current.layout.samples);
+      out.relayout = before->layout.replicas != current.layout.replicas;
+      if (out.relayout) original_ = std::move(*original_before_trial_);
       out.plan = std::move(*before);
       out.changed = out.reverted = true;
       settle_ = kSettleChecks;
       return out;
     }
+  }
+  if (all_ranks_) {  // the ranks left idle, with the planner's shares for them
+    Plan next = std::move(*all_ranks_);
+    all_ranks_.reset();
+    predict_plan(next, calibrated, cluster_);
+    before_change_ = out.plan;
+    step_before_change_ = out.measured_step_s;
+    original_before_trial_ = std::move(original_);
+    original_ = next;
+    out.plan = std::move(next);
+    out.changed = out.relayout = true;
+    return out;
   }
   if (settle_ > 0) {
     --settle_;

@@ -27,6 +27,11 @@ inline constexpr double kRebalanceMinGain = 0.03;
 // After undoing a change that made the step slower, this many checks pass before the
 // next change is tried: each try costs a window at the slower split.
 inline constexpr int kSettleChecks = 5;
+// Ranks the plan left idle are tried once, at the first check, when the plan over all
+// ranks was predicted at most this much slower: the quick probe behind that choice is
+// short and noisy (twice it left two CNN ranks idle on CPU quotas 0.8/0.4/0.2/0.2, and the
+// job ran 1.4-1.6x the equal split on two ranks against about 2x on all four).
+inline constexpr double kIdleTrialMargin = 0.25;
 
 // One rank's steps in a window, each figure per step (empty: nothing measured, e.g. an
 // idle rank). Medians over the steps are used: a rank under a CPU quota has steps that
@@ -72,6 +77,7 @@ struct Rebalance {
   bool reverted = false;      // back to the shares before the last change
   double current_step_s = 0;  // the simulator's step for the current plan, calibrated
   double measured_step_s = 0; // the window's, see measured_step_seconds
+  bool relayout = false;      // other ranks are active: the job moves its state to them
 };
 
 // The checks of one job. Each calibrates the costs (compute and ReduceGrads from the
@@ -81,9 +87,15 @@ struct Rebalance {
 // never tried again, and no other change follows for kSettleChecks checks: the
 // simulator cannot see everything (a rank under a CPU quota that finishes its share
 // early answers the all-reduce at once; balanced, it answers late).
+//
+// `all_ranks`, the planner's best plan over every rank when `original` leaves some idle,
+// is tried at the first check under the same rule (kept unless the measured step got
+// slower), when both replicate the whole model (replicates_whole_model) and it was
+// predicted within kIdleTrialMargin of `original`; the shares then move within it.
 class ShareTuner {
  public:
-  ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bool move_shares);
+  ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bool move_shares,
+             std::optional<Plan> all_ranks = std::nullopt);
   Rebalance check(const Plan& current, const std::vector<RankMeasure>& measured);
 
  private:
@@ -91,6 +103,8 @@ class ShareTuner {
   BlockCosts costs_;
   ClusterModel cluster_;
   bool move_shares_;
+  std::optional<Plan> all_ranks_;      // to try at the first check
+  std::optional<Plan> original_before_trial_;  // original_ while all_ranks_ is tried
   std::optional<Plan> before_change_;  // the plan the last change replaced
   double step_before_change_ = 0;      // and its measured step
   std::set<std::vector<int64_t>> rejected_;

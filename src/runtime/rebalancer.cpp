@@ -27,6 +27,14 @@ void Rebalancer::record(const StepResult& r) {
   window_.optimizer_cpu_s.push_back(r.optimizer_cpu_s);
 }
 
+namespace {
+std::vector<int> first_ranks(const plan::Plan& p) {
+  std::vector<int> ranks;
+  for (const auto& replica : p.layout.replicas) ranks.push_back(replica[0]);
+  return ranks;
+}
+}  // namespace
+
 std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t total, plan::Plan& plan) {
   if (every_ <= 0 || done % every_ != 0 || done >= total) return std::nullopt;
   std::vector<plan::RankMeasure> measured;
@@ -46,6 +54,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
     const plan::Rebalance r = decide_(plan, measured);
     json d{{"changed", r.changed},
            {"reverted", r.reverted},
+           {"relayout", r.relayout},
            {"measured_step_s", r.measured_step_s},
            {"current_step_s", r.current_step_s},
            {"predicted", {r.plan.predicted.step_seconds, r.plan.predicted.samples_per_s,
@@ -57,15 +66,11 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   Outcome out;
   out.changed = d["changed"].get<bool>();
   out.reverted = d["reverted"].get<bool>();
+  out.relayout = d["relayout"].get<bool>();
   out.measured_step_s = d["measured_step_s"].get<double>();
   out.before_predicted_step_s = d["current_step_s"].get<double>();
   out.before = plan.layout.samples;
-  if (out.changed) plan = plan::plan_from_json(d["plan"].get<std::string>(), "the rebalanced plan from rank 0");
-  plan.predicted.step_seconds = d["predicted"][0].get<double>();
-  plan.predicted.samples_per_s = d["predicted"][1].get<double>();
-  plan.predicted.bubble_fraction = d["predicted"][2].get<double>();
-  out.after = plan.layout.samples;
-  out.predicted_step_s = plan.predicted.step_seconds;
+  out.ranks_before = first_ranks(plan);
   for (size_t k = 0; k < measured.size(); ++k) {
     const plan::RankPlan& rp = plan.ranks[k];
     out.seconds_per_sample.push_back(
@@ -73,6 +78,14 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
             ? 0.0
             : median(measured[k].work_s) / static_cast<double>(out.before[static_cast<size_t>(rp.replica)]));
   }
+  if (out.relayout) out.replaced = plan;
+  if (out.changed) plan = plan::plan_from_json(d["plan"].get<std::string>(), "the rebalanced plan from rank 0");
+  plan.predicted.step_seconds = d["predicted"][0].get<double>();
+  plan.predicted.samples_per_s = d["predicted"][1].get<double>();
+  plan.predicted.bubble_fraction = d["predicted"][2].get<double>();
+  out.after = plan.layout.samples;
+  out.ranks_after = first_ranks(plan);
+  out.predicted_step_s = plan.predicted.step_seconds;
   if (out.changed) skip_next_ = true;
   return out;
 }
@@ -82,8 +95,11 @@ std::string Rebalancer::Outcome::record(int64_t step) const {
               {"step", step},
               {"changed", changed},
               {"reverted", reverted},
+              {"relayout", relayout},
               {"shares_before", before},
               {"shares", after},
+              {"ranks_before", ranks_before},
+              {"ranks", ranks_after},
               {"measured_step_s", measured_step_s},
               {"calibrated_step_s", before_predicted_step_s},
               {"predicted_step_s", predicted_step_s},
@@ -102,6 +118,17 @@ std::string Rebalancer::Outcome::line(int64_t step) const {
   };
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.2f ms", predicted_step_s * 1e3);
+  auto ranks = [](const std::vector<int>& v) {
+    std::string t;
+    for (int x : v) t += (t.empty() ? "" : ", ") + std::to_string(x);
+    return t;
+  };
+  if (relayout)
+    return "step " + std::to_string(step) + ": " +
+           (reverted ? "back to ranks " + ranks(ranks_after) + " (the measured step got slower on ranks " +
+                           ranks(ranks_before) + "): shares "
+                     : "trying the ranks left idle, training on ranks " + ranks(ranks_after) + ": shares ") +
+           shares(before) + " -> " + shares(after) + ", predicted step " + ms;
   return "step " + std::to_string(step) + ": " +
          (reverted ? "undid the last rebalancing (the measured step got slower): shares "
                    : "rebalanced the replicas' shares from measured speeds: ") +

@@ -31,8 +31,10 @@ class Rebalancer {
   void record(const StepResult& r);  // after every step
 
   struct Outcome {
-    bool changed = false, reverted = false;  // see plan::Rebalance
+    bool changed = false, reverted = false, relayout = false;  // see plan::Rebalance
     std::vector<int64_t> before, after;      // the replicas' shares
+    std::vector<int> ranks_before, ranks_after;  // the first stage's rank of each replica
+    std::optional<plan::Plan> replaced;          // with relayout: the plan the executor runs
     double predicted_step_s = 0;             // calibrated, for `after`
     double measured_step_s = 0;              // the window's, for `before`
     double before_predicted_step_s = 0;      // calibrated, for `before`
@@ -43,7 +45,7 @@ class Rebalancer {
   };
   // Collective on the steps it is due (`done` a multiple of `every`, before the last
   // step): replaces `plan` with rank 0's decision. After a change the caller reshares its
-  // executor.
+  // executor, or after a relayout moves it to the new plan's ranks (stage_gather.h).
   std::optional<Outcome> maybe_run(int64_t done, int64_t total, plan::Plan& plan);
 
  private:

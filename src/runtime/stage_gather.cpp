@@ -14,13 +14,13 @@ namespace {
 constexpr int kTagGather = 21;
 constexpr std::chrono::seconds kGatherTimeout{600};
 
-// The same list, in the same order, that the stage's rank sends: its parameters and, with
-// state, its optimiser's state() (an optimiser over the same parameters lists the same
-// names in the same order).
+// The same list, in the same order, that `src` sends: its parameters and, with state, its
+// optimiser's state() (an optimiser over the same parameters lists the same names in the
+// same order).
 void receive_all(std::vector<nn::NamedTensor>& into, comm::Communicator& world, int src) {
   for (auto& [name, t] : into) {
     const comm::WaitStatus s = world.recv(t, src, kTagGather, kGatherTimeout);
-    HT_CHECK(s == comm::WaitStatus::done, "rank 0: gathering '", name, "' from rank ", src,
+    HT_CHECK(s == comm::WaitStatus::done, "rank ", world.rank(), ": receiving '", name, "' from rank ", src,
              " timed out after ", kGatherTimeout.count(), " s");
   }
 }
@@ -98,6 +98,55 @@ void load_stage(const Checkpoint& checkpoint, const Executor& executor) {
     if (mine) state.emplace_back(rest, t);
   }
   executor.load_optimizer_state(state);
+}
+
+std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const plan::Plan& before,
+                                   const plan::Plan& after, nn::Sequential& model, Task& task,
+                                   comm::Communicator& world, const config::TrainConfig& train) {
+  HT_CHECK(plan::replicates_whole_model(before) && plan::replicates_whole_model(after) &&
+               before.world_size == after.world_size && before.blocks == after.blocks,
+           "relayout: only between data-parallel plans over the whole model without optimizer sharding, ",
+           "for the same world and model; got a ", before.strategy, " and a ", after.strategy, " plan");
+  const int me = world.rank();
+  const bool was_active = executor->active();
+  // The old optimiser's buffers outlive it: the new one takes copies.
+  const std::vector<nn::NamedTensor> kept = was_active ? executor->optimizer()->state() : std::vector<nn::NamedTensor>{};
+  executor.reset();
+  auto next = std::make_unique<Executor>(after, model, task, world, train);
+  const int source = before.layout.replicas[0][0];
+  std::vector<nn::NamedTensor> params = model.named_parameters();
+  for (const plan::RankPlan& r : after.ranks) {
+    const bool joins = r.replica >= 0 && before.ranks[static_cast<size_t>(r.rank)].replica < 0;
+    if (!joins) continue;
+    if (me == source) {
+      for (const auto& [name, t] : params) world.send(t, r.rank, kTagGather);
+      for (const auto& [name, t] : kept) world.send(t, r.rank, kTagGather);
+      std::vector<int32_t> offsets;
+      for (size_t b = 0; b < model.size(); ++b) {
+        const uint64_t o = model.block(b).random_offset();
+        offsets.push_back(static_cast<int32_t>(o & 0xffffffffu));
+        offsets.push_back(static_cast<int32_t>(o >> 32));
+      }
+      world.send(Tensor::from_ints(offsets, {static_cast<int64_t>(offsets.size())}), r.rank, kTagGather);
+    } else if (me == r.rank) {
+      receive_all(params, world, source);
+      std::vector<nn::NamedTensor> state;
+      {
+        Allocator::HostStaging staging;  // copied into the optimiser's own buffers
+        state = optim::make_optimizer(train.optimizer, params)->state();
+      }
+      receive_all(state, world, source);
+      next->load_optimizer_state(state);
+      std::vector<nn::NamedTensor> offsets{{"random offsets", Tensor::empty({2 * static_cast<int64_t>(model.size())}, DType::i32)}};
+      receive_all(offsets, world, source);
+      const std::vector<int32_t> o = offsets[0].second.to_ints();
+      for (size_t b = 0; b < model.size(); ++b)
+        model.block(b).set_random_offset(static_cast<uint32_t>(o[2 * b]) |
+                                         (static_cast<uint64_t>(static_cast<uint32_t>(o[2 * b + 1])) << 32));
+    }
+  }
+  if (was_active && next->active()) next->load_optimizer_state(kept);
+  return next;
 }
 
 }  // namespace ht::runtime

@@ -1,8 +1,10 @@
 // Moving a model split over pipeline stages to and from whole-model form: rank 0 gathers
 // replica 0's stages (for evaluation and for checkpoints that do not depend on the world
-// size), and every rank takes its own stage out of a whole-model checkpoint to resume.
+// size), and every rank takes its own stage out of a whole-model checkpoint to resume;
+// and moving a data-parallel job to another set of ranks while it trains.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -25,5 +27,14 @@ std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Execut
 // Loads this rank's parameters and optimiser state from a whole-model checkpoint
 // ("model.<name>", "optim.<name>.<slot>", "optim.step"), ignoring other stages' tensors.
 void load_stage(const Checkpoint& checkpoint, const Executor& executor);
+
+// Collective over `world`: replaces `executor` (made for `before`) with one for `after`,
+// both plan::replicates_whole_model, for the same world (some ranks may be idle in either). Ranks active in both keep their
+// optimiser state; a rank that joins takes the parameters, optimiser state and dropout
+// streams of `before`'s first replica, so every replica is bit-identical again. The last
+// step's all-reduce is drained first.
+std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const plan::Plan& before,
+                                   const plan::Plan& after, nn::Sequential& model, Task& task,
+                                   comm::Communicator& world, const config::TrainConfig& train);
 
 }  // namespace ht::runtime

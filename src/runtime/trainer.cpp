@@ -97,7 +97,7 @@ class Run {
         plan_(plan ? std::move(*plan)
                    : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
                                          static_cast<int>(cfg_.train.micro_batches))),
-        executor_(plan_, model_, *task_, world_, cfg_.train),
+        executor_(std::make_unique<Executor>(plan_, model_, *task_, world_, cfg_.train)),
         rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_),
         planned_step_s_(plan_.predicted.step_seconds),
         checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep) {
@@ -134,7 +134,7 @@ class Run {
     for (; step < total_steps_; ++step) {
       const float lr = schedule_.at(step);
       const bool trace = !opts_.timeline.empty() && step == traced;
-      StepResult r = executor_.step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
+      StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
       if (trace) write_timeline(r.spans);
       rebalancer_.record(r);
       window.loss_sum += r.loss_sum;
@@ -149,7 +149,7 @@ class Run {
       bool stop_all = false;
       if (log) {
         window.interrupted = g_interrupted;
-        if (multi()) window.checksum = executor_.parameter_checksum();
+        if (multi()) window.checksum = executor_->parameter_checksum();
         std::vector<Window> ranks;
         std::vector<std::string> checksums;
         for (const std::string& t : world_.allgather(window.to_text())) {
@@ -168,10 +168,10 @@ class Run {
         window_steps = 0;
       }
       if (auto o = rebalancer_.maybe_run(done, total_steps_, plan_)) {
-        if (o->changed) {
-          executor_.reshare();
-          step_walls.clear();  // the measured step is the current shares'
-        }
+        if (o->relayout)
+          executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train);
+        else if (o->changed) executor_->reshare();
+        if (o->changed) step_walls.clear();  // the measured step is the current shares'
         if (root_) {
           metrics->write(o->record(done));
           if (o->changed) progress.note(o->line(done));
@@ -273,7 +273,7 @@ class Run {
   // Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
   // nothing.
   std::optional<EvalResult> evaluate() {
-    if (multi()) gather_to_root(plan_, executor_, model_, world_, cfg_.train.optimizer, false);
+    if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false);
     if (!root_) return std::nullopt;
     model_.set_training(false);
     EvalResult r;
@@ -300,8 +300,8 @@ class Run {
         {"sample_position", std::to_string(stream_base_ + step * cfg_.train.batch_size)}};
     // Dropout streams live with each stage's blocks: replica 0's ranks report theirs.
     json mine = json::object();
-    if (executor_.replica() == 0)
-      for (int b = executor_.rank_plan().block_begin; b < executor_.rank_plan().block_end; ++b)
+    if (executor_->replica() == 0)
+      for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
         mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
     for (const std::string& t : world_.allgather(mine.dump())) {
       const json offsets = json::parse(t);
@@ -316,8 +316,8 @@ class Run {
   void save(int64_t step, report::Progress& progress) {
     Allocator::HostStaging staging;
     std::vector<nn::NamedTensor> state =
-        multi() ? gather_to_root(plan_, executor_, model_, world_, cfg_.train.optimizer, true)
-                : executor_.optimizer()->state();
+        multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true)
+                : executor_->optimizer()->state();
     std::map<std::string, std::string> meta = metadata(step);
     if (!root_) return;
     std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
@@ -348,7 +348,7 @@ class Run {
              " was trained with seed ", get("seed"), " but the config (or --seed) says ",
              cfg_.train.seed, "; resuming with another seed would not continue the same run");
     load_into(prefixed("model.", model_.named_parameters()), *loaded, "model.");
-    load_stage(*loaded, executor_);
+    load_stage(*loaded, *executor_);
     for (size_t i = 0; i < model_.size(); ++i) {
       std::string key = "random_offset.block." + std::to_string(i);
       model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
@@ -372,7 +372,7 @@ class Run {
   std::optional<RunDir> dir_;   // rank 0's
   nn::Sequential model_;        // whole on every rank; each trains its stage's blocks
   plan::Plan plan_;
-  Executor executor_;           // owns this rank's optimiser
+  std::unique_ptr<Executor> executor_;  // owns this rank's optimiser
   Rebalancer rebalancer_;       // moves plan_'s shares while training
   double planned_step_s_;       // the plan's prediction before any measurement
   CheckpointDir checkpoints_;

@@ -163,6 +163,37 @@ void check_optimizer_state(const plan::Plan& p, const runtime::Executor& ex, nn:
   if (world.rank() == 0) CHECK(state_difference(got, want.optimizer_state) == 0);
 }
 
+// The loss over all last stages and this rank's parameters against the one process's;
+// then the optimiser state (check_optimizer_state).
+void compare(const plan::Plan& p, const runtime::Executor& ex, nn::Sequential& model, double loss,
+             const Reference& ref) {
+  comm::Communicator& world = comm::world();
+  std::vector<Tensor> total{Tensor::from_vector({static_cast<float>(loss)}, {1})};
+  REQUIRE(world.allreduce_sum(total, mpi_test::kLong) == comm::WaitStatus::done);
+  CHECK(total[0].item() == doctest::Approx(ref.loss).epsilon(1e-5));
+
+  float worst = 0, moved = 0;
+  for (const auto& [name, t] : ex.parameters()) {
+    const std::vector<float> got = t.to_vector();
+    const std::vector<float>& want = ref.params.at(name);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+  }
+  // Training moved the parameters, so agreeing means something.
+  SyntheticTask fresh;
+  const nn::Sequential init = fresh.build_model(7);
+  for (const auto& [name, t] : init.named_parameters()) {
+    const std::vector<float> a = t.to_vector();
+    const std::vector<float>& b = ref.params.at(name);
+    for (size_t i = 0; i < a.size(); ++i) moved = std::max(moved, std::fabs(a[i] - b[i]));
+  }
+  CAPTURE(world.rank());
+  CHECK(moved > 1e-2f);
+  CHECK(worst <= kTolerance);
+  MESSAGE("rank ", world.rank(), ": largest parameter difference ", worst);
+  check_optimizer_state(p, ex, model, ref);
+}
+
 // With `then`, the shares (and micro-batch counts) change to its after the first step,
 // as rebalancing does between steps.
 void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = std::nullopt) {
@@ -170,7 +201,6 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
   REQUIRE(world.size() == 4);
   auto self = world.split(world.rank(), 0);
   const Reference ref = reference(*self);
-  const auto& want = ref.params;
 
   SyntheticTask task;
   nn::Sequential model = task.build_model(7);
@@ -191,31 +221,7 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
     // A replicated stage's gradients all join the all-reduce during Backward.
     if (ex.active()) CHECK(r.grads_overlapped == (p.layout.replicas.size() > 1 ? ex.parameters().size() : 0));
   }
-  // The loss over all last stages is the one process's loss.
-  std::vector<Tensor> total{Tensor::from_vector({static_cast<float>(loss)}, {1})};
-  REQUIRE(world.allreduce_sum(total, mpi_test::kLong) == comm::WaitStatus::done);
-  CHECK(total[0].item() == doctest::Approx(ref.loss).epsilon(1e-5));
-
-  float worst = 0, moved = 0;
-  for (const auto& [name, t] : ex.parameters()) {
-    const std::vector<float> got = t.to_vector();
-    const std::vector<float>& ref = want.at(name);
-    REQUIRE(got.size() == ref.size());
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]));
-  }
-  // Training moved the parameters, so agreeing means something.
-  SyntheticTask fresh;
-  const nn::Sequential init = fresh.build_model(7);
-  for (const auto& [name, t] : init.named_parameters()) {
-    const std::vector<float> a = t.to_vector();
-    const std::vector<float>& b = want.at(name);
-    for (size_t i = 0; i < a.size(); ++i) moved = std::max(moved, std::fabs(a[i] - b[i]));
-  }
-  CAPTURE(world.rank());
-  CHECK(moved > 1e-2f);
-  CHECK(worst <= kTolerance);
-  MESSAGE("rank ", world.rank(), ": largest parameter difference ", worst);
-  check_optimizer_state(current, ex, model, ref);
+  compare(current, ex, model, loss, ref);
 }
 
 }  // namespace
@@ -281,4 +287,35 @@ TEST_CASE("executor: a sharded stage's whole optimizer state of the wrong shape 
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("optimizer state '" + name + "' has shape [3]") != std::string::npos);
   }
+}
+
+TEST_CASE("executor: training moved to other ranks between steps (relayout) matches one process") {
+  comm::Communicator& world = comm::world();
+  auto self = world.split(world.rank(), 0);
+  const Reference ref = reference(*self);
+  // Ranks 0 and 1; then all four (2 and 3 join, taking rank 0's state); then ranks 2 and
+  // 0, rank 2 first (1 and 3 leave).
+  const std::vector<plan::Plan> plans{layout({{0}, {1}}, {{0, 4}}, {12, 8}, {1, 2}),
+                                      layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {7, 5, 4, 4}, {1, 1, 2, 1}),
+                                      layout({{2}, {0}}, {{0, 4}}, {10, 10}, {1, 1})};
+  SyntheticTask task;
+  nn::Sequential model = task.build_model(7);
+  plan::Plan current = plans[0];
+  auto ex = std::make_unique<runtime::Executor>(current, model, task, world, train_config());
+  double loss = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    if (step > 0) {
+      const plan::Plan before = current;
+      current = plans[static_cast<size_t>(step)];
+      ex = runtime::relayout(std::move(ex), before, current, model, task, world, train_config());
+    }
+    loss += ex->step(step * kBatch, 1e-2f, false).loss_sum;
+  }
+  std::vector<std::string> checksums = world.allgather(ex->parameter_checksum());
+  CHECK_NOTHROW(runtime::check_replicas_identical(current, checksums, kSteps));
+  compare(current, *ex, model, loss, ref);
+
+  plan::Plan pipeline = layout({{0, 1}}, {{0, 2}, {2, 4}}, {20}, {2});
+  CHECK_THROWS_WITH_AS(runtime::relayout(std::move(ex), current, pipeline, model, task, world, train_config()),
+                       doctest::Contains("relayout: only between data-parallel plans"), Error);
 }

@@ -3,6 +3,8 @@
 // tuner's keep / undo / settle decisions.
 #include <doctest/doctest.h>
 
+#include <optional>
+
 #include "tests/unit/error_message.h"
 #include "tests/unit/plan_fixtures.h"
 
@@ -147,4 +149,52 @@ TEST_CASE("rebalance: a move that measured faster stays; equal never moves but i
   CHECK_FALSE(e.changed);
   CHECK(e.plan.layout.samples == std::vector<int64_t>{50, 50});
   CHECK(e.plan.predicted.step_seconds == doctest::Approx(0.20).epsilon(0.05));
+}
+
+TEST_CASE("rebalance: ranks left idle are tried at the first check, kept if faster, else undone for good") {
+  // A fast rank and one at half its speed: find links slow enough that the planner leaves
+  // rank 1 idle, with the plan over both ranks predicted within the trial margin.
+  std::optional<ClusterModel> c;
+  BlockCosts k;
+  Plan idle, all;
+  for (double bandwidth = 2e8; bandwidth < 2e11 && !c; bandwidth *= 1.1) {
+    const ClusterModel candidate = cluster({2e12, 1e12}, std::vector(2, 64 * kGiB), 1e-5, bandwidth);
+    k = costs(candidate, 4, 1e6, 2e6);
+    idle = make_plan(input(candidate, k, 16));
+    all = make_plan(input(candidate, k, 16, "data"));
+    if (idle.ranks[1].replica < 0 && all.predicted.step_seconds <= (1 + kIdleTrialMargin) * idle.predicted.step_seconds)
+      c = candidate;
+  }
+  REQUIRE(c);
+  const std::vector<RankMeasure> alone{steady(9, 0.10, 0, 0.30, 0), RankMeasure{}};
+
+  ShareTuner undone(idle, k, *c, true, all);
+  const Rebalance tried = undone.check(idle, alone);
+  CHECK(tried.changed);
+  CHECK(tried.relayout);
+  CHECK_FALSE(tried.reverted);
+  CHECK(tried.plan.layout.replicas == all.layout.replicas);
+  CHECK(tried.plan.ranks[1].replica >= 0);
+  // Slower on both ranks: back to rank 0 alone, and never tried again.
+  const Rebalance back = undone.check(tried.plan, {steady(9, 0.05, 0, 0.40, 0), steady(9, 0.05, 0, 0.40, 0)});
+  CHECK(back.changed);
+  CHECK(back.relayout);
+  CHECK(back.reverted);
+  CHECK(back.plan.layout.replicas == idle.layout.replicas);
+  for (int i = 0; i < kSettleChecks + 2; ++i) CHECK_FALSE(undone.check(idle, alone).relayout);
+
+  // Faster: both ranks stay, and later checks move shares within that layout.
+  ShareTuner kept(idle, k, *c, true, all);
+  const Rebalance stays = kept.check(kept.check(idle, alone).plan, {steady(9, 0.05, 0, 0.20, 0), steady(9, 0.05, 0, 0.20, 0)});
+  CHECK_FALSE(stays.relayout);
+  CHECK_FALSE(stays.reverted);
+  CHECK(stays.plan.layout.replicas == all.layout.replicas);
+
+  // No trial beyond the margin, for `equal` (shares never move), or without idle ranks.
+  Plan far = all;
+  far.predicted.step_seconds = (1 + kIdleTrialMargin) * idle.predicted.step_seconds * 1.01;
+  CHECK_FALSE(ShareTuner(idle, k, *c, true, far).check(idle, alone).relayout);
+  CHECK_FALSE(ShareTuner(idle, k, *c, false, all).check(idle, alone).relayout);
+  const std::vector<RankMeasure> both{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.10, 0, 0.30, 0)};
+  CHECK_FALSE(ShareTuner(all, k, *c, true, all).check(all, both).relayout);
 }
