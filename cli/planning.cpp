@@ -1,7 +1,6 @@
 #include "cli/planning.h"
 
 #include <algorithm>
-
 #include <chrono>
 #include <memory>
 
@@ -25,7 +24,7 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
   return c;
 }
 
-Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster) {
+Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster, bool all_ranks) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -46,7 +45,8 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   out.data_and_model_s = seconds(start, searching);
   out.search_s = seconds(searching, Clock::now());
   const auto& ranks = out.plan.ranks;
-  if (std::any_of(ranks.begin(), ranks.end(), [](const ht::plan::RankPlan& r) { return r.replica < 0; })) {
+  if (all_ranks &&
+      std::any_of(ranks.begin(), ranks.end(), [](const ht::plan::RankPlan& r) { return r.replica < 0; })) {
     in.strategy = "data";
     try {
       out.all_ranks = ht::plan::make_plan(in);

@@ -24,12 +24,12 @@ struct Planned {
   ht::plan::Plan plan;
   ht::plan::BlockCosts costs;
   double data_and_model_s = 0, search_s = 0;
-  // When `plan` leaves ranks idle: the best data-parallel plan over every rank, for the
-  // running job to try (plan::ShareTuner); empty when none fits.
+  // With all_ranks, when `plan` leaves ranks idle: the best data-parallel plan over every
+  // rank, for the running job to try (plan::ShareTuner); empty when none fits.
   std::optional<ht::plan::Plan> all_ranks;
 };
 
 // Builds the config's model and plans it over `cluster` with parallel.strategy.
-Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster);
+Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster, bool all_ranks = false);
 
 }  // namespace hetrain_cli

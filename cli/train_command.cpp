@@ -69,7 +69,7 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
   ht::plan::BlockCosts costs;  // rank 0's, the only rank that decides
   std::optional<ht::plan::Plan> all_ranks;
   if (world.rank() == 0) {
-    Planned planned = plan_for(cfg, cluster);
+    Planned planned = plan_for(cfg, cluster, true);
     text = ht::plan::plan_to_json(planned.plan);
     costs = std::move(planned.costs);
     all_ranks = std::move(planned.all_ranks);
