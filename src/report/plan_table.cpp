@@ -214,6 +214,8 @@ std::string rank_section(const plan::Plan& plan, const std::string& title, LineO
 std::string sections(const plan::Plan& plan) {
   std::string out = rank_section(plan, "memory strategies", [](const plan::RankPlan& r) {
     if (r.memory_strategy == plan::kStrategyNone) return Row{};
+    // A reason that starts with its strategy's name (a rank sharded for another) says it.
+    if (r.memory_reason.rfind(r.memory_strategy + ":", 0) == 0) return Row{r.memory_reason};
     return Row{r.memory_strategy + ": " + r.memory_reason};
   });
   out += rank_section(plan, "slow links", [](const plan::RankPlan& r) {

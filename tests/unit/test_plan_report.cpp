@@ -104,6 +104,12 @@ TEST_CASE("plan report: format_plan shows ranks, prediction, baseline and reason
   CHECK(contains(out, "baseline does not fit:\n  rank 1 (rtx3060): needs 15.5 GiB"));
   CHECK(contains(out, "speed-up over baseline: 2.00x"));
   CHECK(contains(out, "rank 1: recompute: needs 13.5 GiB of 12.0 GiB; recompute saves"));
+  // A reason that starts with its strategy does not repeat it.
+  Plan sharded = sample_plan();
+  sharded.ranks[2].memory_strategy = kStrategySharding;
+  sharded.ranks[2].memory_reason = "optimizer sharding: keeps 40.0% of stage 0's optimizer state, sharded for rank 3";
+  CHECK(contains(report::format_plan(sharded), "rank 2: optimizer sharding: keeps 40.0%"));
+  CHECK_FALSE(contains(report::format_plan(sharded), "optimizer sharding: optimizer sharding"));
   CHECK(contains(out, "rank 0: 1 Gb/s to every other rank"));
   CHECK(contains(out, "  - rank 0 takes half of every batch"));
   CHECK(contains(out, "candidates evaluated: 12"));
