@@ -1,6 +1,5 @@
 #include "cli/planning.h"
 
-#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -44,9 +43,7 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   Planned out{ht::plan::make_plan(in), in.costs, 0, 0, std::nullopt};
   out.data_and_model_s = seconds(start, searching);
   out.search_s = seconds(searching, Clock::now());
-  const auto& ranks = out.plan.ranks;
-  if (all_ranks &&
-      std::any_of(ranks.begin(), ranks.end(), [](const ht::plan::RankPlan& r) { return r.replica < 0; })) {
+  if (all_ranks && ht::plan::has_idle_ranks(out.plan)) {
     in.strategy = "data";
     try {
       out.all_ranks = ht::plan::make_plan(in);

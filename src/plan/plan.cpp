@@ -1,9 +1,15 @@
 #include "plan/plan.h"
 
+#include <algorithm>
+
 namespace ht::plan {
 
 std::vector<Schedule> plan_schedules(const Plan& plan) {
   return build_1f1b(plan.layout, plan.world_size);
+}
+
+bool has_idle_ranks(const Plan& plan) {
+  return std::any_of(plan.ranks.begin(), plan.ranks.end(), [](const RankPlan& r) { return r.replica < 0; });
 }
 
 std::vector<double> optimizer_shards(const Plan& plan, size_t stage) {

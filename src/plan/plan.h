@@ -89,6 +89,9 @@ struct Plan {
 // Every rank's instruction list for one step: build_1f1b over the plan's layout.
 std::vector<Schedule> plan_schedules(const Plan& plan);
 
+// Whether the plan leaves any rank idle (in no replica).
+bool has_idle_ranks(const Plan& plan);
+
 // The optimiser shards of stage s's ranks, in replica order; empty when the stage is not
 // sharded (every rank keeps its whole state).
 std::vector<double> optimizer_shards(const Plan& plan, size_t stage);

@@ -260,17 +260,11 @@ std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sor
   return out;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  return out;
-}
-
 std::string idle_ranks(const Plan& p) {
-  std::vector<int> idle;
+  std::vector<int64_t> idle;
   for (const RankPlan& r : p.ranks)
     if (r.replica < 0) idle.push_back(r.rank);
-  return rank_list(idle);
+  return report::join(idle);
 }
 
 // The pipeline orders tried for S groups of the speed order.
@@ -433,7 +427,8 @@ Plan make_plan(const PlannerInput& in) {
   plan.notes.push_back(work_note(plan, in.costs));
   if (plan.layout.reduce_owner >= 0) {
     const ReduceChoice r = cheapest_reduce_owner(plan, in.costs, in.cluster);
-    const std::string hub = rank_list(plan.layout.replicas[static_cast<size_t>(plan.layout.reduce_owner)]);
+    const auto& owners = plan.layout.replicas[static_cast<size_t>(plan.layout.reduce_owner)];
+    const std::string hub = report::join({owners.begin(), owners.end()});
     const bool one = plan.layout.replicas[0].size() == 1;
     plan.notes.push_back("gradients are summed on " + (one ? "rank " + hub : "ranks " + hub + " (one per stage)") +
                          " alone: predicted ReduceGrads " +

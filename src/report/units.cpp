@@ -28,4 +28,10 @@ std::string format_seconds(double s) {
   return number("%.2f s", s);
 }
 
+std::string join(const std::vector<int64_t>& items, const std::string& separator) {
+  std::string out;
+  for (int64_t x : items) out += (out.empty() ? "" : separator) + std::to_string(x);
+  return out;
+}
+
 }  // namespace ht::report

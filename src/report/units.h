@@ -2,7 +2,9 @@
 // pictures.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ht::report {
 
@@ -14,5 +16,8 @@ std::string format_bytes(double bytes);
 
 // "12.3 µs", "4.56 ms", "1.23 s".
 std::string format_seconds(double seconds);
+
+// Numbers joined for people: "0, 2, 3" (ranks), or with "/" "64/32/16/16" (shares).
+std::string join(const std::vector<int64_t>& items, const std::string& separator = ", ");
 
 }  // namespace ht::report

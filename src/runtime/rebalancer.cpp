@@ -6,6 +6,7 @@
 
 #include "core/stats.h"
 #include "plan/plan_json.h"
+#include "report/units.h"
 
 namespace ht::runtime {
 
@@ -28,8 +29,8 @@ void Rebalancer::record(const StepResult& r) {
 }
 
 namespace {
-std::vector<int> first_ranks(const plan::Plan& p) {
-  std::vector<int> ranks;
+std::vector<int64_t> first_ranks(const plan::Plan& p) {
+  std::vector<int64_t> ranks;
   for (const auto& replica : p.layout.replicas) ranks.push_back(replica[0]);
   return ranks;
 }
@@ -108,31 +109,17 @@ std::string Rebalancer::Outcome::record(int64_t step) const {
 }
 
 std::string Rebalancer::Outcome::line(int64_t step) const {
-  auto shares = [](const std::vector<int64_t>& v) {
-    std::string t;
-    for (int64_t x : v) {
-      if (!t.empty()) t += '/';
-      t += std::to_string(x);
-    }
-    return t;
-  };
+  using report::join;
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.2f ms", predicted_step_s * 1e3);
-  auto ranks = [](const std::vector<int>& v) {
-    std::string t;
-    for (int x : v) t += (t.empty() ? "" : ", ") + std::to_string(x);
-    return t;
-  };
-  if (relayout)
-    return "step " + std::to_string(step) + ": " +
-           (reverted ? "back to ranks " + ranks(ranks_after) + " (the measured step got slower on ranks " +
-                           ranks(ranks_before) + "): shares "
-                     : "trying the ranks left idle, training on ranks " + ranks(ranks_after) + ": shares ") +
-           shares(before) + " -> " + shares(after) + ", predicted step " + ms;
-  return "step " + std::to_string(step) + ": " +
-         (reverted ? "undid the last rebalancing (the measured step got slower): shares "
-                   : "rebalanced the replicas' shares from measured speeds: ") +
-         shares(before) + " -> " + shares(after) + ", predicted step " + ms;
+  const std::string what =
+      relayout ? (reverted ? "back to ranks " + join(ranks_after) + " (the measured step got slower on ranks " +
+                                 join(ranks_before) + "): shares "
+                           : "trying the ranks left idle, training on ranks " + join(ranks_after) + ": shares ")
+               : (reverted ? "undid the last rebalancing (the measured step got slower): shares "
+                           : "rebalanced the replicas' shares from measured speeds: ");
+  return "step " + std::to_string(step) + ": " + what + join(before, "/") + " -> " + join(after, "/") +
+         ", predicted step " + ms;
 }
 
 }  // namespace ht::runtime

@@ -33,7 +33,7 @@ class Rebalancer {
   struct Outcome {
     bool changed = false, reverted = false, relayout = false;  // see plan::Rebalance
     std::vector<int64_t> before, after;      // the replicas' shares
-    std::vector<int> ranks_before, ranks_after;  // the first stage's rank of each replica
+    std::vector<int64_t> ranks_before, ranks_after;  // the first stage's rank of each replica
     std::optional<plan::Plan> replaced;          // with relayout: the plan the executor runs
     double predicted_step_s = 0;             // calibrated, for `after`
     double measured_step_s = 0;              // the window's, for `before`
