@@ -251,7 +251,11 @@ def test_change():
           f"{res[1]['cpu2']:.2f}", flush=True)
     check(r1 < 0.6, f"rank 1 second/first half count = {r1:.2f} < 0.6 after its quota drop")
     check(c1 < 0.6, f"rank 1 second/first half CPU time = {c1:.2f} < 0.6")
-    check(r0 > 0.75, f"rank 0 (unchanged) second/first half count = {r0:.2f} > 0.75")
+    # The unchanged rank keeps its CPU time; its count also moves with whatever else the
+    # host runs meanwhile (meson runs the suites in parallel): 0.68 was seen at 0.75/0.75 s.
+    c0 = res[0]["cpu2"] / res[0]["cpu1"]
+    check(c0 > 0.9, f"rank 0 (unchanged) second/first half CPU time = {c0:.2f} > 0.9 "
+          f"(count ratio {r0:.2f})")
 
 
 def test_exit_status():
