@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace ht::plan {
 
 std::vector<Schedule> plan_schedules(const Plan& plan) {
@@ -26,6 +28,23 @@ std::vector<double> optimizer_shards(const Plan& plan, size_t stage) {
 
 bool replicates_whole_model(const Plan& plan) {
   return plan.stage_ranges.size() == 1 && optimizer_shards(plan, 0).empty();
+}
+
+bool hub_steps_optimizer(const Plan& plan) {
+  const int hub = plan.layout.reduce_owner;
+  if (hub < 0) return false;
+  for (size_t r = 0; r < plan.layout.replicas.size(); ++r)
+    for (int rank : plan.layout.replicas[r])
+      if (plan.ranks[static_cast<size_t>(rank)].optimizer_shard != (static_cast<int>(r) == hub ? 1 : 0)) return false;
+  return true;
+}
+
+void set_hub_steps_optimizer(Plan& plan, bool on) {
+  const int hub = plan.layout.reduce_owner;
+  HT_CHECK(!on || hub >= 0, "set_hub_steps_optimizer: the plan has no hub (reduce_owner ", hub, ")");
+  for (size_t r = 0; r < plan.layout.replicas.size(); ++r)
+    for (int rank : plan.layout.replicas[r])
+      plan.ranks[static_cast<size_t>(rank)].optimizer_shard = !on || static_cast<int>(r) == hub ? 1 : 0;
 }
 
 std::vector<double> stage_reduce_parts(const Plan& plan, const PipelineLayout& layout, size_t stage) {

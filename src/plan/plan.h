@@ -100,6 +100,14 @@ std::vector<double> optimizer_shards(const Plan& plan, size_t stage);
 // running job can move to or from another such plan (runtime/stage_gather.h's relayout).
 bool replicates_whole_model(const Plan& plan);
 
+// Whether the hub (layout.reduce_owner) also steps the optimiser: in every stage the
+// hub's rank keeps the whole optimiser state and the other replicas' ranks keep none.
+bool hub_steps_optimizer(const Plan& plan);
+
+// Makes the hub step the optimiser (`on`) or every rank step its own (every shard 1).
+// The plan must have a hub when `on`. Memory figures are the caller's to update.
+void set_hub_steps_optimizer(Plan& plan, bool on);
+
 // The parts of stage s's ReduceGrads, one per replica: its optimiser shards when sharded
 // (each rank sums and updates the weights of its part; round 2 carries the weights), else
 // reduce_parts(layout).

@@ -226,6 +226,20 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
   }
   p.layout.reduce_owner = cheapest_reduce_owner(p, in.costs, in.cluster).owner;
   c.estimate = finish(p, in.costs, in.cluster, false);
+  // The hub holds every sum, so it can step the optimiser for all and send the weights
+  // instead (the same traffic): the others skip the step and keep no state. A slow
+  // rank's step then costs it nothing, and the hub's memory does not change.
+  const bool unsharded = std::all_of(p.ranks.begin(), p.ranks.end(), [](const RankPlan& r) { return r.optimizer_shard == 1; });
+  if (in.hub_may_step_optimizer && p.layout.reduce_owner >= 0 && unsharded &&
+      c.used == static_cast<int>(in.cluster.ranks.size())) {
+    Plan h = p;
+    set_hub_steps_optimizer(h, true);
+    for (RankPlan& rp : h.ranks) rp.memory = rank_memory(h, in.costs, rp);
+    if (const double e = finish(h, in.costs, in.cluster, false); e < c.estimate) {
+      c.estimate = e;
+      p = std::move(h);
+    }
+  }
   c.plan = std::move(p);
   return c;
 }
@@ -426,7 +440,9 @@ Plan make_plan(const PlannerInput& in) {
   mark_slow_links(plan, in.cluster);
   plan.notes.push_back(work_note(plan, in.costs));
   if (plan.layout.reduce_owner >= 0) {
-    const ReduceChoice r = cheapest_reduce_owner(plan, in.costs, in.cluster);
+    Plan every = plan;  // every rank stepping its own optimiser: the hub's choice was made so
+    set_hub_steps_optimizer(every, false);
+    const ReduceChoice r = cheapest_reduce_owner(every, in.costs, in.cluster);
     const auto& owners = plan.layout.replicas[static_cast<size_t>(plan.layout.reduce_owner)];
     const std::string hub = report::join({owners.begin(), owners.end()});
     const bool one = plan.layout.replicas[0].size() == 1;
@@ -434,6 +450,15 @@ Plan make_plan(const PlannerInput& in) {
                          " alone: predicted ReduceGrads " +
                          format_seconds(r.hub_seconds) + " against " + format_seconds(r.by_share_seconds) +
                          " with parts by share (every owner must wake to sum its part)");
+    if (hub_steps_optimizer(plan)) {
+      for (RankPlan& rp : every.ranks) rp.memory = rank_memory(every, in.costs, rp);
+      finish(every, in.costs, in.cluster, true);
+      plan.notes.push_back("the optimizer steps on " + (one ? "rank " + hub : "ranks " + hub) +
+                           " alone, which hold the summed gradients; the other ranks keep no optimizer state and "
+                           "receive the updated weights: predicted step " +
+                           format_seconds(plan.predicted.step_seconds) + " against " +
+                           format_seconds(every.predicted.step_seconds) + " with every rank stepping its own");
+    }
   }
   if (chosen->used < world && best_using.count(world))
     plan.notes.push_back("ranks " + idle_ranks(plan) + " left idle: the best plan over all " +

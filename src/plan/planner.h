@@ -14,6 +14,10 @@
 //  - memory: every rank that does not hold its share gets, in this order and only as far
 //    as needed, recomputation, more micro-batches for its replica, then optimiser-state
 //    sharding over its stage's group in proportion to free memory (plan/stage_memory.h);
+//  - a hub: when one replica summing all gradients is predicted cheaper than parts by
+//    share, and the plan uses every rank, the hub may also step the optimiser for all
+//    (it holds the sums; the others keep no optimiser state and receive the weights),
+//    taken when predicted faster: a slow rank's step then costs it nothing;
 //  - time: a closed-form estimate ranks all candidates, the best few are simulated on
 //    their real schedules and the fastest simulated one wins.
 // Device classes keep the search small on big clusters: the candidates depend on S and
@@ -37,6 +41,10 @@ struct PlannerInput {
   int64_t global_batch = 0;
   int min_micro_batches = 1;      // train.micro_batches: the least accumulation asked for
   std::string strategy = "auto";  // auto | data | pipeline | equal (parallel.strategy)
+  // Whether a plan that uses every rank and sums on a hub may let the hub step the
+  // optimiser for all (see build in planner.cpp). Off for the all-ranks plan of the
+  // idle-rank trial: a running job moves only replicas that each step their own.
+  bool hub_may_step_optimizer = true;
   std::string config_name, config_hash;
 };
 

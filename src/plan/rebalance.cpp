@@ -77,7 +77,10 @@ BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs, const Clu
       for (double& s : out.seconds_per_sample[k]) s *= work / modelled;
       for (double& s : out.call_seconds[k]) s *= work / modelled;
     }
-    const double step = sustained(m.optimizer_s, m.optimizer_cpu_s, d);
+    // A sharded rank steps its part of the state: what it measured says nothing of a
+    // rank that keeps none.
+    if (rp.optimizer_shard <= 0) continue;
+    const double step = sustained(m.optimizer_s, m.optimizer_cpu_s, d) / rp.optimizer_shard;
     const double modelled_step = sum(costs.step_seconds[k], rp.block_begin, rp.block_end);
     const double params = sum(costs.params, rp.block_begin, rp.block_end);
     for (int b = rp.block_begin; b < rp.block_end; ++b) {

@@ -294,7 +294,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     bool comm = false;
-    double gathered = 0;  // seconds of a sharded OptimizerStep spent gathering weights
+    double gathered = 0, gathered_cpu = 0;  // of a sharded OptimizerStep, gathering the weights
     auto wait = [&](comm::WaitStatus s) {
       HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ", plan::op_name(in.op),
                " of micro-batch ", in.micro_batch, " from rank ", in.peer, " timed out after ",
@@ -335,12 +335,17 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         break;
       case plan::Op::optimizer_step:
         optimizer_step(lr);
-        if (!shards_.empty()) gathered = gather_weights();
+        if (!shards_.empty()) {
+          const double c0 = process_cpu_seconds();
+          gathered = gather_weights();
+          gathered_cpu = process_cpu_seconds() - c0;
+        }
         break;
     }
     const double dt = since(t0) - gathered;
     (comm ? r.comm_s : r.compute_s) += dt;
-    if (!comm) (in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += process_cpu_seconds() - cpu0;
+    if (!comm)
+      (in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += process_cpu_seconds() - cpu0 - gathered_cpu;
     if (in.op == plan::Op::optimizer_step) r.optimizer_s += dt;
     if (in.op == plan::Op::reduce_grads) r.reduce_s += dt;
     r.comm_s += gathered;

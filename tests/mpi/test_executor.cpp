@@ -215,7 +215,7 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
     const runtime::StepResult r = ex.step(step * kBatch, 1e-2f, step == 0);
     loss += r.loss_sum;
     if (step == 0 && ex.active()) {  // one span per instruction, and one for gathering sharded weights
-      const size_t gathers = ex.rank_plan().optimizer_shard < 1 ? 1 : 0;
+      const size_t gathers = plan::optimizer_shards(p, static_cast<size_t>(ex.rank_plan().stage)).empty() ? 0 : 1;
       CHECK(r.spans.size() == plan::build_1f1b(p.layout, 4)[static_cast<size_t>(world.rank())].size() + gathers);
     }
     // A replicated stage's gradients all join the all-reduce during Backward.
@@ -270,6 +270,17 @@ TEST_CASE("executor: optimizer state sharded unevenly over the replicas matches 
   plan::Plan hybrid = sharded(layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3}), 0, {0.25, 0.75});
   hybrid.layout.reduce_owner = 1;
   check_exact(hybrid);
+  // The hub steps the optimizer for all (the planner's choice under CPU quotas): in every
+  // stage the hub's rank keeps the whole state, the others none.
+  plan::Plan hub = data;
+  hub.layout.reduce_owner = 0;
+  plan::set_hub_steps_optimizer(hub, true);
+  REQUIRE(plan::hub_steps_optimizer(hub));
+  check_exact(hub);
+  plan::Plan hub_hybrid = layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3});
+  hub_hybrid.layout.reduce_owner = 1;
+  plan::set_hub_steps_optimizer(hub_hybrid, true);
+  check_exact(hub_hybrid);
 }
 
 TEST_CASE("executor: a sharded stage's whole optimizer state of the wrong shape is refused by name") {

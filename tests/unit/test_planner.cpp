@@ -454,9 +454,64 @@ TEST_CASE("plan costs: a hub owns the reduction where waking slow owners costs m
   CHECK(std::any_of(p.notes.begin(), p.notes.end(), [](const std::string& n) {
     return contains(n, "gradients are summed on rank 0 alone: predicted ReduceGrads");
   }));
+  // The optimiser steps cost nothing in this model: every rank steps its own.
+  CHECK(!hub_steps_optimizer(p));
   // ... unless the hub cannot hold the other three replicas' gradients.
   p.ranks[static_cast<size_t>(p.layout.replicas[p.layout.reduce_owner][0])].device.memory_bytes =
       p.ranks[static_cast<size_t>(p.layout.replicas[p.layout.reduce_owner][0])].memory.total() + 1e5;
   CHECK(cheapest_reduce_owner(p, k, in.cluster).owner == -1);
   CHECK(cheapest_reduce_owner(p, k, in.cluster).hub_seconds == 0);
+}
+
+TEST_CASE("planner: the hub steps the optimizer for all when the others' steps are slower") {
+  // The hub case above, with optimiser steps that take a rank under quota q 1 ms / q.
+  ClusterModel c = cluster({4e12, 2e12, 1e12, 1e12}, std::vector(4, 64 * kGiB), 1e-5, 5e9);
+  BlockCosts k = costs(c, 4);
+  const std::vector<double> quota{0.8, 0.4, 0.2, 0.2};
+  for (size_t r = 0; r < 4; ++r) {
+    c.ranks[r].cpu_quota = quota[r];
+    c.ranks[r].cpu_quota_period_s = 0.01;
+    k.step_seconds[r].assign(4, 0.25e-3 / quota[r]);
+  }
+  for (size_t b = 0; b < 4; ++b) {
+    k.params[b] = 25000;
+    k.state_bytes[b] = 25000 * 16;
+  }
+  PlannerInput in = input(c, k, 128, "data");
+  const Plan p = make_plan(in);
+  REQUIRE(p.layout.reduce_owner >= 0);
+  CHECK(hub_steps_optimizer(p));
+  check_fits_and_agrees(p, in);
+  for (size_t r = 0; r < p.layout.replicas.size(); ++r) {
+    const RankPlan& rp = p.ranks[static_cast<size_t>(p.layout.replicas[r][0])];
+    CAPTURE(r);
+    CHECK(rp.optimizer_shard == (static_cast<int>(r) == p.layout.reduce_owner ? 1 : 0));
+    CHECK((rp.memory.optimizer > 0) == (static_cast<int>(r) == p.layout.reduce_owner));
+  }
+  CHECK(stage_reduce_parts(p, p.layout, 0) == reduce_parts(p.layout));  // the hub's traffic
+  const auto note = std::find_if(p.notes.begin(), p.notes.end(), [](const std::string& n) {
+    return contains(n, "the optimizer steps on rank 0 alone");
+  });
+  REQUIRE(note != p.notes.end());
+  CHECK(contains(*note, "with every rank stepping its own"));
+  // Its prediction against every rank stepping: the slowest step (1.25 ms a block) leaves
+  // the critical path for the hub's (0.31 ms).
+  Plan every = p;
+  set_hub_steps_optimizer(every, false);
+  predict_plan(every, k, c);
+  CHECK(p.predicted.step_seconds < every.predicted.step_seconds - 3e-3);
+  // A plan file says so in its shards and reads back the same.
+  CHECK(hub_steps_optimizer(plan_from_json(plan_to_json(p), "hub.json")));
+
+  // Not for the equal baseline (every rank steps, as DDP does), not where the all-ranks
+  // plan of the idle-rank trial is made, and not without a hub.
+  CHECK(!hub_steps_optimizer(make_plan(input(c, k, 128, "equal"))));
+  in.hub_may_step_optimizer = false;
+  CHECK(!hub_steps_optimizer(make_plan(in)));
+  in.hub_may_step_optimizer = true;
+  in.cluster = cluster({4e12, 2e12, 1e12, 1e12}, std::vector(4, 64 * kGiB), 1e-5, 5e9);  // no quotas
+  CHECK(make_plan(in).layout.reduce_owner == -1);
+  CHECK(!hub_steps_optimizer(make_plan(in)));
+  CHECK(error_of([&] { set_hub_steps_optimizer(every = make_plan(in), true); }).find("the plan has no hub") !=
+        std::string::npos);
 }

@@ -91,6 +91,26 @@ TEST_CASE("rebalance: a rank under a CPU quota is charged its CPU time over the 
             .find("a cluster of 1 ranks for a plan of 2") != std::string::npos);
 }
 
+TEST_CASE("rebalance: a sharded rank's measured step is its part's; a rank keeping no state tells nothing") {
+  TwoEqual t;
+  // Rank 0 steps a quarter of the state in 1 ms: the whole state would take 4 ms.
+  t.plan.ranks[0].optimizer_shard = 0.25;
+  t.plan.ranks[1].optimizer_shard = 0.75;
+  std::vector<RankMeasure> m{steady(5, 0.15, 1e-3, 0.4, 0.05), steady(5, 0.15, 3e-3, 0.4, 0.05)};
+  BlockCosts k = calibrated_costs(t.plan, t.in.costs, t.c, m);
+  CHECK(k.step_seconds[0][0] + k.step_seconds[0][1] == doctest::Approx(4e-3));
+  CHECK(k.step_seconds[1][0] + k.step_seconds[1][1] == doctest::Approx(4e-3));
+  // The hub steps for both: rank 1's near-zero step keeps the model's figure.
+  t.plan.ranks[0].optimizer_shard = 1;
+  t.plan.ranks[1].optimizer_shard = 0;
+  m[1].optimizer_s.assign(5, 1e-5);
+  BlockCosts model = t.in.costs;
+  model.step_seconds[1] = {2e-3, 2e-3};
+  k = calibrated_costs(t.plan, model, t.c, m);
+  CHECK(k.step_seconds[0][0] + k.step_seconds[0][1] == doctest::Approx(1e-3));
+  CHECK(k.step_seconds[1] == std::vector<double>{2e-3, 2e-3});
+}
+
 TEST_CASE("rebalance: the re-split follows measured speed within each replica's memory") {
   TwoEqual t;
   const std::vector<RankMeasure> m{steady(5, 0.10, 0, 0.3, 0), steady(5, 0.20, 0, 0.3, 0)};
