@@ -20,6 +20,9 @@ void check_replicas(const char* op, const std::vector<ReplicaCapacity>& replicas
     const double s = replicas[i].samples_per_s;
     HT_CHECK(std::isfinite(s) && s > 0, op, ": replica ", i, " has speed ", s,
              " samples/s; expected a positive, finite throughput");
+    const double f = replicas[i].fixed_seconds;
+    HT_CHECK(std::isfinite(f) && f >= 0, op, ": replica ", i, " has fixed_seconds ", f,
+             "; expected a finite number of seconds >= 0");
     const int64_t c = replicas[i].max_samples;
     HT_CHECK(c == kUnlimited || c >= 1, op, ": replica ", i, " has max_samples ", c,
              "; expected -1 (unlimited) or at least 1");
@@ -69,7 +72,7 @@ std::vector<int64_t> split_batch(int64_t global_batch,
   auto filled = [&](double level) {
     double sum = 0;
     for (size_t i = 0; i < replicas.size(); ++i)
-      sum += std::clamp(level * replicas[i].samples_per_s, 1.0, cap[i]);
+      sum += std::clamp((level - replicas[i].fixed_seconds) * replicas[i].samples_per_s, 1.0, cap[i]);
     return sum;
   };
 
@@ -78,7 +81,7 @@ std::vector<int64_t> split_batch(int64_t global_batch,
   // which is what makes the greedy completion optimal.
   double lo = 0, hi = 0;
   for (size_t i = 0; i < replicas.size(); ++i)
-    hi = std::max(hi, cap[i] / replicas[i].samples_per_s);
+    hi = std::max(hi, replicas[i].fixed_seconds + cap[i] / replicas[i].samples_per_s);
   const auto target = static_cast<double>(global_batch);
   for (int it = 0; it < 200 && lo < hi; ++it) {
     const double mid = lo + (hi - lo) / 2;
@@ -89,7 +92,7 @@ std::vector<int64_t> split_batch(int64_t global_batch,
   std::vector<int64_t> shares(replicas.size());
   int64_t assigned = 0;
   for (size_t i = 0; i < replicas.size(); ++i) {
-    const double x = std::clamp(lo * replicas[i].samples_per_s, 1.0, cap[i]);
+    const double x = std::clamp((lo - replicas[i].fixed_seconds) * replicas[i].samples_per_s, 1.0, cap[i]);
     shares[i] = static_cast<int64_t>(std::floor(x));
     assigned += shares[i];
   }
@@ -100,7 +103,7 @@ std::vector<int64_t> split_batch(int64_t global_batch,
   std::priority_queue<Item, std::vector<Item>, std::greater<>> next;
   auto push = [&](size_t i) {
     if (static_cast<double>(shares[i]) < cap[i])
-      next.emplace(static_cast<double>(shares[i] + 1) / replicas[i].samples_per_s, i);
+      next.emplace(replicas[i].fixed_seconds + static_cast<double>(shares[i] + 1) / replicas[i].samples_per_s, i);
   };
   for (size_t i = 0; i < replicas.size(); ++i) push(i);
   for (; assigned < global_batch; ++assigned) {
@@ -121,7 +124,7 @@ double predicted_step_seconds(const std::vector<int64_t>& shares,
            " shares for ", replicas.size(), " replicas; expected one share per replica");
   double worst = 0;
   for (size_t i = 0; i < shares.size(); ++i)
-    worst = std::max(worst, static_cast<double>(shares[i]) / replicas[i].samples_per_s);
+    worst = std::max(worst, replicas[i].fixed_seconds + static_cast<double>(shares[i]) / replicas[i].samples_per_s);
   return worst;
 }
 

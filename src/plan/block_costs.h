@@ -51,7 +51,15 @@ struct BlockCosts {
                                          // recomputation keeps of it)
   std::vector<double> output_bytes;      // [block] per sample: what it hands to the next
   std::vector<std::string> source;       // [rank] "measured profile" or "FLOPs / rate"
+  // [rank] what a step costs the rank besides its blocks: the CPU its communication takes
+  // from its quota (measured while training, see calibrated_costs; empty or 0 before).
+  std::vector<double> comm_overhead_seconds;
 };
+
+// costs.comm_overhead_seconds[rank], 0 where not measured.
+inline double comm_overhead_seconds(const BlockCosts& costs, size_t rank) {
+  return rank < costs.comm_overhead_seconds.size() ? costs.comm_overhead_seconds[rank] : 0;
+}
 
 // Optimiser state bytes per parameter: AdamW 8 (two fp32 moments), SGD with momentum 4
 // (one buffer), SGD without 0. An unknown type is an ht::Error.

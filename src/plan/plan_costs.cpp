@@ -93,6 +93,7 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
   t.pass_overhead_seconds.assign(n, 0);
   t.load_seconds_per_sample.assign(n, 0);
   t.optimizer_step_seconds.assign(n, 0);
+  t.comm_overhead_seconds.assign(n, 0);
   t.activation_bytes.assign(n, 0);
   t.checkpoint_bytes.assign(n, 0);
   for (size_t r = 0; r < n; ++r) {
@@ -114,6 +115,7 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
     t.optimizer_step_seconds[r] =
         rp.optimizer_shard *
         std::accumulate(step.begin() + rp.block_begin, step.begin() + rp.block_end, 0.0);
+    t.comm_overhead_seconds[r] = comm_overhead_seconds(costs, r);
     const auto mb = static_cast<double>(rp.micro_batch_size);
     t.activation_bytes[r] = mb * f.activation_bytes;
     t.checkpoint_bytes[r] = mb * f.checkpoint_bytes;
@@ -138,7 +140,9 @@ CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable>
     const double work = samples * table->stage_seconds_per_sample[r];
     switch (in.op) {
       case Op::load_micro_batch: return samples * table->load_seconds_per_sample[r];
-      case Op::forward:
+      case Op::forward:  // a step's communication overhead delays its first work
+        return kForwardFraction * work + table->pass_overhead_seconds[r] +
+               (in.micro_batch == 0 ? table->comm_overhead_seconds[r] : 0);
       case Op::recompute: return kForwardFraction * work + table->pass_overhead_seconds[r];
       case Op::backward: return (1 - kForwardFraction) * work + table->pass_overhead_seconds[r];
       default: fail("plan cost model: ", op_name(in.op), " is not compute");
@@ -164,9 +168,10 @@ double estimate_step_seconds(const Plan& plan, const PlanCostTable& t, const Clu
   for (size_t r = 0; r < l.replicas.size(); ++r) {
     const auto& ranks = l.replicas[r];
     const double mb = static_cast<double>(l.samples[r]) / l.micro_batches[r];
-    double first = 0, pace = 0;
+    double first = 0, pace = 0, overhead = 0;
     for (size_t s = 0; s < ranks.size(); ++s) {
       const auto k = static_cast<size_t>(ranks[s]);
+      overhead = std::max(overhead, t.comm_overhead_seconds[k]);
       const bool recompute = plan.ranks[k].recompute;
       const double compute = mb * t.stage_seconds_per_sample[k] * (1 + (recompute ? kForwardFraction : 0)) +
                              2 * t.pass_overhead_seconds[k];
@@ -180,7 +185,7 @@ double estimate_step_seconds(const Plan& plan, const PlanCostTable& t, const Clu
                                    : 0;
       pace = std::max(pace, compute + comm + in_comm);
     }
-    slowest_replica = std::max(slowest_replica, first + (l.micro_batches[r] - 1) * pace);
+    slowest_replica = std::max(slowest_replica, overhead + first + (l.micro_batches[r] - 1) * pace);
   }
   const double reduce = t.reduce_seconds.empty() ? 0 : *std::max_element(t.reduce_seconds.begin(), t.reduce_seconds.end());
   const double step = t.optimizer_step_seconds.empty() ? 0 : *std::max_element(t.optimizer_step_seconds.begin(), t.optimizer_step_seconds.end());

@@ -54,6 +54,7 @@ struct PlanCostTable {
                                                  // (half the stage's call_seconds)
   std::vector<double> load_seconds_per_sample;   // [rank]
   std::vector<double> optimizer_step_seconds;    // [rank]
+  std::vector<double> comm_overhead_seconds;     // [rank] charged to its first Forward
   std::vector<double> reduce_seconds;            // [stage]
   std::vector<double> activation_bytes;          // [rank] per micro-batch (largest)
   std::vector<double> checkpoint_bytes;          // [rank] per micro-batch (largest)
@@ -64,9 +65,9 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
 CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable> table,
                           const ClusterModel& cluster);
 
-// Closed-form step estimate: per replica, micro-batch 0 crosses every stage and back, then
-// the slowest stage (with its transfers) paces the other M - 1; plus the slowest
-// reduction and optimiser step. Used only to rank candidate layouts.
+// Closed-form step estimate: per replica, its largest communication overhead, then
+// micro-batch 0 crosses every stage and back, then the slowest stage (with its transfers)
+// paces the other M - 1; plus the slowest reduction and optimiser step. Used only to rank candidate layouts.
 double estimate_step_seconds(const Plan& plan, const PlanCostTable& table,
                              const ClusterModel& cluster);
 

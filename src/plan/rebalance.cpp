@@ -73,6 +73,10 @@ BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs, const Clu
         sum(costs.call_seconds[k], rp.block_begin, rp.block_end) * rp.micro_batches;
     const DeviceModel& d = cluster.ranks[k];
     const double work = sustained(m.work_s, m.work_cpu_s, d);
+    if (d.cpu_quota > 0 && d.cpu_quota < 1 && !m.comm_cpu_s.empty()) {
+      out.comm_overhead_seconds.resize(plan.ranks.size(), 0);
+      out.comm_overhead_seconds[k] = median(m.comm_cpu_s) / d.cpu_quota;
+    }
     if (work > 0 && modelled > 0) {
       for (double& s : out.seconds_per_sample[k]) s *= work / modelled;
       for (double& s : out.call_seconds[k]) s *= work / modelled;
@@ -97,14 +101,15 @@ Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs) {
   const size_t replicas = p.layout.replicas.size();
   std::vector<ReplicaCapacity> capacity(replicas);
   for (size_t r = 0; r < replicas; ++r) {
-    double slowest = 0;
+    double slowest = 0, fixed = 0;
     for (int rank : p.layout.replicas[r]) {
       const RankPlan& rp = p.ranks[static_cast<size_t>(rank)];
       slowest = std::max(slowest, sum(costs.seconds_per_sample[static_cast<size_t>(rank)],
                                       rp.block_begin, rp.block_end));
+      fixed = std::max(fixed, comm_overhead_seconds(costs, static_cast<size_t>(rank)));
     }
     HT_CHECK(slowest > 0, "resplit: replica ", r, " has no cost");
-    capacity[r] = {1 / slowest, replica_capacity(p, original, r, costs)};
+    capacity[r] = {1 / slowest, replica_capacity(p, original, r, costs), fixed};
   }
   const std::vector<int64_t> shares = split_batch(p.global_batch, capacity);
   for (size_t r = 0; r < replicas; ++r) set_share(p, original, r, shares[r]);

@@ -43,6 +43,7 @@ struct RankMeasure {
   std::vector<double> reduce_s;     // ReduceGrads
   std::vector<double> work_cpu_s;       // CPU seconds of the process in the work
   std::vector<double> optimizer_cpu_s;  // and in the optimiser step (empty: not measured)
+  std::vector<double> comm_cpu_s;       // and in the communication (empty: not measured)
 };
 
 // `costs` with every measured active rank's row scaled so that its stage's forward +
@@ -51,13 +52,16 @@ struct RankMeasure {
 // under a CPU quota q (`cluster`) is charged at least its CPU time / q: a share small
 // enough to fit in one burst of its period runs at a whole core's speed, which it cannot
 // sustain (the MLP's 0.4 rank measured as fast as the 0.8 one and was given more samples
-// than it, at a step of 9.6 ms against 5.5 planned).
+// than it, at a step of 9.6 ms against 5.5 planned). Likewise the CPU such a rank spends
+// in its communication (copying messages in and out) is time its quota does not give its
+// work: comm_overhead_seconds = median CPU / q, a fixed cost of its every step. A rank
+// without a quota waits out its copies inside the measured all-reduce instead.
 // Errors (ht::Error): a measurement per rank missing, or a cluster of another size.
 BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                             const std::vector<RankMeasure>& measured);
 
-// `plan` with the global batch re-split over its replicas in proportion to their
-// throughput under `costs` (a replica runs at its slowest stage), each share capped at
+// `plan` with the global batch re-split over its replicas by their throughput and fixed
+// costs per step under `costs` (a replica runs at its slowest stage), each share capped at
 // what every rank of the replica holds in memory. Micro-batch counts are `original`'s
 // (the plan as first made), at most the share.
 Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs);

@@ -344,8 +344,9 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     }
     const double dt = since(t0) - gathered;
     (comm ? r.comm_s : r.compute_s) += dt;
-    if (!comm)
-      (in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += process_cpu_seconds() - cpu0 - gathered_cpu;
+    const double cpu = process_cpu_seconds() - cpu0 - gathered_cpu;
+    (comm ? r.comm_cpu_s : in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += cpu;
+    r.comm_cpu_s += gathered_cpu;
     if (in.op == plan::Op::optimizer_step) r.optimizer_s += dt;
     if (in.op == plan::Op::reduce_grads) r.reduce_s += dt;
     r.comm_s += gathered;

@@ -49,8 +49,9 @@ struct StepResult {
   // of the stage's on a replicated stage, since they join block by block).
   size_t grads_overlapped = 0;
   double wall_s = 0;
-  // CPU seconds of the process in the compute instructions: OptimizerStep, the rest.
-  double work_cpu_s = 0, optimizer_cpu_s = 0;
+  // CPU seconds of the process in the compute instructions (OptimizerStep, the rest) and
+  // in the communication (gathering sharded weights included).
+  double work_cpu_s = 0, optimizer_cpu_s = 0, comm_cpu_s = 0;
   std::vector<report::Span> spans;   // when recorded: one per instruction
 };
 

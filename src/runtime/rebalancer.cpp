@@ -26,6 +26,7 @@ void Rebalancer::record(const StepResult& r) {
   window_.reduce_s.push_back(r.reduce_s);
   window_.work_cpu_s.push_back(r.work_cpu_s);
   window_.optimizer_cpu_s.push_back(r.optimizer_cpu_s);
+  window_.comm_cpu_s.push_back(r.comm_cpu_s);
 }
 
 namespace {
@@ -41,11 +42,12 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   std::vector<plan::RankMeasure> measured;
   for (const std::string& t : world_.allgather(
            json{window_.work_s, window_.optimizer_s, window_.wall_s, window_.reduce_s, window_.work_cpu_s,
-                window_.optimizer_cpu_s}.dump())) {
+                window_.optimizer_cpu_s, window_.comm_cpu_s}.dump())) {
     const json j = json::parse(t);
     measured.push_back({j[0].get<std::vector<double>>(), j[1].get<std::vector<double>>(),
                         j[2].get<std::vector<double>>(), j[3].get<std::vector<double>>(),
-                        j[4].get<std::vector<double>>(), j[5].get<std::vector<double>>()});
+                        j[4].get<std::vector<double>>(), j[5].get<std::vector<double>>(),
+                        j[6].get<std::vector<double>>()});
   }
   window_ = {};
   // Rank 0 decides. A changed plan travels whole, so that every rank orders its
@@ -78,6 +80,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
         rp.replica < 0 || measured[k].work_s.empty()
             ? 0.0
             : median(measured[k].work_s) / static_cast<double>(out.before[static_cast<size_t>(rp.replica)]));
+    out.comm_cpu_s.push_back(measured[k].comm_cpu_s.empty() ? 0.0 : median(measured[k].comm_cpu_s));
   }
   if (out.relayout) out.replaced = plan;
   if (out.changed) plan = plan::plan_from_json(d["plan"].get<std::string>(), "the rebalanced plan from rank 0");
@@ -104,7 +107,8 @@ std::string Rebalancer::Outcome::record(int64_t step) const {
               {"measured_step_s", measured_step_s},
               {"calibrated_step_s", before_predicted_step_s},
               {"predicted_step_s", predicted_step_s},
-              {"measured_s_per_sample", seconds_per_sample}}
+              {"measured_s_per_sample", seconds_per_sample},
+              {"comm_cpu_s", comm_cpu_s}}
       .dump();
 }
 

@@ -39,6 +39,7 @@ class Rebalancer {
     double measured_step_s = 0;              // the window's, for `before`
     double before_predicted_step_s = 0;      // calibrated, for `before`
     std::vector<double> seconds_per_sample;  // per rank, measured (0 for idle ranks)
+    std::vector<double> comm_cpu_s;          // per rank, median CPU seconds a step in communication
 
     std::string record(int64_t step) const;  // the metrics.jsonl line (JSON, type "rebalance")
     std::string line(int64_t step) const;    // for people, after a change

@@ -22,7 +22,7 @@ namespace {
 
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
-// The best max share/speed over every split with 1 <= share_i <= cap_i summing to batch.
+// The best max fixed + share/speed over every split with 1 <= share_i <= cap_i summing to batch.
 double brute_force_best(int64_t batch, const std::vector<ReplicaCapacity>& r) {
   double best = std::numeric_limits<double>::infinity();
   std::vector<int64_t> s(r.size());
@@ -103,18 +103,35 @@ TEST_CASE("batch split: caps are respected and the freed samples follow speed") 
   }
 }
 
+TEST_CASE("batch split: a fixed cost per step takes samples from its replica") {
+  // Speeds 4:2:1:1 split 64/32/16/16 at 16 s; 2.5 s of fixed cost on each slow replica
+  // is 2.5 of its samples, which the others take in proportion to their speed (level
+  // 16.625 s: 66.5, 33.25, 14.125, 14.125; the leftover sample finishes first on the fastest).
+  std::vector<ReplicaCapacity> r{{4, -1}, {2, -1}, {1, -1}, {1, -1}};
+  CHECK(split_batch(128, r) == std::vector<int64_t>{64, 32, 16, 16});
+  r[2].fixed_seconds = r[3].fixed_seconds = 2.5;
+  const auto s = split_batch(128, r);
+  CHECK(s == std::vector<int64_t>{67, 33, 14, 14});
+  CHECK(predicted_step_seconds(s, r) == doctest::Approx(16.75));  // 67 / 4
+  // A fixed cost beyond the step leaves its replica the one sample every replica gets.
+  r[3].fixed_seconds = 100;
+  CHECK(split_batch(128, r)[3] == 1);
+}
+
 TEST_CASE("batch split: min-max optimal against brute force on small cases") {
   // The case where plain largest remainder (by sample fraction) is not optimal.
   CHECK(split_batch(12, {{1, -1}, {10, -1}}) == std::vector<int64_t>{1, 11});
   std::mt19937_64 rng(99);
   std::uniform_real_distribution<double> speed(0.2, 10.0);
   std::uniform_int_distribution<int64_t> cap(-1, 8);
-  for (int trial = 0; trial < 400; ++trial) {
+  std::uniform_real_distribution<double> fixed(0, 3.0);
+  for (int trial = 0; trial < 600; ++trial) {
     std::vector<ReplicaCapacity> r(3);
     for (auto& x : r) {
       x.samples_per_s = trial % 5 == 0 ? std::round(speed(rng)) + 1 : speed(rng);  // ties too
       x.max_samples = trial % 2 ? cap(rng) : -1;
       if (x.max_samples == 0) x.max_samples = -1;
+      if (trial >= 400) x.fixed_seconds = fixed(rng);  // a fixed cost per step as well
     }
     for (int64_t batch = 3; batch <= 12; ++batch) {
       const double best = brute_force_best(batch, r);
@@ -158,6 +175,10 @@ TEST_CASE("batch split: error messages") {
         "split_batch: replica 0 has speed inf samples/s; expected a positive, finite throughput");
   CHECK(error_of([] { split_batch(8, {{1, -1}, {1, -1}, {std::nan(""), -1}}); })
             .find("replica 2 has speed nan") != std::string::npos);
+  CHECK(error_of([] { split_batch(8, {{1, -1, -0.5}}); }) ==
+        "split_batch: replica 0 has fixed_seconds -0.5; expected a finite number of seconds >= 0");
+  CHECK(error_of([] { split_batch(8, {{1, -1}, {1, -1, std::nan("")}}); }).find("replica 1 has fixed_seconds nan") !=
+        std::string::npos);
   CHECK(error_of([] { split_batch(8, {{1, 0}}); }) ==
         "split_batch: replica 0 has max_samples 0; expected -1 (unlimited) or at least 1");
   CHECK(error_of([] { split_batch(128, {{2, 64}, {1, 32}}); }) ==

@@ -91,6 +91,33 @@ TEST_CASE("rebalance: a rank under a CPU quota is charged its CPU time over the 
             .find("a cluster of 1 ranks for a plan of 2") != std::string::npos);
 }
 
+TEST_CASE("rebalance: a quota'd rank's communication CPU is a fixed cost of its step") {
+  TwoEqual t;
+  t.c.ranks[1].cpu_quota = 0.4;
+  t.c.ranks[1].cpu_quota_period_s = 0.01;
+  // Equal work, but rank 1 spends 4 ms of CPU a step copying its messages: 10 ms of its
+  // quota. Rank 0 has no quota: its copies are inside the all-reduce it measured.
+  std::vector<RankMeasure> m{steady(5, 0.15, 1e-3, 0.4, 0.05), steady(5, 0.15, 1e-3, 0.4, 0.05)};
+  m[0].comm_cpu_s.assign(5, 4e-3);
+  m[1].comm_cpu_s = {4e-3, 4e-3, 9.0, 4e-3, 4e-3};  // a median: one step's stall does not count
+  const BlockCosts k = calibrated_costs(t.plan, t.in.costs, t.c, m);
+  CHECK(comm_overhead_seconds(k, 0) == 0);
+  CHECK(comm_overhead_seconds(k, 1) == doctest::Approx(10e-3));
+  CHECK(comm_overhead_seconds(calibrated_costs(t.plan, t.in.costs, t.c, {m[0], RankMeasure(m[1])}), 5) == 0);
+  // The re-split gives rank 1 fewer samples: at 3 ms a sample, 10 ms is 3.3 of them.
+  const Plan p = resplit(t.plan, t.plan, k);
+  CHECK(p.layout.samples == std::vector<int64_t>{52, 48});
+  // The simulator charges it once a step, before rank 1's first work: it sets the step.
+  Plan before = t.plan, after = t.plan;
+  predict_plan(before, calibrated_costs(t.plan, t.in.costs, t.c, {m[0], steady(5, 0.15, 1e-3, 0.4, 0.05)}), t.c);
+  predict_plan(after, k, t.c);
+  CHECK(after.predicted.step_seconds - before.predicted.step_seconds == doctest::Approx(10e-3));
+  // Re-split, the step is rank 0's 52 x 3 ms: 6 ms over the step without the overhead.
+  Plan resplit_plan = p;
+  predict_plan(resplit_plan, k, t.c);
+  CHECK(resplit_plan.predicted.step_seconds - before.predicted.step_seconds == doctest::Approx(6e-3));
+}
+
 TEST_CASE("rebalance: a sharded rank's measured step is its part's; a rank keeping no state tells nothing") {
   TwoEqual t;
   // Rank 0 steps a quarter of the state in 1 ms: the whole state would take 4 ms.
