@@ -106,7 +106,10 @@ Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs) {
       const RankPlan& rp = p.ranks[static_cast<size_t>(rank)];
       slowest = std::max(slowest, sum(costs.seconds_per_sample[static_cast<size_t>(rank)],
                                       rp.block_begin, rp.block_end));
-      fixed = std::max(fixed, comm_overhead_seconds(costs, static_cast<size_t>(rank)));
+      // Per step: its communication's CPU, and its calls' fixed part per micro-batch.
+      fixed = std::max(fixed, comm_overhead_seconds(costs, static_cast<size_t>(rank)) +
+                                  original.layout.micro_batches[r] *
+                                      sum(costs.call_seconds[static_cast<size_t>(rank)], rp.block_begin, rp.block_end));
     }
     HT_CHECK(slowest > 0, "resplit: replica ", r, " has no cost");
     capacity[r] = {1 / slowest, replica_capacity(p, original, r, costs), fixed};

@@ -61,7 +61,8 @@ BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs, const Clu
                             const std::vector<RankMeasure>& measured);
 
 // `plan` with the global batch re-split over its replicas by their throughput and fixed
-// costs per step under `costs` (a replica runs at its slowest stage), each share capped at
+// costs per step under `costs` (a replica runs at its slowest stage; its fixed cost is
+// its communication overhead and its calls' fixed part), each share capped at
 // what every rank of the replica holds in memory. Micro-batch counts are `original`'s
 // (the plan as first made), at most the share.
 Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs);

@@ -49,7 +49,6 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
                         j[4].get<std::vector<double>>(), j[5].get<std::vector<double>>(),
                         j[6].get<std::vector<double>>()});
   }
-  window_ = {};
   // Rank 0 decides. A changed plan travels whole, so that every rank orders its
   // communication by the same estimates; otherwise only the calibrated prediction.
   std::string decision;
@@ -90,7 +89,15 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   out.after = plan.layout.samples;
   out.ranks_after = first_ranks(plan);
   out.predicted_step_s = plan.predicted.step_seconds;
-  if (out.changed) skip_next_ = true;
+  if (out.changed) {
+    skip_next_ = true;
+    window_ = {};
+  } else {  // the same plan: the next check's medians take in this window's steps too
+    const auto keep = static_cast<size_t>(kWindowChecks * every_);
+    for (std::vector<double>* v : {&window_.work_s, &window_.optimizer_s, &window_.wall_s, &window_.reduce_s,
+                                   &window_.work_cpu_s, &window_.optimizer_cpu_s, &window_.comm_cpu_s})
+      if (v->size() > keep) v->erase(v->begin(), v->end() - static_cast<std::ptrdiff_t>(keep));
+  }
   return out;
 }
 

@@ -53,6 +53,10 @@ class Rebalancer {
   RebalanceFn decide_;
   int64_t every_;
   comm::Communicator& world_;
+  // The steps since the plan last changed, at most kWindowChecks checks' worth: a 0.2
+  // rank's median step moves by about 5% between windows of 10 steps, as much as the
+  // imbalance the next check should see.
+  static constexpr int64_t kWindowChecks = 3;
   plan::RankMeasure window_;
   bool skip_next_ = true;
 };

@@ -118,6 +118,19 @@ TEST_CASE("rebalance: a quota'd rank's communication CPU is a fixed cost of its 
   CHECK(resplit_plan.predicted.step_seconds - before.predicted.step_seconds == doctest::Approx(6e-3));
 }
 
+TEST_CASE("rebalance: the re-split counts a rank's fixed cost per call, as the simulator does") {
+  // Two ranks at 6 ms a sample; rank 1's calls cost 15 ms a micro-batch besides: 2.5
+  // samples' worth, so 51 / 49 (306 and 309 ms) beats 50 / 50 (300 and 315 ms).
+  TwoEqual t;
+  t.in.costs.call_seconds[1] = {7.5e-3, 7.5e-3};
+  Plan p = resplit(t.plan, t.plan, t.in.costs);
+  CHECK(p.layout.samples == std::vector<int64_t>{51, 49});
+  Plan even = t.plan;
+  predict_plan(p, t.in.costs, t.c);
+  predict_plan(even, t.in.costs, t.c);
+  CHECK(p.predicted.step_seconds == doctest::Approx(even.predicted.step_seconds - 6e-3));
+}
+
 TEST_CASE("rebalance: a sharded rank's measured step is its part's; a rank keeping no state tells nothing") {
   TwoEqual t;
   // Rank 0 steps a quarter of the state in 1 ms: the whole state would take 4 ms.
