@@ -27,9 +27,8 @@ struct ReplicaCapacity {
 //
 // Rounding: floor the continuous shares, then hand each leftover sample to the replica
 // that would finish share+1 soonest (fixed + (share+1)/speed smallest, lower index on
-// ties). This
-// is largest-remainder rounding with the remainder measured in seconds rather than in
-// samples; plain largest remainder by sample fraction is NOT min-max optimal (speeds 1
+// ties). This is largest-remainder rounding with the remainder measured in seconds rather
+// than in samples; plain largest remainder by sample fraction is NOT min-max optimal (speeds 1
 // and 10 with fractions .6 and .5: giving the sample to the slow replica costs .4 s on
 // the step, giving it to the fast one .05 s).
 //
@@ -39,8 +38,7 @@ struct ReplicaCapacity {
 //
 // Errors (ht::Error): no replicas; global_batch < number of replicas; a speed that is
 // not positive and finite; a fixed_seconds that is negative or not finite; a max_samples
-// that is neither -1 nor >= 1; the caps together
-// holding fewer samples than global_batch.
+// that is neither -1 nor >= 1; the caps together holding fewer samples than global_batch.
 std::vector<int64_t> split_batch(int64_t global_batch,
                                  const std::vector<ReplicaCapacity>& replicas);
 

@@ -67,7 +67,8 @@ CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable>
 
 // Closed-form step estimate: per replica, its largest communication overhead, then
 // micro-batch 0 crosses every stage and back, then the slowest stage (with its transfers)
-// paces the other M - 1; plus the slowest reduction and optimiser step. Used only to rank candidate layouts.
+// paces the other M - 1; plus the slowest reduction and optimiser step. Used only to rank
+// candidate layouts.
 double estimate_step_seconds(const Plan& plan, const PlanCostTable& table,
                              const ClusterModel& cluster);
 

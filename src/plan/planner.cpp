@@ -453,8 +453,8 @@ Plan make_plan(const PlannerInput& in) {
     if (hub_steps_optimizer(plan)) {
       for (RankPlan& rp : every.ranks) rp.memory = rank_memory(every, in.costs, rp);
       finish(every, in.costs, in.cluster, true);
-      plan.notes.push_back("the optimizer steps on " + (one ? "rank " + hub : "ranks " + hub) +
-                           " alone, which hold the summed gradients; the other ranks keep no optimizer state and "
+      plan.notes.push_back("the optimizer steps on " + (one ? "rank " + hub + " alone, which holds" : "ranks " + hub + " alone, which hold") +
+                           " the summed gradients; the other ranks keep no optimizer state and "
                            "receive the updated weights: predicted step " +
                            format_seconds(plan.predicted.step_seconds) + " against " +
                            format_seconds(every.predicted.step_seconds) + " with every rank stepping its own");
