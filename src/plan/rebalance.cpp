@@ -152,8 +152,8 @@ ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bo
       costs_(std::move(costs)),
       cluster_(std::move(cluster)),
       move_shares_(move_shares) {
-  if (all_ranks && has_idle_ranks(original_) && move_shares_ && replicates_whole_model(original_) && replicates_whole_model(*all_ranks) &&
-      all_ranks->world_size == original_.world_size &&
+  if (all_ranks && has_idle_ranks(original_) && move_shares_ && replicates_whole_model(original_) &&
+      replicates_whole_model(*all_ranks) && all_ranks->world_size == original_.world_size &&
       all_ranks->predicted.step_seconds <= (1 + kIdleTrialMargin) * original_.predicted.step_seconds)
     all_ranks_ = std::move(all_ranks);
 }

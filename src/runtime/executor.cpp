@@ -29,6 +29,13 @@ constexpr std::chrono::seconds kPeerTimeout{600};
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Replica `part`'s part of `t` when its stage is sharded by `shards`: a flat view.
+Tensor part_view(const Tensor& t, const std::vector<double>& shards, int part) {
+  const std::vector<int64_t> off = comm::part_offsets(t.numel(), shards);
+  const int64_t begin = off[static_cast<size_t>(part)], end = off[static_cast<size_t>(part) + 1];
+  return t.view_as({end - begin}, {1}, t.offset() + begin);
+}
+
 }  // namespace
 
 struct Executor::MicroBatch {
@@ -75,11 +82,7 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
     opt_ = optim::make_optimizer(train.optimizer, params_);
     return;
   }
-  for (const auto& [name, p] : params_) {
-    const std::vector<int64_t> off = comm::part_offsets(p.numel(), shards_);
-    const int64_t begin = off[static_cast<size_t>(replica_)], end = off[static_cast<size_t>(replica_) + 1];
-    shard_params_.emplace_back(name, p.view_as({end - begin}, {1}, p.offset() + begin));
-  }
+  for (const auto& [name, p] : params_) shard_params_.emplace_back(name, part_view(p, shards_, replica_));
   opt_ = optim::make_optimizer(train.optimizer, shard_params_);
 }
 
@@ -437,9 +440,7 @@ std::vector<nn::NamedTensor> optimizer_state_part(const std::vector<nn::NamedTen
     const Tensor& p = *it->second;
     HT_CHECK(t.shape() == p.shape() && t.is_contiguous(), "optimizer state '", name, "' has shape ",
              to_string(t.shape()), "; expected its parameter's ", to_string(p.shape()));
-    const std::vector<int64_t> off = comm::part_offsets(p.numel(), shards);
-    const int64_t begin = off[static_cast<size_t>(part)], end = off[static_cast<size_t>(part) + 1];
-    out.emplace_back(name, t.view_as({end - begin}, {1}, t.offset() + begin));
+    out.emplace_back(name, part_view(t, shards, part));
   }
   return out;
 }

@@ -29,8 +29,8 @@ std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Execut
 void load_stage(const Checkpoint& checkpoint, const Executor& executor);
 
 // Collective over `world`: replaces `executor` (made for `before`) with one for `after`,
-// both plan::replicates_whole_model, for the same world (some ranks may be idle in either). Ranks active in both keep their
-// optimiser state; a rank that joins takes the parameters, optimiser state and dropout
+// both plan::replicates_whole_model, for the same world (some ranks may be idle in
+// either). Ranks active in both keep their optimiser state; a rank that joins takes the parameters, optimiser state and dropout
 // streams of `before`'s first replica, so every replica is bit-identical again. The last
 // step's all-reduce is drained first.
 std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const plan::Plan& before,

@@ -39,7 +39,7 @@ void* Allocator::allocate(size_t bytes, const char* what) {
   if (staging_depth > 0) {
     void* p = raw_alloc_(size);
     if (!p)
-      fail_as<OutOfMemory>(what, ": out of host memory staging ", format_bytes(size), " for a checkpoint");
+      fail_as<OutOfMemory>(what, ": out of host memory staging ", format_bytes(size));
     staged_.insert(p);
     return p;
   }
@@ -75,7 +75,7 @@ void Allocator::deallocate(void* p, size_t bytes) {
   if (!p) return;
   size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  if (staged_.erase(p)) {
+  if (!staged_.empty() && staged_.erase(p)) {
     raw_free_(p);
     return;
   }

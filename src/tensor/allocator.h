@@ -30,8 +30,9 @@ class Allocator {
   void deallocate(void* p, size_t bytes);
 
   // While one lives on this thread, this thread's allocations are host staging: outside
-  // the cap and the counts. Checkpoints are read and assembled in host memory, which an
-  // emulated device cap does not stand for (on a GPU they never touch device memory).
+  // the cap and the counts. Checkpoints (and a relayout's optimiser state in transit) are
+  // read and assembled in host memory, which an emulated device cap does not stand for
+  // (on a GPU they never touch device memory).
   class HostStaging {
    public:
     HostStaging();
