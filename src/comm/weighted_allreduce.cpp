@@ -35,7 +35,9 @@ struct OverlappedAllreduce::Pending {
   Tensor tensor;
   int tag = 0;
   std::vector<int64_t> offsets;
-  std::vector<std::vector<float>> incoming;  // [peer] round 1, for this rank's part
+  // [peer] round 1, for this rank's part; not zeroed (the receive fills it), since a
+  // hub's are every peer's whole gradients, each step.
+  std::vector<std::unique_ptr<float[]>> incoming;
   std::vector<Request> requests;
   // Round 1 in flight; summed, round 2 not yet asked for (scatter_only); round 2 in flight.
   enum { collecting, scattered, spreading } state = collecting;
@@ -87,8 +89,8 @@ void OverlappedAllreduce::add(std::vector<Tensor> tensors) {
       if (len > 0) x->requests.push_back(comm_.isend_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x->tag));
       if (mine > 0) {
         auto& buf = x->incoming[static_cast<size_t>(j)];
-        buf.resize(static_cast<size_t>(mine));
-        x->requests.push_back(comm_.irecv_bytes(buf.data(), buf.size() * 4, j, x->tag));
+        buf = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(mine));
+        x->requests.push_back(comm_.irecv_bytes(buf.get(), static_cast<size_t>(mine) * 4, j, x->tag));
       }
     }
     pending_.push_back(std::move(x));
@@ -109,7 +111,7 @@ bool OverlappedAllreduce::progress() {
     const int64_t mine = off[me + 1] - off[me];
     for (int j = 0; j < p; ++j)  // in rank order, so every owner adds in the same order
       if (j != me && mine > 0) {
-        const float* in = x->incoming[static_cast<size_t>(j)].data();
+        const float* in = x->incoming[static_cast<size_t>(j)].get();
         for (int64_t i = 0; i < mine; ++i) part[i] += in[i];
       }
     x->incoming.clear();
