@@ -2,12 +2,13 @@
 """End-to-end checks of `hetrain train` and `hetrain eval` on small configs:
 exact resume (bit for bit), fallback past a corrupt checkpoint, a resume into a
 different model, a full disk while checkpointing, a missing dataset, an unwritable
-run directory, and the run directory's files.
+run directory, the run directory's files, and an evaluation too large for a memory cap.
 
 usage: test_train.py HETRAIN"""
 import filecmp
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,8 +27,8 @@ def check(name, cond, detail=""):
         failures.append(name)
 
 
-def run(args, **kw):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def run(args, extra_env=None, **kw):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(extra_env or {}))
     return subprocess.run([HETRAIN] + args, capture_output=True, text=True, env=env, **kw)
 
 
@@ -79,6 +80,33 @@ def exact_resume(tmp, name, cfg, total, stop):
     same = os.path.exists(ckpt(split, total)) and filecmp.cmp(ckpt(full, total), ckpt(split, total), shallow=False)
     check(f"{name}: {total} steps == {stop} + resume, bit for bit (parameters and optimiser state)", same)
     return path, full, split
+
+
+def evaluation_memory(tmp):
+    """Under a 100 MB cap one CNN step fits but evaluating in batches of 1000 does not (the
+    second convolution alone unfolds 215 MiB): refused before the first step, with a
+    batch that fits, which then runs."""
+    cfg = {"model": {"type": "cnn", "channels": [32, 64], "fc_hidden": 128},
+           "data": {"dataset": "fashion_mnist", "dir": FASHION},
+           "train": {"steps": 1, "batch_size": 32, "optimizer": {"type": "adamw", "lr": 0.002},
+                     "eval_max_samples": 2000, "log_every": 1},
+           "checkpoint": {"every": 0, "keep": 1}}
+    cap = {"HETRAIN_MEMORY_CAP": "100000000"}
+    path = write_config(os.path.join(tmp, "eval-memory.json"), cfg)
+    rdir = os.path.join(tmp, "eval-memory-run")
+    r = run(["train", path, "--run-dir", rdir, "--quiet"], cap)
+    m = re.search(r"set train\.eval_batch_size to at most (\d+)", r.stderr)
+    check("evaluation memory: refused before training, naming rank 0, the batch, the cap and a batch that fits",
+          r.returncode == 1 and "rank 0 would run out of memory evaluating the whole model in batches of 1000" in r.stderr
+          and "cap of 100000000 bytes" in r.stderr and m is not None, r.stderr)
+    check("... no step ran (no checkpoint)", not os.path.exists(os.path.join(rdir, "checkpoints"))
+          or not os.listdir(os.path.join(rdir, "checkpoints")))
+    if m:
+        cfg["train"]["eval_batch_size"] = int(m.group(1))
+        path = write_config(os.path.join(tmp, "eval-memory-fits.json"), cfg)
+        r = run(["train", path, "--run-dir", rdir, "--quiet"], cap)
+        check(f"... and in batches of {m.group(1)} it trains and evaluates under the cap, in the same run directory",
+              r.returncode == 0 and os.path.exists(os.path.join(rdir, "summary.json")), r.stderr)
 
 
 def main():
@@ -200,6 +228,8 @@ def main():
         r = run(["train", path, "--run-dir", os.path.join(tmp, "x"), "--stop-after", "-1"])
         check("--stop-after -1: exit 2 naming the option",
               r.returncode == 2 and "--stop-after" in r.stderr and not os.path.exists(os.path.join(tmp, "x")), r.stderr)
+
+        evaluation_memory(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failed")
