@@ -300,7 +300,14 @@ class Run {
       return static_cast<double>(memory.peak_bytes() - before);
     };
     model_.set_training(false);
-    const double at4 = forward_bytes(4), per_sample = (forward_bytes(8) - at4) / 4;
+    double at4 = 0, per_sample = 0;
+    try {
+      at4 = forward_bytes(4);
+      per_sample = (forward_bytes(8) - at4) / 4;
+    } catch (const OutOfMemory& e) {
+      fail("rank 0 cannot evaluate the whole model in batches of even 8 samples under its cap (", e.what(),
+           "); give rank 0 more memory");
+    }
     model_.set_training(true);
     const double in_use = static_cast<double>(memory.live_bytes()), cap = static_cast<double>(memory.cap());
     const double need = kMargin * (in_use + at4 + per_sample * static_cast<double>(batch - 4));
