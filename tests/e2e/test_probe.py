@@ -52,6 +52,21 @@ def main():
           r.returncode == 0 and all(len(x["blocks"]) == 4 and all(b["fwd_bwd_s_per_sample"] > 0 for b in x["blocks"])
                                     for x in c["ranks"]) and "block profile" in r.stdout, r.stderr[-2000:])
 
+    # Under a memory cap the probe's own tensors (the whole model, one block's gradients and
+    # optimiser state at up to 512 samples) sit outside it: a 2.9M-parameter MLP (11 MiB of
+    # weights) under 22 MiB caps, which failed its probe before.
+    big = load(os.path.join(ROOT, "configs/fashion_mnist_mlp.json"))
+    big["model"]["hidden"] = [1024, 1024, 1024]
+    big["emulate"] = {"ranks": [{"rank": k, "memory_cap_mb": 22} for k in range(2)]}
+    bpath = os.path.join(tmp, "big.json")
+    with open(bpath, "w") as f:
+        json.dump(big, f)
+    r = mpirun(2, ["probe", "--quick", "--json", out, "--model", bpath])
+    c = load(out) if r.returncode == 0 else {"ranks": []}
+    check("a capped rank probes a model whose benchmarks exceed its cap, and reports the cap",
+          r.returncode == 0 and len(c["ranks"]) == 2 and all(x["memory_cap_bytes"] == 22 << 20 for x in c["ranks"]),
+          r.stderr[-2000:])
+
     # Emulated latency: rank 1's link at 20 ms.
     cfg = load(os.path.join(ROOT, "configs/fashion_mnist_mlp.json"))
     cfg["emulate"] = {"ranks": [{"rank": 1, "latency_ms": 20}]}
