@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 
 #include "core/error.h"
 #include "plan/stage_memory.h"
@@ -163,7 +164,12 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
   params.micro_batches = rp.micro_batches;
   params.recompute = rp.recompute;
   params.optimizer_shard = rp.optimizer_shard;
-  return stage_memory(stage_footprint(costs, rp.block_begin, rp.block_end), params);
+  MemoryUse m = stage_memory(stage_footprint(costs, rp.block_begin, rp.block_end), params);
+  // Rank 0 evaluates and checkpoints the whole model, so it also holds the other stages'
+  // weights (runtime/trainer.cpp).
+  if (rp.rank == 0 && params.stages > 1)
+    m.params = kWeightBytesPerParam * std::accumulate(costs.params.begin(), costs.params.end(), 0.0);
+  return m;
 }
 
 std::string shortfall_text(const Plan&, const RankPlan& rp) {

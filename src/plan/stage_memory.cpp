@@ -15,6 +15,7 @@ StageFootprint stage_footprint(const BlockCosts& costs, int begin, int end) {
   f.optimizer_bytes_per_param = costs.optimizer_bytes_per_param;
   for (auto b = static_cast<size_t>(begin); b < static_cast<size_t>(end); ++b) {
     f.params += costs.params[b];
+    f.largest_block_params = std::max(f.largest_block_params, costs.params[b]);
     f.activation_bytes += costs.activation_bytes[b];
   }
   f.checkpoint_bytes = costs.input_bytes[static_cast<size_t>(begin)];
@@ -29,7 +30,7 @@ MemoryUse stage_memory(const StageFootprint& f, const StageMemoryParams& p) {
            "; expected sizes >= 1 and a shard in [0, 1]");
   MemoryUse m;
   m.params = f.params * kWeightBytesPerParam;
-  m.grads = f.params * kGradBytesPerParam;
+  m.grads = (f.params + (p.micro_batches > 1 ? f.largest_block_params : 0)) * kGradBytesPerParam;
   m.optimizer = f.params * f.optimizer_bytes_per_param * p.optimizer_shard;
   const auto k = static_cast<double>(in_flight_micro_batches(p.stage, p.stages, p.micro_batches));
   const auto mb = static_cast<double>(p.micro_batch_size);

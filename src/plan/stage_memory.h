@@ -19,6 +19,7 @@ struct StageFootprint {
   // only its input per in-flight micro-batch and re-runs its forward right before each
   // Backward, so one micro-batch's activations are alive at a time.
   double checkpoint_bytes = 0;  // per sample: the stage's input
+  double largest_block_params = 0;
 };
 StageFootprint stage_footprint(const BlockCosts& costs, int begin, int end);
 
@@ -30,7 +31,9 @@ struct StageMemoryParams {
   double optimizer_shard = 1;  // fraction of the optimiser state kept
 };
 
-// Bytes by kind. Activations: k = min(S - s, M) micro-batches in flight (1F1B) hold
+// Bytes by kind. Gradients: the stage's, and with more than one micro-batch one block's
+// more, since each later backward's weight gradients are made before they are added to
+// the accumulated ones. Activations: k = min(S - s, M) micro-batches in flight (1F1B) hold
 // k * m * activation_bytes; with recomputation k * m * checkpoint_bytes plus one
 // micro-batch rebuilt, m * activation_bytes. So recomputation pays off only with more
 // than one micro-batch in flight: on pipeline stages, not in pure data parallelism.

@@ -74,6 +74,9 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
   scale_ = 1.0 / static_cast<double>(plan.global_batch * task.predictions_per_sample());
   params_ = model.named_parameters(static_cast<size_t>(rank_plan_.block_begin),
                                    static_cast<size_t>(rank_plan_.block_end));
+  // The model may sit in host staging (see Run in trainer.cpp): this rank computes with
+  // its stage's blocks, so those go onto its device, under its memory cap.
+  for (const auto& [name, p] : params_) p.rehome(false);
   block_params_ = {0};
   for (int b = rank_plan_.block_begin; b < rank_plan_.block_end; ++b)
     block_params_.push_back(block_params_.back() + model.block(static_cast<size_t>(b)).named_parameters().size());

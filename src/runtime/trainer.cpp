@@ -84,6 +84,14 @@ int64_t metadata_int(const Checkpoint& c, const std::string& key) {
   return static_cast<int64_t>(v);
 }
 
+// The whole model in host staging (outside an emulated device cap): a pipeline stage's
+// device holds only its own blocks, and a model larger than any one device is still built
+// identically, from one seed, on every rank.
+nn::Sequential build_in_host_staging(const Task& task, uint64_t seed) {
+  Allocator::HostStaging staging;
+  return task.build_model(seed);
+}
+
 class Run {
  public:
   Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan> plan)
@@ -93,7 +101,7 @@ class Run {
         root_(world_.rank() == 0),
         task_(make_task(cfg_)),
         dir_(root_ ? std::optional<RunDir>(RunDir::open(cfg_.run.dir, opts.resume)) : std::nullopt),
-        model_(task_->build_model(cfg_.train.seed)),
+        model_(build_in_host_staging(*task_, cfg_.train.seed)),
         plan_(plan ? std::move(*plan)
                    : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
                                          static_cast<int>(cfg_.train.micro_batches))),
@@ -101,6 +109,11 @@ class Run {
         rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_),
         planned_step_s_(plan_.predicted.step_seconds),
         checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep) {
+    // Rank 0 evaluates and checkpoints the whole model, so all of it goes onto its device;
+    // the others hold only their stage there (the executor moved it), the rest of the
+    // model staying in host memory.
+    if (root_)
+      for (const auto& [name, p] : model_.named_parameters()) p.rehome(false);
     total_steps_ = resolve_steps(cfg_.train, task_->train_size());
     const auto& s = cfg_.train.schedule;
     schedule_ = {s.type, cfg_.train.optimizer.lr, s.warmup_steps, s.min_lr, total_steps_};
@@ -420,7 +433,8 @@ class Run {
   bool root_;
   std::unique_ptr<Task> task_;  // loads the data first: a missing dataset creates no run dir
   std::optional<RunDir> dir_;   // rank 0's
-  nn::Sequential model_;        // whole on every rank; each trains its stage's blocks
+  nn::Sequential model_;        // whole on every rank; each trains its stage's blocks, which
+                                // alone sit on its device (all of it on rank 0)
   plan::Plan plan_;
   std::unique_ptr<Executor> executor_;  // owns this rank's optimiser
   Rebalancer rebalancer_;       // moves plan_'s shares while training

@@ -41,6 +41,7 @@ class Allocator {
     HostStaging& operator=(const HostStaging&) = delete;
   };
 
+  bool staged(const void* p) const;  // whether p came from allocate under HostStaging
   void set_cap(size_t bytes);  // 0 removes the cap
   size_t cap() const;
   size_t live_bytes() const;

@@ -1,5 +1,7 @@
 #include "tensor/tensor.h"
 
+#include <optional>
+
 #include "autograd/graph.h"
 #include "core/error.h"
 #include "ops/ops.h"
@@ -72,6 +74,20 @@ int32_t* Tensor::data_i32() const {
   HT_CHECK(impl_->dtype == DType::i32, "data_i32(): tensor of shape ", to_string(shape()),
            " is ", dtype_name(dtype()), "; expected int32");
   return static_cast<int32_t*>(impl_->storage->data) + impl_->offset;
+}
+
+void Tensor::rehome(bool host_staging) const {
+  if (backend().allocator().staged(impl_->storage->data) == host_staging) return;
+  Tensor moved;
+  {
+    std::optional<Allocator::HostStaging> staging;
+    if (host_staging) staging.emplace();
+    moved = empty(shape(), dtype(), backend(), "parameter");
+  }
+  backend().copy(raw(), strides(), moved.raw(), moved.strides(), shape());
+  impl_->storage = moved.impl_->storage;
+  impl_->strides = moved.impl_->strides;
+  impl_->offset = 0;
 }
 
 void* Tensor::raw() const {

@@ -70,6 +70,11 @@ class Tensor {
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+  // Moves this tensor's values, in place for every handle of it, into a dense buffer of
+  // host staging (Allocator::HostStaging: outside the device's cap and counts) or of the
+  // device's own memory; nothing happens where they already are. A model is built in
+  // host staging and each rank moves the blocks it computes with onto its device.
+  void rehome(bool host_staging) const;
 
   // Device pointers to the first element of this view.
   float* data() const;

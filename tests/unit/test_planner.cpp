@@ -113,35 +113,46 @@ Plan hybrid_skeleton(double memory) {
 TEST_CASE("planner: memory strategies in order: recompute, micro-batches that fit alone, sharding, micro-batches") {
   const ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB));
   const BlockCosts k = costs(c, 4);
-  // Rank 0: 32 MB of weight state; 2 micro-batches of 16 in flight x 2 MB = 64 MB.
+  // Rank 0: 32 MB of weight state; 2 micro-batches of 16 in flight x 2 MB = 64 MB; and,
+  // as it evaluates the whole model, stage 1's 8 MB of weights, and while it accumulates
+  // over micro-batches one block's 4 MB of gradients (so every cap below is 12 MB above
+  // the stage's own figures).
+  SUBCASE("rank 0 holds the whole model's weights, the other ranks their stage's") {
+    Plan p = hybrid_skeleton(64 * kGiB);
+    REQUIRE(fit_memory(p, k).empty());
+    const double all = 4 * std::accumulate(k.params.begin(), k.params.end(), 0.0);
+    CHECK(p.ranks[0].memory.params == doctest::Approx(all));
+    CHECK(p.ranks[2].memory.params == doctest::Approx(all / 2));  // the same stage, not rank 0
+    CHECK(p.ranks[1].memory.params == doctest::Approx(all / 2));
+  }
   SUBCASE("recompute alone") {
-    // Recompute: 2 x 16 x 64 KiB inputs + 16 x 2 MB rebuilt = 34.1 MB, 66.1 MB in all.
-    Plan p = hybrid_skeleton(80e6);
+    // Recompute: 2 x 16 x 64 KiB inputs + 16 x 2 MB rebuilt = 34.1 MB, 78.1 MB in all.
+    Plan p = hybrid_skeleton(92e6);
     REQUIRE(fit_memory(p, k).empty());
     CHECK(p.ranks[0].memory_strategy == "recompute");
     CHECK(p.ranks[0].recompute);
     CHECK(p.layout.recompute[0][0]);
     CHECK_FALSE(p.layout.recompute[1][0]);
     CHECK(p.layout.micro_batches[0] == 2);
-    CHECK(contains(p.ranks[0].memory_reason, "needs 91.6 MiB of 76.3 MiB"));
+    CHECK(contains(p.ranks[0].memory_reason, "needs 103.0 MiB of 87.7 MiB (params 15.3 MiB, grads 11.4 MiB"));
     CHECK(contains(p.ranks[0].memory_reason, "recompute: activations 61.0 MiB -> 32.5 MiB"));
     for (int r = 1; r < 4; ++r) CHECK(p.ranks[r].memory_strategy == kStrategyNone);
     check_plan(p);
   }
   SUBCASE("recompute + micro-batches") {
-    // 3 micro-batches of 11: 55.4 MB; 4 of 8: 49.05 MB fits 50 MB.
-    Plan p = hybrid_skeleton(50e6);
+    // 3 micro-batches of 11: 67.4 MB; 4 of 8: 61.05 MB fits 62 MB.
+    Plan p = hybrid_skeleton(62e6);
     REQUIRE(fit_memory(p, k).empty());
     CHECK(p.ranks[0].memory_strategy == "recompute + micro-batches");
     CHECK(p.layout.micro_batches == std::vector<int>{4, 2});  // the other replica keeps 2
     CHECK(p.ranks[1].micro_batches == 4);  // the whole replica follows
     CHECK(contains(p.ranks[0].memory_reason, "micro-batches: 4 of at most 8 samples"));
-    CHECK(p.ranks[0].memory.total() <= 50e6);
+    CHECK(p.ranks[0].memory.total() <= 62e6);
   }
   SUBCASE("all three, sharding by free memory") {
     // Below the 32 MB of weight state: micro-batches alone cannot fit, so the optimiser
     // state is sharded with rank 2 first, then micro-batches close the rest.
-    Plan p = hybrid_skeleton(30e6);
+    Plan p = hybrid_skeleton(42e6);
     REQUIRE(fit_memory(p, k).empty());
     CHECK(p.ranks[0].memory_strategy == "recompute + optimizer sharding + micro-batches");
     CHECK(p.ranks[2].memory_strategy == "optimizer sharding");
@@ -153,18 +164,19 @@ TEST_CASE("planner: memory strategies in order: recompute, micro-batches that fi
     for (const RankPlan& r : p.ranks) CHECK(r.memory.total() <= r.device.memory_bytes);
   }
   SUBCASE("nothing fits: the rank and the numbers") {
-    Plan p = hybrid_skeleton(16e6 + 1);  // params + grads alone
+    Plan p = hybrid_skeleton(24e6 + 1);  // params (the whole model's) + grads alone
     const std::string msg = fit_memory(p, k);
-    CHECK(contains(msg, "rank 0 (dev0, 15.3 MiB) cannot hold stage 0 (blocks 0-1, 32 samples)"));
+    CHECK(contains(msg, "rank 0 (dev0, 22.9 MiB) cannot hold stage 0 (blocks 0-1, 32 samples)"));
     CHECK(contains(msg, "short"));
   }
 }
 
 TEST_CASE("planner: a rank short of memory for its weights shards before it takes many micro-batches") {
   // Rank 1: 32 MB of weights and gradients, 32 MB of AdamW state, 4 MB of activations a
-  // sample, 60 MB in all. Micro-batches alone cannot fit (32 of 1 sample: 68 MB); the
-  // state goes to rank 0 (rank 1 has nothing free to keep any), and then 5 micro-batches
-  // of at most 7 samples fit: 32 + 28 MB. Micro-batches first would run 32 of 1 sample.
+  // sample, 60 MB in all. Micro-batches alone cannot fit (32 of 1 sample: 72 MB with one
+  // block's 4 MB of gradients while accumulating); the state goes to rank 0 (rank 1 has
+  // nothing free to keep any), and then 6 micro-batches of at most 6 samples fit:
+  // 32 + 4 + 24 MB. Micro-batches first would run 32 of 1 sample.
   const ClusterModel c = cluster({1e12, 1e12}, {64 * kGiB, 60e6});
   const PlannerInput in = input(c, costs(c, 4), 64, "data");
   const Plan p = make_plan(in);
@@ -172,7 +184,7 @@ TEST_CASE("planner: a rank short of memory for its weights shards before it take
   CHECK(p.ranks[1].memory_strategy == "optimizer sharding + micro-batches");
   CHECK(p.ranks[1].optimizer_shard == 0);
   CHECK(p.ranks[0].optimizer_shard == 1 - p.ranks[1].optimizer_shard);
-  CHECK(p.layout.micro_batches[1] == 5);
+  CHECK(p.layout.micro_batches[1] == 6);
   CHECK(p.ranks[1].memory.total() <= 60e6);
 }
 
@@ -184,7 +196,9 @@ TEST_CASE("planner: in data parallelism a short rank gets more micro-batches, no
   check_fits_and_agrees(p, in);
   CHECK(p.ranks[1].memory_strategy == "micro-batches");
   CHECK_FALSE(p.ranks[1].recompute);
-  CHECK(p.layout.micro_batches[1] == 7);  // 32 samples x 4 MB = 128 MB; 5 x 4 MB = 20 MB
+  // 32 samples x 4 MB = 128 MB; with one block's 4 MB of gradients while accumulating,
+  // 4 x 4 MB = 16 MB fit beside the 64 MB of state.
+  CHECK(p.layout.micro_batches[1] == 8);
   CHECK_FALSE(p.baseline.fits);
   REQUIRE(p.baseline.problems.size() == 1);
   CHECK(contains(p.baseline.problems[0], "rank 1 (dev1"));
@@ -372,8 +386,10 @@ TEST_CASE("plan: stage memory follows the 1F1B in-flight count and the strategie
   s.optimizer_shard = 0.25;
   const MemoryUse m = stage_memory(f, s);
   CHECK(m.params == 8e6);
-  CHECK(m.grads == 8e6);
+  CHECK(m.grads == 12e6);  // and one block's more while accumulating over micro-batches
   CHECK(m.optimizer == 0.25 * 16e6);
+  s.micro_batches = 1;
+  CHECK(stage_memory(f, s).grads == 8e6);
 }
 
 TEST_CASE("executor: replicas of a stage must report the same parameter checksum") {
