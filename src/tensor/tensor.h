@@ -72,8 +72,9 @@ class Tensor {
   bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
   // Moves this tensor's values, in place for every handle of it, into a dense buffer of
   // host staging (Allocator::HostStaging: outside the device's cap and counts) or of the
-  // device's own memory; nothing happens where they already are. A model is built in
-  // host staging and each rank moves the blocks it computes with onto its device.
+  // device's own memory; nothing happens where they already are (views made before keep
+  // the old buffer). A model is built in host staging and each rank moves the blocks it
+  // computes with onto its device.
   void rehome(bool host_staging) const;
 
   // Device pointers to the first element of this view.

@@ -115,6 +115,34 @@ TEST_CASE("allocator: host staging is outside the cap and the counts") {
   a.set_cap(0);
 }
 
+TEST_CASE("tensor: rehome moves the values between host staging and the device, for every handle") {
+  Allocator& a = cpu_backend().allocator();
+  const size_t base = a.live_bytes();
+  Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor alias = t;  // another handle of the same tensor
+  CHECK(a.live_bytes() == base + 64);  // 24 bytes, rounded to 64
+  t.rehome(true);
+  CHECK(a.live_bytes() == base);  // out of the device's counts
+  CHECK(a.staged(t.raw()));
+  CHECK(alias.same_storage(t));
+  CHECK(alias.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6});
+  t.rehome(true);  // already there: nothing happens
+  CHECK(a.staged(t.raw()));
+  a.set_cap(base + 64);  // room for exactly these bytes
+  t.rehome(false);
+  CHECK(a.live_bytes() == base + 64);
+  CHECK_FALSE(a.staged(alias.raw()));
+  CHECK(alias.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6});
+  CHECK_THROWS_AS(Tensor::zeros({16}), OutOfMemory);  // the cap is full
+  {
+    const Tensor view = permute(t, {1, 0});  // a view made after shares the new storage
+    CHECK(view.same_storage(alias));
+  }
+  t.rehome(true);
+  CHECK_NOTHROW(Tensor::zeros({16}));  // the device has its room back
+  a.set_cap(0);
+}
+
 TEST_CASE("threads: explicit request, then OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS") {
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::string saved = omp ? omp : "";
