@@ -48,6 +48,27 @@ def weights(run_dir):
             for k, v in header.items() if k.startswith("model.")}
 
 
+def capped_stop_resume(tmp, name, cap_mb, **sections):
+    """One process on the same batches; then two ranks capped at cap_mb MiB train 10 steps,
+    stop and resume to 15, which must end with the one process's parameters. Returns the
+    capped job's plan (None when its first part failed) and that part's errors."""
+    slug = name.replace(" ", "-")
+    one, d = os.path.join(tmp, f"one-{slug}"), os.path.join(tmp, slug)
+    r = run([HETRAIN, "train", config(os.path.join(tmp, f"one-{slug}.json"), 15, **sections), "--run-dir", one, "-q"])
+    check(f"one process reference for {name}", r.returncode == 0, r.stderr[-1500:])
+    capped = {"ranks": [{"rank": k, "memory_cap_mb": cap_mb} for k in range(2)]}
+    c = config(os.path.join(tmp, f"{slug}.json"), 15, emulate=capped, **sections)
+    r = mpirun(2, ["train", c, "--run-dir", d, "--stop-after", "10", "-q"])
+    plan = load(os.path.join(d, "plan.json")) if r.returncode == 0 else None
+    first = r.stderr[-1500:]
+    r = mpirun(2, ["train", c, "--run-dir", d, "--resume", "-q"])
+    diff = max_difference(weights(one), weights(d)) if plan and r.returncode == 0 else float("inf")
+    print(f"{name}, stopped and resumed: largest parameter difference to one process {diff:.2e}")
+    check(f"{name}, stopped and resumed: same parameters as one process (within 1e-5)", diff <= 1e-5,
+          first + r.stderr[-1500:])
+    return plan, first
+
+
 def max_difference(a, b):
     return max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a) if a.keys() == b.keys() else float("inf")
 
@@ -119,21 +140,11 @@ def main():
     # copy needs 29.6 MiB. The planner shards the AdamW state; the run stops (rank 0
     # gathers the parts into the checkpoint), resumes (each rank takes its part back) and
     # ends with one process's parameters.
-    big = dict(model={"hidden": [1024, 1024]}, parallel={"strategy": "data"}, train={"eval_batch_size": 200})
-    capped = {"ranks": [{"rank": 0, "memory_cap_mb": 26}, {"rank": 1, "memory_cap_mb": 26}]}
-    one_big, d = os.path.join(tmp, "one-big"), os.path.join(tmp, "sharded")
-    r = run([HETRAIN, "train", config(os.path.join(tmp, "big.json"), 15, **big), "--run-dir", one_big, "-q"])
-    check("one process reference for sharding", r.returncode == 0, r.stderr[-1500:])
-    c = config(os.path.join(tmp, "sharded.json"), 15, emulate=capped, **big)
-    r = mpirun(2, ["train", c, "--run-dir", d, "--stop-after", "10", "-q"])
-    shards = [x["optimizer_shard"] for x in load(os.path.join(d, "plan.json"))["ranks"]] if r.returncode == 0 else []
-    check("26 MiB ranks: the plan shards the optimizer state", r.returncode == 0 and len(shards) == 2
-          and max(shards) < 1 and abs(sum(shards) - 1) < 1e-9, f"{shards} {r.stderr[-1500:]}")
-    r = mpirun(2, ["train", c, "--run-dir", d, "--resume", "-q"])
-    diff = max_difference(weights(one_big), weights(d)) if r.returncode == 0 else float("inf")
-    print(f"sharded over 2 ranks, stopped and resumed: largest parameter difference to one process {diff:.2e}")
-    check("sharded, stopped and resumed: same parameters as one process (within 1e-5)", diff <= 1e-5,
-          r.stderr[-1500:])
+    plan, err = capped_stop_resume(tmp, "sharded", 26, model={"hidden": [1024, 1024]},
+                                   parallel={"strategy": "data"}, train={"eval_batch_size": 200})
+    shards = [x["optimizer_shard"] for x in plan["ranks"]] if plan else []
+    check("26 MiB ranks: the plan shards the optimizer state", len(shards) == 2
+          and max(shards) < 1 and abs(sum(shards) - 1) < 1e-9, f"{shards} {err}")
 
     # A pipeline under memory caps: two ranks capped at 44 MiB and a 4.0M-parameter MLP
     # (15.1 MiB of weights) that data parallelism cannot hold even sharded (45 MiB). The
@@ -143,22 +154,11 @@ def main():
     # micro-batches. (Before, it counted neither: a 2.9M-parameter MLP under 30 MiB caps got
     # a plan at 97% of rank 1's cap, and rank 1 ran out of memory in its first step.) It
     # stops, resumes and ends with one process's parameters.
-    deep = dict(model={"hidden": [1024, 1024, 1024, 1024]}, train={"eval_batch_size": 200})
-    capped = {"ranks": [{"rank": 0, "memory_cap_mb": 44}, {"rank": 1, "memory_cap_mb": 44}]}
-    one_deep, d = os.path.join(tmp, "one-deep"), os.path.join(tmp, "capped-pipeline")
-    r = run([HETRAIN, "train", config(os.path.join(tmp, "deep.json"), 15, **deep), "--run-dir", one_deep, "-q"])
-    check("one process reference for the capped pipeline", r.returncode == 0, r.stderr[-1500:])
-    c = config(os.path.join(tmp, "capped-pipeline.json"), 15, emulate=capped, **deep)
-    r = mpirun(2, ["train", c, "--run-dir", d, "--stop-after", "10", "-q"])
-    plan = load(os.path.join(d, "plan.json")) if r.returncode == 0 else {"strategy": "", "ranks": []}
-    check("44 MiB ranks: a 2-stage pipeline that fits every rank by the plan, run for 10 steps",
-          r.returncode == 0 and plan["strategy"] == "pipeline" and len(plan["stage_ranges"]) == 2
-          and all(sum(x["memory"].values()) <= 44 << 20 for x in plan["ranks"]), r.stderr[-1500:])
-    r = mpirun(2, ["train", c, "--run-dir", d, "--resume", "-q"])
-    diff = max_difference(weights(one_deep), weights(d)) if r.returncode == 0 else float("inf")
-    print(f"capped pipeline, stopped and resumed: largest parameter difference to one process {diff:.2e}")
-    check("capped pipeline, stopped and resumed: same parameters as one process (within 1e-5)", diff <= 1e-5,
-          r.stderr[-1500:])
+    plan, err = capped_stop_resume(tmp, "capped pipeline", 44, model={"hidden": [1024, 1024, 1024, 1024]},
+                                   train={"eval_batch_size": 200})
+    check("44 MiB ranks: a 2-stage pipeline that fits every rank by the plan",
+          plan is not None and plan["strategy"] == "pipeline" and len(plan["stage_ranges"]) == 2
+          and all(sum(x["memory"].values()) <= 44 << 20 for x in plan["ranks"]), err)
 
     # Ranks left idle are tried while training. A probe of this job's two (equal) ranks gets
     # fixed block times, rank 1's twice rank 0's, and a 0.2 ms link: the planner leaves
