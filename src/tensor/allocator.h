@@ -32,7 +32,8 @@ class Allocator {
   // While one lives on this thread, this thread's allocations are host staging: outside
   // the cap and the counts. Checkpoints (and a relayout's optimiser state in transit) are
   // read and assembled in host memory, which an emulated device cap does not stand for
-  // (on a GPU they never touch device memory).
+  // (on a GPU they never touch device memory); so are the probe's benchmark tensors and
+  // the blocks of the model a rank does not compute with (Tensor::rehome).
   class HostStaging {
    public:
     HostStaging();
