@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdio>
 
 #include "core/stats.h"
@@ -30,6 +31,11 @@ void Rebalancer::record(const StepResult& r) {
 }
 
 namespace {
+// Every per-step series of a measure, in the order they travel between the ranks.
+std::array<std::vector<double>*, 7> series(plan::RankMeasure& m) {
+  return {&m.work_s, &m.optimizer_s, &m.wall_s, &m.reduce_s, &m.work_cpu_s, &m.optimizer_cpu_s, &m.comm_cpu_s};
+}
+
 std::vector<int64_t> first_ranks(const plan::Plan& p) {
   std::vector<int64_t> ranks;
   for (const auto& replica : p.layout.replicas) ranks.push_back(replica[0]);
@@ -39,15 +45,14 @@ std::vector<int64_t> first_ranks(const plan::Plan& p) {
 
 std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t total, plan::Plan& plan) {
   if (every_ <= 0 || done % every_ != 0 || done >= total) return std::nullopt;
+  json mine = json::array();
+  for (const std::vector<double>* v : series(window_)) mine.push_back(*v);
   std::vector<plan::RankMeasure> measured;
-  for (const std::string& t : world_.allgather(
-           json{window_.work_s, window_.optimizer_s, window_.wall_s, window_.reduce_s, window_.work_cpu_s,
-                window_.optimizer_cpu_s, window_.comm_cpu_s}.dump())) {
+  for (const std::string& t : world_.allgather(mine.dump())) {
     const json j = json::parse(t);
-    measured.push_back({j[0].get<std::vector<double>>(), j[1].get<std::vector<double>>(),
-                        j[2].get<std::vector<double>>(), j[3].get<std::vector<double>>(),
-                        j[4].get<std::vector<double>>(), j[5].get<std::vector<double>>(),
-                        j[6].get<std::vector<double>>()});
+    plan::RankMeasure& m = measured.emplace_back();
+    size_t i = 0;
+    for (std::vector<double>* v : series(m)) *v = j[i++].get<std::vector<double>>();
   }
   // Rank 0 decides. A changed plan travels whole, so that every rank orders its
   // communication by the same estimates; otherwise only the calibrated prediction.
@@ -94,8 +99,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
     window_ = {};
   } else {  // the same plan: the next check's medians take in this window's steps too
     const auto keep = static_cast<size_t>(kWindowChecks * every_);
-    for (std::vector<double>* v : {&window_.work_s, &window_.optimizer_s, &window_.wall_s, &window_.reduce_s,
-                                   &window_.work_cpu_s, &window_.optimizer_cpu_s, &window_.comm_cpu_s})
+    for (std::vector<double>* v : series(window_))
       if (v->size() > keep) v->erase(v->begin(), v->end() - static_cast<std::ptrdiff_t>(keep));
   }
   return out;

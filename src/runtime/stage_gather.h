@@ -30,9 +30,9 @@ void load_stage(const Checkpoint& checkpoint, const Executor& executor);
 
 // Collective over `world`: replaces `executor` (made for `before`) with one for `after`,
 // both plan::replicates_whole_model, for the same world (some ranks may be idle in
-// either). Ranks active in both keep their optimiser state; a rank that joins takes the parameters, optimiser state and dropout
-// streams of `before`'s first replica, so every replica is bit-identical again. The last
-// step's all-reduce is drained first.
+// either). Ranks active in both keep their optimiser state; a rank that joins takes the
+// parameters, optimiser state and dropout streams of `before`'s first replica, so every
+// replica is bit-identical again. The last step's all-reduce is drained first.
 std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const plan::Plan& before,
                                    const plan::Plan& after, nn::Sequential& model, Task& task,
                                    comm::Communicator& world, const config::TrainConfig& train);
