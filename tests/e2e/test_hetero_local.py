@@ -10,6 +10,9 @@ reason and exits 77 (meson counts it as skipped). Otherwise:
     rank sits in hetrain-<pid>-rank<r> with the right quota, memory cap and
     HETRAIN_MEMORY_CAP;
   - --change 1.5s:1=0.1 drops rank 1's count in the second half of its run;
+  - quotas 0.8,0.4,0.2,0.2 on 2+ CPUs: rank 0 pinned alone to one CPU, ranks 1-3 to
+    another (worst-fit decreasing), said in the EMULATION line; --no-pin leaves every
+    rank the launcher's CPUs; quotas that do not fit one core each leave them unpinned;
   - a failing rank's exit status comes back;
   - SIGINT and SIGTERM mid-run: exit 128+N, no command process left;
   - after every run no cgroup named hetrain-<pid>-* is left in any hierarchy.
@@ -199,7 +202,7 @@ def test_ratio():
     # every time.
     ratios = []
     for attempt in range(3):
-        rc, out, err = run_tool(["--quota", "0.5,0.25", "--mem", "256M,128M", "--"]
+        rc, out, err = run_tool(["--quota", "0.5,0.25", "--mem", "256M,128M", "--no-pin", "--"]
                                 + burner(1.5, "one-cpu"))
         check(rc == 0, f"quota run exits 0 (got {rc}; stderr: {err.strip()[-300:]})")
         res = results(out)
@@ -256,6 +259,36 @@ def test_change():
     c0 = res[0]["cpu2"] / res[0]["cpu1"]
     check(c0 > 0.9, f"rank 0 (unchanged) second/first half CPU time = {c0:.2f} > 0.9 "
           f"(count ratio {r0:.2f})")
+
+
+def test_pinning():
+    cpus = sorted(os.sched_getaffinity(0))
+    report = [PY, "-c", "import os; print('cpus', os.environ['OMPI_COMM_WORLD_RANK'], "
+              "','.join(map(str, sorted(os.sched_getaffinity(0)))))"]
+
+    def affinity(out):
+        return {int(f[1]): f[2] for f in (line.split() for line in out.splitlines())
+                if len(f) == 3 and f[0] == "cpus"}
+
+    every = ",".join(map(str, cpus))
+    rc, out, err = run_tool(["--quota", "0.8,0.4,0.2,0.2", "--"] + report)
+    check(rc == 0, f"pinned run exits 0 (got {rc}; stderr: {err.strip()[-300:]})")
+    got = affinity(out)
+    if len(cpus) < 2:
+        check(got == {r: every for r in range(4)}, f"one CPU: nothing pinned ({got})")
+        return
+    a, b = str(cpus[0]), str(cpus[1])
+    check(got == {0: a, 1: b, 2: b, 3: b}, f"0.8,0.4,0.2,0.2: rank 0 alone on cpu {a}, "
+          f"ranks 1-3 on cpu {b} (got {got})")
+    check(f"pinned: rank 0 on cpu {a}, ranks 1,2,3 on cpu {b}" in err, "the EMULATION line says so")
+    rc, out, err = run_tool(["--quota", "0.8,0.4", "--no-pin", "--"] + report)
+    check(rc == 0 and affinity(out) == {0: every, 1: every} and "pinned" not in err,
+          f"--no-pin: every rank on cpus {every} ({affinity(out)})")
+    over = ["0.6"] * (len(cpus) + 1)  # one core each cannot hold them
+    if 0.6 * len(over) <= len(cpus):
+        rc, out, err = run_tool(["--quota", ",".join(over), "--"] + report)
+        check(rc == 0 and affinity(out) == {r: every for r in range(len(over))} and "pinned" not in err,
+              f"quotas {','.join(over)}: not pinned ({affinity(out)})")
 
 
 def test_exit_status():
@@ -320,7 +353,7 @@ def main():
         print(f"SKIP: cgroup CPU quotas unavailable here: {p.stderr.strip()}")
         return 77
     check(p.returncode == 0, f"--check exits 0 (got {p.returncode}: {p.stderr.strip()})")
-    for name, fn in [("ratio", test_ratio), ("change", test_change),
+    for name, fn in [("ratio", test_ratio), ("change", test_change), ("pinning", test_pinning),
                      ("exit status", test_exit_status),
                      ("SIGINT", lambda: test_signal(signal.SIGINT)),
                      ("SIGTERM", lambda: test_signal(signal.SIGTERM))]:
