@@ -22,6 +22,29 @@ double sustained(const std::vector<double>& wall, const std::vector<double>& cpu
   return std::max(w, median(cpu) / d.cpu_quota);
 }
 
+// Replica r's measured work per sample: its slowest rank's, sustained (-1: not measured).
+double work_per_sample(const Plan& p, const ClusterModel& cluster, const std::vector<RankMeasure>& measured,
+                       size_t r) {
+  double slowest = 0;
+  for (int rank : p.layout.replicas[r]) {
+    const auto k = static_cast<size_t>(rank);
+    if (measured[k].work_s.empty()) return -1;
+    slowest = std::max(slowest, sustained(measured[k].work_s, measured[k].work_cpu_s, cluster.ranks[k]));
+  }
+  return slowest / static_cast<double>(p.layout.samples[r]);
+}
+
+// Every rank's memory for the layout, and whether replica r's ranks hold theirs.
+bool recount_memory(Plan& p, const BlockCosts& costs, size_t r) {
+  sync_rank_shares(p);
+  bool fits = true;
+  for (RankPlan& rp : p.ranks) {
+    rp.memory = rank_memory(p, costs, rp);
+    if (rp.replica == static_cast<int>(r) && rp.memory.total() > rp.device.memory_bytes) fits = false;
+  }
+  return fits;
+}
+
 double sum(const std::vector<double>& row, int begin, int end) {
   return std::accumulate(row.begin() + begin, row.begin() + end, 0.0);
 }
@@ -147,11 +170,12 @@ std::vector<double> measured_reduce_seconds(const Plan& plan, const std::vector<
 }
 
 ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bool move_shares,
-                       std::optional<Plan> all_ranks)
+                       std::optional<Plan> all_ranks, bool micro_batch_trials)
     : original_(std::move(original)),
       costs_(std::move(costs)),
       cluster_(std::move(cluster)),
-      move_shares_(move_shares) {
+      move_shares_(move_shares),
+      micro_batch_trials_(micro_batch_trials) {
   if (all_ranks && has_idle_ranks(original_) && move_shares_ && replicates_whole_model(original_) &&
       replicates_whole_model(*all_ranks) && all_ranks->world_size == original_.world_size &&
       all_ranks->predicted.step_seconds <= (1 + kIdleTrialMargin) * original_.predicted.step_seconds)
@@ -191,20 +215,69 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
     out.changed = out.relayout = true;
     return out;
   }
+  if (trial_) {  // kept when the replica's work per sample got faster, else undone for good
+    const MicroBatchTrial t = *trial_;
+    trial_.reset();
+    const double now = work_per_sample(current, cluster_, measured, t.replica);
+    if (now < 0 || now >= (1 - kRebalanceMinGain) * t.work_per_sample_before) {
+      // 4x as many slower: 2x may still gain, the once; 2x slower: settled.
+      finer_[t.replica] = current.layout.micro_batches[t.replica] == 4 * t.micro_batches_before ? 2 : 1;
+      out.plan.layout.micro_batches[t.replica] = t.micro_batches_before;
+      recount_memory(out.plan, costs_, t.replica);
+      predict_plan(out.plan, calibrated, cluster_, reduce);
+      out.changed = out.reverted = true;
+      return out;
+    }
+    if (t.replica < original_.layout.micro_batches.size())
+      original_.layout.micro_batches[t.replica] = current.layout.micro_batches[t.replica];
+  }
   if (settle_ > 0) {
     --settle_;
     return out;
   }
-  if (!move_shares_ || current.layout.replicas.size() < 2) return out;
-  Plan next = resplit(current, original_, calibrated);
-  if (next.layout.samples == current.layout.samples || rejected_.count(next.layout.samples)) return out;
-  predict_plan(next, calibrated, cluster_, reduce);
-  if (next.predicted.step_seconds < (1 - kRebalanceMinGain) * out.current_step_s) {
-    before_change_ = out.plan;
-    step_before_change_ = out.measured_step_s;
-    out.plan = std::move(next);
-    out.changed = true;
+  if (!move_shares_) return out;
+  if (current.layout.replicas.size() >= 2) {
+    Plan next = resplit(current, original_, calibrated);
+    if (next.layout.samples != current.layout.samples && !rejected_.count(next.layout.samples)) {
+      predict_plan(next, calibrated, cluster_, reduce);
+      if (next.predicted.step_seconds < (1 - kRebalanceMinGain) * out.current_step_s) {
+        before_change_ = out.plan;
+        step_before_change_ = out.measured_step_s;
+        out.plan = std::move(next);
+        out.changed = true;
+        return out;
+      }
+    }
   }
+  if (!micro_batch_trials_ || current.stage_ranges.size() != 1) return out;
+  // The shares stay: try the replica with the largest micro-batches in smaller ones.
+  auto factor = [&](size_t r) {  // how many times as many micro-batches to try (1: none)
+    const int64_t per_micro_batch = current.layout.samples[r] / current.layout.micro_batches[r];
+    const int most = finer_.count(r) ? finer_.at(r) : 4;
+    for (int f = most; f > 1; f /= 2)
+      if (per_micro_batch >= f * kMinChunkSamples) return f;
+    return 1;
+  };
+  std::optional<size_t> widest;
+  for (size_t r = 0; r < current.layout.replicas.size(); ++r)
+    if (factor(r) > 1 && (!widest || current.layout.samples[r] * current.layout.micro_batches[*widest] >
+                                         current.layout.samples[*widest] * current.layout.micro_batches[r]))
+      widest = r;
+  if (!widest) return out;
+  const size_t r = *widest;
+  const double before = work_per_sample(current, cluster_, measured, r);
+  if (before <= 0) return out;
+  Plan next = current;
+  const int m = current.layout.micro_batches[r];
+  next.layout.micro_batches[r] = m * factor(r);
+  if (!recount_memory(next, costs_, r)) {
+    finer_[r] = 1;
+    return out;
+  }
+  predict_plan(next, calibrated, cluster_, reduce);
+  trial_ = MicroBatchTrial{r, m, before};
+  out.plan = std::move(next);
+  out.changed = true;
   return out;
 }
 

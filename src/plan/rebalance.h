@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <vector>
@@ -32,6 +33,8 @@ inline constexpr int kSettleChecks = 5;
 // short and noisy (twice it left two CNN ranks idle on CPU quotas 0.8/0.4/0.2/0.2, and the
 // job ran 1.4-1.6x the equal split on two ranks against about 2x on all four).
 inline constexpr double kIdleTrialMargin = 0.25;
+// The fewest samples a micro-batch trial leaves in a micro-batch (see ShareTuner).
+inline constexpr int64_t kMinChunkSamples = 8;
 
 // One rank's steps in a window, each figure per step (empty: nothing measured, e.g. an
 // idle rank). Medians over the steps are used: a rank under a CPU quota has steps that
@@ -97,10 +100,25 @@ struct Rebalance {
 // is tried at the first check under the same rule (kept unless the measured step got
 // slower), when both replicate the whole model (replicates_whole_model) and it was
 // predicted within kIdleTrialMargin of `original`; the shares then move within it.
+//
+// Micro-batch trials (one-stage plans, when shares move): a rank's time per sample
+// depends on how many samples a call carries, and not only through the fixed cost per
+// call that the model knows: the CNN's convolutions unfold 225 KB a sample, so at 128
+// samples a call their buffers leave the caches, and a 0.8 rank alone measured 11% more
+// samples/s in 8 micro-batches of 16 than in one of 128. The block profile cannot see
+// that (it fits a straight line through two batch sizes), so the tuner measures it: at a
+// check where the shares stay, the replica with the most samples per micro-batch (at
+// least 2 x kMinChunkSamples) runs in 4x as many micro-batches (2x where 4x would leave
+// fewer than kMinChunkSamples), within its memory. At the next check it keeps them if
+// its work per sample measured kRebalanceMinGain faster (the shares then follow its new
+// speed, and later checks may try smaller still), else it goes back; after 4x, 2x is
+// tried once more, after 2x that replica is not tried again. The gradient is the same
+// sum in another order.
 class ShareTuner {
  public:
+  // `micro_batch_trials` off: the shares move, the micro-batch counts never.
   ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bool move_shares,
-             std::optional<Plan> all_ranks = std::nullopt);
+             std::optional<Plan> all_ranks = std::nullopt, bool micro_batch_trials = true);
   Rebalance check(const Plan& current, const std::vector<RankMeasure>& measured);
 
  private:
@@ -108,12 +126,20 @@ class ShareTuner {
   BlockCosts costs_;
   ClusterModel cluster_;
   bool move_shares_;
+  bool micro_batch_trials_;
   std::optional<Plan> all_ranks_;      // to try at the first check
   std::optional<Plan> original_before_trial_;  // original_ while all_ranks_ is tried
   std::optional<Plan> before_change_;  // the plan the last change replaced
   double step_before_change_ = 0;      // and its measured step
   std::set<std::vector<int64_t>> rejected_;
   int settle_ = 0;  // checks left before the next try
+  struct MicroBatchTrial {
+    size_t replica = 0;
+    int micro_batches_before = 1;
+    double work_per_sample_before = 0;  // measured, seconds
+  };
+  std::optional<MicroBatchTrial> trial_;  // running since the last check
+  std::map<size_t, int> finer_;  // per replica, the most times as many micro-batches to try next (default 4)
 };
 
 }  // namespace ht::plan

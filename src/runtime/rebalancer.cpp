@@ -77,6 +77,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   out.measured_step_s = d["measured_step_s"].get<double>();
   out.before_predicted_step_s = d["current_step_s"].get<double>();
   out.before = plan.layout.samples;
+  out.micro_before = plan.layout.micro_batches;
   out.ranks_before = first_ranks(plan);
   for (size_t k = 0; k < measured.size(); ++k) {
     const plan::RankPlan& rp = plan.ranks[k];
@@ -92,6 +93,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   plan.predicted.samples_per_s = d["predicted"][1].get<double>();
   plan.predicted.bubble_fraction = d["predicted"][2].get<double>();
   out.after = plan.layout.samples;
+  out.micro_after = plan.layout.micro_batches;
   out.ranks_after = first_ranks(plan);
   out.predicted_step_s = plan.predicted.step_seconds;
   if (out.changed) {
@@ -113,6 +115,8 @@ std::string Rebalancer::Outcome::record(int64_t step) const {
               {"relayout", relayout},
               {"shares_before", before},
               {"shares", after},
+              {"micro_batches_before", micro_before},
+              {"micro_batches", micro_after},
               {"ranks_before", ranks_before},
               {"ranks", ranks_after},
               {"measured_step_s", measured_step_s},
@@ -127,6 +131,14 @@ std::string Rebalancer::Outcome::line(int64_t step) const {
   using report::join;
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.2f ms", predicted_step_s * 1e3);
+  if (!relayout && before == after && micro_before != micro_after) {
+    auto counts = [](const std::vector<int>& m) { return join(std::vector<int64_t>(m.begin(), m.end()), "/"); };
+    return "step " + std::to_string(step) + ": " +
+           (reverted ? "back to micro-batches " + counts(micro_after) + " (the trial's work per sample was not faster)"
+                     : "trying smaller micro-batches (a call's size changes the time per sample): micro-batches " +
+                           counts(micro_before) + " -> " + counts(micro_after)) +
+           ", shares " + join(after, "/");
+  }
   const std::string what =
       relayout ? (reverted ? "back to ranks " + join(ranks_after) + " (the measured step got slower on ranks " +
                                  join(ranks_before) + "): shares "

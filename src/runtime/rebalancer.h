@@ -33,6 +33,7 @@ class Rebalancer {
   struct Outcome {
     bool changed = false, reverted = false, relayout = false;  // see plan::Rebalance
     std::vector<int64_t> before, after;      // the replicas' shares
+    std::vector<int> micro_before, micro_after;  // and their micro-batch counts
     std::vector<int64_t> ranks_before, ranks_after;  // the first stage's rank of each replica
     std::optional<plan::Plan> replaced;          // with relayout: the plan the executor runs
     double predicted_step_s = 0;             // calibrated, for `after`

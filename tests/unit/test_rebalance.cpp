@@ -170,7 +170,7 @@ TEST_CASE("rebalance: the re-split follows measured speed within each replica's 
 
 TEST_CASE("rebalance: the tuner moves shares, undoes a move that measured slower, then settles") {
   TwoEqual t;
-  ShareTuner tuner(t.plan, t.in.costs, t.c, true);
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true, std::nullopt, false);
   // Rank 1 measures twice as slow: predicted faster at 2 : 1, so the shares move.
   const std::vector<RankMeasure> slow1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.20, 0, 0.30, 0)};
   Rebalance r = tuner.check(t.plan, slow1);
@@ -196,7 +196,7 @@ TEST_CASE("rebalance: the tuner moves shares, undoes a move that measured slower
 
 TEST_CASE("rebalance: a move that measured faster stays; equal never moves but is recalibrated") {
   TwoEqual t;
-  ShareTuner tuner(t.plan, t.in.costs, t.c, true);
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true, std::nullopt, false);
   const std::vector<RankMeasure> slow1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.20, 0, 0.30, 0)};
   const Plan moved = tuner.check(t.plan, slow1).plan;
   const std::vector<RankMeasure> better{steady(9, 0.134, 0, 0.14, 0), steady(9, 0.132, 0, 0.14, 0)};
@@ -209,6 +209,58 @@ TEST_CASE("rebalance: a move that measured faster stays; equal never moves but i
   CHECK_FALSE(e.changed);
   CHECK(e.plan.layout.samples == std::vector<int64_t>{50, 50});
   CHECK(e.plan.predicted.step_seconds == doctest::Approx(0.20).epsilon(0.05));
+}
+
+TEST_CASE("rebalance: micro-batch trials keep smaller micro-batches that measured faster per sample, else go back") {
+  TwoEqual t;
+  const std::vector<RankMeasure> even{steady(9, 0.15, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)};
+  using Counts = std::vector<int>;
+  // Shares that stay: the widest micro-batches (replica 0 on a tie) in 4x as many.
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true);
+  const Rebalance tried = tuner.check(t.plan, even);
+  REQUIRE(tried.changed);
+  CHECK_FALSE(tried.reverted);
+  CHECK(tried.plan.layout.samples == std::vector<int64_t>{50, 50});
+  CHECK(tried.plan.layout.micro_batches == Counts{4, 1});
+  CHECK(tried.plan.ranks[0].micro_batches == 4);
+  CHECK(tried.plan.ranks[0].micro_batch_size == 13);
+  // Rank 0 now does its 50 samples in 0.12 s, not 0.15: kept, and the shares follow.
+  const Rebalance kept = tuner.check(tried.plan, {steady(9, 0.12, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)});
+  CHECK(kept.changed);
+  CHECK_FALSE(kept.reverted);
+  CHECK(kept.plan.layout.micro_batches == Counts{4, 1});
+  CHECK(kept.plan.layout.samples[0] > kept.plan.layout.samples[1]);
+
+  // Not faster (2% is noise): back. Then 2x for that replica, once; then the other's.
+  ShareTuner other(t.plan, t.in.costs, t.c, true);
+  const std::vector<RankMeasure> same{steady(9, 0.147, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)};
+  const std::vector<std::pair<Counts, bool>> expected{
+      {{4, 1}, false}, {{1, 1}, true}, {{2, 1}, false}, {{1, 1}, true},
+      {{1, 4}, false}, {{1, 1}, true}, {{1, 2}, false}, {{1, 1}, true}};
+  Plan current = t.plan;
+  for (const auto& [counts, reverted] : expected) {
+    const Rebalance r = other.check(current, same);
+    CHECK(r.changed);
+    CHECK(r.reverted == reverted);
+    CHECK(r.plan.layout.micro_batches == counts);
+    CHECK(r.plan.layout.samples == std::vector<int64_t>{50, 50});
+    current = r.plan;
+  }
+  CHECK_FALSE(other.check(current, same).changed);  // every replica tried
+
+  // Too few samples per micro-batch to split (fewer than 2 x kMinChunkSamples), trials
+  // off, or a pipeline: no trial.
+  Plan narrow = t.plan;
+  narrow.layout.micro_batches = {4, 4};  // 12.5 samples each
+  sync_rank_shares(narrow);
+  CHECK_FALSE(ShareTuner(narrow, t.in.costs, t.c, true).check(narrow, even).changed);
+  CHECK_FALSE(ShareTuner(t.plan, t.in.costs, t.c, true, std::nullopt, false).check(t.plan, even).changed);
+  const PlannerInput piped = input(t.c, costs(t.c, 2), 100, "pipeline");
+  const Plan pipeline = make_plan(piped);
+  REQUIRE(pipeline.stage_ranges.size() == 2);
+  const std::vector<RankMeasure> staged{steady(9, 0.15, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)};
+  CHECK(ShareTuner(pipeline, piped.costs, t.c, true).check(pipeline, staged).plan.layout.micro_batches ==
+        pipeline.layout.micro_batches);
 }
 
 TEST_CASE("rebalance: ranks left idle are tried at the first check, kept if faster, else undone for good") {
