@@ -191,6 +191,13 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
       pin.compute_seconds.push_back(std::move(mean));
       pin.devices.push_back(*smallest);
     }
+    for (int s = 0; s < stages; ++s)
+      for (int r = 0; r < replicas; ++r)
+        if (layout[r][s] == 0) pin.whole_model_stage = s;  // see rank_memory
+    if (pin.whole_model_stage >= 0) {
+      for (double params : in.costs.params) pin.weight_bytes.push_back(kWeightBytesPerParam * params);
+      pin.whole_model_capacity = in.cluster.ranks[0].memory_bytes;
+    }
     pin.micro_batches = micro_batches;
     pin.micro_batch_size = std::max<int64_t>(1, in.global_batch / replicas / micro_batches);
     try {

@@ -49,6 +49,14 @@ void validate(const StagePartitionInput& in) {
            in.micro_batch_size, "; expected >= 1");
   HT_CHECK(in.micro_batches >= 1, "stage partition: micro_batches = ", in.micro_batches,
            "; expected >= 1");
+  if (in.whole_model_stage < 0) return;
+  HT_CHECK(in.whole_model_stage < static_cast<int>(S), "stage partition: whole_model_stage ",
+           in.whole_model_stage, "; expected a stage below ", S);
+  HT_CHECK(in.weight_bytes.size() == B, "stage partition: weight_bytes has ", in.weight_bytes.size(),
+           " entries; expected ", B, " (one per block)");
+  check_finite_nonneg(in.weight_bytes, "weight_bytes");
+  HT_CHECK(std::isfinite(in.whole_model_capacity) && in.whole_model_capacity > 0,
+           "stage partition: whole_model_capacity = ", in.whole_model_capacity, "; expected > 0");
 }
 
 // Prefix sums make every range's time and memory O(1), which keeps the DP at O(S*B^2).
@@ -56,7 +64,7 @@ struct Costs {
   const StagePartitionInput& in;
   int S, B;
   std::vector<std::vector<double>> time_prefix;  // [s][b]
-  std::vector<double> mem_prefix, act_prefix;
+  std::vector<double> mem_prefix, act_prefix, weight_prefix;
 
   explicit Costs(const StagePartitionInput& input)
       : in(input),
@@ -65,25 +73,45 @@ struct Costs {
     time_prefix.assign(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(B) + 1, 0));
     mem_prefix.assign(static_cast<size_t>(B) + 1, 0);
     act_prefix.assign(static_cast<size_t>(B) + 1, 0);
+    weight_prefix.assign(static_cast<size_t>(B) + 1, 0);
     for (size_t b = 0; b < static_cast<size_t>(B); ++b) {
       for (size_t s = 0; s < static_cast<size_t>(S); ++s)
         time_prefix[s][b + 1] = time_prefix[s][b] + in.compute_seconds[s][b];
       mem_prefix[b + 1] = mem_prefix[b] + in.memory_bytes[b];
       act_prefix[b + 1] = act_prefix[b] + in.activation_bytes[b];
+      if (in.whole_model_stage >= 0) weight_prefix[b + 1] = weight_prefix[b] + in.weight_bytes[b];
     }
   }
   double seconds(int s, int i, int j) const {
     const auto& p = time_prefix[static_cast<size_t>(s)];
     return in.micro_batch_size * (p[static_cast<size_t>(j)] - p[static_cast<size_t>(i)]);
   }
-  double memory(int s, int i, int j) const {
+  // The stage's own blocks.
+  double own(int s, int i, int j) const {
     const double held = in_flight_micro_batches(s, S, in.micro_batches) *
                         static_cast<double>(in.micro_batch_size);
     return (mem_prefix[static_cast<size_t>(j)] - mem_prefix[static_cast<size_t>(i)]) +
            held * (act_prefix[static_cast<size_t>(j)] - act_prefix[static_cast<size_t>(i)]);
   }
+  // What its tightest device holds: on the whole-model stage, rank 0 with the other
+  // blocks' weights, unless another device of the group is tighter for its own blocks.
+  // Never falls as j grows: a block's state includes its weights.
+  double memory(int s, int i, int j) const {
+    if (s != in.whole_model_stage || !rank0_tighter(s, i, j)) return own(s, i, j);
+    return own(s, i, j) + weight_prefix.back() -
+           (weight_prefix[static_cast<size_t>(j)] - weight_prefix[static_cast<size_t>(i)]);
+  }
+  double capacity(int s, int i, int j) const {
+    return s == in.whole_model_stage && rank0_tighter(s, i, j) ? in.whole_model_capacity : capacity(s);
+  }
   double capacity(int s) const { return in.devices[static_cast<size_t>(s)].memory_bytes; }
-  bool fits(int s, int i, int j) const { return memory(s, i, j) <= capacity(s); }
+  bool fits(int s, int i, int j) const { return memory(s, i, j) <= capacity(s, i, j); }
+
+  bool rank0_tighter(int s, int i, int j) const {
+    const double others = weight_prefix.back() - (weight_prefix[static_cast<size_t>(j)] -
+                                                  weight_prefix[static_cast<size_t>(i)]);
+    return in.whole_model_capacity - others < capacity(s);
+  }
 };
 
 StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges) {
@@ -113,15 +141,15 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
     bool any = false;
     for (int s = lo; s <= hi; ++s) {
       if (c.fits(s, b, b + 1)) any = true;
-      if (c.capacity(s) - c.memory(s, b, b + 1) > c.capacity(best) - c.memory(best, b, b + 1))
+      if (c.capacity(s, b, b + 1) - c.memory(s, b, b + 1) > c.capacity(best, b, b + 1) - c.memory(best, b, b + 1))
         best = s;
     }
     if (!any)
       fail(head, "block ", b, " alone needs ", report::format_bytes(c.memory(best, b, b + 1)), " (",
            whole(c.memory(best, b, b + 1)), " bytes) on ", stage_name(c.in, best),
-           ", the roomiest stage that could take it; capacity ", whole(c.capacity(best)),
-           " bytes. Use devices with more memory, fewer in-flight micro-batches or a "
-           "smaller micro-batch");
+           ", the roomiest stage that could take it; capacity ", whole(c.capacity(best, b, b + 1)), " bytes",
+           best == c.in.whole_model_stage ? " (with the other blocks' weights, which rank 0 holds)" : "",
+           ". Use devices with more memory, fewer in-flight micro-batches or a smaller micro-batch");
   }
   for (int s = 0; s < c.S; ++s) {
     int lightest = s;
@@ -134,15 +162,20 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
       fail(head, stage_name(c.in, s), " cannot hold any block it could be given: the "
            "lightest, block ", lightest, ", needs ", report::format_bytes(c.memory(s, lightest, lightest + 1)),
            " (", whole(c.memory(s, lightest, lightest + 1)), " bytes) vs capacity ",
-           whole(c.capacity(s)),
-           " bytes");
+           whole(c.capacity(s, lightest, lightest + 1)), " bytes",
+           s == c.in.whole_model_stage ? " (with the other blocks' weights, which rank 0 holds)" : "");
   }
   double capacity = 0;
   for (int s = 0; s < c.S; ++s) capacity += c.capacity(s);
   fail(head, "every block fits some stage alone, but no contiguous split does; the weight "
        "state alone totals ", report::format_bytes(c.mem_prefix.back()), " (", whole(c.mem_prefix.back()),
        " bytes) against ", report::format_bytes(capacity), " (", whole(capacity), " bytes) of total capacity, "
-       "before in-flight activations");
+       "before in-flight activations",
+       c.in.whole_model_stage < 0
+           ? std::string()
+           : "; and stage " + std::to_string(c.in.whole_model_stage) + " is rank 0's, which also holds " +
+                 "every other stage's weights (it evaluates and checkpoints the whole model: " +
+                 report::format_bytes(c.weight_prefix.back()) + " of weights in all)");
 }
 
 }  // namespace
@@ -209,7 +242,7 @@ StagePartition uniform_partition(const StagePartitionInput& in) {
                            std::to_string(j) + ") needing " + report::format_bytes(c.memory(s, i, j)) +
                            " (" + std::to_string(whole(c.memory(s, i, j))) +
                            " bytes) vs capacity " +
-                           std::to_string(whole(c.capacity(s))) + " bytes");
+                           std::to_string(whole(c.capacity(s, i, j))) + " bytes");
   }
   return p;
 }

@@ -22,6 +22,13 @@ struct StagePartitionInput {
   std::vector<DeviceModel> devices;      // pipeline order; memory_bytes is the capacity
   int micro_batch_size = 1;
   int micro_batches = 1;  // M: micro-batches per step; bounds what 1F1B keeps in flight
+  // Rank 0 evaluates and checkpoints the whole model, so in a pipeline it also holds the
+  // weights of every block outside its stage. With whole_model_stage >= 0 that stage's
+  // memory counts them (weight_bytes, per block) against whole_model_capacity (rank 0's
+  // memory); its own blocks must still fit devices[stage] (the stage group's smallest).
+  int whole_model_stage = -1;
+  std::vector<double> weight_bytes;
+  double whole_model_capacity = 0;
 };
 
 struct StagePartition {

@@ -232,6 +232,24 @@ TEST_CASE("planner: a device that cannot hold the model gets fewer layers of a p
   CHECK(contains(*note, "blocks 2-3"));
 }
 
+TEST_CASE("planner: the pipeline split counts the other stages' weights that rank 0 holds") {
+  // Rank 0 twice as fast, 3 blocks of 16 MB of state (4 MB of weights), 1 MB of
+  // activations a sample, 2 samples in 2 micro-batches, 39 MB each. The fastest split
+  // gives rank 0 two blocks: 32 MB + 4 MB of activations (stage 0 holds two micro-batches)
+  // fit its stage alone, but rank 0 also holds the third block's weights and one block's
+  // gradients while it accumulates: 44 MB. Rank 0 on one block needs 30 MB (16 + 4 + 2 +
+  // the other two blocks' 8), rank 1 on two 38 MB: the only plan, which a split blind to
+  // rank 0's extra weights never tried.
+  const ClusterModel c = cluster({2e12, 1e12}, {39e6, 39e6});
+  const PlannerInput in = input(c, costs(c, 3, 1e6), 2, "pipeline");
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  const RankPlan& r0 = p.ranks[0];
+  CHECK(r0.block_end - r0.block_begin == 1);
+  CHECK(r0.memory.params == doctest::Approx(12e6));  // the whole model's weights
+  CHECK(p.ranks[1].block_end - p.ranks[1].block_begin == 2);
+}
+
 TEST_CASE("planner: bad inputs get errors naming the numbers") {
   const ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB));
   CHECK(contains(error_of([&] { make_plan(input(c, costs(c, 4), 3, "data")); }),

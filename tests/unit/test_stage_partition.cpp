@@ -238,3 +238,46 @@ TEST_CASE("stage partition: uniform baseline matches its definition and reports 
   CHECK(v.problems[0].find("[3, 6)") != std::string::npos);
   CHECK(v.stage_memory_bytes[1] == doctest::Approx(3.0));
 }
+
+TEST_CASE("stage partition: the whole-model stage also holds every other block's weights") {
+  // Six blocks of state 4 (weights 1), stage 0 twice as fast: 4 blocks to 2 when memory
+  // does not matter. Rank 0 on stage 0 with a capacity of 18: four blocks are 16, plus the
+  // other two blocks' weights 18, which fits; at 17 it takes three (12 + 3 = 15).
+  StagePartitionInput in = input(6, {1.0, 2.0}, 100);
+  in.memory_bytes.assign(6, 4.0);
+  in.weight_bytes.assign(6, 1.0);
+  CHECK(partition_stages(in).ranges[0] == std::pair{0, 4});
+  in.whole_model_stage = 0;
+  in.whole_model_capacity = 18;
+  StagePartition p = partition_stages(in);
+  CHECK(p.ranges[0] == std::pair{0, 4});
+  CHECK(p.stage_memory_bytes[0] == doctest::Approx(18));
+  in.whole_model_capacity = 17;
+  p = partition_stages(in);
+  CHECK(p.ranges[0] == std::pair{0, 3});
+  CHECK(p.stage_memory_bytes[0] == doctest::Approx(15));
+  // Another device of the stage group tighter for the stage's own blocks than rank 0 is
+  // with the extra weights: its capacity binds.
+  in.whole_model_capacity = 1000;
+  in.devices[0].memory_bytes = 9;
+  p = partition_stages(in);
+  CHECK(p.ranges[0] == std::pair{0, 2});
+  CHECK(p.stage_memory_bytes[0] == doctest::Approx(8));
+  // Too little for rank 0 with the others' weights: the error says so.
+  StagePartitionInput tight = input(2, {1.0, 1.0}, 4);
+  tight.memory_bytes.assign(2, 4.0);
+  tight.weight_bytes.assign(2, 1.0);
+  tight.whole_model_stage = 0;
+  tight.whole_model_capacity = 4.5;
+  CHECK_THROWS_WITH_AS(partition_stages(tight), doctest::Contains("block 0 alone needs 5 B"), Error);
+  CHECK_THROWS_WITH_AS(partition_stages(tight), doctest::Contains("which rank 0 holds"), Error);
+  // Bad input names the field.
+  in.whole_model_stage = 2;
+  CHECK_THROWS_WITH_AS(partition_stages(in), doctest::Contains("whole_model_stage 2"), Error);
+  in.whole_model_stage = 0;
+  in.weight_bytes.pop_back();
+  CHECK_THROWS_WITH_AS(partition_stages(in), doctest::Contains("weight_bytes has 5 entries"), Error);
+  in.weight_bytes.push_back(1.0);
+  in.whole_model_capacity = 0;
+  CHECK_THROWS_WITH_AS(partition_stages(in), doctest::Contains("whole_model_capacity = 0"), Error);
+}
