@@ -215,7 +215,7 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
     out.changed = out.relayout = true;
     return out;
   }
-  if (trial_) {  // kept when the replica's work per sample got faster, else undone for good
+  if (trial_) {  // kept when the replica's work per sample got faster, else undone
     const MicroBatchTrial t = *trial_;
     trial_.reset();
     const double now = work_per_sample(current, cluster_, measured, t.replica);
@@ -255,7 +255,7 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
     const int64_t per_micro_batch = current.layout.samples[r] / current.layout.micro_batches[r];
     const int most = finer_.count(r) ? finer_.at(r) : 4;
     for (int f = most; f > 1; f /= 2)
-      if (per_micro_batch >= f * kMinChunkSamples) return f;
+      if (per_micro_batch >= f * kMinMicroBatchSamples) return f;
     return 1;
   };
   std::optional<size_t> widest;

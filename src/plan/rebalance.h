@@ -34,7 +34,7 @@ inline constexpr int kSettleChecks = 5;
 // job ran 1.4-1.6x the equal split on two ranks against about 2x on all four).
 inline constexpr double kIdleTrialMargin = 0.25;
 // The fewest samples a micro-batch trial leaves in a micro-batch (see ShareTuner).
-inline constexpr int64_t kMinChunkSamples = 8;
+inline constexpr int64_t kMinMicroBatchSamples = 8;
 
 // One rank's steps in a window, each figure per step (empty: nothing measured, e.g. an
 // idle rank). Medians over the steps are used: a rank under a CPU quota has steps that
@@ -108,11 +108,11 @@ struct Rebalance {
 // samples/s in 8 micro-batches of 16 than in one of 128. The block profile cannot see
 // that (it fits a straight line through two batch sizes), so the tuner measures it: at a
 // check where the shares stay, the replica with the most samples per micro-batch (at
-// least 2 x kMinChunkSamples) runs in 4x as many micro-batches (2x where 4x would leave
-// fewer than kMinChunkSamples), within its memory. At the next check it keeps them if
-// its work per sample measured kRebalanceMinGain faster (the shares then follow its new
-// speed, and later checks may try smaller still), else it goes back; after 4x, 2x is
-// tried once more, after 2x that replica is not tried again. The gradient is the same
+// least 2 x kMinMicroBatchSamples) runs in 4x as many micro-batches (2x where 4x would
+// leave fewer than kMinMicroBatchSamples), within its memory. At the next check it keeps
+// them if its work per sample measured kRebalanceMinGain faster (the shares then follow
+// its new speed, and later checks may try smaller still), else it goes back; after 4x, 2x
+// is tried once more, after 2x that replica is not tried again. The gradient is the same
 // sum in another order.
 class ShareTuner {
  public:

@@ -141,8 +141,8 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
     bool any = false;
     for (int s = lo; s <= hi; ++s) {
       if (c.fits(s, b, b + 1)) any = true;
-      if (c.capacity(s, b, b + 1) - c.memory(s, b, b + 1) > c.capacity(best, b, b + 1) - c.memory(best, b, b + 1))
-        best = s;
+      const double room = c.capacity(s, b, b + 1) - c.memory(s, b, b + 1);
+      if (room > c.capacity(best, b, b + 1) - c.memory(best, b, b + 1)) best = s;
     }
     if (!any)
       fail(head, "block ", b, " alone needs ", report::format_bytes(c.memory(best, b, b + 1)), " (",

@@ -248,7 +248,7 @@ TEST_CASE("rebalance: micro-batch trials keep smaller micro-batches that measure
   }
   CHECK_FALSE(other.check(current, same).changed);  // every replica tried
 
-  // Too few samples per micro-batch to split (fewer than 2 x kMinChunkSamples), trials
+  // Too few samples per micro-batch to split (fewer than 2 x kMinMicroBatchSamples), trials
   // off, or a pipeline: no trial.
   Plan narrow = t.plan;
   narrow.layout.micro_batches = {4, 4};  // 12.5 samples each
