@@ -34,15 +34,16 @@ double work_per_sample(const Plan& p, const ClusterModel& cluster, const std::ve
   return slowest / static_cast<double>(p.layout.samples[r]);
 }
 
-// Every rank's memory for the layout, and whether replica r's ranks hold theirs.
-bool recount_memory(Plan& p, const BlockCosts& costs, size_t r) {
+// Every rank's shares and memory after the layout changed.
+void recount_memory(Plan& p, const BlockCosts& costs) {
   sync_rank_shares(p);
-  bool fits = true;
-  for (RankPlan& rp : p.ranks) {
-    rp.memory = rank_memory(p, costs, rp);
-    if (rp.replica == static_cast<int>(r) && rp.memory.total() > rp.device.memory_bytes) fits = false;
-  }
-  return fits;
+  for (RankPlan& rp : p.ranks) rp.memory = rank_memory(p, costs, rp);
+}
+
+bool replica_fits(const Plan& p, size_t r) {
+  return std::all_of(p.ranks.begin(), p.ranks.end(), [&](const RankPlan& rp) {
+    return rp.replica != static_cast<int>(r) || rp.memory.total() <= rp.device.memory_bytes;
+  });
 }
 
 double sum(const std::vector<double>& row, int begin, int end) {
@@ -139,8 +140,7 @@ Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs) {
   }
   const std::vector<int64_t> shares = split_batch(p.global_batch, capacity);
   for (size_t r = 0; r < replicas; ++r) set_share(p, original, r, shares[r]);
-  sync_rank_shares(p);
-  for (RankPlan& rp : p.ranks) rp.memory = rank_memory(p, costs, rp);
+  recount_memory(p, costs);
   return p;
 }
 
@@ -223,7 +223,7 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
       // 4x as many slower: 2x may still gain, the once; 2x slower: settled.
       finer_[t.replica] = current.layout.micro_batches[t.replica] == 4 * t.micro_batches_before ? 2 : 1;
       out.plan.layout.micro_batches[t.replica] = t.micro_batches_before;
-      recount_memory(out.plan, costs_, t.replica);
+      recount_memory(out.plan, costs_);
       predict_plan(out.plan, calibrated, cluster_, reduce);
       out.changed = out.reverted = true;
       return out;
@@ -270,7 +270,8 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
   Plan next = current;
   const int m = current.layout.micro_batches[r];
   next.layout.micro_batches[r] = m * factor(r);
-  if (!recount_memory(next, costs_, r)) {
+  recount_memory(next, costs_);
+  if (!replica_fits(next, r)) {
     finer_[r] = 1;
     return out;
   }

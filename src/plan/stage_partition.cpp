@@ -93,25 +93,22 @@ struct Costs {
     return (mem_prefix[static_cast<size_t>(j)] - mem_prefix[static_cast<size_t>(i)]) +
            held * (act_prefix[static_cast<size_t>(j)] - act_prefix[static_cast<size_t>(i)]);
   }
-  // What its tightest device holds: on the whole-model stage, rank 0 with the other
-  // blocks' weights, unless another device of the group is tighter for its own blocks.
-  // Never falls as j grows: a block's state includes its weights.
-  double memory(int s, int i, int j) const {
-    if (s != in.whole_model_stage || !rank0_tighter(s, i, j)) return own(s, i, j);
-    return own(s, i, j) + weight_prefix.back() -
-           (weight_prefix[static_cast<size_t>(j)] - weight_prefix[static_cast<size_t>(i)]);
+  // The other blocks' weights, which rank 0 holds on the whole-model stage.
+  double others(int s, int i, int j) const {
+    if (s != in.whole_model_stage) return 0;
+    return weight_prefix.back() - (weight_prefix[static_cast<size_t>(j)] - weight_prefix[static_cast<size_t>(i)]);
   }
-  double capacity(int s, int i, int j) const {
-    return s == in.whole_model_stage && rank0_tighter(s, i, j) ? in.whole_model_capacity : capacity(s);
+  // Whether rank 0 with them is the stage's tightest device (else the group's smallest,
+  // for its own blocks, is).
+  bool rank0_tighter(int s, int i, int j) const {
+    return s == in.whole_model_stage && in.whole_model_capacity - others(s, i, j) < capacity(s);
   }
+  // What the tightest device holds, against its capacity. Never falls as j grows: a
+  // block's state includes its weights.
+  double memory(int s, int i, int j) const { return own(s, i, j) + (rank0_tighter(s, i, j) ? others(s, i, j) : 0); }
+  double capacity(int s, int i, int j) const { return rank0_tighter(s, i, j) ? in.whole_model_capacity : capacity(s); }
   double capacity(int s) const { return in.devices[static_cast<size_t>(s)].memory_bytes; }
   bool fits(int s, int i, int j) const { return memory(s, i, j) <= capacity(s, i, j); }
-
-  bool rank0_tighter(int s, int i, int j) const {
-    const double others = weight_prefix.back() - (weight_prefix[static_cast<size_t>(j)] -
-                                                  weight_prefix[static_cast<size_t>(i)]);
-    return in.whole_model_capacity - others < capacity(s);
-  }
 };
 
 StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges) {
