@@ -20,7 +20,7 @@ Json prediction_json(const Prediction& p) {
 }
 
 Json layout_json(const PipelineLayout& l) {
-  return {{"replicas", l.replicas},
+  Json j{{"replicas", l.replicas},
           {"samples", l.samples},
           {"micro_batches", l.micro_batches},
           {"activation_bytes", l.activation_bytes},
@@ -28,6 +28,8 @@ Json layout_json(const PipelineLayout& l) {
           {"forward_seconds", l.forward_seconds},
           {"backward_seconds", l.backward_seconds},
           {"reduce_owner", l.reduce_owner}};
+  if (!l.alternate_micro_batches.empty()) j["alternate_micro_batches"] = l.alternate_micro_batches;
+  return j;
 }
 
 Json device_json(const DeviceModel& d) {
@@ -121,6 +123,9 @@ PipelineLayout read_layout(const Json& j, const std::string& p) {
              "; expected -1 (parts in proportion to the shares) or a replica, 0 to ", l.replicas.size() - 1);
     l.reduce_owner = static_cast<int>(owner);
   }
+  if (j.contains("alternate_micro_batches"))  // only while a micro-batch trial runs
+    l.alternate_micro_batches = list<int>(array(j, p, "alternate_micro_batches"), key_path(p, "alternate_micro_batches"),
+                                          [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 0)); });
   return l;
 }
 
@@ -261,6 +266,12 @@ void check_plan(const Plan& p) {
   }
   HT_CHECK(next == p.blocks, "stage_ranges cover blocks [0, ", next, ") but the model has ", p.blocks);
   const std::vector<Schedule> schedules = plan_schedules(p);  // validates the layout
+  const std::vector<int>& alternate = p.layout.alternate_micro_batches;
+  HT_CHECK(alternate.empty() || alternate.size() == p.layout.replicas.size(), "the layout has ",
+           alternate.size(), " alternate_micro_batches for ", p.layout.replicas.size(), " replicas");
+  for (size_t r = 0; r < alternate.size(); ++r)
+    HT_CHECK(alternate[r] <= p.layout.samples[r], "replica ", r, " alternates with ", alternate[r],
+             " micro-batches but has ", p.layout.samples[r], " samples; expected 0 (none) to ", p.layout.samples[r]);
   HT_CHECK(p.layout.replicas[0].size() == stages, "the layout has ", p.layout.replicas[0].size(),
            " stages but stage_ranges has ", stages);
   int64_t total = 0;

@@ -22,14 +22,23 @@ double sustained(const std::vector<double>& wall, const std::vector<double>& cpu
   return std::max(w, median(cpu) / d.cpu_quota);
 }
 
-// Replica r's measured work per sample: its slowest rank's, sustained (-1: not measured).
+// Replica r's measured work per sample in its steps of `micro_batches` micro-batches: its
+// slowest rank's, sustained (-1: fewer than kMinTrialSteps such steps on a rank).
 double work_per_sample(const Plan& p, const ClusterModel& cluster, const std::vector<RankMeasure>& measured,
-                       size_t r) {
+                       size_t r, int micro_batches) {
   double slowest = 0;
   for (int rank : p.layout.replicas[r]) {
     const auto k = static_cast<size_t>(rank);
-    if (measured[k].work_s.empty()) return -1;
-    slowest = std::max(slowest, sustained(measured[k].work_s, measured[k].work_cpu_s, cluster.ranks[k]));
+    const RankMeasure& m = measured[k];
+    std::vector<double> work, cpu;
+    for (size_t i = 0; i < m.work_s.size() && i < m.micro_batches.size(); ++i)
+      if (m.micro_batches[i] == micro_batches) {
+        work.push_back(m.work_s[i]);
+        if (i < m.work_cpu_s.size()) cpu.push_back(m.work_cpu_s[i]);
+      }
+    if (work.size() < static_cast<size_t>(kMinTrialSteps)) return -1;
+    slowest = std::max(slowest, sustained(work, cpu.size() == work.size() ? cpu : std::vector<double>{},
+                                          cluster.ranks[k]));
   }
   return slowest / static_cast<double>(p.layout.samples[r]);
 }
@@ -185,7 +194,8 @@ ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bo
 Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>& measured) {
   const BlockCosts calibrated = calibrated_costs(current, costs_, cluster_, measured);
   const std::vector<double> reduce = measured_reduce_seconds(current, measured);
-  Rebalance out{current, false, false, 0, 0};
+  Rebalance out;
+  out.plan = current;
   predict_plan(out.plan, calibrated, cluster_, reduce);
   out.current_step_s = out.plan.predicted.step_seconds;
   out.measured_step_s = measured_step_seconds(measured);
@@ -215,30 +225,36 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
     out.changed = out.relayout = true;
     return out;
   }
-  if (trial_) {  // kept when the replica's work per sample got faster, else undone
+  if (trial_) {  // kept when the tried count's steps were faster per sample, else undone
     const MicroBatchTrial t = *trial_;
     trial_.reset();
-    const double now = work_per_sample(current, cluster_, measured, t.replica);
-    if (now < 0 || now >= (1 - kRebalanceMinGain) * t.work_per_sample_before) {
+    const size_t r = t.replica;
+    const int tried = current.layout.micro_batches[r];
+    const double old_s = work_per_sample(current, cluster_, measured, r, t.micro_batches_before);
+    const double tried_s = work_per_sample(current, cluster_, measured, r, tried);
+    out.trial_seconds_per_sample = {old_s, tried_s};
+    out.plan.layout.alternate_micro_batches.clear();
+    out.changed = true;  // the alternation ends either way
+    if (old_s <= 0 || tried_s <= 0 || tried_s >= (1 - kRebalanceMinGain) * old_s) {
       // 4x as many slower: 2x may still gain, the once; 2x slower: settled.
-      finer_[t.replica] = current.layout.micro_batches[t.replica] == 4 * t.micro_batches_before ? 2 : 1;
-      out.plan.layout.micro_batches[t.replica] = t.micro_batches_before;
+      finer_[r] = tried == 4 * t.micro_batches_before ? 2 : 1;
+      out.plan.layout.micro_batches[r] = t.micro_batches_before;
       recount_memory(out.plan, costs_);
       predict_plan(out.plan, calibrated, cluster_, reduce);
-      out.changed = out.reverted = true;
+      out.reverted = true;
       return out;
     }
-    if (t.replica < original_.layout.micro_batches.size())
-      original_.layout.micro_batches[t.replica] = current.layout.micro_batches[t.replica];
+    original_.layout.micro_batches[r] = tried;
   }
   if (settle_ > 0) {
     --settle_;
     return out;
   }
   if (!move_shares_) return out;
-  if (current.layout.replicas.size() >= 2) {
-    Plan next = resplit(current, original_, calibrated);
-    if (next.layout.samples != current.layout.samples && !rejected_.count(next.layout.samples)) {
+  const Plan& now = out.plan;  // the current plan, its micro-batch trial ended
+  if (now.layout.replicas.size() >= 2) {
+    Plan next = resplit(now, original_, calibrated);
+    if (next.layout.samples != now.layout.samples && !rejected_.count(next.layout.samples)) {
       predict_plan(next, calibrated, cluster_, reduce);
       if (next.predicted.step_seconds < (1 - kRebalanceMinGain) * out.current_step_s) {
         before_change_ = out.plan;
@@ -249,34 +265,34 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
       }
     }
   }
-  if (!micro_batch_trials_ || current.stage_ranges.size() != 1) return out;
+  if (!micro_batch_trials_ || now.stage_ranges.size() != 1) return out;
   // The shares stay: try the replica with the largest micro-batches in smaller ones.
   auto factor = [&](size_t r) {  // how many times as many micro-batches to try (1: none)
-    const int64_t per_micro_batch = current.layout.samples[r] / current.layout.micro_batches[r];
+    const int64_t per_micro_batch = now.layout.samples[r] / now.layout.micro_batches[r];
     const int most = finer_.count(r) ? finer_.at(r) : 4;
     for (int f = most; f > 1; f /= 2)
       if (per_micro_batch >= f * kMinMicroBatchSamples) return f;
     return 1;
   };
   std::optional<size_t> widest;
-  for (size_t r = 0; r < current.layout.replicas.size(); ++r)
-    if (factor(r) > 1 && (!widest || current.layout.samples[r] * current.layout.micro_batches[*widest] >
-                                         current.layout.samples[*widest] * current.layout.micro_batches[r]))
+  for (size_t r = 0; r < now.layout.replicas.size(); ++r)
+    if (factor(r) > 1 && (!widest || now.layout.samples[r] * now.layout.micro_batches[*widest] >
+                                         now.layout.samples[*widest] * now.layout.micro_batches[r]))
       widest = r;
   if (!widest) return out;
   const size_t r = *widest;
-  const double before = work_per_sample(current, cluster_, measured, r);
-  if (before <= 0) return out;
-  Plan next = current;
-  const int m = current.layout.micro_batches[r];
+  Plan next = now;
+  const int m = now.layout.micro_batches[r];
   next.layout.micro_batches[r] = m * factor(r);
+  next.layout.alternate_micro_batches.assign(now.layout.replicas.size(), 0);
+  next.layout.alternate_micro_batches[r] = m;
   recount_memory(next, costs_);
   if (!replica_fits(next, r)) {
     finer_[r] = 1;
     return out;
   }
   predict_plan(next, calibrated, cluster_, reduce);
-  trial_ = MicroBatchTrial{r, m, before};
+  trial_ = MicroBatchTrial{r, m};
   out.plan = std::move(next);
   out.changed = true;
   return out;

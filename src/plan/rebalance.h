@@ -35,6 +35,8 @@ inline constexpr int kSettleChecks = 5;
 inline constexpr double kIdleTrialMargin = 0.25;
 // The fewest samples a micro-batch trial leaves in a micro-batch (see ShareTuner).
 inline constexpr int64_t kMinMicroBatchSamples = 8;
+// The fewest steps of each count that judge a micro-batch trial (see ShareTuner).
+inline constexpr int kMinTrialSteps = 3;
 
 // One rank's steps in a window, each figure per step (empty: nothing measured, e.g. an
 // idle rank). Medians over the steps are used: a rank under a CPU quota has steps that
@@ -47,6 +49,7 @@ struct RankMeasure {
   std::vector<double> work_cpu_s;       // CPU seconds of the process in the work
   std::vector<double> optimizer_cpu_s;  // and in the optimiser step (empty: not measured)
   std::vector<double> comm_cpu_s;       // and in the communication (empty: not measured)
+  std::vector<double> micro_batches;    // the rank's micro-batch count (empty: not recorded)
 };
 
 // `costs` with every measured active rank's row scaled so that its stage's forward +
@@ -81,11 +84,14 @@ std::vector<double> measured_reduce_seconds(const Plan& plan, const std::vector<
 
 struct Rebalance {
   Plan plan;                  // to run next
-  bool changed = false;       // shares differ from the current plan's
+  bool changed = false;       // the plan differs from the current one (shares, micro-batches, ranks)
   bool reverted = false;      // back to the shares before the last change
   double current_step_s = 0;  // the simulator's step for the current plan, calibrated
   double measured_step_s = 0; // the window's, see measured_step_seconds
   bool relayout = false;      // other ranks are active: the job moves its state to them
+  // A micro-batch trial judged at this check: its replica's measured work per sample in
+  // the steps of the count before and of the count tried (seconds, -1: too few steps).
+  std::vector<double> trial_seconds_per_sample;
 };
 
 // The checks of one job. Each calibrates the costs (compute and ReduceGrads from the
@@ -109,11 +115,16 @@ struct Rebalance {
 // that (it fits a straight line through two batch sizes), so the tuner measures it: at a
 // check where the shares stay, the replica with the most samples per micro-batch (at
 // least 2 x kMinMicroBatchSamples) runs in 4x as many micro-batches (2x where 4x would
-// leave fewer than kMinMicroBatchSamples), within its memory. At the next check it keeps
-// them if its work per sample measured kRebalanceMinGain faster (the shares then follow
-// its new speed, and later checks may try smaller still), else it goes back; after 4x, 2x
-// is tried once more, after 2x that replica is not tried again. The gradient is the same
-// sum in another order.
+// leave fewer than kMinMicroBatchSamples), within its memory, in every other step, the
+// old count in the rest (PipelineLayout::alternate_micro_batches). At the next check it
+// keeps the new count if its steps measured kRebalanceMinGain faster per sample than the
+// old count's (the medians of each, at least kMinTrialSteps of each; the shares then
+// follow its new speed, and later checks may try smaller still), else it goes back; after
+// 4x, 2x is tried once more, after 2x that replica is not tried again. Alternating step
+// by step compares the two counts within the same seconds: this host's speed drifts by
+// 5-10% between windows of 10 steps, as much as the gain a trial looks for, so a trial
+// judged window against window was kept or undone by the drift. The gradient is the
+// same sum in another order.
 class ShareTuner {
  public:
   // `micro_batch_trials` off: the shares move, the micro-batch counts never.
@@ -136,7 +147,6 @@ class ShareTuner {
   struct MicroBatchTrial {
     size_t replica = 0;
     int micro_batches_before = 1;
-    double work_per_sample_before = 0;  // measured, seconds
   };
   std::optional<MicroBatchTrial> trial_;  // running since the last check
   std::map<size_t, int> finer_;  // per replica, the most times as many micro-batches to try next (default 4)

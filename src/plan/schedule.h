@@ -54,6 +54,11 @@ struct PipelineLayout {
   // Who owns the parts of every stage's ReduceGrads (see reduce_parts): -1, each replica
   // in proportion to its share; r >= 0, replica r alone (a hub that sums and sends back).
   int reduce_owner = -1;
+  // A micro-batch trial (plan/rebalance.h): per replica, the count it runs in every other
+  // step instead of micro_batches (0: none), so that both are measured in the same
+  // stretch of time; empty: no trial. Only the executor reads it: the simulator and the
+  // memory plan take micro_batches.
+  std::vector<int> alternate_micro_batches;
 };
 
 // Samples in micro-batch `mb` of `replica`: its share cut into M near-equal parts, the

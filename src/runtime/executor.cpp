@@ -101,17 +101,26 @@ Executor::~Executor() {
 
 void Executor::take_shares() {
   rank_plan_ = plan_.ranks[static_cast<size_t>(world_.rank())];
-  schedule_ = plan::build_1f1b(plan_.layout, plan_.world_size)[static_cast<size_t>(world_.rank())];
+  layout_ = plan_.layout;
+  alternate_next_ = false;
+  use_layout();
+}
+
+void Executor::use_layout() {
+  schedule_ = plan::build_1f1b(layout_, plan_.world_size)[static_cast<size_t>(world_.rank())];
   if (rank_plan_.replica < 0) return;  // idle
+  const auto r = static_cast<size_t>(rank_plan_.replica);
+  rank_plan_.micro_batches = layout_.micro_batches[r];
+  rank_plan_.micro_batch_size = (layout_.samples[r] + rank_plan_.micro_batches - 1) / rank_plan_.micro_batches;
   for (const plan::Instruction& in : schedule_)
     if (in.op == plan::Op::backward) last_backward_mb_ = in.micro_batch;
   replica_offset_ = 0;
-  for (int r = 0; r < rank_plan_.replica; ++r) replica_offset_ += plan_.layout.samples[static_cast<size_t>(r)];
+  for (size_t k = 0; k < r; ++k) replica_offset_ += layout_.samples[k];
   mb_offset_.clear();
   int64_t offset = 0;
   for (int mb = 0; mb < rank_plan_.micro_batches; ++mb) {
     mb_offset_.push_back(offset);
-    offset += plan::micro_batch_samples(plan_.layout, rank_plan_.replica, mb);
+    offset += plan::micro_batch_samples(layout_, rank_plan_.replica, mb);
   }
 }
 
@@ -126,7 +135,7 @@ void Executor::reshare() {
 }
 
 Shape Executor::boundary_shape(int mb, bool input) const {
-  Shape s{plan::micro_batch_samples(plan_.layout, replica_, mb)};
+  Shape s{plan::micro_batch_samples(layout_, replica_, mb)};
   const Shape sample = input ? model_.block(static_cast<size_t>(rank_plan_.block_begin)).sample_input_shape()
                              : model_.block(static_cast<size_t>(rank_plan_.block_end - 1)).sample_output_shape();
   s.insert(s.end(), sample.begin(), sample.end());
@@ -134,7 +143,7 @@ Shape Executor::boundary_shape(int mb, bool input) const {
 }
 
 void Executor::load(int mb, int64_t first) {
-  const int64_t count = plan::micro_batch_samples(plan_.layout, replica_, mb);
+  const int64_t count = plan::micro_batch_samples(layout_, replica_, mb);
   Batch b = task_.train_batch(first + replica_offset_ + mb_offset_[static_cast<size_t>(mb)], count);
   MicroBatch& m = live_[mb];
   if (first_) m.stage_input = m.inputs = b.inputs;
@@ -288,6 +297,14 @@ double Executor::gather_weights() {
 StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   StepResult r;
   if (!active()) return r;
+  const std::vector<int>& alternate = plan_.layout.alternate_micro_batches;
+  if (!alternate.empty() && alternate[static_cast<size_t>(replica_)] > 0) {
+    const auto k = static_cast<size_t>(replica_);
+    layout_.micro_batches[k] = alternate_next_ ? alternate[k] : plan_.layout.micro_batches[k];
+    alternate_next_ = !alternate_next_;
+    use_layout();
+  }
+  r.micro_batches = rank_plan_.micro_batches;
   loss_sum_ = 0;
   live_.clear();
   reduce_.reset();

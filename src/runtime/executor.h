@@ -49,6 +49,7 @@ struct StepResult {
   // of the stage's on a replicated stage, since they join block by block).
   size_t grads_overlapped = 0;
   double wall_s = 0;
+  int micro_batches = 0;  // this rank's in the step (0: idle); see alternate_micro_batches
   // CPU seconds of the process in the compute instructions (OptimizerStep, the rest) and
   // in the communication (gathering sharded weights included).
   double work_cpu_s = 0, optimizer_cpu_s = 0, comm_cpu_s = 0;
@@ -98,13 +99,18 @@ class Executor {
   double gather_weights();  // sharded: the other parts' updated weights; returns seconds
   Shape boundary_shape(int mb, bool input) const;
   void take_shares();  // this rank's plan, schedule and sample offsets from plan_
+  void use_layout();   // the schedule and sample offsets of layout_
 
   const plan::Plan& plan_;
   nn::Sequential& model_;
   Task& task_;
   comm::Communicator& world_;
   config::TrainConfig train_;
-  plan::RankPlan rank_plan_;
+  plan::RankPlan rank_plan_;  // micro-batch counts as in layout_
+  // This step's shares: plan_'s, except that a replica in a micro-batch trial runs its
+  // alternate count in every other step.
+  plan::PipelineLayout layout_;
+  bool alternate_next_ = false;
   plan::Schedule schedule_;
   int stage_ = -1, replica_ = -1, stages_ = 0;
   bool first_ = false, last_ = false, recompute_ = false;

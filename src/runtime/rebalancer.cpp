@@ -28,12 +28,14 @@ void Rebalancer::record(const StepResult& r) {
   window_.work_cpu_s.push_back(r.work_cpu_s);
   window_.optimizer_cpu_s.push_back(r.optimizer_cpu_s);
   window_.comm_cpu_s.push_back(r.comm_cpu_s);
+  window_.micro_batches.push_back(r.micro_batches);
 }
 
 namespace {
 // Every per-step series of a measure, in the order they travel between the ranks.
-std::array<std::vector<double>*, 7> series(plan::RankMeasure& m) {
-  return {&m.work_s, &m.optimizer_s, &m.wall_s, &m.reduce_s, &m.work_cpu_s, &m.optimizer_cpu_s, &m.comm_cpu_s};
+std::array<std::vector<double>*, 8> series(plan::RankMeasure& m) {
+  return {&m.work_s,     &m.optimizer_s,     &m.wall_s,     &m.reduce_s,
+          &m.work_cpu_s, &m.optimizer_cpu_s, &m.comm_cpu_s, &m.micro_batches};
 }
 
 std::vector<int64_t> first_ranks(const plan::Plan& p) {
@@ -64,6 +66,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
            {"relayout", r.relayout},
            {"measured_step_s", r.measured_step_s},
            {"current_step_s", r.current_step_s},
+           {"trial_s_per_sample", r.trial_seconds_per_sample},
            {"predicted", {r.plan.predicted.step_seconds, r.plan.predicted.samples_per_s,
                           r.plan.predicted.bubble_fraction}}};
     if (r.changed) d["plan"] = plan::plan_to_json(r.plan);
@@ -76,6 +79,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   out.relayout = d["relayout"].get<bool>();
   out.measured_step_s = d["measured_step_s"].get<double>();
   out.before_predicted_step_s = d["current_step_s"].get<double>();
+  out.trial_s_per_sample = d["trial_s_per_sample"].get<std::vector<double>>();
   out.before = plan.layout.samples;
   out.micro_before = plan.layout.micro_batches;
   out.ranks_before = first_ranks(plan);
@@ -96,6 +100,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   out.micro_after = plan.layout.micro_batches;
   out.ranks_after = first_ranks(plan);
   out.predicted_step_s = plan.predicted.step_seconds;
+  out.trial_started = out.changed && !plan.layout.alternate_micro_batches.empty();
   if (out.changed) {
     skip_next_ = true;
     window_ = {};
@@ -108,7 +113,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
 }
 
 std::string Rebalancer::Outcome::record(int64_t step) const {
-  return json{{"type", "rebalance"},
+  json j{{"type", "rebalance"},
               {"step", step},
               {"changed", changed},
               {"reverted", reverted},
@@ -123,30 +128,44 @@ std::string Rebalancer::Outcome::record(int64_t step) const {
               {"calibrated_step_s", before_predicted_step_s},
               {"predicted_step_s", predicted_step_s},
               {"measured_s_per_sample", seconds_per_sample},
-              {"comm_cpu_s", comm_cpu_s}}
-      .dump();
+              {"comm_cpu_s", comm_cpu_s}};
+  if (trial_started) j["trial"] = "started";
+  if (!trial_s_per_sample.empty()) {
+    j["trial"] = reverted ? "undone" : "kept";
+    j["trial_s_per_sample"] = trial_s_per_sample;  // the count before, the count tried
+  }
+  return j.dump();
 }
 
 std::string Rebalancer::Outcome::line(int64_t step) const {
   using report::join;
+  const std::string at = "step " + std::to_string(step) + ": ";
+  auto counts = [](const std::vector<int>& m) { return join(std::vector<int64_t>(m.begin(), m.end()), "/"); };
+  if (trial_started)
+    return at + "trying micro-batches " + counts(micro_after) + " in every other step against " +
+           counts(micro_before) + " (a call's size changes the time per sample), shares " + join(after, "/");
+  std::string judged;
+  if (trial_s_per_sample.size() == 2) {
+    auto per = [](double s) {
+      char b[48];
+      std::snprintf(b, sizeof b, "%.3f ms a sample", s * 1e3);
+      return s > 0 ? std::string(b) : std::string("too few steps");
+    };
+    judged = (reverted ? "back to micro-batches " + counts(micro_after) : "keeping micro-batches " + counts(micro_before)) +
+             " (" + per(trial_s_per_sample[1]) + " in the steps of the count tried against " +
+             per(trial_s_per_sample[0]) + " in the others)";
+    if (before == after) return at + judged + ", shares " + join(after, "/");
+    judged += "; ";
+  }
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.2f ms", predicted_step_s * 1e3);
-  if (!relayout && before == after && micro_before != micro_after) {
-    auto counts = [](const std::vector<int>& m) { return join(std::vector<int64_t>(m.begin(), m.end()), "/"); };
-    return "step " + std::to_string(step) + ": " +
-           (reverted ? "back to micro-batches " + counts(micro_after) + " (the trial's work per sample was not faster)"
-                     : "trying smaller micro-batches (a call's size changes the time per sample): micro-batches " +
-                           counts(micro_before) + " -> " + counts(micro_after)) +
-           ", shares " + join(after, "/");
-  }
   const std::string what =
       relayout ? (reverted ? "back to ranks " + join(ranks_after) + " (the measured step got slower on ranks " +
                                  join(ranks_before) + "): shares "
                            : "trying the ranks left idle, training on ranks " + join(ranks_after) + ": shares ")
                : (reverted ? "undid the last rebalancing (the measured step got slower): shares "
                            : "rebalanced the replicas' shares from measured speeds: ");
-  return "step " + std::to_string(step) + ": " + what + join(before, "/") + " -> " + join(after, "/") +
-         ", predicted step " + ms;
+  return at + judged + what + join(before, "/") + " -> " + join(after, "/") + ", predicted step " + ms;
 }
 
 }  // namespace ht::runtime

@@ -41,6 +41,8 @@ class Rebalancer {
     double before_predicted_step_s = 0;      // calibrated, for `before`
     std::vector<double> seconds_per_sample;  // per rank, measured (0 for idle ranks)
     std::vector<double> comm_cpu_s;          // per rank, median CPU seconds a step in communication
+    bool trial_started = false;              // a micro-batch trial runs from the next step
+    std::vector<double> trial_s_per_sample;  // a judged trial's: see plan::Rebalance
 
     std::string record(int64_t step) const;  // the metrics.jsonl line (JSON, type "rebalance")
     std::string line(int64_t step) const;    // for people, after a change

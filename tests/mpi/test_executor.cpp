@@ -207,13 +207,22 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
   plan::Plan current = p;
   runtime::Executor ex(current, model, task, world, train_config());
   double loss = 0;
+  bool alternate_next = false;  // a micro-batch trial's count in every other step
   for (int step = 0; step < kSteps; ++step) {
     if (step == 1 && then) {
       current = *then;
       ex.reshare();
+      alternate_next = false;
     }
     const runtime::StepResult r = ex.step(step * kBatch, 1e-2f, step == 0);
     loss += r.loss_sum;
+    if (ex.active()) {
+      const auto k = static_cast<size_t>(ex.replica());
+      const std::vector<int>& alternate = current.layout.alternate_micro_batches;
+      const bool alternating = !alternate.empty() && alternate[k] > 0;
+      CHECK(r.micro_batches == (alternating && alternate_next ? alternate[k] : current.layout.micro_batches[k]));
+      alternate_next = alternating && !alternate_next;
+    }
     if (step == 0 && ex.active()) {  // one span per instruction, and one for gathering sharded weights
       const size_t gathers = plan::optimizer_shards(p, static_cast<size_t>(ex.rank_plan().stage)).empty() ? 0 : 1;
       CHECK(r.spans.size() == plan::build_1f1b(p.layout, 4)[static_cast<size_t>(world.rank())].size() + gathers);
@@ -258,6 +267,15 @@ TEST_CASE("executor: shares that change between steps (rebalancing) still match 
               layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {4, 9, 2, 5}, {2, 1, 2, 1}));
   check_exact(layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {13, 7}, {4, 2}, {3}),
               layout({{0, 1}, {3, 2}}, {{0, 3}, {3, 4}}, {6, 14}, {4, 2}, {3}));
+}
+
+TEST_CASE("executor: replicas alternating micro-batch counts step by step (a trial) match one process") {
+  plan::Plan trial = layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {11, 5, 3, 1}, {2, 1, 3, 1});
+  trial.layout.alternate_micro_batches = {4, 0, 1, 0};
+  check_exact(trial);
+  plan::Plan later = trial;
+  later.layout.alternate_micro_batches = {0, 5, 0, 0};
+  check_exact(layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {11, 5, 3, 1}, {2, 1, 3, 1}), later);
 }
 
 TEST_CASE("executor: optimizer state sharded unevenly over the replicas matches one process") {

@@ -384,6 +384,16 @@ TEST_CASE("plan file: round trip, and malformed files name the problem") {
   CHECK(optimizer_shards(sharded, 0) == std::vector<double>{0.25, 0.75});
   CHECK(stage_reduce_parts(sharded, sharded.layout, 0) == std::vector<double>{0.25, 0.75});
   CHECK(optimizer_shards(sharded, 1).empty());
+  // A micro-batch trial's alternate counts travel with the plan, one per replica.
+  nlohmann::json trial = nlohmann::json::parse(text);
+  trial["layout"]["alternate_micro_batches"] = {2, 0};
+  CHECK(plan_from_json(trial.dump(), "trial.json").layout.alternate_micro_batches == std::vector<int>{2, 0});
+  CHECK(contains(plan_to_json(plan_from_json(trial.dump(), "trial.json")), "\"alternate_micro_batches\""));
+  CHECK_FALSE(contains(text, "alternate_micro_batches"));
+  trial["layout"]["alternate_micro_batches"] = {2};
+  CHECK(contains(error(trial.dump()), "the layout has 1 alternate_micro_batches for 2 replicas"));
+  trial["layout"]["alternate_micro_batches"] = {2, 1000};
+  CHECK(contains(error(trial.dump()), "replica 1 alternates with 1000 micro-batches but has"));
 }
 
 TEST_CASE("plan: stage memory follows the 1F1B in-flight count and the strategies") {

@@ -30,6 +30,21 @@ RankMeasure steady(int steps, double work, double optimizer, double wall, double
   return m;
 }
 
+// A rank's steps alternating between two micro-batch counts (a trial), odd steps first:
+// work `tried` seconds in the steps of `count`, `old` in the steps of `old_count`.
+RankMeasure alternating(int steps, int count, double tried, int old_count, double old) {
+  RankMeasure m;
+  for (int i = 0; i < steps; ++i) {
+    const bool odd = i % 2 == 0;
+    m.work_s.push_back(odd ? tried : old);
+    m.micro_batches.push_back(odd ? count : old_count);
+    m.optimizer_s.push_back(0);
+    m.wall_s.push_back(0.30);
+    m.reduce_s.push_back(0);
+  }
+  return m;
+}
+
 // Two equal ranks by the model, data parallel over 100 samples: 50 / 50.
 struct TwoEqual {
   ClusterModel c = cluster({1e12, 1e12}, std::vector(2, 64 * kGiB));
@@ -211,42 +226,76 @@ TEST_CASE("rebalance: a move that measured faster stays; equal never moves but i
   CHECK(e.plan.predicted.step_seconds == doctest::Approx(0.20).epsilon(0.05));
 }
 
-TEST_CASE("rebalance: micro-batch trials keep smaller micro-batches that measured faster per sample, else go back") {
+TEST_CASE("rebalance: micro-batch trials alternate the counts step by step and keep the faster per sample") {
   TwoEqual t;
   const std::vector<RankMeasure> even{steady(9, 0.15, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)};
   using Counts = std::vector<int>;
-  // Shares that stay: the widest micro-batches (replica 0 on a tie) in 4x as many.
+  // Shares that stay: the widest micro-batches (replica 0 on a tie) in 4x as many, in
+  // every other step.
   ShareTuner tuner(t.plan, t.in.costs, t.c, true);
   const Rebalance tried = tuner.check(t.plan, even);
   REQUIRE(tried.changed);
   CHECK_FALSE(tried.reverted);
+  CHECK(tried.trial_seconds_per_sample.empty());
   CHECK(tried.plan.layout.samples == std::vector<int64_t>{50, 50});
   CHECK(tried.plan.layout.micro_batches == Counts{4, 1});
+  CHECK(tried.plan.layout.alternate_micro_batches == Counts{1, 0});
   CHECK(tried.plan.ranks[0].micro_batches == 4);
   CHECK(tried.plan.ranks[0].micro_batch_size == 13);
-  // Rank 0 now does its 50 samples in 0.12 s, not 0.15: kept, and the shares follow.
-  const Rebalance kept = tuner.check(tried.plan, {steady(9, 0.12, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)});
+  // Rank 0 does its 50 samples in 0.12 s in the steps of 4, 0.15 in those of 1: kept, the
+  // alternation ends, and the shares follow. The window's other steps do not matter: a
+  // drift that slowed the whole window would slow both counts.
+  const Rebalance kept =
+      tuner.check(tried.plan, {alternating(9, 4, 0.12, 1, 0.15), steady(9, 0.15, 0, 0.30, 0)});
   CHECK(kept.changed);
   CHECK_FALSE(kept.reverted);
+  REQUIRE(kept.trial_seconds_per_sample.size() == 2);
+  CHECK(kept.trial_seconds_per_sample[0] == doctest::Approx(0.15 / 50));
+  CHECK(kept.trial_seconds_per_sample[1] == doctest::Approx(0.12 / 50));
   CHECK(kept.plan.layout.micro_batches == Counts{4, 1});
+  CHECK(kept.plan.layout.alternate_micro_batches.empty());
   CHECK(kept.plan.layout.samples[0] > kept.plan.layout.samples[1]);
+  // The same gain with the whole window 30% slower than the one before the trial (and
+  // the tried steps slower than that window): still kept, since only the window's own
+  // steps are compared.
+  ShareTuner drifted(t.plan, t.in.costs, t.c, true);
+  const Rebalance again = drifted.check(t.plan, even);
+  const Rebalance kept_anyway =
+      drifted.check(again.plan, {alternating(9, 4, 0.156, 1, 0.195), steady(9, 0.195, 0, 0.39, 0)});
+  CHECK_FALSE(kept_anyway.reverted);
+  CHECK(kept_anyway.plan.layout.micro_batches == Counts{4, 1});
 
   // Not faster (2% is noise): back. Then 2x for that replica, once; then the other's.
   ShareTuner other(t.plan, t.in.costs, t.c, true);
-  const std::vector<RankMeasure> same{steady(9, 0.147, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)};
   const std::vector<std::pair<Counts, bool>> expected{
       {{4, 1}, false}, {{1, 1}, true}, {{2, 1}, false}, {{1, 1}, true},
       {{1, 4}, false}, {{1, 1}, true}, {{1, 2}, false}, {{1, 1}, true}};
   Plan current = t.plan;
   for (const auto& [counts, reverted] : expected) {
+    std::vector<RankMeasure> same{steady(9, 0.15, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)};
+    for (size_t r = 0; r < 2; ++r) {
+      same[r].micro_batches.assign(9, 1);
+      if (!current.layout.alternate_micro_batches.empty() && current.layout.alternate_micro_batches[r] > 0)
+        same[r] = alternating(9, current.layout.micro_batches[r], 0.147, 1, 0.15);
+    }
     const Rebalance r = other.check(current, same);
     CHECK(r.changed);
     CHECK(r.reverted == reverted);
     CHECK(r.plan.layout.micro_batches == counts);
+    CHECK(r.plan.layout.alternate_micro_batches.empty() == reverted);
     CHECK(r.plan.layout.samples == std::vector<int64_t>{50, 50});
     current = r.plan;
   }
-  CHECK_FALSE(other.check(current, same).changed);  // every replica tried
+  CHECK_FALSE(other.check(current, even).changed);  // every replica tried
+
+  // Too few steps of a count to judge (fewer than kMinTrialSteps): undone.
+  ShareTuner short_window(t.plan, t.in.costs, t.c, true);
+  const Rebalance started = short_window.check(t.plan, even);
+  const Rebalance undone =
+      short_window.check(started.plan, {alternating(kMinTrialSteps + 1, 4, 0.10, 1, 0.15), steady(9, 0.15, 0, 0.30, 0)});
+  CHECK(undone.reverted);
+  CHECK(undone.plan.layout.micro_batches == Counts{1, 1});
+  CHECK(undone.trial_seconds_per_sample[0] < 0);
 
   // Too few samples per micro-batch to split (fewer than 2 x kMinMicroBatchSamples), trials
   // off, or a pipeline: no trial.
