@@ -141,9 +141,6 @@ std::string Rebalancer::Outcome::line(int64_t step) const {
   using report::join;
   const std::string at = "step " + std::to_string(step) + ": ";
   auto counts = [](const std::vector<int>& m) { return join(std::vector<int64_t>(m.begin(), m.end()), "/"); };
-  if (trial_started)
-    return at + "trying micro-batches " + counts(micro_after) + " in every other step against " +
-           counts(micro_before) + " (a call's size changes the time per sample), shares " + join(after, "/");
   std::string judged;
   if (trial_s_per_sample.size() == 2) {
     auto per = [](double s) {
@@ -154,9 +151,12 @@ std::string Rebalancer::Outcome::line(int64_t step) const {
     judged = (reverted ? "back to micro-batches " + counts(micro_after) : "keeping micro-batches " + counts(micro_before)) +
              " (" + per(trial_s_per_sample[1]) + " in the steps of the count tried against " +
              per(trial_s_per_sample[0]) + " in the others)";
-    if (before == after) return at + judged + ", shares " + join(after, "/");
+    if (before == after && !trial_started) return at + judged + ", shares " + join(after, "/");
     judged += "; ";
   }
+  if (trial_started)
+    return at + judged + "trying micro-batches " + counts(micro_after) + " in every other step against " +
+           counts(micro_before) + " (a call's size changes the time per sample), shares " + join(after, "/");
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.2f ms", predicted_step_s * 1e3);
   const std::string what =
