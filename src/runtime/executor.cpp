@@ -110,15 +110,13 @@ void Executor::use_layout() {
   schedule_ = plan::build_1f1b(layout_, plan_.world_size)[static_cast<size_t>(world_.rank())];
   if (rank_plan_.replica < 0) return;  // idle
   const auto r = static_cast<size_t>(rank_plan_.replica);
-  rank_plan_.micro_batches = layout_.micro_batches[r];
-  rank_plan_.micro_batch_size = (layout_.samples[r] + rank_plan_.micro_batches - 1) / rank_plan_.micro_batches;
   for (const plan::Instruction& in : schedule_)
     if (in.op == plan::Op::backward) last_backward_mb_ = in.micro_batch;
   replica_offset_ = 0;
   for (size_t k = 0; k < r; ++k) replica_offset_ += layout_.samples[k];
   mb_offset_.clear();
   int64_t offset = 0;
-  for (int mb = 0; mb < rank_plan_.micro_batches; ++mb) {
+  for (int mb = 0; mb < layout_.micro_batches[r]; ++mb) {
     mb_offset_.push_back(offset);
     offset += plan::micro_batch_samples(layout_, rank_plan_.replica, mb);
   }
@@ -304,7 +302,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     alternate_next_ = !alternate_next_;
     use_layout();
   }
-  r.micro_batches = rank_plan_.micro_batches;
+  r.micro_batches = layout_.micro_batches[static_cast<size_t>(replica_)];
   loss_sum_ = 0;
   live_.clear();
   reduce_.reset();

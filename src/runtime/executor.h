@@ -106,7 +106,7 @@ class Executor {
   Task& task_;
   comm::Communicator& world_;
   config::TrainConfig train_;
-  plan::RankPlan rank_plan_;  // micro-batch counts as in layout_
+  plan::RankPlan rank_plan_;
   // This step's shares: plan_'s, except that a replica in a micro-batch trial runs its
   // alternate count in every other step.
   plan::PipelineLayout layout_;

@@ -129,11 +129,11 @@ std::string Rebalancer::Outcome::record(int64_t step) const {
               {"predicted_step_s", predicted_step_s},
               {"measured_s_per_sample", seconds_per_sample},
               {"comm_cpu_s", comm_cpu_s}};
-  if (trial_started) j["trial"] = "started";
   if (!trial_s_per_sample.empty()) {
     j["trial"] = reverted ? "undone" : "kept";
     j["trial_s_per_sample"] = trial_s_per_sample;  // the count before, the count tried
   }
+  if (trial_started) j["trial_started"] = true;  // the next one, at the same check as a verdict
   return j.dump();
 }
 
