@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/doorbell.h"
 
 namespace ht::comm {
 
@@ -44,7 +46,8 @@ Deadline deadline_from(Timeout timeout, const char* op);
 // Calls `done` until it returns true (done) or the deadline passes (timed_out); `done`
 // is always called at least once. Spins briefly, then sleeps 20 us doubling to 1 ms
 // between polls: waiting ranks would otherwise take the core that a computing rank on
-// the same machine needs (OpenMPI's own waits spin).
+// the same machine needs (OpenMPI's own waits spin). A ring of the doorbell (a peer on
+// this host sent or received something) ends a sleep early and starts the backoff over.
 template <class Done>
 WaitStatus poll_until(Done&& done, Deadline deadline);
 
@@ -72,16 +75,18 @@ double collective_delay_s(const std::vector<LinkEmulation>& links, Collective ki
 Clock::duration seconds_to_duration(double s);
 
 // ---- the polled wait (template, so that MPI_Test calls inline into the loop)
-void backoff_sleep(int& polls, std::chrono::microseconds& pause, Deadline deadline);
+// `heard`: the doorbell's counter read before the poll that found nothing.
+void backoff_sleep(int& polls, std::chrono::microseconds& pause, Deadline deadline, uint32_t heard);
 
 template <class Done>
 WaitStatus poll_until(Done&& done, Deadline deadline) {
   int polls = 0;
   std::chrono::microseconds pause{20};
   for (;;) {
+    const uint32_t heard = doorbell_heard();
     if (done()) return WaitStatus::done;
     if (deadline && Clock::now() >= *deadline) return WaitStatus::timed_out;
-    backoff_sleep(polls, pause, deadline);
+    backoff_sleep(polls, pause, deadline, heard);
   }
 }
 

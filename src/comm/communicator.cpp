@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
-#include <thread>
 
 #include "comm/comm_internal.h"
 #include "core/error.h"
@@ -79,10 +78,10 @@ Deadline deadline_from(Timeout timeout, const char* op) {
   return Clock::now() + seconds_to_duration(s);
 }
 
-void backoff_sleep(int& polls, std::chrono::microseconds& pause, Deadline deadline) {
+void backoff_sleep(int& polls, std::chrono::microseconds& pause, Deadline deadline, uint32_t heard) {
   // Most messages on one host land within microseconds: poll a few times before sleeping.
   constexpr int kSpinPolls = 64;
-  constexpr std::chrono::microseconds kMaxPause{1000};
+  constexpr std::chrono::microseconds kMinPause{20}, kMaxPause{1000};
   if (++polls <= kSpinPolls) return;
   auto p = pause;
   if (deadline) {
@@ -90,8 +89,7 @@ void backoff_sleep(int& polls, std::chrono::microseconds& pause, Deadline deadli
     if (left <= Clock::duration::zero()) return;
     p = std::min(p, std::chrono::ceil<std::chrono::microseconds>(left));
   }
-  std::this_thread::sleep_for(p);
-  pause = std::min(pause * 2, kMaxPause);
+  pause = sleep_unless_rung(heard, p) ? kMinPause : std::min(pause * 2, kMaxPause);
 }
 
 void check_peer(int peer, int size, const char* op, const char* role) {

@@ -1,11 +1,18 @@
 // Point to point over MPI, and the link-emulation thread that delays sends.
 #include "comm/mpi_communicator.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <queue>
 #include <thread>
+
+#include "comm/doorbell.h"
 
 namespace ht::comm {
 
@@ -83,12 +90,13 @@ class MpiCommunicator::Delivery {
     thread_.join();
   }
 
+  // `world_dst`: the destination's rank in MPI_COMM_WORLD, whose doorbell rings once posted.
   std::shared_ptr<PostedSend> enqueue(Clock::time_point due, const void* data, size_t bytes,
-                                      int dst, int tag) {
+                                      int dst, int world_dst, int tag) {
     auto slot = std::make_shared<PostedSend>();
     {
       std::lock_guard lock(mutex_);
-      queue_.push(Outgoing{due, next_seq_++, data, bytes, dst, tag, slot});
+      queue_.push(Outgoing{due, next_seq_++, data, bytes, dst, world_dst, tag, slot});
       ++unposted_;
     }
     cv_.notify_all();
@@ -107,7 +115,7 @@ class MpiCommunicator::Delivery {
     uint64_t seq;  // equal due times keep their send order
     const void* data;
     size_t bytes;
-    int dst, tag;
+    int dst, world_dst, tag;
     std::shared_ptr<PostedSend> slot;
     bool operator>(const Outgoing& o) const { return due != o.due ? due > o.due : seq > o.seq; }
   };
@@ -144,6 +152,7 @@ class MpiCommunicator::Delivery {
         o.slot->req = req;
         o.slot->posted = true;
       }
+      if (rc == MPI_SUCCESS) ring_doorbell(o.world_dst);
       lock.lock();
       --unposted_;
     }
@@ -204,10 +213,76 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, HostInfo host, std::vector<LinkE
   check_mpi(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found),
             "communicator: MPI_TAG_UB");
   if (found) max_tag_ = *static_cast<int*>(tag_ub);
+  {  // each rank's rank in MPI_COMM_WORLD, whose doorbell a send to it rings
+    MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    check_mpi(MPI_Comm_group(comm_, &mine), "communicator: MPI_Comm_group");
+    check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "communicator: MPI_Comm_group of the world");
+    std::vector<int> ours(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; ++i) ours[static_cast<size_t>(i)] = i;
+    world_rank_.resize(static_cast<size_t>(size_));
+    check_mpi(MPI_Group_translate_ranks(mine, size_, ours.data(), world, world_rank_.data()),
+              "communicator: MPI_Group_translate_ranks");
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+  }
   path_free_.assign(static_cast<size_t>(size_), Clock::time_point{});
   last_due_.assign(static_cast<size_t>(size_), Clock::time_point{});
   set_link_emulation(std::move(links));
 }
+
+namespace {
+
+// The doorbell of this host's ranks (collective over `host`): local rank 0 makes a POSIX
+// shared-memory object, every rank maps it, and it is unlinked once all have, so nothing
+// outlives the job, whichever way it ends. Null where it cannot be made (no /dev/shm,
+// say): waits then sleep out their pauses, as they would without it.
+std::unique_ptr<Doorbell> open_doorbell(MPI_Comm world, MPI_Comm host, int local_rank, int local_size) {
+  const size_t bytes = Doorbell::bytes_for(local_size);
+  char name[64] = {};
+  if (local_rank == 0) {
+    std::snprintf(name, sizeof name, "/hetrain-bell-%ld-%lld", static_cast<long>(getpid()),
+                  static_cast<long long>(Clock::now().time_since_epoch().count()));
+    const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      if (fd >= 0) {
+        close(fd);
+        shm_unlink(name);
+      }
+      name[0] = '\0';
+    } else {
+      close(fd);
+    }
+  }
+  check_mpi(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, host), "world: MPI_Bcast of the doorbell's name");
+  void* words = MAP_FAILED;
+  if (name[0] != '\0') {
+    const int fd = shm_open(name, O_RDWR, 0600);
+    if (fd >= 0) {
+      words = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+    }
+  }
+  check_mpi(MPI_Barrier(host), "world: MPI_Barrier after mapping the doorbell");
+  if (local_rank == 0 && name[0] != '\0') shm_unlink(name);
+  if (words == MAP_FAILED) return nullptr;
+  // Per world rank, its slot on this host (its local rank) or -1.
+  int world_size = 0;
+  check_mpi(MPI_Comm_size(world, &world_size), "world: MPI_Comm_size");
+  MPI_Group host_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  check_mpi(MPI_Comm_group(host, &host_group), "world: MPI_Comm_group of the host group");
+  check_mpi(MPI_Comm_group(world, &world_group), "world: MPI_Comm_group");
+  std::vector<int> local(static_cast<size_t>(local_size)), in_world(static_cast<size_t>(local_size));
+  for (int i = 0; i < local_size; ++i) local[static_cast<size_t>(i)] = i;
+  check_mpi(MPI_Group_translate_ranks(host_group, local_size, local.data(), world_group, in_world.data()),
+            "world: MPI_Group_translate_ranks of the host group");
+  MPI_Group_free(&host_group);
+  MPI_Group_free(&world_group);
+  std::vector<int> slot_of(static_cast<size_t>(world_size), -1);
+  for (int i = 0; i < local_size; ++i) slot_of[static_cast<size_t>(in_world[static_cast<size_t>(i)])] = i;
+  return std::make_unique<Doorbell>(words, bytes, std::move(slot_of), local_rank);
+}
+
+}  // namespace
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::make_world() {
   MPI_Comm dup = MPI_COMM_NULL;
@@ -219,6 +294,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::make_world() {
             "world: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
   check_mpi(MPI_Comm_rank(shared, &info.local_rank), "world: MPI_Comm_rank of the host group");
   check_mpi(MPI_Comm_size(shared, &info.local_size), "world: MPI_Comm_size of the host group");
+  set_process_doorbell(open_doorbell(dup, shared, info.local_rank, info.local_size));
   MPI_Comm_free(&shared);
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
@@ -252,13 +328,15 @@ Request MpiCommunicator::isend_bytes(const void* data, size_t bytes, int dst, in
     // overtake them), the delivery thread posts the send.
     if (any_active(links_) || (delivery_ && !delivery_->idle())) {
       if (!delivery_) delivery_ = std::make_unique<Delivery>(comm_);
-      auto slot = delivery_->enqueue(due_locked(bytes, dst), data, bytes, dst, tag);
+      auto slot = delivery_->enqueue(due_locked(bytes, dst), data, bytes, dst,
+                                     world_rank_[static_cast<size_t>(dst)], tag);
       return Request(std::make_unique<EmulatedSend>(std::move(slot), dst, tag));
     }
   }
   MPI_Request req = MPI_REQUEST_NULL;
   check_mpi(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, dst, tag, comm_, &req),
             "isend_bytes to rank ", dst, " tag ", tag, " (", bytes, " bytes): MPI_Isend");
+  ring_doorbell(world_rank_[static_cast<size_t>(dst)]);
   return Request(std::make_unique<MpiSend>(req, dst, tag));
 }
 
@@ -365,6 +443,7 @@ bool MpiCommunicator::test_recv(PendingRecv& r) {
       r.state = State::done;
     } else if (flag) {
       r.state = State::done;
+      ring_doorbell(world_rank_[static_cast<size_t>(r.src)]);  // its sender may wait for this
     }
   }
   if (r.state == State::done && !r.error.empty()) throw Error(r.error);

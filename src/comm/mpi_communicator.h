@@ -113,6 +113,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   HostInfo host_;
   int rank_ = 0, size_ = 1, max_tag_ = 32767;
+  std::vector<int> world_rank_;  // per rank: its rank in MPI_COMM_WORLD (the doorbell's)
 
   std::mutex recv_mutex_;
   std::map<std::pair<int, int>, std::deque<std::shared_ptr<PendingRecv>>> recv_queues_;

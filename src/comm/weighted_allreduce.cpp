@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <thread>
 
+#include "comm/doorbell.h"
 #include "core/error.h"
 
 namespace ht::comm {
@@ -171,20 +171,22 @@ WaitStatus OverlappedAllreduce::drain(Timeout timeout) { return poll(timeout, tr
 // Waiting on requests one by one can deadlock: a receive is matched only while its own
 // request is tested (probe-based receives), so two ranks each waiting on a large send to
 // the other would never match. So every request is polled in turn, backing off from
-// polling to sleeps of up to 1 ms, so a throttled rank keeps its quota.
+// polling to sleeps of up to 1 ms, so a throttled rank keeps its quota; a ring of the
+// doorbell (doorbell.h) ends a sleep at once.
 WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout.value_or(std::chrono::duration<double>(0)));
   auto pause = std::chrono::microseconds(0);
   auto summed = [](const std::unique_ptr<Pending>& x) { return x->state == Pending::scattered; };
   for (;;) {
+    const uint32_t heard = doorbell_heard();
     const bool moved = progress();
     if (std::all_of(pending_.begin(), pending_.end(), summed) && (!sends || outgoing_.empty()))
       return WaitStatus::done;
     if (timeout && Clock::now() > deadline) return WaitStatus::timed_out;
     if (moved) pause = std::chrono::microseconds(0);
     else pause = std::min(std::chrono::microseconds(1000), std::max(std::chrono::microseconds(20), pause * 2));
-    std::this_thread::sleep_for(pause);
+    if (pause.count() > 0 && sleep_unless_rung(heard, pause)) pause = std::chrono::microseconds(0);
   }
 }
 

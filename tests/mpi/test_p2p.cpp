@@ -1,8 +1,11 @@
 // Point to point over MPI: ordering, tensors, deadlines.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <thread>
 #include <vector>
 
+#include "comm/doorbell.h"
 #include "core/error.h"
 #include "mpi_util.h"
 #include "ops/ops.h"
@@ -113,6 +116,58 @@ TEST_CASE("p2p: bad ranks and wrong sizes raise errors naming the values") {
       char small[16] = {};
       CHECK_THROWS_WITH_AS(w.recv_bytes(small, sizeof small, peer, 31, kLong),
                            doctest::Contains("has 10000 bytes; expected 16"), Error);
+    }
+  }
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("doorbell: a ring from another process ends a long sleep at once") {
+  Communicator& w = world();
+  const Doorbell* bell = process_doorbell();
+  REQUIRE(bell != nullptr);  // every rank of this suite is on one host
+  if (w.rank() == 1) {
+    const uint32_t heard = bell->heard();
+    REQUIRE(w.barrier(kLong) == WaitStatus::done);  // rank 0 rings 50 ms after this
+    const auto t0 = Clock::now();
+    const bool rung = bell->sleep(heard, std::chrono::seconds(5));
+    const double slept = seconds_since(t0);
+    CHECK(rung);
+    CHECK(slept < 1.0);  // without the ring: 5 s
+    // Rung before the sleep (the counter moved since `heard`): it returns at once.
+    CHECK(bell->sleep(heard, std::chrono::seconds(5)));
+  } else {
+    REQUIRE(w.barrier(kLong) == WaitStatus::done);
+    if (w.rank() == 0) {
+      std::this_thread::sleep_for(50ms);
+      bell->ring(1);
+    }
+  }
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("doorbell: a message ends the receiver's polled wait within microseconds, not its sleep") {
+  // The receiver has backed off to sleeps of 1 ms by the time a message sent 20 ms into
+  // its wait lands; the sender's ring wakes it. Both clocks are the host's monotonic one.
+  Communicator& w = world();
+  if (w.rank() < 2) {
+    std::vector<double> latency;
+    for (int i = 0; i < 15; ++i) {
+      int64_t sent = 0;
+      if (w.rank() == 0) {
+        std::this_thread::sleep_for(20ms);
+        sent = Clock::now().time_since_epoch().count();
+        w.send_bytes(&sent, sizeof sent, 1, 90);
+      } else {
+        REQUIRE(w.recv_bytes(&sent, sizeof sent, 0, 90, kLong) == WaitStatus::done);
+        const auto got = Clock::now().time_since_epoch().count();
+        latency.push_back(std::chrono::duration<double>(Clock::duration(got - sent)).count());
+      }
+    }
+    if (w.rank() == 1) {
+      std::sort(latency.begin(), latency.end());
+      const double median = latency[latency.size() / 2];
+      MESSAGE("median delivery of a message after 20 ms of waiting: ", median * 1e6, " us");
+      CHECK(median < 300e-6);  // sleeping out the pause: 0.5-1.3 ms
     }
   }
   CHECK(w.barrier(kLong) == WaitStatus::done);
