@@ -62,6 +62,27 @@ WaitStatus Request::wait(Timeout timeout) {
   return impl_->expire() ? WaitStatus::done : WaitStatus::timed_out;
 }
 
+// ---- consultations
+
+namespace {
+class AllgatherConsultation final : public Consultation {
+ public:
+  AllgatherConsultation(Communicator& comm, std::string mine) : comm_(comm), mine_(std::move(mine)) {}
+  std::string finish(const Answer& answer) override {
+    const std::vector<std::string> items = comm_.allgather(mine_);
+    return comm_.allgather(comm_.rank() == 0 ? answer(items) : std::string())[0];
+  }
+
+ private:
+  Communicator& comm_;
+  std::string mine_;
+};
+}  // namespace
+
+std::unique_ptr<Consultation> Communicator::consult(const std::string& mine) {
+  return std::make_unique<AllgatherConsultation>(*this, mine);
+}
+
 // ---- waits and checks
 
 Clock::duration seconds_to_duration(double s) {

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,18 @@ class Request {
 
  private:
   std::unique_ptr<Impl> impl_;
+};
+
+// A gather to rank 0 that rank 0 answers, in two halves (Communicator::consult).
+class Consultation {
+ public:
+  using Answer = std::function<std::string(const std::vector<std::string>& items)>;
+  virtual ~Consultation() = default;
+  // Rank 0: waits for every rank's item, returns answer(items) (in rank order) and sends
+  // it to the others without waiting for them to take it. Any other rank: waits for rank
+  // 0's answer and returns it (`answer` is not called). Keep the consultation until the
+  // others have the answer (destroying it waits for that on rank 0).
+  virtual std::string finish(const Answer& answer) = 0;
 };
 
 class Communicator {
@@ -112,6 +125,13 @@ class Communicator {
   virtual WaitStatus barrier(Timeout timeout = std::nullopt) = 0;
   // Every rank's string, on every rank (small payloads: fingerprints, hashes).
   virtual std::vector<std::string> allgather(const std::string& mine) = 0;
+  // Sends `mine` toward rank 0 and returns at once; finish() gives every rank rank 0's
+  // answer to all the items. Every rank starts its consultations in one order and
+  // finishes them in that order. For control between training steps: started after one
+  // step and finished after the next, no rank waits for another's step to end (an
+  // allgather holds every rank until the last one arrives). This implementation is an
+  // allgather at finish(); the MPI communicator's sends point to point.
+  virtual std::unique_ptr<Consultation> consult(const std::string& mine);
 
   // ---- link emulation: one entry per rank of this communicator (empty: none).
   virtual void set_link_emulation(std::vector<LinkEmulation> links) = 0;

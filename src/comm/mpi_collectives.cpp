@@ -161,6 +161,61 @@ std::vector<std::string> MpiCommunicator::allgather(const std::string& mine) {
   return out;
 }
 
+namespace {
+
+class MpiConsultation final : public Consultation {
+ public:
+  MpiConsultation(Communicator& control, std::string mine, int tag)
+      : c_(control), mine_(std::move(mine)), tag_(tag) {
+    if (c_.rank() == 0) {
+      for (int r = 1; r < c_.size(); ++r) {
+        items_.push_back(std::make_shared<std::vector<char>>());
+        recvs_.push_back(c_.irecv_message(items_.back(), r, tag_));
+      }
+    } else {
+      HT_CHECK(mine_.size() <= static_cast<size_t>(INT_MAX), "consult: item of ", mine_.size(),
+               " bytes; expected at most ", INT_MAX);
+      sends_.push_back(c_.isend_bytes(mine_.data(), mine_.size(), 0, tag_));
+      items_.push_back(std::make_shared<std::vector<char>>());
+      recvs_.push_back(c_.irecv_message(items_.back(), 0, tag_));
+    }
+  }
+
+  std::string finish(const Answer& answer) override {
+    for (Request& r : recvs_) r.wait();
+    if (c_.rank() != 0) {
+      sends_[0].wait();
+      return std::string(items_[0]->begin(), items_[0]->end());
+    }
+    std::vector<std::string> items{mine_};
+    for (const auto& item : items_) items.emplace_back(item->begin(), item->end());
+    answer_ = answer(items);
+    HT_CHECK(answer_.size() <= static_cast<size_t>(INT_MAX), "consult: answer of ", answer_.size(),
+             " bytes; expected at most ", INT_MAX);
+    for (int r = 1; r < c_.size(); ++r) sends_.push_back(c_.isend_bytes(answer_.data(), answer_.size(), r, tag_));
+    return answer_;
+  }
+
+ private:
+  Communicator& c_;
+  std::string mine_, answer_;
+  int tag_;
+  std::vector<std::shared_ptr<std::vector<char>>> items_;
+  std::vector<Request> recvs_, sends_;  // last: destroyed (sends waited for) before the buffers
+};
+
+}  // namespace
+
+std::unique_ptr<Consultation> MpiCommunicator::consult(const std::string& mine) {
+  if (!control_) {  // collective: every rank makes it at its first consultation
+    MPI_Comm dup = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_dup(comm_, &dup), "consult: MPI_Comm_dup");
+    control_ = std::make_unique<MpiCommunicator>(dup, host_, std::vector<LinkEmulation>{});
+  }
+  const int tag = consultations_++ % (control_->max_tag() + 1);
+  return std::make_unique<MpiConsultation>(*control_, mine, tag);
+}
+
 void MpiCommunicator::set_link_emulation(std::vector<LinkEmulation> links) {
   check_links(links, size_, "set_link_emulation");
   std::lock_guard lock(emu_mutex_);

@@ -76,6 +76,9 @@ class MpiCommunicator final : public Communicator {
   WaitStatus allreduce_sum(std::vector<Tensor>& buckets, Timeout timeout = std::nullopt) override;
   WaitStatus barrier(Timeout timeout = std::nullopt) override;
   std::vector<std::string> allgather(const std::string& mine) override;
+  // Point to point on a duplicate of the communicator made by the first consultation
+  // (its own matching space), each consultation with its own tag; no link emulation.
+  std::unique_ptr<Consultation> consult(const std::string& mine) override;
 
   void set_link_emulation(std::vector<LinkEmulation> links) override;
   const std::vector<LinkEmulation>& link_emulation() const override { return links_; }
@@ -126,6 +129,8 @@ class MpiCommunicator final : public Communicator {
 
   std::string abandoned_;  // why collectives are refused; empty while usable
   std::unique_ptr<Graveyard> graveyard_;
+  std::unique_ptr<MpiCommunicator> control_;  // consultations' messages
+  int consultations_ = 0;
 };
 
 }  // namespace ht::comm

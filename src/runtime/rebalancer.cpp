@@ -45,21 +45,29 @@ std::vector<int64_t> first_ranks(const plan::Plan& p) {
 }
 }  // namespace
 
-std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t total, plan::Plan& plan) {
-  if (every_ <= 0 || done % every_ != 0 || done >= total) return std::nullopt;
+bool Rebalancer::start_check(int64_t done, int64_t total) {
+  if (every_ <= 0 || done % every_ != 0 || done + 1 >= total) return false;
+  HT_CHECK(!pending_, "rebalancer: the check of step ", check_step_, " was not finished before the next");
   json mine = json::array();
   for (const std::vector<double>* v : series(window_)) mine.push_back(*v);
-  std::vector<plan::RankMeasure> measured;
-  for (const std::string& t : world_.allgather(mine.dump())) {
-    const json j = json::parse(t);
-    plan::RankMeasure& m = measured.emplace_back();
-    size_t i = 0;
-    for (std::vector<double>* v : series(m)) *v = j[i++].get<std::vector<double>>();
-  }
+  answered_.reset();  // taken a check ago
+  pending_ = world_.consult(mine.dump());
+  check_step_ = done;
+  return true;
+}
+
+std::optional<Rebalancer::Outcome> Rebalancer::finish_check(plan::Plan& plan) {
+  if (!pending_) return std::nullopt;
   // Rank 0 decides. A changed plan travels whole, so that every rank orders its
   // communication by the same estimates; otherwise only the calibrated prediction.
-  std::string decision;
-  if (world_.rank() == 0) {
+  std::vector<plan::RankMeasure> measured;  // rank 0's only
+  const json d = json::parse(pending_->finish([&](const std::vector<std::string>& items) {
+    for (const std::string& t : items) {
+      const json j = json::parse(t);
+      plan::RankMeasure& m = measured.emplace_back();
+      size_t i = 0;
+      for (std::vector<double>* v : series(m)) *v = j[i++].get<std::vector<double>>();
+    }
     const plan::Rebalance r = decide_(plan, measured);
     json d{{"changed", r.changed},
            {"reverted", r.reverted},
@@ -70,9 +78,9 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
            {"predicted", {r.plan.predicted.step_seconds, r.plan.predicted.samples_per_s,
                           r.plan.predicted.bubble_fraction}}};
     if (r.changed) d["plan"] = plan::plan_to_json(r.plan);
-    decision = d.dump();
-  }
-  const json d = json::parse(world_.allgather(decision)[0]);
+    return d.dump();
+  }));
+  answered_ = std::move(pending_);
   Outcome out;
   out.changed = d["changed"].get<bool>();
   out.reverted = d["reverted"].get<bool>();
@@ -101,7 +109,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::maybe_run(int64_t done, int64_t t
   out.ranks_after = first_ranks(plan);
   out.predicted_step_s = plan.predicted.step_seconds;
   out.trial_started = out.changed && !plan.layout.alternate_micro_batches.empty();
-  if (out.changed) {
+  if (out.changed) {  // the step since the check ran the plan before
     skip_next_ = true;
     window_ = {};
   } else {  // the same plan: the next check's medians take in this window's steps too

@@ -1,11 +1,15 @@
 // Rebalancing in a running job (plan/rebalance.h): every rank records what each of its
-// steps took; every `every` steps the ranks exchange those records, rank 0 asks the
-// planner's decision and every rank takes rank 0's answer, so all run the same plan. The
-// first step after the start and after every change is left out (allocations, caches).
+// steps took; every `every` steps the ranks send those records to rank 0, which asks the
+// planner's decision, and every rank takes rank 0's answer, so all run the same plan. The
+// exchange spans a step (comm::Communicator::consult): the records go out after the
+// check's step, the answer comes after the next one and applies from the step after that,
+// so no rank waits at the check for the others to end their step. The first step after
+// the start and after every change is left out (allocations, caches).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,15 +51,26 @@ class Rebalancer {
     std::string record(int64_t step) const;  // the metrics.jsonl line (JSON, type "rebalance")
     std::string line(int64_t step) const;    // for people, after a change
   };
-  // Collective on the steps it is due (`done` a multiple of `every`, before the last
-  // step): replaces `plan` with rank 0's decision. After a change the caller reshares its
-  // executor, or after a relayout moves it to the new plan's ranks (stage_gather.h).
-  std::optional<Outcome> maybe_run(int64_t done, int64_t total, plan::Plan& plan);
+  // After step `done`, on every rank: when a check is due (`done` a multiple of `every`,
+  // and two steps or more left, so that its answer has a step to apply to), sends this
+  // rank's records toward rank 0 and returns true.
+  bool start_check(int64_t done, int64_t total);
+  // After the step that follows a started check, on every rank (nullopt when none is
+  // started): replaces `plan` with rank 0's decision, made here on rank 0 from the
+  // records up to the check (Outcome's per-rank figures are rank 0's only). After a change
+  // the caller reshares its executor, or after a relayout moves it to the new plan's
+  // ranks (stage_gather.h).
+  std::optional<Outcome> finish_check(plan::Plan& plan);
+  // The step of the check finish_check answers.
+  int64_t check_step() const { return check_step_; }
 
  private:
   RebalanceFn decide_;
   int64_t every_;
   comm::Communicator& world_;
+  std::unique_ptr<comm::Consultation> pending_;   // started, not answered
+  std::unique_ptr<comm::Consultation> answered_;  // kept until the next: see Consultation
+  int64_t check_step_ = 0;
   // The steps since the plan last changed, at most kWindowChecks checks' worth: a 0.2
   // rank's median step moves by about 5% between windows of 10 steps, as much as the
   // imbalance the next check should see.

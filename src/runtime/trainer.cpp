@@ -144,6 +144,7 @@ class Run {
     int64_t window_steps = 0, step = start;
     double last_loss = std::nan("");  // many ranks know it only at log steps
     std::vector<double> step_walls;
+    std::optional<PendingLog> pending_log;
     const int64_t traced = std::min(start + 5, total_steps_ - 1);  // past the warm-up
     for (; step < total_steps_; ++step) {
       const float lr = schedule_.at(step);
@@ -159,38 +160,37 @@ class Run {
       ++window_steps;
       const int64_t done = step + 1;
       if (!multi()) last_loss = check_loss(r.loss_sum, 1, done);
-      const bool log = done % cfg_.train.log_every == 0 || done == total_steps_;
+      // What the ranks sent toward rank 0 after the step before: answered while this one
+      // ran (see Communicator::consult). A change applies from the next step.
       bool stop_all = false;
-      if (log) {
-        window.interrupted = g_interrupted;
-        if (multi()) window.checksum = executor_->parameter_checksum();
-        std::vector<Window> ranks;
-        std::vector<std::string> checksums;
-        for (const std::string& t : world_.allgather(window.to_text())) {
-          ranks.push_back(Window::from_text(t));
-          checksums.push_back(ranks.back().checksum);
-        }
-        if (multi()) check_replicas_identical(plan_, checksums, done);
-        double loss_sum = 0;
-        for (const Window& w : ranks) {
-          loss_sum += w.loss_sum;
-          stop_all = stop_all || w.interrupted;
-        }
-        last_loss = check_loss(loss_sum, window_steps, done);
-        if (root_) metrics->write(train_record(done, lr, last_loss, ranks, window_steps, cfg_.train.batch_size, seconds_since(t0)));
-        window = Window{};
-        window_steps = 0;
-      }
-      if (auto o = rebalancer_.maybe_run(done, total_steps_, plan_)) {
+      if (pending_log) stop_all = finish_log(*pending_log, metrics ? &*metrics : nullptr, last_loss);
+      pending_log.reset();
+      if (auto o = rebalancer_.finish_check(plan_)) {
         if (o->relayout)
           executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train);
         else if (o->changed) executor_->reshare();
         if (o->changed) step_walls.clear();  // the measured step is the current shares'
         if (root_) {
-          metrics->write(o->record(done));
-          if (o->changed) progress.note(o->line(done));
+          metrics->write(o->record(rebalancer_.check_step()));
+          if (o->changed) progress.note(o->line(rebalancer_.check_step()));
         }
       }
+      const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
+      // No step follows to wait through: the exchange ends here.
+      const bool final_step = done == total_steps_ || stop_after || stop_all;
+      if (done % cfg_.train.log_every == 0 || done == total_steps_) {
+        window.interrupted = g_interrupted;
+        if (multi()) window.checksum = executor_->parameter_checksum();
+        answered_log_.reset();  // taken a log step ago
+        pending_log = PendingLog{world_.consult(window.to_text()), done, window_steps, lr, seconds_since(t0)};
+        window = Window{};
+        window_steps = 0;
+        if (!multi() || final_step) {
+          stop_all = finish_log(*pending_log, metrics ? &*metrics : nullptr, last_loss) || stop_all;
+          pending_log.reset();
+        }
+      }
+      if (!stop_all && !stop_after) rebalancer_.start_check(done, total_steps_);
       const double elapsed = seconds_since(t0);
       const double rate = static_cast<double>((done - start) * cfg_.train.batch_size) / elapsed;
       const double eta = static_cast<double>(total_steps_ - done) * elapsed / static_cast<double>(done - start);
@@ -203,9 +203,10 @@ class Run {
           progress.note("step " + std::to_string(done) + ": " + r2->line);
         }
       }
-      // One process stops at once; many agree at a log step (every rank saw the flag).
+      // One process stops at once; many agree on the step after a log step (every rank saw
+      // the flag in rank 0's answer).
       const bool interrupted = multi() ? stop_all : static_cast<bool>(g_interrupted);
-      const bool stop = interrupted || (opts_.stop_after && done - start >= *opts_.stop_after);
+      const bool stop = interrupted || stop_after;
       if ((cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || last || stop)
         save(done, progress);
       if (stop && !last) {
@@ -231,6 +232,38 @@ class Run {
 
  private:
   bool multi() const { return world_.size() > 1; }
+
+  // A log step's windows on their way to rank 0 (Communicator::consult).
+  struct PendingLog {
+    std::unique_ptr<comm::Consultation> consult;
+    int64_t done = 0, steps = 0;
+    float lr = 0;
+    double elapsed_s = 0;  // at the log step
+  };
+
+  // Rank 0 sends every rank's window back to all; each rank checks that the replicas are
+  // identical and the loss finite, so that all fail alike, and rank 0 writes the record.
+  // True when some rank was interrupted. The consultation moves to `answered_log_`.
+  bool finish_log(PendingLog& p, report::MetricsLog* metrics, double& last_loss) {
+    const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); });
+    answered_log_ = std::move(p.consult);
+    std::vector<Window> ranks;
+    std::vector<std::string> checksums;
+    for (const std::string& t : json::parse(all).get<std::vector<std::string>>()) {
+      ranks.push_back(Window::from_text(t));
+      checksums.push_back(ranks.back().checksum);
+    }
+    if (multi()) check_replicas_identical(plan_, checksums, p.done);
+    double loss_sum = 0;
+    bool interrupted = false;
+    for (const Window& w : ranks) {
+      loss_sum += w.loss_sum;
+      interrupted = interrupted || w.interrupted;
+    }
+    last_loss = check_loss(loss_sum, p.steps, p.done);
+    if (metrics) metrics->write(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s));
+    return interrupted;
+  }
 
   static double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
@@ -440,6 +473,7 @@ class Run {
   Rebalancer rebalancer_;       // moves plan_'s shares while training
   double planned_step_s_;       // the plan's prediction before any measurement
   CheckpointDir checkpoints_;
+  std::unique_ptr<comm::Consultation> answered_log_;  // kept until the next: see Consultation
   int64_t total_steps_ = 0;
   int64_t stream_base_ = 0;  // stream position of step 0's first sample
   optim::LrSchedule schedule_;

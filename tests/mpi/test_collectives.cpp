@@ -84,6 +84,46 @@ TEST_CASE("collectives: allgather returns every rank's string in rank order") {
   CHECK(w.allgather("") == std::vector<std::string>(static_cast<size_t>(w.size())));
 }
 
+TEST_CASE("consult: rank 0 answers every rank's item, two consultations in flight keep their order") {
+  Communicator& w = world();
+  auto first = w.consult(std::string("a").append(std::to_string(w.rank())));
+  auto second = w.consult(std::string(static_cast<size_t>(w.rank()) * 100000, 'b'));  // 0 to 300 kB
+  int calls = 0;
+  const std::string got = first->finish([&](const std::vector<std::string>& items) {
+    ++calls;
+    std::string joined;
+    for (const std::string& x : items) joined.append(x).append(",");
+    return joined;
+  });
+  std::string want;
+  for (int r = 0; r < w.size(); ++r) want.append("a").append(std::to_string(r)).append(",");
+  CHECK(got == want);
+  CHECK(calls == (w.rank() == 0 ? 1 : 0));
+  const std::string sizes = second->finish([](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& x : items)
+      out.append(std::to_string(x.size())).append(x.find_first_not_of('b') == std::string::npos ? " " : "? ");
+    return out;
+  });
+  CHECK(sizes == "0 100000 200000 300000 ");
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("consult: rank 0's answer waits for the items, not for the ranks to come for it") {
+  // The point of consult over allgather: a rank that is late to finish (still in its
+  // next training step) does not hold rank 0, whose finish needs only what was sent.
+  Communicator& w = world();
+  auto c = w.consult(std::to_string(w.rank()));
+  if (w.rank() == 1) std::this_thread::sleep_for(500ms);
+  const auto t0 = Clock::now();
+  const std::string a = c->finish([](const std::vector<std::string>& items) { return std::to_string(items.size()); });
+  const double took = seconds_since(t0);
+  CHECK(a == std::to_string(w.size()));
+  if (w.rank() == 0) CHECK(took < 0.25);  // an allgather would wait out rank 1's 0.5 s
+  c.reset();
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
 TEST_CASE("collectives: split forms groups by color, ordered by key") {
   Communicator& w = world();
   // Colors by parity; keys reverse the order inside each group.
