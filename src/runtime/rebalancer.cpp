@@ -45,15 +45,14 @@ std::vector<int64_t> first_ranks(const plan::Plan& p) {
 }
 }  // namespace
 
-bool Rebalancer::start_check(int64_t done, int64_t total) {
-  if (every_ <= 0 || done % every_ != 0 || done + 1 >= total) return false;
+void Rebalancer::start_check(int64_t done, int64_t total) {
+  if (every_ <= 0 || done % every_ != 0 || done + 1 >= total) return;
   HT_CHECK(!pending_, "rebalancer: the check of step ", check_step_, " was not finished before the next");
   json mine = json::array();
   for (const std::vector<double>* v : series(window_)) mine.push_back(*v);
   answered_.reset();  // taken a check ago
   pending_ = world_.consult(mine.dump());
   check_step_ = done;
-  return true;
 }
 
 std::optional<Rebalancer::Outcome> Rebalancer::finish_check(plan::Plan& plan) {
