@@ -126,13 +126,14 @@ TEST_CASE("doorbell: a ring from another process ends a long sleep at once") {
   const Doorbell* bell = process_doorbell();
   REQUIRE(bell != nullptr);  // every rank of this suite is on one host
   if (w.rank() == 1) {
-    const uint32_t heard = bell->heard();
     REQUIRE(w.barrier(kLong) == WaitStatus::done);  // rank 0 rings 50 ms after this
+    const uint32_t heard = bell->heard();
     const auto t0 = Clock::now();
     const bool rung = bell->sleep(heard, std::chrono::seconds(5));
     const double slept = seconds_since(t0);
     CHECK(rung);
-    CHECK(slept < 1.0);  // without the ring: 5 s
+    CHECK(slept > 0.02);  // it waited for that ring
+    CHECK(slept < 1.0);   // without it: 5 s
     // Rung before the sleep (the counter moved since `heard`): it returns at once.
     CHECK(bell->sleep(heard, std::chrono::seconds(5)));
   } else {
@@ -145,7 +146,7 @@ TEST_CASE("doorbell: a ring from another process ends a long sleep at once") {
   CHECK(w.barrier(kLong) == WaitStatus::done);
 }
 
-TEST_CASE("doorbell: a message ends the receiver's polled wait within microseconds, not its sleep") {
+TEST_CASE("doorbell: a message ends the receiver's polled wait at once, not at the end of its sleep") {
   // The receiver has backed off to sleeps of 1 ms by the time a message sent 20 ms into
   // its wait lands; the sender's ring wakes it. Both clocks are the host's monotonic one.
   Communicator& w = world();
@@ -167,7 +168,7 @@ TEST_CASE("doorbell: a message ends the receiver's polled wait within microsecon
       std::sort(latency.begin(), latency.end());
       const double median = latency[latency.size() / 2];
       MESSAGE("median delivery of a message after 20 ms of waiting: ", median * 1e6, " us");
-      CHECK(median < 300e-6);  // sleeping out the pause: 0.5-1.3 ms
+      CHECK(median < 500e-6);  // sleeping out the pause: 1.6-2.1 ms measured here
     }
   }
   CHECK(w.barrier(kLong) == WaitStatus::done);
