@@ -163,7 +163,7 @@ class Run {
       // What the ranks sent toward rank 0 after the step before: answered while this one
       // ran (see Communicator::consult). A change applies from the next step.
       bool stop_all = false;
-      if (pending_log) stop_all = finish_log(*pending_log, metrics ? &*metrics : nullptr, last_loss);
+      if (pending_log) stop_all = finish_log(*pending_log, metrics, last_loss);
       pending_log.reset();
       if (auto o = rebalancer_.finish_check(plan_)) {
         if (o->relayout)
@@ -186,7 +186,7 @@ class Run {
         window = Window{};
         window_steps = 0;
         if (!multi() || final_step) {
-          stop_all = finish_log(*pending_log, metrics ? &*metrics : nullptr, last_loss) || stop_all;
+          stop_all = finish_log(*pending_log, metrics, last_loss) || stop_all;
           pending_log.reset();
         }
       }
@@ -244,7 +244,7 @@ class Run {
   // Rank 0 sends every rank's window back to all; each rank checks that the replicas are
   // identical and the loss finite, so that all fail alike, and rank 0 writes the record.
   // True when some rank was interrupted. The consultation moves to `answered_log_`.
-  bool finish_log(PendingLog& p, report::MetricsLog* metrics, double& last_loss) {
+  bool finish_log(PendingLog& p, std::optional<report::MetricsLog>& metrics, double& last_loss) {
     const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); });
     answered_log_ = std::move(p.consult);
     std::vector<Window> ranks;
