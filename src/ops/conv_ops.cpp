@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "ops/op_support.h"
 
 namespace ht {
@@ -42,6 +44,26 @@ void batched_gemm(Backend& be, bool ta, bool tb, int64_t m, int64_t n, int64_t k
   be.gemm(g);
 }
 
+// The columns of a convolution are unfolded a chunk of samples at a time, each chunk's
+// columns within kColumnsBudget bytes (one sample at least): im2col's output is then
+// still in this core's cache when the gemm reads it, and the scratch no longer grows with
+// the batch. The CNN's second convolution unfolds 221 KiB a sample; a training step of
+// it at 64 samples took 10-15% less time so than unfolding the whole batch (14 MiB), with
+// budgets from 256 KiB to 2 MiB alike (tools/bench-engine), and its peak memory fell from
+// 57 to 34 MiB.
+constexpr int64_t kColumnsBudget = 512 << 10;
+
+int64_t samples_per_chunk(const Window2d& g, int64_t cols_per_sample) {
+  return std::clamp<int64_t>(kColumnsBudget / (cols_per_sample * 4), 1, std::max<int64_t>(g.n, 1));
+}
+
+// Samples [s, s + chunk) of g, clipped to the batch.
+Window2d chunk_of(const Window2d& g, int64_t s, int64_t chunk) {
+  Window2d part = g;
+  part.n = std::min(chunk, g.n - s);
+  return part;
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride,
@@ -64,11 +86,15 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
   Backend& be = x.backend();
   Tensor xc = contiguous(x), wc = contiguous(weight);
   Tensor out = Tensor::empty({g.n, out_ch, oh, ow}, DType::f32, be, "conv2d");
+  const int64_t chunk = samples_per_chunk(g, ck * hw), in_size = g.c * g.h * g.w;
   {
-    Tensor cols = Tensor::empty({g.n, ck, hw}, DType::f32, be, "conv2d");
-    be.im2col(xc.data(), cols.data(), g);
-    batched_gemm(be, false, false, out_ch, hw, ck, wc.data(), 0, cols.data(), ck * hw,
-                 out.data(), out_ch * hw, g.n, 0.f);
+    Tensor cols = Tensor::empty({chunk, ck, hw}, DType::f32, be, "conv2d");
+    for (int64_t s = 0; s < g.n; s += chunk) {
+      const Window2d part = chunk_of(g, s, chunk);
+      be.im2col(xc.data() + s * in_size, cols.data(), part);
+      batched_gemm(be, false, false, out_ch, hw, ck, wc.data(), 0, cols.data(), ck * hw,
+                   out.data() + s * out_ch * hw, out_ch * hw, part.n, 0.f);
+    }
   }
   if (bias.defined()) {
     Tensor bc = contiguous(bias);
@@ -80,26 +106,34 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
     // them in backward costs one pass over memory.
     Tensor kx = xc.detach(), kw = wc.detach();
     record(out, "conv2d", {&x, &weight, &bias},
-           [kx, kw, g, out_ch, ck, hw](const Tensor& gy_in, const Node& n) {
+           [kx, kw, g, out_ch, ck, hw, chunk, in_size](const Tensor& gy_in, const Node& n) {
              Tensor gy = contiguous(gy_in);
              Backend& b = gy.backend();
              std::vector<Tensor> grads(3);
+             Tensor cols, gcols;
              if (n.needs(1)) {
-               Tensor cols = Tensor::empty({g.n, ck, hw}, DType::f32, b, "conv2d_backward");
-               b.im2col(kx.data(), cols.data(), g);
-               Tensor gw = Tensor::empty(kw.shape(), DType::f32, b, "conv2d_backward");
-               for (int64_t i = 0; i < g.n; ++i)
-                 batched_gemm(b, false, true, out_ch, ck, hw, gy.data() + i * out_ch * hw, 0,
-                              cols.data() + i * ck * hw, 0, gw.data(), 0, 1, i == 0 ? 0.f : 1.f);
-               grads[1] = gw;
+               cols = Tensor::empty({chunk, ck, hw}, DType::f32, b, "conv2d_backward");
+               grads[1] = Tensor::empty(kw.shape(), DType::f32, b, "conv2d_backward");
              }
              if (n.needs(0)) {
-               Tensor gcols = Tensor::empty({g.n, ck, hw}, DType::f32, b, "conv2d_backward");
-               batched_gemm(b, true, false, ck, hw, out_ch, kw.data(), 0, gy.data(), out_ch * hw,
-                            gcols.data(), ck * hw, g.n, 0.f);
-               Tensor gx = Tensor::zeros(kx.shape(), b);
-               b.col2im(gcols.data(), gx.data(), g);
-               grads[0] = gx;
+               gcols = Tensor::empty({chunk, ck, hw}, DType::f32, b, "conv2d_backward");
+               grads[0] = Tensor::zeros(kx.shape(), b);
+             }
+             for (int64_t s = 0; s < g.n && (cols.defined() || gcols.defined()); s += chunk) {
+               const Window2d part = chunk_of(g, s, chunk);
+               const float* gys = gy.data() + s * out_ch * hw;
+               if (cols.defined()) {  // gw = sum over samples of gy_i cols_i^T
+                 b.im2col(kx.data() + s * in_size, cols.data(), part);
+                 for (int64_t i = 0; i < part.n; ++i)
+                   batched_gemm(b, false, true, out_ch, ck, hw, gys + i * out_ch * hw, 0,
+                                cols.data() + i * ck * hw, 0, grads[1].data(), 0, 1,
+                                s + i == 0 ? 0.f : 1.f);
+               }
+               if (gcols.defined()) {
+                 batched_gemm(b, true, false, ck, hw, out_ch, kw.data(), 0, gys, out_ch * hw,
+                              gcols.data(), ck * hw, part.n, 0.f);
+                 b.col2im(gcols.data(), grads[0].data() + s * in_size, part);
+               }
              }
              if (n.needs(2)) grads[2] = sum(gy, {0, 2, 3});
              return grads;
