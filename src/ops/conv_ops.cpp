@@ -47,10 +47,10 @@ void batched_gemm(Backend& be, bool ta, bool tb, int64_t m, int64_t n, int64_t k
 // The columns of a convolution are unfolded a chunk of samples at a time, each chunk's
 // columns within kColumnsBudget bytes (one sample at least): im2col's output is then
 // still in this core's cache when the gemm reads it, and the scratch no longer grows with
-// the batch. The CNN's second convolution unfolds 221 KiB a sample; a training step of
-// it at 64 samples took 10-15% less time so than unfolding the whole batch (14 MiB), with
-// budgets from 256 KiB to 2 MiB alike (tools/bench-engine), and its peak memory fell from
-// 57 to 34 MiB.
+// the batch. The CNN's second convolution unfolds 221 KiB a sample (14 MiB at 64
+// samples); a training step of the CNN at 64 samples took 32.3 ms unfolding whole
+// batches and 28.1 ms in chunks (medians of 6 interleaved runs of tools/bench-engine),
+// with budgets from 256 KiB to 2 MiB alike, and its peak memory fell from 43 to 34 MiB.
 constexpr int64_t kColumnsBudget = 512 << 10;
 
 int64_t samples_per_chunk(const Window2d& g, int64_t cols_per_sample) {

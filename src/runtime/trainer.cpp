@@ -318,13 +318,13 @@ class Run {
   }
 
   // Rank 0 evaluates the whole model in batches of train.eval_batch_size, which under a
-  // memory cap can need far more than a training step (at 1000 samples the CNN's second
-  // convolution alone unfolds 215 MiB). So before the first step it measures no-grad
+  // memory cap can need far more than a training step (at 1000 samples the CNN's first
+  // convolution's output alone is 100 MB). So before the first step it measures no-grad
   // forwards of 4 and 8 samples (activation memory grows linearly with the batch) and
   // refuses a cap that the evaluation would exceed, with the largest batch that fits,
   // instead of failing at the first evaluation. The forward is 10% short of the whole
   // evaluation's peak at most, which adds its data batch and the loss (the CNN at 1000
-  // samples: 292 MiB predicted from the forwards; 286 MiB of cap ran out, 324 held).
+  // samples: 272 MiB predicted from the forwards; 240 MiB of cap ran out, 250 held).
   void check_evaluation_fits() {
     constexpr double kMargin = 1.1;
     Backend& device = model_.named_parameters().front().second.backend();

@@ -84,7 +84,7 @@ def exact_resume(tmp, name, cfg, total, stop):
 
 def evaluation_memory(tmp):
     """Under a 100 MB cap one CNN step fits but evaluating in batches of 1000 does not (the
-    second convolution alone unfolds 215 MiB): refused before the first step, with a
+    first convolution's output alone is 100 MB): refused before the first step, with a
     batch that fits, which then runs."""
     cfg = {"model": {"type": "cnn", "channels": [32, 64], "fc_hidden": 128},
            "data": {"dataset": "fashion_mnist", "dir": FASHION},
