@@ -23,7 +23,10 @@ std::vector<std::vector<std::pair<int, int>>> pairing_rounds(int n);
 struct LinkProbeOptions {
   int pings = 20;                      // small-message round trips per pair (fastest taken)
   int64_t bulk_bytes = 16 << 20;       // message size for bandwidth
-  int bulk_repeats = 3;                // fastest of these
+  // The fastest of these: a rank under a CPU quota copies a message in with its own CPU,
+  // and one throttled mid-copy measured its link 10x slower than it is (0.9 against 5-10
+  // GB/s), often enough in the fastest of 2 to make the planner leave two CNN ranks idle.
+  int bulk_repeats = 6;
   double round_timeout_s = 60;         // a round that takes longer names the missing ranks
 };
 

@@ -99,7 +99,6 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
   if (opts.quick) {
     lo.pings = 8;
     lo.bulk_bytes = 4 << 20;
-    lo.bulk_repeats = 2;
   }
   c.links = measure_links(comm, lo);
   for (const comm::LinkEmulation& l : comm.link_emulation()) c.links_emulated = c.links_emulated || l.active();
