@@ -62,6 +62,15 @@ WaitStatus Request::wait(Timeout timeout) {
   return impl_->expire() ? WaitStatus::done : WaitStatus::timed_out;
 }
 
+WaitStatus Request::spin(Timeout timeout) {
+  if (!impl_) return WaitStatus::done;
+  Deadline deadline = deadline_from(timeout, "Request::spin");
+  if (impl_->cancelled()) return WaitStatus::timed_out;
+  while (!impl_->test())
+    if (deadline && Clock::now() > *deadline) return impl_->expire() ? WaitStatus::done : WaitStatus::timed_out;
+  return WaitStatus::done;
+}
+
 // ---- consultations
 
 namespace {

@@ -59,6 +59,10 @@ class Request {
 
   bool test();                          // completed (never blocks)
   WaitStatus wait(Timeout timeout = std::nullopt);
+  // As wait, but testing without a sleep between tests: for timing a round trip, which
+  // wait's backoff sleeps would lengthen (they end late by up to a scheduler tick). It
+  // spends the CPU while it waits, so keep such waits short.
+  WaitStatus spin(Timeout timeout = std::nullopt);
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -23,10 +23,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kTagActivation = 11;
 constexpr int kTagGrad = 12;
-// A peer that sends nothing for this long has stalled or died: fail with its name
-// rather than wait forever. Far above any step of the shipped configs.
-constexpr std::chrono::seconds kPeerTimeout{600};
-
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Replica `part`'s part of `t` when its stage is sharded by `shards`: a flat view.
@@ -311,6 +307,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     reduce_ = std::make_unique<comm::OverlappedAllreduce>(
         *stage_group_, plan::stage_reduce_parts(plan_, plan_.layout, static_cast<size_t>(stage_)), !shards_.empty());
   const auto start = Clock::now();
+  r.start_s = std::chrono::duration<double>(start.time_since_epoch()).count();
   for (const plan::Instruction& in : schedule_) {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();

@@ -18,6 +18,7 @@
 // unsharded step.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +39,10 @@ class OverlappedAllreduce;
 
 namespace ht::runtime {
 
+// A peer that sends nothing for this long has stalled or died: fail with its name rather
+// than wait forever. Far above any step of the shipped configs.
+constexpr std::chrono::seconds kPeerTimeout{600};
+
 struct StepResult {
   // Summed loss over the micro-batches this rank finished as the last stage (0 on other
   // stages); the global mean is the sum over ranks / (global batch x predictions).
@@ -49,11 +54,12 @@ struct StepResult {
   // of the stage's on a replicated stage, since they join block by block).
   size_t grads_overlapped = 0;
   double wall_s = 0;
+  double start_s = 0;     // when the step began, on this rank's clock (comm::clock_seconds)
   int micro_batches = 0;  // this rank's in the step (0: idle); see alternate_micro_batches
   // CPU seconds of the process in the compute instructions (OptimizerStep, the rest) and
   // in the communication (gathering sharded weights included).
   double work_cpu_s = 0, optimizer_cpu_s = 0, comm_cpu_s = 0;
-  std::vector<report::Span> spans;   // when recorded: one per instruction
+  std::vector<report::Span> spans;   // when recorded: one per instruction, from start_s
 };
 
 class Executor {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/graph.h"
+#include "comm/clock_sync.h"
 #include "comm/communicator.h"
 #include "comm/emulation.h"
 #include "core/threads.h"
@@ -150,7 +152,7 @@ class Run {
       const float lr = schedule_.at(step);
       const bool trace = !opts_.timeline.empty() && step == traced;
       StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
-      if (trace) write_timeline(r.spans);
+      if (trace) write_timeline(r);
       rebalancer_.record(r);
       window.loss_sum += r.loss_sum;
       window.compute_s += r.compute_s;
@@ -278,19 +280,38 @@ class Run {
     return mean;
   }
 
-  void write_timeline(const std::vector<report::Span>& spans) {
-    json mine = json::array();
-    for (const report::Span& s : spans)
-      mine.push_back({s.name, s.category, s.start_s, s.end_s, s.micro_batch, s.stage});
-    const std::vector<std::string> all = world_.allgather(mine.dump());
+  // Collective. Every rank's spans of the traced step on rank 0's clock, from the step's
+  // earliest start on any rank: the ranks start a step at different moments (in data
+  // parallelism rank 0 first, the others when its weights reach them), which the trace
+  // shows. The title gives how closely the clocks are aligned.
+  void write_timeline(const StepResult& step) {
+    constexpr int kClockRounds = 8;
+    const std::vector<comm::ClockOffset> clocks = comm::clock_offsets(world_, kClockRounds, kPeerTimeout);
+    json spans = json::array();
+    for (const report::Span& s : step.spans)
+      spans.push_back({s.name, s.category, s.start_s, s.end_s, s.micro_batch, s.stage});
+    const std::vector<std::string> all = world_.allgather(json{step.start_s, spans}.dump());
     if (!root_) return;
+    std::vector<json> ranks;
+    double first = std::numeric_limits<double>::infinity(), error = 0;
+    for (size_t r = 0; r < all.size(); ++r) {
+      ranks.push_back(json::parse(all[r]));
+      if (ranks[r][1].empty()) continue;  // an idle rank
+      first = std::min(first, ranks[r][0].get<double>() + clocks[r].offset_s);
+      error = std::max(error, clocks[r].error_s);
+    }
     std::vector<report::Span> merged;
-    for (size_t r = 0; r < all.size(); ++r)
-      for (const json& e : json::parse(all[r]))
-        merged.push_back({static_cast<int>(r), e[0], e[1], e[2], e[3], e[4], e[5]});
-    write_file_atomically(opts_.timeline,
-                          report::to_chrome_trace(merged, "hetrain train " + cfg_.name + " (measured)"),
-                          "timeline");
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const double shift = ranks[r][0].get<double>() + clocks[r].offset_s - first;
+      for (const json& e : ranks[r][1])
+        merged.push_back({static_cast<int>(r), e[0], e[1], e[2].get<double>() + shift, e[3].get<double>() + shift,
+                          e[4], e[5]});
+    }
+    char aligned[64];
+    std::snprintf(aligned, sizeof aligned, "ranks' clocks aligned within %.0f us", error * 1e6);
+    write_file_atomically(
+        opts_.timeline,
+        report::to_chrome_trace(merged, "hetrain train " + cfg_.name + " (measured; " + aligned + ")"), "timeline");
   }
 
   void write_summary(int64_t start, double wall, std::vector<double> step_walls,

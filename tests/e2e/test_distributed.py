@@ -10,6 +10,7 @@ import array
 import glob
 import json
 import os
+import re
 import struct
 import sys
 import tempfile
@@ -100,10 +101,24 @@ def main():
           and all(x["measured_step_s"] > 0 and x["calibrated_step_s"] > 0 for x in checks), str(checks[:1]))
     check("2 ranks: summary has the planned and the calibrated prediction",
           s.get("planned_step_s", 0) > 0 and s.get("shares") and sum(s["shares"]) == 128, str(s))
-    events = load(timeline)["traceEvents"] if os.path.exists(timeline) else []
+    trace = load(timeline) if os.path.exists(timeline) else {"traceEvents": [], "otherData": {"title": ""}}
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     check("2 ranks: --timeline holds both ranks' measured instructions",
-          {e["tid"] for e in events if e.get("ph") == "X"} == {0, 1}
+          {e["tid"] for e in events} == {0, 1}
           and any(e.get("name") == "ReduceGrads" for e in events) if s.get("strategy") == "data" else True)
+    # On rank 0's clock: the earliest rank starts at 0, and no rank's gradient all-reduce
+    # ends before every rank's last Backward has (each needs the others' gradients).
+    m = re.search(r"ranks' clocks aligned within (\d+) us", trace["otherData"]["title"])
+    error_us = int(m.group(1)) if m else float("inf")
+    print(f"timeline: {trace['otherData']['title']}")
+    check("2 ranks: the timeline's ranks are on one clock, aligned within 5 ms", error_us <= 5000, trace["otherData"])
+    if s.get("strategy") == "data" and events:
+        last_backward = max(e["ts"] + e["dur"] for e in events if e["name"] == "Backward")
+        reduced = [max(e["ts"] + e["dur"] for e in events if e["tid"] == r and e["name"] == "ReduceGrads")
+                   for r in (0, 1)]
+        print(f"timeline: last Backward ends at {last_backward:.0f} us; ReduceGrads end at {reduced} us")
+        check("2 ranks: the timeline starts at 0 and no rank's ReduceGrads ends before the last Backward",
+              abs(min(e["ts"] for e in events)) < 1 and all(x >= last_backward - error_us for x in reduced))
 
     # Exactness: one process against a 3-stage pipeline and a 2 x 2 hybrid (by --plan).
     short = config(os.path.join(tmp, "short.json"), 15)

@@ -1,10 +1,12 @@
-// Point to point over MPI: ordering, tensors, deadlines.
+// Point to point over MPI: ordering, tensors, deadlines, the doorbell, clock offsets.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 #include <vector>
 
+#include "comm/clock_sync.h"
 #include "comm/doorbell.h"
 #include "core/error.h"
 #include "mpi_util.h"
@@ -171,5 +173,30 @@ TEST_CASE("doorbell: a message ends the receiver's polled wait at once, not at t
       CHECK(median < 500e-6);  // sleeping out the pause: 1.6-2.1 ms measured here
     }
   }
+  CHECK(w.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("clock sync: ranks of one host read one clock, and come out within their error of 0") {
+  // Each rank's reading lies between rank 0's two, so its offset from their midpoint is
+  // within half the round trip; ranks that share rank 0's clock must show that, the
+  // round trip being short (a spinning wait on one host) and not 0.
+  Communicator& w = world();
+  const std::vector<ClockOffset> clocks = clock_offsets(w, 8, kLong);
+  if (w.rank() == 0) {
+    REQUIRE(static_cast<int>(clocks.size()) == w.size());
+    CHECK(clocks[0].offset_s == 0);
+    CHECK(clocks[0].error_s == 0);
+    for (int r = 1; r < w.size(); ++r) {
+      CAPTURE(r);
+      const ClockOffset& c = clocks[static_cast<size_t>(r)];
+      MESSAGE("rank ", r, ": offset ", c.offset_s * 1e6, " us within +-", c.error_s * 1e6, " us");
+      CHECK(std::abs(c.offset_s) <= c.error_s);
+      CHECK(c.error_s > 0);
+      CHECK(c.error_s < 0.005);
+    }
+  } else {
+    CHECK(clocks.empty());
+  }
+  CHECK_THROWS_WITH_AS(clock_offsets(w, 0, kLong), doctest::Contains("0 rounds; expected at least 1"), Error);
   CHECK(w.barrier(kLong) == WaitStatus::done);
 }
