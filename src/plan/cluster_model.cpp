@@ -205,6 +205,7 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
     }
     // The allocator cap is what the engine enforces (and how a small device is emulated).
     if (r.memory_cap > 0) d.memory_bytes = static_cast<double>(r.memory_cap);
+    d.memory_bytes *= kUsableMemory;
     d.name = d.id + " on " + (r.host.host.empty() ? "?" : r.host.host);
     c.ranks.push_back(d);
     any_blocks = any_blocks || !r.blocks.empty();

@@ -66,10 +66,16 @@ std::string default_catalogue_path();
 // the JSON path.
 Catalogue read_catalogue(const std::string& path);
 
-// Measured figures as they are, except single link pairs far worse than both ranks'
-// typical (median) links, which are bounded by the slower rank's typical link: with 4
-// ranks throttled on 2 cores, one ping-pong can catch both ends descheduled and read
-// 1 ms where every other pair of those ranks reads 1 us.
+// The share of a device's memory (or of an allocator cap) that plans made from a probe
+// may fill: a step also holds small tensors that the memory model does not count (a
+// micro-batch's input, the gradient sent back, the loss), and a pipeline planned at
+// 43.9 of a 44 MiB cap ran out of memory by a few KiB in its first step.
+inline constexpr double kUsableMemory = 0.98;
+
+// Measured figures as they are, except two. A device's memory is kUsableMemory of it. And
+// single link pairs far worse than both ranks' typical (median) links are bounded by the
+// slower rank's typical link: with 4 ranks throttled on 2 cores, one ping-pong can catch
+// both ends descheduled and read 1 ms where every other pair of those ranks reads 1 us.
 ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp);
 
 // "synth:COUNTxID,COUNTxID,...[@LINKCLASS]": ranks in spec order, every pair joined by

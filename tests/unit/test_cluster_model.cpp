@@ -231,15 +231,15 @@ TEST_CASE("cluster: from a probe fingerprint") {
   REQUIRE(c.ranks.size() == 3);
   CHECK(c.ranks[0].id == "RTX 4090");  // local rank 1 -> the host's second GPU
   CHECK(c.ranks[0].name == "RTX 4090 on a");
-  CHECK(c.ranks[0].memory_bytes == doctest::Approx(24.0 * gib));
+  CHECK(c.ranks[0].memory_bytes == doctest::Approx(kUsableMemory * 24.0 * gib));
   CHECK(c.ranks[0].flops == doctest::Approx(20000e9));
   CHECK(c.ranks[0].memory_bandwidth == doctest::Approx(900e9));
   CHECK(c.ranks[0].measured);
   CHECK(c.ranks[1].id == "Xeon");
   CHECK(c.ranks[1].kind == "cpu");
   // Host a's 64 GiB is shared by its two ranks; rank 2's engine cap wins.
-  CHECK(c.ranks[1].memory_bytes == doctest::Approx(32.0 * gib));
-  CHECK(c.ranks[2].memory_bytes == doctest::Approx(2.0 * gib));
+  CHECK(c.ranks[1].memory_bytes == doctest::Approx(kUsableMemory * 32.0 * gib));
+  CHECK(c.ranks[2].memory_bytes == doctest::Approx(kUsableMemory * 2.0 * gib));
   CHECK(c.latency_s[0][2] == doctest::Approx(5e-5));
   CHECK(c.bandwidth_bytes_per_s[1][0] == doctest::Approx(1e10));
   REQUIRE(c.block_seconds.size() == 3);
