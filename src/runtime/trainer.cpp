@@ -308,7 +308,7 @@ class Run {
                           e[4], e[5]});
     }
     char aligned[64];
-    std::snprintf(aligned, sizeof aligned, "ranks' clocks aligned within %.0f us", error * 1e6);
+    std::snprintf(aligned, sizeof aligned, "ranks' clocks aligned within %.1f us", error * 1e6);
     write_file_atomically(
         opts_.timeline,
         report::to_chrome_trace(merged, "hetrain train " + cfg_.name + " (measured; " + aligned + ")"), "timeline");
@@ -333,6 +333,10 @@ class Run {
       summary["planned_step_s"] = planned_step_s_;
       summary["predicted_step_s"] = plan_.predicted.step_seconds;
       summary["shares"] = plan_.layout.samples;
+      std::vector<int64_t> rank_shares;  // the final plan's, per rank (0: idle)
+      for (const plan::RankPlan& rp : plan_.ranks)
+        rank_shares.push_back(rp.replica >= 0 ? plan_.layout.samples[static_cast<size_t>(rp.replica)] : 0);
+      summary["rank_shares"] = rank_shares;
       summary["measured_step_s"] = step_walls.empty() ? 0.0 : step_walls[step_walls.size() / 2];
     }
     write_file_atomically(dir_->file("summary.json"), summary.dump(2) + "\n", "summary");

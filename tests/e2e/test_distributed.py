@@ -108,8 +108,8 @@ def main():
           and any(e.get("name") == "ReduceGrads" for e in events) if s.get("strategy") == "data" else True)
     # On rank 0's clock: the earliest rank starts at 0, and no rank's gradient all-reduce
     # ends before every rank's last Backward has (each needs the others' gradients).
-    m = re.search(r"ranks' clocks aligned within (\d+) us", trace["otherData"]["title"])
-    error_us = int(m.group(1)) if m else float("inf")
+    m = re.search(r"ranks' clocks aligned within (\d+\.\d) us", trace["otherData"]["title"])
+    error_us = float(m.group(1)) if m else float("inf")
     print(f"timeline: {trace['otherData']['title']}")
     check("2 ranks: the timeline's ranks are on one clock, aligned within 5 ms", error_us <= 5000, trace["otherData"])
     if s.get("strategy") == "data" and events:
@@ -212,6 +212,10 @@ def main():
     print(f"idle rank tried at step 10, {'kept' if kept else 'undone'} at step 20; "
           f"largest parameter difference to one process after 30 steps {diff:.2e}")
     check("moved between ranks while training: same parameters as one process (within 1e-5)", diff <= 1e-5)
+    final = load(os.path.join(d, "summary.json")).get("rank_shares") if r.returncode == 0 else None
+    check("the summary's rank_shares are the final plan's (rank 1 trains when the trial was kept)",
+          final is not None and sum(final) == 128 and (final[1] > 0) == kept
+          and final[0] > 0, str(final))
 
     # Bad input and faults: clear errors, no hang.
     plan2 = os.path.join(tmp, "two", "plan.json")
