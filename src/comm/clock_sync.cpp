@@ -10,7 +10,7 @@ constexpr int kClockTag = 9201;
 
 }  // namespace
 
-double clock_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+double clock_seconds(Clock::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
 
 std::vector<ClockOffset> clock_offsets(Communicator& comm, int rounds, Timeout timeout) {
   HT_CHECK(rounds >= 1, "clock_offsets: ", rounds, " rounds; expected at least 1");

@@ -15,8 +15,8 @@ struct ClockOffset {
   double error_s = 0;
 };
 
-// This process's steady clock, in seconds (the clock Clock::now() reads).
-double clock_seconds();
+// A reading of this process's steady clock (the one Clock::now() reads), in seconds.
+double clock_seconds(Clock::time_point t = Clock::now());
 
 // Collective. Rank 0 takes `rounds` round trips with each other rank in turn: it reads its
 // clock (a) and pings the rank, the rank answers with its own reading (t), and rank 0 reads

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "autograd/graph.h"
+#include "comm/clock_sync.h"
 #include "comm/weighted_allreduce.h"
 #include "core/cpu_time.h"
 #include "core/crc32.h"
@@ -307,7 +308,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     reduce_ = std::make_unique<comm::OverlappedAllreduce>(
         *stage_group_, plan::stage_reduce_parts(plan_, plan_.layout, static_cast<size_t>(stage_)), !shards_.empty());
   const auto start = Clock::now();
-  r.start_s = std::chrono::duration<double>(start.time_since_epoch()).count();
+  r.start_s = comm::clock_seconds(start);
   for (const plan::Instruction& in : schedule_) {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
