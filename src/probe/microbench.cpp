@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "autograd/graph.h"
@@ -9,6 +10,7 @@
 #include "core/cpu_time.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/stats.h"
 #include "ops/ops.h"
 #include "optim/make_optimizer.h"
 #include "probe/probe.h"
@@ -23,25 +25,35 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Runs `fn` until `budget` seconds have passed (at least `min_calls` times); returns
-// the calls made and the elapsed seconds. Under a CPU quota q, at least the CPU seconds
-// / q: a run that fits in one burst of the quota's period goes at a whole core's speed,
-// which the process cannot sustain (a quick probe's blocks on the 0.8 rank measured about 0.5
-// ms a sample against the 0.6 it sustained in the job).
-template <class Fn>
-std::pair<int64_t, double> run_for(double budget, int64_t min_calls, Fn&& fn) {
+// Runs each of `fns` in turn, round after round, until `budget` seconds have passed (at
+// least `min_rounds` rounds), and returns each one's median seconds a call. Under a CPU
+// quota q a call's seconds are its CPU seconds / q: a call that fits in one burst of the
+// quota's period goes at a whole core's speed, which the process cannot sustain (a quick
+// probe's blocks on the 0.8 rank measured about 0.5 ms a sample against the 0.6 it
+// sustained in the job), while a call's wall time depends on where in the period it
+// started. In turn, because this host slows down in bursts and a burst that fell on one
+// batch size's calls alone put 4-9 ms into the CNN's fitted fixed parts; the median,
+// because a call now and then runs beside another process's burst.
+std::vector<double> run_for(double budget, int64_t min_rounds, const std::vector<std::function<void()>>& fns) {
   static const double quota = cgroup_cpu_quota().fraction;
-  fn();  // warm-up: first-touch page faults and cache state
+  const bool quota_bound = quota > 0 && quota < 1;
+  for (const auto& fn : fns) fn();  // warm-up: first-touch page faults and cache state
   const auto t0 = Clock::now();
-  const double cpu0 = process_cpu_seconds();
-  int64_t calls = 0;
-  while (calls < min_calls || since(t0) < budget) {
-    fn();
-    ++calls;
-  }
-  double secs = since(t0);
-  if (quota > 0 && quota < 1) secs = std::max(secs, (process_cpu_seconds() - cpu0) / quota);
-  return {calls, secs};
+  std::vector<std::vector<double>> calls(fns.size());
+  for (int64_t round = 0; round < min_rounds || since(t0) < budget; ++round)
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto start = Clock::now();
+      const double cpu0 = process_cpu_seconds();
+      fns[i]();
+      calls[i].push_back(quota_bound ? (process_cpu_seconds() - cpu0) / quota : since(start));
+    }
+  std::vector<double> out;
+  for (auto& c : calls) out.push_back(median(std::move(c)));
+  return out;
+}
+
+double run_for(double budget, int64_t min_calls, const std::function<void()>& fn) {
+  return run_for(budget, min_calls, std::vector<std::function<void()>>{fn})[0];
 }
 
 Tensor random_tensor(const Shape& shape, Rng& rng) {
@@ -70,20 +82,19 @@ DeviceRates measure_device(double seconds) {
   g.ldb = n;
   g.c = c.data();
   g.ldc = n;
-  auto [calls, secs] = run_for(seconds / 2, 3, [&] { be.gemm(g); });
-  r.sgemm_gflops = 2.0 * n * n * n * calls / secs / 1e9;
+  r.sgemm_gflops = 2.0 * n * n * n / run_for(seconds / 2, 3, [&] { be.gemm(g); }) / 1e9;
 
   // 3 x 32 MiB: far beyond any last-level cache.
   const size_t len = size_t{8} << 20;
   std::vector<float> x(len, 1.f), y(len, 2.f), z(len, 0.f);
-  auto [passes, t] = run_for(seconds / 2, 3, [&] {
+  const double pass = run_for(seconds / 2, 3, [&] {
     float* __restrict zp = z.data();
     const float* __restrict xp = x.data();
     const float* __restrict yp = y.data();
 #pragma omp simd
     for (size_t i = 0; i < len; ++i) zp[i] = xp[i] + 0.5f * yp[i];
   });
-  r.memory_bandwidth_gb_s = 3.0 * len * sizeof(float) * passes / t / 1e9;
+  r.memory_bandwidth_gb_s = 3.0 * len * sizeof(float) / pass / 1e9;
   return r;
 }
 
@@ -96,30 +107,41 @@ std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t sma
   Rng rng(12);
   for (size_t i = 0; i < model.size(); ++i) {
     nn::Block& block = model.block(i);
-    auto seconds_per_call = [&](int64_t batch) {
+    auto call_at = [&](int64_t batch) -> std::function<void()> {
       Shape shape = block.sample_input_shape();
       shape.insert(shape.begin(), batch);
       // Token ids of 0 are valid for any vocabulary; values do not change the timing.
       Tensor x = block.input_dtype() == DType::i32
                      ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape)
                      : random_tensor(shape, rng);
-      auto [calls, secs] = run_for(seconds_per_block / 2, 2, [&] {
+      // Training passes the gradient back through every block but the model's first
+      // (whose input is the data): leaving it out timed the MLP's step 20% short.
+      if (i > 0 && x.dtype() == DType::f32) x.set_requires_grad();
+      return [&block, x] {
         Tensor y = block.forward(x);
         y.backward(Tensor::full(y.shape(), 1.f));
-      });
-      return secs / calls;
+        x.zero_grad();  // as in training, each call's input gradient is a new tensor
+      };
     };
-    const double at_small = seconds_per_call(small), at_large = seconds_per_call(large);
-    BlockTiming t{block.kind(), at_large / static_cast<double>(large)};
-    // A noisy pair (the larger batch no slower) keeps the large batch's average.
-    if (large > small && at_large > at_small) {
-      t.fwd_bwd_s_per_sample = (at_large - at_small) / static_cast<double>(large - small);
-      t.fwd_bwd_s_per_call = std::max(0.0, at_small - t.fwd_bwd_s_per_sample * static_cast<double>(small));
+    const std::vector<double> at = run_for(seconds_per_block, 2, {call_at(small), call_at(large)});
+    const double at_small = at[0], at_large = at[1];
+    const auto s = static_cast<double>(small), l = static_cast<double>(large);
+    BlockTiming t{block.kind(), at_large / l};
+    if (large > small) {
+      // The line through both points; where it would cross zero above no samples (per
+      // sample dearer at the larger batch, or the two points' noise) a fixed part is not
+      // seen, and the two batches' per-sample times are averaged.
+      const double slope = (at_large - at_small) / (l - s), call = at_small - slope * s;
+      if (slope > 0 && call >= 0) {
+        t.fwd_bwd_s_per_sample = slope;
+        t.fwd_bwd_s_per_call = call;
+      } else {
+        t.fwd_bwd_s_per_sample = (at_small / s + at_large / l) / 2;
+      }
     }
     if (auto params = block.named_parameters(); !params.empty()) {
       auto optimizer = optim::make_optimizer(opt, std::move(params));
-      auto [steps, step_secs] = run_for(seconds_per_block / 4, 2, [&] { optimizer->step(); });
-      t.optimizer_step_s = step_secs / static_cast<double>(steps);
+      t.optimizer_step_s = run_for(seconds_per_block / 4, 2, [&] { optimizer->step(); });
     }
     block.zero_grad();
     out.push_back(t);

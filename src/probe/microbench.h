@@ -1,6 +1,7 @@
 // Microbenchmarks of the device a rank trains on. Each runs for a time budget and
-// reports total work over total time, not the best call: a CPU-quota-throttled rank
-// runs in bursts, and its average is what training will see.
+// reports the median call, not the best: under a CPU quota q a call counts its CPU
+// seconds / q, since a throttled rank runs in bursts and what it sustains is what
+// training will see.
 #pragma once
 
 #include <cstdint>
@@ -31,9 +32,10 @@ struct BlockTiming {
 };
 
 // Times each Block of `model` alone on batches of `small` and `large` samples (forward,
-// then backward of the output against a gradient of ones) and fits time = call +
-// samples x per-sample, so that a plan giving one rank many more samples than another
-// is costed at its own batch; then `opt` stepping its parameters: a small model's
+// then backward of the output against a gradient of ones, the input's gradient too for
+// every block but the first) and fits time = call + samples x per-sample, so that a
+// plan giving one rank many more samples than another is costed at its own batch (no
+// fixed part where the line would cross zero above no samples); then `opt` stepping its parameters: a small model's
 // optimiser state sits in cache, so bytes over memory bandwidth would overstate that
 // step several times.
 std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t small, int64_t large,

@@ -1,6 +1,7 @@
 #include "probe/probe.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <cstdio>
 #include <fstream>
@@ -83,11 +84,18 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
     std::unique_ptr<runtime::Task> task = runtime::make_task(*opts.model);
     nn::Sequential model = task->build_model(opts.model->train.seed);
     // Per-sample cost depends on the batch (fixed costs per call, caches): time blocks
-    // over the range a plan may give a rank, from an equal share of the global batch
-    // to all of it.
-    const int64_t batch = opts.model->train.batch_size;
-    const int64_t small = std::clamp<int64_t>((batch + comm.size() - 1) / comm.size(), 8, 256);
-    me.blocks = profile_blocks(model, small, std::clamp<int64_t>(batch, small, 512),
+    // from half to twice the share of the global batch that the ranks' sgemm rates
+    // would give this one. Timed over an equal share to all of the batch, a 0.2-quota
+    // rank whose share is 15 of 128 spent its budget on two calls of 128 samples (220
+    // ms each), and the line through that and 32 samples put 3-10 ms of noise into its
+    // fixed part: the CNN's plan predicted its step 12-29% long.
+    const auto batch = static_cast<double>(opts.model->train.batch_size);
+    double total = 0;
+    for (const std::string& rate : comm.allgather(fmt("%.17g", me.rates.sgemm_gflops))) total += std::stod(rate);
+    const double share = batch * me.rates.sgemm_gflops / total;
+    const int64_t small = std::clamp<int64_t>(std::llround(share / 2), 1, 256);
+    me.blocks = profile_blocks(model, small,
+                               std::clamp<int64_t>(std::llround(std::min(2 * share, batch)), small, 512),
                                opts.quick ? 0.2 : 1.0, opts.model->train.optimizer);
   }
 

@@ -5,13 +5,16 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <set>
 
 #include "config/config.h"
 #include "core/error.h"
 #include "models/models.h"
+#include "nn/dense_block.h"
 #include "probe/fingerprint.h"
 #include "probe/link_matrix.h"
 #include "probe/microbench.h"
@@ -59,6 +62,64 @@ TEST_CASE("probe: block profiles split each call into a fixed part and a part pe
   }
   CHECK_THROWS_WITH_AS(profile_blocks(model, 64, 8, 0.1, config::OptimizerConfig{}),
                        "profile_blocks: batches 64 and 8; expected 1 <= small <= large", Error);
+}
+
+namespace {
+
+// A dense 4 -> 4 block that spins for `cost(batch)` seconds in each forward and records
+// the batches it ran and whether its input asked for a gradient.
+class TimedBlock : public nn::Block {
+ public:
+  TimedBlock(std::function<double(int64_t)> cost, Rng& rng)
+      : cost_(std::move(cost)), dense_({4}, 4, false, false, rng) {}
+  Tensor forward(const Tensor& x) override {
+    batches.push_back(x.shape()[0]);
+    input_grads.push_back(x.requires_grad());
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(cost_(x.shape()[0]));
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    return dense_.forward(x);
+  }
+  std::string kind() const override { return "timed"; }
+  int64_t flops_per_sample() const override { return dense_.flops_per_sample(); }
+  int64_t activation_bytes_per_sample() const override { return dense_.activation_bytes_per_sample(); }
+  Shape sample_input_shape() const override { return {4}; }
+  Shape sample_output_shape() const override { return {4}; }
+  std::vector<nn::NamedTensor> named_parameters() const override { return dense_.named_parameters(); }
+
+  std::vector<int64_t> batches;
+  std::vector<bool> input_grads;
+
+ private:
+  std::function<double(int64_t)> cost_;
+  nn::DenseBlock dense_;
+};
+
+}  // namespace
+
+TEST_CASE("probe: block profiles run both batches in turn, pass gradients back past the first block, and fit "
+          "a fixed part only where one is seen") {
+  Rng rng(5);
+  nn::Sequential model;
+  // 2 ms a call plus 40 us a sample; then 4 us x batch^2, dearer per sample at the larger batch.
+  model.add(std::make_unique<TimedBlock>([](int64_t n) { return 2e-3 + 40e-6 * static_cast<double>(n); }, rng));
+  model.add(std::make_unique<TimedBlock>([](int64_t n) { return 4e-6 * static_cast<double>(n * n); }, rng));
+  const std::vector<BlockTiming> t = profile_blocks(model, 8, 32, 0.2, config::OptimizerConfig{});
+  REQUIRE(t.size() == 2);
+  CHECK(t[0].fwd_bwd_s_per_call == doctest::Approx(2e-3).epsilon(0.15));
+  CHECK(t[0].fwd_bwd_s_per_sample == doctest::Approx(40e-6).epsilon(0.15));
+  // The line through (8, 0.256 ms) and (32, 4.1 ms) crosses zero at 6 samples: no fixed
+  // part, and the mean of 32 and 128 us a sample.
+  CHECK(t[1].fwd_bwd_s_per_call == 0);
+  CHECK(t[1].fwd_bwd_s_per_sample == doctest::Approx(80e-6).epsilon(0.15));
+  for (size_t b = 0; b < 2; ++b) {
+    const auto& block = dynamic_cast<const TimedBlock&>(model.block(b));
+    CAPTURE(b);
+    REQUIRE(block.batches.size() >= 6);
+    for (size_t k = 0; k < block.batches.size(); ++k) CHECK(block.batches[k] == (k % 2 ? 32 : 8));
+    // The model's input is data; every later block's input gets a gradient in training.
+    for (bool grad : block.input_grads) CHECK(grad == (b > 0));
+  }
 }
 
 namespace {
