@@ -15,4 +15,22 @@ inline double median(std::vector<double> v) {
   return *mid;
 }
 
+// The median of the means of consecutive windows of `window` values (a partial window at
+// the end left out); the mean of all when there are fewer than `window`, 0 when none.
+inline double median_window_mean(const std::vector<double>& v, size_t window) {
+  if (v.empty() || window == 0) return 0;
+  std::vector<double> means;
+  for (size_t i = 0; i + window <= v.size(); i += window) {
+    double sum = 0;
+    for (size_t k = i; k < i + window; ++k) sum += v[k];
+    means.push_back(sum / static_cast<double>(window));
+  }
+  if (means.empty()) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return sum / static_cast<double>(v.size());
+  }
+  return median(std::move(means));
+}
+
 }  // namespace ht

@@ -8,6 +8,7 @@
 #include "tests/unit/error_message.h"
 #include "tests/unit/plan_fixtures.h"
 
+#include "core/stats.h"
 #include "plan/memory_fit.h"
 
 #include "plan/rebalance.h"
@@ -358,4 +359,22 @@ TEST_CASE("rebalance: ranks left idle are tried at the first check, kept if fast
   CHECK_FALSE(ShareTuner(idle, k, *c, false, all).check(idle, alone).relayout);
   const std::vector<RankMeasure> both{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.10, 0, 0.30, 0)};
   CHECK_FALSE(ShareTuner(all, k, *c, true, all).check(all, both).relayout);
+}
+
+TEST_CASE("stats: a run's step is the median of its windows' means, not of its steps") {
+  // Under a CPU quota steps alternate between a burst and a wait: 5 and 7.4 ms, whose
+  // median step is 7.4 while the windows' mean is 6.2.
+  std::vector<double> steps;
+  for (int i = 0; i < 40; ++i) steps.push_back(i % 2 ? 7.4 : 5.0);
+  CHECK(median(steps) == 7.4);
+  CHECK(median_window_mean(steps, 10) == doctest::Approx(6.2));
+  // One slow window among three moves the median no further than the middle window.
+  std::vector<double> slow = steps;
+  for (int i = 0; i < 10; ++i) slow[static_cast<size_t>(i)] = 20;
+  CHECK(median_window_mean(std::vector<double>(slow.begin(), slow.begin() + 30), 10) == doctest::Approx(6.2));
+  // A partial window at the end is left out; fewer values than a window give their mean.
+  steps.push_back(100);
+  CHECK(median_window_mean(steps, 10) == doctest::Approx(6.2));
+  CHECK(median_window_mean({1, 2, 6}, 10) == doctest::Approx(3));
+  CHECK(median_window_mean({}, 10) == 0);
 }
