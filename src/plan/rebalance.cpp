@@ -256,7 +256,9 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
     Plan next = resplit(now, original_, calibrated);
     if (next.layout.samples != now.layout.samples && !rejected_.count(next.layout.samples)) {
       predict_plan(next, calibrated, cluster_, reduce);
-      if (next.predicted.step_seconds < (1 - kRebalanceMinGain) * out.current_step_s) {
+      const double gain = next.layout.samples == left_ ? kRebalanceMinGain : kResplitMinGain;
+      if (next.predicted.step_seconds < (1 - gain) * out.current_step_s) {
+        left_ = now.layout.samples;
         before_change_ = out.plan;
         step_before_change_ = out.measured_step_s;
         out.plan = std::move(next);

@@ -227,6 +227,31 @@ TEST_CASE("rebalance: a move that measured faster stays; equal never moves but i
   CHECK(e.plan.predicted.step_seconds == doctest::Approx(0.20).epsilon(0.05));
 }
 
+TEST_CASE("rebalance: a re-split predicted 1% faster is taken; one back to the shares it left needs 3%") {
+  TwoEqual t;
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true, std::nullopt, false);
+  // Rank 1 measures 4% slower: 51 / 49 is predicted 2% faster, and taken.
+  const std::vector<RankMeasure> a{steady(9, 0.100, 0, 0.30, 0), steady(9, 0.104, 0, 0.30, 0)};
+  Rebalance r = tuner.check(t.plan, a);
+  REQUIRE(r.changed);
+  CHECK(r.plan.layout.samples == std::vector<int64_t>{51, 49});
+  CHECK(r.plan.predicted.step_seconds < (1 - kResplitMinGain) * r.current_step_s);
+  CHECK(r.plan.predicted.step_seconds > (1 - kRebalanceMinGain) * r.current_step_s);
+  // There rank 0 measures 1.5% slower a sample: back to 50 / 50 is predicted 2% faster,
+  // not enough to go back.
+  const Plan moved = r.plan;
+  const std::vector<RankMeasure> b{steady(9, 51 * 0.00203, 0, 0.30, 0), steady(9, 49 * 0.002, 0, 0.30, 0)};
+  r = tuner.check(moved, b);
+  CHECK_FALSE(r.changed);
+  CHECK(r.plan.layout.samples == std::vector<int64_t>{51, 49});
+  CHECK(tuner.check(moved, b).plan.layout.samples == std::vector<int64_t>{51, 49});
+  // 8% slower a sample: 47 / 53 is a new split, and taken.
+  const std::vector<RankMeasure> c{steady(9, 51 * 0.00216, 0, 0.30, 0), steady(9, 49 * 0.002, 0, 0.30, 0)};
+  r = tuner.check(moved, c);
+  CHECK(r.changed);
+  CHECK(r.plan.layout.samples == std::vector<int64_t>{48, 52});
+}
+
 TEST_CASE("rebalance: micro-batch trials alternate the counts step by step and keep the faster per sample") {
   TwoEqual t;
   const std::vector<RankMeasure> even{steady(9, 0.15, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)};
