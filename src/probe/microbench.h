@@ -24,7 +24,7 @@ struct BlockTiming {
   std::string kind;
   double fwd_bwd_s_per_sample = 0;  // forward + backward of the block alone, per sample
   // The fixed part of one forward + backward call whatever its batch (dispatch, small
-  // tensors, cold caches); 0 = not measured (files from before it was).
+  // tensors, cold caches); 0 = none seen (see profile_blocks), or not measured (files from before it was).
   double fwd_bwd_s_per_call = 0;
   // One step of the config's optimiser over the block's parameters; 0 = not measured
   // (files from before it was) or a block without parameters.
