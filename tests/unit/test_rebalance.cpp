@@ -245,7 +245,7 @@ TEST_CASE("rebalance: a re-split predicted 1% faster is taken; one back to the s
   CHECK_FALSE(r.changed);
   CHECK(r.plan.layout.samples == std::vector<int64_t>{51, 49});
   CHECK(tuner.check(moved, b).plan.layout.samples == std::vector<int64_t>{51, 49});
-  // 8% slower a sample: 47 / 53 is a new split, and taken.
+  // 8% slower a sample: 48 / 52 is a new split, and taken.
   const std::vector<RankMeasure> c{steady(9, 51 * 0.00216, 0, 0.30, 0), steady(9, 49 * 0.002, 0, 0.30, 0)};
   r = tuner.check(moved, c);
   CHECK(r.changed);
