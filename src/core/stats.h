@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <numeric>
 #include <vector>
 
 namespace ht {
@@ -19,17 +20,11 @@ inline double median(std::vector<double> v) {
 // the end left out); the mean of all when there are fewer than `window`, 0 when none.
 inline double median_window_mean(const std::vector<double>& v, size_t window) {
   if (v.empty() || window == 0) return 0;
+  if (v.size() < window) return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  const auto n = static_cast<std::ptrdiff_t>(window);
   std::vector<double> means;
-  for (size_t i = 0; i + window <= v.size(); i += window) {
-    double sum = 0;
-    for (size_t k = i; k < i + window; ++k) sum += v[k];
-    means.push_back(sum / static_cast<double>(window));
-  }
-  if (means.empty()) {
-    double sum = 0;
-    for (double x : v) sum += x;
-    return sum / static_cast<double>(v.size());
-  }
+  for (auto w = v.begin(); v.end() - w >= n; w += n)
+    means.push_back(std::accumulate(w, w + n, 0.0) / static_cast<double>(n));
   return median(std::move(means));
 }
 
