@@ -165,6 +165,15 @@ void OverlappedAllreduce::gather(std::vector<Tensor> sources) {
   }
 }
 
+void OverlappedAllreduce::end_without_gather() {
+  HT_CHECK(scatter_only_, "OverlappedAllreduce::end_without_gather: round 2 already runs on its own; ",
+           "expected an all-reduce made with scatter_only");
+  for (size_t i = 0; i < pending_.size(); ++i)
+    HT_CHECK(pending_[i]->state == Pending::scattered, "OverlappedAllreduce::end_without_gather: tensor ", i,
+             " is not summed yet; call finish first");
+  pending_.clear();
+}
+
 WaitStatus OverlappedAllreduce::finish(Timeout timeout) { return poll(timeout, false); }
 WaitStatus OverlappedAllreduce::drain(Timeout timeout) { return poll(timeout, true); }
 

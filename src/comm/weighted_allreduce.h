@@ -51,6 +51,9 @@ class OverlappedAllreduce {
   // Scatter_only, after finish: round 2 from `sources`, one per tensor added, in order,
   // each of its tensor's size (contiguous float32 on the CPU).
   void gather(std::vector<Tensor> sources);
+  // Scatter_only, after finish, instead of gather: where every rank reads the owners'
+  // weights in place (shared memory), round 2 has nothing to carry.
+  void end_without_gather();
   // Waits for the round-2 sends as well; call it before the job ends.
   WaitStatus drain(Timeout timeout = std::nullopt);
 

@@ -93,6 +93,15 @@ class Executor {
   // CRC-32 of this rank's parameter bytes ("" on an idle rank): replicas of a stage must
   // hold bit-identical parameters, since they apply the same summed gradient.
   std::string parameter_checksum() const;
+  // Whether the stage's replicas compute with its hub's weights in place (shared memory,
+  // see share_weights); why not, when its hub steps the optimiser and they do not.
+  bool shares_weights() const { return shared_weights_; }
+  const std::string& why_weights_apart() const { return weights_apart_; }
+  // Whether this rank computes with another's weights: loading them is the hub's.
+  bool borrows_weights() const { return shared_weights_ && replica_ != plan_.layout.reduce_owner; }
+  // Collective over the stage, after the hub loaded its weights (a checkpoint): the
+  // replicas computing with them may start.
+  void weights_loaded();
 
  private:
   struct MicroBatch;
@@ -103,6 +112,7 @@ class Executor {
   void add_to_reduce(size_t begin, size_t end);
   void optimizer_step(float lr);
   double gather_weights();  // sharded: the other parts' updated weights; returns seconds
+  void share_weights();     // a hub that steps the optimiser: see executor.cpp
   Shape boundary_shape(int mb, bool input) const;
   void take_shares();  // this rank's plan, schedule and sample offsets from plan_
   void use_layout();   // the schedule and sample offsets of layout_
@@ -135,6 +145,9 @@ class Executor {
   // Over stage_group_, so declared after it (destroyed first).
   std::unique_ptr<comm::OverlappedAllreduce> reduce_;    // this step's, replicated stages only
   std::unique_ptr<comm::OverlappedAllreduce> draining_;  // the last step's, its sums still going out
+  bool shared_weights_ = false;
+  std::string weights_apart_;          // why not shared, when they might have been
+  std::vector<comm::Request> updated_;  // the hub's word of updated weights, in flight
   std::map<int, MicroBatch> live_;   // micro-batches between their Forward and Backward
   double loss_sum_ = 0;
 };

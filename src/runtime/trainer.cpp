@@ -126,6 +126,7 @@ class Run {
     report::Progress progress(report::Progress::detect(opts_.quiet || !root_), total_steps_,
                               cfg_.train.log_every);
     int64_t start = opts_.resume ? restore(progress) : 0;
+    if (opts_.resume) executor_->weights_loaded();
     if (root_) check_evaluation_fits();
     std::optional<report::MetricsLog> metrics;
     if (root_) {
@@ -140,6 +141,11 @@ class Run {
                     std::to_string(model_.param_count()) + " parameters" +
                     (multi() ? ", " + std::to_string(world_.size()) + " ranks (" + plan_.strategy + ")" : "") +
                     ", run directory " + cfg_.run.dir);
+    if (executor_->shares_weights())
+      progress.note("weights: the replicas compute with the hub's, in shared memory; only word of an update travels");
+    else if (!executor_->why_weights_apart().empty())
+      progress.note("weights: sent from the hub to the replicas each step (not shared: " +
+                    executor_->why_weights_apart() + ")");
 
     InterruptScope interrupt_scope;
     auto t0 = Clock::now();
@@ -337,6 +343,7 @@ class Run {
       for (const plan::RankPlan& rp : plan_.ranks)
         rank_shares.push_back(rp.replica >= 0 ? plan_.layout.samples[static_cast<size_t>(rp.replica)] : 0);
       summary["rank_shares"] = rank_shares;
+      summary["shared_weights"] = executor_->shares_weights();  // rank 0's stage
       // Over windows of 10 steps: under a CPU quota one step runs in a burst and the next
       // waits out the period, so single steps scatter in two groups and their median (7.0
       // ms for the MLP's 0.8 rank) missed its mean (6.4 ms).
@@ -471,7 +478,14 @@ class Run {
     HT_CHECK(get("seed") == std::to_string(cfg_.train.seed), "checkpoint ", loaded->path,
              " was trained with seed ", get("seed"), " but the config (or --seed) says ",
              cfg_.train.seed, "; resuming with another seed would not continue the same run");
-    load_into(prefixed("model.", model_.named_parameters()), *loaded, "model.");
+    std::vector<nn::NamedTensor> weights = model_.named_parameters();
+    if (executor_->borrows_weights()) {  // the hub loads those it shares; they are checked here all the same
+      Allocator::HostStaging staging;
+      for (auto& [name, t] : weights)
+        for (const auto& [shared, p] : executor_->parameters())
+          if (name == shared) t = Tensor::empty(t.shape(), t.dtype());
+    }
+    load_into(prefixed("model.", weights), *loaded, "model.");
     load_stage(*loaded, *executor_);
     for (size_t i = 0; i < model_.size(); ++i) {
       std::string key = "random_offset.block." + std::to_string(i);

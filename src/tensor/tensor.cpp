@@ -11,7 +11,12 @@ namespace ht {
 Storage::Storage(Backend& be, size_t n, const char* what)
     : backend(be), data(be.allocator().allocate(n, what)), bytes(n) {}
 
-Storage::~Storage() { backend.allocator().deallocate(data, bytes); }
+Storage::Storage(Backend& be, void* at, size_t n, std::shared_ptr<void> keep)
+    : backend(be), data(at), bytes(n), keeper(std::move(keep)) {}
+
+Storage::~Storage() {
+  if (!keeper) backend.allocator().deallocate(data, bytes);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Backend& be, const char* what) {
   for (int64_t d : shape)
@@ -133,6 +138,19 @@ void Tensor::set_grad(const Tensor& g) const {
   HT_CHECK(!g.defined() || g.shape() == shape(), "set_grad: gradient shape ",
            to_string(g.shape()), " does not match tensor shape ", to_string(shape()));
   impl_->grad = g.defined() ? g.impl_ptr() : nullptr;
+}
+
+void Tensor::move_to(void* at, std::shared_ptr<void> keeper, bool copy) const {
+  HT_CHECK(backend().kind() == DeviceKind::cpu, "move_to: the tensor of shape ", to_string(shape()),
+           " is on ", backend().name(), "; expected one in host memory");
+  HT_CHECK(at != nullptr && keeper != nullptr, "move_to: no memory to move the tensor of shape ",
+           to_string(shape()), " into");
+  auto moved = std::make_shared<Storage>(backend(), at, static_cast<size_t>(numel()) * dtype_size(dtype()),
+                                         std::move(keeper));
+  if (copy) backend().copy(raw(), strides(), at, contiguous_strides(shape()), shape());
+  impl_->storage = std::move(moved);
+  impl_->strides = contiguous_strides(shape());
+  impl_->offset = 0;
 }
 
 Tensor Tensor::detach() const {

@@ -18,6 +18,9 @@ struct Node;
 
 struct Storage {
   Storage(Backend& backend, size_t bytes, const char* what);
+  // `bytes` at `data` in memory that `keeper` keeps alive (shared memory, see
+  // Tensor::move_to): the allocator neither counts nor frees them.
+  Storage(Backend& backend, void* data, size_t bytes, std::shared_ptr<void> keeper);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -25,6 +28,7 @@ struct Storage {
   Backend& backend;
   void* data;
   size_t bytes;
+  std::shared_ptr<void> keeper;  // set for memory from outside the allocator
 };
 
 struct TensorImpl {
@@ -76,6 +80,11 @@ class Tensor {
   // the old buffer). A model is built in host staging and each rank moves the blocks it
   // computes with onto its device.
   void rehome(bool host_staging) const;
+  // Likewise into numel() elements at `at`, host memory that `keeper` keeps alive (and
+  // the allocator does not count), copying the values there with `copy`, else taking
+  // the values already there. Ranks of one host hand tensors over this way, mapping the
+  // same shared memory (comm/shared_memory.h). CPU tensors only.
+  void move_to(void* at, std::shared_ptr<void> keeper, bool copy) const;
 
   // Device pointers to the first element of this view.
   float* data() const;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end checks of `mpirun hetrain train`: a planned 2-rank run and its outputs
 (plan, per-rank metrics, measured timeline, predicted vs measured step), exactness of a
-pipeline and a hybrid against one process, resume on another world size, and the bad
+pipeline, a hybrid and a hub sharing its weights in memory (stopped and resumed) against
+one process, resume on another world size, and the bad
 inputs and faults (a plan for another world size or config, ranks with different
 configs, a rank running out of memory).
 
@@ -138,6 +139,32 @@ def main():
         print(f"{name}: plan {shape}, largest parameter difference to one process after 15 steps {diff:.2e}")
         check(f"{name}: same parameters as one process (within 1e-5)", diff <= 1e-5, r.stderr[-1500:])
     check("the hybrid layout really is hybrid", load(os.path.join(tmp, "hybrid2x2.plan.json"))["strategy"] == "hybrid")
+
+    # A hub that steps the optimiser for all (rank 1, so that rank 0 evaluates and
+    # checkpoints weights it borrows): the replicas compute with its weights in shared
+    # memory. Stopped at 10 and resumed (the hub alone loads them), it must end with one
+    # process's parameters.
+    c = config(os.path.join(tmp, "hub.json"), 15, parallel={"strategy": "data"})
+    plan = os.path.join(tmp, "hub.plan.json")
+    r = run([HETRAIN, "plan", c, "--cluster", "synth:3xcpu-16c", "--json", plan])
+    check("a 3-rank data-parallel plan", r.returncode == 0, r.stderr[-1500:])
+    hub = load(plan)
+    hub["layout"]["reduce_owner"] = 1
+    for rank in hub["ranks"]:
+        rank["optimizer_shard"] = 1.0 if rank["rank"] == 1 else 0.0
+    with open(plan, "w") as f:
+        json.dump(hub, f)
+    d = os.path.join(tmp, "hub")
+    r = mpirun(3, ["train", c, "--plan", plan, "--run-dir", d, "--stop-after", "10"])
+    first = r.stdout + r.stderr[-1500:]
+    r = mpirun(3, ["train", c, "--plan", plan, "--run-dir", d, "--resume", "-q"])
+    s = load(os.path.join(d, "summary.json")) if r.returncode == 0 else {}
+    check("hub stepping for all: the replicas share its weights in memory, and say so",
+          s.get("shared_weights") is True and "compute with the hub's, in shared memory" in first, first)
+    diff = max_difference(weights(one), weights(d)) if r.returncode == 0 else float("inf")
+    print(f"hub with shared weights, stopped and resumed: largest parameter difference to one process {diff:.2e}")
+    check("hub with shared weights, stopped and resumed: same parameters as one process (within 1e-5)",
+          diff <= 1e-5, first + r.stderr[-1500:])
 
     # Stop on 3 ranks (a pipeline), resume on 2 (data parallel): checkpoints are whole-model.
     c3 = config(os.path.join(tmp, "resume3.json"), 30, parallel={"strategy": "pipeline"})

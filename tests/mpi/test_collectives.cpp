@@ -1,4 +1,4 @@
-// Collectives over MPI: sums, allgather, split groups, a barrier that times out.
+// Collectives over MPI: sums, allgather, split groups, a barrier that times out, shared memory.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/shared_memory.h"
 #include "comm/weighted_allreduce.h"
 #include "core/error.h"
 #include "mpi_util.h"
@@ -264,4 +265,45 @@ TEST_CASE("weighted all-reduce: scatter_only sums each rank's part, then gather 
     for (size_t i = 0; i < v.size(); ++i) wrong += v[i] != 2 * value(static_cast<int64_t>(i), b, 0) * ranks_sum;
   }
   CHECK(wrong == 0);
+}
+
+TEST_CASE("shared memory: one rank's memory is every rank's, or nobody's, with the reason") {
+  Communicator& world = ht::comm::world();
+  const int p = world.size(), me = world.rank(), owner = 2;
+  constexpr size_t kFloats = 3000;  // more than a page
+  std::string why;
+  std::shared_ptr<std::byte> memory = map_shared(world, owner, kFloats * sizeof(float), true, &why);
+  REQUIRE_MESSAGE(memory, why);
+  // The owner's tensor moves in; the others take what is there, and write their own slot.
+  std::vector<float> v(kFloats);
+  for (size_t i = 0; i < kFloats; ++i) v[i] = me == owner ? static_cast<float>(i) : -1.f;
+  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(kFloats)});
+  const Tensor view = t;  // a handle made before: it follows, as the parameters' holders do
+  t.move_to(memory.get(), memory, me == owner);
+  REQUIRE(world.barrier(kLong) == WaitStatus::done);
+  CHECK(view.data() == reinterpret_cast<float*>(memory.get()));
+  const std::vector<float> seen = view.to_vector();
+  int64_t wrong = 0;
+  for (size_t i = 0; i < kFloats; ++i) wrong += seen[i] != static_cast<float>(i);
+  CHECK(wrong == 0);
+  REQUIRE(world.barrier(kLong) == WaitStatus::done);
+  t.data()[kFloats - 1 - static_cast<size_t>(me)] = static_cast<float>(100 + me);
+  REQUIRE(world.barrier(kLong) == WaitStatus::done);
+  const std::vector<float> written = t.to_vector();
+  for (int r = 0; r < p; ++r) CHECK(written[kFloats - 1 - static_cast<size_t>(r)] == static_cast<float>(100 + r));
+  REQUIRE(world.barrier(kLong) == WaitStatus::done);
+
+  // One rank unwilling: nobody maps, and all say which.
+  why.clear();
+  CHECK_FALSE(map_shared(world, owner, 64, me != 1, &why));
+  CHECK(why == "rank 1 keeps its own copy");
+  // Emulated links: the bytes would bypass them.
+  std::vector<LinkEmulation> links(static_cast<size_t>(p));
+  links[3].latency_s = 1e-6;
+  auto emulated = world.split(0, me);
+  emulated->set_link_emulation(links);
+  why.clear();
+  CHECK_FALSE(map_shared(*emulated, owner, 64, true, &why));
+  CHECK(why.find("emulated") != std::string::npos);
+  CHECK_THROWS_WITH_AS(map_shared(world, p, 64, true), doctest::Contains("owner 4 of 4 ranks"), Error);
 }

@@ -13,6 +13,7 @@
 // parameters by ~lr = 1e-2.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -206,6 +207,12 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
   nn::Sequential model = task.build_model(7);
   plan::Plan current = p;
   runtime::Executor ex(current, model, task, world, train_config());
+  // A hub stepping the optimiser shares its weights with its stage's replicas, all on
+  // this host, unless the links are emulated.
+  const bool emulated = std::any_of(world.link_emulation().begin(), world.link_emulation().end(),
+                                    [](const comm::LinkEmulation& l) { return l.active(); });
+  if (ex.active())
+    CHECK(ex.shares_weights() == (plan::hub_steps_optimizer(p) && p.layout.replicas.size() > 1 && !emulated));
   double loss = 0;
   bool alternate_next = false;  // a micro-batch trial's count in every other step
   for (int step = 0; step < kSteps; ++step) {
@@ -299,6 +306,20 @@ TEST_CASE("executor: optimizer state sharded unevenly over the replicas matches 
   hub_hybrid.layout.reduce_owner = 1;
   plan::set_hub_steps_optimizer(hub_hybrid, true);
   check_exact(hub_hybrid);
+}
+
+TEST_CASE("executor: a hub's weights sent to its replicas as messages (links emulated) match one process") {
+  comm::Communicator& world = comm::world();
+  plan::Plan hub = layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {11, 5, 3, 1}, {2, 1, 3, 1});
+  hub.layout.reduce_owner = 2;
+  plan::set_hub_steps_optimizer(hub, true);
+  std::vector<comm::LinkEmulation> links(4);
+  links[1].latency_s = 1e-6;
+  world.set_link_emulation(links);
+  REQUIRE(world.barrier(mpi_test::kLong) == comm::WaitStatus::done);
+  check_exact(hub);
+  world.set_link_emulation({});
+  REQUIRE(world.barrier(mpi_test::kLong) == comm::WaitStatus::done);
 }
 
 TEST_CASE("executor: a sharded stage's whole optimizer state of the wrong shape is refused by name") {

@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -141,6 +143,40 @@ TEST_CASE("tensor: rehome moves the values between host staging and the device, 
   t.rehome(true);
   CHECK_NOTHROW(Tensor::zeros({16}));  // the device has its room back
   a.set_cap(0);
+}
+
+TEST_CASE("tensor: move_to puts the values in memory that another keeps, for every handle, outside the counts") {
+  Allocator& a = cpu_backend().allocator();
+  const size_t base = a.live_bytes();
+  bool released = false;
+  {
+    std::shared_ptr<float> memory(new float[8]{9, 9, 9, 9, 9, 9, 7, 7}, [&released](float* p) {
+      released = true;
+      delete[] p;
+    });
+    Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {3, 2});
+    const Tensor alias = t;
+    t.move_to(memory.get(), memory, true);
+    CHECK(a.live_bytes() == base);  // the allocator's block went back
+    CHECK(alias.data() == memory.get());
+    CHECK(memory.get()[5] == 6);
+    CHECK(memory.get()[6] == 7);  // only the tensor's bytes
+    memory.get()[0] = -1;  // what another process writes, every handle sees
+    CHECK(alias.to_vector() == std::vector<float>{-1, 2, 3, 4, 5, 6});
+    // Without copying, the tensor takes what the memory holds.
+    Tensor u = Tensor::zeros({2});
+    u.move_to(memory.get() + 6, memory, false);
+    CHECK(u.to_vector() == std::vector<float>{7, 7});
+    // A strided view copies densely.
+    Tensor w = permute(Tensor::from_vector({1, 2, 3, 4}, {2, 2}), {1, 0});
+    w.move_to(memory.get() + 2, memory, true);
+    CHECK(w.is_contiguous());
+    CHECK(std::vector<float>(memory.get() + 2, memory.get() + 6) == std::vector<float>{1, 3, 2, 4});
+    memory.reset();
+    CHECK_FALSE(released);  // the tensors keep it
+  }
+  CHECK(released);
+  CHECK(a.live_bytes() == base);
 }
 
 TEST_CASE("threads: explicit request, then OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS") {
