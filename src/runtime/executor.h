@@ -15,7 +15,9 @@
 // only. ReduceGrads sums each part on its owner; OptimizerStep clips by the norm over all
 // parts and stages, updates this rank's parts of the weights and gathers the others'
 // from their owners. The update is element-wise, so the weights are those of the
-// unsharded step.
+// unsharded step. Where one hub owns every part (it steps the optimiser for all) and its
+// stage's ranks share a host, its weights live in shared memory and the other replicas
+// compute with them in place: the gather carries only word that the update is done.
 #pragma once
 
 #include <chrono>
