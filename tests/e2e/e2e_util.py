@@ -1,5 +1,7 @@
 """Helpers shared by the e2e scripts that drive hetrain under mpirun: the environment,
-the ok/FAIL report, and running commands."""
+the ok/FAIL report, what this machine lacks, and running commands. A script runs every
+check it can here; when some could not run and none failed, it exits 77, which meson
+reports as skipped (see finish)."""
 import json
 import os
 import shutil
@@ -8,7 +10,14 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+SKIP = 77
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 failures = []
+
+
+def have_fashion_mnist():
+    """The Fashion-MNIST configs need the dataset even to plan (its shapes come from it)."""
+    return os.path.isdir(FASHION_MNIST)
 
 
 def check(name, cond, detail=""):
@@ -17,15 +26,22 @@ def check(name, cond, detail=""):
         failures.append(name)
 
 
-def finish(scratch=None):
-    """Prints the count of failed checks and returns the script's exit status. The
-    scratch directory is removed when every check passed and kept, named, otherwise."""
+def finish(scratch=None, missing=()):
+    """Prints the count of failed checks and returns the script's exit status: 1 when a
+    check failed; else SKIP when `missing` names something this machine lacks, so some
+    checks could not run; else 0. The scratch directory is removed when no check failed
+    and kept, named, otherwise."""
     print(f"{len(failures)} failed")
     if scratch and not failures:
         shutil.rmtree(scratch, ignore_errors=True)
     elif scratch:
         print(f"kept for inspection: {scratch}")
-    return 1 if failures else 0
+    if failures:
+        return 1
+    if missing:
+        print("SKIP: some checks need what this machine lacks: " + "; ".join(missing))
+        return SKIP
+    return 0
 
 
 def run(cmd, timeout=180):
