@@ -1,30 +1,50 @@
-// tools/bench-engine's timing program: median time of one full training step
-// (forward, cross-entropy, backward, AdamW) of the three reference models on one
-// thread, plus throughput and peak engine memory.
+// tools/bench-engine's timing program: median time of one full training step of the
+// three reference models, timed two ways on the same workload.
+//
+// training path: what `hetrain train` runs in one process, the Executor with the plan of
+//   one rank (single_process_plan): the graph cut at block boundaries, the loss summed
+//   over the batch and scaled by 1 / predictions, AdamW over the executor's parameters.
+// model path: the plain loop, Sequential::forward, mean cross-entropy, backward, AdamW,
+//   as a hand-written training loop would do it.
+//
+// Both take the same fixed batch every step (no data loading, as in the PyTorch script),
+// AdamW with PyTorch's defaults (lr 1e-3, weight decay 0.01), no clipping.
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "models/models.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "runtime/executor.h"
+#include "runtime/task.h"
 
 using namespace ht;
 
 namespace {
 
+constexpr float kLr = 1e-3f;
+constexpr float kWeightDecay = 1e-2f;  // torch.optim.AdamW's default, which the baseline uses
+
 struct Workload {
   std::string name, description;
-  nn::Sequential model;
+  std::function<nn::Sequential()> build;
   Tensor input, labels;
+  int64_t predictions_per_sample = 1;
 };
 
 Tensor random_images(Rng& rng, Shape shape) {
@@ -44,40 +64,147 @@ std::vector<Workload> workloads(const std::vector<std::string>& names) {
   std::vector<Workload> out;
   for (const std::string& n : names) {
     if (n == "mlp")
-      out.push_back({n, "784-512-512-10 ReLU, batch 256", models::build_mlp({}, 1),
-                     random_images(rng, {256, 784}), random_ints(rng, {256}, 10)});
+      out.push_back({n, "784-512-512-10 ReLU, batch 256", [] { return models::build_mlp({}, 1); },
+                     random_images(rng, {256, 784}), random_ints(rng, {256}, 10), 1});
     else if (n == "cnn")
-      out.push_back({n, "2x(conv3x3+ReLU+pool) 32/64, fc 128, batch 64", models::build_cnn({}, 1),
-                     random_images(rng, {64, 1, 28, 28}), random_ints(rng, {64}, 10)});
+      out.push_back({n, "2x(conv3x3+ReLU+pool) 32/64, fc 128, batch 64", [] { return models::build_cnn({}, 1); },
+                     random_images(rng, {64, 1, 28, 28}), random_ints(rng, {64}, 10), 1});
     else if (n == "gpt")
       out.push_back({n, "4 layers, 4 heads, d 128, T 128, V 96, untied head, batch 16",
-                     models::build_gpt({}, 1), random_ints(rng, {16, 128}, 96),
-                     random_ints(rng, {16, 128}, 96)});
+                     [] { return models::build_gpt({}, 1); }, random_ints(rng, {16, 128}, 96),
+                     random_ints(rng, {16, 128}, 96), 128});
     else
       throw CLI::ValidationError("--models", "unknown model '" + n + "'; expected mlp, cnn or gpt");
   }
   return out;
 }
 
-double step_ms(Workload& w, optim::AdamW& opt) {
-  auto t0 = std::chrono::steady_clock::now();
-  Tensor logits = w.model.forward(w.input);
-  Tensor loss = cross_entropy(reshape(logits, {-1, logits.shape().back()}), reshape(w.labels, {-1}));
-  opt.zero_grad();
-  loss.backward();
-  opt.step();
-  auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+// The executor's data source: the workload's one batch at every stream position.
+class FixedBatchTask final : public runtime::Task {
+ public:
+  explicit FixedBatchTask(const Workload& w) : w_(w) {}
+  nn::Sequential build_model(uint64_t) const override { return w_.build(); }
+  int64_t train_size() const override { return w_.input.shape()[0]; }
+  int64_t predictions_per_sample() const override { return w_.predictions_per_sample; }
+  runtime::Batch train_batch(int64_t, int64_t count) override {
+    HT_CHECK(count == w_.input.shape()[0], "bench_engine: the executor asked for ", count,
+             " samples; the workload's batch is ", w_.input.shape()[0]);
+    return {w_.input, w_.labels};
+  }
+  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
+
+ private:
+  const Workload& w_;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+struct Timing {
+  std::vector<double> ms;
+  long faults = 0;
+  double median_ms() const {
+    std::vector<double> t = ms;
+    std::sort(t.begin(), t.end());
+    const size_t n = t.size();
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  }
+  double min_ms() const { return *std::min_element(ms.begin(), ms.end()); }
+  double faults_per_step() const { return static_cast<double>(faults) / static_cast<double>(ms.size()); }
+  double peak_mib = 0;  // engine memory of this path alone: its model, state and step
+};
+
+void timed(Timing& t, const std::function<void()>& one_step) {
+  const long f0 = minor_faults();
+  const auto t0 = Clock::now();
+  one_step();
+  t.ms.push_back(ms_since(t0));
+  t.faults += minor_faults() - f0;
+}
+
+// The engine memory a path adds over what is live before it: set up in `setup`, then one
+// step (its peak; the rest repeat it).
+double peak_mib_of(const std::function<void()>& setup, const std::function<void()>& one_step) {
+  Allocator& alloc = cpu_backend().allocator();
+  const size_t before = alloc.live_bytes();
+  alloc.reset_peak();
+  setup();
+  one_step();
+  return static_cast<double>(alloc.peak_bytes() - before) / (1 << 20);
+}
+
+// The two paths step by step in turn (which goes first alternates), after `warmup` untimed
+// steps of each: both see the same seconds of this host, whose speed drifts.
+std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
+  const int64_t batch = w.input.shape()[0];
+  Timing training, plain;
+  // The training path: the executor over the plan of one rank, fed by a task.
+  FixedBatchTask task(w);
+  nn::Sequential exec_model;
+  plan::Plan plan;
+  std::unique_ptr<runtime::Executor> ex;
+  int64_t position = 0;
+  auto training_step = [&] { ex->step(position++ * batch, kLr, false); };
+  training.peak_mib = peak_mib_of([&] {
+    exec_model = task.build_model(1);
+    plan = runtime::single_process_plan(static_cast<int>(exec_model.size()), batch, 1);
+    config::TrainConfig train;
+    train.batch_size = batch;
+    train.optimizer.lr = kLr;
+    train.optimizer.weight_decay = kWeightDecay;
+    ex = std::make_unique<runtime::Executor>(plan, exec_model, task, comm::world(), train);
+  }, training_step);
+  // The model path: forward, mean cross-entropy, backward, AdamW.
+  nn::Sequential model;
+  std::unique_ptr<optim::AdamW> opt;
+  auto model_step = [&] {
+    Tensor logits = model.forward(w.input);
+    Tensor loss = cross_entropy(reshape(logits, {-1, logits.shape().back()}), reshape(w.labels, {-1}));
+    opt->zero_grad();
+    loss.backward();
+    opt->step();
+  };
+  plain.peak_mib = peak_mib_of([&] {
+    model = w.build();
+    optim::AdamWOptions o;
+    o.lr = kLr;
+    o.weight_decay = kWeightDecay;
+    opt = std::make_unique<optim::AdamW>(model.named_parameters(), o);
+  }, model_step);
+  for (int i = 1; i < warmup; ++i) {  // one step of each ran above
+    training_step();
+    model_step();
+  }
+  for (int i = 0; i < steps; ++i) {
+    if (i % 2 == 0) {
+      timed(training, training_step);
+      timed(plain, model_step);
+    } else {
+      timed(plain, model_step);
+      timed(training, training_step);
+    }
+  }
+  return {training, plain};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Time one training step (forward + backward + AdamW) of the reference models"};
+  CLI::App app{"Time one training step of the reference models: the executor's training path and the plain model path"};
   int steps = 20, warmup = 3, threads = 1;
   std::string json_path, models_arg = "mlp,cnn,gpt";
-  app.add_option("--steps", steps, "Timed steps per model")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", steps, "Timed steps per model and path")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "Untimed steps of each path first (the first also gives the peak memory)")
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--threads", threads, "Compute threads")->check(CLI::PositiveNumber);
   app.add_option("--models", models_arg, "Comma-separated subset of mlp,cnn,gpt");
   app.add_option("--json", json_path, "Write the figures to this file");
@@ -99,25 +226,24 @@ int main(int argc, char** argv) {
   }
 
   nlohmann::json report = {{"threads", threads}, {"steps", steps}, {"models", nlohmann::json::object()}};
-  std::printf("%-5s %10s %10s %12s %11s  %s\n", "model", "median ms", "min ms", "samples/s",
-              "peak MiB", "workload");
-  for (Workload& w : ws) {
-    optim::AdamW opt(w.model.named_parameters(), {});
-    Allocator& alloc = cpu_backend().allocator();
-    alloc.reset_peak();
-    for (int i = 0; i < warmup; ++i) step_ms(w, opt);
-    std::vector<double> times;
-    for (int i = 0; i < steps; ++i) times.push_back(step_ms(w, opt));
-    std::sort(times.begin(), times.end());
-    double median = times[times.size() / 2];
-    if (times.size() % 2 == 0) median = 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
-    double batch = static_cast<double>(w.input.shape()[0]);
-    double peak_mib = static_cast<double>(alloc.peak_bytes()) / (1 << 20);
-    std::printf("%-5s %10.2f %10.2f %12.0f %11.1f  %s\n", w.name.c_str(), median, times.front(),
-                batch / median * 1e3, peak_mib, w.description.c_str());
-    report["models"][w.name] = {{"median_ms", median},   {"min_ms", times.front()},
-                                {"samples_per_s", batch / median * 1e3},
-                                {"peak_mib", peak_mib},  {"workload", w.description}};
+  std::printf("%-5s %-13s %10s %10s %12s %11s %12s  %s\n", "model", "path", "median ms", "min ms", "samples/s",
+              "peak MiB", "faults/step", "workload");
+  for (const Workload& w : ws) {
+    const double batch = static_cast<double>(w.input.shape()[0]);
+    const auto [training, plain] = time_both(w, warmup, steps);
+    nlohmann::json entry = {{"workload", w.description}};
+    for (const auto& [path, t] : {std::pair{"training", &training}, std::pair{"model", &plain}}) {
+      const double median = t->median_ms();
+      std::printf("%-5s %-13s %10.2f %10.2f %12.0f %11.1f %12.1f  %s\n", w.name.c_str(),
+                  std::string(path) == "training" ? "training path" : "model path", median, t->min_ms(),
+                  batch / median * 1e3, t->peak_mib, t->faults_per_step(), w.description.c_str());
+      entry[path] = {{"median_ms", median},
+                     {"min_ms", t->min_ms()},
+                     {"samples_per_s", batch / median * 1e3},
+                     {"peak_mib", t->peak_mib},
+                     {"minor_faults_per_step", t->faults_per_step()}};
+    }
+    report["models"][w.name] = entry;
   }
   if (!json_path.empty()) {
     std::ofstream f(json_path);

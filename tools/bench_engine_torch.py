@@ -1,18 +1,35 @@
 #!/usr/bin/python3
 """PyTorch eager CPU baseline for tools/bench-engine: the same three models and
-batches, one thread, median step time of forward + backward + AdamW.
+batches, --threads threads, median step time of forward + backward + AdamW (defaults:
+lr 1e-3, weight decay 0.01, as hetrain's side), and the minor page faults per step.
+
+tools/bench-engine runs it twice: as installed, and tuned, with glibc's malloc trimming
+off (MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ in the environment); the JSON
+records which, read from this process's environment.
 
 Optional: needs Debian's python3-torch. Never used by the test suite."""
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 
-# One thread everywhere, set before torch loads its BLAS: torch.set_num_threads does not
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=20)
+ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--threads", type=int, default=1)
+ap.add_argument("--models", default="mlp,cnn,gpt")
+ap.add_argument("--json")
+ARGS = ap.parse_args()
+if ARGS.threads < 1 or ARGS.steps < 1 or ARGS.warmup < 0:
+    ap.error(f"--threads {ARGS.threads}, --steps {ARGS.steps}, --warmup {ARGS.warmup}: "
+             "expected threads and steps >= 1, warmup >= 0")
+
+# The thread count is set before torch loads its BLAS: torch.set_num_threads does not
 # reach Debian's generic-BLAS build, whose OpenBLAS would otherwise use every core.
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = "1"
+    os.environ[var] = str(ARGS.threads)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -71,32 +88,41 @@ def models():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(ARGS.threads)
     torch.manual_seed(0)
+    all_models = models()
+    names = ARGS.models.split(",")
+    for name in names:
+        if name not in all_models:
+            ap.error(f"--models: unknown model {name!r}; expected some of {', '.join(all_models)}")
+    tuned = {v: os.environ[v] for v in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_") if v in os.environ}
+    label = "tuned" if tuned else "as installed"
     out = {}
-    for name, (model, batch, seq) in models().items():
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for name in names:
+        model, batch, _ = all_models[name]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
         x, y = batch()
         times = []
-        for i in range(args.warmup + args.steps):
+        for i in range(ARGS.warmup + ARGS.steps):
+            if i == ARGS.warmup:
+                faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            if i >= args.warmup:
+            if i >= ARGS.warmup:
                 times.append(time.perf_counter() - t0)
-        out[name] = {"median_ms": statistics.median(times) * 1e3}
-        print(f"torch {name}: {out[name]['median_ms']:.2f} ms/step")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"torch_version": torch.__version__, "threads": 1, "models": out}, f, indent=2)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / ARGS.steps
+        out[name] = {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
+                     "minor_faults_per_step": faults}
+        print(f"torch ({label}) {name}: {out[name]['median_ms']:.2f} ms/step, "
+              f"{faults:.0f} page faults/step")
+    if ARGS.json:
+        with open(ARGS.json, "w") as f:
+            json.dump({"torch_version": torch.__version__, "threads": ARGS.threads, "malloc": label,
+                       "malloc_env": tuned, "models": out}, f, indent=2)
 
 
 if __name__ == "__main__":
