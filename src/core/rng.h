@@ -49,11 +49,6 @@ class Rng {
   // Uniform integer in [0, n).
   uint64_t below(uint64_t n) { return n ? next_u64() % n : 0; }
 
-  const uint64_t* state() const { return state_; }
-  void set_state(const uint64_t s[4]) {
-    for (int i = 0; i < 4; ++i) state_[i] = s[i];
-  }
-
  private:
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   uint64_t state_[4];

@@ -12,8 +12,6 @@ extern "C" void openblas_set_num_threads(int);
 namespace ht {
 
 namespace {
-int g_threads = 1;
-
 int env_positive(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) return 0;
@@ -37,11 +35,8 @@ int resolve_thread_count(int requested) {
 
 void set_thread_count(int n) {
   HT_CHECK(n > 0, "thread count ", n, " is invalid; expected at least 1");
-  g_threads = n;
   openblas_set_num_threads(n);
   set_pool_threads(n);
 }
-
-int thread_count() { return g_threads; }
 
 }  // namespace ht

@@ -11,6 +11,5 @@ int resolve_thread_count(int requested = 0);
 
 // Applies the count to OpenBLAS and to the engine's own parallel loops.
 void set_thread_count(int n);
-int thread_count();
 
 }  // namespace ht

@@ -35,7 +35,7 @@ TextBatch make_text_batch(std::span<const uint8_t> tokens, std::span<const int64
                           int64_t context, Backend& be = cpu_backend());
 
 // The same for the contiguous stream positions [first_position, first_position + count)
-// of `sampler` (a consumer's slice of a global batch: ShareSplit::first_position/share).
+// of `sampler` (a consumer's slice of a global batch).
 ImageBatch make_image_batch(const ImageDataset& ds, Sampler& sampler, int64_t first_position,
                             int64_t count, Backend& be = cpu_backend());
 TextBatch make_text_batch(std::span<const uint8_t> tokens, Sampler& sampler,

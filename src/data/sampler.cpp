@@ -2,7 +2,6 @@
 
 #include <limits>
 #include <numeric>
-#include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -23,23 +22,6 @@ std::vector<int64_t> Sampler::at_range(int64_t begin, int64_t count) {
   std::vector<int64_t> out(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = at(begin + i);
   return out;
-}
-
-std::vector<int64_t> Sampler::next(int64_t count) {
-  auto out = at_range(position_, count);
-  position_ += count;
-  return out;
-}
-
-std::vector<int64_t> Sampler::next_share(const ShareSplit& split, int64_t consumer) {
-  auto out = at_range(position_ + split.offset(consumer), split.share(consumer));
-  position_ += split.global_batch();
-  return out;
-}
-
-void Sampler::seek(int64_t position) {
-  HT_CHECK(position >= 0, "sampler: seek to position ", position, "; expected >= 0");
-  position_ = position;
 }
 
 // ---- ShuffledSampler
@@ -88,48 +70,6 @@ int64_t WindowSampler::at(int64_t k) {
   // The splitmix64 stream evaluated at index k: counter-based, so any position is O(1).
   const uint64_t h = mix64(key_ + (static_cast<uint64_t>(k) + 1) * 0x9E3779B97F4A7C15ull);
   return static_cast<int64_t>(h % static_cast<uint64_t>(starts_));
-}
-
-// ---- ShareSplit
-
-ShareSplit::ShareSplit(int64_t global_batch, std::vector<int64_t> shares)
-    : global_batch_(global_batch), shares_(std::move(shares)) {
-  HT_CHECK(global_batch > 0, "ShareSplit: global batch ", global_batch, "; expected > 0");
-  HT_CHECK(!shares_.empty(), "ShareSplit: no consumers; expected at least one share");
-  int64_t sum = 0;
-  offsets_.resize(shares_.size());
-  for (size_t i = 0; i < shares_.size(); ++i) {
-    HT_CHECK(shares_[i] >= 0, "ShareSplit: share ", shares_[i], " of consumer ", i,
-             " is negative; expected >= 0");
-    offsets_[i] = sum;
-    sum += shares_[i];
-  }
-  HT_CHECK(sum == global_batch, "ShareSplit: shares sum to ", sum, "; expected the global batch ",
-           global_batch);
-}
-
-ShareSplit ShareSplit::even(int64_t global_batch, int64_t consumers) {
-  HT_CHECK(consumers > 0, "ShareSplit::even: ", consumers, " consumers; expected > 0");
-  std::vector<int64_t> shares(static_cast<size_t>(consumers), global_batch / consumers);
-  for (int64_t i = 0; i < global_batch % consumers; ++i) ++shares[static_cast<size_t>(i)];
-  return ShareSplit(global_batch, std::move(shares));
-}
-
-int64_t ShareSplit::share(int64_t consumer) const {
-  HT_CHECK(consumer >= 0 && consumer < consumers(), "ShareSplit: consumer ", consumer,
-           " is out of range; expected 0 <= consumer < ", consumers());
-  return shares_[static_cast<size_t>(consumer)];
-}
-
-int64_t ShareSplit::offset(int64_t consumer) const {
-  HT_CHECK(consumer >= 0 && consumer < consumers(), "ShareSplit: consumer ", consumer,
-           " is out of range; expected 0 <= consumer < ", consumers());
-  return offsets_[static_cast<size_t>(consumer)];
-}
-
-int64_t ShareSplit::first_position(int64_t step, int64_t consumer) const {
-  HT_CHECK(step >= 0, "ShareSplit: step ", step, " is negative");
-  return step * global_batch_ + offset(consumer);
 }
 
 }  // namespace ht::data

@@ -1,15 +1,13 @@
 // Samplers that map a global stream position k = 0, 1, 2, ... to a sample, as a pure
 // function of (seed, k). Every consumer (rank) of a global batch holds the same sampler
-// and reads its own slice of positions, so no rank needs another's state, resuming is
-// exact, and the whole checkpoint state is one integer: the next stream position.
+// and reads its own slice of positions, so no rank needs another's state and resuming
+// from a stream position is exact.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 namespace ht::data {
-
-class ShareSplit;
 
 // splitmix64 finaliser: a bijective 64-bit mix, the hash behind both samplers.
 uint64_t mix64(uint64_t x);
@@ -22,19 +20,6 @@ class Sampler {
   virtual int64_t at(int64_t k) = 0;
   // Positions [begin, begin + count).
   std::vector<int64_t> at_range(int64_t begin, int64_t count);
-
-  // The next `count` samples from position(); advances by count.
-  std::vector<int64_t> next(int64_t count);
-  // This consumer's slice of the next global batch; advances by the whole global batch
-  // (so every consumer's sampler stays at the same position).
-  std::vector<int64_t> next_share(const ShareSplit& split, int64_t consumer);
-
-  // Checkpoint state: the next stream position.
-  int64_t position() const { return position_; }
-  void seek(int64_t position);
-
- private:
-  int64_t position_ = 0;
 };
 
 // Position k -> perm_e[k mod N], e = k / N, where perm_e is a Fisher-Yates shuffle of
@@ -68,30 +53,6 @@ class WindowSampler : public Sampler {
  private:
   int64_t window_, starts_;
   uint64_t key_;  // mixed seed
-};
-
-// How a global batch of B stream positions is divided among consumers with unequal
-// shares: consumer i gets [offset_i, offset_i + share_i) within each batch, offsets
-// being the prefix sums of the shares. At step s it reads stream positions
-// [s*B + offset_i, s*B + offset_i + share_i). Shares may be 0.
-class ShareSplit {
- public:
-  // Throws ht::Error unless B > 0, every share >= 0 and the shares sum to B.
-  ShareSplit(int64_t global_batch, std::vector<int64_t> shares);
-  // B split as evenly as possible over n consumers (the first B mod n get one more).
-  static ShareSplit even(int64_t global_batch, int64_t consumers);
-
-  int64_t global_batch() const { return global_batch_; }
-  int64_t consumers() const { return static_cast<int64_t>(shares_.size()); }
-  int64_t share(int64_t consumer) const;
-  int64_t offset(int64_t consumer) const;
-  const std::vector<int64_t>& shares() const { return shares_; }
-  // First stream position consumer i reads at step s.
-  int64_t first_position(int64_t step, int64_t consumer) const;
-
- private:
-  int64_t global_batch_;
-  std::vector<int64_t> shares_, offsets_;
 };
 
 }  // namespace ht::data

@@ -23,7 +23,6 @@ class Conv2d : public Module {
   int64_t in_channels() const { return in_; }
   int64_t out_channels() const { return out_; }
   int64_t kernel() const { return kernel_; }
-  bool has_bias() const { return bias_.defined(); }
 
   std::vector<NamedTensor> named_parameters() const override;
 

@@ -18,7 +18,6 @@ class Linear : public Module {
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
-  bool has_bias() const { return bias_.defined(); }
   const Tensor& weight() const { return weight_; }  // (out, in)
   const Tensor& bias() const { return bias_; }      // (out) or undefined
 

@@ -45,12 +45,4 @@ double clip_grad_norm(const std::vector<nn::NamedTensor>& params, float max_norm
   return norm;
 }
 
-double clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
-  std::vector<nn::NamedTensor> named;
-  named.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i)
-    named.emplace_back("parameter #" + std::to_string(i), params[i]);
-  return clip_grad_norm(named, max_norm);
-}
-
 }  // namespace ht::optim

@@ -17,6 +17,5 @@ namespace ht::optim {
 // the same global norm.
 double clip_grad_norm(const std::vector<nn::NamedTensor>& params, float max_norm,
                       const std::function<double(double)>& global_sum = {});
-double clip_grad_norm(const std::vector<Tensor>& params, float max_norm);
 
 }  // namespace ht::optim

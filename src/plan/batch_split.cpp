@@ -160,11 +160,4 @@ std::optional<EqualSplitShortfall> equal_split_shortfall(
   return std::nullopt;
 }
 
-double equal_split_step_seconds(int64_t global_batch,
-                                const std::vector<ReplicaCapacity>& replicas) {
-  if (equal_split_shortfall(global_batch, replicas))
-    return std::numeric_limits<double>::infinity();
-  return predicted_step_seconds(equal_split(global_batch, replicas.size()), replicas);
-}
-
 }  // namespace ht::plan

@@ -50,11 +50,6 @@ double predicted_step_seconds(const std::vector<int64_t>& shares,
 // The DDP baseline: global_batch / n each, the remainder one apiece to the first ranks.
 std::vector<int64_t> equal_split(int64_t global_batch, size_t replicas);
 
-// Step seconds of the equal split; infinity when some replica cannot hold its equal
-// share (the baseline cannot run at all, see equal_split_shortfall).
-double equal_split_step_seconds(int64_t global_batch,
-                                const std::vector<ReplicaCapacity>& replicas);
-
 // The first replica whose memory cannot hold its equal share, and by how much.
 struct EqualSplitShortfall {
   size_t replica = 0;

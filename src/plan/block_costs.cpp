@@ -1,7 +1,6 @@
 #include "plan/block_costs.h"
 
 #include <cmath>
-#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -91,20 +90,6 @@ double replica_samples_per_s(const BlockCosts& costs, int rank) {
   HT_CHECK(total > 0, "replica_samples_per_s: rank ", rank,
            " has zero total seconds per sample; expected positive");
   return 1.0 / total;
-}
-
-int64_t max_samples_that_fit(const BlockCosts& costs, double memory_bytes) {
-  const double state =
-      std::accumulate(costs.state_bytes.begin(), costs.state_bytes.end(), 0.0);
-  const double act =
-      std::accumulate(costs.activation_bytes.begin(), costs.activation_bytes.end(), 0.0);
-  const double free = memory_bytes - state;
-  if (!(free > 0)) return 0;
-  if (act <= 0) return std::numeric_limits<int64_t>::max();
-  const double n = std::floor(free / act);
-  if (n >= static_cast<double>(std::numeric_limits<int64_t>::max()))
-    return std::numeric_limits<int64_t>::max();
-  return static_cast<int64_t>(n);
 }
 
 }  // namespace ht::plan

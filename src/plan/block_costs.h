@@ -76,8 +76,4 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
 // 1 / sum of the rank's seconds_per_sample.
 double replica_samples_per_s(const BlockCosts& costs, int rank);
 
-// floor((memory - sum state) / sum activation) for a replica holding the whole model;
-// 0 when even the weight state does not fit. Never -1.
-int64_t max_samples_that_fit(const BlockCosts& costs, double memory_bytes);
-
 }  // namespace ht::plan

@@ -23,12 +23,6 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // The link matrix is dense (n^2 doubles twice), so a typo like 80000xrtx3060 would
 // ask for gigabytes; 4,096 ranks (~270 MB of matrix) is beyond any cluster we plan.
 constexpr int64_t kMaxSynthRanks = 4096;
-// Ranks of one class: identical cards measured in one probe differ by ~1% in sgemm;
-// memory within 1% absorbs a few MiB reserved differently by drivers.
-constexpr double kDeviceTolerance = 0.01;
-// Ping-pong timings of one physical link vary by tens of percent between pairs, while
-// link classes differ by 2x or more (pcie vs nvlink latency, ib vs 10G bandwidth).
-constexpr double kLinkTolerance = 0.25;
 constexpr const char* kDefaultLink = "pcie";
 
 CatalogueDevice parse_device(const Json& d, const std::string& p) {
@@ -124,10 +118,6 @@ std::string join(const std::vector<std::string>& items) {
 
 [[noreturn]] void spec_error(const std::string& spec, const std::string& token, const std::string& problem) {
   throw config::ConfigError("cluster spec \"" + spec + "\": \"" + token + "\" " + problem);
-}
-
-bool close(double a, double b, double tol) {
-  return std::fabs(a - b) <= tol * std::max(std::fabs(a), std::fabs(b));
 }
 
 }  // namespace
@@ -308,57 +298,6 @@ ClusterModel load_cluster_model(const std::string& arg, const std::string& catal
   ClusterModel c = cluster_from_probe(probe::read_cluster(arg, world_size));
   c.source = "probe " + arg;
   return c;
-}
-
-std::vector<DeviceClass> device_classes(const ClusterModel& c) {
-  const size_t n = c.ranks.size();
-  // Rank a joins the first class whose first member r has the same device and, to every
-  // third rank k, the same latency and bandwidth. Comparing with the first member (not
-  // any member) keeps tolerances from chaining. The link between a and r themselves is
-  // not compared: members of one class may sit on one host or across hosts alike.
-  auto same_links = [&](size_t a, size_t r) {
-    if (c.latency_s.empty()) return true;
-    for (size_t k = 0; k < n; ++k) {
-      if (k == a || k == r) continue;
-      if (!close(c.latency_s[a][k], c.latency_s[r][k], kLinkTolerance) ||
-          !close(c.bandwidth_bytes_per_s[a][k], c.bandwidth_bytes_per_s[r][k], kLinkTolerance))
-        return false;
-    }
-    return true;
-  };
-  std::vector<DeviceClass> classes;
-  std::vector<double> flops_sum;
-  for (size_t a = 0; a < n; ++a) {
-    const DeviceModel& d = c.ranks[a];
-    size_t found = classes.size();
-    for (size_t k = 0; k < classes.size() && found == classes.size(); ++k) {
-      const size_t r = static_cast<size_t>(classes[k].members.front());
-      const DeviceModel& rd = c.ranks[r];
-      if (d.id == rd.id && d.kind == rd.kind && close(d.flops, rd.flops, kDeviceTolerance) &&
-          close(d.memory_bytes, rd.memory_bytes, kDeviceTolerance) && same_links(a, r))
-        found = k;
-    }
-    if (found == classes.size()) {
-      classes.push_back({d, {}});
-      flops_sum.push_back(0);
-    }
-    DeviceClass& cls = classes[found];
-    cls.members.push_back(static_cast<int>(a));
-    flops_sum[found] += d.flops;
-    // The smallest memory is the one every member can rely on.
-    cls.device.memory_bytes = std::min(cls.device.memory_bytes, d.memory_bytes);
-  }
-  // The mean is a better estimate than any one measurement of identical devices.
-  for (size_t k = 0; k < classes.size(); ++k)
-    classes[k].device.flops = flops_sum[k] / static_cast<double>(classes[k].members.size());
-  return classes;
-}
-
-std::vector<int> class_of_rank(const std::vector<DeviceClass>& classes, size_t world_size) {
-  std::vector<int> of(world_size, -1);
-  for (size_t k = 0; k < classes.size(); ++k)
-    for (int r : classes[k].members) of[static_cast<size_t>(r)] = static_cast<int>(k);
-  return of;
 }
 
 }  // namespace ht::plan

@@ -88,15 +88,4 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
 ClusterModel load_cluster_model(const std::string& arg, const std::string& catalogue_path,
                                 std::optional<int> world_size = std::nullopt);
 
-// Ranks that are interchangeable for planning: the same device (id, flops within 1%,
-// memory) and the same links to every other rank. A planner can search over classes
-// instead of ranks, which keeps a 1,024-rank cluster of six card types tractable.
-struct DeviceClass {
-  DeviceModel device;        // the first member's; memory is the smallest member's
-  std::vector<int> members;  // ranks, ascending
-};
-std::vector<DeviceClass> device_classes(const ClusterModel& c);
-// The class index of every rank, for `classes` over a cluster of `world_size` ranks.
-std::vector<int> class_of_rank(const std::vector<DeviceClass>& classes, size_t world_size);
-
 }  // namespace ht::plan

@@ -27,7 +27,6 @@ class AtomicFile {
   void commit();
 
   const std::string& path() const { return path_; }
-  const std::string& temp_path() const { return tmp_; }
 
  private:
   [[noreturn]] void fail_os(const char* doing, int err);

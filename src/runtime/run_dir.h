@@ -17,12 +17,9 @@ class RunDir {
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
   std::string checkpoints() const { return file("checkpoints"); }
-  // True when the directory already held a run (metrics or checkpoints) when opened.
-  bool had_run() const { return had_run_; }
 
  private:
   std::string path_;
-  bool had_run_ = false;
 };
 
 }  // namespace ht::runtime

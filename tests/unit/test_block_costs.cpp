@@ -49,7 +49,6 @@ constexpr double kFlops[3] = {2.0 * 784 * 512 + 512 + 512, 2.0 * 512 * 512 + 512
 constexpr double kTotalFlops = 1'339'402;
 // Activations: the matmul input plus the ReLU output, 4 bytes each.
 constexpr double kAct[3] = {(784 + 512) * 4.0, (512 + 512) * 4.0, 512 * 4.0};
-constexpr double kTotalAct = 11'328;
 constexpr double kParams = 669'706;  // 401,920 + 262,656 + 5,130
 
 }  // namespace
@@ -136,13 +135,3 @@ TEST_CASE("block costs: state bytes per optimiser from the parameter count") {
         }).find("'lion'") != std::string::npos);
 }
 
-TEST_CASE("block costs: max samples that fit, by hand") {
-  const auto model = models::build_mlp({}, 1);
-  const auto c = block_costs(model, two_ranks(), adamw());
-  const double state = 10'715'296;
-  CHECK(max_samples_that_fit(c, state + 100 * kTotalAct) == 100);
-  CHECK(max_samples_that_fit(c, state + 100 * kTotalAct - 1) == 99);
-  CHECK(max_samples_that_fit(c, 1e9) == 87'330);  // floor((1e9 - 10,715,296) / 11,328)
-  CHECK(max_samples_that_fit(c, state) == 0);
-  CHECK(max_samples_that_fit(c, 1e6) == 0);  // not even the weights fit: 0, never -1
-}

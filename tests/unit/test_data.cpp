@@ -371,10 +371,9 @@ TEST_CASE("data: image evaluation iterates the split in order, capped at max_sam
 TEST_CASE("data: ShuffledSampler is deterministic and each epoch is a permutation") {
   const int64_t n = 17;
   ShuffledSampler a(n, 42), b(n, 42), other(n, 43);
-  const auto sa = a.next(5 * n);
+  const auto sa = a.at_range(0, 5 * n);
   CHECK(sa == b.at_range(0, 5 * n));
   CHECK(sa != other.at_range(0, 5 * n));
-  CHECK(a.position() == 5 * n);
   std::set<std::vector<int64_t>> epochs;
   for (int64_t e = 0; e < 5; ++e) {
     std::vector<int64_t> ep(sa.begin() + e * n, sa.begin() + (e + 1) * n);
@@ -384,71 +383,22 @@ TEST_CASE("data: ShuffledSampler is deterministic and each epoch is a permutatio
   }
   CHECK(epochs.size() == 5);  // reshuffled every epoch
 
-  // Random access and seek reproduce the stream, from any epoch, in any order.
+  // Random access reproduces the stream, from any epoch, in any order.
   ShuffledSampler c(n, 42);
   CHECK(c.at(4 * n + 3) == sa[static_cast<size_t>(4 * n + 3)]);
   CHECK(c.at(2) == sa[2]);
-  c.seek(2 * n - 4);
-  CHECK(c.next(n + 9) == std::vector<int64_t>(sa.begin() + 2 * n - 4, sa.begin() + 3 * n + 5));
-  CHECK(c.position() == 3 * n + 5);
-  CHECK_THROWS_AS(c.seek(-1), Error);
+  CHECK(c.at_range(2 * n - 4, n + 9) ==
+        std::vector<int64_t>(sa.begin() + 2 * n - 4, sa.begin() + 3 * n + 5));
+  CHECK_THROWS_AS(c.at(-1), Error);
+  CHECK_THROWS_AS(c.at_range(-1, 2), Error);
   CHECK_THROWS_AS(ShuffledSampler(0, 1), Error);
 }
 
-TEST_CASE("data: unequal shares cover each global batch exactly once") {
-  const ShareSplit split(10, {5, 3, 2, 0});
-  CHECK(split.consumers() == 4);
-  CHECK(split.offset(0) == 0);
-  CHECK(split.offset(1) == 5);
-  CHECK(split.offset(2) == 8);
-  CHECK(split.offset(3) == 10);
-  CHECK(split.first_position(3, 2) == 38);
-
-  // Dataset of 20: two steps of B = 10 are one epoch, so every index appears once.
-  const int64_t n = 20, steps = 6;
-  ShuffledSampler reference(n, 7);
-  std::vector<ShuffledSampler> consumers;
-  for (int i = 0; i < 4; ++i) consumers.emplace_back(n, 7);
-  for (int64_t s = 0; s < steps; ++s) {
-    std::vector<int64_t> batch;
-    for (int64_t i = 0; i < 4; ++i) {
-      const auto part = consumers[static_cast<size_t>(i)].next_share(split, i);
-      CHECK(static_cast<int64_t>(part.size()) == split.share(i));
-      CHECK(part == reference.at_range(split.first_position(s, i), split.share(i)));
-      batch.insert(batch.end(), part.begin(), part.end());
-    }
-    // The consumers' slices, in order, are exactly the global batch: no gaps, no overlap.
-    CHECK(batch == reference.at_range(s * 10, 10));
-    for (const auto& c : consumers) CHECK(c.position() == (s + 1) * 10);
-    if (s % 2 == 1) {
-      std::set<int64_t> epoch;
-      for (int64_t k = (s - 1) * 10; k < (s + 1) * 10; ++k) epoch.insert(reference.at(k));
-      CHECK(epoch.size() == 20u);
-    }
-  }
-  // Resuming from the checkpointed position continues the same stream.
-  ShuffledSampler resumed(n, 7);
-  resumed.seek(consumers[1].position());
-  CHECK(resumed.next_share(split, 1) == reference.at_range(steps * 10 + 5, 3));
-
-  const ShareSplit even = ShareSplit::even(10, 4);
-  CHECK(even.shares() == std::vector<int64_t>{3, 3, 2, 2});
-
-  CHECK_THROWS_WITH_AS(ShareSplit(10, {5, 3, 1}),
-                       doctest::Contains("shares sum to 9; expected the global batch 10"), Error);
-  CHECK_THROWS_WITH_AS(ShareSplit(10, {12, -2}),
-                       doctest::Contains("share -2 of consumer 1 is negative"), Error);
-  CHECK_THROWS_WITH_AS(ShareSplit(10, {}), doctest::Contains("no consumers"), Error);
-  CHECK_THROWS_WITH_AS(ShareSplit(0, {0}), doctest::Contains("global batch 0; expected > 0"),
-                       Error);
-  CHECK_THROWS_WITH_AS(split.share(4), doctest::Contains("consumer 4 is out of range"), Error);
-}
-
-TEST_CASE("data: WindowSampler starts are in range, counter-based and seekable") {
+TEST_CASE("data: WindowSampler starts are in range and counter-based") {
   const int64_t num_tokens = 12, window = 5;  // starts 0 .. 7
   WindowSampler w(num_tokens, window, 3);
   CHECK(w.num_starts() == 8);
-  const auto starts = w.next(4000);
+  const auto starts = w.at_range(0, 4000);
   std::vector<int64_t> hits(8, 0);
   for (int64_t s : starts) {
     REQUIRE(s >= 0);
@@ -458,8 +408,7 @@ TEST_CASE("data: WindowSampler starts are in range, counter-based and seekable")
   for (int64_t h : hits) CHECK(h > 400);  // ~500 each: roughly uniform, every start reached
   WindowSampler again(num_tokens, window, 3), other(num_tokens, window, 4);
   CHECK(again.at(1234) == starts[1234]);
-  again.seek(100);
-  CHECK(again.next(3) == std::vector<int64_t>(starts.begin() + 100, starts.begin() + 103));
+  CHECK(again.at_range(100, 3) == std::vector<int64_t>(starts.begin() + 100, starts.begin() + 103));
   CHECK(other.at_range(0, 100) != std::vector<int64_t>(starts.begin(), starts.begin() + 100));
   CHECK(WindowSampler(5, 5, 1).at(99) == 0);
 
