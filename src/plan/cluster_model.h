@@ -23,6 +23,9 @@ struct DeviceModel {
   bool measured = false;        // from a probe, not a datasheet
   // A cgroup CPU limit the probe found: this fraction of a core per period (0 = none).
   double cpu_quota = 0, cpu_quota_period_s = 0;
+
+  // What tables and messages call the device: the id, or the name where there is none.
+  const std::string& label() const { return id.empty() ? name : id; }
 };
 
 struct ClusterModel {

@@ -24,7 +24,7 @@ std::string breakdown(const MemoryUse& m) {
 
 std::string who(const RankPlan& rp) {
   return "rank " + std::to_string(rp.rank) + " (" +
-         (rp.device.id.empty() ? rp.device.name : rp.device.id) + ", " +
+         rp.device.label() + ", " +
          format_bytes(rp.device.memory_bytes) + ")";
 }
 

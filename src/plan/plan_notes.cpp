@@ -44,7 +44,7 @@ std::string work_note(const Plan& p, const BlockCosts& costs) {
     const double flops = static_cast<double>(rp.samples) *
                          std::accumulate(costs.flops.begin() + rp.block_begin,
                                          costs.flops.begin() + rp.block_end, 0.0);
-    auto& [ranks, work] = by_device[(rp.device.id.empty() ? rp.device.name : rp.device.id)];
+    auto& [ranks, work] = by_device[rp.device.label()];
     ++ranks;
     work += flops;
     total += flops;

@@ -34,7 +34,6 @@ constexpr double kSpeedStep = 0.85;
 // more ranks: a margin for the model's error, since using every rank is what a user
 // expects of a job started on them.
 constexpr double kIdleMinGain = 0.10;
-std::string label(const DeviceModel& d) { return d.id.empty() ? d.name : d.id; }
 
 std::string shape_name(int stages, int replicas) {
   if (stages == 1 && replicas == 1) return "one rank";
@@ -62,7 +61,7 @@ void validate(const PlannerInput& in) {
            "planner: strategy '", in.strategy, "'; expected auto, data, pipeline or equal");
   for (size_t r = 0; r < n; ++r)
     HT_CHECK(in.cluster.ranks[r].memory_bytes > 0, "planner: rank ", r, " (",
-             label(in.cluster.ranks[r]), ") has memory ", in.cluster.ranks[r].memory_bytes,
+             in.cluster.ranks[r].label(), ") has memory ", in.cluster.ranks[r].memory_bytes,
              " bytes; expected > 0");
 }
 

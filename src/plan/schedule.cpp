@@ -298,11 +298,6 @@ InstructionCounts count(const Schedule& schedule) {
 // --- Checker ---
 namespace {
 
-bool is_send(Op op) { return op == Op::send_activation || op == Op::send_grad; }
-bool is_recv(Op op) { return op == Op::recv_activation || op == Op::recv_grad; }
-Op send_of(Op recv) { return recv == Op::recv_activation ? Op::send_activation : Op::send_grad; }
-Op recv_of(Op send) { return send == Op::send_activation ? Op::recv_activation : Op::recv_grad; }
-
 std::string where(const std::vector<Schedule>& all, int rank, size_t index) {
   return "rank " + std::to_string(rank) + " instruction " + std::to_string(index) + " (" +
          to_text(all[rank][index]) + ")";

@@ -27,6 +27,12 @@ enum class Op {
 // and traces.
 const char* op_name(Op op);
 
+// Point-to-point instructions come in pairs: a send on one rank, its recv on the peer.
+constexpr bool is_send(Op op) { return op == Op::send_activation || op == Op::send_grad; }
+constexpr bool is_recv(Op op) { return op == Op::recv_activation || op == Op::recv_grad; }
+constexpr Op send_of(Op recv) { return recv == Op::recv_activation ? Op::send_activation : Op::send_grad; }
+constexpr Op recv_of(Op send) { return send == Op::send_activation ? Op::recv_activation : Op::recv_grad; }
+
 struct Instruction {
   Op op;
   int micro_batch = -1;  // -1 for per-step ops (ReduceGrads, OptimizerStep)

@@ -15,10 +15,6 @@ namespace ht::plan {
 
 namespace {
 
-bool is_send(Op op) { return op == Op::send_activation || op == Op::send_grad; }
-bool is_recv(Op op) { return op == Op::recv_activation || op == Op::recv_grad; }
-Op recv_of(Op send) { return send == Op::send_activation ? Op::recv_activation : Op::recv_grad; }
-
 // An empty cost function means "free"; a negative or non-finite cost would move a clock
 // backwards and silently corrupt every later event, so it is refused where it appears.
 template <class R, class... Args>

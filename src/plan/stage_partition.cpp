@@ -18,7 +18,7 @@ long long whole(double bytes) { return std::llround(bytes); }
 
 std::string stage_name(const StagePartitionInput& in, int s) {
   const DeviceModel& d = in.devices[static_cast<size_t>(s)];
-  return "stage " + std::to_string(s) + " (" + (d.id.empty() ? d.name : d.id) + ", " +
+  return "stage " + std::to_string(s) + " (" + d.label() + ", " +
          report::format_bytes(d.memory_bytes) + ")";
 }
 

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+
+#include "core/wall_time.h"
 #endif
 
 namespace ht::probe {
@@ -26,7 +28,7 @@ void measure_copies(GpuInfo& g) {
         bool ok = (kind == cudaMemcpyHostToDevice ? cudaMemcpy(dev, host, bytes, kind)
                                                   : cudaMemcpy(host, dev, bytes, kind)) == cudaSuccess &&
                   cudaDeviceSynchronize() == cudaSuccess;
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        double s = seconds_since(t0);
         if (ok && i > 0) best = std::max(best, static_cast<double>(bytes) / s / 1e9);
       }
       return best;

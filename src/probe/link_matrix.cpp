@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/wall_time.h"
 
 namespace ht::probe {
 
@@ -14,10 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kPingTag = 9101, kBulkTag = 9102, kAckTag = 9103;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Receives by spinning on the request: a timed round trip must not include the
 // communicator's backoff sleeps.
@@ -39,7 +36,7 @@ std::pair<double, double> ping_pong(comm::Communicator& c, int peer, bool lead,
       auto t0 = Clock::now();
       c.send_bytes(&byte, 1, peer, kPingTag);
       spin_recv(c, &byte, 1, peer, kPingTag, o);
-      if (i > 0) rtts.push_back(since(t0));
+      if (i > 0) rtts.push_back(seconds_since(t0));
     } else {
       spin_recv(c, &byte, 1, peer, kPingTag, o);
       c.send_bytes(&byte, 1, peer, kPingTag);
@@ -52,7 +49,7 @@ std::pair<double, double> ping_pong(comm::Communicator& c, int peer, bool lead,
       auto t0 = Clock::now();
       c.send_bytes(bulk.data(), bulk.size(), peer, kBulkTag);
       spin_recv(c, &byte, 1, peer, kAckTag, o);
-      bulk_times.push_back(since(t0));
+      bulk_times.push_back(seconds_since(t0));
     } else {
       spin_recv(c, bulk.data(), bulk.size(), peer, kBulkTag, o);
       c.send_bytes(&byte, 1, peer, kAckTag);

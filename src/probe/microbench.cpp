@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/stats.h"
+#include "core/wall_time.h"
 #include "ops/ops.h"
 #include "optim/make_optimizer.h"
 #include "probe/probe.h"
@@ -20,10 +21,6 @@ namespace ht::probe {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Runs each of `fns` in turn, round after round, until `budget` seconds have passed (at
 // least `min_rounds` rounds), and returns each one's median seconds a call. Under a CPU
@@ -40,12 +37,12 @@ std::vector<double> run_for(double budget, int64_t min_rounds, const std::vector
   for (const auto& fn : fns) fn();  // warm-up: first-touch page faults and cache state
   const auto t0 = Clock::now();
   std::vector<std::vector<double>> calls(fns.size());
-  for (int64_t round = 0; round < min_rounds || since(t0) < budget; ++round)
+  for (int64_t round = 0; round < min_rounds || seconds_since(t0) < budget; ++round)
     for (size_t i = 0; i < fns.size(); ++i) {
       const auto start = Clock::now();
       const double cpu0 = process_cpu_seconds();
       fns[i]();
-      calls[i].push_back(quota_bound ? (process_cpu_seconds() - cpu0) / quota : since(start));
+      calls[i].push_back(quota_bound ? (process_cpu_seconds() - cpu0) / quota : seconds_since(start));
     }
   std::vector<double> out;
   for (auto& c : calls) out.push_back(median(std::move(c)));

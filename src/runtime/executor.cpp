@@ -13,6 +13,7 @@
 #include "core/cpu_time.h"
 #include "core/crc32.h"
 #include "core/error.h"
+#include "core/wall_time.h"
 #include "ops/ops.h"
 #include "optim/grad_clip.h"
 #include "optim/make_optimizer.h"
@@ -26,7 +27,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kTagActivation = 11;
 constexpr int kTagGrad = 12;
 constexpr int kTagWeightsUpdated = 13;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Replica `part`'s part of `t` when its stage is sharded by `shards`: a flat view.
 Tensor part_view(const Tensor& t, const std::vector<double>& shards, int part) {
@@ -333,7 +333,7 @@ double Executor::gather_weights() {
                "'s updated weights timed out after ", kPeerTimeout.count(), " s; its hub (replica ", hub,
                ") has stalled");
     }
-    return since(t0);
+    return seconds_since(t0);
   }
   std::vector<Tensor> weights;
   for (size_t i : reduce_order_) weights.push_back(params_[i].second);
@@ -342,7 +342,7 @@ double Executor::gather_weights() {
   HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": gathering stage ", stage_,
            "'s updated weights timed out after ", kPeerTimeout.count(), " s; a rank of its group has stalled");
   draining_ = std::move(reduce_);  // this rank's part goes out while the next step runs
-  return since(t0);
+  return seconds_since(t0);
 }
 
 StepResult Executor::step(int64_t first, float lr, bool record_spans) {
@@ -417,7 +417,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         }
         break;
     }
-    const double dt = since(t0) - gathered;
+    const double dt = seconds_since(t0) - gathered;
     (comm ? r.comm_s : r.compute_s) += dt;
     const double cpu = process_cpu_seconds() - cpu0 - gathered_cpu;
     (comm ? r.comm_cpu_s : in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += cpu;
@@ -440,7 +440,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   for (const auto& [name, p] : params_) p.zero_grad();
   opt_->zero_grad();  // when sharded, the views of the parts hold their own
   r.loss_sum = loss_sum_;
-  r.wall_s = since(start);
+  r.wall_s = seconds_since(start);
   return r;
 }
 

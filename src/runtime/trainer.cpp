@@ -18,6 +18,7 @@
 #include "comm/emulation.h"
 #include "core/stats.h"
 #include "core/threads.h"
+#include "core/wall_time.h"
 #include "optim/lr_schedule.h"
 #include "report/metrics_log.h"
 #include "report/progress.h"
@@ -272,10 +273,6 @@ class Run {
     last_loss = check_loss(loss_sum, p.steps, p.done);
     if (metrics) metrics->write(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s));
     return interrupted;
-  }
-
-  static double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
   }
 
   // The mean loss of `steps` steps from the summed loss of their samples.

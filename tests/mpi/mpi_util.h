@@ -4,14 +4,13 @@
 #include <chrono>
 
 #include "comm/communicator.h"
+#include "core/wall_time.h"
 
 namespace mpi_test {
 
 using namespace std::chrono_literals;
 
-inline double seconds_since(ht::comm::Clock::time_point t0) {
-  return std::chrono::duration<double>(ht::comm::Clock::now() - t0).count();
-}
+using ht::seconds_since;
 
 // Generous: a test that fails on one rank must not leave the others hanging for long.
 constexpr auto kLong = 30s;

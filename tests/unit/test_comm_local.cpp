@@ -8,17 +8,12 @@
 #include "comm/communicator.h"
 #include "comm/local_communicator.h"
 #include "core/error.h"
+#include "core/wall_time.h"
 #include "ops/ops.h"
 
 using namespace ht;
 using namespace ht::comm;
 using namespace std::chrono_literals;
-
-namespace {
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-}  // namespace
 
 TEST_CASE("comm local: world() without mpirun is one rank") {
   REQUIRE(std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr);
