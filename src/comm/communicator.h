@@ -1,8 +1,10 @@
 // The communication layer every distributed feature uses: ranks, sub-communicators,
 // tensor point-to-point, a sum-allreduce of gradient buckets, and barriers, over
-// OpenMPI. Every wait takes a timeout and reports a missed deadline as a status,
-// never a hang: the straggler-tolerant paths are built from these non-blocking
-// operations (a blocking collective cannot exclude a stalled rank).
+// OpenMPI. The waits that take a timeout report a missed deadline as a status, not a
+// hang: the straggler-tolerant paths are built from these non-blocking operations (a
+// blocking collective cannot exclude a stalled rank). Not every wait is bounded: send,
+// send_bytes, allgather and Consultation::finish take no timeout, and a wait given none
+// (the default) waits for as long as its peers take.
 //
 // Without mpirun (no OMPI_COMM_WORLD_SIZE in the environment) the world is one rank
 // and MPI is never initialised, so single-process commands work everywhere.
@@ -76,7 +78,8 @@ class Consultation {
   // Rank 0: waits for every rank's item, returns answer(items) (in rank order) and sends
   // it to the others without waiting for them to take it. Any other rank: waits for rank
   // 0's answer and returns it (`answer` is not called). Keep the consultation until the
-  // others have the answer (destroying it waits for that on rank 0).
+  // others have the answer (destroying it waits for that on rank 0). Waits without a
+  // deadline: a rank that never consults again holds the others here.
   virtual std::string finish(const Answer& answer) = 0;
 };
 
@@ -111,6 +114,7 @@ class Communicator {
   virtual Request irecv_bytes(void* data, size_t bytes, int src, int tag) = 0;
   // Receives one whole message of any size; `*into` is resized to it on arrival.
   virtual Request irecv_message(std::shared_ptr<std::vector<char>> into, int src, int tag) = 0;
+  // The blocking sends wait, without a deadline, until the send completes.
   void send_bytes(const void* data, size_t bytes, int dst, int tag);
   WaitStatus recv_bytes(void* data, size_t bytes, int src, int tag, Timeout timeout = std::nullopt);
   // Tensors: `into` must already have the sender's shape and dtype. A tensor travels as
@@ -127,7 +131,8 @@ class Communicator {
   // left as they were unless the result is done.
   virtual WaitStatus allreduce_sum(std::vector<Tensor>& buckets, Timeout timeout = std::nullopt) = 0;
   virtual WaitStatus barrier(Timeout timeout = std::nullopt) = 0;
-  // Every rank's string, on every rank (small payloads: fingerprints, hashes).
+  // Every rank's string, on every rank (small payloads: fingerprints, hashes). Waits for
+  // every rank to call it, without a deadline.
   virtual std::vector<std::string> allgather(const std::string& mine) = 0;
   // Sends `mine` toward rank 0 and returns at once; finish() gives every rank rank 0's
   // answer to all the items. Every rank starts its consultations in one order and

@@ -1,7 +1,8 @@
 // The communicator over OpenMPI (C API). Errors come back as return codes
 // (MPI_ERRORS_RETURN on every communicator made here) and are raised as ht::Error
-// carrying MPI_Error_string. Every wait polls with MPI_Test and a backoff, so a missed
-// deadline is a status and waiting ranks leave the cores to computing ones.
+// carrying MPI_Error_string. Every wait polls with MPI_Test and a backoff, so a wait
+// with a deadline reports a miss as a status, and waiting ranks leave the cores to
+// computing ones.
 //
 // Receives match by probing (MPI_Improbe, then MPI_Imrecv of the probed size) rather
 // than by a pre-posted MPI_Irecv: a receive buffer shorter than the message is a

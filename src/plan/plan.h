@@ -43,7 +43,7 @@ struct RankPlan {
   std::string memory_reason;
   MemoryUse memory;
   double busy_fraction = 0;  // predicted compute / step
-  bool slow_link = false;    // for the slow-link sync policy of a later issue
+  bool slow_link = false;    // a note for people (plan_notes.h); nothing acts on it
   std::string link_note;     // why, when slow_link
 };
 

@@ -1,5 +1,5 @@
 // What a plan tells people besides its layout: ranks whose links are far slower than
-// the rest (for the slow-link sync policy of a later issue), and who does how much of
+// the rest (a note in the table; no sync policy acts on it), and who does how much of
 // the work.
 #pragma once
 
@@ -11,8 +11,8 @@
 
 namespace ht::plan {
 
-// A rank is marked for the slow-link policy when its typical (median) transfer of a
-// 1 MiB message takes this many times the cluster's typical one.
+// A rank is marked slow_link when its typical (median) transfer of a 1 MiB message
+// takes this many times the cluster's typical one.
 inline constexpr double kSlowLinkFactor = 4;
 inline constexpr double kSlowLinkProbeBytes = 1 << 20;
 
