@@ -122,6 +122,28 @@ std::string suggest(const std::string& word, const std::vector<std::string>& can
   return "";
 }
 
+std::vector<std::string> suggest_all(const std::string& word,
+                                     const std::vector<std::string>& candidates) {
+  const std::string w = lower(word);
+  std::vector<std::string> starts, contains, closest;
+  const size_t max_dist = w.size() <= 3 ? 1 : 2;
+  size_t best_dist = max_dist + 1;
+  for (const auto& c : candidates) {
+    const std::string lc = lower(c);
+    if (lc == w) continue;
+    if (!w.empty() && lc.rfind(w, 0) == 0) starts.push_back(c);
+    const std::string& shorter = lc.size() < w.size() ? lc : w;
+    const std::string& longer = lc.size() < w.size() ? w : lc;
+    if (shorter.size() >= 3 && longer.find(shorter) != std::string::npos) contains.push_back(c);
+    const size_t d = edit_distance(w, lc);
+    if (d < best_dist) closest.clear(), best_dist = d;
+    if (d == best_dist) closest.push_back(c);
+  }
+  if (!starts.empty()) return starts;
+  if (!contains.empty()) return contains;
+  return closest;
+}
+
 bool Range::contains(double x) const {
   if (std::isnan(x)) return false;
   bool lo_ok = lo_open ? x > lo : x >= lo;

@@ -36,6 +36,11 @@ std::string index_path(const std::string& parent, size_t i);  // model.hidden[1]
 // The candidate `word` was probably meant to be (edit distance <= 2, or one contains
 // the other), or "" when none is close.
 std::string suggest(const std::string& word, const std::vector<std::string>& candidates);
+// For names that come in families (devices "v100-16g", "v100-32g"): every candidate that
+// starts with `word`; else every one that contains it or that it contains (3 letters or
+// more); else the ones at the smallest edit distance <= 2 (1 for short words); else none.
+std::vector<std::string> suggest_all(const std::string& word,
+                                     const std::vector<std::string>& candidates);
 
 // An interval of acceptable numbers, printed in messages as "a number > 0" etc.
 struct Range {
