@@ -1,8 +1,10 @@
 // `hetrain train`: one process, or every rank of an MPI job executing a plan; and
 // `hetrain eval` (one process).
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "cli/commands.h"
@@ -13,6 +15,7 @@
 #include "plan/plan_json.h"
 #include "plan/rebalance.h"
 #include "report/plan_table.h"
+#include "report/progress.h"
 #include "runtime/trainer.h"
 
 namespace hetrain_cli {
@@ -22,7 +25,7 @@ namespace {
 struct TrainArgs {
   std::string config;
   std::string run_dir;
-  std::string plan, cluster, catalogue, timeline;
+  std::string plan, cluster, timeline;
   bool resume = false;
   int64_t steps = 0;
   int64_t stop_after = 0;
@@ -30,6 +33,15 @@ struct TrainArgs {
   bool seed_given = false;
   bool quiet = false;
 };
+
+// Under mpirun a rank's stdout is a pseudo-terminal that the launcher, its parent on
+// this host, copies to the launcher's own stdout: where that goes decides between bar
+// and lines. On another host the parent is the launcher's daemon, which is no terminal.
+bool stdout_reaches_terminal() {
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  return ht::report::reaches_terminal(
+      STDOUT_FILENO, launched ? "/proc/" + std::to_string(getppid()) + "/fd/1" : std::string());
+}
 
 // Every rank must train the same config: compare the resolved configs' hashes.
 void check_same_config(ht::comm::Communicator& world, const ht::config::Config& cfg) {
@@ -64,7 +76,8 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
                                     "' hashes to " + hash + "; plan again for this config");
     return {std::move(p), {}};
   }
-  const ht::plan::ClusterModel cluster = cluster_for(a.cluster, a.catalogue, cfg, world, true);
+  // A probe file needs no device catalogue (only synth: specs do, and train refuses them).
+  const ht::plan::ClusterModel cluster = cluster_for(a.cluster, "", cfg, world, true);
   std::string text;
   ht::plan::BlockCosts costs;  // rank 0's, the only rank that decides
   std::optional<ht::plan::Plan> all_ranks;
@@ -100,14 +113,22 @@ void register_train(CLI::App& app) {
   cmd->add_flag("--quiet,-q", args->quiet, "No progress bar or log lines");
   cmd->add_option("--plan", args->plan, "Execute this plan (from `hetrain plan --json`)");
   cmd->add_option("--cluster", args->cluster,
-                  "Plan over this probe file or synth: spec (default under mpirun: quick-probe the job)");
-  cmd->add_option("--catalogue", args->catalogue, "Device catalogue for synth: clusters");
+                  "Plan over this probe file (default under mpirun: quick-probe the job)");
   cmd->add_option("--timeline", args->timeline, "Write one step's measured timeline here (Chrome trace JSON)");
   cmd->callback([args, seed] {
+    // Training runs on the devices it is started on; a synth: cluster describes others, so
+    // a plan over it would give these ranks work sized for hardware they are not.
+    if (args->cluster.rfind("synth:", 0) == 0)
+      throw ht::config::ConfigError(
+          "--cluster " + args->cluster + ": train runs on the devices it is started on, not on a "
+          "hypothetical cluster; expected a probe file (`hetrain probe --json`) or no --cluster "
+          "(the job probes itself); use `hetrain plan --cluster " + args->cluster +
+          "` to plan for hardware you do not have");
     ht::config::Config cfg = ht::config::load_config(args->config);
     ht::runtime::TrainOptions opts;
     opts.resume = args->resume;
     opts.quiet = args->quiet;
+    opts.terminal = stdout_reaches_terminal();
     if (args->steps) opts.steps = args->steps;
     if (args->stop_after) opts.stop_after = args->stop_after;
     if (seed->count()) opts.seed = args->seed;

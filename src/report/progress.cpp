@@ -1,9 +1,9 @@
 #include "report/progress.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 
 namespace ht::report {
 
@@ -20,13 +20,25 @@ std::string format_duration(double s) {
   return buf;
 }
 
-Progress::Mode Progress::detect(bool quiet) {
-  if (quiet) return Mode::quiet;
-  return isatty(STDOUT_FILENO) ? Mode::bar : Mode::lines;
+bool reaches_terminal(int fd, const std::string& forwarded_to) {
+  if (!isatty(fd)) return false;
+  if (forwarded_to.empty()) return true;
+  // Non-blocking and no controlling terminal: the descriptor may be a FIFO or a tty that
+  // this process must not adopt. Unreadable (another host's launcher, no /proc): lines.
+  const int onward = ::open(forwarded_to.c_str(), O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+  if (onward < 0) return false;
+  const bool terminal = isatty(onward);
+  ::close(onward);
+  return terminal;
 }
 
-Progress::Progress(Mode mode, int64_t total_steps, int64_t log_every)
-    : mode_(mode), total_(total_steps), log_every_(log_every > 0 ? log_every : 1) {}
+Progress::Mode Progress::detect(bool quiet, bool terminal) {
+  if (quiet) return Mode::quiet;
+  return terminal ? Mode::bar : Mode::lines;
+}
+
+Progress::Progress(Mode mode, int64_t total_steps, int64_t log_every, std::FILE* out)
+    : mode_(mode), total_(total_steps), log_every_(log_every > 0 ? log_every : 1), out_(out) {}
 
 void Progress::step(int64_t done, float loss, float lr, double samples_per_s, double eta_s) {
   if (mode_ == Mode::quiet) return;
@@ -34,10 +46,10 @@ void Progress::step(int64_t done, float loss, float lr, double samples_per_s, do
   if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", static_cast<double>(loss));
   if (mode_ == Mode::lines) {
     if (done % log_every_ == 0 || done == total_)
-      std::printf("step %lld/%lld  loss %s  lr %.2e  %.0f samples/s  eta %s\n",
-                  static_cast<long long>(done), static_cast<long long>(total_), loss_text, lr,
-                  samples_per_s, format_duration(eta_s).c_str());
-    std::fflush(stdout);
+      std::fprintf(out_, "step %lld/%lld  loss %s  lr %.2e  %.0f samples/s  eta %s\n",
+                   static_cast<long long>(done), static_cast<long long>(total_), loss_text, lr,
+                   samples_per_s, format_duration(eta_s).c_str());
+    std::fflush(out_);
     return;
   }
   // Redraw at most ten times a second: fast steps would otherwise flood the terminal.
@@ -49,29 +61,29 @@ void Progress::step(int64_t done, float loss, float lr, double samples_per_s, do
   char bar[kWidth + 1];
   for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
   bar[kWidth] = '\0';
-  std::printf("\r[%s] %lld/%lld  loss %s  %.0f samples/s  ETA %s\033[K", bar,
-              static_cast<long long>(done), static_cast<long long>(total_), loss_text, samples_per_s,
-              format_duration(eta_s).c_str());
-  std::fflush(stdout);
+  std::fprintf(out_, "\r[%s] %lld/%lld  loss %s  %.0f samples/s  ETA %s\033[K", bar,
+               static_cast<long long>(done), static_cast<long long>(total_), loss_text,
+               samples_per_s, format_duration(eta_s).c_str());
+  std::fflush(out_);
   bar_drawn_ = true;
 }
 
 void Progress::clear_bar() {
-  if (bar_drawn_) std::printf("\r\033[K");
+  if (bar_drawn_) std::fprintf(out_, "\r\033[K");
   bar_drawn_ = false;
 }
 
 void Progress::note(const std::string& line) {
   if (mode_ == Mode::quiet) return;
   clear_bar();
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
 }
 
 void Progress::finish() {
-  if (mode_ == Mode::bar && bar_drawn_) std::printf("\n");
+  if (mode_ == Mode::bar && bar_drawn_) std::fprintf(out_, "\n");
   bar_drawn_ = false;
-  std::fflush(stdout);
+  std::fflush(out_);
 }
 
 }  // namespace ht::report

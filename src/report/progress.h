@@ -1,20 +1,29 @@
-// Training progress for people: a one-line bar redrawn in place when stdout is a
-// terminal, plain periodic log lines otherwise (CI logs, files), nothing when quiet.
+// Training progress for people: a one-line bar redrawn in place when the output reaches
+// a terminal, plain periodic log lines otherwise (CI logs, files), nothing when quiet.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 namespace ht::report {
 
+// Whether what this process writes to `fd` reaches a terminal. Under an MPI launcher a
+// rank's stdout is a pseudo-terminal that the launcher copies to its own stdout, so the
+// rank sees a terminal even for `mpirun ... > log`. `forwarded_to` names the descriptor
+// the output is copied on to (e.g. "/proc/<launcher pid>/fd/1"), or is empty when
+// nothing forwards it; then that one must be a terminal too.
+bool reaches_terminal(int fd, const std::string& forwarded_to = "");
+
 class Progress {
  public:
   enum class Mode { bar, lines, quiet };
-  // bar when stdout is a terminal, lines otherwise; quiet overrides both.
-  static Mode detect(bool quiet);
+  // bar when the output reaches a terminal, lines otherwise; quiet overrides both.
+  static Mode detect(bool quiet, bool terminal);
 
-  Progress(Mode mode, int64_t total_steps, int64_t log_every);
+  // Writes to `out` (stdout unless a test gives another stream).
+  Progress(Mode mode, int64_t total_steps, int64_t log_every, std::FILE* out = stdout);
 
   // After each optimiser step (1-based count of steps done); a NaN loss shows as "-".
   void step(int64_t done, float loss, float lr, double samples_per_s, double eta_s);
@@ -27,6 +36,7 @@ class Progress {
 
   Mode mode_;
   int64_t total_, log_every_;
+  std::FILE* out_;
   bool bar_drawn_ = false;
   std::chrono::steady_clock::time_point last_draw_{};
 };

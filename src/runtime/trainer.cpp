@@ -124,7 +124,7 @@ class Run {
   }
 
   TrainSummary run() {
-    report::Progress progress(report::Progress::detect(opts_.quiet || !root_), total_steps_,
+    report::Progress progress(report::Progress::detect(opts_.quiet || !root_, opts_.terminal), total_steps_,
                               cfg_.train.log_every);
     int64_t start = opts_.resume ? restore(progress) : 0;
     if (opts_.resume) executor_->weights_loaded();

@@ -22,6 +22,7 @@ struct TrainOptions {
   std::optional<uint64_t> seed;     // overrides train.seed
   std::optional<std::string> run_dir;  // overrides run.dir
   bool quiet = false;               // no progress bar or log lines
+  bool terminal = false;            // rank 0's stdout reaches a terminal: a bar, not lines
   // Stop (with a checkpoint) after this many steps of this invocation; the schedule
   // still spans the whole run, so --resume continues it as if never stopped.
   std::optional<int64_t> stop_after;

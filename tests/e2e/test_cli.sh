@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The hetrain binary's global surface: --version, --help, `info`, and a clear error
-# with a nonzero exit for an unknown subcommand.
+# with a nonzero exit for an unknown subcommand, a synth: cluster given to train and an
+# unknown device.
 set -u
 hetrain=$1
 fail=0
@@ -29,5 +30,16 @@ assert d["threads"] >= 1 and "gemm" in cpu["supported_ops"] and cpu["memory_tota
 err=$("$hetrain" no-such-verb 2>&1); rc=$?
 check "unknown subcommand exits nonzero" test $rc -ne 0
 check "unknown subcommand is named" grep -q 'no-such-verb' <<<"$err"
+
+configs=$(dirname "$0")/../../configs
+err=$("$hetrain" train "$configs/fashion_mnist_mlp.json" --cluster synth:2xrtx4090 --run-dir /nonexistent/never 2>&1); rc=$?
+check "train --cluster synth: is refused as a config error (exit 2)" test $rc -eq 2
+check "train --cluster synth: names the option and value and points to plan" \
+  grep -q -- '--cluster synth:2xrtx4090: train runs on the devices it is started on.*hetrain plan --cluster synth:2xrtx4090' <<<"$err"
+check "train --cluster synth: is one line" test "$(wc -l <<<"$err")" -eq 1
+
+err=$("$hetrain" plan "$configs/fashion_mnist_mlp.json" --cluster synth:1xv100 2>&1); rc=$?
+check "plan with an unknown device exits 2" test $rc -eq 2
+check "an unknown device suggests its family first" grep -qF '(did you mean "v100-16g" or "v100-32g"?)' <<<"$err"
 
 exit $fail
