@@ -93,17 +93,11 @@ void Allocator::set_cap(size_t bytes) {
 size_t Allocator::cap() const { std::lock_guard<std::mutex> l(mu_); return cap_; }
 size_t Allocator::live_bytes() const { std::lock_guard<std::mutex> l(mu_); return live_; }
 size_t Allocator::peak_bytes() const { std::lock_guard<std::mutex> l(mu_); return peak_; }
-size_t Allocator::cached_bytes() const { std::lock_guard<std::mutex> l(mu_); return cached_; }
 void Allocator::reset_peak() { std::lock_guard<std::mutex> l(mu_); peak_ = live_; }
 
 bool Allocator::staged(const void* p) const {
   std::lock_guard<std::mutex> l(mu_);
   return staged_.count(const_cast<void*>(p)) > 0;
-}
-
-void Allocator::release_cache() {
-  std::lock_guard<std::mutex> lock(mu_);
-  release_cache_locked();
 }
 
 void Allocator::release_cache_locked() {

@@ -47,9 +47,7 @@ class Allocator {
   size_t cap() const;
   size_t live_bytes() const;
   size_t peak_bytes() const;
-  size_t cached_bytes() const;
   void reset_peak();
-  void release_cache();
 
  private:
   static size_t round_up(size_t bytes);
