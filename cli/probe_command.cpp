@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "probe/probe.h"
+#include "runtime/task.h"
 #include "runtime/atomic_file.h"
 
 namespace hetrain_cli {
@@ -27,6 +28,9 @@ void register_probe(CLI::App& app) {
     ht::probe::ProbeOptions opts;
     opts.quick = args->quick;
     if (!args->model.empty()) opts.model = ht::config::load_config(args->model);
+    opts.build_model = [](const ht::config::Config& c) {
+      return ht::runtime::make_task(c)->build_model(c.train.seed);
+    };
     ht::comm::Communicator& world = ht::comm::world();
     ht::probe::ClusterFingerprint c = ht::probe::run_probe(world, opts);
     if (world.rank() != 0) return;

@@ -3,7 +3,6 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "ops/ops.h"
 
 namespace ht {
 
@@ -22,17 +21,36 @@ std::shared_ptr<Node> grad_edge(const Tensor& t) {
   return impl->grad_acc;
 }
 
+// The sweep adds gradients with the backend's primitive rather than ops' add (ops stand
+// above autograd); both sides always have the shape of the output they belong to.
+void check_addable(const Tensor& into, const Tensor& g) {
+  HT_CHECK(into.shape() == g.shape() && into.dtype() == g.dtype(),
+           "backward(): cannot add a gradient of shape ", to_string(g.shape()), " to one of shape ",
+           to_string(into.shape()), "; expected the shape of the output they belong to");
+}
+
+Tensor sum_of(const Tensor& a, const Tensor& b) {
+  check_addable(a, b);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.backend(), "gradient");
+  a.backend().binary(BinaryOp::add, a.data(), a.strides(), b.data(), b.strides(), out.data(), a.shape());
+  return out;
+}
+
 void accumulate_into_leaf(TensorImpl& leaf, Tensor g) {
   if (leaf.grad) {
     Tensor acc(leaf.grad);
-    add_(acc, g);
+    check_addable(acc, g);
+    HT_CHECK(acc.is_contiguous(), "backward(): the leaf's gradient of shape ", to_string(acc.shape()),
+             " is a strided view; expected a dense tensor to accumulate into");
+    acc.backend().binary(BinaryOp::add, acc.data(), acc.strides(), g.data(), g.strides(), acc.data(),
+                         acc.shape());
     return;
   }
   // Adopt the buffer when nothing else can see it; otherwise copy, because the same
   // gradient may also flow to another input (add returns it to both sides).
   bool exclusive = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 &&
                    g.is_contiguous() && g.offset() == 0;
-  leaf.grad = exclusive ? g.impl_ptr() : clone(g).impl_ptr();
+  leaf.grad = exclusive ? g.impl_ptr() : g.dense_copy().impl_ptr();
 }
 }  // namespace
 
@@ -108,9 +126,26 @@ void run_backward(const Tensor& root, const Tensor& grad_root) {
       Node* child = node->next[i].get();
       if (!child || i >= in_grads.size() || !in_grads[i].defined()) continue;
       auto [slot, fresh] = grads.try_emplace(child, in_grads[i]);
-      if (!fresh) slot->second = add(slot->second, in_grads[i]);
+      if (!fresh) slot->second = sum_of(slot->second, in_grads[i]);
     }
   }
 }
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  HT_CHECK(!on || dtype() == DType::f32, "set_requires_grad: an ", dtype_name(dtype()),
+           " tensor cannot have a gradient; expected float32");
+  HT_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can be marked; this one was made by ",
+           impl_->grad_fn->name, " (use detach() first)");
+  impl_->requires_grad = on;
+  return *this;
+}
+
+void Tensor::backward() const {
+  HT_CHECK(numel() == 1, "backward(): called on a tensor of shape ", to_string(shape()),
+           "; expected a single element (pass a gradient for other shapes)");
+  run_backward(*this, Tensor::full(shape(), 1.f, backend()));
+}
+
+void Tensor::backward(const Tensor& grad_output) const { run_backward(*this, grad_output); }
 
 }  // namespace ht

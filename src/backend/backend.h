@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/shape.h"
-#include "tensor/allocator.h"
+#include "backend/allocator.h"
 
 namespace ht {
 

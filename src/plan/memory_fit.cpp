@@ -5,12 +5,10 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "plan/stage_memory.h"
-#include "report/units.h"
 
 namespace ht::plan {
-
-using report::format_bytes;
 
 namespace {
 

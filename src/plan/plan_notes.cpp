@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/stats.h"
-#include "report/units.h"
+#include "core/units.h"
 
 namespace ht::plan {
 
@@ -29,9 +29,9 @@ void mark_slow_links(Plan& p, const ClusterModel& c) {
   for (size_t i = 0; i < n; ++i)
     if (typical[i] > kSlowLinkFactor * cluster_typical) {
       p.ranks[i].slow_link = true;
-      p.ranks[i].link_note = "a 1 MiB message to its typical peer takes " + report::format_seconds(typical[i]) +
+      p.ranks[i].link_note = "a 1 MiB message to its typical peer takes " + format_seconds(typical[i]) +
                              ", " + std::to_string(static_cast<int>(typical[i] / cluster_typical)) +
-                             "x the cluster's typical " + report::format_seconds(cluster_typical);
+                             "x the cluster's typical " + format_seconds(cluster_typical);
     }
 }
 

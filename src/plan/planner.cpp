@@ -8,17 +8,15 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "plan/batch_split.h"
 #include "plan/memory_fit.h"
 #include "plan/plan_costs.h"
 #include "plan/plan_notes.h"
 #include "plan/stage_memory.h"
 #include "plan/stage_partition.h"
-#include "report/units.h"
 
 namespace ht::plan {
-
-using report::format_seconds;
 
 namespace {
 
@@ -284,7 +282,7 @@ std::string idle_ranks(const Plan& p) {
   std::vector<int64_t> idle;
   for (const RankPlan& r : p.ranks)
     if (r.replica < 0) idle.push_back(r.rank);
-  return report::join(idle);
+  return join(idle);
 }
 
 // The pipeline orders tried for S groups of the speed order.
@@ -450,7 +448,7 @@ Plan make_plan(const PlannerInput& in) {
     set_hub_steps_optimizer(every, false);
     const ReduceChoice r = cheapest_reduce_owner(every, in.costs, in.cluster);
     const auto& owners = plan.layout.replicas[static_cast<size_t>(plan.layout.reduce_owner)];
-    const std::string hub = report::join({owners.begin(), owners.end()});
+    const std::string hub = join({owners.begin(), owners.end()});
     const bool one = plan.layout.replicas[0].size() == 1;
     plan.notes.push_back("gradients are summed on " + (one ? "rank " + hub : "ranks " + hub + " (one per stage)") +
                          " alone: predicted ReduceGrads " +

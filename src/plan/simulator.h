@@ -1,7 +1,7 @@
 // The second interpreter of a plan: runs the per-rank schedules of schedule.h against a
 // cost model instead of tensors and MPI, and predicts the step time, per-rank busy, comm
 // and idle time, the pipeline bubble, peak activation memory and a timeline in the same
-// trace format the executor records (report/trace.h).
+// form the executor records (plan/timeline.h).
 //
 // Communication semantics (the same blocking model as check_schedules' deadlock check):
 //  - A send and its receive complete together. The transfer starts when BOTH ends have
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "plan/schedule.h"
-#include "report/trace.h"
+#include "plan/timeline.h"
 
 namespace ht::plan {
 
@@ -62,7 +62,7 @@ struct SimResult {
   // One compute or comm span per instruction (zero-length ones included, so spans match
   // instructions one to one) plus an "idle" span, named after the instruction waited at,
   // for each wait longer than zero.
-  std::vector<report::Span> timeline;
+  std::vector<plan::Span> timeline;
 };
 
 // Throws ht::Error naming the ranks and instructions involved when a send meets a receive

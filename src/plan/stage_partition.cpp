@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
-#include "report/units.h"
+#include "core/units.h"
 
 namespace ht::plan {
 
@@ -19,7 +19,7 @@ long long whole(double bytes) { return std::llround(bytes); }
 std::string stage_name(const StagePartitionInput& in, int s) {
   const DeviceModel& d = in.devices[static_cast<size_t>(s)];
   return "stage " + std::to_string(s) + " (" + d.label() + ", " +
-         report::format_bytes(d.memory_bytes) + ")";
+         format_bytes(d.memory_bytes) + ")";
 }
 
 void check_finite_nonneg(const std::vector<double>& v, const char* what) {
@@ -142,7 +142,7 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
       if (room > c.capacity(best, b, b + 1) - c.memory(best, b, b + 1)) best = s;
     }
     if (!any)
-      fail(head, "block ", b, " alone needs ", report::format_bytes(c.memory(best, b, b + 1)), " (",
+      fail(head, "block ", b, " alone needs ", format_bytes(c.memory(best, b, b + 1)), " (",
            whole(c.memory(best, b, b + 1)), " bytes) on ", stage_name(c.in, best),
            ", the roomiest stage that could take it; capacity ", whole(c.capacity(best, b, b + 1)), " bytes",
            best == c.in.whole_model_stage ? " (with the other blocks' weights, which rank 0 holds)" : "",
@@ -157,7 +157,7 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
     }
     if (!any)
       fail(head, stage_name(c.in, s), " cannot hold any block it could be given: the "
-           "lightest, block ", lightest, ", needs ", report::format_bytes(c.memory(s, lightest, lightest + 1)),
+           "lightest, block ", lightest, ", needs ", format_bytes(c.memory(s, lightest, lightest + 1)),
            " (", whole(c.memory(s, lightest, lightest + 1)), " bytes) vs capacity ",
            whole(c.capacity(s, lightest, lightest + 1)), " bytes",
            s == c.in.whole_model_stage ? " (with the other blocks' weights, which rank 0 holds)" : "");
@@ -165,14 +165,14 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
   double capacity = 0;
   for (int s = 0; s < c.S; ++s) capacity += c.capacity(s);
   fail(head, "every block fits some stage alone, but no contiguous split does; the weight "
-       "state alone totals ", report::format_bytes(c.mem_prefix.back()), " (", whole(c.mem_prefix.back()),
-       " bytes) against ", report::format_bytes(capacity), " (", whole(capacity), " bytes) of total capacity, "
+       "state alone totals ", format_bytes(c.mem_prefix.back()), " (", whole(c.mem_prefix.back()),
+       " bytes) against ", format_bytes(capacity), " (", whole(capacity), " bytes) of total capacity, "
        "before in-flight activations",
        c.in.whole_model_stage < 0
            ? std::string()
            : "; and stage " + std::to_string(c.in.whole_model_stage) + " is rank 0's, which also holds " +
                  "every other stage's weights (it evaluates and checkpoints the whole model: " +
-                 report::format_bytes(c.weight_prefix.back()) + " of weights in all)");
+                 format_bytes(c.weight_prefix.back()) + " of weights in all)");
 }
 
 }  // namespace
@@ -236,7 +236,7 @@ StagePartition uniform_partition(const StagePartitionInput& in) {
     const auto [i, j] = p.ranges[static_cast<size_t>(s)];
     if (!c.fits(s, i, j))
       p.problems.push_back(stage_name(in, s) + " holds blocks [" + std::to_string(i) + ", " +
-                           std::to_string(j) + ") needing " + report::format_bytes(c.memory(s, i, j)) +
+                           std::to_string(j) + ") needing " + format_bytes(c.memory(s, i, j)) +
                            " (" + std::to_string(whole(c.memory(s, i, j))) +
                            " bytes) vs capacity " +
                            std::to_string(whole(c.capacity(s, i, j))) + " bytes");

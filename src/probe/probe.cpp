@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "comm/emulation.h"
+#include "core/error.h"
 #include "core/threads.h"
-#include "runtime/task.h"
 
 namespace ht::probe {
 
@@ -81,8 +81,8 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
   Allocator::HostStaging outside_the_cap;
   me.rates = measure_device(opts.quick ? 0.6 : 2.0);
   if (opts.model) {
-    std::unique_ptr<runtime::Task> task = runtime::make_task(*opts.model);
-    nn::Sequential model = task->build_model(opts.model->train.seed);
+    HT_CHECK(opts.build_model, "probe: a model to profile was given without a way to build it");
+    nn::Sequential model = opts.build_model(*opts.model);
     // Per-sample cost depends on the batch (fixed costs per call, caches): time blocks
     // from half to twice the share of the global batch that the ranks' sgemm rates
     // would give this one. Timed over an equal share to all of the batch, a 0.2-quota

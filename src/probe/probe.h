@@ -2,11 +2,13 @@
 // optionally profiles a model's blocks on it; then all ranks measure their links.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "nn/block.h"
 #include "probe/fingerprint.h"
 
 namespace ht::probe {
@@ -14,6 +16,9 @@ namespace ht::probe {
 struct ProbeOptions {
   bool quick = false;                   // shorter benchmarks: under 5 s on 4 ranks
   std::optional<config::Config> model;  // profile this config's blocks; apply its emulate section
+  // Builds `model`'s blocks (required with `model`). The caller supplies it because the
+  // model builders sit above the probe (runtime::make_task).
+  std::function<nn::Sequential(const config::Config&)> build_model;
 };
 
 // Collective: every rank of `comm` calls it and gets the whole cluster's fingerprint.

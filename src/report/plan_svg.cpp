@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "report/units.h"
+#include "core/units.h"
 
 namespace ht::report {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "report/units.h"
+#include "core/units.h"
 
 namespace ht::report {
 

@@ -6,20 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "plan/timeline.h"
+
 namespace ht::report {
 
-// One activity of one rank. Invariants (checked by to_chrome_trace): rank >= 0,
-// end_s >= start_s, category is one of "compute", "comm", "idle".
-struct Span {
-  int rank = 0;
-  // The schedule's op name ("Forward", "RecvGrad", ...; plan::op_name): constants only, no
-  // free text, so the simulated and measured traces can be joined on (rank, name, mb, stage).
-  std::string name;
-  std::string category;  // "compute" | "comm" | "idle" (idle: waiting for a peer)
-  double start_s = 0, end_s = 0;  // seconds from the start of the step (or of the run)
-  int micro_batch = -1;           // -1 for per-step ops
-  int stage = -1;
-};
+// The spans are the plan's (simulated) or the executor's (measured) timeline.
+using plan::Span;
 
 // {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {"title": title}}.
 // Each span becomes one complete event ("ph": "X", ts and dur in microseconds, pid 0,

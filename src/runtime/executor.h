@@ -32,7 +32,7 @@
 #include "nn/block.h"
 #include "optim/optimizer.h"
 #include "plan/plan.h"
-#include "report/trace.h"
+#include "plan/timeline.h"
 #include "runtime/task.h"
 
 namespace ht::comm {
@@ -61,7 +61,7 @@ struct StepResult {
   // CPU seconds of the process in the compute instructions (OptimizerStep, the rest) and
   // in the communication (gathering sharded weights included).
   double work_cpu_s = 0, optimizer_cpu_s = 0, comm_cpu_s = 0;
-  std::vector<report::Span> spans;   // when recorded: one per instruction, from start_s
+  std::vector<plan::Span> spans;   // when recorded: one per instruction, from start_s
 };
 
 class Executor {

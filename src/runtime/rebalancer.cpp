@@ -6,8 +6,8 @@
 #include <cstdio>
 
 #include "core/stats.h"
-#include "plan/plan_json.h"
-#include "report/units.h"
+#include "core/units.h"
+#include "plan/rebalance_message.h"
 
 namespace ht::runtime {
 
@@ -32,12 +32,6 @@ void Rebalancer::record(const StepResult& r) {
 }
 
 namespace {
-// Every per-step series of a measure, in the order they travel between the ranks.
-std::array<std::vector<double>*, 8> series(plan::RankMeasure& m) {
-  return {&m.work_s,     &m.optimizer_s,     &m.wall_s,     &m.reduce_s,
-          &m.work_cpu_s, &m.optimizer_cpu_s, &m.comm_cpu_s, &m.micro_batches};
-}
-
 std::vector<int64_t> first_ranks(const plan::Plan& p) {
   std::vector<int64_t> ranks;
   for (const auto& replica : p.layout.replicas) ranks.push_back(replica[0]);
@@ -48,45 +42,29 @@ std::vector<int64_t> first_ranks(const plan::Plan& p) {
 void Rebalancer::start_check(int64_t done, int64_t total) {
   if (every_ <= 0 || done % every_ != 0 || done + 1 >= total) return;
   HT_CHECK(!pending_, "rebalancer: the check of step ", check_step_, " was not finished before the next");
-  json mine = json::array();
-  for (const std::vector<double>* v : series(window_)) mine.push_back(*v);
   answered_.reset();  // taken a check ago
-  pending_ = world_.consult(mine.dump());
+  pending_ = world_.consult(plan::encode_measure(window_));
   check_step_ = done;
 }
 
 std::optional<Rebalancer::Outcome> Rebalancer::finish_check(plan::Plan& plan) {
   if (!pending_) return std::nullopt;
-  // Rank 0 decides. A changed plan travels whole, so that every rank orders its
-  // communication by the same estimates; otherwise only the calibrated prediction.
+  // Rank 0 decides; every rank takes its decision (plan::encode_decision).
   std::vector<plan::RankMeasure> measured;  // rank 0's only
-  const json d = json::parse(pending_->finish([&](const std::vector<std::string>& items) {
-    for (const std::string& t : items) {
-      const json j = json::parse(t);
-      plan::RankMeasure& m = measured.emplace_back();
-      size_t i = 0;
-      for (std::vector<double>* v : series(m)) *v = j[i++].get<std::vector<double>>();
-    }
-    const plan::Rebalance r = decide_(plan, measured);
-    json d{{"changed", r.changed},
-           {"reverted", r.reverted},
-           {"relayout", r.relayout},
-           {"measured_step_s", r.measured_step_s},
-           {"current_step_s", r.current_step_s},
-           {"trial_s_per_sample", r.trial_seconds_per_sample},
-           {"predicted", {r.plan.predicted.step_seconds, r.plan.predicted.samples_per_s,
-                          r.plan.predicted.bubble_fraction}}};
-    if (r.changed) d["plan"] = plan::plan_to_json(r.plan);
-    return d.dump();
-  }));
+  const std::string decision = pending_->finish([&](const std::vector<std::string>& items) {
+    for (size_t k = 0; k < items.size(); ++k)
+      measured.push_back(plan::decode_measure(items[k], "the measures of rank " + std::to_string(k)));
+    return plan::encode_decision(decide_(plan, measured));
+  });
+  plan::Rebalance d = plan::decode_decision(decision, plan, "the rebalancing decision from rank 0");
   answered_ = std::move(pending_);
   Outcome out;
-  out.changed = d["changed"].get<bool>();
-  out.reverted = d["reverted"].get<bool>();
-  out.relayout = d["relayout"].get<bool>();
-  out.measured_step_s = d["measured_step_s"].get<double>();
-  out.before_predicted_step_s = d["current_step_s"].get<double>();
-  out.trial_s_per_sample = d["trial_s_per_sample"].get<std::vector<double>>();
+  out.changed = d.changed;
+  out.reverted = d.reverted;
+  out.relayout = d.relayout;
+  out.measured_step_s = d.measured_step_s;
+  out.before_predicted_step_s = d.current_step_s;
+  out.trial_s_per_sample = std::move(d.trial_seconds_per_sample);
   out.before = plan.layout.samples;
   out.micro_before = plan.layout.micro_batches;
   out.ranks_before = first_ranks(plan);
@@ -99,10 +77,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::finish_check(plan::Plan& plan) {
     out.comm_cpu_s.push_back(measured[k].comm_cpu_s.empty() ? 0.0 : median(measured[k].comm_cpu_s));
   }
   if (out.relayout) out.replaced = plan;
-  if (out.changed) plan = plan::plan_from_json(d["plan"].get<std::string>(), "the rebalanced plan from rank 0");
-  plan.predicted.step_seconds = d["predicted"][0].get<double>();
-  plan.predicted.samples_per_s = d["predicted"][1].get<double>();
-  plan.predicted.bubble_fraction = d["predicted"][2].get<double>();
+  plan = std::move(d.plan);
   out.after = plan.layout.samples;
   out.micro_after = plan.layout.micro_batches;
   out.ranks_after = first_ranks(plan);
@@ -113,7 +88,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::finish_check(plan::Plan& plan) {
     window_ = {};
   } else {  // the same plan: the next check's medians take in this window's steps too
     const auto keep = static_cast<size_t>(kWindowChecks * every_);
-    for (std::vector<double>* v : series(window_))
+    for (std::vector<double>* v : plan::measure_series(window_))
       if (v->size() > keep) v->erase(v->begin(), v->end() - static_cast<std::ptrdiff_t>(keep));
   }
   return out;
@@ -145,7 +120,6 @@ std::string Rebalancer::Outcome::record(int64_t step) const {
 }
 
 std::string Rebalancer::Outcome::line(int64_t step) const {
-  using report::join;
   const std::string at = "step " + std::to_string(step) + ": ";
   auto counts = [](const std::vector<int>& m) { return join(std::vector<int64_t>(m.begin(), m.end()), "/"); };
   std::string judged;

@@ -22,6 +22,7 @@
 #include "optim/lr_schedule.h"
 #include "report/metrics_log.h"
 #include "report/progress.h"
+#include "report/trace.h"
 #include "runtime/checkpoint.h"
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_dir.h"

@@ -2,9 +2,7 @@
 
 #include <optional>
 
-#include "autograd/graph.h"
 #include "core/error.h"
-#include "ops/ops.h"
 
 namespace ht {
 
@@ -99,8 +97,14 @@ void* Tensor::raw() const {
   return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(impl_->dtype);
 }
 
+Tensor Tensor::dense_copy() const {
+  Tensor out = empty(shape(), dtype(), backend(), "copy");
+  backend().copy(raw(), strides(), out.raw(), out.strides(), shape());
+  return out;
+}
+
 std::vector<float> Tensor::to_vector() const {
-  Tensor c = contiguous(*this);
+  Tensor c = is_contiguous() ? *this : dense_copy();
   std::vector<float> out(c.numel());
   backend().copy_to_host(out.data(), c.data(), out.size() * sizeof(float));
   return out;
@@ -109,7 +113,7 @@ std::vector<float> Tensor::to_vector() const {
 std::vector<int32_t> Tensor::to_ints() const {
   HT_CHECK(dtype() == DType::i32, "to_ints(): tensor is ", dtype_name(dtype()),
            "; expected int32");
-  Tensor c = contiguous(*this);
+  Tensor c = is_contiguous() ? *this : dense_copy();
   std::vector<int32_t> out(c.numel());
   backend().copy_to_host(out.data(), c.data_i32(), out.size() * sizeof(int32_t));
   return out;
@@ -119,15 +123,6 @@ float Tensor::item() const {
   HT_CHECK(numel() == 1, "item(): tensor of shape ", to_string(shape()),
            " has ", numel(), " elements; expected exactly 1");
   return to_vector()[0];
-}
-
-Tensor& Tensor::set_requires_grad(bool on) {
-  HT_CHECK(!on || dtype() == DType::f32, "set_requires_grad: an ", dtype_name(dtype()),
-           " tensor cannot have a gradient; expected float32");
-  HT_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can be marked; this one was made by ",
-           impl_->grad_fn->name, " (use detach() first)");
-  impl_->requires_grad = on;
-  return *this;
 }
 
 Tensor Tensor::grad() const { return impl_->grad ? Tensor(impl_->grad) : Tensor(); }
@@ -162,14 +157,6 @@ Tensor Tensor::detach() const {
   impl->dtype = impl_->dtype;
   return Tensor(std::move(impl));
 }
-
-void Tensor::backward() const {
-  HT_CHECK(numel() == 1, "backward(): called on a tensor of shape ", to_string(shape()),
-           "; expected a single element (pass a gradient for other shapes)");
-  run_backward(*this, Tensor::full(shape(), 1.f, backend()));
-}
-
-void Tensor::backward(const Tensor& grad_output) const { run_backward(*this, grad_output); }
 
 Tensor Tensor::view_as(const Shape& shape, const Strides& strides, int64_t offset) const {
   auto impl = std::make_shared<TensorImpl>();

@@ -90,6 +90,9 @@ class Tensor {
   float* data() const;
   int32_t* data_i32() const;
   void* raw() const;  // either dtype, for dtype-agnostic copies
+  // A fresh dense tensor holding this view's values, outside autograd (ops' clone() is
+  // the recorded one).
+  Tensor dense_copy() const;
 
   // ---- host transfer (copies; works on any view)
   std::vector<float> to_vector() const;
@@ -98,12 +101,14 @@ class Tensor {
 
   // ---- autograd
   bool requires_grad() const { return impl_->requires_grad; }
-  Tensor& set_requires_grad(bool on = true);
+  Tensor& set_requires_grad(bool on = true);  // defined in autograd/graph.cpp, as backward()
   Tensor grad() const;               // undefined until a backward pass reaches this leaf
   void zero_grad() const;            // drops the accumulated gradient
   void set_grad(const Tensor& g) const;
   bool is_leaf() const { return impl_->grad_fn == nullptr; }
   Tensor detach() const;             // shares storage, no history
+  // Both defined in autograd/graph.cpp, the library above this one that owns the sweep:
+  // a caller that runs backward links autograd.
   void backward() const;             // from a one-element tensor
   void backward(const Tensor& grad_output) const;
 

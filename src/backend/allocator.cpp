@@ -1,4 +1,4 @@
-#include "tensor/allocator.h"
+#include "backend/allocator.h"
 
 #include <cstdio>
 

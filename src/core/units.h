@@ -1,12 +1,13 @@
 // Numbers for people: the one spelling of bytes and durations in tables, messages and
-// pictures.
+// pictures. It sits in core because error messages at every layer (the allocator's cap,
+// the planner's shortfalls) spell sizes too.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace ht::report {
+namespace ht {
 
 // printf for numbers only (text is concatenated), so a small buffer always suffices.
 [[gnu::format(printf, 1, 2)]] std::string number(const char* format, ...);
@@ -20,4 +21,4 @@ std::string format_seconds(double seconds);
 // Numbers joined for people: "0, 2, 3" (ranks), or with "/" "64/32/16/16" (shares).
 std::string join(const std::vector<int64_t>& items, const std::string& separator = ", ");
 
-}  // namespace ht::report
+}  // namespace ht

@@ -1,9 +1,9 @@
-#include "report/units.h"
+#include "core/units.h"
 
 #include <cstdarg>
 #include <cstdio>
 
-namespace ht::report {
+namespace ht {
 
 std::string number(const char* format, ...) {
   char buf[64];
@@ -34,4 +34,4 @@ std::string join(const std::vector<int64_t>& items, const std::string& separator
   return out;
 }
 
-}  // namespace ht::report
+}  // namespace ht
