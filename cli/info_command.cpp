@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "core/threads.h"
 
 namespace hetrain_cli {
@@ -31,7 +32,7 @@ void register_info(CLI::App& app) {
   auto json_out = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json_out, "Print machine-readable JSON");
   cmd->callback([json_out] {
-    int threads = ht::resolve_thread_count();
+    int threads = ht::resolve_thread_count(0, ht::comm::world().local_size());
     nlohmann::json info = {
         {"version", HETRAIN_VERSION},
         {"threads", threads},

@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "runtime/run_dir.h"
 #include "runtime/trainer.h"
 
 namespace {
@@ -49,6 +51,9 @@ int main(int argc, char** argv) {
   } catch (const ht::config::ConfigError& e) {
     // A rejected config: nothing was started, and the exit status says so.
     return finish(2, "config error: ", e.what());
+  } catch (const ht::runtime::RunDirInUse& e) {
+    const std::string what = std::string(e.what()) + "; pass --resume to continue it, or --run-dir to start a new one";
+    return finish(1, "error: ", what.c_str());
   } catch (const ht::runtime::Interrupted& e) {
     return finish(130, "", e.what());  // the shell's status for SIGINT
   } catch (const std::exception& e) {  // ht::Error and anything from the library

@@ -106,8 +106,9 @@ void register_train(CLI::App& app) {
   cmd->add_option("config", args->config, "Config file (JSON); see configs/")->required();
   cmd->add_option("--run-dir", args->run_dir, "Run directory (default: run.dir, or runs/<config name>)");
   cmd->add_flag("--resume", args->resume, "Continue from the newest valid checkpoint of the run directory");
-  cmd->add_option("--steps", args->steps, "Train this many steps in total (overrides train.steps/epochs)");
-  cmd->add_option("--stop-after", args->stop_after,
+  auto* steps = cmd->add_option("--steps", args->steps,
+                                "Train this many steps in total (overrides train.steps/epochs)");
+  auto* stop_after = cmd->add_option("--stop-after", args->stop_after,
                   "Stop with a checkpoint after this many steps of this invocation; --resume continues");
   auto* seed = cmd->add_option("--seed", args->seed, "Override train.seed");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress bar or log lines");
@@ -115,7 +116,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--cluster", args->cluster,
                   "Plan over this probe file (default under mpirun: quick-probe the job)");
   cmd->add_option("--timeline", args->timeline, "Write one step's measured timeline here (Chrome trace JSON)");
-  cmd->callback([args, seed] {
+  cmd->callback([args, seed, steps, stop_after] {
     // Training runs on the devices it is started on; a synth: cluster describes others, so
     // a plan over it would give these ranks work sized for hardware they are not.
     if (args->cluster.rfind("synth:", 0) == 0)
@@ -129,11 +130,18 @@ void register_train(CLI::App& app) {
     opts.resume = args->resume;
     opts.quiet = args->quiet;
     opts.terminal = stdout_reaches_terminal();
-    if (args->steps) opts.steps = args->steps;
-    if (args->stop_after) opts.stop_after = args->stop_after;
+    // The flags are checked like the config itself: before any work starts.
+    if (steps->count() && args->steps < 1)
+      throw ht::config::ConfigError("--steps " + std::to_string(args->steps) +
+                                    " is out of range; expected at least 1");
+    if (stop_after->count() && args->stop_after < 1)
+      throw ht::config::ConfigError("--stop-after " + std::to_string(args->stop_after) +
+                                    " is out of range; expected at least 1 step");
+    if (steps->count()) opts.steps = args->steps;
+    if (stop_after->count()) opts.stop_after = args->stop_after;
+    opts.resume_hint = "continue with --resume";
     if (seed->count()) opts.seed = args->seed;
     if (!args->run_dir.empty()) opts.run_dir = args->run_dir;
-    // Overrides are checked like the config itself: before any work starts.
     try {
       ht::runtime::apply_overrides(cfg, opts);
     } catch (const ht::Error& e) {

@@ -23,13 +23,12 @@ int env_positive(const char* name) {
 }
 }  // namespace
 
-int resolve_thread_count(int requested) {
+int resolve_thread_count(int requested, int ranks_on_node) {
   if (requested > 0) return requested;
   if (int n = env_positive("OMP_NUM_THREADS")) return n;
   if (int n = env_positive("OPENBLAS_NUM_THREADS")) return n;
   int cores = static_cast<int>(std::thread::hardware_concurrency());
-  int local = env_positive("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (local > 1) cores /= local;
+  if (ranks_on_node > 1) cores /= ranks_on_node;
   return cores > 0 ? cores : 1;
 }
 

@@ -5,9 +5,9 @@
 namespace ht {
 
 // Resolution order: `requested` (> 0), then OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS,
-// then the node's cores divided by the ranks on the node (OMPI_COMM_WORLD_LOCAL_SIZE),
+// then the node's cores divided by `ranks_on_node` (comm::Communicator::local_size()),
 // at least 1.
-int resolve_thread_count(int requested = 0);
+int resolve_thread_count(int requested = 0, int ranks_on_node = 1);
 
 // Applies the count to OpenBLAS and to the engine's own parallel loops.
 void set_thread_count(int n);

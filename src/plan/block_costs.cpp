@@ -46,7 +46,7 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
       const auto& row = cluster.block_seconds[r];
       HT_CHECK(row.size() == blocks, "block_costs: the measured profile of rank ", r, " has ",
                row.size(), " blocks but the model has ", blocks,
-               " blocks; re-run `probe --model` for this model");
+               " blocks; expected a probe that profiled this model");
       for (size_t b = 0; b < blocks; ++b)
         HT_CHECK(std::isfinite(row[b]) && row[b] >= 0, "block_costs: measured seconds of rank ",
                  r, " block ", b, " is ", row[b], "; expected finite and >= 0");

@@ -206,7 +206,7 @@ std::string plan_to_json(const Plan& p) {
 Plan plan_from_json(const std::string& text_in, const std::string& source) {
   try {
     const Json j = parse_document(text_in, source);
-    expect_object(j, "(top level)", "a plan written by `hetrain plan --json`");
+    expect_object(j, "(top level)", "a plan file (hetrain-plan/1)");
     read_enum(at(j, "", "format"), "format", {kPlanFormat});
     Plan p;
     const Json& cfg = at(j, "", "config");
@@ -246,7 +246,7 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
 
 Plan read_plan(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw config::ConfigError(path + ": cannot be read; expected a plan file from `hetrain plan --json`");
+  if (!in) throw config::ConfigError(path + ": cannot be read; expected a plan file (hetrain-plan/1)");
   std::ostringstream s;
   s << in.rdbuf();
   return plan_from_json(s.str(), path);

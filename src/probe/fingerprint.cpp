@@ -224,7 +224,7 @@ ClusterFingerprint parse_cluster(const Json& j, const std::string& path,
 
 ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expected_world_size) {
   std::ifstream in(path);
-  if (!in) fail_at(path, "cannot be read; expected a cluster file written by `hetrain probe --json`");
+  if (!in) fail_at(path, "cannot be read; expected a cluster file (a probe's fingerprint)");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const Json j = parse_document(text, path);  // names the file itself
   try {

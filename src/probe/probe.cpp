@@ -70,7 +70,7 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
     me.emulation.insert(me.emulation.begin(), "CPU quota " + fmt("%.2f", me.cpu_quota.fraction) +
                                                   " of a core per " + fmt("%g", me.cpu_quota.period_s * 1e3) +
                                                   " ms (cgroup)");
-  me.threads = resolve_thread_count();
+  me.threads = resolve_thread_count(0, comm.local_size());
   set_thread_count(me.threads);
   me.host = read_host_info();
   me.memory_cap = cpu_backend().allocator().cap();

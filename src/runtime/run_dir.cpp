@@ -33,9 +33,9 @@ RunDir RunDir::open(const std::string& path, bool resume) {
   bool has_metrics = fs::exists(rd.file("metrics.jsonl"));
   bool has_checkpoints = !fs::is_empty(rd.checkpoints(), ec);
   const bool had_run = has_metrics || has_checkpoints || fs::exists(rd.file("summary.json"));
-  HT_CHECK(resume || !had_run, "run directory '", path,
-           "' already holds a run (", has_checkpoints ? "checkpoints" : "metrics",
-           "); pass --resume to continue it, or --run-dir to start a new one");
+  if (!resume && had_run)
+    fail_as<RunDirInUse>("run directory '", path, "' already holds a run (",
+                         has_checkpoints ? "checkpoints" : "metrics", ")");
   return rd;
 }
 

@@ -5,13 +5,22 @@
 
 #include <string>
 
+#include "core/error.h"
+
 namespace ht::runtime {
+
+// A new run refused because the directory holds an earlier one; the caller, which knows
+// how a user resumes or picks another directory, says so.
+class RunDirInUse : public Error {
+ public:
+  using Error::Error;
+};
 
 class RunDir {
  public:
   // Creates `path` (and parents) for a new run, or opens it to resume one. Throws
-  // naming the path and the reason when it cannot be created or written, or when a
-  // new run would overwrite an earlier one.
+  // naming the path and the reason when it cannot be created or written, and
+  // RunDirInUse when a new run would overwrite an earlier one.
   static RunDir open(const std::string& path, bool resume);
 
   const std::string& path() const { return path_; }

@@ -224,9 +224,9 @@ class Run {
         progress.finish();
         if (interrupted)
           fail_as<Interrupted>("interrupted at step ", done, " of ", total_steps_,
-                               "; a checkpoint was saved: continue with --resume");
+                               "; a checkpoint was saved", resume_hint());
         progress.note("stopped after " + std::to_string(done - start) + " steps at step " +
-                      std::to_string(done) + "; continue with --resume");
+                      std::to_string(done) + resume_hint());
         return {done, seconds_since(t0), cfg_.run.dir};
       }
     }
@@ -458,6 +458,8 @@ class Run {
   // Every rank loads its stage from the newest valid checkpoint; returns its step.
   int64_t restore(report::Progress& progress) {
     std::vector<std::string> skipped;
+  std::string resume_hint() const { return opts_.resume_hint.empty() ? "" : "; " + opts_.resume_hint; }
+
     std::optional<Checkpoint> loaded;
     {
       Allocator::HostStaging staging;
@@ -474,7 +476,7 @@ class Run {
     HT_CHECK(get("model") == cfg_.model.type, "checkpoint ", loaded->path, " holds a ",
              get("model"), " model but the config builds a ", cfg_.model.type, " model");
     HT_CHECK(get("seed") == std::to_string(cfg_.train.seed), "checkpoint ", loaded->path,
-             " was trained with seed ", get("seed"), " but the config (or --seed) says ",
+             " was trained with seed ", get("seed"), " but this run's train.seed is ",
              cfg_.train.seed, "; resuming with another seed would not continue the same run");
     std::vector<nn::NamedTensor> weights = model_.named_parameters();
     if (executor_->borrows_weights()) {  // the hub loads those it shares; they are checked here all the same
@@ -494,7 +496,7 @@ class Run {
     stream_base_ = get_int("sample_position") - step * cfg_.train.batch_size;
     HT_CHECK(step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step,
              ", past the configured ", total_steps_, " steps; expected at most ", total_steps_,
-             " (raise train.steps or --steps to train further)");
+             " (raise train.steps to train further)");
     progress.note("resuming " + cfg_.name + " from " + loaded->path + " at step " +
                   std::to_string(step) + " of " + std::to_string(total_steps_));
     return step;
@@ -523,11 +525,11 @@ class Run {
 
 void apply_overrides(config::Config& cfg, const TrainOptions& opts) {
   if (opts.steps) {
-    HT_CHECK(*opts.steps >= 1, "--steps ", *opts.steps, " is out of range; expected at least 1");
+    HT_CHECK(*opts.steps >= 1, "the steps override ", *opts.steps, " is out of range; expected at least 1");
     cfg.train.steps = *opts.steps;
     cfg.train.epochs.reset();
   }
-  HT_CHECK(!opts.stop_after || *opts.stop_after >= 1, "--stop-after ", opts.stop_after.value_or(0),
+  HT_CHECK(!opts.stop_after || *opts.stop_after >= 1, "stop_after ", opts.stop_after.value_or(0),
            " is out of range; expected at least 1 step");
   if (opts.seed) cfg.train.seed = *opts.seed;
   if (opts.run_dir) cfg.run.dir = *opts.run_dir;
@@ -546,7 +548,7 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
 }
 
 std::string evaluate_checkpoint(const config::Config& cfg, const std::string& path) {
-  set_thread_count(resolve_thread_count());
+  set_thread_count(resolve_thread_count(0, comm::world().local_size()));
   Checkpoint ckpt = read_checkpoint(path);
   std::unique_ptr<Task> task = make_task(cfg);
   nn::Sequential model = task->build_model(cfg.train.seed);

@@ -26,6 +26,9 @@ struct TrainOptions {
   // Stop (with a checkpoint) after this many steps of this invocation; the schedule
   // still spans the whole run, so --resume continues it as if never stopped.
   std::optional<int64_t> stop_after;
+  // How the caller continues a stopped run, appended to the messages that say one can
+  // ("continue with --resume" from the command line).
+  std::string resume_hint;
   std::string timeline;   // write one step's measured Chrome trace here (rank 0)
   std::string plan_json;  // the plan as a file, kept in the run directory as plan.json
   // Rebalances the shares every parallel.rebalance_every steps when set (a job that

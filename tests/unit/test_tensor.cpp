@@ -214,9 +214,7 @@ TEST_CASE("threads: explicit request, then OMP_NUM_THREADS, then OPENBLAS_NUM_TH
   setenv("OPENBLAS_NUM_THREADS", "2", 1);
   CHECK(resolve_thread_count() == 2);
   unsetenv("OPENBLAS_NUM_THREADS");
-  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1000", 1);
-  CHECK(resolve_thread_count() == 1);  // many ranks per node: never oversubscribe
-  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  CHECK(resolve_thread_count(0, 1000) == 1);  // many ranks per node: never oversubscribe
   setenv("OMP_NUM_THREADS", "lots", 1);
   CHECK_THROWS_WITH_AS(resolve_thread_count(), doctest::Contains("OMP_NUM_THREADS='lots'"),
                        Error);
