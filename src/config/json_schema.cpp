@@ -285,9 +285,15 @@ void walk(const Json& obj, const std::string& path, const std::vector<Field>& fi
 Json parse_document(const std::string& text, const std::string& source) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw ConfigError(source + ": the file is empty; expected a JSON object");
+  // nlohmann reads a NUL as the end of the input and would report a cut-short document.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    throw ConfigError(source + ": a NUL byte at byte " + std::to_string(nul) +
+                      "; expected JSON text");
   // nlohmann keeps the last of duplicate keys silently; a config that sets a key twice
   // is almost always an editing slip, so the parse callback tracks where it is (one
-  // frame per open object or array) and remembers the first duplicate.
+  // frame per open object or array) and remembers the first duplicate. The same frames
+  // bound the nesting: nlohmann parses iteratively, but dump() and copies recurse once
+  // per level, so a document nested 100,000 deep would overflow the stack later.
   struct Frame {
     bool array = false;
     size_t index = 0;  // elements begun so far (arrays)
@@ -302,6 +308,10 @@ Json parse_document(const std::string& text, const std::string& source) {
   auto callback = [&](int, Json::parse_event_t ev, Json& parsed) {
     using E = Json::parse_event_t;
     if (ev == E::object_start || ev == E::array_start) {
+      if (frames.size() >= kMaxJsonDepth)
+        throw ConfigError(source + ": JSON nesting reaches level " +
+                          std::to_string(frames.size() + 1) + "; expected at most " +
+                          std::to_string(kMaxJsonDepth) + " levels");
       begin_element();
       frames.push_back(Frame{ev == E::array_start, 0, {}, {}});
     } else if (ev == E::object_end || ev == E::array_end) {
@@ -323,12 +333,18 @@ Json parse_document(const std::string& text, const std::string& source) {
   Json doc;
   try {
     doc = Json::parse(text, callback);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
+    // parse_error (syntax, bad UTF-8) and out_of_range (a number too large for
+    // a double) alike. Drop nlohmann's "[json.exception.parse_error.101] " tag and cap
+    // the text: it quotes the offending token, which may be a 5,000-digit number.
     std::string reason = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " tag; keep its line/column.
     if (auto p = reason.find("] "); reason.rfind("[json.exception", 0) == 0 && p != reason.npos)
       reason = reason.substr(p + 2);
-    throw ConfigError(source + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
+    constexpr size_t kMaxReason = 160;
+    if (reason.size() > kMaxReason) reason = reason.substr(0, kMaxReason - 3) + "...";
+    const auto* pe = dynamic_cast<const Json::parse_error*>(&e);
+    throw ConfigError(source + ": invalid JSON" +
+                      (pe ? " at byte " + std::to_string(pe->byte) : std::string()) + ": " +
                       reason);
   }
   if (!duplicate.empty()) fail_at(duplicate, "duplicate key; expected each key once");

@@ -20,8 +20,13 @@ namespace ht::config::schema {
 // ordered_json keeps document order, so "the first problem" is the first in the file.
 using Json = nlohmann::ordered_json;
 
-// Parses text; a syntax error, an empty document or a duplicate key is a ConfigError
-// naming `source` (syntax errors also give nlohmann's line, column, byte and reason).
+// Deeper documents are refused: no hetrain file needs more than a handful of levels.
+inline constexpr size_t kMaxJsonDepth = 64;
+
+// Parses text; a syntax error, an empty document, a duplicate key, a number beyond a
+// double or nesting deeper than kMaxJsonDepth is a ConfigError naming `source` (syntax
+// errors also give nlohmann's line, column, byte and reason). Every JSON file hetrain
+// reads goes through here.
 Json parse_document(const std::string& text, const std::string& source);
 
 [[noreturn]] void fail_at(const std::string& path, const std::string& what);

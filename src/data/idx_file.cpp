@@ -45,12 +45,22 @@ std::vector<int64_t> check_idx(const std::vector<uint8_t>& bytes, uint32_t magic
   HT_CHECK(got == magic, path, ": wrong IDX magic number ", hex32(got), "; expected ",
            hex32(magic), " (uint8 ", kind, ", ", rank, " dimension", rank == 1 ? "" : "s", ")");
   std::vector<int64_t> dims(static_cast<size_t>(rank));
+  const uint64_t payload = bytes.size() - header;
+  // Three uint32 dimensions can multiply past 2^64 and wrap onto the payload's size;
+  // a product beyond the payload already tells the file is truncated.
   uint64_t expected = 1;
+  bool overflow = false;
   for (int i = 0; i < rank; ++i) {
     dims[static_cast<size_t>(i)] = read_be32(bytes.data() + 4 + 4 * i);
-    expected *= static_cast<uint64_t>(dims[static_cast<size_t>(i)]);
+    overflow = overflow || __builtin_mul_overflow(
+                               expected, static_cast<uint64_t>(dims[static_cast<size_t>(i)]), &expected);
   }
-  const uint64_t payload = bytes.size() - header;
+  if (overflow) {
+    std::string product;
+    for (int64_t d : dims) product += (product.empty() ? "" : " x ") + std::to_string(d);
+    fail(path, ": IDX header promises ", product, " bytes, more than 2^64; the payload holds ",
+         payload, " bytes (file is truncated or corrupt)");
+  }
   HT_CHECK(payload == expected, path, ": IDX payload holds ", payload,
            " bytes but the header promises ", expected, payload < expected
                ? " (file is truncated)" : " (extra bytes after the data)");

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/json_schema.h"
 #include "core/error.h"
 
 namespace ht::runtime::safetensors {
@@ -18,9 +19,10 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-using json = nlohmann::json;
-// ordered_json keeps the header in data order, which makes files easy to eyeball.
+// ordered_json keeps the header in data order, which makes files easy to eyeball; the
+// reader takes the same type from the one JSON reader every file goes through.
 using ordered_json = nlohmann::ordered_json;
+using json = config::schema::Json;
 
 constexpr const char* kMetadataKey = "__metadata__";
 
@@ -31,14 +33,19 @@ bool parse_dtype(const std::string& tag, DType& out) {
   return true;
 }
 
-// Byte size of a shape, or false when it overflows 64 bits.
+// Byte size of a shape, or false when the element count (zero dimensions aside) or
+// the byte size overflows int64: [0, 2^62, 2^62] holds no bytes, yet multiplying its
+// dimensions, as every later use of the shape does, would overflow.
 bool shape_bytes(const Shape& shape, DType dtype, uint64_t& out) {
-  out = 0;
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return true;
-  uint64_t bytes = dtype_size(dtype);
-  for (int64_t d : shape)
-    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) return false;
-  out = bytes;
+  int64_t count = 1;
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d == 0) empty = true;
+    else if (__builtin_mul_overflow(count, d, &count)) return false;
+  }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(count, static_cast<int64_t>(dtype_size(dtype)), &bytes)) return false;
+  out = empty ? 0 : static_cast<uint64_t>(bytes);
   return true;
 }
 
@@ -114,9 +121,9 @@ uint64_t decode_length(const unsigned char bytes[kLengthBytes]) {
 Header parse_header(std::string_view json_text, uint64_t data_bytes) {
   json h;
   try {
-    h = json::parse(json_text);
-  } catch (const json::parse_error& ex) {
-    fail("header is not valid JSON: ", ex.what());
+    h = config::schema::parse_document(std::string(json_text), "header");
+  } catch (const config::ConfigError& ex) {
+    fail(ex.what());  // the caller names the file; ConfigError would read as a config's
   }
   HT_CHECK(h.is_object(), "header is a JSON ", h.type_name(), "; expected an object");
 
