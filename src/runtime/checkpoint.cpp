@@ -49,6 +49,21 @@ struct Fd {
   }
 };
 
+// Where the 8 digits of the checksum start in the raw header text. The writer emits the
+// key once, unescaped and directly followed by its string value; a header with the
+// sequence twice (e.g. inside a tensor entry) or only in escaped form is not one it wrote.
+size_t crc_digits_at(const std::string& header) {
+  const std::string needle = std::string("\"") + kCrcKey + "\":\"";
+  const size_t at = header.find(needle);
+  HT_CHECK(at != std::string::npos && header.find(needle, at + 1) == std::string::npos,
+           "\"", kCrcKey, "\" appears ", at == std::string::npos ? "escaped or not at all" : "twice",
+           " in the header text; expected it once, as the writer puts it");
+  const size_t digits = at + needle.size();
+  HT_CHECK(digits + 9 <= header.size() && header[digits + 8] == '"', "\"", kCrcKey,
+           "\" in the header text is not followed by 8 digits and a closing quote");
+  return digits;
+}
+
 // The body of read_checkpoint; errors here describe the problem and the caller prefixes
 // the file name once.
 Checkpoint read_unprefixed(const std::string& path) {
@@ -76,21 +91,33 @@ Checkpoint read_unprefixed(const std::string& path) {
   auto fmt = h.metadata.find(kFormatKey);
   HT_CHECK(fmt != h.metadata.end(), "no \"", kFormatKey,
            "\" in __metadata__ (a safetensors file, but not a hetrain checkpoint)");
-  HT_CHECK(fmt->second == "1", kFormatKey, " is '", fmt->second, "'; this build reads format 1");
+  HT_CHECK(fmt->second != "1", kFormatKey, " is '1': written by an older hetrain whose checksum ",
+           "covers only the data, so its header (step, data position) cannot be verified; ",
+           "expected format ", kFormat, " (resume from a newer checkpoint or start afresh)");
+  HT_CHECK(fmt->second == kFormat, kFormatKey, " is '", fmt->second, "'; this build reads format ",
+           kFormat);
   auto crc_it = h.metadata.find(kCrcKey);
   HT_CHECK(crc_it != h.metadata.end(), "no \"", kCrcKey, "\" in __metadata__");
   uint32_t want = 0;
   const std::string& hex = crc_it->second;
   auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), want, 16);
-  HT_CHECK(ec == std::errc() && end == hex.data() + hex.size() && hex.size() == 8, kCrcKey,
-           " is '", hex, "'; expected 8 hex digits");
+  // Lowercase only, as written: "A" for "a" would change the file without changing the sum.
+  HT_CHECK(ec == std::errc() && end == hex.data() + hex.size() && hex.size() == 8 &&
+               hex.find_first_not_of("0123456789abcdef") == std::string::npos,
+           kCrcKey, " is '", hex, "'; expected 8 lowercase hex digits");
+  // The checksum covers the file as written with its own digits zeroed; find them in the
+  // raw header text, where the writer put them (the parsed header cannot say where).
+  const size_t at = crc_digits_at(text);
 
   std::vector<unsigned char> data(data_bytes);
   read_exact(f.fd, st::kLengthBytes + n, data.data(), data.size(), "tensor data");
-  const uint32_t got = crc32_update(0, data.data(),
-                                  data.size());
+  std::string zeroed = text;
+  zeroed.replace(at, 8, crc32_hex(0));
+  uint32_t got = crc32_update(0, len, sizeof len);
+  got = crc32_update(got, zeroed.data(), zeroed.size());
+  got = crc32_update(got, data.data(), data.size());
   HT_CHECK(got == want, "checksum mismatch: the header records crc32 ", crc32_hex(want),
-           ", the data has ", crc32_hex(got), " (the file is corrupt)");
+           ", the file has ", crc32_hex(got), " (the header or the data is corrupt)");
 
   Checkpoint ck;
   ck.path = path;
@@ -136,17 +163,18 @@ void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor
     offset += bytes;
   }
 
-  // The CRC goes in the header but covers the data that follows it, so the header is
-  // written with a placeholder of the same width and rewritten at the end. This streams
-  // one tensor at a time instead of holding a host copy of the whole model.
+  // The CRC goes in the header but covers the whole file with its own digits zeroed, so
+  // the header is written with zeros in their place (that is what is summed) and
+  // rewritten at the end. This streams one tensor at a time instead of holding a host
+  // copy of the whole model.
   std::map<std::string, std::string> meta = metadata;
-  meta.insert_or_assign(kFormatKey, std::string("1"));  // not operator=: GCC 12 -Wrestrict false positive
+  meta.insert_or_assign(kFormatKey, std::string(kFormat));  // not operator=: GCC 12 -Wrestrict false positive
   meta[kCrcKey] = crc32_hex(0);
   const std::string placeholder = st::encode_header(entries, meta);
 
   AtomicFile out(path, "checkpoint");
   out.write(placeholder.data(), placeholder.size());
-  uint32_t crc = 0;
+  uint32_t crc = crc32_update(0, placeholder.data(), placeholder.size());
   for (const auto& [name, t] : tensors) {
     if (t.numel() == 0) continue;
     if (t.dtype() == DType::f32) {

@@ -1,6 +1,6 @@
 // Checkpoints: named tensors plus string metadata in one safetensors file (so other
-// tools can read the weights), guarded by a CRC-32 of the data section and written
-// atomically. Callers put their own state (step, config hash, RNG state, sampler
+// tools can read the weights), guarded by a CRC-32 of the whole file (length field,
+// header with its tensor table and metadata, data) and written atomically. Callers put their own state (step, config hash, RNG state, sampler
 // position, ...) in the metadata as text.
 #pragma once
 
@@ -14,8 +14,13 @@
 namespace ht::runtime {
 
 // Reserved __metadata__ keys that the writer sets and the reader verifies and removes.
-inline constexpr const char* kCrcKey = "hetrain.crc32";    // 8 lowercase hex digits
-inline constexpr const char* kFormatKey = "hetrain.format";  // "1"
+// kCrcKey: 8 lowercase hex digits, the zlib CRC-32 of the file's bytes as written with
+// these 8 digits replaced by "00000000". A verifier outside hetrain finds the one
+// occurrence of "hetrain.crc32":" in the header text, zeroes the digits after it and
+// sums the file. Format "1" summed only the data section; it is refused.
+inline constexpr const char* kCrcKey = "hetrain.crc32";
+inline constexpr const char* kFormatKey = "hetrain.format";
+inline constexpr const char* kFormat = "2";
 
 struct Checkpoint {
   std::string path;                              // where it was read from

@@ -1,5 +1,6 @@
 #include "runtime/trainer.h"
 
+#include <charconv>
 #include <csignal>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "core/stats.h"
 #include "core/threads.h"
 #include "core/wall_time.h"
+#include "data/image_dataset.h"
 #include "optim/lr_schedule.h"
 #include "report/metrics_log.h"
 #include "report/progress.h"
@@ -426,7 +428,20 @@ class Run {
         {"total_steps", std::to_string(total_steps_)},
         {"seed", std::to_string(cfg_.train.seed)},
         // The data stream is a pure function of (seed, position): this is its state.
-        {"sample_position", std::to_string(stream_base_ + step * cfg_.train.batch_size)}};
+        {"sample_position", std::to_string(stream_base_ + step * cfg_.train.batch_size)},
+        // What a reader outside hetrain needs to rebuild the model and feed it as training did.
+        {"model_config", json::parse(config::to_json(cfg_))["model"].dump()}};
+    if (cfg_.data.dataset == "fashion_mnist") {
+      // As the float was written (0.286), not its double expansion (0.28600001335144043).
+      auto shortest = [](float f) {
+        char b[32];
+        return std::strtod(std::string(b, std::to_chars(b, b + sizeof b, f).ptr).c_str(), nullptr);
+      };
+      m["input_normalization"] = json{{"input", "pixel / 255"},
+                                      {"mean", shortest(data::kFashionMnistMean)},
+                                      {"std", shortest(data::kFashionMnistStd)},
+                                      {"normalized", "(input - mean) / std"}}.dump();
+    }
     // Dropout streams live with each stage's blocks: replica 0's ranks report theirs.
     json mine = json::object();
     if (executor_->replica() == 0)

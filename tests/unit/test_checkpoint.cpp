@@ -7,6 +7,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -122,11 +124,18 @@ TEST_CASE("checkpoint: f32 and i32 tensors of several shapes and metadata round-
   nlohmann::json h = nlohmann::json::parse(file.substr(8, n));
   REQUIRE(h.is_object());
   CHECK(h["__metadata__"]["step"] == "42");
-  CHECK(h["__metadata__"]["hetrain.format"] == "1");
+  CHECK(h["__metadata__"]["hetrain.format"] == "2");
+  // The checksum as an outside verifier computes it: zlib's CRC-32 of the whole file
+  // with the recorded digits replaced by zeros.
+  const std::string recorded = h["__metadata__"]["hetrain.crc32"];
+  const size_t at = file.find("\"hetrain.crc32\":\"" + recorded + "\"");
+  REQUIRE(at != std::string::npos);
+  std::string zeroed = file;
+  zeroed.replace(at + 17, 8, "00000000");
   char crc[9];
   std::snprintf(crc, sizeof crc, "%08lx",
-                ::crc32(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
-  CHECK(h["__metadata__"]["hetrain.crc32"] == crc);
+                ::crc32(0, reinterpret_cast<const Bytef*>(zeroed.data()), static_cast<uInt>(zeroed.size())));
+  CHECK(recorded == crc);
   uint64_t expect_begin = 0;
   for (const auto& [name, t] : tensors) {  // stored in the given order, back to back
     CAPTURE(name);
@@ -188,7 +197,7 @@ TEST_CASE("checkpoint: corrupt files fail with an error naming the file and the 
 
   std::string json_broken = bytes;
   json_broken[8] = '[';
-  check_bad(json_broken, "header is not valid JSON");
+  check_bad(json_broken, "header: invalid JSON at byte");
 
   std::string too_long = bytes;
   too_long[0] = static_cast<char>(0xff);  // N grows by 255 - (N & 0xff): past the file end
@@ -213,6 +222,19 @@ TEST_CASE("checkpoint: corrupt files fail with an error naming the file and the 
             "tensor 'w' has shape entry -1");
   check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})", data),
             "no \"hetrain.format\"");  // valid safetensors, but no checksum to verify
+  check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[6],"data_offsets":[0,24]},"w":{}})", data),
+            "w: duplicate key");
+  check_bad(raw_file(std::string(100'000, '[') + std::string(100'000, ']'), data),
+            "header: JSON nesting reaches level 65; expected at most 64 levels");
+  check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[)" + std::string(5000, '9') +
+                         R"(],"data_offsets":[0,24]}})", data),
+            "header: invalid JSON: number overflow");
+  // Zero elements, but a product of the other dimensions past int64.
+  check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", ""),
+            "tensor 'w' has shape [0, 4294967296, 4294967296] whose size overflows");
+  check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[6],"data_offsets":[0,24]},)"
+                     R"("__metadata__":{"hetrain.format":"1","hetrain.crc32":"00000000"}})", data),
+            "hetrain.format is '1': written by an older hetrain");
 
   CHECK_THROWS_WITH_AS(read_checkpoint(tmp / "missing.safetensors"),
                        contains("missing.safetensors: cannot open: No such file"), Error);
@@ -251,6 +273,52 @@ TEST_CASE("checkpoint dir: keeps the newest K and never touches other files") {
   CHECK(files[0].step == 3);
   CHECK(files[1].step == 5);
   CHECK_THROWS_WITH_AS(CheckpointDir(tmp.path, 0), contains("expected at least 1"), Error);
+}
+
+TEST_CASE("checkpoint: a changed byte anywhere in the header fails the read") {
+  TempDir tmp;
+  const std::string good = tmp / "good.safetensors";
+  write_checkpoint(good, small_model(), {{"step", "10"}, {"sample_position", "640"}});
+  const std::string bytes = slurp(good);
+  const uint64_t n = header_length(bytes);
+  const std::string bad = tmp / "bad.safetensors";
+  // The length field, the tensor table, the metadata (step, data position, the checksum
+  // itself) and the padding: a bit flipped anywhere there is caught, by the JSON parser,
+  // the table's checks or the checksum.
+  size_t cases = 0;
+  for (size_t i = 0; i < 8 + n; ++i)
+    for (unsigned char mask : {0x01, 0x20, 0x80}) {
+      std::string flipped = bytes;
+      flipped[i] = static_cast<char>(flipped[i] ^ mask);
+      spit(bad, flipped);
+      CAPTURE(i);
+      CAPTURE(static_cast<int>(mask));
+      CHECK_THROWS_AS(read_checkpoint(bad), Error);
+      ++cases;
+    }
+  CHECK(cases == 3 * (8 + n));
+  // A change that leaves valid JSON and a consistent table is the checksum's to catch.
+  std::string step = bytes;
+  step.replace(step.find("\"step\":\"10\""), 11, "\"step\":\"11\"");
+  spit(bad, step);
+  CHECK_THROWS_WITH_AS(read_checkpoint(bad), contains("checksum mismatch"), Error);
+}
+
+TEST_CASE("checkpoint dir: a header-corrupted newest checkpoint falls back to the previous one") {
+  TempDir tmp;
+  CheckpointDir dir(tmp / "checkpoints", 5);
+  for (int64_t step : {10, 20})
+    dir.save(step, small_model(static_cast<float>(step)),
+             {{"step", std::to_string(step)}, {"sample_position", std::to_string(step * 64)}});
+  std::string s20 = slurp(dir.path_for(20));
+  s20.replace(s20.find("\"sample_position\":\"1280\""), 24, "\"sample_position\":\"1216\"");
+  spit(dir.path_for(20), s20);
+  std::vector<std::string> skipped;
+  std::optional<Checkpoint> c = dir.load_newest_valid(skipped);
+  REQUIRE(c.has_value());
+  CHECK(c->metadata.at("step") == "10");
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0].find(dir.path_for(20) + ": checksum mismatch") != std::string::npos);
 }
 
 TEST_CASE("checkpoint dir: a corrupt newest checkpoint falls back to the previous one") {
@@ -330,13 +398,29 @@ TEST_CASE("checkpoint: a full disk (EFBIG) leaves the previous checkpoints byte-
   CHECK(read_checkpoint(dir.path_for(20)).tensors.at("w").to_vector() == iota(6, 20.f));
 }
 
-TEST_CASE("checkpoint: an unwritable directory fails cleanly") {
+TEST_CASE("checkpoint: a path under a file fails cleanly") {
   TempDir tmp;
-  // Always available: the parent of the path is a file.
   spit(tmp / "file", "x");
   CHECK_THROWS_WITH_AS(write_checkpoint(tmp / "file/c.safetensors", small_model(), {}),
                        contains("file/c.safetensors: Not a directory"), Error);
+}
 
+// Root ignores directory permissions, so as root the attempt runs with the effective uid
+// dropped to "nobody" (the real uid stays 0, so it can be restored). Where that is not
+// allowed the case cannot run: the process exits 77 and meson's `unit-permissions`
+// test reports SKIP. It is checked before anything is created, since exit() skips the
+// temporary directory's cleanup.
+TEST_CASE("checkpoint: an unwritable directory fails cleanly" * doctest::test_suite("needs-permission-drop")) {
+  const bool root = ::geteuid() == 0;
+  if (root) {
+    if (::seteuid(65534) != 0) {
+      std::printf("SKIP: running as root and seteuid(nobody) is refused: %s\n", std::strerror(errno));
+      std::fflush(stdout);
+      std::exit(77);
+    }
+    REQUIRE(::seteuid(0) == 0);
+  }
+  TempDir tmp;
   const std::string dir = tmp / "ro";
   fs::create_directory(dir);
   const std::string path = dir + "/c.safetensors";
@@ -344,13 +428,7 @@ TEST_CASE("checkpoint: an unwritable directory fails cleanly") {
   const std::string before = slurp(path);
   fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec);  // 0500
 
-  // Root ignores directory permissions. Then drop the effective uid to "nobody" for the
-  // attempt (the real uid stays 0, so it can be restored); skip visibly if that fails.
-  const bool root = ::geteuid() == 0;
-  if (root && ::seteuid(65534) != 0) {
-    MESSAGE("skipped the permission check: running as root and seteuid(nobody) failed");
-    return;
-  }
+  if (root) REQUIRE(::seteuid(65534) == 0);
   std::string error;
   try {
     write_checkpoint(path, small_model(2.f), {});
