@@ -1,0 +1,404 @@
+#include "tests/unit/fuzz_readers.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+#include "config/config.h"
+#include "core/crc32.h"
+#include "core/error.h"
+#include "data/idx_file.h"
+#include "models/models.h"
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/plan_json.h"
+#include "plan/planner.h"
+#include "probe/fingerprint.h"
+#include "runtime/checkpoint.h"
+#include "tensor/tensor.h"
+
+namespace ht::fuzz {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("fuzz: cannot read the seed file " + path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("fuzz: cannot write the scratch file " + path);
+}
+
+// configs/ of the source tree: the catalogue path the build bakes in sits there.
+fs::path configs_dir() { return fs::path(plan::default_catalogue_path()).parent_path(); }
+
+// splitmix64: tiny, and the same sequence on every machine.
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  size_t below(size_t n) { return n == 0 ? 0 : static_cast<size_t>(next() % n); }
+};
+
+uint64_t hash_name(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+const std::string& digits_5000() {
+  static const std::string d = "1" + std::string(4999, '7');
+  return d;
+}
+
+// Numbers at the edges of what a reader converts: past int64, uint64 and double, negative
+// where sizes are expected, and the 5,000-digit one.
+std::vector<std::string> edge_numbers() {
+  return {"0", "-1", "-0", "1e999", "-1e999", "1e-999", "2147483647", "2147483648", "1000000000",
+          "4294967295", "4294967296",
+          "9223372036854775807", "9223372036854775808", "-9223372036854775809",
+          "18446744073709551615", "18446744073709551616", "1.5", "NaN", "0x10", digits_5000(),
+          "-" + digits_5000(), "0." + digits_5000(), "1e" + digits_5000()};
+}
+
+std::vector<std::string> tokens() {
+  std::vector<std::string> t = {std::string(1, '\0'), "[", "]", "{", "}", "\"", ",", ":", "\\",
+                                "\\u0000", "\\ud800", "\xff", "\xc3", "\xe2\x82", "null", "true",
+                                "[]", "{}", "\"\"", "-", "\"__metadata__\":{},", "\n"};
+  for (const std::string& n : edge_numbers()) t.push_back(n);
+  return t;
+}
+
+// Replaces the `which`-th run of digits (mod their count) with `with`.
+std::string replace_number(const std::string& s, size_t which, const std::string& with) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < s.size();) {
+    if (s[i] >= '0' && s[i] <= '9') {
+      size_t j = i;
+      while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
+      runs.emplace_back(i, j - i);
+      i = j;
+    } else {
+      ++i;
+    }
+  }
+  if (runs.empty()) return s + with;
+  const auto [at, len] = runs[which % runs.size()];
+  std::string out = s;
+  out.replace(at, len, with);
+  return out;
+}
+
+// Little-endian bytes of v, `width` of them.
+std::string le_bytes(uint64_t v, size_t width) {
+  std::string b(width, '\0');
+  for (size_t i = 0; i < width; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return b;
+}
+
+std::vector<uint64_t> edge_integers(uint64_t size) {
+  return {0, 1, 7, 8, size - 9, size - 8, size - 1, size, size + 1, 0x7fffffff, 0x80000000,
+          0xffffffff, 100'000'000, 100'000'001, uint64_t{1} << 40, 0x7fffffffffffffff,
+          0x8000000000000000, ~uint64_t{0}};
+}
+
+// One mutation of `s`.
+void mutate_once(std::string& s, Rng& rng, bool json) {
+  const size_t n = s.size();
+  switch (rng.below(json ? 9 : 8)) {
+    case 0: {  // flip bits in a few bytes
+      const size_t k = 1 + rng.below(4);
+      for (size_t i = 0; i < k && n; ++i) s[rng.below(n)] ^= static_cast<char>(1 + rng.below(255));
+      break;
+    }
+    case 1: {  // a byte set to a structural or hostile value
+      static const char special[] = {'\0', '\xff', '"', '[', '{', '}', ']', ',', ':', '\\', '-', '0', '9', ' '};
+      if (n) s[rng.below(n)] = special[rng.below(sizeof special)];
+      break;
+    }
+    case 2:  // truncation
+      s.resize(rng.below(n + 1));
+      break;
+    case 3: {  // an inserted token
+      const auto t = tokens();
+      s.insert(rng.below(n + 1), t[rng.below(t.size())]);
+      break;
+    }
+    case 4: {  // a range deleted
+      const size_t at = rng.below(n + 1);
+      s.erase(at, 1 + rng.below(64));
+      break;
+    }
+    case 5: {  // a range copied elsewhere (duplicates keys, entries, brackets)
+      if (!n) break;
+      const size_t from = rng.below(n), len = 1 + rng.below(std::min<size_t>(256, n - from));
+      s.insert(rng.below(n + 1), s.substr(from, len));
+      break;
+    }
+    case 6: {  // a number replaced by an edge value
+      const auto e = edge_numbers();
+      s = replace_number(s, rng.below(1 << 16), e[rng.below(e.size())]);
+      break;
+    }
+    case 7: {  // an integer field overwritten in place (length fields, IDX dimensions)
+      if (n < 4) break;
+      const size_t width = rng.below(2) ? 4 : std::min<size_t>(8, n);
+      const size_t at = rng.below(std::min<size_t>(n - width + 1, 32));  // headers sit up front
+      const auto e = edge_integers(n);
+      std::string b = le_bytes(e[rng.below(e.size())], width);
+      if (rng.below(2)) std::reverse(b.begin(), b.end());  // IDX is big-endian
+      s.replace(at, width, b);
+      break;
+    }
+    case 8: {  // deep nesting spliced in
+      const size_t depth = rng.below(2) ? 100'000 : 40 + rng.below(60);
+      const std::string open = rng.below(2) ? "[" : "{\"k\":";
+      std::string nest;
+      nest.reserve(depth * open.size() + depth);
+      for (size_t i = 0; i < depth; ++i) nest += open;
+      nest += "0";
+      nest.append(depth, open == "[" ? ']' : '}');
+      s.insert(rng.below(n + 1), nest);
+      break;
+    }
+  }
+}
+
+// The offset of the checksum digits in a checkpoint file, or npos.
+size_t crc_digits(const std::string& file) {
+  const std::string needle = std::string("\"") + runtime::kCrcKey + "\":\"";
+  const size_t at = file.find(needle);
+  if (at == std::string::npos || file.find(needle, at + 1) != std::string::npos) return std::string::npos;
+  const size_t d = at + needle.size();
+  return d + 8 <= file.size() ? d : std::string::npos;
+}
+
+// What the writer would have stamped: CRC-32 of the file with the digits zeroed.
+std::string restamp(std::string file) {
+  const size_t d = crc_digits(file);
+  if (d == std::string::npos) return file;
+  file.replace(d, 8, "00000000");
+  file.replace(d, 8, crc32_hex(crc32_update(0, file.data(), file.size())));
+  return file;
+}
+
+std::string gzip_bytes(const std::string& raw, const std::string& scratch) {
+  gzFile f = gzopen(scratch.c_str(), "wb");
+  if (!f || gzwrite(f, raw.data(), static_cast<unsigned>(raw.size())) != static_cast<int>(raw.size()) ||
+      gzclose(f) != Z_OK)
+    throw std::runtime_error("fuzz: cannot gzip the IDX seed");
+  return slurp(scratch);
+}
+
+// A tiny IDX images file: 3 images of 28x28, a different value per pixel.
+std::string idx_images_seed() {
+  std::string b = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 28, 0, 0, 0, 28};
+  for (int i = 0; i < 3 * 28 * 28; ++i) b.push_back(static_cast<char>(i % 251));
+  return b;
+}
+
+std::string idx_labels_seed() {
+  std::string b = {0, 0, 8, 1, 0, 0, 0, 5};
+  for (char l : {1, 0, 9, 3, 3}) b.push_back(l);
+  return b;
+}
+
+// A probe file of two ranks, one with a GPU and a CPU quota, with block timings.
+std::string cluster_seed() {
+  probe::ClusterFingerprint c;
+  for (int i = 0; i < 2; ++i) {
+    probe::RankFingerprint r;
+    r.rank = i;
+    r.host.host = "h";
+    r.host.cpu_model = "cpu";
+    r.host.physical_cores = 2;
+    r.host.hardware_threads = 2;
+    r.host.memory_total = 1 << 30;
+    r.host.memory_available = 1 << 29;
+    r.rates = {100.0 / (i + 1), 1024, 10.0};
+    r.blocks = {{"dense_relu", 1e-5, 3e-6, 2e-4}};
+    if (i == 0) r.cpu_quota = {0.25, 0.01};
+    if (i == 1) {
+      probe::GpuInfo g;
+      g.name = "NVIDIA H200";
+      g.compute_major = 9;
+      g.sm_count = 132;
+      g.memory_total = 141ull << 30;
+      g.memory_free = 140ull << 30;
+      g.host_to_device_gb_s = 50.5;
+      r.host.gpus.push_back(g);
+    }
+    c.ranks.push_back(r);
+  }
+  c.links.latency_s = {{0, 1e-6}, {1e-6, 0}};
+  c.links.bandwidth_bytes_per_s = {{0, 5e9}, {5e9, 0}};
+  return probe::cluster_to_json(c);
+}
+
+// A planner plan: the CNN over a GPU and two CPUs forced data-parallel, so every rank
+// has a share and a schedule.
+std::string plan_seed() {
+  plan::PlannerInput in;
+  in.cluster = plan::cluster_from_synth("synth:1xrtx4090,2xcpu-16c", plan::default_catalogue_path());
+  const nn::Sequential model = models::build_cnn({}, 1);
+  in.costs = plan::block_costs(model, in.cluster, config::OptimizerConfig{});
+  in.global_batch = 64;
+  in.strategy = config::ParallelStrategy::data;
+  return plan::plan_to_json(plan::make_plan(in));
+}
+
+std::string checkpoint_seed(const std::string& scratch) {
+  runtime::write_checkpoint(scratch,
+                            {{"model.w", Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3})},
+                             {"model.ids", Tensor::from_ints({7, 8}, {2})},
+                             {"model.empty", Tensor::from_vector({}, {0, 4})},
+                             {"optim.m", Tensor::from_vector({0.5f, -0.5f}, {2})}},
+                            {{"step", "10"}, {"sample_position", "640"}, {"note", "caf\xc3\xa9"}});
+  return slurp(scratch);
+}
+
+}  // namespace
+
+std::vector<Reader> all_readers(const std::string& scratch_dir) {
+  const std::string dir = scratch_dir + "/";
+  const std::string catalogue = plan::default_catalogue_path();
+  auto through_file = [](std::string path, std::function<void(const std::string&)> read) {
+    return [path, read](const std::string& bytes) {
+      spit(path, bytes);
+      read(path);
+    };
+  };
+  auto as_is = [](std::string b, uint64_t) { return b; };
+  std::vector<Reader> r;
+  for (const char* name : {"fashion_mnist_mlp", "text_gpt_tiny"})
+    r.push_back({std::string("config-") + name, slurp(configs_dir() / (std::string(name) + ".json")), true,
+                 through_file(dir + "config.json", [](const std::string& p) { config::load_config(p); }),
+                 as_is});
+  r.push_back({"cluster", cluster_seed(), true,
+               through_file(dir + "cluster.json",
+                            [catalogue](const std::string& p) { plan::load_cluster_model(p, catalogue); }),
+               as_is});
+  r.push_back({"plan", plan_seed(), true,
+               through_file(dir + "plan.json", [](const std::string& p) { plan::read_plan(p); }), as_is});
+  r.push_back({"catalogue", slurp(catalogue), true,
+               through_file(dir + "devices.json", [](const std::string& p) { plan::read_catalogue(p); }),
+               as_is});
+  r.push_back({"idx-images", idx_images_seed(), false,
+               [](const std::string& b) {
+                 data::parse_idx_images(std::vector<uint8_t>(b.begin(), b.end()), "images.idx");
+               },
+               as_is});
+  r.push_back({"idx-labels", idx_labels_seed(), false,
+               [](const std::string& b) {
+                 data::parse_idx_labels(std::vector<uint8_t>(b.begin(), b.end()), "labels.idx");
+               },
+               as_is});
+  r.push_back({"idx-gzip", gzip_bytes(idx_images_seed(), dir + "seed.gz"), false,
+               through_file(dir + "images.gz", [](const std::string& p) { data::read_idx_images(p); }),
+               as_is});
+  // Every other case gets a valid checksum again, so that the mutation is judged by the
+  // checks after it (tensor table, offsets, shapes) rather than always by the checksum.
+  r.push_back({"checkpoint", checkpoint_seed(dir + "seed.safetensors"), false,
+               through_file(dir + "ckpt.safetensors",
+                            [](const std::string& p) { runtime::read_checkpoint(p); }),
+               [](std::string b, uint64_t i) { return i % 2 ? restamp(std::move(b)) : b; }});
+  return r;
+}
+
+std::vector<std::string> fixed_cases(const Reader& r, size_t max_truncations) {
+  const std::string& s = r.seed;
+  std::vector<std::string> c = {"", std::string(1, '\0'), std::string(s.size(), '\0'), s + '\0',
+                                std::string(1, '\0') + s};
+  // Truncation at every byte, or at evenly spaced ones plus the first and last 64.
+  const size_t n = s.size();
+  if (n <= max_truncations) {
+    for (size_t i = 0; i < n; ++i) c.push_back(s.substr(0, i));
+  } else {
+    for (size_t i = 0; i < 64; ++i) c.push_back(s.substr(0, i)), c.push_back(s.substr(0, n - 1 - i));
+    for (size_t k = 0; k < max_truncations; ++k) c.push_back(s.substr(0, k * n / max_truncations));
+  }
+  // NULs spread through the file.
+  for (size_t k = 0; k < 64; ++k) {
+    std::string t = s;
+    if (!t.empty()) t[k * t.size() / 64] = '\0';
+    c.push_back(t);
+  }
+  if (r.json) {
+    c.push_back(std::string(100'000, '[') + std::string(100'000, ']'));
+    std::string objects;
+    for (int i = 0; i < 100'000; ++i) objects += "{\"a\":";
+    c.push_back(objects + "1" + std::string(100'000, '}'));
+    c.push_back(std::string(100'000, '['));  // unclosed
+    // A deep value where the first key's value was, and just past the limit.
+    for (size_t depth : {size_t{64}, size_t{65}, size_t{100'000}}) {
+      std::string t = s;
+      const size_t colon = t.find(':');
+      if (colon != std::string::npos)
+        t.insert(colon + 1, std::string(depth, '[') + "1" + std::string(depth, ']') + ",\"x\":");
+      c.push_back(t);
+    }
+    // Each of the first 32 numbers replaced by every edge value.
+    for (size_t which = 0; which < 32; ++which)
+      for (const std::string& e : edge_numbers()) c.push_back(replace_number(s, which, e));
+  } else {
+    // Leading length or dimension fields set to edge values, both byte orders.
+    for (size_t width : {size_t{4}, size_t{8}})
+      for (size_t at = 0; at + width <= std::min<size_t>(n, 24); at += 4)
+        for (uint64_t v : edge_integers(n)) {
+          std::string le = le_bytes(v, width), be(le.rbegin(), le.rend());
+          for (const std::string& b : {le, be}) {
+            std::string t = s;
+            t.replace(at, width, b);
+            c.push_back(t);
+          }
+        }
+    // Numbers inside a text header (the safetensors table): offsets, shapes, lengths.
+    if (s.find('{') != std::string::npos)
+      for (size_t which = 0; which < 48; ++which)
+        for (const std::string& e : edge_numbers()) c.push_back(replace_number(s, which, e));
+  }
+  for (size_t i = 0; i < c.size(); ++i) c[i] = r.finish(std::move(c[i]), i);
+  return c;
+}
+
+std::string random_case(const Reader& r, uint64_t index) {
+  Rng rng{hash_name(r.name) ^ (index * 0xD1B54A32D192ED03ull)};
+  std::string s = r.seed;
+  const size_t ops = 1 + rng.below(4);
+  for (size_t i = 0; i < ops; ++i) mutate_once(s, rng, r.json);
+  return r.finish(std::move(s), index);
+}
+
+Result run_case(const Reader& r, const std::string& bytes) {
+  try {
+    r.read(bytes);
+    return {Outcome::parsed, ""};
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    if (m.empty()) return {Outcome::bad, "an ht::Error with an empty message"};
+    if (m.find('\n') != std::string::npos) return {Outcome::bad, "a message of several lines: " + m};
+    if (m.size() > kMaxMessage)
+      return {Outcome::bad, "a message of " + std::to_string(m.size()) + " characters: " + m.substr(0, 300)};
+    return {Outcome::rejected, m};
+  } catch (const std::exception& e) {
+    return {Outcome::bad, std::string("not an ht::Error: ") + e.what()};
+  } catch (...) {
+    return {Outcome::bad, "a non-standard exception"};
+  }
+}
+
+}  // namespace ht::fuzz

@@ -1,0 +1,79 @@
+// Every file reader against a fixed corpus of malformed versions of a valid file (see
+// fuzz_readers.h): each case parses or throws ht::Error with a one-line message; no
+// other exception, no crash. tools/fuzz_readers.cpp runs the same mutators for longer.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/unit/fuzz_readers.h"
+
+using namespace ht::fuzz;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Scratch {
+  std::string path;
+  Scratch() {
+    std::string tmpl = (fs::temp_directory_path() / "ht-fuzz-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Enough to hit every mutator many times per reader while keeping the suite fast.
+constexpr uint64_t kRandomCases = 400;
+constexpr size_t kMaxTruncations = 600;
+
+// Built once: the plan's seed runs the planner.
+struct Corpus {
+  Scratch scratch;
+  std::vector<Reader> readers = all_readers(scratch.path);
+};
+
+void fuzz(const std::string& name) {
+  static Corpus corpus;
+  const Reader* r = nullptr;
+  for (const Reader& x : corpus.readers)
+    if (x.name == name) r = &x;
+  REQUIRE(r != nullptr);
+  // The seed is valid: otherwise every case would be rejected for the seed's own fault.
+  const Result seed = run_case(*r, r->finish(r->seed, 1));
+  REQUIRE_MESSAGE(seed.outcome == Outcome::parsed, seed.message);
+
+  std::vector<std::string> cases = fixed_cases(*r, kMaxTruncations);
+  for (uint64_t i = 0; i < kRandomCases; ++i) cases.push_back(random_case(*r, i));
+  size_t parsed = 0, rejected = 0, bad = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Result res = run_case(*r, cases[i]);
+    if (res.outcome == Outcome::parsed) ++parsed;
+    if (res.outcome == Outcome::rejected) ++rejected;
+    if (res.outcome == Outcome::bad && ++bad <= 5) {
+      const size_t fixed = cases.size() - kRandomCases;
+      CAPTURE(i < fixed ? "fixed case " + std::to_string(i) : "random case " + std::to_string(i - fixed));
+      FAIL_CHECK(res.message);
+    }
+  }
+  MESSAGE(name, ": ", cases.size(), " cases, ", parsed, " parsed, ", rejected, " rejected, ", bad, " bad");
+  CHECK(bad == 0);
+  // Truncation alone guarantees rejections; none would mean the reader was never reached.
+  CHECK(rejected > cases.size() / 4);
+}
+
+}  // namespace
+
+TEST_CASE("fuzz: config reader (MLP config)") { fuzz("config-fashion_mnist_mlp"); }
+TEST_CASE("fuzz: config reader (GPT config)") { fuzz("config-text_gpt_tiny"); }
+TEST_CASE("fuzz: cluster file reader") { fuzz("cluster"); }
+TEST_CASE("fuzz: plan file reader") { fuzz("plan"); }
+TEST_CASE("fuzz: device catalogue reader") { fuzz("catalogue"); }
+TEST_CASE("fuzz: IDX images") { fuzz("idx-images"); }
+TEST_CASE("fuzz: IDX labels") { fuzz("idx-labels"); }
+TEST_CASE("fuzz: gzipped IDX file") { fuzz("idx-gzip"); }
+TEST_CASE("fuzz: checkpoint (safetensors) reader") { fuzz("checkpoint"); }
