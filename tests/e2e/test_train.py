@@ -194,6 +194,28 @@ def main():
         check("corrupt newest checkpoint: the final result is still exact",
               filecmp.cmp(ckpt(full, 20), ckpt(corrupt, 20), shallow=False))
 
+        # A changed step/data position in the newest header: caught by the checksum, which
+        # covers the header, and the previous checkpoint is used; the result is still exact.
+        header = os.path.join(tmp, "mlp-header")
+        r = run(["train", path, "--run-dir", header, "--quiet", "--stop-after", "10"])
+        with open(ckpt(header, 10), "rb") as f:
+            data = f.read()
+        n = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8:8 + n])["__metadata__"]
+        norm = json.loads(meta.get("input_normalization", "{}"))
+        check("checkpoint metadata: the input normalisation and the model config",
+              norm.get("mean") == 0.286 and norm.get("std") == 0.353
+              and json.loads(meta.get("model_config", "{}")) == {"type": "mlp", "hidden": [32]}, meta)
+        old_pos = f'"sample_position":"{meta["sample_position"]}"'.encode()
+        new_pos = f'"sample_position":"{int(meta["sample_position"]) - 32:0{len(meta["sample_position"])}d}"'.encode()
+        with open(ckpt(header, 10), "wb") as f:
+            f.write(data.replace(old_pos, new_pos, 1))
+        r = run(["train", path, "--run-dir", header, "--resume"])
+        check("header-corrupted newest checkpoint: resume succeeds from the previous one",
+              r.returncode == 0 and "checksum" in r.stdout and "at step 5" in r.stdout, r.stdout + r.stderr)
+        check("header-corrupted newest checkpoint: the final result is still exact",
+              filecmp.cmp(ckpt(full, 20), ckpt(header, 20), shallow=False))
+
         # Resume into a different model names the mismatching tensor and changes nothing.
         other = write_config(os.path.join(tmp, "mlp-wide.json"), mlp_config(hidden=(48,)))
         snapshot = {n: open(os.path.join(split, "checkpoints", n), "rb").read()
