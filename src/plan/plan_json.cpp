@@ -108,8 +108,24 @@ PipelineLayout read_layout(const Json& j, const std::string& p) {
   l.replicas = list<std::vector<int>>(array(j, p, "replicas"), key_path(p, "replicas"),
                                       [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
   l.samples = read_int_array(array(j, p, "samples"), key_path(p, "samples"), 1);
+  // The schedules are built from these counts before anything else is cross-checked, so
+  // they are bounded here: at most one micro-batch per sample, and no more than
+  // kMaxMicroBatches, which no real step comes near (a plan file asking for 10^9 would
+  // otherwise allocate schedules until memory runs out).
+  constexpr int64_t kMaxMicroBatches = 1 << 16;
   l.micro_batches = list<int>(array(j, p, "micro_batches"), key_path(p, "micro_batches"),
-                              [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 1)); });
+                              [](const Json& x, const std::string& q) {
+                                const int64_t n = read_int(x, q, 1);
+                                if (n > kMaxMicroBatches)
+                                  fail_at(q, std::to_string(n) + " micro-batches; expected at most " +
+                                                 std::to_string(kMaxMicroBatches));
+                                return static_cast<int>(n);
+                              });
+  for (size_t r = 0; r < l.micro_batches.size() && r < l.samples.size(); ++r)
+    if (l.micro_batches[r] > l.samples[r])
+      fail_at(index_path(key_path(p, "micro_batches"), r),
+              std::to_string(l.micro_batches[r]) + " micro-batches for " + std::to_string(l.samples[r]) +
+                  " samples; expected at most one micro-batch per sample");
   l.activation_bytes = read_int_array(array(j, p, "activation_bytes"), key_path(p, "activation_bytes"), 0);
   l.recompute = list<std::vector<bool>>(array(j, p, "recompute"), key_path(p, "recompute"),
                                         [](const Json& row, const std::string& q) {

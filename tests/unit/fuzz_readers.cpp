@@ -83,6 +83,13 @@ std::vector<std::string> tokens() {
   return t;
 }
 
+size_t digit_runs(const std::string& s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] >= '0' && s[i] <= '9' && (i == 0 || s[i - 1] < '0' || s[i - 1] > '9')) ++n;
+  return n;
+}
+
 // Replaces the `which`-th run of digits (mod their count) with `with`.
 std::string replace_number(const std::string& s, size_t which, const std::string& with) {
   std::vector<std::pair<size_t, size_t>> runs;
@@ -351,9 +358,13 @@ std::vector<std::string> fixed_cases(const Reader& r, size_t max_truncations) {
         t.insert(colon + 1, std::string(depth, '[') + "1" + std::string(depth, ']') + ",\"x\":");
       c.push_back(t);
     }
-    // Each of the first 32 numbers replaced by every edge value.
+    // Each of the first 32 numbers replaced by every edge value, and every number by
+    // counts that would allocate without bound if a reader sized something by them.
     for (size_t which = 0; which < 32; ++which)
       for (const std::string& e : edge_numbers()) c.push_back(replace_number(s, which, e));
+    for (size_t which = 32; which < std::min<size_t>(digit_runs(s), 1000); ++which)
+      for (const char* e : {"1000000000", "2147483647", "4294967296", "-1"})
+        c.push_back(replace_number(s, which, e));
   } else {
     // Leading length or dimension fields set to edge values, both byte orders.
     for (size_t width : {size_t{4}, size_t{8}})

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/unit/fuzz_readers.h"
@@ -37,11 +38,20 @@ struct Corpus {
   std::vector<Reader> readers = all_readers(scratch.path);
 };
 
+Corpus& corpus() {
+  static Corpus c;
+  return c;
+}
+
+const Reader* find_reader(const std::string& name) {
+  for (const Reader& x : corpus().readers)
+    if (x.name == name) return &x;
+  return nullptr;
+}
+
 void fuzz(const std::string& name) {
-  static Corpus corpus;
   const Reader* r = nullptr;
-  for (const Reader& x : corpus.readers)
-    if (x.name == name) r = &x;
+  r = find_reader(name);
   REQUIRE(r != nullptr);
   // The seed is valid: otherwise every case would be rejected for the seed's own fault.
   const Result seed = run_case(*r, r->finish(r->seed, 1));
@@ -77,3 +87,22 @@ TEST_CASE("fuzz: IDX images") { fuzz("idx-images"); }
 TEST_CASE("fuzz: IDX labels") { fuzz("idx-labels"); }
 TEST_CASE("fuzz: gzipped IDX file") { fuzz("idx-gzip"); }
 TEST_CASE("fuzz: checkpoint (safetensors) reader") { fuzz("checkpoint"); }
+
+// Byte mutations change one number at a time, which the cross-checks catch; a plan scaled
+// consistently to 10^9 micro-batches passes them, and its schedules alone would take
+// more memory than any machine has.
+TEST_CASE("fuzz: a consistent plan of 10^9 micro-batches is refused before schedules are built") {
+  const Reader* r = find_reader("plan");
+  REQUIRE(r != nullptr);
+  nlohmann::json p = nlohmann::json::parse(r->seed);
+  const int64_t big = 1'000'000'000;
+  const size_t replicas = p["layout"]["samples"].size();
+  p["global_batch"] = big * static_cast<int64_t>(replicas);
+  p["layout"]["samples"] = std::vector<int64_t>(replicas, big);
+  p["layout"]["micro_batches"] = std::vector<int64_t>(replicas, big);
+  for (auto& rank : p["ranks"])
+    if (rank["replica"].get<int>() >= 0) rank["samples"] = rank["micro_batches"] = big, rank["micro_batch_size"] = 1;
+  const Result res = run_case(*r, p.dump());
+  CHECK(res.outcome == Outcome::rejected);
+  CHECK(res.message.find("micro_batches[0]: 1000000000 micro-batches; expected at most 65536") != std::string::npos);
+}
