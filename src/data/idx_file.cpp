@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -97,7 +98,7 @@ size_t initial_capacity(const std::string& path) {
 
 }  // namespace
 
-std::vector<uint8_t> read_gzip_file(const std::string& path) {
+std::vector<uint8_t> read_gzip_file(const std::string& path, uint64_t limit, bool* more) {
   std::error_code ec;
   HT_CHECK(std::filesystem::is_regular_file(path, ec), path, ": file not found");
   errno = 0;
@@ -107,10 +108,13 @@ std::vector<uint8_t> read_gzip_file(const std::string& path) {
   // A big internal buffer and big reads keep the 47 MB training images to a handful of
   // zlib calls, and sizing the output once avoids regrowing (and re-faulting) it.
   gzbuffer(gz.f, 1 << 20);
-  std::vector<uint8_t> out(initial_capacity(path));
+  // One byte past the limit tells whether the stream holds more than it.
+  const uint64_t cap = limit == UINT64_MAX ? limit : limit + 1;
+  std::vector<uint8_t> out(static_cast<size_t>(std::min<uint64_t>(initial_capacity(path), cap)));
   size_t size = 0;
   for (;;) {
-    if (size == out.size()) out.resize(out.size() * 2);
+    if (size == cap) break;
+    if (size == out.size()) out.resize(static_cast<size_t>(std::min<uint64_t>(out.size() * 2, cap)));
     const size_t want = std::min<size_t>(out.size() - size, INT_MAX);
     const int got = gzread(gz.f, out.data() + size, static_cast<unsigned>(want));
     if (got < 0) {
@@ -120,6 +124,15 @@ std::vector<uint8_t> read_gzip_file(const std::string& path) {
     if (got == 0) break;
     size += static_cast<size_t>(got);
   }
+  if (size == cap && cap != limit) {
+    // Stopped early: the stream's end (and its trailer) was not reached, so only report.
+    HT_CHECK(gzdirect(gz.f) == 0, path, ": not a gzip stream (no gzip header)");
+    HT_CHECK(more != nullptr, path, ": decompresses to more than ", limit, " bytes; expected at most ", limit);
+    *more = true;
+    out.resize(static_cast<size_t>(limit));
+    return out;
+  }
+  if (more) *more = false;
   out.resize(size);
   // zlib reports an input that ends inside the deflate stream as Z_BUF_ERROR
   // ("unexpected end of file") rather than as a failed read.
@@ -157,12 +170,36 @@ IdxLabels parse_idx_labels(std::vector<uint8_t> bytes, const std::string& path) 
   return r;
 }
 
+namespace {
+
+// The decompressed file, read no further than its header promises: deflate expands up to
+// about 1000x, so a small file could otherwise claim gigabytes it never holds. The header
+// is read first, then exactly the payload it promises; a longer stream fails as extra
+// bytes, a shorter or an overflowing promise in check_idx.
+std::vector<uint8_t> read_idx_bytes(const std::string& path, int rank) {
+  const uint64_t header = 4 + 4 * static_cast<uint64_t>(rank);
+  bool more = false;
+  const std::vector<uint8_t> head = read_gzip_file(path, header, &more);
+  if (head.size() < header) return head;  // check_idx names the short header
+  uint64_t promised = 1;
+  for (int i = 0; i < rank; ++i)
+    if (__builtin_mul_overflow(promised, uint64_t{read_be32(head.data() + 4 + 4 * i)}, &promised))
+      return head;  // check_idx names the overflow
+  if (__builtin_add_overflow(promised, header, &promised)) return head;
+  std::vector<uint8_t> bytes = read_gzip_file(path, promised, &more);
+  HT_CHECK(!more, path, ": IDX payload holds more than the ", promised - header,
+           " bytes the header promises (extra bytes after the data)");
+  return bytes;
+}
+
+}  // namespace
+
 IdxImages read_idx_images(const std::string& path) {
-  return parse_idx_images(read_gzip_file(path), path);
+  return parse_idx_images(read_idx_bytes(path, 3), path);
 }
 
 IdxLabels read_idx_labels(const std::string& path) {
-  return parse_idx_labels(read_gzip_file(path), path);
+  return parse_idx_labels(read_idx_bytes(path, 1), path);
 }
 
 }  // namespace ht::data

@@ -11,8 +11,11 @@ namespace ht::data {
 
 // The whole decompressed content of a gzip file, read with zlib in large chunks.
 // Throws ht::Error naming `path` when the file is missing or unreadable, is not a
-// gzip stream, is corrupt, or ends in the middle of the stream (truncated).
-std::vector<uint8_t> read_gzip_file(const std::string& path);
+// gzip stream, is corrupt, or ends in the middle of the stream (truncated). Reads at
+// most `limit` bytes: a longer stream sets `*more` and returns the first `limit`
+// (unverified past them), or without `more` is an error.
+std::vector<uint8_t> read_gzip_file(const std::string& path, uint64_t limit = UINT64_MAX,
+                                    bool* more = nullptr);
 
 struct IdxImages {
   int64_t count = 0, rows = 0, cols = 0;

@@ -3,11 +3,14 @@
 // other exception, no crash. tools/fuzz_readers.cpp runs the same mutators for longer.
 #include <doctest/doctest.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/error.h"
+#include "data/idx_file.h"
 #include "tests/unit/fuzz_readers.h"
 
 using namespace ht::fuzz;
@@ -105,4 +108,22 @@ TEST_CASE("fuzz: a consistent plan of 10^9 micro-batches is refused before sched
   const Result res = run_case(*r, p.dump());
   CHECK(res.outcome == Outcome::rejected);
   CHECK(res.message.find("micro_batches[0]: 1000000000 micro-batches; expected at most 65536") != std::string::npos);
+}
+
+// Deflate packs 64 MiB of zeros into about 64 KiB: a file whose header promises 5 labels
+// is refused once a 6th byte arrives, not after inflating all of it.
+TEST_CASE("fuzz: a gzipped IDX file longer than its header promises is refused at the promise") {
+  Scratch scratch;
+  const std::string path = scratch.path + "/labels.gz";
+  gzFile f = gzopen(path.c_str(), "wb9");
+  REQUIRE(f != nullptr);
+  const unsigned char header[] = {0, 0, 8, 1, 0, 0, 0, 5};
+  REQUIRE(gzwrite(f, header, sizeof header) == static_cast<int>(sizeof header));
+  const std::string zeros(1 << 20, '\0');
+  for (int i = 0; i < 64; ++i) REQUIRE(gzwrite(f, zeros.data(), static_cast<unsigned>(zeros.size())) > 0);
+  REQUIRE(gzclose(f) == Z_OK);
+  CHECK(fs::file_size(path) < (1 << 20));
+  CHECK_THROWS_WITH_AS(ht::data::read_idx_labels(path),
+                       doctest::Contains("IDX payload holds more than the 5 bytes the header promises"),
+                       ht::Error);
 }
