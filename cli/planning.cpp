@@ -47,7 +47,7 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   out.data_and_model_s = seconds(start, searching);
   out.search_s = seconds(searching, Clock::now());
   if (all_ranks && ht::plan::has_idle_ranks(out.plan)) {
-    in.strategy = "data";
+    in.strategy = ht::config::ParallelStrategy::data;
     in.hub_may_step_optimizer = false;
     try {
       out.all_ranks = ht::plan::make_plan(in);

@@ -89,8 +89,9 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
   }
   JobPlan job{ht::plan::plan_from_json(world.allgather(text)[0], "the plan from rank 0"), {}};
   if (cfg.parallel.rebalance_every > 0) {
+    const bool move_shares = cfg.parallel.strategy != ht::config::ParallelStrategy::equal;
     auto tuner = std::make_shared<ht::plan::ShareTuner>(job.plan, std::move(costs), cluster,
-                                                        cfg.parallel.strategy != "equal", std::move(all_ranks));
+                                                        move_shares, std::move(all_ranks));
     job.rebalance = [tuner](const ht::plan::Plan& current, const std::vector<ht::plan::RankMeasure>& measured) {
       return tuner->check(current, measured);
     };

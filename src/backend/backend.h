@@ -8,12 +8,11 @@
 #include <cstdint>
 #include <string>
 
+#include "core/device_kind.h"
 #include "core/shape.h"
 #include "backend/allocator.h"
 
 namespace ht {
-
-enum class DeviceKind { cpu, cuda };
 
 // Every primitive a backend may offer; `supports` answers per primitive so that the
 // planner can learn what a device runs without trying it.

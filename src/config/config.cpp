@@ -195,7 +195,7 @@ void read_checkpoint(const Json& j, const std::string& path, CheckpointConfig& c
 void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
   expect_object(j, path, "an object with \"strategy\" and \"rebalance_every\"");
   walk(j, path, {{"strategy", {}, [&](const Json& v, const std::string& p) {
-                    c.strategy = read_enum(v, p, {"auto", "data", "pipeline", "equal"});
+                    c.strategy = *parse_parallel_strategy(read_enum(v, p, parallel_strategy_names()));
                   }},
                  int_field("rebalance_every", {}, c.rebalance_every, 0)});
 }
@@ -240,6 +240,34 @@ void read_emulate(const Json& j, const std::string& path, EmulateConfig& e) {
 }
 
 }  // namespace
+
+namespace {
+constexpr ParallelStrategy kParallelStrategies[] = {
+    ParallelStrategy::automatic, ParallelStrategy::data, ParallelStrategy::pipeline,
+    ParallelStrategy::equal};
+}  // namespace
+
+const char* to_string(ParallelStrategy s) {
+  switch (s) {
+    case ParallelStrategy::automatic: return "auto";
+    case ParallelStrategy::data: return "data";
+    case ParallelStrategy::pipeline: return "pipeline";
+    case ParallelStrategy::equal: return "equal";
+  }
+  return "?";
+}
+
+std::vector<std::string> parallel_strategy_names() {
+  std::vector<std::string> names;
+  for (ParallelStrategy s : kParallelStrategies) names.emplace_back(to_string(s));
+  return names;
+}
+
+std::optional<ParallelStrategy> parse_parallel_strategy(std::string_view s) {
+  for (ParallelStrategy p : kParallelStrategies)
+    if (s == to_string(p)) return p;
+  return std::nullopt;
+}
 
 Config parse_config(const std::string& json_text, const std::string& source_path) {
   const std::string source = source_path.empty() ? "<config>" : source_path;
@@ -351,7 +379,7 @@ std::string to_json(const Config& c) {
            {"data", data},
            {"train", train},
            {"checkpoint", {{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}}},
-           {"parallel", {{"strategy", c.parallel.strategy}, {"rebalance_every", c.parallel.rebalance_every}}},
+           {"parallel", {{"strategy", to_string(c.parallel.strategy)}, {"rebalance_every", c.parallel.rebalance_every}}},
            {"run", {{"dir", c.run.dir}}}};
   if (!c.emulate.ranks.empty()) {
     Json ranks = Json::array();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -95,12 +96,18 @@ struct EmulateConfig {
   std::vector<RankEmulation> ranks;
 };
 
+// parallel.strategy, what the config asks of the planner. automatic ("auto"): the
+// planner's fastest layout (data, pipeline or hybrid); data: data parallel only;
+// pipeline: one pipeline over all ranks; equal: the DDP baseline (equal batches, whole
+// model per rank), kept for comparison.
+enum class ParallelStrategy { automatic, data, pipeline, equal };
+const char* to_string(ParallelStrategy s);  // "auto", "data", "pipeline", "equal"
+std::vector<std::string> parallel_strategy_names();
+std::optional<ParallelStrategy> parse_parallel_strategy(std::string_view s);
+
 // How the work is split over the ranks of an mpirun job.
 struct ParallelConfig {
-  // auto: the planner's fastest layout (data, pipeline or hybrid); data: data parallel
-  // only; pipeline: one pipeline over all ranks; equal: the DDP baseline (equal batches,
-  // whole model per rank), kept for comparison.
-  std::string strategy = "auto";
+  ParallelStrategy strategy = ParallelStrategy::automatic;
   // Every this many steps a job that planned for itself compares what each rank measured
   // with the plan and re-splits the batch over the replicas when that is predicted to
   // be faster (not under equal, never changing the layout); 0 = never.

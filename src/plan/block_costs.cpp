@@ -70,7 +70,7 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
     // Calls the profile did not time get the engine's figure.
     c.call_seconds[r].resize(blocks, 0);
     for (double& call : c.call_seconds[r])
-      if (call <= 0) call = cluster.ranks[r].kind == "cuda" ? kCallSecondsCuda : kCallSecondsCpu;
+      if (call <= 0) call = cluster.ranks[r].kind == DeviceKind::cuda ? kCallSecondsCuda : kCallSecondsCpu;
     // Blocks the profile did not time (older files) get the bandwidth model.
     const double bw = cluster.ranks[r].memory_bandwidth;
     c.step_seconds[r].resize(blocks, 0);

@@ -34,7 +34,7 @@ CatalogueDevice parse_device(const Json& d, const std::string& p) {
   walk(d, p,
        {{"id", {}, [&](const Json& v, const std::string& at) { c.id = read_string(v, at, "a device id"); }},
         {"name", {}, [&](const Json& v, const std::string& at) { c.name = read_string(v, at, "a name"); }},
-        {"kind", {}, [&](const Json& v, const std::string& at) { c.kind = read_enum(v, at, {"cuda", "cpu"}); }},
+        {"kind", {}, [&](const Json& v, const std::string& at) { c.kind = *parse_device_kind(read_enum(v, at, device_kind_names())); }},
         {"fp32_tflops", {}, num(c.fp32_tflops, Range::above(0))},
         {"tf32_tflops", {}, num(c.tf32_tflops, Range::at_least(0))},
         {"bf16_tflops", {}, num(c.bf16_tflops, Range::at_least(0))},
@@ -59,7 +59,7 @@ Catalogue parse_catalogue(const Json& j) {
   expect_object(j, "", "a device catalogue (format, devices, efficiency, link_classes)");
   for (const char* k : {"format", "efficiency", "devices", "link_classes"}) require(j, "", k, "a value");
   Catalogue cat;
-  std::map<std::string, double> eff;
+  std::map<DeviceKind, double> eff;
   walk(j, "",
        {{"format", {}, [](const Json& v, const std::string& at) {
            read_enum(v, at, {"hetrain-devices/1"});
@@ -67,15 +67,15 @@ Catalogue parse_catalogue(const Json& j) {
         {"note", {}, [](const Json& v, const std::string& at) { read_string(v, at, "a note"); }},
         {"efficiency", {}, [&](const Json& v, const std::string& at) {
            expect_object(v, at, "an object of factors per device kind");
-           auto factor = [&](const char* kind) {
+           auto factor = [&](DeviceKind kind) {
              return [&eff, kind](const Json& x, const std::string& a) {
                eff[kind] = read_double(x, a, Range{0, 1, true, false});
              };
            };
            walk(v, at,
                 {{"note", {}, [](const Json& x, const std::string& a) { read_string(x, a, "a note"); }},
-                 {"cuda", {}, factor("cuda")},
-                 {"cpu", {}, factor("cpu")}});
+                 {"cuda", {}, factor(DeviceKind::cuda)},
+                 {"cpu", {}, factor(DeviceKind::cpu)}});
          }},
         {"devices", {}, [&](const Json& v, const std::string& at) {
            if (!v.is_array() || v.empty()) fail_at(at, show(v) + " is not a non-empty array; expected device objects");
@@ -104,7 +104,8 @@ Catalogue parse_catalogue(const Json& j) {
            if (cat.links.empty()) fail_at(at, "has no link classes; expected at least one");
          }}});
   for (CatalogueDevice& d : cat.devices) {
-    if (!eff.count(d.kind)) fail_missing("efficiency." + d.kind, "a factor in (0, 1] for " + d.kind + " devices");
+    const std::string kind = to_string(d.kind);
+    if (!eff.count(d.kind)) fail_missing("efficiency." + kind, "a factor in (0, 1] for " + kind + " devices");
     d.efficiency = eff[d.kind];
   }
   return cat;
@@ -185,12 +186,12 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
     d.cpu_quota = r.cpu_quota.fraction;
     d.cpu_quota_period_s = r.cpu_quota.period_s;
     const auto& gpus = r.host.gpus;
-    if (r.device == "cuda" && !gpus.empty()) {
+    if (r.device == DeviceKind::cuda && !gpus.empty()) {
       const auto& g = gpus[static_cast<size_t>(r.local_rank) % gpus.size()];
       d.id = g.name;
       d.memory_bytes = static_cast<double>(g.memory_total);
     } else {
-      d.id = r.host.cpu_model.empty() ? r.device : r.host.cpu_model;
+      d.id = r.host.cpu_model.empty() ? to_string(r.device) : r.host.cpu_model;
       d.memory_bytes = static_cast<double>(r.host.memory_total) / ranks_on_host[r.host.host];
     }
     // The allocator cap is what the engine enforces (and how a small device is emulated).

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_kind.h"
 #include "probe/fingerprint.h"
 
 namespace ht::plan {
@@ -16,7 +17,7 @@ namespace ht::plan {
 struct DeviceModel {
   std::string id;     // catalogue id ("rtx3060") or the probed device's model name
   std::string name;   // for people: full name, and the host for probed ranks
-  std::string kind;   // "cuda" | "cpu"
+  DeviceKind kind = DeviceKind::cpu;
   double flops = 0;   // effective fp32 FLOP/s used for planning
   double memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes/s
@@ -45,7 +46,8 @@ struct ClusterModel {
 
 // Datasheet catalogue entries, as read from configs/devices.json.
 struct CatalogueDevice {
-  std::string id, name, kind;
+  std::string id, name;
+  DeviceKind kind = DeviceKind::cpu;
   double fp32_tflops = 0, tf32_tflops = 0, bf16_tflops = 0;
   double memory_gb = 0, memory_bandwidth_gb_s = 0;
   std::string host_link_kind;

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -14,6 +16,14 @@
 #include "plan/schedule.h"
 
 namespace ht::plan {
+
+// The shape a plan chose: data (one stage, several replicas), pipeline (one replica of
+// several stages), hybrid (both), or equal (the DDP baseline itself). Plan files and
+// summaries spell it as to_string does.
+enum class Strategy { data, pipeline, hybrid, equal };
+const char* to_string(Strategy s);  // "data", "pipeline", "hybrid", "equal"
+std::vector<std::string> strategy_names();
+std::optional<Strategy> parse_strategy(std::string_view s);
 
 // Bytes one rank holds during a step, by kind.
 struct MemoryUse {
@@ -74,7 +84,7 @@ struct Plan {
   int world_size = 0;
   int blocks = 0;
   int64_t global_batch = 0;
-  std::string strategy;  // "data" | "pipeline" | "hybrid" | "equal": the shape chosen
+  Strategy strategy = Strategy::data;
   std::string sync_policy = "synchronous";
   PipelineLayout layout;
   std::vector<std::pair<int, int>> stage_ranges;  // [begin, end) blocks per stage

@@ -34,7 +34,7 @@ Json layout_json(const PipelineLayout& l) {
 
 Json device_json(const DeviceModel& d) {
   return {{"id", d.id},       {"name", d.name},
-          {"kind", d.kind},   {"flops", d.flops},
+          {"kind", to_string(d.kind)},   {"flops", d.flops},
           {"memory_bytes", d.memory_bytes},
           {"memory_bandwidth", d.memory_bandwidth},
           {"measured", d.measured}};
@@ -164,7 +164,8 @@ RankPlan read_rank(const Json& j, const std::string& p) {
   const Json& d = at(j, p, "device");
   r.device.id = text(d, dp, "id");
   r.device.name = text(d, dp, "name");
-  r.device.kind = text(d, dp, "kind");
+  r.device.kind =
+      *parse_device_kind(read_enum(at(d, dp, "kind"), key_path(dp, "kind"), device_kind_names()));
   r.device.flops = nonneg(d, dp, "flops");
   r.device.memory_bytes = nonneg(d, dp, "memory_bytes");
   r.device.memory_bandwidth = nonneg(d, dp, "memory_bandwidth");
@@ -201,7 +202,7 @@ std::string plan_to_json(const Plan& p) {
            {"world_size", p.world_size},
            {"blocks", p.blocks},
            {"global_batch", p.global_batch},
-           {"strategy", p.strategy},
+           {"strategy", to_string(p.strategy)},
            {"sync_policy", p.sync_policy},
            {"stage_ranges", p.stage_ranges},
            {"layout", layout_json(p.layout)},
@@ -232,7 +233,7 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
     p.world_size = integer(j, "", "world_size", 1);
     p.blocks = integer(j, "", "blocks", 1);
     p.global_batch = read_int(at(j, "", "global_batch"), "global_batch", 1);
-    p.strategy = read_enum(at(j, "", "strategy"), "strategy", {"data", "pipeline", "hybrid", "equal"});
+    p.strategy = *parse_strategy(read_enum(at(j, "", "strategy"), "strategy", strategy_names()));
     p.sync_policy = read_enum(at(j, "", "sync_policy"), "sync_policy", {"synchronous"});
     p.stage_ranges = read_ranges(array(j, "", "stage_ranges"), "stage_ranges");
     p.layout = read_layout(at(j, "", "layout"), "layout");

@@ -20,6 +20,8 @@ namespace ht::plan {
 
 namespace {
 
+using Asked = config::ParallelStrategy;  // what parallel.strategy asks; Strategy: what a plan is
+
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // Candidates ranked best by the closed-form estimate that are then simulated (besides
 // the best of every rank count).
@@ -41,8 +43,8 @@ std::string shape_name(int stages, int replicas) {
          " stages)";
 }
 
-std::string strategy_of(int stages, int replicas) {
-  return stages == 1 ? "data" : replicas == 1 ? "pipeline" : "hybrid";
+Strategy strategy_of(int stages, int replicas) {
+  return stages == 1 ? Strategy::data : replicas == 1 ? Strategy::pipeline : Strategy::hybrid;
 }
 
 void validate(const PlannerInput& in) {
@@ -54,9 +56,6 @@ void validate(const PlannerInput& in) {
   HT_CHECK(in.global_batch >= 1, "planner: global batch ", in.global_batch, "; expected >= 1");
   HT_CHECK(in.min_micro_batches >= 1, "planner: micro-batches ", in.min_micro_batches,
            "; expected >= 1");
-  HT_CHECK(in.strategy == "auto" || in.strategy == "data" || in.strategy == "pipeline" ||
-               in.strategy == "equal",
-           "planner: strategy '", in.strategy, "'; expected auto, data, pipeline or equal");
   for (size_t r = 0; r < n; ++r)
     HT_CHECK(in.cluster.ranks[r].memory_bytes > 0, "planner: rank ", r, " (",
              in.cluster.ranks[r].label(), ") has memory ", in.cluster.ranks[r].memory_bytes,
@@ -252,8 +251,8 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
 // strategy.
 std::vector<int> stage_counts(const PlannerInput& in, int used) {
   const int blocks = static_cast<int>(in.costs.params.size());
-  if (in.strategy == "data" || in.strategy == "equal") return {1};
-  if (in.strategy == "pipeline") {
+  if (in.strategy == Asked::data || in.strategy == Asked::equal) return {1};
+  if (in.strategy == Asked::pipeline) {
     HT_CHECK(used <= blocks, "planner: a pipeline over all ", used,
              " ranks needs a block per stage but the model has ", blocks, " blocks");
     return {used};
@@ -268,7 +267,7 @@ std::vector<int> stage_counts(const PlannerInput& in, int used) {
 // count before a step down in speed (kSpeedStep).
 std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sorted) {
   const int world = static_cast<int>(sorted.size());
-  if (in.strategy != "auto") return {world};
+  if (in.strategy != Asked::automatic) return {world};
   std::vector<int> out;
   for (int k = 1; k < world; ++k)
     if (replica_samples_per_s(in.costs, sorted[static_cast<size_t>(k)]) <
@@ -324,7 +323,7 @@ Plan equal_plan(const PlannerInput& in, int stages, int micro_batches) {
   }
   Plan p = skeleton(in, std::move(layout), std::move(ranges),
                     equal_split(in.global_batch, static_cast<size_t>(replicas)), micro_batches);
-  p.strategy = "equal";
+  p.strategy = Strategy::equal;
   p.baseline.description = stages == 1 ? "equal batches, whole model per rank (DDP)"
                                        : "equal batches, uniform layers over " +
                                              std::to_string(stages) + " stages (DeepSpeed)";
@@ -368,13 +367,14 @@ Plan make_plan(const PlannerInput& in) {
   validate(in);
   const int world = static_cast<int>(in.cluster.ranks.size());
   const int base_m = in.min_micro_batches;
-  if (in.strategy == "data" || in.strategy == "equal")
+  if (in.strategy == Asked::data || in.strategy == Asked::equal)
     HT_CHECK(in.global_batch >= world, "planner: global batch ", in.global_batch,
              " is smaller than the ", world, " data-parallel replicas of strategy '",
-             in.strategy, "' (every replica needs a sample); raise train.batch_size to at least ",
-             world, " or use strategy auto or pipeline");
+             config::to_string(in.strategy),
+             "' (every replica needs a sample); raise train.batch_size to at least ", world,
+             " or use strategy auto or pipeline");
 
-  if (in.strategy == "equal") {
+  if (in.strategy == Asked::equal) {
     Plan p = equal_plan(in, 1, base_m);
     HT_CHECK(p.baseline.fits, "planner: the equal split does not fit: ", p.baseline.problems[0],
              "; strategy auto plans uneven shares and memory strategies");

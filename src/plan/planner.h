@@ -40,7 +40,7 @@ struct PlannerInput {
   ClusterModel cluster;
   int64_t global_batch = 0;
   int min_micro_batches = 1;      // train.micro_batches: the least accumulation asked for
-  std::string strategy = "auto";  // auto | data | pipeline | equal (parallel.strategy)
+  config::ParallelStrategy strategy = config::ParallelStrategy::automatic;
   // Whether a plan that uses every rank and sums on a hub may let the hub step the
   // optimiser for all (see build in planner.cpp). Off for the all-ranks plan of the
   // idle-rank trial: a running job moves only replicas that each step their own.

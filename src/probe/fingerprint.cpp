@@ -45,7 +45,7 @@ Json rank_json(const RankFingerprint& r) {
   Json j = {{"rank", r.rank},
           {"local_rank", r.local_rank},
           {"host", host_json(r.host)},
-          {"device", {{"kind", r.device},
+          {"device", {{"kind", to_string(r.device)},
                       {"threads", r.threads},
                       {"sgemm_gflops", r.rates.sgemm_gflops},
                       {"sgemm_size", r.rates.sgemm_size},
@@ -110,7 +110,8 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   const std::string dp = key_path(path, "device");
   const Json& d = require(j, path, "device", "an object");
   expect_object(d, dp, "an object describing the device");
-  r.device = read_enum(require(d, dp, "kind", "cpu or cuda"), key_path(dp, "kind"), {"cpu", "cuda"});
+  r.device = *parse_device_kind(
+      read_enum(require(d, dp, "kind", "cpu or cuda"), key_path(dp, "kind"), device_kind_names()));
   r.threads = static_cast<int>(read_int(require(d, dp, "threads", "an integer >= 1"), key_path(dp, "threads"), 1));
   r.rates.sgemm_gflops = positive(d, dp, "sgemm_gflops");
   r.rates.sgemm_size = read_int(require(d, dp, "sgemm_size", "an integer"), key_path(dp, "sgemm_size"), 1);

@@ -25,7 +25,7 @@ struct CpuQuota {
 struct RankFingerprint {
   int rank = 0, local_rank = 0;
   HostInfo host;
-  std::string device = "cpu";   // what this rank trains on
+  DeviceKind device = DeviceKind::cpu;  // what this rank trains on
   int threads = 1;              // compute threads it uses
   DeviceRates rates;
   uint64_t memory_cap = 0;      // engine allocator cap in bytes (0 = none)

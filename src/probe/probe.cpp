@@ -127,7 +127,7 @@ std::string format_cluster(const ClusterFingerprint& c) {
     std::snprintf(line, sizeof line, "%-4d %-12.12s %-5d %-9s %-9.1f %-6s %-8d %-10.1f %-9.1f %s\n", r.rank,
                   r.host.host.c_str(), r.local_rank,
                   (std::to_string(r.host.physical_cores) + "/" + std::to_string(r.host.hardware_threads)).c_str(),
-                  static_cast<double>(r.host.memory_total) / (1 << 30), r.device.c_str(), r.threads,
+                  static_cast<double>(r.host.memory_total) / (1 << 30), to_string(r.device), r.threads,
                   r.rates.sgemm_gflops, r.rates.memory_bandwidth_gb_s, notes.c_str());
     out << line;
   }

@@ -241,7 +241,7 @@ std::string memory_bars(const plan::Plan& plan, const Geometry& g) {
 std::string title(const plan::Plan& plan) {
   const TimeUnit unit = time_unit(plan.predicted.step_seconds);
   return text(8, 22,
-              plan.config_name + ": " + plan.strategy + ", predicted step " +
+              plan.config_name + ": " + plan::to_string(plan.strategy) + ", predicted step " +
                   number("%.2f", plan.predicted.step_seconds / unit.scale) + " " + unit.name +
                   ", " + number("%.2fx", plan.speedup) + " over the baseline",
               " font-size=\"16\"");

@@ -100,11 +100,12 @@ std::string ranks_label(const Group& g) {
 
 std::string shape(const plan::Plan& plan) {
   const auto& replicas = plan.layout.replicas;
-  if (replicas.empty()) return plan.strategy;
+  const std::string name = plan::to_string(plan.strategy);
+  if (replicas.empty()) return name;
   const size_t r = replicas.size(), s = replicas[0].size();
-  if (s == 1) return plan.strategy + ": " + counted(r, "replica");
-  if (r == 1) return plan.strategy + ": " + counted(s, "stage");
-  return plan.strategy + ": " + counted(r, "replica") + " x " + counted(s, "stage");
+  if (s == 1) return name + ": " + counted(r, "replica");
+  if (r == 1) return name + ": " + counted(s, "stage");
+  return name + ": " + counted(r, "replica") + " x " + counted(s, "stage");
 }
 
 // In data parallelism every rank is its own replica, so a row that merged only ranks with

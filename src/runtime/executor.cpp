@@ -481,7 +481,7 @@ plan::Plan single_process_plan(int blocks, int64_t global_batch, int micro_batch
   p.world_size = 1;
   p.blocks = blocks;
   p.global_batch = global_batch;
-  p.strategy = "data";
+  p.strategy = plan::Strategy::data;
   p.stage_ranges = {{0, blocks}};
   p.layout.replicas = {{0}};
   p.layout.samples = {global_batch};

@@ -106,7 +106,8 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
   HT_CHECK(plan::replicates_whole_model(before) && plan::replicates_whole_model(after) &&
                before.world_size == after.world_size && before.blocks == after.blocks,
            "relayout: only between data-parallel plans over the whole model without optimizer sharding, ",
-           "for the same world and model; got a ", before.strategy, " and a ", after.strategy, " plan");
+           "for the same world and model; got a ", plan::to_string(before.strategy), " and a ",
+           plan::to_string(after.strategy), " plan");
   const int me = world.rank();
   const bool was_active = executor->active();
   // The old optimiser's buffers outlive it: the new one takes copies.

@@ -143,7 +143,7 @@ class Run {
       progress.note("training " + cfg_.name + ": " + std::to_string(total_steps_) + " steps of " +
                     std::to_string(cfg_.train.batch_size) + " samples, " +
                     std::to_string(model_.param_count()) + " parameters" +
-                    (multi() ? ", " + std::to_string(world_.size()) + " ranks (" + plan_.strategy + ")" : "") +
+                    (multi() ? ", " + std::to_string(world_.size()) + " ranks (" + plan::to_string(plan_.strategy) + ")" : "") +
                     ", run directory " + cfg_.run.dir);
     if (executor_->shares_weights())
       progress.note("weights: the replicas compute with the hub's, in shared memory; only word of an update travels");
@@ -335,7 +335,7 @@ class Run {
     for (const auto& [k, v] : final_eval.metrics) summary["final"][k] = v;
     if (multi()) {
       summary["ranks"] = world_.size();
-      summary["strategy"] = plan_.strategy;
+      summary["strategy"] = plan::to_string(plan_.strategy);
       summary["planned_step_s"] = planned_step_s_;
       summary["predicted_step_s"] = plan_.predicted.step_seconds;
       summary["shares"] = plan_.layout.samples;

@@ -22,7 +22,7 @@ inline ClusterModel cluster(const std::vector<double>& flops, const std::vector<
     DeviceModel d;
     d.id = "dev" + std::to_string(i);
     d.name = d.id;
-    d.kind = "cpu";
+    d.kind = DeviceKind::cpu;
     d.flops = flops[i];
     d.memory_bytes = memory[i];
     c.ranks.push_back(d);  // memory_bandwidth 0: optimiser steps and loads cost nothing
@@ -63,7 +63,7 @@ inline PlannerInput input(const ClusterModel& c, const BlockCosts& k, int64_t ba
   in.cluster = c;
   in.costs = k;
   in.global_batch = batch;
-  in.strategy = strategy;
+  in.strategy = config::parse_parallel_strategy(strategy).value();
   in.config_name = "test";
   in.config_hash = "0badc0de";
   return in;

@@ -81,8 +81,8 @@ TEST_CASE("cluster: synth spec gives ranks in order with one link class") {
   CHECK(c.source == "synth:2xrtx3060,1xa100-40g,3xcpu-16c@ethernet-10g");
   const char* want[] = {"rtx3060", "rtx3060", "a100-40g", "cpu-16c", "cpu-16c", "cpu-16c"};
   for (size_t i = 0; i < 6; ++i) CHECK(c.ranks[i].id == want[i]);
-  CHECK(c.ranks[0].kind == "cuda");
-  CHECK(c.ranks[3].kind == "cpu");
+  CHECK(c.ranks[0].kind == DeviceKind::cuda);
+  CHECK(c.ranks[3].kind == DeviceKind::cpu);
   CHECK(!c.ranks[0].measured);
   CHECK(c.ranks[0].flops == doctest::Approx(12.74e12 * 0.45));
   CHECK(c.ranks[2].memory_bytes == doctest::Approx(40.0 * (1 << 30)));
@@ -188,12 +188,12 @@ TEST_CASE("cluster: from a probe fingerprint") {
   probe::ClusterFingerprint fp;
   const uint64_t gib = 1ull << 30;
   probe::RankFingerprint r0, r1, r2;
-  r0.rank = 0, r0.local_rank = 1, r0.device = "cuda";
+  r0.rank = 0, r0.local_rank = 1, r0.device = DeviceKind::cuda;
   r0.host.host = "a", r0.host.cpu_model = "Xeon", r0.host.memory_total = 64 * gib;
   r0.host.gpus = {{0, "RTX 3060", 8, 6, 28, 12 * gib, 11 * gib, 20, 20},
                   {1, "RTX 4090", 8, 9, 128, 24 * gib, 23 * gib, 20, 20}};
   r0.rates = {20000, 4096, 900};
-  r1 = r0, r1.rank = 1, r1.local_rank = 0, r1.device = "cpu", r1.rates = {500, 1024, 40};
+  r1 = r0, r1.rank = 1, r1.local_rank = 0, r1.device = DeviceKind::cpu, r1.rates = {500, 1024, 40};
   r2 = r1, r2.rank = 2, r2.host.host = "b", r2.memory_cap = 2 * gib;
   r0.blocks = {{"dense", 1e-4}, {"head", 2e-4}};
   r1.blocks = {{"dense", 3e-3}, {"head", 4e-3}};
@@ -211,7 +211,7 @@ TEST_CASE("cluster: from a probe fingerprint") {
   CHECK(c.ranks[0].memory_bandwidth == doctest::Approx(900e9));
   CHECK(c.ranks[0].measured);
   CHECK(c.ranks[1].id == "Xeon");
-  CHECK(c.ranks[1].kind == "cpu");
+  CHECK(c.ranks[1].kind == DeviceKind::cpu);
   // Host a's 64 GiB is shared by its two ranks; rank 2's engine cap wins.
   CHECK(c.ranks[1].memory_bytes == doctest::Approx(kUsableMemory * 32.0 * gib));
   CHECK(c.ranks[2].memory_bytes == doctest::Approx(kUsableMemory * 2.0 * gib));

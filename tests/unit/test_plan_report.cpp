@@ -46,7 +46,7 @@ Plan sample_plan() {
   p.world_size = 4;
   p.blocks = 8;
   p.global_batch = 128;
-  p.strategy = "data";
+  p.strategy = Strategy::data;
   p.layout.replicas = {{0}, {1}, {2}, {3}};
   p.layout.samples = {64, 32, 16, 16};
   p.layout.micro_batches = {4, 2, 1, 1};
