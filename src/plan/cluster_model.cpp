@@ -261,8 +261,11 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
   for (const auto& l : cat.links) link_ids.push_back(l.id);
   for (const auto& d : cat.devices) device_ids.push_back(d.id);
   auto hint = [](const std::string& word, const std::vector<std::string>& known) {
-    const std::string s = suggest(word, known);
-    return s.empty() ? std::string() : " (did you mean \"" + s + "\"?)";
+    const std::vector<std::string> close = suggest_all(word, known);
+    std::string s;
+    for (size_t i = 0; i < close.size(); ++i)
+      s += (i == 0 ? "" : i + 1 == close.size() ? " or " : ", ") + ("\"" + close[i] + "\"");
+    return s.empty() ? s : " (did you mean " + s + "?)";
   };
   auto lc = std::find_if(cat.links.begin(), cat.links.end(), [&](const LinkClass& l) { return l.id == link; });
   if (lc == cat.links.end())

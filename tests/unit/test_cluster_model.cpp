@@ -133,6 +133,21 @@ TEST_CASE("cluster: bad synth specs name the token and the choices") {
   }
 }
 
+TEST_CASE("cluster: an unknown device suggests its family, then what contains it, then close spellings") {
+  auto hint_of = [](const std::string& spec) {
+    const std::string msg = synth_error(spec);
+    const size_t at = msg.find("(did you mean ");
+    return at == std::string::npos ? std::string() : msg.substr(at, msg.find(')', at) + 1 - at);
+  };
+  // A prefix: both V100s, not h100 (one edit from "v100").
+  CHECK(hint_of("synth:1xv100") == "(did you mean \"v100-16g\" or \"v100-32g\"?)");
+  CHECK(hint_of("synth:2xA100") == "(did you mean \"a100-40g\" or \"a100-80g\"?)");
+  CHECK(hint_of("synth:1x3090") == "(did you mean \"rtx3090\"?)");  // contained in the id
+  CHECK(hint_of("synth:1xrtx3070") == "(did you mean \"rtx3060\", \"rtx3090\" or \"rtx4070\"?)");
+  CHECK(hint_of("synth:1xquantum") == "");  // nothing close: only the list of known devices
+  CHECK(synth_error("synth:1xquantum").find("known devices: rtx2080ti,") != std::string::npos);
+}
+
 TEST_CASE("cluster: a missing or malformed catalogue is named with its JSON path") {
   std::string msg = error_of([] { cluster_from_synth("synth:1xh100", "/nonexistent/devices.json"); });
   CHECK(msg.find("/nonexistent/devices.json: cannot be read") != std::string::npos);
