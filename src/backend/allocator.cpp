@@ -1,22 +1,10 @@
 #include "backend/allocator.h"
 
-#include <cstdio>
+#include <utility>
 
 #include "core/error.h"
 
 namespace ht {
-
-std::string format_bytes(size_t bytes) {
-  char buf[64];
-  double b = static_cast<double>(bytes);
-  if (b >= 1 << 30)
-    std::snprintf(buf, sizeof buf, "%zu bytes (%.2f GiB)", bytes, b / (1 << 30));
-  else if (b >= 1 << 20)
-    std::snprintf(buf, sizeof buf, "%zu bytes (%.2f MiB)", bytes, b / (1 << 20));
-  else
-    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
-  return buf;
-}
 
 Allocator::Allocator(std::string device, std::function<void*(size_t)> raw_alloc,
                      std::function<void(void*)> raw_free)
@@ -39,14 +27,14 @@ void* Allocator::allocate(size_t bytes, const char* what) {
   if (staging_depth > 0) {
     void* p = raw_alloc_(size);
     if (!p)
-      fail_as<OutOfMemory>(what, ": out of host memory staging ", format_bytes(size));
+      fail_as<OutOfMemory>(what, ": out of host memory staging ", size, " bytes");
     staged_.insert(p);
     return p;
   }
   if (cap_ && live_ + size > cap_)
-    fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": requested ", format_bytes(size),
-                         " with ", format_bytes(live_), " in use and a cap of ",
-                         format_bytes(cap_), "; expected the request to fit under the cap");
+    fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": requested ", size, " bytes with ",
+                         live_, " bytes in use and a cap of ", cap_,
+                         " bytes; expected the request to fit under the cap");
   void* p = nullptr;
   auto it = cache_.find(size);
   if (it != cache_.end() && !it->second.empty()) {
@@ -63,8 +51,8 @@ void* Allocator::allocate(size_t bytes, const char* what) {
       p = raw_alloc_(size);
     }
     if (!p)
-      fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": the device refused ",
-                           format_bytes(size), " with ", format_bytes(live_), " in use");
+      fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": the device refused ", size,
+                           " bytes with ", live_, " bytes in use");
   }
   live_ += size;
   if (live_ > peak_) peak_ = live_;

@@ -62,6 +62,4 @@ class Allocator {
   size_t cap_ = 0, live_ = 0, peak_ = 0, cached_ = 0;
 };
 
-std::string format_bytes(size_t bytes);
-
 }  // namespace ht

@@ -19,6 +19,7 @@
 #include "comm/emulation.h"
 #include "core/stats.h"
 #include "core/threads.h"
+#include "core/units.h"
 #include "core/wall_time.h"
 #include "data/image_dataset.h"
 #include "optim/lr_schedule.h"
@@ -395,8 +396,8 @@ class Run {
     if (need <= cap) return;
     const double fits = per_sample > 0 ? std::floor((cap / kMargin - in_use - at4) / per_sample) + 4 : 0;
     fail("rank 0 would run out of memory evaluating the whole model in batches of ", batch, ": about ",
-         format_bytes(static_cast<size_t>(need)), " with the ", format_bytes(static_cast<size_t>(in_use)),
-         " it holds for training, under its cap of ", format_bytes(memory.cap()), "; ",
+         format_bytes(need), " with the ", format_bytes(in_use),
+         " it holds for training, under its cap of ", format_bytes(cap), "; ",
          fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(static_cast<int64_t>(fits))
                    : std::string("even one sample does not fit: give rank 0 more memory"));
   }
