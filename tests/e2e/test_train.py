@@ -82,6 +82,20 @@ def exact_resume(tmp, name, cfg, total, stop):
     return path, full, split
 
 
+UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def names_bytes(text, prefix, want):
+    """True when `text` has `prefix` followed by a size equal to `want` bytes to the
+    precision it is printed with (half a unit in its last digit), in any unit."""
+    m = re.search(re.escape(prefix) + r"([0-9]+(?:\.([0-9]+))?) ?(bytes|B|KiB|MiB|GiB|kB|MB|GB)\b", text)
+    if not m:
+        return False
+    unit = UNITS[m.group(3)]
+    half_digit = 0.5 * 10 ** -len(m.group(2) or "") * unit
+    return abs(float(m.group(1)) * unit - want) <= half_digit
+
+
 def evaluation_memory(tmp):
     """Under a 100 MB cap one CNN step fits but evaluating in batches of 1000 does not (the
     first convolution's output alone is 100 MB): refused before the first step, with a
@@ -98,7 +112,7 @@ def evaluation_memory(tmp):
     m = re.search(r"set train\.eval_batch_size to at most (\d+)", r.stderr)
     check("evaluation memory: refused before training, naming rank 0, the batch, the cap and a batch that fits",
           r.returncode == 1 and "rank 0 would run out of memory evaluating the whole model in batches of 1000" in r.stderr
-          and "cap of 100000000 bytes" in r.stderr and m is not None, r.stderr)
+          and names_bytes(r.stderr, "cap of ", 100000000) and m is not None, r.stderr)
     check("... no step ran (no checkpoint)", not os.path.exists(os.path.join(rdir, "checkpoints"))
           or not os.listdir(os.path.join(rdir, "checkpoints")))
     if m:
