@@ -457,6 +457,8 @@ class Run {
     return m;
   }
 
+  std::string resume_hint() const { return opts_.resume_hint.empty() ? "" : "; " + opts_.resume_hint; }
+
   // Collective: rank 0 writes one whole-model checkpoint, whatever the world size.
   void save(int64_t step, report::Progress& progress) {
     Allocator::HostStaging staging;
@@ -474,8 +476,6 @@ class Run {
   // Every rank loads its stage from the newest valid checkpoint; returns its step.
   int64_t restore(report::Progress& progress) {
     std::vector<std::string> skipped;
-  std::string resume_hint() const { return opts_.resume_hint.empty() ? "" : "; " + opts_.resume_hint; }
-
     std::optional<Checkpoint> loaded;
     {
       Allocator::HostStaging staging;
@@ -556,7 +556,7 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   apply_overrides(cfg, opts);
   HT_CHECK(plan || comm::world().size() == 1, "train: ", comm::world().size(),
            " ranks need a plan; expected one from `hetrain plan` or the planner");
-  set_thread_count(resolve_thread_count());
+  set_thread_count(resolve_thread_count(0, comm::world().local_size()));
   // The config's emulate section and tools/hetero-local's memory cap, as the probe saw them.
   comm::apply_emulation(cfg.emulate, comm::world());
   Run run(std::move(cfg), opts, std::move(plan));
@@ -564,7 +564,7 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
 }
 
 std::string evaluate_checkpoint(const config::Config& cfg, const std::string& path) {
-  set_thread_count(resolve_thread_count(0, comm::world().local_size()));
+  set_thread_count(resolve_thread_count());
   Checkpoint ckpt = read_checkpoint(path);
   std::unique_ptr<Task> task = make_task(cfg);
   nn::Sequential model = task->build_model(cfg.train.seed);
