@@ -14,6 +14,7 @@
 
 #include "config/json_schema.h"
 #include "core/crc32.h"
+#include "core/enum_names.h"
 
 namespace ht::config {
 
@@ -242,31 +243,17 @@ void read_emulate(const Json& j, const std::string& path, EmulateConfig& e) {
 }  // namespace
 
 namespace {
-constexpr ParallelStrategy kParallelStrategies[] = {
-    ParallelStrategy::automatic, ParallelStrategy::data, ParallelStrategy::pipeline,
-    ParallelStrategy::equal};
+constexpr EnumName<ParallelStrategy> kParallelStrategyNames[] = {
+    {ParallelStrategy::automatic, "auto"},
+    {ParallelStrategy::data, "data"},
+    {ParallelStrategy::pipeline, "pipeline"},
+    {ParallelStrategy::equal, "equal"}};
 }  // namespace
 
-const char* to_string(ParallelStrategy s) {
-  switch (s) {
-    case ParallelStrategy::automatic: return "auto";
-    case ParallelStrategy::data: return "data";
-    case ParallelStrategy::pipeline: return "pipeline";
-    case ParallelStrategy::equal: return "equal";
-  }
-  return "?";
-}
-
-std::vector<std::string> parallel_strategy_names() {
-  std::vector<std::string> names;
-  for (ParallelStrategy s : kParallelStrategies) names.emplace_back(to_string(s));
-  return names;
-}
-
+const char* to_string(ParallelStrategy s) { return enum_name(s, kParallelStrategyNames); }
+std::vector<std::string> parallel_strategy_names() { return enum_names(kParallelStrategyNames); }
 std::optional<ParallelStrategy> parse_parallel_strategy(std::string_view s) {
-  for (ParallelStrategy p : kParallelStrategies)
-    if (s == to_string(p)) return p;
-  return std::nullopt;
+  return enum_from_name(s, kParallelStrategyNames);
 }
 
 Config parse_config(const std::string& json_text, const std::string& source_path) {

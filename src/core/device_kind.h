@@ -2,24 +2,18 @@
 // model alike. Files spell it "cpu" or "cuda"; code compares the enum.
 #pragma once
 
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
+#include "core/enum_names.h"
 
 namespace ht {
 
 enum class DeviceKind { cpu, cuda };
 
-inline const char* to_string(DeviceKind k) { return k == DeviceKind::cuda ? "cuda" : "cpu"; }
-
-// The spellings, in the order messages list them.
-inline std::vector<std::string> device_kind_names() { return {"cpu", "cuda"}; }
-
+inline constexpr EnumName<DeviceKind> kDeviceKindNames[] = {{DeviceKind::cpu, "cpu"},
+                                                            {DeviceKind::cuda, "cuda"}};
+inline const char* to_string(DeviceKind k) { return enum_name(k, kDeviceKindNames); }
+inline std::vector<std::string> device_kind_names() { return enum_names(kDeviceKindNames); }
 inline std::optional<DeviceKind> parse_device_kind(std::string_view s) {
-  for (DeviceKind k : {DeviceKind::cpu, DeviceKind::cuda})
-    if (s == to_string(k)) return k;
-  return std::nullopt;
+  return enum_from_name(s, kDeviceKindNames);
 }
 
 }  // namespace ht

@@ -2,36 +2,21 @@
 
 #include <algorithm>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace ht::plan {
 
 namespace {
-constexpr Strategy kStrategies[] = {Strategy::data, Strategy::pipeline, Strategy::hybrid,
-                                    Strategy::equal};
+constexpr EnumName<Strategy> kStrategyNames[] = {{Strategy::data, "data"},
+                                                 {Strategy::pipeline, "pipeline"},
+                                                 {Strategy::hybrid, "hybrid"},
+                                                 {Strategy::equal, "equal"}};
 }  // namespace
 
-const char* to_string(Strategy s) {
-  switch (s) {
-    case Strategy::data: return "data";
-    case Strategy::pipeline: return "pipeline";
-    case Strategy::hybrid: return "hybrid";
-    case Strategy::equal: return "equal";
-  }
-  return "?";
-}
-
-std::vector<std::string> strategy_names() {
-  std::vector<std::string> names;
-  for (Strategy s : kStrategies) names.emplace_back(to_string(s));
-  return names;
-}
-
-std::optional<Strategy> parse_strategy(std::string_view s) {
-  for (Strategy k : kStrategies)
-    if (s == to_string(k)) return k;
-  return std::nullopt;
-}
+const char* to_string(Strategy s) { return enum_name(s, kStrategyNames); }
+std::vector<std::string> strategy_names() { return enum_names(kStrategyNames); }
+std::optional<Strategy> parse_strategy(std::string_view s) { return enum_from_name(s, kStrategyNames); }
 
 std::vector<Schedule> plan_schedules(const Plan& plan) {
   return build_1f1b(plan.layout, plan.world_size);
