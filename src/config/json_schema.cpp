@@ -93,7 +93,8 @@ std::string key_path(const std::string& parent, const std::string& key) {
   bool plain = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
   });
-  if (plain) return parent.empty() ? key : parent + "." + key;
+  // A long key goes through show() like an odd one, which keeps the message short.
+  if (plain && key.size() <= 40) return parent.empty() ? key : parent + "." + key;
   return parent + "[" + show(Json(key)) + "]";
 }
 

@@ -35,7 +35,7 @@ Json parse_document(const std::string& text, const std::string& source);
 Json float_json(float f);
 // The value as JSON text on one line, truncated when long.
 std::string show(const Json& v);
-// "model" + "hidden" -> "model.hidden"; odd keys are quoted: model["a b"].
+// "model" + "hidden" -> "model.hidden"; odd or long keys are quoted: model["a b"].
 std::string key_path(const std::string& parent, const std::string& key);
 std::string index_path(const std::string& parent, size_t i);  // model.hidden[1]
 // The candidate `word` was probably meant to be (edit distance <= 2, or one contains

@@ -292,7 +292,9 @@ void check_plan(const Plan& p) {
   HT_CHECK(p.layout.replicas[0].size() == stages, "the layout has ", p.layout.replicas[0].size(),
            " stages but stage_ranges has ", stages);
   int64_t total = 0;
-  for (int64_t n : p.layout.samples) total += n;
+  for (int64_t n : p.layout.samples)
+    HT_CHECK(!__builtin_add_overflow(total, n, &total), "the replicas' samples sum past 2^63; ",
+             "expected them to sum to global_batch ", p.global_batch);
   HT_CHECK(total == p.global_batch, "the replicas' samples sum to ", total, " but global_batch is ",
            p.global_batch);
   for (size_t k = 0; k < p.ranks.size(); ++k) {
