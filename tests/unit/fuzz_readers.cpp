@@ -358,6 +358,15 @@ std::vector<std::string> fixed_cases(const Reader& r, size_t max_truncations) {
         t.insert(colon + 1, std::string(depth, '[') + "1" + std::string(depth, ']') + ",\"x\":");
       c.push_back(t);
     }
+    // A 5,000-character key and string value, which messages must not quote in full.
+    if (const size_t brace = s.find('{'); brace != std::string::npos) {
+      const std::string k(5000, 'k');
+      for (const std::string& ins : {"\"" + k + "\":1,", "\"" + k + "\":\"" + k + "\","}) {
+        std::string t = s;
+        t.insert(brace + 1, ins);
+        c.push_back(t);
+      }
+    }
     // Each of the first 32 numbers replaced by every edge value, and every number by
     // counts that would allocate without bound if a reader sized something by them.
     for (size_t which = 0; which < 32; ++which)
