@@ -3,7 +3,6 @@
 
 #include "data/batch.h"
 #include "data/image_dataset.h"
-#include "models/models.h"
 #include "ops/ops.h"
 #include "runtime/image_task.h"
 
@@ -15,16 +14,7 @@ ImageTask::ImageTask(const config::Config& cfg)
       sampler_(data_.train.size(), cfg.train.seed) {}
 
 nn::Sequential ImageTask::build_model(uint64_t seed) const {
-  const config::ModelConfig& m = cfg_.model;
-  if (m.type == "cnn") {
-    models::CnnSpec spec;
-    spec.channels = m.channels;
-    spec.hidden = m.fc_hidden;
-    return models::build_cnn(spec, seed);
-  }
-  models::MlpSpec spec;
-  spec.hidden = m.hidden;
-  return models::build_mlp(spec, seed);
+  return runtime::build_model(cfg_, seed);
 }
 
 Batch ImageTask::train_batch(int64_t first, int64_t count) {

@@ -39,6 +39,10 @@ class Task {
   virtual EvalResult evaluate(const nn::Sequential& model) const = 0;
 };
 
+// The config's model (MLP, CNN or GPT) with fresh weights from `seed`, built without
+// touching any data: the tasks build theirs with it, and so do the golden fixtures.
+nn::Sequential build_model(const config::Config& cfg, uint64_t seed);
+
 // Loads the data named by the config and returns the matching task.
 std::unique_ptr<Task> make_task(const config::Config& cfg);
 

@@ -4,7 +4,6 @@
 #include <cstdio>
 
 #include "data/batch.h"
-#include "models/models.h"
 #include "ops/ops.h"
 
 namespace ht::runtime {
@@ -17,15 +16,7 @@ TextTask::TextTask(const config::Config& cfg)
                cfg.train.seed) {}
 
 nn::Sequential TextTask::build_model(uint64_t seed) const {
-  const config::ModelConfig& m = cfg_.model;
-  models::GptSpec spec;
-  spec.vocab = data::kByteVocab;
-  spec.context = m.context;
-  spec.layers = m.layers;
-  spec.heads = m.heads;
-  spec.d_model = m.d_model;
-  spec.dropout = m.dropout;
-  return models::build_gpt(spec, seed);
+  return runtime::build_model(cfg_, seed);
 }
 
 int64_t TextTask::train_size() const {
