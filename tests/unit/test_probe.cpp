@@ -19,6 +19,7 @@
 #include "probe/link_matrix.h"
 #include "probe/microbench.h"
 #include "probe/probe.h"
+#include "tests/unit/probe_fixtures.h"
 
 using namespace ht;
 using namespace ht::probe;
@@ -124,37 +125,6 @@ TEST_CASE("probe: block profiles run both batches in turn, pass gradients back p
 
 namespace {
 
-ClusterFingerprint two_ranks() {
-  ClusterFingerprint c;
-  for (int i = 0; i < 2; ++i) {
-    RankFingerprint r;
-    r.rank = i;
-    r.host.host = "h";
-    r.host.cpu_model = "cpu";
-    r.host.physical_cores = 2;
-    r.host.hardware_threads = 2;
-    r.host.memory_total = 1 << 30;
-    r.host.memory_available = 1 << 29;
-    r.rates = {100.0 / (i + 1), 1024, 10.0};
-    r.blocks = {{"dense_relu", 1e-5, 3e-6, 2e-4}};
-    if (i == 0) r.cpu_quota = {0.25, 0.01};
-    if (i == 1) {
-      GpuInfo g;
-      g.name = "NVIDIA H200";
-      g.compute_major = 9;
-      g.sm_count = 132;
-      g.memory_total = 141ull << 30;
-      g.memory_free = 140ull << 30;
-      g.host_to_device_gb_s = 50.5;
-      r.host.gpus.push_back(g);
-    }
-    c.ranks.push_back(r);
-  }
-  c.links.latency_s = {{0, 1e-6}, {1e-6, 0}};
-  c.links.bandwidth_bytes_per_s = {{0, 5e9}, {5e9, 0}};
-  return c;
-}
-
 std::string write_temp(const std::string& text) {
   std::string path = std::filesystem::temp_directory_path() /
                      ("hetrain-cluster-" + std::to_string(::getpid()) + ".json");
@@ -177,7 +147,7 @@ std::string error_for(const std::string& text, std::optional<int> world = std::n
 }  // namespace
 
 TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by name") {
-  std::string good = cluster_to_json(two_ranks());
+  std::string good = cluster_to_json(test_fixtures::two_rank_probe());
   std::string path = write_temp(good);
   ClusterFingerprint back = read_cluster(path, 2);
   std::filesystem::remove(path);
