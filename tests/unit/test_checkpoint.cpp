@@ -21,6 +21,7 @@
 #include "ops/ops.h"
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_dir.h"
+#include "tests/unit/temp_dir.h"
 
 using namespace ht;
 using namespace ht::runtime;
@@ -28,21 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed (permissions restored) at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ht-ckpt-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path, fs::perms::owner_all, ec);
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
-};
+using test_fixtures::TempDir;
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

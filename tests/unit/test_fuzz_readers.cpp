@@ -12,24 +12,14 @@
 #include "core/error.h"
 #include "data/idx_file.h"
 #include "tests/unit/fuzz_readers.h"
+#include "tests/unit/temp_dir.h"
 
 using namespace ht::fuzz;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Scratch {
-  std::string path;
-  Scratch() {
-    std::string tmpl = (fs::temp_directory_path() / "ht-fuzz-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using ht::test_fixtures::TempDir;
 
 // Enough to hit every mutator many times per reader while keeping the suite fast.
 constexpr uint64_t kRandomCases = 400;
@@ -37,7 +27,7 @@ constexpr size_t kMaxTruncations = 600;
 
 // Built once: the plan's seed runs the planner.
 struct Corpus {
-  Scratch scratch;
+  TempDir scratch;
   std::vector<Reader> readers = all_readers(scratch.path);
 };
 
@@ -113,7 +103,7 @@ TEST_CASE("fuzz: a consistent plan of 10^9 micro-batches is refused before sched
 // Deflate packs 64 MiB of zeros into about 64 KiB: a file whose header promises 5 labels
 // is refused once a 6th byte arrives, not after inflating all of it.
 TEST_CASE("fuzz: a gzipped IDX file longer than its header promises is refused at the promise") {
-  Scratch scratch;
+  TempDir scratch;
   const std::string path = scratch.path + "/labels.gz";
   gzFile f = gzopen(path.c_str(), "wb9");
   REQUIRE(f != nullptr);
