@@ -170,11 +170,11 @@ void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor
   std::map<std::string, std::string> meta = metadata;
   meta.insert_or_assign(kFormatKey, std::string(kFormat));  // not operator=: GCC 12 -Wrestrict false positive
   meta[kCrcKey] = crc32_hex(0);
-  const std::string placeholder = st::encode_header(entries, meta);
+  const std::string zeroed_header = st::encode_header(entries, meta);
 
   AtomicFile out(path, "checkpoint");
-  out.write(placeholder.data(), placeholder.size());
-  uint32_t crc = crc32_update(0, placeholder.data(), placeholder.size());
+  out.write(zeroed_header.data(), zeroed_header.size());
+  uint32_t crc = crc32_update(0, zeroed_header.data(), zeroed_header.size());
   for (const auto& [name, t] : tensors) {
     if (t.numel() == 0) continue;
     if (t.dtype() == DType::f32) {
@@ -189,7 +189,7 @@ void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor
   }
   meta[kCrcKey] = crc32_hex(crc);
   const std::string header = st::encode_header(entries, meta);
-  HT_CHECK(header.size() == placeholder.size(), "write_checkpoint: header size changed");
+  HT_CHECK(header.size() == zeroed_header.size(), "write_checkpoint: header size changed");
   out.write_at(0, header.data(), header.size());
   out.commit();
 }
