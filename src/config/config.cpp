@@ -194,11 +194,35 @@ void read_checkpoint(const Json& j, const std::string& path, CheckpointConfig& c
 }
 
 void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
-  expect_object(j, path, "an object with \"strategy\" and \"rebalance_every\"");
+  expect_object(j, path, "an object with \"strategy\", \"sync\" and their settings");
+  auto number = [](const char* key, double& dst, Range r) -> Field {
+    return {key, {}, [&dst, r](const Json& v, const std::string& p) { dst = read_double(v, p, r); }};
+  };
   walk(j, path, {{"strategy", {}, [&](const Json& v, const std::string& p) {
                     c.strategy = *parse_parallel_strategy(read_enum(v, p, parallel_strategy_names()));
                   }},
-                 int_field("rebalance_every", {}, c.rebalance_every, 0)});
+                 int_field("rebalance_every", {}, c.rebalance_every, 0),
+                 {"sync", {}, [&](const Json& v, const std::string& p) {
+                    c.sync = *parse_sync_policy(read_enum(v, p, sync_policy_names()));
+                  }},
+                 number("peer_timeout_s", c.peer_timeout_s, Range::above(0)),
+                 number("deadline_slack", c.deadline_slack, Range::at_least(0)),
+                 int_field("max_staleness", {}, c.max_staleness, 0),
+                 int_field("local_steps", {}, c.local_steps, 0),
+                 number("outer_lr", c.outer_lr, Range::above(0)),
+                 number("outer_momentum", c.outer_momentum, Range::closed_open(0, 1))});
+}
+
+void read_guard(const Json& j, const std::string& path, GuardConfig& g) {
+  expect_object(j, path, "an object with \"norm_ratio\", \"window\", \"quarantine_after\" and \"quarantine_steps\"");
+  walk(j, path, {{"norm_ratio", {}, [&](const Json& v, const std::string& p) {
+                    g.norm_ratio = read_double(v, p, Range::at_least(0));
+                    if (g.norm_ratio > 0 && g.norm_ratio <= 1)
+                      fail_at(p, show(v) + " would leave out ordinary steps; expected 0 (no norm check) or a ratio above 1");
+                  }},
+                 int_field("window", {}, g.window, 2),
+                 int_field("quarantine_after", {}, g.quarantine_after, 1),
+                 int_field("quarantine_steps", {}, g.quarantine_steps, 1)});
 }
 
 void read_run(const Json& j, const std::string& path, RunConfig& r) {
@@ -256,6 +280,15 @@ std::optional<ParallelStrategy> parse_parallel_strategy(std::string_view s) {
   return enum_from_name(s, kParallelStrategyNames);
 }
 
+namespace {
+constexpr EnumName<SyncPolicy> kSyncPolicyNames[] = {
+    {SyncPolicy::sync, "sync"}, {SyncPolicy::deadline, "deadline"}, {SyncPolicy::local, "local"}};
+}  // namespace
+
+const char* to_string(SyncPolicy s) { return enum_name(s, kSyncPolicyNames); }
+std::vector<std::string> sync_policy_names() { return enum_names(kSyncPolicyNames); }
+std::optional<SyncPolicy> parse_sync_policy(std::string_view s) { return enum_from_name(s, kSyncPolicyNames); }
+
 Config parse_config(const std::string& json_text, const std::string& source_path) {
   const std::string source = source_path.empty() ? "<config>" : source_path;
   const Json doc = parse_document(json_text, source);
@@ -273,6 +306,7 @@ Config parse_config(const std::string& json_text, const std::string& source_path
         section("train", read_train, c.train),
         section("checkpoint", read_checkpoint, c.checkpoint),
         section("parallel", read_parallel, c.parallel),
+        section("guard", read_guard, c.guard),
         section("run", read_run, c.run),
         section("emulate", read_emulate, c.emulate)});
   if (!doc.contains("model"))
@@ -366,7 +400,21 @@ std::string to_json(const Config& c) {
            {"data", data},
            {"train", train},
            {"checkpoint", {{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}}},
-           {"parallel", {{"strategy", to_string(c.parallel.strategy)}, {"rebalance_every", c.parallel.rebalance_every}}},
+           {"parallel",
+            {{"strategy", to_string(c.parallel.strategy)},
+             {"rebalance_every", c.parallel.rebalance_every},
+             {"sync", to_string(c.parallel.sync)},
+             {"peer_timeout_s", c.parallel.peer_timeout_s},
+             {"deadline_slack", c.parallel.deadline_slack},
+             {"max_staleness", c.parallel.max_staleness},
+             {"local_steps", c.parallel.local_steps},
+             {"outer_lr", c.parallel.outer_lr},
+             {"outer_momentum", c.parallel.outer_momentum}}},
+           {"guard",
+            {{"norm_ratio", c.guard.norm_ratio},
+             {"window", c.guard.window},
+             {"quarantine_after", c.guard.quarantine_after},
+             {"quarantine_steps", c.guard.quarantine_steps}}},
            {"run", {{"dir", c.run.dir}}}};
   if (!c.emulate.ranks.empty()) {
     Json ranks = Json::array();
@@ -403,7 +451,8 @@ std::string plan_hash(const Config& c) {
                         {"micro_batches", train["micro_batches"]},
                         {"optimizer", train["optimizer"]["type"]},
                         {"momentum", train["optimizer"].value("momentum", Json(0))},
-                        {"strategy", all["parallel"]["strategy"]}};
+                        {"strategy", all["parallel"]["strategy"]},
+                        {"sync", all["parallel"]["sync"]}};
   return crc_hex(planned.dump());
 }
 

@@ -105,6 +105,15 @@ const char* to_string(ParallelStrategy s);  // "auto", "data", "pipeline", "equa
 std::vector<std::string> parallel_strategy_names();
 std::optional<ParallelStrategy> parse_parallel_strategy(std::string_view s);
 
+// parallel.sync, how the replicas of a step agree. sync: every contribution, every step
+// (exact; the reference). deadline: a step's reduction closes when its budget expires,
+// leaving out what has not arrived. local: groups of ranks step on their own for
+// local_steps inner steps, then join an outer step (DiLoCo).
+enum class SyncPolicy { sync, deadline, local };
+const char* to_string(SyncPolicy s);  // "sync", "deadline", "local"
+std::vector<std::string> sync_policy_names();
+std::optional<SyncPolicy> parse_sync_policy(std::string_view s);
+
 // How the work is split over the ranks of an mpirun job.
 struct ParallelConfig {
   ParallelStrategy strategy = ParallelStrategy::automatic;
@@ -112,6 +121,32 @@ struct ParallelConfig {
   // with the plan and re-splits the batch over the replicas when that is predicted to
   // be faster (not under equal, never changing the layout); 0 = never.
   int64_t rebalance_every = 10;
+  SyncPolicy sync = SyncPolicy::sync;
+  // The longest any rank waits on a peer before it ends the job naming that peer. Long
+  // enough for rank 0's evaluation and checkpoint writes between steps, which its peers
+  // wait through; short enough that a dead rank does not hold a job for long.
+  double peer_timeout_s = 300;
+  // deadline: a step's budget is the predicted step x (1 + deadline_slack); a
+  // contribution later than that is dropped (max_staleness 0) or applied up to
+  // max_staleness steps late.
+  double deadline_slack = 0.5;
+  int64_t max_staleness = 0;
+  // local: inner steps per outer step (0: chosen from the measured link and compute
+  // times), and the outer optimiser (Nesterov momentum over the averaged deltas).
+  int64_t local_steps = 0;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+};
+
+// The bad-node guard: a contribution with a non-finite value, or a gradient norm above
+// norm_ratio x the median of its rank's last `window` norms (norm_ratio 0: no norm
+// check), is left out of its step. A rank left out quarantine_after times within
+// `window` steps is quarantined (its contributions left out) for quarantine_steps steps.
+struct GuardConfig {
+  double norm_ratio = 10;
+  int64_t window = 20;
+  int64_t quarantine_after = 3;
+  int64_t quarantine_steps = 50;
 };
 
 struct RunConfig {
@@ -126,6 +161,7 @@ struct Config {
   TrainConfig train;
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
+  GuardConfig guard;
   RunConfig run;
   EmulateConfig emulate;
 };
@@ -140,7 +176,7 @@ std::string to_json(const Config& c);
 // to be sure they train the same thing.
 std::string config_hash(const Config& c);
 // The same over what a plan depends on (model, dataset, batch and micro-batches,
-// optimiser type, parallel.strategy): a plan file records it, and training with a
+// optimiser type, parallel.strategy and parallel.sync): a plan file records it, and training with a
 // plan checks it, so --steps or a new learning rate does not invalidate a plan.
 std::string plan_hash(const Config& c);
 
