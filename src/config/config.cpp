@@ -403,7 +403,6 @@ std::string to_json(const Config& c) {
            {"parallel",
             {{"strategy", to_string(c.parallel.strategy)},
              {"rebalance_every", c.parallel.rebalance_every},
-             {"sync", to_string(c.parallel.sync)},
              {"peer_timeout_s", c.parallel.peer_timeout_s},
              {"deadline_slack", c.parallel.deadline_slack},
              {"max_staleness", c.parallel.max_staleness},
@@ -416,6 +415,7 @@ std::string to_json(const Config& c) {
              {"quarantine_after", c.guard.quarantine_after},
              {"quarantine_steps", c.guard.quarantine_steps}}},
            {"run", {{"dir", c.run.dir}}}};
+  if (c.parallel.sync) doc["parallel"]["sync"] = to_string(*c.parallel.sync);  // absent: the planner's choice
   if (!c.emulate.ranks.empty()) {
     Json ranks = Json::array();
     for (const RankEmulation& r : c.emulate.ranks)
@@ -452,7 +452,7 @@ std::string plan_hash(const Config& c) {
                         {"optimizer", train["optimizer"]["type"]},
                         {"momentum", train["optimizer"].value("momentum", Json(0))},
                         {"strategy", all["parallel"]["strategy"]},
-                        {"sync", all["parallel"]["sync"]}};
+                        {"sync", all["parallel"].value("sync", Json(nullptr))}};
   return crc_hex(planned.dump());
 }
 

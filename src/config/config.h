@@ -121,7 +121,10 @@ struct ParallelConfig {
   // with the plan and re-splits the batch over the replicas when that is predicted to
   // be faster (not under equal, never changing the layout); 0 = never.
   int64_t rebalance_every = 10;
-  SyncPolicy sync = SyncPolicy::sync;
+  // Not given: the planner chooses (auto may take local for ranks a synchronous plan
+  // would leave idle or starved); given, it is kept. sync_policy() reads it with the default.
+  std::optional<SyncPolicy> sync;
+  SyncPolicy sync_policy() const { return sync.value_or(SyncPolicy::sync); }
   // The longest any rank waits on a peer before it ends the job naming that peer. Long
   // enough for rank 0's evaluation and checkpoint writes between steps, which its peers
   // wait through; short enough that a dead rank does not hold a job for long.
