@@ -32,6 +32,7 @@ struct TrainArgs {
   uint64_t seed = 0;
   bool seed_given = false;
   bool quiet = false;
+  std::vector<std::string> inject;
 };
 
 // Under mpirun a rank's stdout is a pseudo-terminal that the launcher, its parent on
@@ -117,6 +118,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--cluster", args->cluster,
                   "Plan over this probe file (default under mpirun: quick-probe the job)");
   cmd->add_option("--timeline", args->timeline, "Write one step's measured timeline here (Chrome trace JSON)");
+  cmd->add_option("--inject", args->inject,
+                  "Testing aid, repeatable: stall:rank=R,at=STEP,for=SECONDS | nan:rank=R,at=STEP[,steps=N] | "
+                  "slow:rank=R,at=STEP,factor=F (see docs/faults.md)")
+      ->allow_extra_args(false);
   cmd->callback([args, seed, steps, stop_after] {
     // Training runs on the devices it is started on; a synth: cluster describes others, so
     // a plan over it would give these ranks work sized for hardware they are not.
@@ -149,7 +154,9 @@ void register_train(CLI::App& app) {
       throw ht::config::ConfigError(e.what());
     }
     opts.timeline = args->timeline;
+    for (const std::string& spec : args->inject) opts.faults.push_back(ht::runtime::parse_fault(spec));
     ht::comm::Communicator& world = ht::comm::world();
+    ht::runtime::check_fault_ranks(opts.faults, world.size());
     if (world.size() == 1 && args->plan.empty() && args->cluster.empty()) {
       ht::runtime::train(std::move(cfg), opts);
       return;

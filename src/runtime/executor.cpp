@@ -4,7 +4,9 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <string>
+#include <thread>
 
 #include "autograd/graph.h"
 #include "comm/clock_sync.h"
@@ -234,6 +236,8 @@ void Executor::backward(int mb) {
     auto& [in, out] = m.segments[i];
     if (last_ && i + 1 == m.segments.size()) out.backward();
     else out.backward(grad);
+    if (i + 1 == m.segments.size() && mb == last_backward_mb_ && faults_ && faults_->poison_gradient())
+      poison_gradient(block_params_[i], block_params_[i + 1]);
     if (i > 0) {
       grad = in.grad();
       HT_CHECK(grad.defined(), "executor: rank ", world_.rank(), " block ", rank_plan_.block_begin + static_cast<int>(i),
@@ -252,6 +256,24 @@ void Executor::backward(int mb) {
   }
   m.output = m.grad_output = Tensor();
   if (first_) live_.erase(mb);
+}
+
+// --inject nan: one element of the first gradient among parameters [begin, end) becomes
+// NaN, as a faulty device's arithmetic would make it, before anything checks or sends it.
+void Executor::poison_gradient(size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    const Tensor& p = params_[i].second;
+    Tensor g = p.grad();
+    if (!g.defined() || g.numel() == 0) continue;
+    HT_CHECK(g.backend().kind() == DeviceKind::cpu, "--inject nan: rank ", world_.rank(),
+             "'s gradients are not in host memory; expected a CPU rank for this testing aid");
+    if (!g.is_contiguous()) {
+      g = clone(g);
+      p.set_grad(g);
+    }
+    g.data()[0] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
 }
 
 // Parameters [begin, end) of this stage join the all-reduce: their gradients as
@@ -365,6 +387,8 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         *stage_group_, plan::stage_reduce_parts(plan_, plan_.layout, static_cast<size_t>(stage_)), !shards_.empty());
   const auto start = Clock::now();
   r.start_s = comm::clock_seconds(start);
+  if (faults_ && faults_->stall_seconds() > 0)  // --inject stall: before any instruction
+    std::this_thread::sleep_for(std::chrono::duration<double>(faults_->stall_seconds()));
   for (const plan::Instruction& in : schedule_) {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
@@ -417,6 +441,9 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         }
         break;
     }
+    if (!comm && faults_ && faults_->slow_factor() > 1)  // --inject slow: F x this compute's time
+      std::this_thread::sleep_for(std::chrono::duration<double>((faults_->slow_factor() - 1) *
+                                                                (seconds_since(t0) - gathered)));
     const double dt = seconds_since(t0) - gathered;
     (comm ? r.comm_s : r.compute_s) += dt;
     const double cpu = process_cpu_seconds() - cpu0 - gathered_cpu;

@@ -33,6 +33,7 @@
 #include "optim/optimizer.h"
 #include "plan/plan.h"
 #include "plan/timeline.h"
+#include "runtime/fault_injection.h"
 #include "runtime/task.h"
 
 namespace ht::comm {
@@ -91,6 +92,9 @@ class Executor {
 
   // One step over the global batch whose first sample sits at stream position `first`.
   StepResult step(int64_t first, float lr, bool record_spans);
+  // --inject's faults for this rank (the caller keeps it, and calls begin_step before
+  // each step); null: none.
+  void inject(const FaultInjector* faults) { faults_ = faults; }
 
   // CRC-32 of this rank's parameter bytes ("" on an idle rank): replicas of a stage must
   // hold bit-identical parameters, since they apply the same summed gradient.
@@ -112,6 +116,7 @@ class Executor {
   void backward(int mb);
   void reduce_grads();
   void add_to_reduce(size_t begin, size_t end);
+  void poison_gradient(size_t begin, size_t end);
   void optimizer_step(float lr);
   double gather_weights();  // sharded: the other parts' updated weights; returns seconds
   void share_weights();     // a hub that steps the optimiser: see executor.cpp
@@ -152,6 +157,7 @@ class Executor {
   std::vector<comm::Request> updated_;  // the hub's word of updated weights, in flight
   std::map<int, MicroBatch> live_;   // micro-batches between their Forward and Backward
   double loss_sum_ = 0;
+  const FaultInjector* faults_ = nullptr;
 };
 
 // Throws when two replicas of one stage report different checksums (one per world rank,

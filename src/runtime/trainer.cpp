@@ -116,7 +116,9 @@ class Run {
         executor_(std::make_unique<Executor>(plan_, model_, *task_, world_, cfg_.train)),
         rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_),
         planned_step_s_(plan_.predicted.step_seconds),
-        checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep) {
+        checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
+        faults_(opts.faults, world_.rank()) {
+    if (!faults_.empty()) executor_->inject(&faults_);
     // Rank 0 evaluates and checkpoints the whole model, so all of it goes onto its device;
     // the others hold only their stage there (the executor moved it), the rest of the
     // model staying in host memory.
@@ -146,6 +148,7 @@ class Run {
                     std::to_string(model_.param_count()) + " parameters" +
                     (multi() ? ", " + std::to_string(world_.size()) + " ranks (" + plan::to_string(plan_.strategy) + ")" : "") +
                     ", run directory " + cfg_.run.dir);
+    for (const Fault& f : opts_.faults) progress.note("testing aid: injecting " + f.spec);
     if (executor_->shares_weights())
       progress.note("weights: the replicas compute with the hub's, in shared memory; only word of an update travels");
     else if (!executor_->why_weights_apart().empty())
@@ -163,6 +166,7 @@ class Run {
     for (; step < total_steps_; ++step) {
       const float lr = schedule_.at(step);
       const bool trace = !opts_.timeline.empty() && step == traced;
+      faults_.begin_step(step + 1);
       StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
       if (trace) write_timeline(r);
       rebalancer_.record(r);
@@ -183,6 +187,7 @@ class Run {
         if (o->relayout)
           executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train);
         else if (o->changed) executor_->reshare();
+        if (o->relayout && !faults_.empty()) executor_->inject(&faults_);
         if (o->changed) step_walls.clear();  // the measured step is the current shares'
         if (root_) {
           metrics->write(o->record(rebalancer_.check_step()));
@@ -535,6 +540,7 @@ class Run {
   int64_t total_steps_ = 0;
   int64_t stream_base_ = 0;  // stream position of step 0's first sample
   optim::LrSchedule schedule_;
+  FaultInjector faults_;  // --inject's, for this rank
 };
 
 }  // namespace

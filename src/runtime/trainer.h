@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "plan/plan.h"
+#include "runtime/fault_injection.h"
 #include "runtime/rebalancer.h"
 
 namespace ht::runtime {
@@ -34,6 +35,7 @@ struct TrainOptions {
   // Rebalances the shares every parallel.rebalance_every steps when set (a job that
   // planned for itself); empty: the plan runs as given.
   RebalanceFn rebalance;
+  std::vector<Fault> faults;  // --inject, a testing aid (runtime/fault_injection.h)
 };
 
 // Ctrl-C during training: a checkpoint was written at the step boundary it stopped at.

@@ -1,0 +1,118 @@
+#include "runtime/fault_injection.h"
+
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "config/config.h"
+
+namespace ht::runtime {
+
+namespace {
+
+[[noreturn]] void reject(const std::string& spec, const std::string& what) {
+  throw config::ConfigError("--inject " + spec + ": " + what);
+}
+
+int64_t int_field(const std::string& spec, const std::string& key, const std::string& text, int64_t min) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
+    reject(spec, key + "=" + text + " is not an integer; expected an integer of at least " + std::to_string(min));
+  if (v < min)
+    reject(spec, key + "=" + text + " is out of range; expected at least " + std::to_string(min));
+  return v;
+}
+
+double real_field(const std::string& spec, const std::string& key, const std::string& text, double min,
+                  const char* expected) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
+    reject(spec, key + "=" + text + " is not a number; expected " + expected);
+  if (v < min) reject(spec, key + "=" + text + " is out of range; expected " + expected);
+  return v;
+}
+
+}  // namespace
+
+Fault parse_fault(const std::string& spec) {
+  Fault f;
+  f.spec = spec;
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  if (kind == "stall") f.kind = FaultKind::stall;
+  else if (kind == "nan") f.kind = FaultKind::nan;
+  else if (kind == "slow") f.kind = FaultKind::slow;
+  else reject(spec, "unknown kind '" + kind + "'; expected stall, nan or slow (e.g. stall:rank=1,at=10,for=5)");
+  const std::map<FaultKind, std::set<std::string>> allowed = {
+      {FaultKind::stall, {"rank", "at", "for"}},
+      {FaultKind::nan, {"rank", "at", "steps"}},
+      {FaultKind::slow, {"rank", "at", "factor"}}};
+  const std::map<FaultKind, std::set<std::string>> required = {
+      {FaultKind::stall, {"rank", "at", "for"}},
+      {FaultKind::nan, {"rank", "at"}},
+      {FaultKind::slow, {"rank", "at", "factor"}}};
+  std::set<std::string> seen;
+  const std::string fields = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  size_t pos = 0;
+  while (!fields.empty() && pos <= fields.size()) {
+    const size_t comma = std::min(fields.find(',', pos), fields.size());
+    const std::string item = fields.substr(pos, comma - pos);
+    pos = comma + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      reject(spec, "field '" + item + "' is not key=value; expected fields of " + kind + " as key=value, comma-separated");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (!allowed.at(f.kind).count(key)) {
+      std::string keys;
+      for (const std::string& k : allowed.at(f.kind)) keys += (keys.empty() ? "" : ", ") + k;
+      reject(spec, "unknown field '" + key + "' for " + kind + "; expected " + keys);
+    }
+    if (!seen.insert(key).second) reject(spec, "field '" + key + "' is given twice; expected it once");
+    if (key == "rank") {
+      const int64_t r = int_field(spec, key, value, 0);
+      // Any real job is far smaller; the world's size is checked by check_fault_ranks.
+      if (r > (1 << 20)) reject(spec, "rank=" + value + " is out of range; expected a rank of this job");
+      f.rank = static_cast<int>(r);
+    } else if (key == "at") f.at = int_field(spec, key, value, 1);
+    else if (key == "steps") f.steps = int_field(spec, key, value, 1);
+    else if (key == "for") f.seconds = real_field(spec, key, value, 0, "seconds >= 0");
+    else if (key == "factor") f.factor = real_field(spec, key, value, 1, "a factor >= 1");
+  }
+  for (const std::string& k : required.at(f.kind))
+    if (!seen.count(k)) reject(spec, "missing field '" + k + "'; expected " + kind + " to give " + k + "=...");
+  return f;
+}
+
+void check_fault_ranks(const std::vector<Fault>& faults, int world_size) {
+  for (const Fault& f : faults)
+    if (f.rank >= world_size)
+      reject(f.spec, "rank=" + std::to_string(f.rank) + " is out of range; expected a rank in [0, " +
+                         std::to_string(world_size - 1) + "] of this " + std::to_string(world_size) + "-rank job");
+}
+
+FaultInjector::FaultInjector(std::vector<Fault> faults, int rank) {
+  for (Fault& f : faults)
+    if (f.rank == rank) faults_.push_back(std::move(f));
+}
+
+void FaultInjector::begin_step(int64_t step) {
+  stall_s_ = 0;
+  factor_ = 1;
+  poison_ = false;
+  for (const Fault& f : faults_) switch (f.kind) {
+      case FaultKind::stall:
+        if (step == f.at) stall_s_ += f.seconds;
+        break;
+      case FaultKind::nan:
+        if (step >= f.at && step < f.at + f.steps) poison_ = true;
+        break;
+      case FaultKind::slow:
+        if (step >= f.at) factor_ *= f.factor;
+        break;
+    }
+}
+
+}  // namespace ht::runtime

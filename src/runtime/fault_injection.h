@@ -1,0 +1,53 @@
+// Fault injection, a testing aid (`hetrain train --inject SPEC`, docs/faults.md): a rank
+// stalls, computes slowly or produces a NaN gradient at a given step, so that the bounded
+// waits, the deadline and local synchronisation and the bad-node guard can be tested on
+// one machine without real faulty hardware.
+//
+// Specs, one per --inject (steps numbered as metrics.jsonl numbers them, the first is 1):
+//   stall:rank=R,at=STEP,for=SECONDS   rank R sleeps SECONDS at the start of step STEP
+//   nan:rank=R,at=STEP[,steps=N]       rank R's gradient holds a NaN in steps STEP..STEP+N-1
+//   slow:rank=R,at=STEP,factor=F       from step STEP on, rank R's compute takes F times as long
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ht::runtime {
+
+enum class FaultKind { stall, nan, slow };
+
+struct Fault {
+  FaultKind kind = FaultKind::stall;
+  int rank = 0;
+  int64_t at = 1;       // the first step it acts in (1-based, as in metrics.jsonl)
+  double seconds = 0;   // stall
+  int64_t steps = 1;    // nan: how many consecutive steps
+  double factor = 1;    // slow: >= 1
+  std::string spec;     // as given, for messages
+};
+
+// Throws config::ConfigError naming the spec, the field, the value and what was expected.
+Fault parse_fault(const std::string& spec);
+// Throws config::ConfigError when a fault names a rank outside [0, world_size).
+void check_fault_ranks(const std::vector<Fault>& faults, int world_size);
+
+// What the faults do to one rank at the current step. begin_step is called once per
+// step, before the executor runs it.
+class FaultInjector {
+ public:
+  FaultInjector() = default;
+  FaultInjector(std::vector<Fault> faults, int rank);
+  bool empty() const { return faults_.empty(); }
+  void begin_step(int64_t step);  // 1-based
+  double stall_seconds() const { return stall_s_; }  // to sleep at the start of this step
+  bool poison_gradient() const { return poison_; }   // a NaN into this step's gradient
+  double slow_factor() const { return factor_; }     // 1: full speed
+
+ private:
+  std::vector<Fault> faults_;  // this rank's only
+  double stall_s_ = 0, factor_ = 1;
+  bool poison_ = false;
+};
+
+}  // namespace ht::runtime
