@@ -1,0 +1,74 @@
+#include "runtime/guard.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ht::runtime {
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::kept: return "kept";
+    case Verdict::non_finite: return "non-finite gradient";
+    case Verdict::norm: return "gradient norm outlier";
+    case Verdict::quarantined: return "quarantined";
+  }
+  return "?";
+}
+
+bool norm_outlier(double norm, const std::vector<double>& history, double ratio, int64_t window) {
+  const size_t need = std::min(kMinNormHistory, static_cast<size_t>(std::max<int64_t>(window, 1)));
+  if (ratio <= 0 || history.size() < need) return false;
+  std::vector<double> sorted = history;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  return norm > ratio * median;
+}
+
+Verdict ContributionGuard::judge(size_t key, double sum_squares, int64_t samples, int64_t global) {
+  if (sticky_ != Verdict::kept) return sticky_;
+  if (!std::isfinite(sum_squares)) return sticky_ = Verdict::non_finite;
+  if (samples <= 0) return Verdict::kept;  // nothing computed: zeros, nothing to judge
+  const double norm = std::sqrt(sum_squares) * static_cast<double>(global) / static_cast<double>(samples);
+  std::deque<double>& h = history_[key];
+  if (norm_outlier(norm, std::vector<double>(h.begin(), h.end()), cfg_.norm_ratio, cfg_.window))
+    return sticky_ = Verdict::norm;
+  h.push_back(norm);
+  while (static_cast<int64_t>(h.size()) > cfg_.window) h.pop_front();
+  return Verdict::kept;
+}
+
+Quarantine::Quarantine(const config::GuardConfig& cfg, int members)
+    : cfg_(cfg), offences_(static_cast<size_t>(members)), release_(static_cast<size_t>(members), 0) {}
+
+std::vector<int> Quarantine::record(const std::vector<Verdict>& verdicts) {
+  HT_CHECK(verdicts.size() == offences_.size(), "Quarantine::record: ", verdicts.size(), " verdicts for ",
+           offences_.size(), " members; expected one per member");
+  ++step_;
+  std::vector<int> now;
+  for (size_t m = 0; m < verdicts.size(); ++m) {
+    std::deque<int64_t>& o = offences_[m];
+    while (!o.empty() && o.front() <= step_ - cfg_.window) o.pop_front();
+    if (verdicts[m] != Verdict::non_finite && verdicts[m] != Verdict::norm) continue;
+    o.push_back(step_);
+    if (static_cast<int64_t>(o.size()) < cfg_.quarantine_after) continue;
+    release_[m] = step_ + 1 + cfg_.quarantine_steps;
+    o.clear();
+    now.push_back(static_cast<int>(m));
+  }
+  return now;
+}
+
+void rescale_to_kept(const std::vector<Tensor>& sums, int64_t global, double kept) {
+  if (kept <= 0 || kept == static_cast<double>(global)) return;
+  const auto factor = static_cast<float>(static_cast<double>(global) / kept);
+  for (const Tensor& t : sums) {
+    HT_CHECK(t.dtype() == DType::f32 && t.is_contiguous(), "rescale_to_kept: expected contiguous float32; got ",
+             dtype_name(t.dtype()), " of shape ", to_string(t.shape()));
+    t.backend().unary(UnaryOp::mul_scalar, t.data(), t.data(), t.numel(), factor);
+  }
+}
+
+}  // namespace ht::runtime

@@ -1,0 +1,92 @@
+// The bad-node guard: every step, before a rank's gradient contribution leaves the rank,
+// the rank checks it (non-finite values; a norm far above its recent ones) and, when it
+// fails, sends zeros with a sample count of 0 instead. The counts travel with the
+// reduction, so after it every member of the stage group knows the samples kept and who
+// was left out, and rescales the sum to the mean over the kept samples
+// (rescale_to_kept). A member left out guard.quarantine_after times within guard.window
+// steps is quarantined for guard.quarantine_steps steps, decided by every member from
+// those same reduced verdicts, so all agree without another message.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "config/config.h"
+#include "tensor/tensor.h"
+
+namespace ht::runtime {
+
+// Why a contribution was or was not used. The values travel in the reduced counts.
+enum class Verdict : int { kept = 0, non_finite = 1, norm = 2, quarantined = 3 };
+const char* verdict_name(Verdict v);  // "kept", "non-finite gradient", "gradient norm outlier", "quarantined"
+
+// The norm check needs this many accepted norms (or the whole window when it is
+// shorter) before it judges: a median of one or two norms says little.
+constexpr size_t kMinNormHistory = 5;
+
+// Whether `norm` is above `ratio` x the median of `history` (accepted norms). Never with
+// ratio 0 (no norm check) or fewer than min(kMinNormHistory, window) norms.
+bool norm_outlier(double norm, const std::vector<double>& history, double ratio, int64_t window);
+
+// One rank's judgement of its own contribution, group by group as the groups join the
+// reduction (block by block during Backward). A verdict other than kept sticks for the
+// rest of the step: the groups still to come are left out too, so a contribution that
+// turns bad part-way is left out from there on (the groups already sent stay, and each
+// group is rescaled by its own kept samples, so each is still an exact mean).
+class ContributionGuard {
+ public:
+  explicit ContributionGuard(const config::GuardConfig& cfg) : cfg_(cfg) {}
+  void begin_step() { sticky_ = Verdict::kept; }
+  // `key` names the group (its first parameter): each group keeps its own norm history,
+  // since blocks' gradient norms differ by orders of magnitude. `sum_squares` is over
+  // the group's gradients; their norm x global / samples (the norm of this rank's own
+  // mean gradient, which does not move when its share does) is what the history holds.
+  // A kept group's norm joins its history; a left-out one's does not, so a run of
+  // outliers cannot raise the median to meet them.
+  Verdict judge(size_t key, double sum_squares, int64_t samples, int64_t global);
+
+ private:
+  config::GuardConfig cfg_;
+  Verdict sticky_ = Verdict::kept;
+  std::map<size_t, std::deque<double>> history_;
+};
+
+// Who is quarantined. Every member of a stage group feeds it the same verdicts (read
+// from the reduced counts), so every member holds the same state.
+class Quarantine {
+ public:
+  Quarantine(const config::GuardConfig& cfg, int members);
+  // In the coming step.
+  bool quarantined(int member) const { return step_ + 1 < release_[static_cast<size_t>(member)]; }
+  // One step's verdict for each member. Returns the members it quarantines (for
+  // quarantine_steps steps from the next; their offences are then forgotten).
+  std::vector<int> record(const std::vector<Verdict>& verdicts);
+
+ private:
+  config::GuardConfig cfg_;
+  int64_t step_ = 0;                           // steps recorded
+  std::vector<std::deque<int64_t>> offences_;  // per member, steps within the window
+  std::vector<int64_t> release_;               // per member: the first step it is tried again
+};
+
+// A reduced sum of contributions, each pre-scaled by 1 / global (the executor scales
+// the loss by 1 / (global batch x predictions)), becomes the sample-weighted mean over
+// the `kept` samples that contributed: x global / kept. Unchanged when kept == global;
+// kept == 0 leaves nothing to average (the caller skips the update). Contiguous float32
+// tensors, in place. The deadline reduction uses it too, for contributions that did not
+// arrive in time.
+void rescale_to_kept(const std::vector<Tensor>& sums, int64_t global, double kept);
+
+// One contribution left out of a step, or a member quarantined (verdict quarantined
+// with quarantine_steps > 0), as the metrics and the log report it.
+struct GuardEvent {
+  int rank = 0;   // world rank
+  int stage = 0;
+  Verdict verdict = Verdict::kept;
+  int64_t samples = 0;           // left out of the step
+  int64_t quarantine_steps = 0;  // > 0: quarantined by this step for this many steps
+};
+
+}  // namespace ht::runtime

@@ -1,0 +1,114 @@
+// The bad-node guard's decisions on fixed sequences: the norm check against the median
+// of the accepted norms, the sticky verdict within a step, quarantine after repeated
+// offences within the window and release after its steps, and the rescale to the kept
+// samples.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "runtime/guard.h"
+
+using namespace ht;
+using namespace ht::runtime;
+
+namespace {
+
+config::GuardConfig guard_config(double ratio, int64_t window, int64_t after, int64_t steps) {
+  config::GuardConfig g;
+  g.norm_ratio = ratio;
+  g.window = window;
+  g.quarantine_after = after;
+  g.quarantine_steps = steps;
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("guard: a norm is an outlier above ratio x the median of the history, once it has enough") {
+  const std::vector<double> five{1, 2, 3, 100, 4};  // median 3, whatever one large value
+  CHECK(!norm_outlier(30, five, 10, 20));
+  CHECK(norm_outlier(30.001, five, 10, 20));
+  CHECK(!norm_outlier(1e9, {1, 2, 3, 4}, 10, 20));  // 4 < kMinNormHistory
+  CHECK(norm_outlier(41, {1, 2, 3, 4}, 10, 4));     // a window of 4 needs only 4; median 2.5
+  CHECK(!norm_outlier(1e9, five, 0, 20));           // ratio 0: no norm check
+  CHECK(norm_outlier(25.001, {1, 2, 3, 4, 5, 100}, 7.1428, 20) == (25.001 > 7.1428 * 3.5));
+}
+
+TEST_CASE("guard: non-finite and outlying contributions are left out, and the verdict sticks for the step") {
+  ContributionGuard g(guard_config(10, 20, 3, 5));
+  // The norm judged is that of the rank's own mean gradient: sqrt(sum of squares) x
+  // global / samples. 10 samples of 40: sum of squares 0.25 is a norm of 2.
+  for (int step = 0; step < 5; ++step) {
+    g.begin_step();
+    CHECK(g.judge(0, 0.25, 10, 40) == Verdict::kept);
+  }
+  g.begin_step();
+  CHECK(g.judge(0, 0.25 * 99, 10, 40) == Verdict::kept);    // norm 19.9 <= 10 x 2
+  g.begin_step();
+  CHECK(g.judge(0, 0.25 * 101, 10, 40) == Verdict::norm);  // norm 20.1 > 10 x 2
+  CHECK(g.judge(1, 0.25, 10, 40) == Verdict::norm);        // sticky: the next group too
+  g.begin_step();
+  // The same contribution's norm from twice the share: the mean gradient's norm is unchanged.
+  CHECK(g.judge(0, 1.0, 20, 40) == Verdict::kept);
+  g.begin_step();
+  CHECK(g.judge(0, std::numeric_limits<double>::quiet_NaN(), 10, 40) == Verdict::non_finite);
+  CHECK(g.judge(1, 0.25, 10, 40) == Verdict::non_finite);
+  g.begin_step();
+  CHECK(g.judge(0, std::numeric_limits<double>::infinity(), 10, 40) == Verdict::non_finite);
+  g.begin_step();
+  // Each group has its own history: group 1 has none yet, so its norm is not judged.
+  CHECK(g.judge(1, 1e6, 10, 40) == Verdict::kept);
+  CHECK(g.judge(0, 0.25, 10, 40) == Verdict::kept);
+}
+
+TEST_CASE("guard: left-out norms do not join the history, so a run of outliers stays out") {
+  ContributionGuard g(guard_config(10, 5, 3, 5));
+  for (int step = 0; step < 5; ++step) {
+    g.begin_step();
+    CHECK(g.judge(0, 1, 1, 1) == Verdict::kept);
+  }
+  for (int step = 0; step < 20; ++step) {
+    g.begin_step();
+    CHECK(g.judge(0, 400, 1, 1) == Verdict::norm);  // norm 20 against a median of 1, every time
+  }
+  g.begin_step();
+  CHECK(g.judge(0, 1, 1, 1) == Verdict::kept);
+}
+
+TEST_CASE("guard: quarantine after quarantine_after offences within the window, then release") {
+  Quarantine q(guard_config(10, 4, 2, 3), 3);
+  using V = Verdict;
+  const V k = V::kept, n = V::non_finite;
+  CHECK(q.record({k, n, k}).empty());  // step 1: member 1's first offence
+  CHECK(q.record({k, k, k}).empty());  // 2
+  CHECK(q.record({k, k, k}).empty());  // 3
+  CHECK(q.record({k, k, k}).empty());  // 4
+  CHECK(q.record({k, V::norm, k}).empty());  // 5: step 1 left the window (steps 2..5)
+  CHECK(!q.quarantined(1));
+  CHECK(q.record({k, n, n}) == std::vector<int>{1});  // 6: the second within 4 steps
+  for (int step = 7; step <= 9; ++step) {  // quarantined for 3 steps
+    CHECK(q.quarantined(1));
+    CHECK(q.record({k, V::quarantined, k}).empty());
+  }
+  CHECK(!q.quarantined(1));  // tried again at step 10, its offences forgotten
+  CHECK(q.record({k, n, k}).empty());
+  CHECK(!q.quarantined(0));
+  CHECK(!q.quarantined(2));  // one offence at step 6
+}
+
+TEST_CASE("guard: the sum over kept samples is rescaled to their mean") {
+  // Contributions pre-scaled by 1 / 40; 30 of the 40 samples kept.
+  const Tensor t = Tensor::from_vector({3.f / 40, -6.f / 40, 0.f}, {3});
+  rescale_to_kept({t}, 40, 30);
+  const std::vector<float> v = t.to_vector();
+  // Three roundings (of 3/40, of the factor 4/3, of the product), each within u
+  // relative: within 3 u x 0.1 = 2.4 ulps of 0.1, and likewise of -0.2.
+  CHECK(std::fabs(v[0] - 0.1f) <= 3 * (std::nextafter(0.1f, 1.f) - 0.1f));
+  CHECK(std::fabs(v[1] + 0.2f) <= 3 * (std::nextafter(0.2f, 1.f) - 0.2f));
+  CHECK(v[2] == 0.f);
+  const Tensor same = Tensor::from_vector({1.f, 2.f}, {2});
+  rescale_to_kept({same}, 40, 40);  // all kept: untouched, bit for bit
+  rescale_to_kept({same}, 40, 0);   // none kept: nothing to average
+  CHECK(same.to_vector() == std::vector<float>{1.f, 2.f});
+}
