@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <cmath>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -142,6 +143,20 @@ Checkpoint read_unprefixed(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// A checkpoint with valid CRC is what --resume trusts: a non-finite value would poison
+// every run resumed from it, so such a model is never written.
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+  const std::vector<float> v = t.to_vector();
+  for (size_t i = 0; i < v.size(); ++i)
+    HT_CHECK(std::isfinite(v[i]), "not writing checkpoint ", path, ": tensor '", name, "' holds ", v[i],
+             " at element ", i, " of ", v.size(), "; a non-finite model is never written, so the newest "
+             "checkpoint already written stays the newest valid one");
+}
+
+}  // namespace
+
 void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   // Everything that can be checked without the disk is checked first, so a bad call
@@ -158,6 +173,7 @@ void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor
     HT_CHECK(seen.insert(name).second, "write_checkpoint ", path, ": duplicate tensor name '",
              name, "'");
     HT_CHECK(t.defined(), "write_checkpoint ", path, ": tensor '", name, "' is undefined");
+    if (t.dtype() == DType::f32) check_finite(path, name, t);
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype());
     entries.push_back({name, t.dtype(), t.shape(), offset, offset + bytes});
     offset += bytes;

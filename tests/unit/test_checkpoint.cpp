@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -154,6 +155,23 @@ TEST_CASE("checkpoint: bad writes are refused before any file is created") {
                        contains("tensor 'a' is undefined"), Error);
   CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"__metadata__", t}}, {}),
                        contains("invalid tensor name"), Error);
+  CHECK(fs::is_empty(tmp.path));
+}
+
+TEST_CASE("checkpoint: a non-finite value is never written; the error names the tensor and where") {
+  TempDir tmp;
+  const std::string path = tmp / "poisoned.safetensors";
+  const Tensor good = Tensor::from_vector({1.f, 2.f}, {2});
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    CAPTURE(bad);
+    const Tensor t = Tensor::from_vector({0.5f, 1.5f, bad}, {3});
+    CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"model.w", good}, {"optim.m", t}}, {}),
+                         contains("not writing checkpoint " + path + ": tensor 'optim.m' holds " +
+                                  (std::isnan(bad) ? std::string(std::signbit(bad) ? "-nan" : "nan")
+                                                   : std::string(bad > 0 ? "inf" : "-inf")) +
+                                  " at element 2 of 3; a non-finite model is never written"),
+                         Error);
+  }
   CHECK(fs::is_empty(tmp.path));
 }
 
