@@ -1,0 +1,396 @@
+#include "plan/local_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "plan/batch_split.h"
+#include "plan/memory_fit.h"
+#include "plan/plan_costs.h"
+#include "plan/planner.h"
+
+namespace ht::plan {
+
+namespace {
+
+// Bytes the outer step streams per parameter on every rank: it reads the group's
+// weights, the round's anchor, the outer weights and the momentum and writes the last
+// three and the weights (the delta's all-reduce is counted apart).
+constexpr double kOuterBytesPerParam = 4 * 8;
+
+std::vector<int64_t> shares_by_speed(int64_t samples, const std::vector<double>& speeds) {
+  std::vector<ReplicaCapacity> caps;
+  for (double s : speeds) caps.push_back({s, -1, 0});
+  return split_batch(samples, caps);
+}
+
+// A data-parallel plan over `ranks` (world ranks of `data`) alone, renumbered, taking
+// `samples` split by the ranks' speeds; each rank keeps its replica's micro-batches
+// and recomputation from `data`.
+Plan sub_plan(const Plan& data, const BlockCosts& sub_costs, const std::vector<int>& ranks,
+              const std::vector<int64_t>& shares) {
+  Plan p;
+  p.config_name = data.config_name;
+  p.config_hash = data.config_hash;
+  p.cluster_source = data.cluster_source;
+  p.world_size = static_cast<int>(ranks.size());
+  p.blocks = data.blocks;
+  p.global_batch = std::accumulate(shares.begin(), shares.end(), int64_t{0});
+  p.strategy = Strategy::data;
+  p.stage_ranges = data.stage_ranges;
+  const bool recompute = !data.layout.recompute.empty();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    RankPlan rp = data.ranks[static_cast<size_t>(ranks[i])];
+    const auto r = static_cast<size_t>(rp.replica);
+    p.layout.replicas.push_back({static_cast<int>(i)});
+    p.layout.samples.push_back(shares[i]);
+    p.layout.micro_batches.push_back(static_cast<int>(std::min<int64_t>(data.layout.micro_batches[r], shares[i])));
+    if (recompute) p.layout.recompute.push_back(data.layout.recompute[r]);
+    rp.rank = static_cast<int>(i);
+    rp.replica = static_cast<int>(i);
+    rp.stage = 0;
+    rp.optimizer_shard = 1;
+    p.ranks.push_back(rp);
+  }
+  sync_rank_shares(p);
+  for (RankPlan& rp : p.ranks) rp.memory = rank_memory(p, sub_costs, rp);
+  return p;
+}
+
+std::vector<double> speeds_of(const BlockCosts& costs, const std::vector<int>& ranks) {
+  std::vector<double> s;
+  for (int r : ranks) s.push_back(replica_samples_per_s(costs, r));
+  return s;
+}
+
+// Predicted samples/s of `ranks` as one synchronous group taking `samples` a step.
+double group_throughput(const LocalPlanInput& in, const std::vector<int>& ranks, int64_t samples) {
+  if (samples < static_cast<int64_t>(ranks.size())) return 0;
+  const BlockCosts costs = costs_of(in.costs, ranks);
+  const ClusterModel cluster = cluster_of(in.cluster, ranks);
+  std::vector<int> local(ranks.size());
+  std::iota(local.begin(), local.end(), 0);
+  Plan p = sub_plan(in.data_plan, costs, ranks, shares_by_speed(samples, speeds_of(costs, local)));
+  predict_plan(p, costs, cluster);
+  return p.predicted.samples_per_s;
+}
+
+int64_t nominal_share(const LocalPlanInput& in, const std::vector<int>& ranks, double total_speed) {
+  double s = 0;
+  for (int r : ranks) s += replica_samples_per_s(in.costs, r);
+  return std::max<int64_t>(static_cast<int64_t>(ranks.size()),
+                           std::llround(static_cast<double>(in.data_plan.global_batch) * s / total_speed));
+}
+
+double total_params(const BlockCosts& costs) {
+  return std::accumulate(costs.params.begin(), costs.params.end(), 0.0);
+}
+
+}  // namespace
+
+BlockCosts costs_of(const BlockCosts& costs, const std::vector<int>& ranks) {
+  BlockCosts out = costs;
+  auto pick = [&](auto& rows, const auto& from) {
+    if (from.empty()) return;
+    rows.clear();
+    for (int r : ranks) rows.push_back(from[static_cast<size_t>(r)]);
+  };
+  pick(out.seconds_per_sample, costs.seconds_per_sample);
+  pick(out.call_seconds, costs.call_seconds);
+  pick(out.step_seconds, costs.step_seconds);
+  pick(out.source, costs.source);
+  out.comm_overhead_seconds.clear();
+  for (int r : ranks) out.comm_overhead_seconds.push_back(comm_overhead_seconds(costs, static_cast<size_t>(r)));
+  return out;
+}
+
+ClusterModel cluster_of(const ClusterModel& cluster, const std::vector<int>& ranks) {
+  ClusterModel out;
+  out.source = cluster.source;
+  for (int a : ranks) {
+    const auto i = static_cast<size_t>(a);
+    out.ranks.push_back(cluster.ranks[i]);
+    std::vector<double> lat, bw;
+    for (int b : ranks) {
+      lat.push_back(cluster.latency_s[i][static_cast<size_t>(b)]);
+      bw.push_back(cluster.bandwidth_bytes_per_s[i][static_cast<size_t>(b)]);
+    }
+    out.latency_s.push_back(lat);
+    out.bandwidth_bytes_per_s.push_back(bw);
+    if (i < cluster.block_seconds.size()) out.block_seconds.push_back(cluster.block_seconds[i]);
+    if (i < cluster.block_step_seconds.size()) out.block_step_seconds.push_back(cluster.block_step_seconds[i]);
+    if (i < cluster.block_call_seconds.size()) out.block_call_seconds.push_back(cluster.block_call_seconds[i]);
+  }
+  return out;
+}
+
+std::vector<int> group_ranks(const Plan& plan, int group) {
+  HT_CHECK(plan.local && group >= 0 && group < static_cast<int>(plan.local->groups.size()), "group_ranks: group ",
+           group, " of a plan with ", plan.local ? plan.local->groups.size() : 0, " groups");
+  std::vector<int> out;
+  for (int r : plan.local->groups[static_cast<size_t>(group)])
+    for (int rank : plan.layout.replicas[static_cast<size_t>(r)]) out.push_back(rank);
+  return out;
+}
+
+int group_of_rank(const Plan& plan, int rank) {
+  if (!plan.local) return -1;
+  const int replica = plan.ranks[static_cast<size_t>(rank)].replica;
+  for (size_t g = 0; g < plan.local->groups.size(); ++g)
+    for (int r : plan.local->groups[g])
+      if (r == replica) return static_cast<int>(g);
+  return -1;
+}
+
+int64_t group_samples(const Plan& plan, int group) {
+  int64_t s = 0;
+  for (int r : plan.local->groups[static_cast<size_t>(group)]) s += plan.layout.samples[static_cast<size_t>(r)];
+  return s;
+}
+
+int64_t group_offset(const Plan& plan, int group) {
+  int64_t s = 0;
+  for (int g = 0; g < group; ++g) s += group_samples(plan, g);
+  return s;
+}
+
+void check_local_plan(const Plan& plan) {
+  HT_CHECK(plan.local, "check_local_plan: the plan has no local groups");
+  const LocalSync& l = *plan.local;
+  HT_CHECK(plan.stage_ranges.size() == 1 && replicates_whole_model(plan), "local plan: ",
+           plan.stage_ranges.size(), " stages or optimiser sharding; expected one stage over the whole model on every rank");
+  HT_CHECK(l.inner_steps >= 1, "local plan: inner_steps ", l.inner_steps, "; expected at least 1");
+  HT_CHECK(!l.groups.empty(), "local plan: no groups; expected at least one");
+  std::vector<int> seen(plan.layout.replicas.size(), 0);
+  int next = 0;
+  for (const auto& g : l.groups) {
+    HT_CHECK(!g.empty(), "local plan: an empty group; expected at least one replica in each");
+    for (int r : g) {
+      HT_CHECK(r >= 0 && r < static_cast<int>(seen.size()), "local plan: group replica ", r, "; expected 0..",
+               seen.size() - 1);
+      HT_CHECK(r == next, "local plan: replica ", r, " where ", next,
+               " was expected (groups hold consecutive replicas, in order)");
+      ++seen[static_cast<size_t>(r)];
+      ++next;
+    }
+  }
+  HT_CHECK(next == static_cast<int>(seen.size()), "local plan: the groups hold ", next, " of the ", seen.size(),
+           " replicas; expected every replica in exactly one group");
+}
+
+Plan group_plan(const Plan& plan, int group) {
+  check_local_plan(plan);
+  Plan p;
+  p.config_name = plan.config_name;
+  p.config_hash = plan.config_hash;
+  p.cluster_source = plan.cluster_source;
+  p.blocks = plan.blocks;
+  p.strategy = Strategy::data;
+  p.stage_ranges = plan.stage_ranges;
+  const PipelineLayout& l = plan.layout;
+  int next = 0;
+  for (int r : plan.local->groups[static_cast<size_t>(group)]) {
+    const auto k = static_cast<size_t>(r);
+    p.layout.replicas.push_back({next});
+    p.layout.samples.push_back(l.samples[k]);
+    p.layout.micro_batches.push_back(l.micro_batches[k]);
+    if (!l.recompute.empty()) p.layout.recompute.push_back(l.recompute[k]);
+    if (!l.forward_seconds.empty()) p.layout.forward_seconds.push_back(l.forward_seconds[k]);
+    if (!l.backward_seconds.empty()) p.layout.backward_seconds.push_back(l.backward_seconds[k]);
+    RankPlan rp = plan.ranks[static_cast<size_t>(l.replicas[k][0])];
+    rp.rank = next;
+    rp.replica = next;
+    p.ranks.push_back(rp);
+    ++next;
+  }
+  p.world_size = next;
+  p.global_batch = std::accumulate(p.layout.samples.begin(), p.layout.samples.end(), int64_t{0});
+  p.predicted = plan.predicted;
+  return p;
+}
+
+void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
+                   int64_t local_steps) {
+  LocalSync& l = *plan.local;
+  double inner = 0;
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
+    Plan sub = group_plan(plan, static_cast<int>(g));
+    predict_plan(sub, costs_of(costs, ranks), cluster_of(cluster, ranks));
+    inner = std::max(inner, sub.predicted.step_seconds);
+    for (size_t i = 0; i < ranks.size(); ++i)
+      plan.ranks[static_cast<size_t>(ranks[i])].busy_fraction = sub.ranks[i].busy_fraction;
+  }
+  std::vector<int> all;
+  std::vector<double> parts;
+  double bandwidth = 0;
+  for (const RankPlan& rp : plan.ranks) {
+    if (rp.replica < 0) continue;
+    all.push_back(rp.rank);
+    parts.push_back(static_cast<double>(rp.samples) / static_cast<double>(plan.global_batch));
+    const double bw = rp.device.memory_bandwidth;
+    if (bw > 0 && (bandwidth == 0 || bw < bandwidth)) bandwidth = bw;
+  }
+  const double params = total_params(costs);
+  const double exchange = l.groups.size() > 1 ? weighted_allreduce_seconds(cluster, all, parts, params * kGradBytesPerParam) : 0;
+  const double update = bandwidth > 0 ? params * kOuterBytesPerParam / bandwidth : 0;
+  l.outer_exchange_seconds = exchange;
+  l.inner_steps = local_steps > 0 ? static_cast<int>(local_steps)
+                                  : std::max(1, static_cast<int>(std::ceil(kHideFactor * exchange / inner)));
+  const double round = l.inner_steps * inner;
+  const double step = inner + (update + std::max(0.0, exchange - round)) / l.inner_steps;
+  plan.predicted.step_seconds = step;
+  plan.predicted.samples_per_s = static_cast<double>(plan.global_batch) / step;
+  plan.predicted.bubble_fraction = 0;
+  l.sync_step_seconds = sync_step_seconds;
+  l.gain = sync_step_seconds > 0 ? sync_step_seconds / step : 0;
+}
+
+LocalPlanResult make_local_plan(const LocalPlanInput& in) {
+  LocalPlanResult out;
+  const Plan& data = in.data_plan;
+  if (data.stage_ranges.size() != 1 || data.world_size != static_cast<int>(in.cluster.ranks.size()) ||
+      has_idle_ranks(data)) {
+    out.problem = "local needs a data-parallel plan over every rank";
+    return out;
+  }
+  for (const RankPlan& rp : data.ranks)
+    if (rp.optimizer_shard < 1) {
+      out.problem = "rank " + std::to_string(rp.rank) + " (" + rp.device.label() +
+                    ") holds the whole model only with optimizer sharding, which a group of its own cannot share";
+      return out;
+    }
+  const int world = data.world_size;
+  std::vector<int> order(static_cast<size_t>(world));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return replica_samples_per_s(in.costs, a) > replica_samples_per_s(in.costs, b);
+  });
+  double total_speed = 0;
+  for (int r : order) total_speed += replica_samples_per_s(in.costs, r);
+  std::vector<std::vector<int>> groups;
+  std::vector<double> throughput;  // per group, at its nominal share
+  for (int r : order) {
+    const double alone = group_throughput(in, {r}, nominal_share(in, {r}, total_speed));
+    int best = -1;
+    double best_tput = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<int> joined = groups[g];
+      joined.push_back(r);
+      const double t = group_throughput(in, joined, nominal_share(in, joined, total_speed));
+      if (t >= kGroupEfficiency * (throughput[g] + alone) && t > best_tput) {
+        best = static_cast<int>(g);
+        best_tput = t;
+      }
+    }
+    if (best >= 0) {
+      groups[static_cast<size_t>(best)].push_back(r);
+      throughput[static_cast<size_t>(best)] = best_tput;
+    } else {
+      groups.push_back({r});
+      throughput.push_back(alone);
+    }
+  }
+  if (data.global_batch < world) {
+    out.problem = "global batch " + std::to_string(data.global_batch) + " is smaller than the " +
+                  std::to_string(world) + " ranks";
+    return out;
+  }
+  // Group shares so that the groups' predicted steps end together: each group's step as
+  // fixed + samples / rate, fitted through its step at its nominal share and at twice
+  // that; then each group's share split over its ranks by speed.
+  std::vector<ReplicaCapacity> caps;
+  for (const std::vector<int>& g : groups) {
+    const int64_t s1 = nominal_share(in, g, total_speed), s2 = 2 * s1;
+    const double t1 = static_cast<double>(s1) / group_throughput(in, g, s1);
+    const double t2 = static_cast<double>(s2) / group_throughput(in, g, s2);
+    const double per_sample = (t2 - t1) / static_cast<double>(s2 - s1);
+    caps.push_back({1 / std::max(per_sample, 1e-12), -1, std::max(0.0, t1 - per_sample * static_cast<double>(s1))});
+  }
+  std::vector<int64_t> group_shares = split_batch(data.global_batch, caps);
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (group_shares[g] < static_cast<int64_t>(groups[g].size())) {
+      out.problem = "group of ranks " + std::to_string(groups[g][0]) + ".. gets fewer samples than ranks";
+      return out;
+    }
+
+  Plan p = data;
+  p.sync_policy = "local";
+  p.strategy = Strategy::data;
+  p.layout = PipelineLayout{};
+  p.layout.reduce_owner = -1;
+  LocalSync l;
+  int replica = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<int64_t> shares = shares_by_speed(group_shares[g], speeds_of(in.costs, groups[g]));
+    std::vector<int> members;
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      const int rank = groups[g][i];
+      const auto old = static_cast<size_t>(data.ranks[static_cast<size_t>(rank)].replica);
+      p.layout.replicas.push_back({rank});
+      p.layout.samples.push_back(shares[i]);
+      p.layout.micro_batches.push_back(static_cast<int>(std::min<int64_t>(data.layout.micro_batches[old], shares[i])));
+      if (!data.layout.recompute.empty()) p.layout.recompute.push_back(data.layout.recompute[old]);
+      RankPlan& rp = p.ranks[static_cast<size_t>(rank)];
+      rp.replica = replica;
+      rp.stage = 0;
+      rp.optimizer_shard = 1;
+      members.push_back(replica++);
+    }
+    l.groups.push_back(members);
+  }
+  sync_rank_shares(p);
+  for (RankPlan& rp : p.ranks) {
+    rp.memory = rank_memory(p, in.costs, rp);
+    if (rp.memory.total() > rp.device.memory_bytes) {
+      out.problem = "rank " + std::to_string(rp.rank) + " (" + rp.device.label() + ") cannot hold its local share of " +
+                    std::to_string(rp.samples) + " samples";
+      return out;
+    }
+  }
+  p.local = l;
+  predict_local(p, in.costs, in.cluster, in.sync_step_seconds, in.local_steps);
+  out.plan = std::move(p);
+  return out;
+}
+
+std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan,
+                                   std::optional<config::SyncPolicy> asked, int64_t local_steps) {
+  const bool wanted = asked == config::SyncPolicy::local;
+  if (!wanted) {
+    if (asked || in.strategy != config::ParallelStrategy::automatic) return std::nullopt;
+    const bool starved = std::any_of(sync_plan.ranks.begin(), sync_plan.ranks.end(), [](const RankPlan& r) {
+      return r.replica < 0 || r.busy_fraction < kStarvedBusy;
+    });
+    if (!starved) return std::nullopt;
+  }
+  LocalPlanInput li;
+  li.costs = in.costs;
+  li.cluster = in.cluster;
+  li.sync_step_seconds = sync_plan.predicted.step_seconds;
+  li.local_steps = local_steps;
+  PlannerInput data = in;
+  data.strategy = config::ParallelStrategy::data;
+  data.hub_may_step_optimizer = false;
+  std::string problem;
+  try {
+    li.data_plan = make_plan(data);
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  LocalPlanResult r;
+  if (problem.empty()) {
+    r = make_local_plan(li);
+    problem = r.problem;
+  }
+  if (wanted) {
+    HT_CHECK(r.plan, "parallel.sync local: no local plan fits: ", problem,
+             "; expected every rank to hold the whole model (use sync for pipelines)");
+    return r.plan;
+  }
+  if (!r.plan || r.plan->local->gain < 1 + kLocalMinGain) return std::nullopt;
+  return r.plan;
+}
+
+}  // namespace ht::plan

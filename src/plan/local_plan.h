@@ -1,0 +1,94 @@
+// parallel.sync local (DiLoCo): groups of ranks that step on their own and meet in an
+// outer step every H inner steps.
+//
+// A local plan is a data-parallel plan (one stage, the whole model on every rank, no
+// optimiser sharding) whose replicas fall into groups (Plan::local). Each group is a
+// synchronous sub-plan (group_plan) that the executor runs on the group's communicator
+// exactly as it runs any plan; between groups only the outer exchange travels.
+//
+// Groups. Ranks are taken fastest first; a rank joins an existing group when that
+// group's synchronous step with it keeps kGroupEfficiency of the two sides' summed
+// throughputs (its all-reduce is nearly free: fast links, no throttled member), else it
+// starts a group of its own. So throttled ranks and ranks behind slow links step alone.
+//
+// Shares. Each group's share of the global batch is in proportion to its predicted
+// throughput, so groups of unequal speed finish their H inner steps together, and all
+// groups together consume the global batch per inner step (the samples seen equal
+// sync's for the same step count).
+//
+// H. The outer exchange (the deltas' all-reduce over every rank, plus the outer update)
+// runs while the next round's inner steps do; H is the least count whose round is at
+// least kHideFactor times the exchange, so that it hides even when it makes progress
+// only between steps. parallel.local_steps overrides it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/plan.h"
+#include "plan/planner.h"
+
+namespace ht::plan {
+
+inline constexpr double kGroupEfficiency = 0.9;
+inline constexpr double kHideFactor = 2.0;
+
+// The world ranks of group g, in the order of its sub-plan's ranks.
+std::vector<int> group_ranks(const Plan& plan, int group);
+// The group of a world rank (-1: idle).
+int group_of_rank(const Plan& plan, int rank);
+// Samples of every global batch that group g takes, and the first of them (the groups'
+// shares lie in group order).
+int64_t group_samples(const Plan& plan, int group);
+int64_t group_offset(const Plan& plan, int group);
+
+// Group g's synchronous sub-plan: its replicas only, ranks renumbered 0.. in
+// group_ranks order, global batch = the group's samples.
+Plan group_plan(const Plan& plan, int group);
+
+// Checks a local plan's groups against its layout (every replica in exactly one group,
+// one stage, no sharding, H >= 1). Throws ht::Error naming what is wrong.
+void check_local_plan(const Plan& plan);
+
+struct LocalPlanInput {
+  BlockCosts costs;
+  ClusterModel cluster;
+  // A data-parallel plan over every rank (its memory strategies are kept per rank).
+  Plan data_plan;
+  // The best synchronous plan, for the gain.
+  double sync_step_seconds = 0;
+  int64_t local_steps = 0;  // parallel.local_steps; 0: chosen
+};
+
+// The local plan, or why there is none (a rank that cannot hold the whole model, ...).
+struct LocalPlanResult {
+  std::optional<Plan> plan;
+  std::string problem;
+};
+LocalPlanResult make_local_plan(const LocalPlanInput& in);
+
+// What `hetrain plan` and `hetrain train` run under parallel.sync. Asked for local:
+// the local plan (throws ht::Error saying why when there is none). Not given, under
+// strategy auto: the local plan when the synchronous plan `sync_plan` leaves a rank
+// idle or starved (busy below kStarvedBusy) and local is predicted kLocalMinGain
+// faster. Otherwise nothing: the synchronous plan stands.
+inline constexpr double kStarvedBusy = 0.5;
+inline constexpr double kLocalMinGain = 0.10;
+std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan,
+                                   std::optional<config::SyncPolicy> asked, int64_t local_steps);
+
+// Fills a local plan's prediction: each group's sub-plan simulated on its own schedules
+// (the slowest paces the inner step), the outer exchange, H, and the gain. `local_steps`
+// 0 chooses H.
+void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
+                   int64_t local_steps);
+
+// The costs and cluster of `ranks` alone, in that order (for a group's sub-plan).
+BlockCosts costs_of(const BlockCosts& costs, const std::vector<int>& ranks);
+ClusterModel cluster_of(const ClusterModel& cluster, const std::vector<int>& ranks);
+
+}  // namespace ht::plan

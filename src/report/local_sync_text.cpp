@@ -1,0 +1,38 @@
+#include "report/local_sync_text.h"
+
+#include <cstdio>
+
+#include "core/units.h"
+
+namespace ht::report {
+
+std::string local_sync_text(const plan::Plan& plan) {
+  if (!plan.local) return "";
+  const plan::LocalSync& l = *plan.local;
+  std::string out = "sync: local (DiLoCo), " + std::to_string(l.groups.size()) + " groups that step on their own:\n";
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    std::vector<int64_t> ranks, shares;
+    int64_t total = 0;
+    for (int r : l.groups[g]) {
+      for (int rank : plan.layout.replicas[static_cast<size_t>(r)]) ranks.push_back(rank);
+      shares.push_back(plan.layout.samples[static_cast<size_t>(r)]);
+      total += plan.layout.samples[static_cast<size_t>(r)];
+    }
+    out += "  group " + std::to_string(g) + ": rank" + (ranks.size() > 1 ? "s " : " ") + join(ranks) + ", " +
+           std::to_string(total) + " samples a step" + (shares.size() > 1 ? " (" + join(shares, "/") + ")" : "") + "\n";
+  }
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "  every %d inner steps an outer step averages the groups' deltas by samples (Nesterov), "
+                "exchanged while the next %d steps run: predicted exchange %s against a round of %s\n",
+                l.inner_steps, l.inner_steps, format_seconds(l.outer_exchange_seconds).c_str(),
+                format_seconds(l.inner_steps * plan.predicted.step_seconds).c_str());
+  out += line;
+  std::snprintf(line, sizeof line, "  predicted step %s, %.0f samples/s: %.2fx the best synchronous plan (step %s)\n",
+                format_seconds(plan.predicted.step_seconds).c_str(), plan.predicted.samples_per_s, l.gain,
+                format_seconds(l.sync_step_seconds).c_str());
+  out += line;
+  return out;
+}
+
+}  // namespace ht::report

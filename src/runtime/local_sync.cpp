@@ -1,0 +1,192 @@
+#include "runtime/local_sync.h"
+
+#include "comm/weighted_allreduce.h"
+#include "core/crc32.h"
+#include "core/error.h"
+#include "ops/ops.h"
+#include "plan/local_plan.h"
+#include "runtime/checkpoint.h"
+
+namespace ht::runtime {
+
+namespace {
+
+Tensor dense_copy(const Tensor& t) { return clone(t.detach()); }
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+  std::copy(src.data(), src.data() + src.numel(), dst.data());
+}
+
+}  // namespace
+
+std::unique_ptr<LocalGroup> LocalGroup::make(const plan::Plan& plan, comm::Communicator& world,
+                                             comm::Timeout timeout) {
+  plan::check_local_plan(plan);
+  auto g = std::make_unique<LocalGroup>();
+  g->group = plan::group_of_rank(plan, world.rank());
+  HT_CHECK(g->group >= 0, "local plan: rank ", world.rank(), " is in no group; expected every rank in one");
+  g->plan = plan::group_plan(plan, g->group);
+  g->offset = plan::group_offset(plan, g->group);
+  const std::vector<int> ranks = plan::group_ranks(plan, g->group);
+  int key = 0;
+  while (ranks[static_cast<size_t>(key)] != world.rank()) ++key;
+  g->comm = world.split(g->group, key, timeout, "the local groups");
+  return g;
+}
+
+LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params, comm::Communicator& world,
+                     const config::ParallelConfig& cfg)
+    : params_(std::move(params)),
+      lr_(static_cast<float>(cfg.outer_lr)),
+      mu_(static_cast<float>(cfg.outer_momentum)),
+      timeout_s_(cfg.peer_timeout_s),
+      inner_steps_(plan.local->inner_steps),
+      world_rank_(world.rank()) {
+  for (const plan::RankPlan& rp : plan.ranks)
+    weights_.push_back(static_cast<double>(rp.samples) / static_cast<double>(plan.global_batch));
+  weight_ = static_cast<float>(weights_[static_cast<size_t>(world.rank())]);
+  outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
+  for (const auto& [name, p] : params_) {
+    HT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, "local sync: parameter '", name,
+             "' is not a dense float32 tensor");
+    momentum_.push_back(Tensor::zeros(p.shape()));
+    delta_.push_back(Tensor::zeros(p.shape()));
+  }
+  reset_to_weights();
+}
+
+LocalSync::~LocalSync() = default;
+
+void LocalSync::reset_to_weights() {
+  theta_.clear();
+  anchor_.clear();
+  for (const auto& [name, p] : params_) {
+    theta_.push_back(dense_copy(p));
+    anchor_.push_back(dense_copy(p));
+  }
+  steps_in_round_ = 0;
+}
+
+void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu) {
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = mu * m[i] + d[i];
+    theta[i] -= lr * (d[i] + mu * m[i]);
+  }
+}
+
+void LocalSync::start_exchange() {
+  if (draining_) {
+    HT_CHECK(draining_->drain(timeout()) == comm::WaitStatus::done, "rank ", world_rank_,
+             ": the outer exchange's sums did not reach every rank within ", timeout_s_,
+             " s (parallel.peer_timeout_s); a rank has stalled");
+    draining_.reset();
+  }
+  exchange_ = std::make_unique<comm::OverlappedAllreduce>(*outer_, weights_);
+  exchange_->add(delta_);
+  while (exchange_->progress()) {
+  }
+}
+
+void LocalSync::finish_exchange() {
+  HT_CHECK(exchange_->finish(timeout()) == comm::WaitStatus::done, "rank ", world_rank_, ": the outer exchange of round ",
+           outer_steps_ + 1, " waited more than ", timeout_s_, " s (parallel.peer_timeout_s) for its sums; a rank has stalled");
+  draining_ = std::move(exchange_);
+  for (size_t i = 0; i < theta_.size(); ++i)
+    outer_update(theta_[i].data(), momentum_[i].data(), delta_[i].data(), theta_[i].numel(), lr_, mu_);
+  ++outer_steps_;
+}
+
+void LocalSync::after_inner_step() {
+  if (exchange_)
+    while (exchange_->progress()) {
+    }
+  if (++steps_in_round_ < inner_steps_) return;
+  steps_in_round_ = 0;
+  // delta = a - y, kept unweighted in anchor_ until theta is known.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    float* a = anchor_[i].data();
+    const float* y = params_[i].second.data();
+    for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) a[k] -= y[k];
+  }
+  if (exchange_) finish_exchange();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const float* th = theta_[i].data();
+    float* a = anchor_[i].data();
+    float* d = delta_[i].data();
+    float* y = params_[i].second.data();
+    for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
+      d[k] = weight_ * a[k];
+      a[k] = y[k] = th[k] - a[k];
+    }
+  }
+  start_exchange();
+}
+
+void LocalSync::flush() {
+  if (exchange_) {
+    finish_exchange();
+    // The weights held theta_old - delta: the step just taken replaces that own progress.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const float* th = theta_[i].data();
+      float* a = anchor_[i].data();
+      float* y = params_[i].second.data();
+      for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
+        const float own = y[k] - a[k];  // progress since the round began
+        a[k] = th[k];
+        y[k] = th[k] + own;
+      }
+    }
+  }
+  if (steps_in_round_ > 0) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const float* a = anchor_[i].data();
+      const float* y = params_[i].second.data();
+      float* d = delta_[i].data();
+      for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) d[k] = weight_ * (a[k] - y[k]);
+    }
+    start_exchange();
+    finish_exchange();
+  }
+  if (draining_) {
+    HT_CHECK(draining_->drain(timeout()) == comm::WaitStatus::done, "rank ", world_rank_,
+             ": the outer exchange's sums did not reach every rank within ", timeout_s_,
+             " s (parallel.peer_timeout_s); a rank has stalled");
+    draining_.reset();
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    copy_into(params_[i].second, theta_[i]);
+    copy_into(anchor_[i], theta_[i]);
+  }
+  steps_in_round_ = 0;
+}
+
+std::vector<nn::NamedTensor> LocalSync::outer_state() const {
+  std::vector<nn::NamedTensor> out;
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("outer.momentum." + params_[i].first, momentum_[i]);
+  return out;
+}
+
+void LocalSync::load_outer_state(const Checkpoint& c) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto it = c.tensors.find("outer.momentum." + params_[i].first);
+    if (it == c.tensors.end()) continue;  // a checkpoint of a synchronous run: momentum starts at 0
+    HT_CHECK(it->second.shape() == momentum_[i].shape(), "checkpoint ", c.path, ": 'outer.momentum.", params_[i].first,
+             "' has shape ", to_string(it->second.shape()), "; expected ", to_string(momentum_[i].shape()));
+    copy_into(momentum_[i], it->second);
+  }
+}
+
+std::string LocalSync::outer_checksum() const {
+  uint32_t crc = 0;
+  for (const Tensor& t : theta_) crc = crc32_update(crc, t.data(), static_cast<size_t>(t.numel()) * 4);
+  return crc32_hex(crc);
+}
+
+void check_outer_identical(const std::vector<std::string>& checksums, int64_t step) {
+  for (size_t r = 1; r < checksums.size(); ++r)
+    HT_CHECK(checksums[r] == checksums[0], "outer weights diverged by step ", step, ": checksum ", checksums[0],
+             " on rank 0 but ", checksums[r], " on rank ", r,
+             "; expected bit-identical outer weights on every rank (a lost outer exchange)");
+}
+
+}  // namespace ht::runtime

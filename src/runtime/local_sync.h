@@ -1,0 +1,106 @@
+// parallel.sync local at run time (DiLoCo with a one-round-delayed outer step).
+//
+// Every rank runs its group's synchronous sub-plan (plan/local_plan.h) with the ordinary
+// executor on the group's communicator, AdamW as configured being the inner optimiser.
+// This class keeps what the groups share: the outer parameters theta and the outer
+// momentum m, identical on every rank, and the exchange between rounds.
+//
+// Round k ends after H inner steps, with this rank's weights y; a is where the round
+// started. Then, in order:
+//   delta = a - y                                      (this group's progress, negated)
+//   if the exchange of round k-1 is in flight: finish it, D = sum_r w_r delta_r with
+//     w_r = rank r's samples / global batch (so the groups' deltas weighted by samples),
+//     and take the outer step: m = mu m + D; theta = theta - lr (D + mu m)  (Nesterov)
+//   a = y = theta - delta                              (the outer weights + own progress)
+//   start the exchange of w_this delta                 (non-blocking, over every rank)
+// So a group never waits on another beyond one round: its own progress of the last
+// round stands until the average of everyone's replaces it one round later. The sums
+// are made by one owner per part and sent to all (comm/weighted_allreduce.h), so every
+// rank holds bit-identical theta and m.
+//
+// flush() (collective) closes everything at once: it finishes the exchange in flight and
+// steps, exchanges the current partial round's deltas and steps again, and sets the
+// weights to theta. Evaluation and checkpoints flush first, so they see one consistent
+// model; a checkpoint holds theta as the model and m as "outer.momentum.<name>".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "nn/module.h"
+#include "plan/plan.h"
+
+namespace ht::comm {
+class OverlappedAllreduce;
+}
+
+namespace ht::runtime {
+
+struct Checkpoint;
+
+// This rank's group under a local plan: its synchronous sub-plan and communicator.
+struct LocalGroup {
+  int group = -1;
+  plan::Plan plan;      // plan::group_plan, ranks renumbered in the group
+  int64_t offset = 0;   // the group's first sample within every global batch
+  std::unique_ptr<comm::Communicator> comm;
+  // Collective over `world`.
+  static std::unique_ptr<LocalGroup> make(const plan::Plan& plan, comm::Communicator& world, comm::Timeout timeout);
+};
+
+class LocalSync {
+ public:
+  // Collective over `world` (it splits the outer communicator). `params` are this rank's
+  // weights (the whole model), trained in place by the group's executor.
+  LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params, comm::Communicator& world,
+            const config::ParallelConfig& cfg);
+  ~LocalSync();
+
+  // After every inner step: moves the exchange in flight along and, at a round's end,
+  // runs the outer synchronisation above. Collective at round ends (bounded by
+  // parallel.peer_timeout_s).
+  void after_inner_step();
+  void flush();  // collective; see above
+
+  // Takes the weights as they are now (loaded from a checkpoint) as theta and a.
+  void reset_to_weights();
+  std::vector<nn::NamedTensor> outer_state() const;    // "outer.momentum.<name>"
+  void load_outer_state(const Checkpoint& c);           // the momentum, where it has one
+
+  int inner_steps() const { return inner_steps_; }
+  int64_t outer_steps() const { return outer_steps_; }
+  std::string outer_checksum() const;  // CRC-32 of theta's bytes
+
+  // The outer step on plain arrays, as after_inner_step applies it: m = mu m + d;
+  // theta = theta - lr (d + mu m). Shared with the tests' reference.
+  static void outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu);
+
+ private:
+  void start_exchange();   // this rank's weighted delta into delta_, then the exchange
+  void finish_exchange();  // waits, then the outer step with the sums
+  comm::Timeout timeout() const { return comm::Timeout(timeout_s_); }
+
+  std::vector<nn::NamedTensor> params_;
+  std::vector<Tensor> theta_, momentum_, anchor_, delta_;
+  std::unique_ptr<comm::Communicator> outer_;
+  std::vector<double> weights_;  // every rank's samples / global batch
+  float weight_ = 0;             // this rank's
+  float lr_ = 0, mu_ = 0;
+  double timeout_s_ = 0;
+  int inner_steps_ = 1;
+  int steps_in_round_ = 0;
+  int64_t outer_steps_ = 0;
+  int world_rank_ = 0;
+  std::unique_ptr<comm::OverlappedAllreduce> exchange_;  // in flight
+  std::unique_ptr<comm::OverlappedAllreduce> draining_;  // finished; its sums still going out
+};
+
+// Throws when two ranks report different outer checksums (one per world rank), naming
+// both ranks and the step: under local every rank must hold bit-identical outer weights.
+void check_outer_identical(const std::vector<std::string>& checksums, int64_t step);
+
+}  // namespace ht::runtime

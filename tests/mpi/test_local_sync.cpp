@@ -1,0 +1,177 @@
+// parallel.sync local's outer step (runtime/local_sync.h) on 4 ranks in 3 groups: the
+// outer weights are the sample-weighted mean of the groups' deltas followed by the
+// Nesterov step, one round late, against a plain reference in double; every rank holds
+// bit-identical outer weights after every outer step; flush leaves the outer weights.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "mpi_util.h"
+#include "plan/local_plan.h"
+#include "runtime/local_sync.h"
+
+using namespace ht;
+using namespace mpi_test;
+
+namespace {
+
+constexpr int kRanks = 4;
+constexpr int kH = 2;
+constexpr int kRounds = 6;
+const std::vector<int64_t> kShares{64, 32, 16, 16};  // of 128
+const std::vector<std::vector<int>> kGroups{{0}, {1}, {2, 3}};
+const std::vector<int64_t> kSizes{1000, 7};
+
+plan::Plan local_plan() {
+  plan::Plan p;
+  p.world_size = kRanks;
+  p.blocks = 1;
+  p.global_batch = 128;
+  p.stage_ranges = {{0, 1}};
+  p.sync_policy = "local";
+  for (int r = 0; r < kRanks; ++r) {
+    p.layout.replicas.push_back({r});
+    p.layout.samples.push_back(kShares[static_cast<size_t>(r)]);
+    p.layout.micro_batches.push_back(1);
+    plan::RankPlan rp;
+    rp.rank = rp.replica = r;
+    rp.stage = 0;
+    rp.block_end = 1;
+    rp.samples = kShares[static_cast<size_t>(r)];
+    p.ranks.push_back(rp);
+  }
+  p.local = plan::LocalSync{kGroups, kH};
+  return p;
+}
+
+int group_of(int rank) { return rank < 2 ? rank : 2; }
+
+// What group g's inner step k adds to element i of tensor t: the groups move apart
+// (signs and sizes differ), so a wrong weighting shows at 1e-3.
+double increment(int g, int k, size_t t, int64_t i) {
+  return 1e-3 * static_cast<double>(((i * 7 + static_cast<int64_t>(t) * 3 + k * 5) % 11) - 5) * (g == 1 ? -2 : g + 1);
+}
+
+double initial(size_t t, int64_t i) { return 0.5 + 1e-3 * static_cast<double>((i + static_cast<int64_t>(t)) % 13); }
+
+}  // namespace
+
+TEST_CASE("local sync: the outer step is the sample-weighted mean of the deltas, then Nesterov, one round late") {
+  comm::Communicator& world = comm::world();
+  if (world.size() != kRanks) return;
+  const plan::Plan plan = local_plan();
+  plan::check_local_plan(plan);
+  config::ParallelConfig cfg;
+  cfg.outer_lr = 0.7;
+  cfg.outer_momentum = 0.9;
+  cfg.peer_timeout_s = 30;
+  std::vector<nn::NamedTensor> params;
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    std::vector<float> v(static_cast<size_t>(kSizes[t]));
+    for (int64_t i = 0; i < kSizes[t]; ++i) v[static_cast<size_t>(i)] = static_cast<float>(initial(t, i));
+    params.emplace_back("w" + std::to_string(t), Tensor::from_vector(v, {kSizes[t]}));
+  }
+  runtime::LocalSync sync(plan, params, world, cfg);
+  CHECK(sync.inner_steps() == kH);
+
+  // The reference: every group's weights, the round's start, theta and m, in double.
+  const int me = group_of(world.rank());
+  const size_t groups = kGroups.size();
+  std::vector<double> w(groups, 0);
+  for (int r = 0; r < kRanks; ++r) w[static_cast<size_t>(group_of(r))] += static_cast<double>(kShares[static_cast<size_t>(r)]) / 128;
+  struct Ref {
+    std::vector<std::vector<double>> y, a;  // [group][flat element]
+    std::vector<double> theta, m, pending;  // pending: the weighted delta in flight
+    bool in_flight = false;
+  } ref;
+  std::vector<double> init;
+  for (size_t t = 0; t < kSizes.size(); ++t)
+    for (int64_t i = 0; i < kSizes[t]; ++i) init.push_back(initial(t, i));
+  const size_t n = init.size();
+  ref.y.assign(groups, init);
+  ref.a.assign(groups, init);
+  ref.theta = init;
+  ref.m.assign(n, 0);
+  auto outer_step = [&](const std::vector<double>& d) {
+    for (size_t i = 0; i < n; ++i) {
+      ref.m[i] = cfg.outer_momentum * ref.m[i] + d[i];
+      ref.theta[i] -= cfg.outer_lr * (d[i] + cfg.outer_momentum * ref.m[i]);
+    }
+  };
+  // Float32 rounding: each outer step's few operations on values near 1 err by a few
+  // units of 2^-24 each; momentum carries an error forward with weight up to
+  // 1 / (1 - mu); the flush adds two steps. 16 ulps of the largest weight per step.
+  const double ulp = std::ldexp(1.0, -24);
+  double largest = 0;
+  auto tolerance = [&](int steps) { return 16 * ulp * largest * steps / (1 - cfg.outer_momentum); };
+  auto check_params = [&](const std::vector<double>& expected, int steps, const char* when) {
+    double worst = 0;
+    size_t k = 0;
+    for (size_t t = 0; t < kSizes.size(); ++t)
+      for (int64_t i = 0; i < kSizes[t]; ++i, ++k) {
+        worst = std::max(worst, std::fabs(static_cast<double>(params[t].second.data()[i]) - expected[k]));
+        largest = std::max(largest, std::fabs(expected[k]));
+      }
+    CAPTURE(when);
+    CHECK(worst <= tolerance(steps));
+  };
+  auto checksums_agree = [&] {
+    const std::vector<std::string> all = world.allgather(sync.outer_checksum(), kLong, "the test's checksums");
+    for (const std::string& c : all) CHECK(c == all[0]);
+  };
+
+  int outer = 0;
+  for (int k = 0; k < kH * kRounds; ++k) {
+    for (size_t g = 0; g < groups; ++g) {
+      size_t e = 0;
+      for (size_t t = 0; t < kSizes.size(); ++t)
+        for (int64_t i = 0; i < kSizes[t]; ++i, ++e) ref.y[g][e] += increment(static_cast<int>(g), k, t, i);
+    }
+    for (size_t t = 0; t < kSizes.size(); ++t)
+      for (int64_t i = 0; i < kSizes[t]; ++i)
+        params[t].second.data()[i] += static_cast<float>(increment(me, k, t, i));
+    sync.after_inner_step();
+    if ((k + 1) % kH != 0) continue;
+    std::vector<std::vector<double>> delta(groups, std::vector<double>(n));
+    for (size_t g = 0; g < groups; ++g)
+      for (size_t i = 0; i < n; ++i) delta[g][i] = ref.a[g][i] - ref.y[g][i];
+    if (ref.in_flight) {
+      outer_step(ref.pending);
+      ++outer;
+    }
+    ref.pending.assign(n, 0);
+    for (size_t g = 0; g < groups; ++g)
+      for (size_t i = 0; i < n; ++i) {
+        ref.a[g][i] = ref.y[g][i] = ref.theta[i] - delta[g][i];
+        ref.pending[i] += w[g] * delta[g][i];
+      }
+    ref.in_flight = true;
+    CHECK(sync.outer_steps() == outer);
+    check_params(ref.y[static_cast<size_t>(me)], outer + 1, "after a round");
+    checksums_agree();
+  }
+  // One partial round, then flush: the exchange in flight, then the partial round's.
+  for (size_t g = 0; g < groups; ++g) {
+    size_t e = 0;
+    for (size_t t = 0; t < kSizes.size(); ++t)
+      for (int64_t i = 0; i < kSizes[t]; ++i, ++e) ref.y[g][e] += increment(static_cast<int>(g), 99, t, i);
+  }
+  for (size_t t = 0; t < kSizes.size(); ++t)
+    for (int64_t i = 0; i < kSizes[t]; ++i) params[t].second.data()[i] += static_cast<float>(increment(me, 99, t, i));
+  sync.after_inner_step();
+  sync.flush();
+  outer_step(ref.pending);
+  std::vector<double> d(n, 0);
+  for (size_t g = 0; g < groups; ++g)
+    for (size_t i = 0; i < n; ++i) {
+      // After the first step each group stood at theta + (own progress since its round began).
+      d[i] += w[g] * (ref.a[g][i] - ref.y[g][i]);
+    }
+  outer_step(d);
+  CHECK(sync.outer_steps() == kRounds + 1);
+  check_params(ref.theta, kRounds + 2, "after flush");
+  checksums_agree();
+}
