@@ -12,6 +12,8 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "plan/plan_facts.h"
+#include "report/plan_text.h"
 #include "runtime/run_dir.h"
 #include "runtime/trainer.h"
 
@@ -56,6 +58,8 @@ int main(int argc, char** argv) {
     return finish(1, "error: ", what.c_str());
   } catch (const ht::runtime::Interrupted& e) {
     return finish(130, "", e.what());  // the shell's status for SIGINT
+  } catch (const ht::plan::NoPlanFits& e) {
+    return finish(1, "error: ", ht::report::no_plan_text(e).c_str());
   } catch (const std::exception& e) {  // ht::Error and anything from the library
     return finish(1, "error: ", e.what());
   }

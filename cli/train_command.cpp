@@ -15,6 +15,7 @@
 #include "plan/plan_json.h"
 #include "plan/rebalance.h"
 #include "report/plan_table.h"
+#include "report/plan_text.h"
 #include "report/progress.h"
 #include "runtime/trainer.h"
 
@@ -174,7 +175,7 @@ void register_train(CLI::App& app) {
       // The plan fitted the memory it was told about; this rank holds less.
       throw ht::Error(std::string(e.what()) + "; the plan gave this rank " +
                       std::to_string(mine.samples) + " samples in " + std::to_string(mine.micro_batches) +
-                      " micro-batches (memory strategy: " + mine.memory_strategy +
+                      " micro-batches (memory strategy: " + ht::report::memory_strategies_text(mine.memory_strategies) +
                       "). Plan with this rank's real memory (`hetrain probe` reads its cap) so the " +
                       "planner can choose recomputation, more micro-batches or optimizer sharding");
     }

@@ -1,11 +1,9 @@
 #include "plan/memory_fit.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <numeric>
 
 #include "core/error.h"
-#include "core/units.h"
 #include "plan/stage_memory.h"
 
 namespace ht::plan {
@@ -14,27 +12,10 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-std::string breakdown(const MemoryUse& m) {
-  return "params " + format_bytes(m.params) + ", grads " + format_bytes(m.grads) +
-         ", optimizer " + format_bytes(m.optimizer) + ", activations " +
-         format_bytes(m.activations);
-}
-
-std::string who(const RankPlan& rp) {
-  return "rank " + std::to_string(rp.rank) + " (" +
-         rp.device.label() + ", " +
-         format_bytes(rp.device.memory_bytes) + ")";
-}
-
-std::string blocks_text(const RankPlan& rp) {
-  return "blocks " + std::to_string(rp.block_begin) + "-" + std::to_string(rp.block_end - 1);
-}
-
-void add_strategy(RankPlan& rp, const char* strategy, const std::string& reason) {
-  if (rp.memory_strategy == kStrategyNone) rp.memory_strategy = strategy;
-  else if (rp.memory_strategy.find(strategy) == std::string::npos)
-    rp.memory_strategy += std::string(" + ") + strategy;
-  rp.memory_reason += (rp.memory_reason.empty() ? "" : "; ") + reason;
+void add_strategy(RankPlan& rp, MemoryStrategy strategy, const MemoryStep& step) {
+  auto& applied = rp.memory_strategies;
+  if (std::find(applied.begin(), applied.end(), strategy) == applied.end()) applied.push_back(strategy);
+  rp.memory_steps.push_back(step);
 }
 
 MemoryUse with_micro_batches(const Plan& p, const BlockCosts& costs, RankPlan rp, int m) {
@@ -80,18 +61,14 @@ bool shard_optimizer(Plan& p, const BlockCosts& costs, RankPlan& rp) {
   if (state <= 0 || total_free < state) return false;
   for (size_t i = 0; i < group.size(); ++i) {
     group[i]->optimizer_shard = free[i] / total_free;
-    char pct[32];
-    std::snprintf(pct, sizeof pct, "%.1f%%", 100 * group[i]->optimizer_shard);
-    if (group[i] == &rp)
-      add_strategy(rp, kStrategySharding,
-                   "optimizer sharding: the stage's " + format_bytes(state) + " of optimizer state " +
-                       "split over its " + std::to_string(group.size()) +
-                       " data-parallel ranks by free memory, keeping " + pct);
-    else
-      add_strategy(*group[i], kStrategySharding,
-                   "optimizer sharding: keeps " + std::string(pct) + " of stage " +
-                       std::to_string(rp.stage) + "'s optimizer state, sharded for rank " +
-                       std::to_string(rp.rank));
+    MemoryStep step;
+    step.kind = group[i] == &rp ? MemoryStepKind::optimizer_sharding : MemoryStepKind::shard_for_peer;
+    step.state_bytes = state;
+    step.group_size = static_cast<int>(group.size());
+    step.kept_fraction = group[i]->optimizer_shard;
+    step.stage = rp.stage;
+    step.for_rank = rp.rank;
+    add_strategy(*group[i], MemoryStrategy::optimizer_sharding, step);
   }
   return true;
 }
@@ -100,17 +77,26 @@ bool shard_optimizer(Plan& p, const BlockCosts& costs, RankPlan& rp) {
 bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp) {
   const double cap = rp.device.memory_bytes;
   MemoryUse use = rank_memory(p, costs, rp);
-  rp.memory_reason += (rp.memory_reason.empty() ? "" : "; ") + std::string("needs ") +
-                      format_bytes(use.total()) + " of " + format_bytes(cap) + " (" +
-                      breakdown(use) + ")";
+  MemoryStep over;
+  over.kind = MemoryStepKind::over_capacity;
+  over.use = use;
+  over.capacity = cap;
+  rp.memory_steps.push_back(over);
+  auto saving = [](MemoryStepKind kind, double before, double after) {
+    MemoryStep step;
+    step.kind = kind;
+    step.activations_before = before;
+    step.activations_after = after;
+    return step;
+  };
   if (!rp.recompute) {
     RankPlan trial = rp;
     trial.recompute = true;
     const MemoryUse u = rank_memory(p, costs, trial);
     if (u.activations < use.activations) {
       rp.recompute = true;
-      add_strategy(rp, kStrategyRecompute, "recompute: activations " + format_bytes(use.activations) +
-                                               " -> " + format_bytes(u.activations));
+      add_strategy(rp, MemoryStrategy::recompute,
+                   saving(MemoryStepKind::recompute, use.activations, u.activations));
       use = u;
     }
   }
@@ -124,9 +110,10 @@ bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp) {
     p.layout.micro_batches[static_cast<size_t>(rp.replica)] = m;
     sync_rank_shares(p);
     const MemoryUse u = rank_memory(p, costs, rp);
-    add_strategy(rp, kStrategyMicroBatches,
-                 "micro-batches: " + std::to_string(m) + " of at most " + std::to_string(rp.micro_batch_size) +
-                     " samples, activations " + format_bytes(use.activations) + " -> " + format_bytes(u.activations));
+    MemoryStep step = saving(MemoryStepKind::micro_batches, use.activations, u.activations);
+    step.micro_batches = m;
+    step.micro_batch_size = rp.micro_batch_size;
+    add_strategy(rp, MemoryStrategy::micro_batches, step);
     use = u;
   };
   if (use.total() > cap) more_micro_batches(true);
@@ -170,13 +157,22 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
   return m;
 }
 
-std::string shortfall_text(const Plan&, const RankPlan& rp) {
-  return who(rp) + ": " + std::to_string(rp.samples) + " samples on " + blocks_text(rp) +
-         " need " + format_bytes(rp.memory.total()) + " (" + breakdown(rp.memory) + "), " +
-         format_bytes(rp.memory.total() - rp.device.memory_bytes) + " short";
+Shortfall shortfall_of(const RankPlan& rp) {
+  Shortfall s;
+  s.rank = rp.rank;
+  s.device = rp.device.label();
+  s.capacity = rp.device.memory_bytes;
+  s.stage = rp.stage;
+  s.block_begin = rp.block_begin;
+  s.block_end = rp.block_end;
+  s.samples = rp.samples;
+  s.need = rp.memory;
+  s.micro_batches = rp.micro_batches;
+  s.micro_batch_size = rp.micro_batch_size;
+  return s;
 }
 
-std::string fit_memory(Plan& plan, const BlockCosts& costs) {
+std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs) {
   // A later rank's decision can only lower what others hold, except more micro-batches,
   // which can raise a deeper stage's in-flight total by rounding; so repeat until stable.
   for (int pass = 0; pass < 4; ++pass) {
@@ -187,13 +183,10 @@ std::string fit_memory(Plan& plan, const BlockCosts& costs) {
       changed = true;
       if (!fit_rank(plan, costs, rp)) {
         rp.memory = rank_memory(plan, costs, rp);
-        return who(rp) + " cannot hold stage " + std::to_string(rp.stage) + " (" +
-               blocks_text(rp) + ", " + std::to_string(rp.samples) + " samples) even with " +
-               "recomputation, " + std::to_string(rp.micro_batches) + " micro-batches of " +
-               std::to_string(rp.micro_batch_size) + (plan.layout.replicas.size() > 1
-                   ? " and optimizer sharding" : " (no optimizer sharding with one replica)") +
-               ": needs " + format_bytes(rp.memory.total()) + " (" + breakdown(rp.memory) +
-               "), " + format_bytes(rp.memory.total() - rp.device.memory_bytes) + " short";
+        Shortfall s = shortfall_of(rp);
+        s.after_strategies = true;
+        s.sharding_possible = plan.layout.replicas.size() > 1;
+        return s;
       }
     }
     if (!changed) break;
@@ -205,8 +198,8 @@ std::string fit_memory(Plan& plan, const BlockCosts& costs) {
     if (rp.replica >= 0) recompute[static_cast<size_t>(rp.replica)][static_cast<size_t>(rp.stage)] = rp.recompute;
   }
   for (const RankPlan& rp : plan.ranks)
-    if (rp.memory.total() > rp.device.memory_bytes) return shortfall_text(plan, rp);
-  return "";
+    if (rp.memory.total() > rp.device.memory_bytes) return shortfall_of(rp);
+  return std::nullopt;
 }
 
 }  // namespace ht::plan

@@ -1,5 +1,5 @@
 // Fitting every rank of a plan into its memory: the per-rank strategies of the planner,
-// tried in order of cost until the rank fits (plan.h's kStrategy* names):
+// tried in order of cost until the rank fits (plan_facts.h's MemoryStrategy):
 //  1. recomputation: keep only the stage's input per in-flight micro-batch and re-run its
 //     forward before each Backward (costs one more forward; helps only with more than
 //     one micro-batch in flight, i.e. on pipeline stages);
@@ -13,7 +13,7 @@
 //  4. then, if still short, the least M that fits with the sharding.
 #pragma once
 
-#include <string>
+#include <optional>
 
 #include "plan/block_costs.h"
 #include "plan/cluster_model.h"
@@ -28,13 +28,12 @@ void sync_rank_shares(Plan& plan);
 // What `rank` holds under the plan's current decisions.
 MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 
-// "rank 3 (rtx3060, 12.00 GiB): 32 samples on blocks 0-47 need 14.20 GiB (params ...,
-// grads ..., optimizer ..., activations ...), 2.20 GiB short", from rank.memory.
-std::string shortfall_text(const Plan& plan, const RankPlan& rank);
+// What `rank` lacks under rank.memory (report::shortfall_text spells it).
+Shortfall shortfall_of(const RankPlan& rank);
 
 // Applies the strategies where needed, recording per rank what was chosen and why, and
-// fills every rank's memory. Returns "" when everything fits, else the first rank that
-// cannot fit even with every strategy, with its numbers.
-std::string fit_memory(Plan& plan, const BlockCosts& costs);
+// fills every rank's memory. Returns nothing when everything fits, else the first rank
+// that cannot fit even with every strategy, with its numbers.
+std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs);
 
 }  // namespace ht::plan

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "plan/cluster_model.h"
+#include "plan/plan_facts.h"
 #include "plan/schedule.h"
 
 namespace ht::plan {
@@ -25,18 +26,6 @@ const char* to_string(Strategy s);  // "data", "pipeline", "hybrid", "equal"
 std::vector<std::string> strategy_names();
 std::optional<Strategy> parse_strategy(std::string_view s);
 
-// Bytes one rank holds during a step, by kind.
-struct MemoryUse {
-  double params = 0, grads = 0, optimizer = 0, activations = 0;
-  double total() const { return params + grads + optimizer + activations; }
-};
-
-// Memory strategies, in the order the planner tries them (cheapest first).
-inline constexpr const char* kStrategyNone = "none";
-inline constexpr const char* kStrategyRecompute = "recompute";
-inline constexpr const char* kStrategyMicroBatches = "micro-batches";
-inline constexpr const char* kStrategySharding = "optimizer sharding";
-
 struct RankPlan {
   int rank = 0;
   DeviceModel device;
@@ -47,14 +36,15 @@ struct RankPlan {
   int64_t micro_batch_size = 0;  // the largest micro-batch, ceil(samples / M)
   bool recompute = false;
   double optimizer_shard = 1;  // fraction of its stage's optimizer state this rank keeps
-  // Strategies applied for this rank, joined with " + " ("none" when it fits as is), and
-  // why: the bytes it needed against its capacity and what each strategy saved.
-  std::string memory_strategy = kStrategyNone;
-  std::string memory_reason;
+  // Strategies applied for this rank in the order taken (none: it fits as is), and why:
+  // the bytes it needed against its capacity and what each strategy saved.
+  std::vector<MemoryStrategy> memory_strategies;
+  std::vector<MemoryStep> memory_steps;
   MemoryUse memory;
   double busy_fraction = 0;  // predicted compute / step
   bool slow_link = false;    // a note for people (plan_notes.h); nothing acts on it
-  std::string link_note;     // why, when slow_link
+  // When slow_link: its typical 1 MiB transfer against the cluster's typical one.
+  double link_seconds = 0, cluster_link_seconds = 0;
 };
 
 struct Prediction {
@@ -67,14 +57,13 @@ struct Prediction {
 // memory strategy. When the global batch is smaller than the world (DDP cannot run), the
 // DeepSpeed pipeline default of the plan's shape instead: equal shares per replica,
 // uniform layer ranges, ranks placed in rank order.
+// Its kind is its stage count: one stage is DDP, more is DeepSpeed's uniform split.
 struct Baseline {
-  std::string description;  // "equal batches, whole model per rank (DDP)", ...
   PipelineLayout layout;
   std::vector<std::pair<int, int>> stage_ranges;
   Prediction predicted;  // as if it fitted, so the speed-up is shown either way
   bool fits = true;
-  // One line per rank that does not fit: rank, device, bytes needed vs capacity, shortfall.
-  std::vector<std::string> problems;
+  std::vector<Shortfall> shortfalls;  // every rank that does not fit
 };
 
 struct Plan {
@@ -92,7 +81,7 @@ struct Plan {
   Prediction predicted;
   Baseline baseline;
   double speedup = 0;              // baseline step / plan step
-  std::vector<std::string> notes;  // for people: who takes how much work, what was ruled out
+  std::vector<PlanNote> notes;  // for people: who takes how much work, what was ruled out
   int candidates = 0;              // layouts the search evaluated
 };
 

@@ -6,10 +6,13 @@
 
 #include "config/json_schema.h"
 #include "core/error.h"
+#include "plan/plan_facts_json.h"
+#include "plan/plan_json_fields.h"
 
 namespace ht::plan {
 
 using namespace config::schema;
+using namespace json_fields;
 
 namespace {
 
@@ -51,47 +54,19 @@ Json rank_json(const RankPlan& r) {
           {"micro_batch_size", r.micro_batch_size},
           {"recompute", r.recompute},
           {"optimizer_shard", r.optimizer_shard},
-          {"memory_strategy", r.memory_strategy},
-          {"memory_reason", r.memory_reason},
+          {"memory_strategies", memory_strategies_json(r.memory_strategies)},
+          {"memory_steps", memory_steps_json(r.memory_steps)},
           {"memory", {{"params", r.memory.params},
                       {"grads", r.memory.grads},
                       {"optimizer", r.memory.optimizer},
                       {"activations", r.memory.activations}}},
           {"busy_fraction", r.busy_fraction},
           {"slow_link", r.slow_link},
-          {"link_note", r.link_note}};
+          {"link_seconds", r.link_seconds},
+          {"cluster_link_seconds", r.cluster_link_seconds}};
 }
 
 // --- reading: every field through the schema helpers, so errors carry the JSON path ---
-
-const Json& at(const Json& obj, const std::string& path, const char* key) {
-  expect_object(obj, path, "an object");
-  return require(obj, path, key, "a value");
-}
-double nonneg(const Json& obj, const std::string& path, const char* key) {
-  return read_double(at(obj, path, key), key_path(path, key), Range::at_least(0));
-}
-int integer(const Json& obj, const std::string& path, const char* key, int64_t min) {
-  return static_cast<int>(read_int(at(obj, path, key), key_path(path, key), min));
-}
-std::string text(const Json& obj, const std::string& path, const char* key) {
-  const Json& v = at(obj, path, key);
-  if (!v.is_string()) fail_at(key_path(path, key), show(v) + " is not a string; expected text");
-  return v.get<std::string>();
-}
-const Json& array(const Json& obj, const std::string& path, const char* key) {
-  const Json& v = at(obj, path, key);
-  if (!v.is_array()) fail_at(key_path(path, key), show(v) + " is not an array; expected a list");
-  return v;
-}
-
-template <class T, class Read>
-std::vector<T> list(const Json& v, const std::string& path, Read read) {
-  if (!v.is_array()) fail_at(path, show(v) + " is not an array; expected a list");
-  std::vector<T> out;
-  for (size_t i = 0; i < v.size(); ++i) out.push_back(read(v[i], index_path(path, i)));
-  return out;
-}
 
 std::vector<std::vector<double>> matrix(const Json& obj, const std::string& path, const char* key) {
   return list<std::vector<double>>(array(obj, path, key), key_path(path, key),
@@ -179,15 +154,16 @@ RankPlan read_rank(const Json& j, const std::string& p) {
   r.micro_batch_size = read_int(at(j, p, "micro_batch_size"), key_path(p, "micro_batch_size"), 0);
   r.recompute = read_bool(at(j, p, "recompute"), key_path(p, "recompute"));
   r.optimizer_shard = read_double(at(j, p, "optimizer_shard"), key_path(p, "optimizer_shard"), Range{0, 1});
-  r.memory_strategy = text(j, p, "memory_strategy");
-  r.memory_reason = text(j, p, "memory_reason");
+  r.memory_strategies = read_memory_strategies(array(j, p, "memory_strategies"), key_path(p, "memory_strategies"));
+  r.memory_steps = read_memory_steps(array(j, p, "memory_steps"), key_path(p, "memory_steps"));
   const std::string mp = key_path(p, "memory");
   const Json& m = at(j, p, "memory");
   r.memory = {nonneg(m, mp, "params"), nonneg(m, mp, "grads"), nonneg(m, mp, "optimizer"),
               nonneg(m, mp, "activations")};
   r.busy_fraction = read_double(at(j, p, "busy_fraction"), key_path(p, "busy_fraction"), Range{0, 1});
   r.slow_link = read_bool(at(j, p, "slow_link"), key_path(p, "slow_link"));
-  r.link_note = text(j, p, "link_note");
+  r.link_seconds = nonneg(j, p, "link_seconds");
+  r.cluster_link_seconds = nonneg(j, p, "cluster_link_seconds");
   return r;
 }
 
@@ -208,14 +184,13 @@ std::string plan_to_json(const Plan& p) {
            {"layout", layout_json(p.layout)},
            {"ranks", ranks},
            {"predicted", prediction_json(p.predicted)},
-           {"baseline", {{"description", p.baseline.description},
-                         {"fits", p.baseline.fits},
-                         {"problems", p.baseline.problems},
+           {"baseline", {{"fits", p.baseline.fits},
+                         {"shortfalls", shortfalls_json(p.baseline.shortfalls)},
                          {"predicted", prediction_json(p.baseline.predicted)},
                          {"stage_ranges", p.baseline.stage_ranges},
                          {"layout", layout_json(p.baseline.layout)}}},
            {"speedup", p.speedup},
-           {"notes", p.notes},
+           {"notes", notes_json(p.notes)},
            {"candidates", p.candidates}};
   return doc.dump(1) + "\n";
 }
@@ -223,8 +198,13 @@ std::string plan_to_json(const Plan& p) {
 Plan plan_from_json(const std::string& text_in, const std::string& source) {
   try {
     const Json j = parse_document(text_in, source);
-    expect_object(j, "(top level)", "a plan file (hetrain-plan/1)");
-    read_enum(at(j, "", "format"), "format", {kPlanFormat});
+    expect_object(j, "(top level)", std::string("a plan file (") + kPlanFormat + ")");
+    const Json& format = at(j, "", "format");
+    for (const char* old : kOldPlanFormats)
+      if (format == old)
+        fail_at("format", show(format) + " is an older plan format; expected \"" + kPlanFormat +
+                              "\": make the plan again with `hetrain plan`");
+    read_enum(format, "format", {kPlanFormat});
     Plan p;
     const Json& cfg = at(j, "", "config");
     p.config_name = text(cfg, "config", "name");
@@ -240,16 +220,13 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
     p.ranks = list<RankPlan>(array(j, "", "ranks"), "ranks", read_rank);
     p.predicted = read_prediction(at(j, "", "predicted"), "predicted");
     const Json& b = at(j, "", "baseline");
-    p.baseline.description = text(b, "baseline", "description");
     p.baseline.fits = read_bool(at(b, "baseline", "fits"), "baseline.fits");
-    p.baseline.problems = list<std::string>(array(b, "baseline", "problems"), "baseline.problems",
-                                            [](const Json& x, const std::string& q) { return read_string(x, q, "text"); });
+    p.baseline.shortfalls = read_shortfalls(array(b, "baseline", "shortfalls"), "baseline.shortfalls");
     p.baseline.predicted = read_prediction(at(b, "baseline", "predicted"), "baseline.predicted");
     p.baseline.stage_ranges = read_ranges(array(b, "baseline", "stage_ranges"), "baseline.stage_ranges");
     p.baseline.layout = read_layout(at(b, "baseline", "layout"), "baseline.layout");
     p.speedup = nonneg(j, "", "speedup");
-    p.notes = list<std::string>(array(j, "", "notes"), "notes",
-                                [](const Json& x, const std::string& q) { return read_string(x, q, "text"); });
+    p.notes = read_notes(array(j, "", "notes"), "notes");
     p.candidates = integer(j, "", "candidates", 0);
     check_plan(p);
     return p;
@@ -263,7 +240,7 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
 
 Plan read_plan(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw config::ConfigError(path + ": cannot be read; expected a plan file (hetrain-plan/1)");
+  if (!in) throw config::ConfigError(path + ": cannot be read; expected a plan file (" + kPlanFormat + ")");
   std::ostringstream s;
   s << in.rdbuf();
   return plan_from_json(s.str(), path);

@@ -1,5 +1,5 @@
 // The plan file: `hetrain plan --json FILE` writes it and `hetrain train --plan FILE`
-// reads it back. Format "hetrain-plan/1", documented in the README. Schedules are not
+// reads it back. Format "hetrain-plan/2", documented in docs/formats.md. Schedules are not
 // stored: they follow from the layout through build_1f1b (plan_schedules), so a file
 // cannot carry a schedule that disagrees with its own layout.
 #pragma once
@@ -10,7 +10,10 @@
 
 namespace ht::plan {
 
-inline constexpr const char* kPlanFormat = "hetrain-plan/1";
+inline constexpr const char* kPlanFormat = "hetrain-plan/2";
+// Older formats, refused with a pointer to regenerating the file: /1 held notes and
+// memory reasons as English sentences.
+inline constexpr const char* kOldPlanFormats[] = {"hetrain-plan/1"};
 
 std::string plan_to_json(const Plan& plan);
 

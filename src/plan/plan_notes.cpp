@@ -1,14 +1,12 @@
 #include "plan/plan_notes.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <numeric>
 #include <utility>
 #include <vector>
 
 #include "core/stats.h"
-#include "core/units.h"
 
 namespace ht::plan {
 
@@ -29,15 +27,14 @@ void mark_slow_links(Plan& p, const ClusterModel& c) {
   for (size_t i = 0; i < n; ++i)
     if (typical[i] > kSlowLinkFactor * cluster_typical) {
       p.ranks[i].slow_link = true;
-      p.ranks[i].link_note = "a 1 MiB message to its typical peer takes " + format_seconds(typical[i]) +
-                             ", " + std::to_string(static_cast<int>(typical[i] / cluster_typical)) +
-                             "x the cluster's typical " + format_seconds(cluster_typical);
+      p.ranks[i].link_seconds = typical[i];
+      p.ranks[i].cluster_link_seconds = cluster_typical;
     }
 }
 
 // Who does how much of the step's FLOPs, by device.
-std::string work_note(const Plan& p, const BlockCosts& costs) {
-  std::map<std::string, std::pair<int, double>> by_device;  // id -> (ranks, FLOPs)
+PlanNote work_note(const Plan& p, const BlockCosts& costs) {
+  std::map<std::string, std::pair<int, double>> by_device;  // label -> (ranks, FLOPs)
   double total = 0;
   for (const RankPlan& rp : p.ranks) {
     if (rp.replica < 0) continue;
@@ -49,17 +46,14 @@ std::string work_note(const Plan& p, const BlockCosts& costs) {
     work += flops;
     total += flops;
   }
-  std::vector<std::pair<double, std::string>> rows;
-  for (const auto& [id, v] : by_device) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%s (%d rank%s) %.1f%%", id.c_str(), v.first,
-                  v.first == 1 ? "" : "s", total > 0 ? 100 * v.second / total : 0);
-    rows.emplace_back(-v.second, buf);
-  }
-  std::sort(rows.begin(), rows.end());
-  std::string out = "work per step by device:";
-  for (size_t i = 0; i < rows.size(); ++i) out += (i ? ", " : " ") + rows[i].second;
-  return out;
+  PlanNote note;
+  note.kind = NoteKind::work_by_device;
+  for (const auto& [label, v] : by_device)
+    note.work.push_back({label, v.first, total > 0 ? v.second / total : 0});
+  // Largest share first; the map's label order breaks ties.
+  std::stable_sort(note.work.begin(), note.work.end(),
+                   [](const DeviceWork& a, const DeviceWork& b) { return a.fraction > b.fraction; });
+  return note;
 }
 
 }  // namespace ht::plan

@@ -3,8 +3,6 @@
 // the work.
 #pragma once
 
-#include <string>
-
 #include "plan/block_costs.h"
 #include "plan/cluster_model.h"
 #include "plan/plan.h"
@@ -16,12 +14,12 @@ namespace ht::plan {
 inline constexpr double kSlowLinkFactor = 4;
 inline constexpr double kSlowLinkProbeBytes = 1 << 20;
 
-// Sets slow_link and link_note on such ranks (clusters of 3 ranks or more: with two,
-// there is no majority to compare against).
+// Sets slow_link and the two typical transfer times on such ranks (clusters of 3 ranks
+// or more: with two, there is no majority to compare against).
 void mark_slow_links(Plan& plan, const ClusterModel& cluster);
 
-// "work per step by device: rtx4090 (1 rank) 96.9%, cpu-16c (2 ranks) 3.1%": each
-// device's share of the step's forward FLOPs (samples x FLOPs of its blocks).
-std::string work_note(const Plan& plan, const BlockCosts& costs);
+// Each device's share of the step's forward FLOPs (samples x FLOPs of its blocks), as a
+// work_by_device note.
+PlanNote work_note(const Plan& plan, const BlockCosts& costs);
 
 }  // namespace ht::plan

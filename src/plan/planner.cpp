@@ -8,7 +8,6 @@
 #include <optional>
 
 #include "core/error.h"
-#include "core/units.h"
 #include "plan/batch_split.h"
 #include "plan/memory_fit.h"
 #include "plan/plan_costs.h"
@@ -34,14 +33,6 @@ constexpr double kSpeedStep = 0.85;
 // more ranks: a margin for the model's error, since using every rank is what a user
 // expects of a job started on them.
 constexpr double kIdleMinGain = 0.10;
-
-std::string shape_name(int stages, int replicas) {
-  if (stages == 1 && replicas == 1) return "one rank";
-  if (stages == 1) return "data (" + std::to_string(replicas) + " replicas)";
-  if (replicas == 1) return "pipeline (" + std::to_string(stages) + " stages)";
-  return "hybrid (" + std::to_string(replicas) + " replicas x " + std::to_string(stages) +
-         " stages)";
-}
 
 Strategy strategy_of(int stages, int replicas) {
   return stages == 1 ? Strategy::data : replicas == 1 ? Strategy::pipeline : Strategy::hybrid;
@@ -148,7 +139,7 @@ struct Candidate {
   int used = 0;  // ranks the layout uses (the fastest ones)
   int stages = 1;
   std::optional<Plan> plan;
-  std::string problem;  // when no plan
+  LayoutProblem problem;  // when no plan
   double estimate = kInf;
 };
 
@@ -161,8 +152,9 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
   const int world = c.used;
   const int replicas = world / stages;
   if (in.global_batch < replicas) {
-    c.problem = "global batch " + std::to_string(in.global_batch) + " is smaller than its " +
-                std::to_string(replicas) + " data-parallel replicas (every replica needs a sample)";
+    c.problem.kind = LayoutProblemKind::batch_below_replicas;
+    c.problem.global_batch = in.global_batch;
+    c.problem.replicas = replicas;
     return c;
   }
   std::vector<std::vector<int>> layout(static_cast<size_t>(replicas));
@@ -198,14 +190,15 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
     pin.micro_batch_size = std::max<int64_t>(1, in.global_batch / replicas / micro_batches);
     try {
       ranges = partition_stages(pin).ranges;
-    } catch (const Error&) {
+    } catch (const StageSplitError&) {
       // It may still fit with the memory strategies: partition for the least activation
       // memory (one sample in flight) and let them decide.
       pin.micro_batches = pin.micro_batch_size = 1;
       try {
         ranges = partition_stages(pin).ranges;
-      } catch (const Error& e) {
-        c.problem = e.what();
+      } catch (const StageSplitError& e) {
+        c.problem.kind = LayoutProblemKind::no_stage_split;
+        c.problem.split = e.failure;
         return c;
       }
     }
@@ -223,8 +216,9 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
   }
   Plan p = skeleton(in, std::move(layout), std::move(ranges), split_batch(in.global_batch, speed),
                     micro_batches);
-  if (std::string problem = fit_memory(p, in.costs); !problem.empty()) {
-    c.problem = problem;
+  if (std::optional<Shortfall> shortfall = fit_memory(p, in.costs)) {
+    c.problem.kind = LayoutProblemKind::memory;
+    c.problem.shortfall = std::move(*shortfall);
     return c;
   }
   p.layout.reduce_owner = cheapest_reduce_owner(p, in.costs, in.cluster).owner;
@@ -277,11 +271,11 @@ std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sor
   return out;
 }
 
-std::string idle_ranks(const Plan& p) {
-  std::vector<int64_t> idle;
+std::vector<int> idle_ranks(const Plan& p) {
+  std::vector<int> idle;
   for (const RankPlan& r : p.ranks)
     if (r.replica < 0) idle.push_back(r.rank);
-  return join(idle);
+  return idle;
 }
 
 // The pipeline orders tried for S groups of the speed order.
@@ -324,31 +318,22 @@ Plan equal_plan(const PlannerInput& in, int stages, int micro_batches) {
   Plan p = skeleton(in, std::move(layout), std::move(ranges),
                     equal_split(in.global_batch, static_cast<size_t>(replicas)), micro_batches);
   p.strategy = Strategy::equal;
-  p.baseline.description = stages == 1 ? "equal batches, whole model per rank (DDP)"
-                                       : "equal batches, uniform layers over " +
-                                             std::to_string(stages) + " stages (DeepSpeed)";
   for (RankPlan& rp : p.ranks) {
     rp.memory = rank_memory(p, in.costs, rp);
-    if (rp.memory.total() > rp.device.memory_bytes)
-      p.baseline.problems.push_back(shortfall_text(p, rp));
+    if (rp.memory.total() > rp.device.memory_bytes) p.baseline.shortfalls.push_back(shortfall_of(rp));
   }
-  p.baseline.fits = p.baseline.problems.empty();
+  p.baseline.fits = p.baseline.shortfalls.empty();
   finish(p, in.costs, in.cluster, true);
   return p;
 }
 
 void set_baseline(Plan& plan, const Plan& equal) {
-  plan.baseline.description = equal.baseline.description;
   plan.baseline.layout = equal.layout;
   plan.baseline.stage_ranges = equal.stage_ranges;
   plan.baseline.predicted = equal.predicted;
   plan.baseline.fits = equal.baseline.fits;
-  plan.baseline.problems = equal.baseline.problems;
+  plan.baseline.shortfalls = equal.baseline.shortfalls;
   plan.speedup = equal.predicted.step_seconds / plan.predicted.step_seconds;
-}
-
-std::string fit_text(const Plan& equal) {
-  return equal.baseline.fits ? "fits" : "does not fit (" + equal.baseline.problems[0] + ")";
 }
 
 }  // namespace
@@ -376,8 +361,12 @@ Plan make_plan(const PlannerInput& in) {
 
   if (in.strategy == Asked::equal) {
     Plan p = equal_plan(in, 1, base_m);
-    HT_CHECK(p.baseline.fits, "planner: the equal split does not fit: ", p.baseline.problems[0],
-             "; strategy auto plans uneven shares and memory strategies");
+    if (!p.baseline.fits) {
+      LayoutProblem problem;
+      problem.shortfall = p.baseline.shortfalls[0];
+      throw NoPlanFits("planner: the equal split does not fit the cluster", world, in.cluster.source,
+                       true, {{1, world, world, std::move(problem)}});
+    }
     set_baseline(p, p);
     p.candidates = 1;
     mark_slow_links(p, in.cluster);
@@ -406,15 +395,16 @@ Plan make_plan(const PlannerInput& in) {
   for (Candidate& c : candidates)
     if (c.plan) feasible.push_back(&c);
   if (feasible.empty()) {
-    std::string why;
+    std::vector<RuledOutShape> shapes;
     std::map<std::pair<int, int>, bool> said;  // one reason per rank and stage count
     for (const Candidate& c : candidates)
       if (!said[{c.used, c.stages}]) {
         said[{c.used, c.stages}] = true;
-        why += "\n  " + shape_name(c.stages, c.used / c.stages) + ": " + c.problem;
+        shapes.push_back({c.stages, c.used / c.stages, c.used, c.problem});
       }
-    fail("planner: no plan fits the cluster (", world, " ranks, ", in.cluster.source,
-         ") with any layout, recomputation, micro-batching or optimizer sharding:", why);
+    throw NoPlanFits("planner: no plan fits the cluster with any layout, recomputation, "
+                     "micro-batching or optimizer sharding",
+                     world, in.cluster.source, false, std::move(shapes));
   }
   std::stable_sort(feasible.begin(), feasible.end(),
                    [](const Candidate* a, const Candidate* b) { return a->estimate < b->estimate; });
@@ -448,42 +438,60 @@ Plan make_plan(const PlannerInput& in) {
     set_hub_steps_optimizer(every, false);
     const ReduceChoice r = cheapest_reduce_owner(every, in.costs, in.cluster);
     const auto& owners = plan.layout.replicas[static_cast<size_t>(plan.layout.reduce_owner)];
-    const std::string hub = join({owners.begin(), owners.end()});
-    const bool one = plan.layout.replicas[0].size() == 1;
-    plan.notes.push_back("gradients are summed on " + (one ? "rank " + hub : "ranks " + hub + " (one per stage)") +
-                         " alone: predicted ReduceGrads " +
-                         format_seconds(r.hub_seconds) + " against " + format_seconds(r.by_share_seconds) +
-                         " with parts by share (every owner must wake to sum its part)");
+    PlanNote reduce;
+    reduce.kind = NoteKind::hub_reduces;
+    reduce.ranks = owners;
+    reduce.seconds = r.hub_seconds;
+    reduce.other_seconds = r.by_share_seconds;
+    plan.notes.push_back(reduce);
     if (hub_steps_optimizer(plan)) {
       for (RankPlan& rp : every.ranks) rp.memory = rank_memory(every, in.costs, rp);
       finish(every, in.costs, in.cluster, true);
-      plan.notes.push_back("the optimizer steps on " + (one ? "rank " + hub + " alone, which holds" : "ranks " + hub + " alone, which hold") +
-                           " the summed gradients; the other ranks keep no optimizer state and "
-                           "receive the updated weights: predicted step " +
-                           format_seconds(plan.predicted.step_seconds) + " against " +
-                           format_seconds(every.predicted.step_seconds) + " with every rank stepping its own");
+      PlanNote step;
+      step.kind = NoteKind::hub_steps_optimizer;
+      step.ranks = owners;
+      step.seconds = plan.predicted.step_seconds;
+      step.other_seconds = every.predicted.step_seconds;
+      plan.notes.push_back(step);
     }
   }
-  if (chosen->used < world && best_using.count(world))
-    plan.notes.push_back("ranks " + idle_ranks(plan) + " left idle: the best plan over all " +
-                         std::to_string(world) + " ranks is predicted at " +
-                         format_seconds(best_using[world]->plan->predicted.step_seconds) +
-                         " a step against " + format_seconds(plan.predicted.step_seconds) +
-                         " without them (their compute does not pay for the communication they add)");
-  if (uniform && in.global_batch >= world)
-    plan.notes.push_back(uniform->baseline.description + ": predicted step " +
-                         format_seconds(uniform->predicted.step_seconds) + ", " + fit_text(*uniform));
+  if (chosen->used < world && best_using.count(world)) {
+    PlanNote idle;
+    idle.kind = NoteKind::idle_ranks;
+    idle.ranks = idle_ranks(plan);
+    idle.world = world;
+    idle.seconds = plan.predicted.step_seconds;
+    idle.other_seconds = best_using[world]->plan->predicted.step_seconds;
+    plan.notes.push_back(idle);
+  }
+  if (uniform && in.global_batch >= world) {
+    PlanNote u;
+    u.kind = NoteKind::uniform_baseline;
+    u.stages = stages;
+    u.seconds = uniform->predicted.step_seconds;
+    if (!uniform->baseline.fits) {
+      u.problem = LayoutProblem{};
+      u.problem->shortfall = uniform->baseline.shortfalls[0];
+    }
+    plan.notes.push_back(u);
+  }
   // The best of each shape, so the user sees what the choice was against.
   std::map<std::pair<int, int>, const Candidate*> best_of;  // by (-ranks used, stages)
   for (const Candidate& c : candidates) {
     const Candidate*& b = best_of[{-c.used, c.stages}];
     if (!b || (c.plan && (!b->plan || c.estimate < b->estimate))) b = &c;
   }
-  for (const auto& [key, c] : best_of)
-    plan.notes.push_back(shape_name(c->stages, c->used / c->stages) +
-                         (c->used < world ? " over the fastest " + std::to_string(c->used) : "") + ": " +
-                         (c->plan ? "estimated step " + format_seconds(c->estimate)
-                                  : "ruled out: " + c->problem));
+  for (const auto& [key, c] : best_of) {
+    PlanNote shape;
+    shape.kind = NoteKind::shape;
+    shape.stages = c->stages;
+    shape.replicas = c->used / c->stages;
+    shape.ranks_used = c->used;
+    shape.world = world;
+    if (c->plan) shape.seconds = c->estimate;
+    else shape.problem = c->problem;
+    plan.notes.push_back(shape);
+  }
   return plan;
 }
 

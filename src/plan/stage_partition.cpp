@@ -5,22 +5,13 @@
 #include <limits>
 
 #include "core/error.h"
-#include "core/units.h"
+#include "plan/plan_facts.h"
 
 namespace ht::plan {
 
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// Whole bytes read better than 1.28849e+10 and can be grepped for.
-long long whole(double bytes) { return std::llround(bytes); }
-
-std::string stage_name(const StagePartitionInput& in, int s) {
-  const DeviceModel& d = in.devices[static_cast<size_t>(s)];
-  return "stage " + std::to_string(s) + " (" + d.label() + ", " +
-         format_bytes(d.memory_bytes) + ")";
-}
 
 void check_finite_nonneg(const std::vector<double>& v, const char* what) {
   for (size_t b = 0; b < v.size(); ++b)
@@ -128,8 +119,22 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
 // stage that cannot hold any block it could be given; otherwise the blocks fit one by
 // one but no contiguous split does, and the totals say by how much.
 [[noreturn]] void fail_infeasible(const Costs& c) {
-  const std::string head = "no pipeline split of " + std::to_string(c.B) + " blocks over " +
-                           std::to_string(c.S) + " devices fits: ";
+  StageSplitFailure f;
+  f.blocks = c.B;
+  f.stages = c.S;
+  f.whole_model_stage = c.in.whole_model_stage;
+  if (f.whole_model_stage >= 0) f.all_weights = c.weight_prefix.back();
+  auto at = [&](StageSplitProblem problem, int s, int b) {
+    f.problem = problem;
+    f.stage = s;
+    f.block = b;
+    const DeviceModel& d = c.in.devices[static_cast<size_t>(s)];
+    f.device = d.label();
+    f.device_memory = d.memory_bytes;
+    f.needed = c.memory(s, b, b + 1);
+    f.capacity = c.capacity(s, b, b + 1);
+    throw StageSplitError(f);
+  };
   // Stage s can receive block b only if s <= b and the later stages can still get one
   // block each: b <= B - S + s.
   for (int b = 0; b < c.B; ++b) {
@@ -141,12 +146,7 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
       const double room = c.capacity(s, b, b + 1) - c.memory(s, b, b + 1);
       if (room > c.capacity(best, b, b + 1) - c.memory(best, b, b + 1)) best = s;
     }
-    if (!any)
-      fail(head, "block ", b, " alone needs ", format_bytes(c.memory(best, b, b + 1)), " (",
-           whole(c.memory(best, b, b + 1)), " bytes) on ", stage_name(c.in, best),
-           ", the roomiest stage that could take it; capacity ", whole(c.capacity(best, b, b + 1)), " bytes",
-           best == c.in.whole_model_stage ? " (with the other blocks' weights, which rank 0 holds)" : "",
-           ". Use devices with more memory, fewer in-flight micro-batches or a smaller micro-batch");
+    if (!any) at(StageSplitProblem::block_too_large, best, b);
   }
   for (int s = 0; s < c.S; ++s) {
     int lightest = s;
@@ -155,24 +155,12 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
       if (c.fits(s, b, b + 1)) any = true;
       if (c.memory(s, b, b + 1) < c.memory(s, lightest, lightest + 1)) lightest = b;
     }
-    if (!any)
-      fail(head, stage_name(c.in, s), " cannot hold any block it could be given: the "
-           "lightest, block ", lightest, ", needs ", format_bytes(c.memory(s, lightest, lightest + 1)),
-           " (", whole(c.memory(s, lightest, lightest + 1)), " bytes) vs capacity ",
-           whole(c.capacity(s, lightest, lightest + 1)), " bytes",
-           s == c.in.whole_model_stage ? " (with the other blocks' weights, which rank 0 holds)" : "");
+    if (!any) at(StageSplitProblem::stage_too_small, s, lightest);
   }
-  double capacity = 0;
-  for (int s = 0; s < c.S; ++s) capacity += c.capacity(s);
-  fail(head, "every block fits some stage alone, but no contiguous split does; the weight "
-       "state alone totals ", format_bytes(c.mem_prefix.back()), " (", whole(c.mem_prefix.back()),
-       " bytes) against ", format_bytes(capacity), " (", whole(capacity), " bytes) of total capacity, "
-       "before in-flight activations",
-       c.in.whole_model_stage < 0
-           ? std::string()
-           : "; and stage " + std::to_string(c.in.whole_model_stage) + " is rank 0's, which also holds " +
-                 "every other stage's weights (it evaluates and checkpoints the whole model: " +
-                 format_bytes(c.weight_prefix.back()) + " of weights in all)");
+  f.problem = StageSplitProblem::no_contiguous_split;
+  f.needed = c.mem_prefix.back();
+  for (int s = 0; s < c.S; ++s) f.capacity += c.capacity(s);
+  throw StageSplitError(f);
 }
 
 }  // namespace
@@ -234,12 +222,7 @@ StagePartition uniform_partition(const StagePartitionInput& in) {
   StagePartition p = evaluate(c, std::move(ranges));
   for (int s = 0; s < c.S; ++s) {
     const auto [i, j] = p.ranges[static_cast<size_t>(s)];
-    if (!c.fits(s, i, j))
-      p.problems.push_back(stage_name(in, s) + " holds blocks [" + std::to_string(i) + ", " +
-                           std::to_string(j) + ") needing " + format_bytes(c.memory(s, i, j)) +
-                           " (" + std::to_string(whole(c.memory(s, i, j))) +
-                           " bytes) vs capacity " +
-                           std::to_string(whole(c.capacity(s, i, j))) + " bytes");
+    if (!c.fits(s, i, j)) p.unfit_stages.push_back(s);
   }
   return p;
 }

@@ -36,7 +36,7 @@ struct StagePartition {
   double bottleneck_seconds = 0;            // slowest stage's time per micro-batch
   std::vector<double> stage_seconds;        // per micro-batch
   std::vector<double> stage_memory_bytes;   // weight state + in-flight activations
-  std::vector<std::string> problems;        // stages that do not fit (uniform_partition)
+  std::vector<int> unfit_stages;            // stages that do not fit (uniform_partition)
 };
 
 // Micro-batches of activations 1F1B keeps on stage `stage` of `stages`: min(S - s, M).
@@ -44,13 +44,14 @@ int in_flight_micro_batches(int stage, int stages, int micro_batches);
 
 // The optimal split: contiguous non-empty ranges covering every block, minimising the
 // bottleneck subject to memory. Dynamic programming over (stage, first block), O(S*B^2).
-// Throws ht::Error on invalid input (sizes, more stages than blocks) and when no split
-// fits, naming the block/stage/device that cannot be placed and bytes vs capacity.
+// Throws ht::Error on invalid input (sizes, more stages than blocks), and StageSplitError
+// (plan_facts.h) when no split fits, naming the block/stage/device that cannot be placed
+// and bytes vs capacity.
 StagePartition partition_stages(const StagePartitionInput& in);
 
 // The DeepSpeed "uniform" baseline: floor(B/S) blocks per stage, the remainder one each
 // to the first stages. Evaluated with the same cost and memory model; stages that do not
-// fit are listed in `problems` instead of thrown (it is a baseline to compare against).
+// fit are listed in `unfit_stages` instead of thrown (it is a baseline to compare against).
 // Invalid input still throws.
 StagePartition uniform_partition(const StagePartitionInput& in);
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/units.h"
+#include "report/plan_text.h"
 
 namespace ht::report {
 
@@ -169,7 +170,7 @@ std::string rank_table(const plan::Plan& plan) {
             memory_total(r),
             memory_kinds(r.memory),
             percent(r.busy_fraction),
-            r.memory_strategy};
+            memory_strategies_text(r.memory_strategies)};
   }, same_stage_next_replica);
   for (const Group& g : groups) {
     rows.push_back({rank_range(g), g.cells[0], placement(g)});
@@ -188,12 +189,12 @@ std::string predictions(const plan::Plan& plan) {
   std::string out = "predicted: step " + format_seconds(p.step_seconds) + ", " +
                     rate_text(p.samples_per_s) + " samples/s, bubble " +
                     percent(p.bubble_fraction) + "\n";
-  out += "baseline (" + b.description + "): step " +
+  out += "baseline (" + baseline_name(static_cast<int>(b.stage_ranges.size())) + "): step " +
          format_seconds(b.predicted.step_seconds) + ", " + rate_text(b.predicted.samples_per_s) +
          " samples/s\n";
   if (!b.fits) {
     out += "baseline does not fit:\n";
-    for (const std::string& problem : b.problems) out += "  " + problem + "\n";
+    for (const plan::Shortfall& s : b.shortfalls) out += "  " + shortfall_text(s) + "\n";
   }
   out += "speed-up over baseline: " + number("%.2fx", plan.speedup) +
          (b.fits ? "" : " (as if it fitted; it cannot run)") + "\n";
@@ -214,17 +215,15 @@ std::string rank_section(const plan::Plan& plan, const std::string& title, LineO
 
 std::string sections(const plan::Plan& plan) {
   std::string out = rank_section(plan, "memory strategies", [](const plan::RankPlan& r) {
-    if (r.memory_strategy == plan::kStrategyNone) return Row{};
-    // A reason that starts with its strategy's name (a rank sharded for another) says it.
-    if (r.memory_reason.rfind(r.memory_strategy + ":", 0) == 0) return Row{r.memory_reason};
-    return Row{r.memory_strategy + ": " + r.memory_reason};
+    const std::string reason = memory_reason_text(r);
+    return reason.empty() ? Row{} : Row{reason};
   });
   out += rank_section(plan, "slow links", [](const plan::RankPlan& r) {
-    return r.slow_link ? Row{r.link_note} : Row{};
+    return r.slow_link ? Row{slow_link_text(r)} : Row{};
   });
   if (!plan.notes.empty()) {
     out += "notes:\n";
-    for (const std::string& note : plan.notes) out += "  - " + note + "\n";
+    for (const plan::PlanNote& note : plan.notes) out += "  - " + note_text(note) + "\n";
   }
   return out;
 }

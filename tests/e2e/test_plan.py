@@ -62,7 +62,7 @@ def mixed_gpu_cpu(tmp):
           m.group(1) if m else "")
     p = load(j) if os.path.exists(j) else {}
     check("plan file: format, world size and exact shares",
-          p.get("format") == "hetrain-plan/1" and p.get("world_size") == 3
+          p.get("format") == "hetrain-plan/2" and p.get("world_size") == 3
           and sum(p["layout"]["samples"]) == 128, str(p)[:300])
     picture = open(svg).read() if os.path.exists(svg) else ""
     check("svg: one document with compute, comm and memory bars",
@@ -72,8 +72,11 @@ def mixed_gpu_cpu(tmp):
     check("trace: Chrome trace events on the lane of every rank the plan uses",
           working and {e["tid"] for e in events if e.get("ph") == "X"} == working, str(working))
     idle = sorted(set(range(3)) - working)
-    check("mixed GPU+CPU: idle ranks are named with the reason",
-          not idle or f"ranks {', '.join(map(str, idle))} left idle" in r.stdout, str(idle))
+    idle_notes = [n for n in p.get("notes", []) if n.get("kind") == "idle_ranks"]
+    named = ("rank " if len(idle) == 1 else "ranks ") + ", ".join(map(str, idle)) + " left idle"
+    check("mixed GPU+CPU: idle ranks are named with the reason, in the file and the output",
+          not idle or (len(idle_notes) == 1 and idle_notes[0].get("ranks") == idle and named in r.stdout),
+          f"{idle} {idle_notes}")
 
 
 def memory_limited(tmp):
@@ -88,13 +91,14 @@ def memory_limited(tmp):
                       + x["memory"]["activations"] <= x["device"]["memory_bytes"] for x in p["ranks"])
     check("memory-limited rank: the plan fits every rank", fits, r.stderr[-1500:])
     check("memory-limited rank: by a pipeline split or a memory strategy, shown in the output",
-          ok and (p["strategy"] in ("pipeline", "hybrid") or p["ranks"][1].get("memory_strategy") != "none")
+          ok and (p["strategy"] in ("pipeline", "hybrid") or p["ranks"][1].get("memory_strategies"))
           and ("pipeline" in r.stdout or "optimizer sharding" in r.stdout),
-          f"strategy {p.get('strategy')}, rank 1 memory strategy {p['ranks'][1].get('memory_strategy')}")
-    problems = p["baseline"].get("problems", [])
+          f"strategy {p.get('strategy')}, rank 1 memory strategies {p['ranks'][1].get('memory_strategies')}")
+    short = p["baseline"].get("shortfalls", [])
     check("memory-limited rank: the equal split is reported as not fitting, naming rank and shortfall",
-          p["baseline"].get("fits") is False and problems and "rank 1" in problems[0] and "short" in problems[0]
-          and "baseline does not fit" in r.stdout, str(problems))
+          p["baseline"].get("fits") is False and short and short[0].get("rank") == 1
+          and sum(short[0]["need"].values()) > short[0]["capacity"]
+          and "baseline does not fit:\n  rank 1 (" in r.stdout and " short\n" in r.stdout, str(short))
 
 
 def rates_4211(tmp):

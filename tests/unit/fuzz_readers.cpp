@@ -240,6 +240,66 @@ std::string plan_seed() {
   return plan::plan_to_json(plan::make_plan(in));
 }
 
+// The same plan carrying one of every structured fact the file stores (each memory step,
+// note and problem kind, a baseline shortfall), so that mutations reach their readers.
+std::string plan_facts_seed() {
+  plan::Plan p = plan::plan_from_json(plan_seed(), "seed");
+  std::vector<plan::MemoryStep> steps(5);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    steps[i].kind = static_cast<plan::MemoryStepKind>(i);
+    steps[i].use = {1, 2, 3, 4};
+    steps[i].capacity = 8;
+    steps[i].activations_before = 4;
+    steps[i].activations_after = 2;
+    steps[i].micro_batches = 2;
+    steps[i].micro_batch_size = 3;
+    steps[i].state_bytes = 6;
+    steps[i].group_size = 3;
+    steps[i].kept_fraction = 0.5;
+    steps[i].stage = 0;
+    steps[i].for_rank = 2;
+  }
+  p.ranks[1].memory_steps = steps;
+  p.ranks[1].memory_strategies = {plan::MemoryStrategy::recompute, plan::MemoryStrategy::micro_batches,
+                                  plan::MemoryStrategy::optimizer_sharding};
+  p.ranks[2].slow_link = true;
+  p.ranks[2].link_seconds = 4e-3;
+  p.ranks[2].cluster_link_seconds = 1e-3;
+  plan::Shortfall shortfall;
+  shortfall.rank = 1;
+  shortfall.device = "cpu-16c";
+  shortfall.capacity = 9;
+  shortfall.block_end = 2;
+  shortfall.samples = 3;
+  shortfall.need = {4, 3, 2, 1};
+  p.baseline.shortfalls = {shortfall};
+  plan::LayoutProblem batch, split, memory;
+  batch.kind = plan::LayoutProblemKind::batch_below_replicas;
+  batch.global_batch = 2;
+  batch.replicas = 3;
+  split.kind = plan::LayoutProblemKind::no_stage_split;
+  split.split = {plan::StageSplitProblem::block_too_large, 4, 2, 1, 0, "rtx4090", 24e9, 30e9, 24e9, 0, 1e9};
+  memory.shortfall = shortfall;
+  for (size_t k = 0; k <= static_cast<size_t>(plan::NoteKind::shape); ++k) {
+    plan::PlanNote n;
+    n.kind = static_cast<plan::NoteKind>(k);
+    n.ranks = {0, 2};
+    n.work = {{"rtx4090", 1, 0.9}, {"cpu-16c", 2, 0.1}};
+    n.seconds = 0.5;
+    n.other_seconds = 0.75;
+    n.stages = n.replicas = n.ranks_used = n.world = 3;
+    if (n.kind == plan::NoteKind::uniform_baseline) n.problem = memory;
+    p.notes.push_back(n);
+  }
+  for (const plan::LayoutProblem& problem : {batch, split, memory}) {
+    plan::PlanNote n;
+    n.stages = n.replicas = n.ranks_used = n.world = 1;
+    n.problem = problem;
+    p.notes.push_back(n);
+  }
+  return plan::plan_to_json(p);
+}
+
 std::string checkpoint_seed(const std::string& scratch) {
   runtime::write_checkpoint(scratch,
                             {{"model.w", Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3})},
@@ -272,6 +332,8 @@ std::vector<Reader> all_readers(const std::string& scratch_dir) {
                             [catalogue](const std::string& p) { plan::load_cluster_model(p, catalogue); }),
                as_is});
   r.push_back({"plan", plan_seed(), true,
+               through_file(dir + "plan.json", [](const std::string& p) { plan::read_plan(p); }), as_is});
+  r.push_back({"plan-facts", plan_facts_seed(), true,
                through_file(dir + "plan.json", [](const std::string& p) { plan::read_plan(p); }), as_is});
   r.push_back({"catalogue", slurp(catalogue), true,
                through_file(dir + "devices.json", [](const std::string& p) { plan::read_catalogue(p); }),

@@ -19,6 +19,7 @@
 #include "plan/plan_json.h"
 #include "plan/planner.h"
 #include "plan/stage_memory.h"
+#include "report/plan_text.h"
 #include "runtime/executor.h"
 
 using namespace ht;
@@ -37,7 +38,7 @@ TEST_CASE("planner: data-parallel shares follow speed, 4:2:1:1 gives 2x over equ
   CHECK(p.speedup == doctest::Approx(2.0).epsilon(0.01));
   CHECK(p.baseline.fits);
   for (const RankPlan& r : p.ranks) {
-    CHECK(r.memory_strategy == kStrategyNone);
+    CHECK(r.memory_strategies.empty());
     CHECK(r.busy_fraction == doctest::Approx(1.0).epsilon(0.01));
   }
   CHECK(p.candidates > 1);  // 1, 2 and 4 stages were on the table
@@ -67,7 +68,7 @@ TEST_CASE("planner: hybrid layouts put like devices on one stage across replicas
   const PlannerInput in = input(c, costs(c, 6), 128);
   const Plan p = make_plan(in);
   check_fits_and_agrees(p, in);
-  INFO(p.notes[1]);
+  INFO(report::note_text(p.notes[1]));
   REQUIRE(p.strategy == Strategy::hybrid);
   for (const auto& replica : p.layout.replicas) {
     REQUIRE(replica.size() == 2);
@@ -119,7 +120,7 @@ TEST_CASE("planner: memory strategies in order: recompute, micro-batches that fi
   // the stage's own figures).
   SUBCASE("rank 0 holds the whole model's weights, the other ranks their stage's") {
     Plan p = hybrid_skeleton(64 * kGiB);
-    REQUIRE(fit_memory(p, k).empty());
+    REQUIRE_FALSE(fit_memory(p, k));
     const double all = 4 * std::accumulate(k.params.begin(), k.params.end(), 0.0);
     CHECK(p.ranks[0].memory.params == doctest::Approx(all));
     CHECK(p.ranks[2].memory.params == doctest::Approx(all / 2));  // the same stage, not rank 0
@@ -128,46 +129,73 @@ TEST_CASE("planner: memory strategies in order: recompute, micro-batches that fi
   SUBCASE("recompute alone") {
     // Recompute: 2 x 16 x 64 KiB inputs + 16 x 2 MB rebuilt = 34.1 MB, 78.1 MB in all.
     Plan p = hybrid_skeleton(92e6);
-    REQUIRE(fit_memory(p, k).empty());
-    CHECK(p.ranks[0].memory_strategy == "recompute");
+    REQUIRE_FALSE(fit_memory(p, k));
+    CHECK(p.ranks[0].memory_strategies == std::vector{MemoryStrategy::recompute});
     CHECK(p.ranks[0].recompute);
     CHECK(p.layout.recompute[0][0]);
     CHECK_FALSE(p.layout.recompute[1][0]);
     CHECK(p.layout.micro_batches[0] == 2);
-    CHECK(contains(p.ranks[0].memory_reason, "needs 103.0 MiB of 87.7 MiB (params 15.3 MiB, grads 11.4 MiB"));
-    CHECK(contains(p.ranks[0].memory_reason, "recompute: activations 61.0 MiB -> 32.5 MiB"));
-    for (int r = 1; r < 4; ++r) CHECK(p.ranks[r].memory_strategy == kStrategyNone);
+    // What it needed, then what recomputation saved, in bytes.
+    const auto& steps = p.ranks[0].memory_steps;
+    REQUIRE(steps.size() == 2);
+    CHECK(steps[0].kind == MemoryStepKind::over_capacity);
+    CHECK(steps[0].capacity == 92e6);
+    CHECK(steps[0].use.total() > 92e6);
+    CHECK(steps[0].use.params == doctest::Approx(16e6));
+    CHECK(steps[1].kind == MemoryStepKind::recompute);
+    CHECK(steps[1].activations_before == doctest::Approx(steps[0].use.activations));
+    CHECK(steps[1].activations_after == doctest::Approx(p.ranks[0].memory.activations));
+    CHECK(steps[1].activations_after < steps[1].activations_before);
+    for (int r = 1; r < 4; ++r) CHECK(p.ranks[r].memory_strategies.empty());
     check_plan(p);
   }
   SUBCASE("recompute + micro-batches") {
     // 3 micro-batches of 11: 67.4 MB; 4 of 8: 61.05 MB fits 62 MB.
     Plan p = hybrid_skeleton(62e6);
-    REQUIRE(fit_memory(p, k).empty());
-    CHECK(p.ranks[0].memory_strategy == "recompute + micro-batches");
+    REQUIRE_FALSE(fit_memory(p, k));
+    CHECK(p.ranks[0].memory_strategies == std::vector{MemoryStrategy::recompute, MemoryStrategy::micro_batches});
     CHECK(p.layout.micro_batches == std::vector<int>{4, 2});  // the other replica keeps 2
     CHECK(p.ranks[1].micro_batches == 4);  // the whole replica follows
-    CHECK(contains(p.ranks[0].memory_reason, "micro-batches: 4 of at most 8 samples"));
+    const MemoryStep& more = p.ranks[0].memory_steps.back();
+    CHECK(more.kind == MemoryStepKind::micro_batches);
+    CHECK(more.micro_batches == 4);
+    CHECK(more.micro_batch_size == 8);
     CHECK(p.ranks[0].memory.total() <= 62e6);
   }
   SUBCASE("all three, sharding by free memory") {
     // Below the 32 MB of weight state: micro-batches alone cannot fit, so the optimiser
     // state is sharded with rank 2 first, then micro-batches close the rest.
     Plan p = hybrid_skeleton(42e6);
-    REQUIRE(fit_memory(p, k).empty());
-    CHECK(p.ranks[0].memory_strategy == "recompute + optimizer sharding + micro-batches");
-    CHECK(p.ranks[2].memory_strategy == "optimizer sharding");
+    REQUIRE_FALSE(fit_memory(p, k));
+    CHECK(p.ranks[0].memory_strategies == std::vector{MemoryStrategy::recompute, MemoryStrategy::optimizer_sharding,
+                                                      MemoryStrategy::micro_batches});
+    CHECK(p.ranks[2].memory_strategies == std::vector{MemoryStrategy::optimizer_sharding});
     CHECK(p.ranks[1].optimizer_shard == 1);  // stage 1's group is untouched
     const double s0 = p.ranks[0].optimizer_shard, s2 = p.ranks[2].optimizer_shard;
     CHECK(s0 + s2 == doctest::Approx(1.0));
     CHECK(s0 < 0.01);  // rank 2 has 64 GiB free, rank 0 about 12 MB
-    CHECK(contains(p.ranks[2].memory_reason, "sharded for rank 0"));
+    REQUIRE(p.ranks[2].memory_steps.size() == 1);
+    const MemoryStep& kept = p.ranks[2].memory_steps[0];
+    CHECK(kept.kind == MemoryStepKind::shard_for_peer);
+    CHECK(kept.for_rank == 0);
+    CHECK(kept.stage == 0);
+    CHECK(kept.kept_fraction == doctest::Approx(s2));
     for (const RankPlan& r : p.ranks) CHECK(r.memory.total() <= r.device.memory_bytes);
   }
   SUBCASE("nothing fits: the rank and the numbers") {
     Plan p = hybrid_skeleton(24e6 + 1);  // params (the whole model's) + grads alone
-    const std::string msg = fit_memory(p, k);
-    CHECK(contains(msg, "rank 0 (dev0, 22.9 MiB) cannot hold stage 0 (blocks 0-1, 32 samples)"));
-    CHECK(contains(msg, "short"));
+    const std::optional<Shortfall> s = fit_memory(p, k);
+    REQUIRE(s);
+    CHECK(s->rank == 0);
+    CHECK(s->device == "dev0");
+    CHECK(s->capacity == 24e6 + 1);
+    CHECK(s->stage == 0);
+    CHECK(s->block_begin == 0);
+    CHECK(s->block_end == 2);
+    CHECK(s->samples == 32);
+    CHECK(s->after_strategies);
+    CHECK(s->sharding_possible);
+    CHECK(s->need.total() > s->capacity);
   }
 }
 
@@ -181,7 +209,7 @@ TEST_CASE("planner: a rank short of memory for its weights shards before it take
   const PlannerInput in = input(c, costs(c, 4), 64, "data");
   const Plan p = make_plan(in);
   check_fits_and_agrees(p, in);
-  CHECK(p.ranks[1].memory_strategy == "optimizer sharding + micro-batches");
+  CHECK(p.ranks[1].memory_strategies == std::vector{MemoryStrategy::optimizer_sharding, MemoryStrategy::micro_batches});
   CHECK(p.ranks[1].optimizer_shard == 0);
   CHECK(p.ranks[0].optimizer_shard == 1 - p.ranks[1].optimizer_shard);
   CHECK(p.layout.micro_batches[1] == 6);
@@ -194,21 +222,33 @@ TEST_CASE("planner: in data parallelism a short rank gets more micro-batches, no
   const PlannerInput in = input(c, costs(c, 4), 64, "data");
   const Plan p = make_plan(in);
   check_fits_and_agrees(p, in);
-  CHECK(p.ranks[1].memory_strategy == "micro-batches");
+  CHECK(p.ranks[1].memory_strategies == std::vector{MemoryStrategy::micro_batches});
   CHECK_FALSE(p.ranks[1].recompute);
   // 32 samples x 4 MB = 128 MB; with one block's 4 MB of gradients while accumulating,
   // 4 x 4 MB = 16 MB fit beside the 64 MB of state.
   CHECK(p.layout.micro_batches[1] == 8);
   CHECK_FALSE(p.baseline.fits);
-  REQUIRE(p.baseline.problems.size() == 1);
-  CHECK(contains(p.baseline.problems[0], "rank 1 (dev1"));
-  CHECK(contains(p.baseline.problems[0], "short"));
+  REQUIRE(p.baseline.shortfalls.size() == 1);
+  CHECK(p.baseline.shortfalls[0].rank == 1);
+  CHECK(p.baseline.shortfalls[0].need.total() > p.baseline.shortfalls[0].capacity);
+  CHECK_FALSE(p.baseline.shortfalls[0].after_strategies);
   // A whole model beyond any rank, with no partner to shard with across a pipeline: no plan.
   const ClusterModel tiny = cluster({1e12, 1e12}, {16e6, 16e6});
-  const std::string msg = error_of([&] { make_plan(input(tiny, costs(tiny, 4), 64)); });
-  CHECK(contains(msg, "no plan fits"));
-  CHECK(contains(msg, "rank "));
-  CHECK(contains(msg, "short"));
+  try {
+    make_plan(input(tiny, costs(tiny, 4), 64));
+    FAIL("expected NoPlanFits");
+  } catch (const NoPlanFits& e) {
+    CHECK(contains(e.what(), "no plan fits"));
+    CHECK(e.world == 2);
+    CHECK_FALSE(e.equal_split);
+    REQUIRE(!e.shapes.empty());
+    // Every shape tried, one per rank and stage count, each with its reason.
+    for (const RuledOutShape& shape : e.shapes)
+      if (shape.problem.kind == LayoutProblemKind::memory)
+        CHECK(shape.problem.shortfall.need.total() > shape.problem.shortfall.capacity);
+    CHECK(std::any_of(e.shapes.begin(), e.shapes.end(),
+                      [](const RuledOutShape& s) { return s.stages == 1 && s.replicas == 2; }));
+  }
 }
 
 TEST_CASE("planner: a device that cannot hold the model gets fewer layers of a pipeline") {
@@ -221,15 +261,20 @@ TEST_CASE("planner: a device that cannot hold the model gets fewer layers of a p
   check_fits_and_agrees(p, in);
   CHECK(p.ranks[1].block_end - p.ranks[1].block_begin == 1);
   CHECK_FALSE(p.baseline.fits);  // DDP: the whole model on rank 1
-  CHECK(contains(p.baseline.description, "DDP"));
-  CHECK(contains(p.baseline.problems[0], "rank 1 (dev1"));
-  CHECK(contains(p.baseline.problems[0], "blocks 0-3"));
+  CHECK(p.baseline.stage_ranges.size() == 1);  // DDP
+  REQUIRE(p.baseline.shortfalls.size() == 1);
+  CHECK(p.baseline.shortfalls[0].rank == 1);
+  CHECK(p.baseline.shortfalls[0].block_begin == 0);
+  CHECK(p.baseline.shortfalls[0].block_end == 4);
   // DeepSpeed's uniform split of the same shape gives rank 1 two blocks: also too many.
   const auto note = std::find_if(p.notes.begin(), p.notes.end(),
-                                 [](const std::string& n) { return contains(n, "uniform layers"); });
+                                 [](const PlanNote& n) { return n.kind == NoteKind::uniform_baseline; });
   REQUIRE(note != p.notes.end());
-  CHECK(contains(*note, "does not fit (rank 1"));
-  CHECK(contains(*note, "blocks 2-3"));
+  CHECK(note->stages == 2);
+  REQUIRE(note->problem);
+  CHECK(note->problem->shortfall.rank == 1);
+  CHECK(note->problem->shortfall.block_begin == 2);
+  CHECK(note->problem->shortfall.block_end == 4);
 }
 
 TEST_CASE("planner: the pipeline split counts the other stages' weights that rank 0 holds") {
@@ -269,7 +314,9 @@ TEST_CASE("planner: a rank far slower on every link is marked for the slow-link 
     if (j != 3) c.latency_s[3][j] = c.latency_s[j][3] = 5e-3;
   const Plan p = make_plan(input(c, costs(c, 4), 64));
   for (const RankPlan& r : p.ranks) CHECK(r.slow_link == (r.rank == 3));
-  CHECK(contains(p.ranks[3].link_note, "1 MiB message"));
+  // 1 MiB at 10 GB/s plus 5 ms against the others' 10 us: 49x.
+  CHECK(p.ranks[3].link_seconds == doctest::Approx(5e-3 + (1 << 20) / 1e10));
+  CHECK(p.ranks[3].cluster_link_seconds == doctest::Approx(1e-5 + (1 << 20) / 1e10));
   CHECK(p.sync_policy == "synchronous");
 }
 
@@ -322,14 +369,27 @@ TEST_CASE("planner: a GPU beside two CPUs trains alone when the CPUs cannot pay 
   CHECK(p.ranks[0].samples == 128);
   CHECK(p.ranks[1].replica == -1);
   CHECK(p.ranks[2].replica == -1);
-  CHECK(contains(p.notes[0], "work per step by device: rtx4090 (1 rank) 100"));
-  CHECK(contains(p.notes[1], "ranks 1, 2 left idle"));
+  REQUIRE(p.notes.size() >= 2);
+  CHECK(p.notes[0].kind == NoteKind::work_by_device);
+  REQUIRE(p.notes[0].work.size() == 1);
+  CHECK(p.notes[0].work[0].device == "rtx4090");
+  CHECK(p.notes[0].work[0].ranks == 1);
+  CHECK(p.notes[0].work[0].fraction == 1);
+  CHECK(p.notes[1].kind == NoteKind::idle_ranks);
+  CHECK(p.notes[1].ranks == std::vector{1, 2});
+  CHECK(p.notes[1].world == 3);
+  CHECK(p.notes[1].seconds == p.predicted.step_seconds);
+  CHECK(p.notes[1].other_seconds > p.notes[1].seconds / (1 - 0.10));
   // Forced to data parallel over all three, the GPU still takes the large majority.
   in.strategy = config::ParallelStrategy::data;
   const Plan dp = make_plan(in);
   check_fits_and_agrees(dp, in);
-  INFO(dp.notes[0]);
-  CHECK(contains(dp.notes[0], "work per step by device: rtx4090 (1 rank) 9"));  // 90-99 %
+  REQUIRE(dp.notes[0].kind == NoteKind::work_by_device);
+  REQUIRE(dp.notes[0].work.size() == 2);
+  CHECK(dp.notes[0].work[0].device == "rtx4090");
+  CHECK(dp.notes[0].work[0].fraction > 0.9);
+  CHECK(dp.notes[0].work[0].fraction < 1);
+  CHECK(dp.notes[0].work[1].ranks == 2);
   CHECK(dp.predicted.step_seconds > p.predicted.step_seconds);
 }
 
@@ -358,7 +418,9 @@ TEST_CASE("plan file: round trip, and malformed files name the problem") {
     return t.replace(at, from.size(), to);
   };
   CHECK(contains(error("{"), "bad.json"));
-  CHECK(contains(error(edit("\"hetrain-plan/1\"", "\"hetrain-plan/9\"")), "format"));
+  CHECK(contains(error(edit("\"hetrain-plan/2\"", "\"hetrain-plan/9\"")), "format"));
+  CHECK(contains(error(edit("\"hetrain-plan/2\"", "\"hetrain-plan/1\"")),
+                 "format: \"hetrain-plan/1\" is an older plan format; expected \"hetrain-plan/2\": make the plan again"));
   CHECK(contains(error(edit("\"world_size\": 4", "\"world_size\": 5")),
                  "not a consistent plan: the plan has 4 ranks but world_size 5"));
   CHECK(contains(error(edit("\"global_batch\": 64", "\"global_batch\": 65")),
@@ -493,8 +555,9 @@ TEST_CASE("plan costs: a hub owns the reduction where waking slow owners costs m
   CHECK(p.layout.reduce_owner == largest - p.layout.samples.begin());
   CHECK(reduce_parts(p.layout)[static_cast<size_t>(p.layout.reduce_owner)] == 1);
   check_fits_and_agrees(p, in);
-  CHECK(std::any_of(p.notes.begin(), p.notes.end(), [](const std::string& n) {
-    return contains(n, "gradients are summed on rank 0 alone: predicted ReduceGrads");
+  CHECK(std::any_of(p.notes.begin(), p.notes.end(), [&](const PlanNote& n) {
+    return n.kind == NoteKind::hub_reduces && n.ranks == std::vector{p.layout.replicas[p.layout.reduce_owner][0]} &&
+           n.seconds > 0 && n.seconds < n.other_seconds;
   }));
   // The optimiser steps cost nothing in this model: every rank steps its own.
   CHECK(!hub_steps_optimizer(p));
@@ -531,11 +594,11 @@ TEST_CASE("planner: the hub steps the optimizer for all when the others' steps a
     CHECK((rp.memory.optimizer > 0) == (static_cast<int>(r) == p.layout.reduce_owner));
   }
   CHECK(stage_reduce_parts(p, p.layout, 0) == reduce_parts(p.layout));  // the hub's traffic
-  const auto note = std::find_if(p.notes.begin(), p.notes.end(), [](const std::string& n) {
-    return contains(n, "the optimizer steps on rank 0 alone");
-  });
+  const auto note = std::find_if(p.notes.begin(), p.notes.end(),
+                                 [](const PlanNote& n) { return n.kind == NoteKind::hub_steps_optimizer; });
   REQUIRE(note != p.notes.end());
-  CHECK(contains(*note, "with every rank stepping its own"));
+  CHECK(note->ranks == std::vector{p.layout.replicas[p.layout.reduce_owner][0]});
+  CHECK(note->seconds == p.predicted.step_seconds);
   // Its prediction against every rank stepping: the slowest step (1.25 ms a block) leaves
   // the critical path for the hub's (0.31 ms).
   Plan every = p;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "plan/plan_facts.h"
 #include "plan/stage_partition.h"
 
 using namespace ht;
@@ -89,7 +90,7 @@ TEST_CASE("stage partition: equal devices and equal blocks split evenly") {
     CHECK(p.stage_seconds[static_cast<size_t>(s)] == doctest::Approx(3.0));
   }
   CHECK(p.bottleneck_seconds == doctest::Approx(3.0));
-  CHECK(p.problems.empty());
+  CHECK(p.unfit_stages.empty());
 }
 
 TEST_CASE("stage partition: a device 2x faster gets about 2x the blocks") {
@@ -177,6 +178,21 @@ TEST_CASE("stage partition: memory caps force a different split than time alone"
   CHECK(act.stage_memory_bytes[1] == doctest::Approx(3.0 + 3.0));
 }
 
+namespace {
+
+// The failure partition_stages reports for `in`; a test failure when it finds a split.
+StageSplitFailure split_failure(const StagePartitionInput& in) {
+  try {
+    partition_stages(in);
+  } catch (const StageSplitError& e) {
+    return e.failure;
+  }
+  FAIL_CHECK("expected a StageSplitError");
+  return {};
+}
+
+}  // namespace
+
 TEST_CASE("stage partition: infeasible cases produce a named error") {
   SUBCASE("a block that no stage can hold alone") {
     auto in = input(12, {1, 1, 1}, 8 * kGiB);
@@ -186,25 +202,49 @@ TEST_CASE("stage partition: infeasible cases produce a named error") {
     try {
       partition_stages(in);
       FAIL("expected an error");
-    } catch (const ht::Error& e) {
-      const std::string m = e.what();
-      CHECK(m.find("no pipeline split of 12 blocks over 3 devices fits") != std::string::npos);
-      CHECK(m.find("block 7 alone needs 13.00 GiB") != std::string::npos);
-      CHECK(m.find("stage 2 (rtx3060, 12.00 GiB)") != std::string::npos);
-      CHECK(m.find("capacity 12884901888 bytes") != std::string::npos);
+    } catch (const StageSplitError& e) {
+      CHECK(std::string(e.what()) == "no pipeline split of 12 blocks over 3 devices fits");
+      const StageSplitFailure& f = e.failure;
+      CHECK(f.problem == StageSplitProblem::block_too_large);
+      CHECK(f.blocks == 12);
+      CHECK(f.stages == 3);
+      CHECK(f.block == 7);
+      CHECK(f.needed == 13 * kGiB);
+      CHECK(f.stage == 2);
+      CHECK(f.device == "rtx3060");
+      CHECK(f.capacity == 12 * kGiB);
     }
   }
   SUBCASE("every block fits somewhere but no split does") {
     auto in = input(4, {1, 1}, 1.5);  // one block per stage fits, two do not
-    CHECK_THROWS_WITH_AS(partition_stages(in),
-                         doctest::Contains("no contiguous split does"), ht::Error);
+    const StageSplitFailure f = split_failure(in);
+    CHECK(f.problem == StageSplitProblem::no_contiguous_split);
+    CHECK(f.needed == 4);    // the weight state of all blocks
+    CHECK(f.capacity == 3);  // both stages
   }
   SUBCASE("a stage that can hold none of the blocks it could get") {
-    auto in = input(3, {1, 1, 1}, 10.0);
+    // Six blocks over three stages: every block fits stage 0 or 2, which could take it,
+    // but stage 1 (which could get blocks 1-4) holds none.
+    auto in = input(6, {1, 1, 1}, 10.0);
     in.devices[1].id = "tiny";
     in.devices[1].memory_bytes = 0.5;
-    CHECK_THROWS_WITH_AS(partition_stages(in), doctest::Contains("stage 1 (tiny"),
-                         ht::Error);
+    const StageSplitFailure f = split_failure(in);
+    CHECK(f.problem == StageSplitProblem::stage_too_small);
+    CHECK(f.stage == 1);
+    CHECK(f.device == "tiny");
+    CHECK(f.block == 1);  // the lightest, the first of equals
+    CHECK(f.needed == 1);
+    CHECK(f.capacity == 0.5);
+  }
+  SUBCASE("a block that only a tiny stage could take") {
+    auto in = input(3, {1, 1, 1}, 10.0);  // one block per stage: block 1 can go only to stage 1
+    in.devices[1].id = "tiny";
+    in.devices[1].memory_bytes = 0.5;
+    const StageSplitFailure f = split_failure(in);
+    CHECK(f.problem == StageSplitProblem::block_too_large);
+    CHECK(f.block == 1);
+    CHECK(f.stage == 1);
+    CHECK(f.device == "tiny");
   }
   SUBCASE("more stages than blocks") {
     CHECK_THROWS_WITH_AS(partition_stages(input(2, {1, 1, 1})),
@@ -227,15 +267,14 @@ TEST_CASE("stage partition: uniform baseline matches its definition and reports 
   CHECK(u.ranges[2] == std::pair{6, 8});
   CHECK(u.ranges[3] == std::pair{8, 10});
   CHECK(u.bottleneck_seconds == doctest::Approx(8.0));  // 2 blocks at 4 s on stage 3
-  CHECK(u.problems.empty());
+  CHECK(u.unfit_stages.empty());
   CHECK(partition_stages(in).bottleneck_seconds <= u.bottleneck_seconds);
 
   in.devices[1].id = "small";
   in.devices[1].memory_bytes = 2.0;  // its 3 one-byte blocks need 3
   const auto v = uniform_partition(in);
-  REQUIRE(v.problems.size() == 1);
-  CHECK(v.problems[0].find("stage 1 (small") != std::string::npos);
-  CHECK(v.problems[0].find("[3, 6)") != std::string::npos);
+  CHECK(v.unfit_stages == std::vector{1});
+  CHECK(v.ranges[1] == std::pair{3, 6});
   CHECK(v.stage_memory_bytes[1] == doctest::Approx(3.0));
 }
 
@@ -269,8 +308,11 @@ TEST_CASE("stage partition: the whole-model stage also holds every other block's
   tight.weight_bytes.assign(2, 1.0);
   tight.whole_model_stage = 0;
   tight.whole_model_capacity = 4.5;
-  CHECK_THROWS_WITH_AS(partition_stages(tight), doctest::Contains("block 0 alone needs 5 B"), Error);
-  CHECK_THROWS_WITH_AS(partition_stages(tight), doctest::Contains("which rank 0 holds"), Error);
+  const StageSplitFailure f = split_failure(tight);
+  CHECK(f.problem == StageSplitProblem::block_too_large);
+  CHECK(f.block == 0);
+  CHECK(f.needed == 5);  // its state 4 and the other block's weights 1
+  CHECK(f.stage == f.whole_model_stage);
   // Bad input names the field.
   in.whole_model_stage = 2;
   CHECK_THROWS_WITH_AS(partition_stages(in), doctest::Contains("whole_model_stage 2"), Error);

@@ -1,0 +1,210 @@
+#include "report/plan_text.h"
+
+#include <cmath>
+
+#include "core/units.h"
+#include "plan/plan_notes.h"
+
+namespace ht::report {
+
+namespace {
+
+// Whole bytes beside the rounded ones: they can be grepped for and compared exactly.
+std::string whole(double bytes) { return std::to_string(std::llround(bytes)); }
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  return join(std::vector<int64_t>(ranks.begin(), ranks.end()));
+}
+
+std::string breakdown(const plan::MemoryUse& m) {
+  return "params " + format_bytes(m.params) + ", grads " + format_bytes(m.grads) +
+         ", optimizer " + format_bytes(m.optimizer) + ", activations " + format_bytes(m.activations);
+}
+
+std::string blocks_text(int begin, int end) {
+  return "blocks " + std::to_string(begin) + "-" + std::to_string(end - 1);
+}
+
+std::string percent1(double fraction) { return number("%.1f%%", 100 * fraction); }
+
+std::string activations_change(const plan::MemoryStep& s) {
+  return "activations " + format_bytes(s.activations_before) + " -> " + format_bytes(s.activations_after);
+}
+
+// "with the other blocks' weights" when the stage is rank 0's.
+std::string rank0_clause(const plan::StageSplitFailure& f) {
+  return f.stage == f.whole_model_stage ? " (with the other blocks' weights, which rank 0 holds)" : "";
+}
+
+}  // namespace
+
+std::string memory_strategies_text(const std::vector<plan::MemoryStrategy>& strategies) {
+  if (strategies.empty()) return "none";
+  std::string out;
+  for (plan::MemoryStrategy s : strategies) out += (out.empty() ? "" : " + ") + std::string(plan::to_string(s));
+  return out;
+}
+
+std::string memory_step_text(const plan::MemoryStep& s) {
+  using K = plan::MemoryStepKind;
+  switch (s.kind) {
+    case K::over_capacity:
+      return "needs " + format_bytes(s.use.total()) + " of " + format_bytes(s.capacity) + " (" +
+             breakdown(s.use) + ")";
+    case K::recompute:
+      return "recompute: " + activations_change(s);
+    case K::micro_batches:
+      return "micro-batches: " + std::to_string(s.micro_batches) + " of at most " +
+             std::to_string(s.micro_batch_size) + " samples, " + activations_change(s);
+    case K::optimizer_sharding:
+      return "optimizer sharding: the stage's " + format_bytes(s.state_bytes) +
+             " of optimizer state split over its " + std::to_string(s.group_size) +
+             " data-parallel ranks by free memory, keeping " + percent1(s.kept_fraction);
+    case K::shard_for_peer:
+      return "optimizer sharding: keeps " + percent1(s.kept_fraction) + " of stage " +
+             std::to_string(s.stage) + "'s optimizer state, sharded for rank " + std::to_string(s.for_rank);
+  }
+  return "?";
+}
+
+std::string memory_reason_text(const plan::RankPlan& r) {
+  if (r.memory_strategies.empty()) return "";
+  std::string steps;
+  for (const plan::MemoryStep& s : r.memory_steps) steps += (steps.empty() ? "" : "; ") + memory_step_text(s);
+  const std::string name = memory_strategies_text(r.memory_strategies);
+  // Steps that open with the strategy's own name (a rank sharded for another) say it.
+  if (steps.rfind(name + ":", 0) == 0) return steps;
+  return name + ": " + steps;
+}
+
+std::string slow_link_text(const plan::RankPlan& r) {
+  if (!r.slow_link) return "";
+  const int factor = r.cluster_link_seconds > 0 ? static_cast<int>(r.link_seconds / r.cluster_link_seconds) : 0;
+  return "a " + number("%g MiB", plan::kSlowLinkProbeBytes / (1 << 20)) + " message to its typical peer takes " +
+         format_seconds(r.link_seconds) + ", " + std::to_string(factor) + "x the cluster's typical " +
+         format_seconds(r.cluster_link_seconds);
+}
+
+std::string shortfall_text(const plan::Shortfall& s) {
+  const std::string who = "rank " + std::to_string(s.rank) + " (" + s.device + ", " + format_bytes(s.capacity) + ")";
+  const std::string need = format_bytes(s.need.total()) + " (" + breakdown(s.need) + "), " +
+                           format_bytes(s.need.total() - s.capacity) + " short";
+  if (!s.after_strategies)
+    return who + ": " + std::to_string(s.samples) + " samples on " + blocks_text(s.block_begin, s.block_end) +
+           " need " + need;
+  return who + " cannot hold stage " + std::to_string(s.stage) + " (" + blocks_text(s.block_begin, s.block_end) +
+         ", " + std::to_string(s.samples) + " samples) even with recomputation, " +
+         std::to_string(s.micro_batches) + " micro-batches of " + std::to_string(s.micro_batch_size) +
+         (s.sharding_possible ? " and optimizer sharding" : " (no optimizer sharding with one replica)") +
+         ": needs " + need;
+}
+
+std::string stage_split_text(const plan::StageSplitFailure& f) {
+  using P = plan::StageSplitProblem;
+  const std::string head = "no pipeline split of " + std::to_string(f.blocks) + " blocks over " +
+                           std::to_string(f.stages) + " devices fits: ";
+  const std::string stage = "stage " + std::to_string(f.stage) + " (" + f.device + ", " +
+                            format_bytes(f.device_memory) + ")";
+  switch (f.problem) {
+    case P::block_too_large:
+      return head + "block " + std::to_string(f.block) + " alone needs " + format_bytes(f.needed) + " (" +
+             whole(f.needed) + " bytes) on " + stage + ", the roomiest stage that could take it; capacity " +
+             whole(f.capacity) + " bytes" + rank0_clause(f) +
+             ". Use devices with more memory, fewer in-flight micro-batches or a smaller micro-batch";
+    case P::stage_too_small:
+      return head + stage + " cannot hold any block it could be given: the lightest, block " +
+             std::to_string(f.block) + ", needs " + format_bytes(f.needed) + " (" + whole(f.needed) +
+             " bytes) vs capacity " + whole(f.capacity) + " bytes" + rank0_clause(f);
+    case P::no_contiguous_split:
+      return head + "every block fits some stage alone, but no contiguous split does; the weight state alone "
+             "totals " + format_bytes(f.needed) + " (" + whole(f.needed) + " bytes) against " +
+             format_bytes(f.capacity) + " (" + whole(f.capacity) + " bytes) of total capacity, before "
+             "in-flight activations" +
+             (f.whole_model_stage < 0
+                  ? std::string()
+                  : "; and stage " + std::to_string(f.whole_model_stage) + " is rank 0's, which also holds " +
+                        "every other stage's weights (it evaluates and checkpoints the whole model: " +
+                        format_bytes(f.all_weights) + " of weights in all)");
+  }
+  return "?";
+}
+
+std::string layout_problem_text(const plan::LayoutProblem& p) {
+  using K = plan::LayoutProblemKind;
+  switch (p.kind) {
+    case K::batch_below_replicas:
+      return "global batch " + std::to_string(p.global_batch) + " is smaller than its " +
+             std::to_string(p.replicas) + " data-parallel replicas (every replica needs a sample)";
+    case K::no_stage_split:
+      return stage_split_text(p.split);
+    case K::memory:
+      return shortfall_text(p.shortfall);
+  }
+  return "?";
+}
+
+std::string shape_name(int stages, int replicas) {
+  if (stages == 1 && replicas == 1) return "one rank";
+  if (stages == 1) return "data (" + std::to_string(replicas) + " replicas)";
+  if (replicas == 1) return "pipeline (" + std::to_string(stages) + " stages)";
+  return "hybrid (" + std::to_string(replicas) + " replicas x " + std::to_string(stages) + " stages)";
+}
+
+std::string baseline_name(int stages) {
+  return stages <= 1 ? "equal batches, whole model per rank (DDP)"
+                     : "equal batches, uniform layers over " + std::to_string(stages) + " stages (DeepSpeed)";
+}
+
+std::string note_text(const plan::PlanNote& n) {
+  using K = plan::NoteKind;
+  const bool one = n.ranks.size() == 1;
+  const std::string hub = (one ? "rank " : "ranks ") + ranks_text(n.ranks);
+  switch (n.kind) {
+    case K::work_by_device: {
+      std::string out = "work per step by device:";
+      for (size_t i = 0; i < n.work.size(); ++i) {
+        const plan::DeviceWork& w = n.work[i];
+        out += (i ? ", " : " ") + w.device + " (" + std::to_string(w.ranks) + " rank" + (w.ranks == 1 ? "" : "s") +
+               ") " + percent1(w.fraction);
+      }
+      return out;
+    }
+    case K::hub_reduces:
+      return "gradients are summed on " + hub + (one ? "" : " (one per stage)") + " alone: predicted ReduceGrads " +
+             format_seconds(n.seconds) + " against " + format_seconds(n.other_seconds) +
+             " with parts by share (every owner must wake to sum its part)";
+    case K::hub_steps_optimizer:
+      return "the optimizer steps on " + hub + (one ? " alone, which holds" : " alone, which hold") +
+             " the summed gradients; the other ranks keep no optimizer state and receive the updated weights: "
+             "predicted step " + format_seconds(n.seconds) + " against " + format_seconds(n.other_seconds) +
+             " with every rank stepping its own";
+    case K::idle_ranks:
+      return (one ? "rank " : "ranks ") + ranks_text(n.ranks) + " left idle: the best plan over all " +
+             std::to_string(n.world) + " ranks is predicted at " + format_seconds(n.other_seconds) +
+             " a step against " + format_seconds(n.seconds) +
+             " without " + (one ? "it (its" : "them (their") + " compute does not pay for the communication " +
+             (one ? "it adds)" : "they add)");
+    case K::uniform_baseline:
+      return baseline_name(n.stages) + ": predicted step " + format_seconds(n.seconds) + ", " +
+             (n.problem ? "does not fit (" + layout_problem_text(*n.problem) + ")" : std::string("fits"));
+    case K::shape:
+      return shape_name(n.stages, n.replicas) +
+             (n.ranks_used < n.world ? " over the fastest " + std::to_string(n.ranks_used) : "") + ": " +
+             (n.problem ? "ruled out: " + layout_problem_text(*n.problem)
+                        : "estimated step " + format_seconds(n.seconds));
+  }
+  return "?";
+}
+
+std::string no_plan_text(const plan::NoPlanFits& e) {
+  if (e.equal_split && !e.shapes.empty())
+    return "planner: the equal split does not fit: " + layout_problem_text(e.shapes[0].problem) +
+           "; strategy auto plans uneven shares and memory strategies";
+  std::string out = "planner: no plan fits the cluster (" + std::to_string(e.world) + " ranks, " + e.cluster +
+                    ") with any layout, recomputation, micro-batching or optimizer sharding:";
+  for (const plan::RuledOutShape& s : e.shapes)
+    out += "\n  " + shape_name(s.stages, s.replicas) + ": " + layout_problem_text(s.problem);
+  return out;
+}
+
+}  // namespace ht::report
