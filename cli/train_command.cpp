@@ -47,7 +47,9 @@ bool stdout_reaches_terminal() {
 
 // Every rank must train the same config: compare the resolved configs' hashes.
 void check_same_config(ht::comm::Communicator& world, const ht::config::Config& cfg) {
-  const std::vector<std::string> hashes = world.allgather(ht::config::config_hash(cfg) + " " + cfg.source_path);
+  const std::vector<std::string> hashes = world.allgather(ht::config::config_hash(cfg) + " " + cfg.source_path,
+                                                          ht::comm::Timeout(cfg.parallel.peer_timeout_s),
+                                                          "the config check (every rank's config hash)");
   for (size_t r = 1; r < hashes.size(); ++r)
     if (hashes[r] != hashes[0])
       throw ht::config::ConfigError("the ranks disagree on the config: rank 0 has " + hashes[0] +
@@ -89,7 +91,10 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
     costs = std::move(planned.costs);
     all_ranks = std::move(planned.all_ranks);
   }
-  JobPlan job{ht::plan::plan_from_json(world.allgather(text)[0], "the plan from rank 0"), {}};
+  // The others wait here while rank 0 plans: parallel.peer_timeout_s must cover that too.
+  const std::string plan_text =
+      world.broadcast(text, 0, ht::comm::Timeout(cfg.parallel.peer_timeout_s), "the plan broadcast");
+  JobPlan job{ht::plan::plan_from_json(plan_text, "the plan from rank 0"), {}};
   if (cfg.parallel.rebalance_every > 0) {
     const bool move_shares = cfg.parallel.strategy != ht::config::ParallelStrategy::equal;
     auto tuner = std::make_shared<ht::plan::ShareTuner>(job.plan, std::move(costs), cluster,

@@ -161,7 +161,9 @@ std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
     train.batch_size = batch;
     train.optimizer.lr = kLr;
     train.optimizer.weight_decay = kWeightDecay;
-    ex = std::make_unique<runtime::Executor>(plan, exec_model, task, comm::world(), train);
+    // One process: its plan waits on no peer, so the bound is the config's default.
+    ex = std::make_unique<runtime::Executor>(plan, exec_model, task, comm::world(), train,
+                                             comm::Timeout(config::ParallelConfig{}.peer_timeout_s));
   }, training_step);
   // The model path: forward, mean cross-entropy, backward, AdamW.
   nn::Sequential model;

@@ -20,10 +20,11 @@ std::vector<ClockOffset> clock_offsets(Communicator& comm, int rounds, Timeout t
       Request r = comm.irecv_bytes(&ping, 1, 0, kClockTag);
       // The first ping may come after rank 0 has timed the ranks before this one: wait for
       // it as any wait does. The rest follow at once: take them without sleeping.
-      HT_CHECK((i == 0 ? r.wait(timeout) : r.spin(timeout)) == WaitStatus::done, "rank ", comm.rank(),
-               ": rank 0 did not send its clock round trip ", i + 1, " of ", rounds, " in time; it has stalled");
+      if ((i == 0 ? r.wait(timeout) : r.spin(timeout)) != WaitStatus::done)
+        fail_as<PeerTimeout>(peer_timeout_message(comm.world_rank(comm.rank()), {comm.world_rank(0)},
+                                                  "rank 0's clock round trip", timeout));
       const double t = clock_seconds();
-      comm.send_bytes(&t, sizeof t, 0, kClockTag);
+      comm.send_bytes(&t, sizeof t, 0, kClockTag, timeout, "rank 0 to take this rank's clock reading");
     }
     return {};
   }
@@ -35,9 +36,10 @@ std::vector<ClockOffset> clock_offsets(Communicator& comm, int rounds, Timeout t
       double t = 0;
       Request r = comm.irecv_bytes(&t, sizeof t, peer, kClockTag);
       const double a = clock_seconds();
-      comm.send_bytes(&ping, 1, peer, kClockTag);
-      HT_CHECK(r.spin(timeout) == WaitStatus::done, "rank 0: rank ", peer,
-               " did not answer clock round trip ", i + 1, " of ", rounds, " in time; it has stalled");
+      comm.send_bytes(&ping, 1, peer, kClockTag, timeout, "the clock round trip");
+      if (r.spin(timeout) != WaitStatus::done)
+        fail_as<PeerTimeout>(peer_timeout_message(comm.world_rank(0), {comm.world_rank(peer)},
+                                                  "the clock round trip's answer", timeout));
       const double b = clock_seconds();
       if (i == 0 || (b - a) / 2 < o.error_s) o = {(a + b) / 2 - t, (b - a) / 2};
     }

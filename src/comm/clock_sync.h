@@ -26,7 +26,7 @@ double clock_seconds(Clock::time_point t = Clock::now());
 // on one host read one clock (Linux's CLOCK_MONOTONIC) and are measured all the same: the
 // mpi suite checks that they come out within their error of 0. Rank 0 gets one entry per
 // rank (its own is 0 +- 0); the others get none. A rank that does not answer within
-// `timeout` raises ht::Error naming it.
+// `timeout` raises PeerTimeout naming it.
 std::vector<ClockOffset> clock_offsets(Communicator& comm, int rounds, Timeout timeout);
 
 }  // namespace ht::comm

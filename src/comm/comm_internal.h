@@ -40,7 +40,7 @@ class DoneRequest final : public Request::Impl {
 using Deadline = std::optional<Clock::time_point>;
 
 // Checks `timeout` (finite, not negative; `op` names the caller) and turns it into a
-// deadline from now. Timeouts beyond a year are treated as none.
+// deadline from now. Timeouts beyond a year are taken as none (now + s could overflow).
 Deadline deadline_from(Timeout timeout, const char* op);
 
 // Calls `done` until it returns true (done) or the deadline passes (timed_out); `done`

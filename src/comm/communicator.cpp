@@ -5,6 +5,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -16,22 +17,28 @@ namespace ht::comm {
 
 // ---- Request
 
-Request::Request() = default;
-Request::Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Request::Request() : drop_wait_(kUnwaitedSendLimit) {}
+Request::Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)), drop_wait_(kUnwaitedSendLimit) {}
 Request::Request(Request&&) noexcept = default;
 
 namespace {
-// Before a request goes away, nothing may still read or write its buffer: a send is
-// waited for; a receive is cancelled (or, when its message is already being copied
-// in, finished). A failure is dropped: there is no caller to report it to.
-void finish(std::unique_ptr<Request::Impl>& impl) {
+// Before a request goes away, nothing may still read or write its buffer: a receive is
+// cancelled (or, when its message is already being copied in, finished); a send is
+// waited for, up to `limit`, and then abandoned: its Impl is kept for good (MPI may
+// still read what it owns) and the abandonment said on stderr. A failure is dropped:
+// there is no caller to report it to.
+void finish(std::unique_ptr<Request::Impl>& impl, Timeout limit) {
   if (!impl || impl->cancelled()) return;
   try {
     if (impl->is_receive()) {
       if (!impl->test()) impl->expire();
-    } else {
-      poll_until([&] { return impl->test(); }, std::nullopt);
+      return;
     }
+    if (poll_until([&] { return impl->test(); }, deadline_from(limit, "Request")) == WaitStatus::done) return;
+    if (limit.count() > 0)  // else a wait on it timed out and said so
+      std::fprintf(stderr, "hetrain: a send still pending after %.3g s was abandoned when its request was dropped\n",
+                   limit.count());
+    (void)impl.release();
   } catch (...) {
   }
 }
@@ -39,13 +46,14 @@ void finish(std::unique_ptr<Request::Impl>& impl) {
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
-    finish(impl_);  // the request being replaced goes as if destroyed
+    finish(impl_, drop_wait_);  // the request being replaced goes as if destroyed
     impl_ = std::move(other.impl_);
+    drop_wait_ = other.drop_wait_;
   }
   return *this;
 }
 
-Request::~Request() { finish(impl_); }
+Request::~Request() { finish(impl_, drop_wait_); }
 
 bool Request::test() {
   if (!impl_) return true;
@@ -59,7 +67,9 @@ WaitStatus Request::wait(Timeout timeout) {
   if (impl_->cancelled()) return WaitStatus::timed_out;
   if (poll_until([&] { return impl_->test(); }, deadline) == WaitStatus::done)
     return WaitStatus::done;
-  return impl_->expire() ? WaitStatus::done : WaitStatus::timed_out;
+  if (impl_->expire()) return WaitStatus::done;
+  drop_wait_ = Timeout(0);  // reported by this wait: dropping it need not wait again
+  return WaitStatus::timed_out;
 }
 
 WaitStatus Request::spin(Timeout timeout) {
@@ -67,8 +77,28 @@ WaitStatus Request::spin(Timeout timeout) {
   Deadline deadline = deadline_from(timeout, "Request::spin");
   if (impl_->cancelled()) return WaitStatus::timed_out;
   while (!impl_->test())
-    if (deadline && Clock::now() > *deadline) return impl_->expire() ? WaitStatus::done : WaitStatus::timed_out;
+    if (deadline && Clock::now() > *deadline) {
+      if (impl_->expire()) return WaitStatus::done;
+      drop_wait_ = Timeout(0);
+      return WaitStatus::timed_out;
+    }
   return WaitStatus::done;
+}
+
+std::string peer_timeout_message(int me, const std::vector<int>& missing, std::string_view what,
+                                 Timeout waited) {
+  std::ostringstream s;
+  s << "rank " << me << ": ";
+  if (missing.empty()) {
+    s << "timed out after " << waited.count() << " s waiting for " << what
+      << "; a rank of the group has stalled or died";
+    return s.str();
+  }
+  s << "no word from rank" << (missing.size() > 1 ? "s " : " ");
+  for (size_t i = 0; i < missing.size(); ++i) s << (i ? ", " : "") << missing[i];
+  s << " after " << waited.count() << " s waiting for " << what << "; "
+    << (missing.size() > 1 ? "they have" : "it has") << " stalled or died";
+  return s.str();
 }
 
 // ---- consultations
@@ -77,9 +107,9 @@ namespace {
 class AllgatherConsultation final : public Consultation {
  public:
   AllgatherConsultation(Communicator& comm, std::string mine) : comm_(comm), mine_(std::move(mine)) {}
-  std::string finish(const Answer& answer) override {
-    const std::vector<std::string> items = comm_.allgather(mine_);
-    return comm_.allgather(comm_.rank() == 0 ? answer(items) : std::string())[0];
+  std::string finish(const Answer& answer, Timeout timeout, std::string_view what) override {
+    const std::vector<std::string> items = comm_.allgather(mine_, timeout, what);
+    return comm_.allgather(comm_.rank() == 0 ? answer(items) : std::string(), timeout, what)[0];
   }
 
  private:
@@ -99,9 +129,7 @@ Clock::duration seconds_to_duration(double s) {
 }
 
 Deadline deadline_from(Timeout timeout, const char* op) {
-  if (!timeout) return std::nullopt;
-  double s = timeout->count();
-  if (std::isinf(s) && s > 0) return std::nullopt;
+  const double s = timeout.count();
   HT_CHECK(std::isfinite(s) && s >= 0, op, ": timeout ", s,
            " s is invalid; expected a finite number of seconds >= 0");
   if (s > 365.0 * 24 * 3600) return std::nullopt;  // keeps now + s from overflowing
@@ -322,8 +350,11 @@ class TensorRecv final : public Request::Impl {
 
 }  // namespace
 
-void Communicator::send_bytes(const void* data, size_t bytes, int dst, int tag) {
-  isend_bytes(data, bytes, dst, tag).wait();
+void Communicator::send_bytes(const void* data, size_t bytes, int dst, int tag, Timeout timeout,
+                              std::string_view what) {
+  deadline_from(timeout, "send_bytes");  // a bad timeout raises before anything is posted
+  if (isend_bytes(data, bytes, dst, tag).wait(timeout) != WaitStatus::done)
+    fail_as<PeerTimeout>(peer_timeout_message(world_rank(rank()), {world_rank(dst)}, what, timeout));
 }
 
 WaitStatus Communicator::recv_bytes(void* data, size_t bytes, int src, int tag, Timeout timeout) {
@@ -360,7 +391,11 @@ Request Communicator::irecv(Tensor& into, int src, int tag) {
   return Request(std::make_unique<TensorRecv>(buffer, std::move(inner), into, src, tag));
 }
 
-void Communicator::send(const Tensor& t, int dst, int tag) { isend(t, dst, tag).wait(); }
+void Communicator::send(const Tensor& t, int dst, int tag, Timeout timeout, std::string_view what) {
+  deadline_from(timeout, "send");
+  if (isend(t, dst, tag).wait(timeout) != WaitStatus::done)
+    fail_as<PeerTimeout>(peer_timeout_message(world_rank(rank()), {world_rank(dst)}, what, timeout));
+}
 
 WaitStatus Communicator::recv(Tensor& into, int src, int tag, Timeout timeout) {
   deadline_from(timeout, "recv");

@@ -35,7 +35,9 @@ std::string LocalCommunicator::host() const {
   return name;
 }
 
-std::unique_ptr<Communicator> LocalCommunicator::split(int color, int /*key*/) const {
+std::unique_ptr<Communicator> LocalCommunicator::split(int color, int /*key*/, Timeout timeout,
+                                                      std::string_view /*what*/) {
+  deadline_from(timeout, "split");  // checks the argument; one rank never waits
   if (color < 0) return nullptr;
   return std::make_unique<LocalCommunicator>(links_);
 }
@@ -161,7 +163,18 @@ WaitStatus LocalCommunicator::barrier(Timeout timeout) {
   return WaitStatus::done;
 }
 
-std::vector<std::string> LocalCommunicator::allgather(const std::string& mine) { return {mine}; }
+std::vector<std::string> LocalCommunicator::allgather(const std::string& mine, Timeout timeout,
+                                                      std::string_view /*what*/) {
+  deadline_from(timeout, "allgather");
+  return {mine};
+}
+
+std::string LocalCommunicator::broadcast(const std::string& text, int root, Timeout timeout,
+                                         std::string_view /*what*/) {
+  check_peer(root, 1, "broadcast", "root");
+  deadline_from(timeout, "broadcast");
+  return text;
+}
 
 void LocalCommunicator::set_link_emulation(std::vector<LinkEmulation> links) {
   check_links(links, 1, "set_link_emulation");

@@ -24,16 +24,17 @@ class LocalCommunicator final : public Communicator {
   int local_rank() const override { return 0; }
   int local_size() const override { return 1; }
   std::string host() const override;
-  std::unique_ptr<Communicator> split(int color, int key) const override;
+  std::unique_ptr<Communicator> split(int color, int key, Timeout timeout, std::string_view what) override;
   int max_tag() const override;
 
   Request isend_bytes(const void* data, size_t bytes, int dst, int tag) override;
   Request irecv_bytes(void* data, size_t bytes, int src, int tag) override;
   Request irecv_message(std::shared_ptr<std::vector<char>> into, int src, int tag) override;
 
-  WaitStatus allreduce_sum(std::vector<Tensor>& buckets, Timeout timeout = std::nullopt) override;
-  WaitStatus barrier(Timeout timeout = std::nullopt) override;
-  std::vector<std::string> allgather(const std::string& mine) override;
+  WaitStatus allreduce_sum(std::vector<Tensor>& buckets, Timeout timeout) override;
+  WaitStatus barrier(Timeout timeout) override;
+  std::vector<std::string> allgather(const std::string& mine, Timeout timeout, std::string_view what) override;
+  std::string broadcast(const std::string& text, int root, Timeout timeout, std::string_view what) override;
 
   void set_link_emulation(std::vector<LinkEmulation> links) override;
   const std::vector<LinkEmulation>& link_emulation() const override { return links_; }

@@ -3,14 +3,21 @@
 // (see LinkEmulation in communicator.h for the model).
 #include <algorithm>
 #include <climits>
+#include <thread>
 
 #include "comm/mpi_communicator.h"
 #include "core/error.h"
 
 namespace ht::comm {
 
-std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
+// MPI_Comm_split cannot time out. The allgather of the colours before it is bounded and
+// sees every rank arrive, so a rank that stalls later holds the split (and the duplicate
+// for the new communicator's control messages) only while it is stalled, inside a call
+// that is otherwise a few microseconds of work: that stretch is what remains unbounded.
+// A rank that dies there is ended with the rest by mpirun.
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, Timeout timeout, std::string_view what) {
   check_usable("split");
+  (void)allgather(std::to_string(color), timeout, concat("every rank to join ", what));
   MPI_Comm out = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "split(color ",
             color, ", key ", key, "): MPI_Comm_split");
@@ -82,20 +89,15 @@ WaitStatus MpiCommunicator::allreduce_sum(std::vector<Tensor>& buckets, Timeout 
   const auto not_before = start + seconds_to_duration(collective_delay_s(
                                       links_snapshot(), Collective::allreduce, total));
 
-  // In place when possible; staged through host copies for other devices, strided
-  // views, and timed calls (an abandoned collective may still write its buffer later,
-  // and the caller's buckets must stay as they were unless the result is done).
+  // Staged through host copies: an abandoned collective may still write its buffer
+  // later, and the caller's buckets must stay as they were unless the result is done
+  // (and other devices and strided views need a dense host copy anyway).
   std::vector<std::vector<float>> staged(buckets.size());
   std::vector<MPI_Request> reqs(buckets.size(), MPI_REQUEST_NULL);
   for (size_t i = 0; i < buckets.size(); ++i) {
     Tensor& b = buckets[i];
-    float* data = nullptr;
-    if (!timeout && b.backend().kind() == DeviceKind::cpu && b.is_contiguous()) {
-      data = b.data();
-    } else {
-      staged[i] = b.detach().to_vector();
-      data = staged[i].data();
-    }
+    staged[i] = b.detach().to_vector();
+    float* data = staged[i].data();
     const int rc = MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(b.numel()), MPI_FLOAT,
                                   MPI_SUM, comm_, &reqs[i]);
     if (rc != MPI_SUCCESS) {
@@ -110,7 +112,7 @@ WaitStatus MpiCommunicator::allreduce_sum(std::vector<Tensor>& buckets, Timeout 
   const WaitStatus status = wait_collective(reqs, staged, not_before, deadline, "allreduce_sum");
   if (status == WaitStatus::done) {
     for (size_t i = 0; i < buckets.size(); ++i)
-      if (!staged[i].empty()) copy_host_into(buckets[i], staged[i].data());
+      if (buckets[i].numel() > 0) copy_host_into(buckets[i], staged[i].data());
   }
   return status;
 }
@@ -126,94 +128,209 @@ WaitStatus MpiCommunicator::barrier(Timeout timeout) {
   return wait_collective(reqs, none, not_before, deadline, "barrier");
 }
 
-std::vector<std::string> MpiCommunicator::allgather(const std::string& mine) {
+int MpiCommunicator::next_control_tag() { return control_seq_++ % (control_->max_tag() + 1); }
+
+namespace {
+
+// Polls every request in turn (a probe-matched receive progresses only while it is
+// tested) until all are done or the deadline passes; returns which are not done.
+std::vector<size_t> poll_all(std::vector<Request>& reqs, Deadline deadline) {
+  std::vector<bool> done(reqs.size(), false);
+  auto all_done = [&] {
+    bool all = true;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (!done[i]) done[i] = reqs[i].test();
+      all = all && done[i];
+    }
+    return all;
+  };
+  std::vector<size_t> left;
+  if (poll_until(all_done, deadline) == WaitStatus::done) return left;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (!done[i]) left.push_back(i);
+  return left;
+}
+
+}  // namespace
+
+std::vector<std::string> MpiCommunicator::allgather(const std::string& mine, Timeout timeout,
+                                                    std::string_view what) {
   check_usable("allgather");
   HT_CHECK(mine.size() <= static_cast<size_t>(INT_MAX), "allgather: item of ", mine.size(),
            " bytes; expected at most ", INT_MAX);
+  const Deadline deadline = deadline_from(timeout, "allgather");
   const auto start = Clock::now();
-  std::vector<std::vector<float>> none;
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(static_cast<size_t>(size_));
-  std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-  check_mpi(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_, &reqs[0]),
-            "allgather: MPI_Iallgather of the lengths");
-  wait_collective(reqs, none, start, std::nullopt, "allgather");
-  std::vector<int> offsets(lens.size());
-  long long total = 0;
-  int largest = 0;
-  for (size_t i = 0; i < lens.size(); ++i) {
-    HT_CHECK(total + lens[i] <= INT_MAX, "allgather: items total more than ", INT_MAX, " bytes");
-    offsets[i] = static_cast<int>(total);
-    total += lens[i];
-    largest = std::max(largest, lens[i]);
+  const int tag = next_control_tag();
+  // Owned here and kept past an abandoned send (see the end): MPI may still read it.
+  auto item = std::make_shared<const std::string>(mine);
+  std::vector<std::shared_ptr<std::vector<char>>> got(static_cast<size_t>(size_));
+  std::vector<Request> reqs;  // receives from each other rank, then sends to each
+  std::vector<int> peer_of;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    got[static_cast<size_t>(r)] = std::make_shared<std::vector<char>>();
+    reqs.push_back(control_->irecv_message(got[static_cast<size_t>(r)], r, tag));
+    peer_of.push_back(r);
   }
-  std::string all(static_cast<size_t>(total), '\0');
-  const auto not_before =
-      start + seconds_to_duration(collective_delay_s(links_snapshot(), Collective::allgather,
-                                                     static_cast<size_t>(largest)));
-  check_mpi(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(),
-                            MPI_CHAR, comm_, &reqs[0]),
-            "allgather: MPI_Iallgatherv of ", len, " bytes");
-  wait_collective(reqs, none, not_before, std::nullopt, "allgather");
-  std::vector<std::string> out;
-  for (size_t i = 0; i < lens.size(); ++i)
-    out.push_back(all.substr(static_cast<size_t>(offsets[i]), static_cast<size_t>(lens[i])));
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    reqs.push_back(control_->isend_bytes(item->data(), item->size(), r, tag));
+    peer_of.push_back(r);
+  }
+  const std::vector<size_t> left = poll_all(reqs, deadline);
+  if (!left.empty()) {
+    std::vector<int> missing;
+    for (size_t i : left) {
+      const int w = world_rank(peer_of[i]);
+      if (std::find(missing.begin(), missing.end(), w) == missing.end()) missing.push_back(w);
+    }
+    std::sort(missing.begin(), missing.end());
+    (void)new std::shared_ptr<const std::string>(item);  // the pending sends read it
+    for (Request& r : reqs) (void)r.wait(Timeout(0));   // dropping them need not wait
+    fail_as<PeerTimeout>(peer_timeout_message(world_rank(rank_), missing, what, timeout));
+  }
+  std::vector<std::string> out(static_cast<size_t>(size_));
+  size_t largest = mine.size();
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      out[static_cast<size_t>(r)] = mine;
+    } else {
+      const auto& g = *got[static_cast<size_t>(r)];
+      out[static_cast<size_t>(r)].assign(g.begin(), g.end());
+      largest = std::max(largest, g.size());
+    }
+  }
+  // The emulated duration of the allgather (the data itself takes the control path).
+  auto not_before = start + seconds_to_duration(collective_delay_s(links_snapshot(), Collective::allgather, largest));
+  if (deadline) not_before = std::min(not_before, *deadline);
+  if (Clock::now() < not_before) std::this_thread::sleep_until(not_before);
   return out;
+}
+
+std::string MpiCommunicator::broadcast(const std::string& text, int root, Timeout timeout,
+                                      std::string_view what) {
+  check_peer(root, size_, "broadcast", "root");
+  HT_CHECK(text.size() <= static_cast<size_t>(INT_MAX), "broadcast: text of ", text.size(),
+           " bytes; expected at most ", INT_MAX);
+  const Deadline deadline = deadline_from(timeout, "broadcast");
+  const int tag = next_control_tag();
+  if (rank_ != root) {
+    auto got = std::make_shared<std::vector<char>>();
+    std::vector<Request> recv;
+    recv.push_back(control_->irecv_message(got, root, tag));
+    if (!poll_all(recv, deadline).empty())
+      fail_as<PeerTimeout>(peer_timeout_message(world_rank(rank_), {world_rank(root)}, what, timeout));
+    return std::string(got->begin(), got->end());
+  }
+  auto item = std::make_shared<const std::string>(text);  // kept past an abandoned send
+  std::vector<Request> sends;
+  std::vector<int> to;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    sends.push_back(control_->isend_bytes(item->data(), item->size(), r, tag));
+    to.push_back(r);
+  }
+  const std::vector<size_t> left = poll_all(sends, deadline);
+  if (!left.empty()) {
+    std::vector<int> missing;
+    for (size_t i : left) missing.push_back(world_rank(to[i]));
+    (void)new std::shared_ptr<const std::string>(item);
+    for (Request& r : sends) (void)r.wait(Timeout(0));
+    fail_as<PeerTimeout>(peer_timeout_message(world_rank(rank_), missing, what, timeout));
+  }
+  return text;
 }
 
 namespace {
 
 class MpiConsultation final : public Consultation {
  public:
-  MpiConsultation(Communicator& control, std::string mine, int tag)
-      : c_(control), mine_(std::move(mine)), tag_(tag) {
+  MpiConsultation(MpiCommunicator& control, std::string mine, int tag)
+      : c_(control), mine_(std::make_shared<const std::string>(std::move(mine))), tag_(tag) {
     if (c_.rank() == 0) {
       for (int r = 1; r < c_.size(); ++r) {
         items_.push_back(std::make_shared<std::vector<char>>());
         recvs_.push_back(c_.irecv_message(items_.back(), r, tag_));
       }
     } else {
-      HT_CHECK(mine_.size() <= static_cast<size_t>(INT_MAX), "consult: item of ", mine_.size(),
+      HT_CHECK(mine_->size() <= static_cast<size_t>(INT_MAX), "consult: item of ", mine_->size(),
                " bytes; expected at most ", INT_MAX);
-      sends_.push_back(c_.isend_bytes(mine_.data(), mine_.size(), 0, tag_));
+      sends_.push_back(c_.isend_bytes(mine_->data(), mine_->size(), 0, tag_));
       items_.push_back(std::make_shared<std::vector<char>>());
       recvs_.push_back(c_.irecv_message(items_.back(), 0, tag_));
     }
   }
 
-  std::string finish(const Answer& answer) override {
-    for (Request& r : recvs_) r.wait();
+  // Rank 0 gives the others up to the finish's timeout to take its answer. A send still
+  // pending then is abandoned (it was the job's end anyway: the others wait for that
+  // answer up to the same timeout), and the bytes it reads are kept for good.
+  ~MpiConsultation() override {
+    try {
+      if (finished_) {
+        const Deadline d = deadline_from(timeout_, "consult");
+        for (Request& r : sends_) {
+          const auto left = d ? std::max(Clock::duration::zero(), *d - Clock::now()) : Clock::duration::zero();
+          (void)r.wait(std::chrono::duration_cast<Timeout>(left));
+        }
+      }
+      bool pending = false;
+      for (Request& r : sends_) pending = !r.test() || pending;
+      if (pending) {
+        (void)new std::shared_ptr<const std::string>(mine_);
+        (void)new std::shared_ptr<const std::string>(answer_);
+      }
+    } catch (...) {
+    }
+  }
+
+  std::string finish(const Answer& answer, Timeout timeout, std::string_view what) override {
+    const Deadline deadline = deadline_from(timeout, "consult");
+    timeout_ = timeout;
     if (c_.rank() != 0) {
-      sends_[0].wait();
+      std::vector<Request> both;
+      both.push_back(std::move(sends_[0]));
+      both.push_back(std::move(recvs_[0]));
+      const bool late = !poll_all(both, deadline).empty();
+      sends_[0] = std::move(both[0]);
+      recvs_[0] = std::move(both[1]);
+      if (late) {
+        for (Request& r : sends_) (void)r.wait(Timeout(0));
+        fail_as<PeerTimeout>(peer_timeout_message(c_.world_rank(c_.rank()), {c_.world_rank(0)},
+                                                  concat("rank 0's answer to ", what), timeout));
+      }
       return std::string(items_[0]->begin(), items_[0]->end());
     }
-    std::vector<std::string> items{mine_};
+    const std::vector<size_t> left = poll_all(recvs_, deadline);
+    if (!left.empty()) {
+      std::vector<int> missing;
+      for (size_t i : left) missing.push_back(c_.world_rank(static_cast<int>(i) + 1));
+      fail_as<PeerTimeout>(peer_timeout_message(c_.world_rank(0), missing, concat("every rank's item of ", what),
+                                                timeout));
+    }
+    std::vector<std::string> items{*mine_};
     for (const auto& item : items_) items.emplace_back(item->begin(), item->end());
-    answer_ = answer(items);
-    HT_CHECK(answer_.size() <= static_cast<size_t>(INT_MAX), "consult: answer of ", answer_.size(),
+    answer_ = std::make_shared<const std::string>(answer(items));
+    HT_CHECK(answer_->size() <= static_cast<size_t>(INT_MAX), "consult: answer of ", answer_->size(),
              " bytes; expected at most ", INT_MAX);
-    for (int r = 1; r < c_.size(); ++r) sends_.push_back(c_.isend_bytes(answer_.data(), answer_.size(), r, tag_));
-    return answer_;
+    for (int r = 1; r < c_.size(); ++r) sends_.push_back(c_.isend_bytes(answer_->data(), answer_->size(), r, tag_));
+    finished_ = true;
+    return *answer_;
   }
 
  private:
-  Communicator& c_;
-  std::string mine_, answer_;
+  MpiCommunicator& c_;
+  std::shared_ptr<const std::string> mine_, answer_;
   int tag_;
+  bool finished_ = false;
+  Timeout timeout_{0};
   std::vector<std::shared_ptr<std::vector<char>>> items_;
-  std::vector<Request> recvs_, sends_;  // last: destroyed (sends waited for) before the buffers
+  std::vector<Request> recvs_, sends_;  // last: destroyed before the buffers
 };
 
 }  // namespace
 
 std::unique_ptr<Consultation> MpiCommunicator::consult(const std::string& mine) {
-  if (!control_) {  // collective: every rank makes it at its first consultation
-    MPI_Comm dup = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_dup(comm_, &dup), "consult: MPI_Comm_dup");
-    control_ = std::make_unique<MpiCommunicator>(dup, host_, std::vector<LinkEmulation>{});
-  }
-  const int tag = consultations_++ % (control_->max_tag() + 1);
-  return std::make_unique<MpiConsultation>(*control_, mine, tag);
+  return std::make_unique<MpiConsultation>(*control_, mine, next_control_tag());
 }
 
 void MpiCommunicator::set_link_emulation(std::vector<LinkEmulation> links) {

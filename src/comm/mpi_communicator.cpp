@@ -202,7 +202,8 @@ class MpiRecv final : public Request::Impl {
 
 // ---- construction
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, HostInfo host, std::vector<LinkEmulation> links)
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, HostInfo host, std::vector<LinkEmulation> links,
+                                 bool with_control)
     : comm_(comm), host_(std::move(host)), graveyard_(std::make_unique<Graveyard>()) {
   check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN),
             "communicator: MPI_Comm_set_errhandler");
@@ -228,6 +229,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, HostInfo host, std::vector<LinkE
   path_free_.assign(static_cast<size_t>(size_), Clock::time_point{});
   last_due_.assign(static_cast<size_t>(size_), Clock::time_point{});
   set_link_emulation(std::move(links));
+  if (with_control) {
+    MPI_Comm dup = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_dup(comm_, &dup), "communicator: MPI_Comm_dup for the control messages");
+    control_ = std::make_unique<MpiCommunicator>(dup, host_, std::vector<LinkEmulation>{}, false);
+  }
 }
 
 namespace {
@@ -305,6 +311,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::make_world() {
 
 MpiCommunicator::~MpiCommunicator() {
   delivery_.reset();  // posts what is still queued
+  control_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;

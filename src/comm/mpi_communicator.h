@@ -53,8 +53,12 @@ struct HostInfo {
 
 class MpiCommunicator final : public Communicator {
  public:
-  // Takes ownership of `comm` and sets its error handler to MPI_ERRORS_RETURN.
-  MpiCommunicator(MPI_Comm comm, HostInfo host, std::vector<LinkEmulation> links);
+  // Takes ownership of `comm` and sets its error handler to MPI_ERRORS_RETURN. Collective
+  // over `comm` when `with_control`: duplicates it for the control messages (consult,
+  // allgather, split's agreement), which thus have their own matching space and no link
+  // emulation.
+  MpiCommunicator(MPI_Comm comm, HostInfo host, std::vector<LinkEmulation> links,
+                  bool with_control = true);
   // The world: a duplicate of MPI_COMM_WORLD (our error handler and tags stay ours),
   // with local rank and size from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED).
   static std::unique_ptr<MpiCommunicator> make_world();
@@ -67,18 +71,24 @@ class MpiCommunicator final : public Communicator {
   int local_rank() const override { return host_.local_rank; }
   int local_size() const override { return host_.local_size; }
   std::string host() const override { return host_.host; }
-  std::unique_ptr<Communicator> split(int color, int key) const override;
+  // A bounded allgather of the colours comes first, so that every rank is known to have
+  // arrived; then MPI_Comm_split (see mpi_collectives.cpp for what that leaves unbounded).
+  std::unique_ptr<Communicator> split(int color, int key, Timeout timeout, std::string_view what) override;
+  int world_rank(int rank) const override { return world_rank_.at(static_cast<size_t>(rank)); }
   int max_tag() const override { return max_tag_; }
 
   Request isend_bytes(const void* data, size_t bytes, int dst, int tag) override;
   Request irecv_bytes(void* data, size_t bytes, int src, int tag) override;
   Request irecv_message(std::shared_ptr<std::vector<char>> into, int src, int tag) override;
 
-  WaitStatus allreduce_sum(std::vector<Tensor>& buckets, Timeout timeout = std::nullopt) override;
-  WaitStatus barrier(Timeout timeout = std::nullopt) override;
-  std::vector<std::string> allgather(const std::string& mine) override;
-  // Point to point on a duplicate of the communicator made by the first consultation
-  // (its own matching space), each consultation with its own tag; no link emulation.
+  WaitStatus allreduce_sum(std::vector<Tensor>& buckets, Timeout timeout) override;
+  WaitStatus barrier(Timeout timeout) override;
+  // Point to point on the control communicator: every rank sends its item to every other
+  // one, so that a rank that misses the deadline knows whose items did not come.
+  std::vector<std::string> allgather(const std::string& mine, Timeout timeout, std::string_view what) override;
+  // Point to point on the control communicator, from the root to each other rank.
+  std::string broadcast(const std::string& text, int root, Timeout timeout, std::string_view what) override;
+  // Point to point on the control communicator, each consultation with its own tag.
   std::unique_ptr<Consultation> consult(const std::string& mine) override;
 
   void set_link_emulation(std::vector<LinkEmulation> links) override;
@@ -130,8 +140,11 @@ class MpiCommunicator final : public Communicator {
 
   std::string abandoned_;  // why collectives are refused; empty while usable
   std::unique_ptr<Graveyard> graveyard_;
-  std::unique_ptr<MpiCommunicator> control_;  // consultations' messages
-  int consultations_ = 0;
+  std::unique_ptr<MpiCommunicator> control_;  // consult, allgather and split's messages
+  // The next control tag. Every rank makes its control exchanges in one order (they are
+  // collective), so the counters agree and each exchange has a tag of its own.
+  int control_seq_ = 0;
+  int next_control_tag();
 };
 
 }  // namespace ht::comm

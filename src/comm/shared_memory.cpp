@@ -13,7 +13,8 @@
 
 namespace ht::comm {
 
-std::shared_ptr<std::byte> map_shared(Communicator& comm, int owner, size_t bytes, bool willing, std::string* why) {
+std::shared_ptr<std::byte> map_shared(Communicator& comm, int owner, size_t bytes, bool willing, Timeout timeout,
+                                      std::string* why) {
   HT_CHECK(owner >= 0 && owner < comm.size(), "map_shared: owner ", owner, " of ", comm.size(),
            " ranks; expected one of them");
   HT_CHECK(bytes > 0, "map_shared: 0 bytes; expected some");
@@ -21,7 +22,8 @@ std::shared_ptr<std::byte> map_shared(Communicator& comm, int owner, size_t byte
     if (why) *why = std::move(reason);
     return std::shared_ptr<std::byte>();
   };
-  const std::vector<std::string> hosts = comm.allgather(std::string(willing ? "1" : "0") + comm.host());
+  const std::vector<std::string> hosts = comm.allgather(std::string(willing ? "1" : "0") + comm.host(), timeout,
+                                                            "the shared-memory hosts check");
   for (size_t r = 0; r < hosts.size(); ++r) {
     if (hosts[r][0] == '0') return refuse("rank " + std::to_string(r) + " keeps its own copy");
     if (hosts[r] != hosts[0])
@@ -48,7 +50,7 @@ std::shared_ptr<std::byte> map_shared(Communicator& comm, int owner, size_t byte
       close(fd);
     }
   }
-  name = comm.allgather(name)[static_cast<size_t>(owner)];
+  name = comm.allgather(name, timeout, "the shared memory's name")[static_cast<size_t>(owner)];
   void* at = MAP_FAILED;
   if (!name.empty()) {
     const int fd = shm_open(name.c_str(), O_RDWR, 0600);
@@ -56,7 +58,7 @@ std::shared_ptr<std::byte> map_shared(Communicator& comm, int owner, size_t byte
     if (at == MAP_FAILED) error = "cannot map shared memory " + name + ": " + std::strerror(errno);
     if (fd >= 0) close(fd);
   }
-  const std::vector<std::string> errors = comm.allgather(error);
+  const std::vector<std::string> errors = comm.allgather(error, timeout, "the shared memory's mapping");
   if (comm.rank() == owner && !name.empty()) shm_unlink(name.c_str());
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty()) {

@@ -17,8 +17,8 @@ namespace ht::comm {
 // `willing`, the members are not all on one host, a link of `comm` is emulated (the
 // bytes would not cross it), or a member could not create or map the memory. The name
 // the memory is opened by is removed before the call returns, so nothing is left behind
-// however the job ends.
+// however the job ends. Its exchanges (allgathers) each wait up to `timeout`.
 std::shared_ptr<std::byte> map_shared(Communicator& comm, int owner, size_t bytes, bool willing,
-                                      std::string* why = nullptr);
+                                      Timeout timeout, std::string* why = nullptr);
 
 }  // namespace ht::comm

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "comm/comm_internal.h"
 #include "comm/doorbell.h"
 #include "core/error.h"
 
@@ -183,8 +184,7 @@ WaitStatus OverlappedAllreduce::drain(Timeout timeout) { return poll(timeout, tr
 // polling to sleeps of up to 1 ms, so a throttled rank keeps its quota; a ring of the
 // doorbell (doorbell.h) ends a sleep at once.
 WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout.value_or(std::chrono::duration<double>(0)));
+  const Deadline deadline = deadline_from(timeout, "OverlappedAllreduce");
   auto pause = std::chrono::microseconds(0);
   auto summed = [](const std::unique_ptr<Pending>& x) { return x->state == Pending::scattered; };
   for (;;) {
@@ -192,7 +192,7 @@ WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
     const bool moved = progress();
     if (std::all_of(pending_.begin(), pending_.end(), summed) && (!sends || outgoing_.empty()))
       return WaitStatus::done;
-    if (timeout && Clock::now() > deadline) return WaitStatus::timed_out;
+    if (deadline && Clock::now() > *deadline) return WaitStatus::timed_out;
     if (moved) pause = std::chrono::microseconds(0);
     else pause = std::min(std::chrono::microseconds(1000), std::max(std::chrono::microseconds(20), pause * 2));
     if (pause.count() > 0 && sleep_unless_rung(heard, pause)) pause = std::chrono::microseconds(0);

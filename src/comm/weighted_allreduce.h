@@ -47,7 +47,7 @@ class OverlappedAllreduce {
   // Waits until every tensor added holds its sums (with scatter_only: until this rank's
   // parts do, or after gather until every part arrived); this rank's round-2 sends may
   // still be in flight (from copies). On timed_out the tensors are in an unspecified state.
-  WaitStatus finish(Timeout timeout = std::nullopt);
+  WaitStatus finish(Timeout timeout);
   // Scatter_only, after finish: round 2 from `sources`, one per tensor added, in order,
   // each of its tensor's size (contiguous float32 on the CPU).
   void gather(std::vector<Tensor> sources);
@@ -55,7 +55,7 @@ class OverlappedAllreduce {
   // weights in place (shared memory), round 2 has nothing to carry.
   void end_without_gather();
   // Waits for the round-2 sends as well; call it before the job ends.
-  WaitStatus drain(Timeout timeout = std::nullopt);
+  WaitStatus drain(Timeout timeout);
 
  private:
   struct Pending;
@@ -79,6 +79,6 @@ class OverlappedAllreduce {
 // In place; on timed_out the tensors are in an unspecified state.
 WaitStatus allreduce_sum_weighted(Communicator& comm, std::vector<Tensor>& tensors,
                                   const std::vector<double>& weights,
-                                  Timeout timeout = std::nullopt);
+                                  Timeout timeout);
 
 }  // namespace ht::comm

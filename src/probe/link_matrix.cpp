@@ -34,12 +34,12 @@ std::pair<double, double> ping_pong(comm::Communicator& c, int peer, bool lead,
   for (int i = 0; i < o.pings + 1; ++i) {  // the first round trip warms the path up
     if (lead) {
       auto t0 = Clock::now();
-      c.send_bytes(&byte, 1, peer, kPingTag);
+      c.send_bytes(&byte, 1, peer, kPingTag, comm::Timeout(o.round_timeout_s), "the link probe's ping");
       spin_recv(c, &byte, 1, peer, kPingTag, o);
       if (i > 0) rtts.push_back(seconds_since(t0));
     } else {
       spin_recv(c, &byte, 1, peer, kPingTag, o);
-      c.send_bytes(&byte, 1, peer, kPingTag);
+      c.send_bytes(&byte, 1, peer, kPingTag, comm::Timeout(o.round_timeout_s), "the link probe's ping");
     }
   }
   std::vector<char> bulk(static_cast<size_t>(o.bulk_bytes));
@@ -47,12 +47,12 @@ std::pair<double, double> ping_pong(comm::Communicator& c, int peer, bool lead,
   for (int i = 0; i < o.bulk_repeats; ++i) {
     if (lead) {
       auto t0 = Clock::now();
-      c.send_bytes(bulk.data(), bulk.size(), peer, kBulkTag);
+      c.send_bytes(bulk.data(), bulk.size(), peer, kBulkTag, comm::Timeout(o.round_timeout_s), "the link probe's bulk message");
       spin_recv(c, &byte, 1, peer, kAckTag, o);
       bulk_times.push_back(seconds_since(t0));
     } else {
       spin_recv(c, bulk.data(), bulk.size(), peer, kBulkTag, o);
-      c.send_bytes(&byte, 1, peer, kAckTag);
+      c.send_bytes(&byte, 1, peer, kAckTag, comm::Timeout(o.round_timeout_s), "the link probe's acknowledgement");
     }
   }
   if (!lead) return {0.0, 0.0};
@@ -113,7 +113,7 @@ LinkMatrix measure_links(comm::Communicator& c, const LinkProbeOptions& o) {
     std::snprintf(line, sizeof line, "%d %.9e %.9e\n", peer, r.first, r.second);
     row += line;
   }
-  std::vector<std::string> rows = c.allgather(row);
+  std::vector<std::string> rows = c.allgather(row, t, "the link probe's rows");
   for (int a = 0; a < n; ++a) {
     const char* p = rows[a].c_str();
     int peer;

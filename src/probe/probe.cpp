@@ -91,7 +91,8 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
     // fixed part: the CNN's plan predicted its step 12-29% long.
     const auto batch = static_cast<double>(opts.model->train.batch_size);
     double total = 0;
-    for (const std::string& rate : comm.allgather(fmt("%.17g", me.rates.sgemm_gflops))) total += std::stod(rate);
+    for (const std::string& rate : comm.allgather(fmt("%.17g", me.rates.sgemm_gflops), comm::Timeout(opts.peer_timeout_s),
+                                                         "the probe's sgemm rates")) total += std::stod(rate);
     const double share = batch * me.rates.sgemm_gflops / total;
     const int64_t small = std::clamp<int64_t>(std::llround(share / 2), 1, 256);
     me.blocks = profile_blocks(model, small,
@@ -101,9 +102,10 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
 
   ClusterFingerprint c;
   if (opts.model) c.model = opts.model->source_path;
-  for (const std::string& text : comm.allgather(rank_to_json(me)))
+  for (const std::string& text : comm.allgather(rank_to_json(me), comm::Timeout(opts.peer_timeout_s), "the probe's fingerprints"))
     c.ranks.push_back(rank_from_json(text));
   LinkProbeOptions lo;
+  lo.round_timeout_s = opts.peer_timeout_s;
   if (opts.quick) {
     lo.pings = 8;
     lo.bulk_bytes = 4 << 20;

@@ -19,6 +19,10 @@ struct ProbeOptions {
   // Builds `model`'s blocks (required with `model`). The caller supplies it because the
   // model builders sit above the probe (runtime::make_task).
   std::function<nn::Sequential(const config::Config&)> build_model;
+  // The bound on each exchange between the ranks. The probe runs before (or without) a
+  // training config's parallel.peer_timeout_s applies, and its ranks time seconds of
+  // their own work between exchanges: a rank a minute late has stalled.
+  double peer_timeout_s = 60;
 };
 
 // Collective: every rank of `comm` calls it and gets the whole cluster's fingerprint.

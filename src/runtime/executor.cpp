@@ -54,8 +54,8 @@ struct Executor::MicroBatch {
 };
 
 Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
-                   comm::Communicator& world, const config::TrainConfig& train)
-    : plan_(plan), model_(model), task_(task), world_(world), train_(train) {
+                   comm::Communicator& world, const config::TrainConfig& train, comm::Timeout peer_timeout)
+    : plan_(plan), model_(model), task_(task), world_(world), train_(train), peer_timeout_(peer_timeout) {
   HT_CHECK(plan.world_size == world.size(), "the plan is for ", plan.world_size,
            " ranks but this job has ", world.size(), "; plan again for this job");
   HT_CHECK(plan.blocks == static_cast<int>(model.size()), "the plan splits ", plan.blocks,
@@ -65,8 +65,8 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
   replica_ = rank_plan_.replica;
   stages_ = static_cast<int>(plan.stage_ranges.size());
   // Collective: every rank splits, idle ones joining no group.
-  stage_group_ = world.split(active() ? stage_ : -1, replica_);
-  replica_group_ = world.split(active() ? replica_ : -1, stage_);
+  stage_group_ = world.split(active() ? stage_ : -1, replica_, peer_timeout_, "the stage groups");
+  replica_group_ = world.split(active() ? replica_ : -1, stage_, peer_timeout_, "the replica groups");
   if (!active()) return;
 
   first_ = stage_ == 0;
@@ -107,7 +107,7 @@ void Executor::share_weights() {
   Backend& be = params_.front().second.backend();
   const bool willing = be.kind() == DeviceKind::cpu && be.allocator().cap() == 0;
   const int hub = plan_.layout.reduce_owner;
-  std::shared_ptr<std::byte> memory = comm::map_shared(*stage_group_, hub, bytes, willing, &weights_apart_);
+  std::shared_ptr<std::byte> memory = comm::map_shared(*stage_group_, hub, bytes, willing, peer_timeout_, &weights_apart_);
   if (!memory) return;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].second.move_to(memory.get() + at[i], memory, replica_ == hub);
   weights_apart_.clear();
@@ -117,9 +117,9 @@ void Executor::share_weights() {
 
 void Executor::weights_loaded() {
   if (!shared_weights_) return;
-  HT_CHECK(stage_group_->barrier(kPeerTimeout) == comm::WaitStatus::done, "rank ", world_.rank(),
-           ": waiting for stage ", stage_, "'s replicas to share the hub's weights timed out after ",
-           kPeerTimeout.count(), " s; a rank of its group has stalled");
+  if (stage_group_->barrier(peer_timeout_) != comm::WaitStatus::done)
+    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s replicas to share the hub's weights", peer_timeout_));
 }
 
 // The last step's sums may still be on their way to slower replicas, or word of the
@@ -130,8 +130,8 @@ Executor::~Executor() {
     return;
   }
   try {
-    if (draining_) (void)draining_->drain(kPeerTimeout);
-    for (comm::Request& r : updated_) (void)r.wait(kPeerTimeout);
+    if (draining_) (void)draining_->drain(peer_timeout_);
+    for (comm::Request& r : updated_) (void)r.wait(peer_timeout_);
   } catch (...) {
   }
 }
@@ -301,12 +301,13 @@ void Executor::add_to_reduce(size_t begin, size_t end) {
 void Executor::reduce_grads() {
   if (!reduce_) return;  // the only replica of its stage
   if (reduce_->added() == 0) add_to_reduce(0, params_.size());
-  comm::WaitStatus s = reduce_->finish(kPeerTimeout);
-  if (draining_ && s == comm::WaitStatus::done) s = draining_->drain(kPeerTimeout);
+  comm::WaitStatus s = reduce_->finish(peer_timeout_);
+  if (draining_ && s == comm::WaitStatus::done) s = draining_->drain(peer_timeout_);
   draining_.reset();
   if (shards_.empty()) draining_ = std::move(reduce_);  // its sums go out while the next step runs
-  HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ReduceGrads of stage ", stage_,
-           " timed out after ", kPeerTimeout.count(), " s; a rank of its group has stalled");
+  if (s != comm::WaitStatus::done)
+    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
 }
 
 void Executor::optimizer_step(float lr) {
@@ -321,8 +322,8 @@ void Executor::optimizer_step(float lr) {
     // the stages: every rank clips by the whole model's norm.
     auto sum_over = [this](comm::Communicator& group, double local) {
       std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1})};
-      const comm::WaitStatus s = group.allreduce_sum(t, kPeerTimeout);
-      HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": the gradient norm timed out");
+      if (group.allreduce_sum(t, peer_timeout_) != comm::WaitStatus::done)
+        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world_.rank(), {}, "the gradient norm's sum", peer_timeout_));
       return static_cast<double>(t[0].item());
     };
     std::function<double(double)> global;
@@ -351,18 +352,19 @@ double Executor::gather_weights() {
     } else {
       char word = 0;
       comm::Request r = stage_group_->irecv_bytes(&word, 1, hub, kTagWeightsUpdated);
-      HT_CHECK(r.wait(kPeerTimeout) == comm::WaitStatus::done, "rank ", world_.rank(), ": stage ", stage_,
-               "'s updated weights timed out after ", kPeerTimeout.count(), " s; its hub (replica ", hub,
-               ") has stalled");
+      if (r.wait(peer_timeout_) != comm::WaitStatus::done)
+        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+            world_.rank(), {stage_group_->world_rank(hub)},
+            "word of stage " + std::to_string(stage_) + "'s updated weights from its hub", peer_timeout_));
     }
     return seconds_since(t0);
   }
   std::vector<Tensor> weights;
   for (size_t i : reduce_order_) weights.push_back(params_[i].second);
   reduce_->gather(std::move(weights));
-  const comm::WaitStatus s = reduce_->finish(kPeerTimeout);
-  HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": gathering stage ", stage_,
-           "'s updated weights timed out after ", kPeerTimeout.count(), " s; a rank of its group has stalled");
+  if (reduce_->finish(peer_timeout_) != comm::WaitStatus::done)
+    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
   draining_ = std::move(reduce_);  // this rank's part goes out while the next step runs
   return seconds_since(t0);
 }
@@ -394,10 +396,10 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     const double cpu0 = process_cpu_seconds();
     bool comm = false;
     double gathered = 0, gathered_cpu = 0;  // of a sharded OptimizerStep, gathering the weights
+    auto what = [&] { return std::string(plan::op_name(in.op)) + " of micro-batch " + std::to_string(in.micro_batch); };
     auto wait = [&](comm::WaitStatus s) {
-      HT_CHECK(s == comm::WaitStatus::done, "rank ", world_.rank(), ": ", plan::op_name(in.op),
-               " of micro-batch ", in.micro_batch, " from rank ", in.peer, " timed out after ",
-               kPeerTimeout.count(), " s; that rank has stalled or died");
+      if (s != comm::WaitStatus::done)
+        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world_.rank(), {in.peer}, what(), peer_timeout_));
     };
     switch (in.op) {
       case plan::Op::load_micro_batch: load(in.micro_batch, first); break;
@@ -406,24 +408,24 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
       case plan::Op::backward: backward(in.micro_batch); break;
       case plan::Op::send_activation:
         comm = true;
-        world_.send(live_.at(in.micro_batch).output, in.peer, kTagActivation);
+        world_.send(live_.at(in.micro_batch).output, in.peer, kTagActivation, peer_timeout_, what());
         break;
       case plan::Op::recv_activation: {
         comm = true;
         Tensor x = Tensor::empty(boundary_shape(in.micro_batch, true));
-        wait(world_.recv(x, in.peer, kTagActivation, kPeerTimeout));
+        wait(world_.recv(x, in.peer, kTagActivation, peer_timeout_));
         live_[in.micro_batch].stage_input = x.set_requires_grad();
         break;
       }
       case plan::Op::send_grad:
         comm = true;
-        world_.send(live_.at(in.micro_batch).grad_input, in.peer, kTagGrad);
+        world_.send(live_.at(in.micro_batch).grad_input, in.peer, kTagGrad, peer_timeout_, what());
         live_.erase(in.micro_batch);
         break;
       case plan::Op::recv_grad: {
         comm = true;
         Tensor g = Tensor::empty(boundary_shape(in.micro_batch, false));
-        wait(world_.recv(g, in.peer, kTagGrad, kPeerTimeout));
+        wait(world_.recv(g, in.peer, kTagGrad, peer_timeout_));
         live_.at(in.micro_batch).grad_output = g;
         break;
       }

@@ -42,10 +42,6 @@ class OverlappedAllreduce;
 
 namespace ht::runtime {
 
-// A peer that sends nothing for this long has stalled or died: fail with its name rather
-// than wait forever. Far above any step of the shipped configs.
-constexpr std::chrono::seconds kPeerTimeout{600};
-
 struct StepResult {
   // Summed loss over the micro-batches this rank finished as the last stage (0 on other
   // stages); the global mean is the sum over ranks / (global batch x predictions).
@@ -70,8 +66,10 @@ class Executor {
   // `model` is the whole model built from the config's seed, identical on every rank;
   // this rank trains blocks [begin, end) of its stage with its own optimiser. Collective:
   // every rank of `world` constructs one (it splits the stage and replica groups).
+  // `peer_timeout` (parallel.peer_timeout_s) bounds every wait on another rank: past it
+  // the step raises comm::PeerTimeout naming the rank or group and what it waited for.
   Executor(const plan::Plan& plan, nn::Sequential& model, Task& task, comm::Communicator& world,
-           const config::TrainConfig& train);
+           const config::TrainConfig& train, comm::Timeout peer_timeout);
   ~Executor();
 
   bool active() const { return !schedule_.empty(); }  // false: an idle rank
@@ -129,6 +127,7 @@ class Executor {
   Task& task_;
   comm::Communicator& world_;
   config::TrainConfig train_;
+  comm::Timeout peer_timeout_;
   plan::RankPlan rank_plan_;
   // This step's shares: plan_'s, except that a replica in a micro-batch trial runs its
   // alternate count in every other step.

@@ -13,8 +13,8 @@ namespace ht::runtime {
 
 using json = nlohmann::json;
 
-Rebalancer::Rebalancer(RebalanceFn decide, int64_t every, comm::Communicator& world)
-    : decide_(std::move(decide)), every_(decide_ ? every : 0), world_(world) {}
+Rebalancer::Rebalancer(RebalanceFn decide, int64_t every, comm::Communicator& world, comm::Timeout peer_timeout)
+    : decide_(std::move(decide)), every_(decide_ ? every : 0), world_(world), peer_timeout_(peer_timeout) {}
 
 void Rebalancer::record(const StepResult& r) {
   if (skip_next_) {
@@ -55,7 +55,7 @@ std::optional<Rebalancer::Outcome> Rebalancer::finish_check(plan::Plan& plan) {
     for (size_t k = 0; k < items.size(); ++k)
       measured.push_back(plan::decode_measure(items[k], "the measures of rank " + std::to_string(k)));
     return plan::encode_decision(decide_(plan, measured));
-  });
+  }, peer_timeout_, "the rebalancing check of step " + std::to_string(check_step_));
   plan::Rebalance d = plan::decode_decision(decision, plan, "the rebalancing decision from rank 0");
   answered_ = std::move(pending_);
   Outcome out;

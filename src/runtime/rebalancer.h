@@ -29,8 +29,9 @@ using RebalanceFn = std::function<plan::Rebalance(const plan::Plan& current,
 
 class Rebalancer {
  public:
-  // Never runs when `decide` is empty or `every` is 0.
-  Rebalancer(RebalanceFn decide, int64_t every, comm::Communicator& world);
+  // Never runs when `decide` is empty or `every` is 0. A check's exchange waits up to
+  // `peer_timeout` (parallel.peer_timeout_s) for the others.
+  Rebalancer(RebalanceFn decide, int64_t every, comm::Communicator& world, comm::Timeout peer_timeout);
 
   void record(const StepResult& r);  // after every step
 
@@ -68,6 +69,7 @@ class Rebalancer {
   RebalanceFn decide_;
   int64_t every_;
   comm::Communicator& world_;
+  comm::Timeout peer_timeout_;
   std::unique_ptr<comm::Consultation> pending_;   // started, not answered
   std::unique_ptr<comm::Consultation> answered_;  // kept until the next: see Consultation
   int64_t check_step_ = 0;

@@ -12,17 +12,22 @@ namespace ht::runtime {
 namespace {
 
 constexpr int kTagGather = 21;
-constexpr std::chrono::seconds kGatherTimeout{600};
 
 // The same list, in the same order, that `src` sends: its parameters and, with state, its
 // optimiser's state() (an optimiser over the same parameters lists the same names in the
 // same order).
-void receive_all(std::vector<nn::NamedTensor>& into, comm::Communicator& world, int src) {
-  for (auto& [name, t] : into) {
-    const comm::WaitStatus s = world.recv(t, src, kTagGather, kGatherTimeout);
-    HT_CHECK(s == comm::WaitStatus::done, "rank ", world.rank(), ": receiving '", name, "' from rank ", src,
-             " timed out after ", kGatherTimeout.count(), " s");
-  }
+void receive_all(std::vector<nn::NamedTensor>& into, comm::Communicator& world, int src, comm::Timeout timeout,
+                 std::string_view what) {
+  for (auto& [name, t] : into)
+    if (world.recv(t, src, kTagGather, timeout) != comm::WaitStatus::done)
+      fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world.world_rank(world.rank()), {world.world_rank(src)},
+                                                            std::string(what) + " ('" + name + "')", timeout));
+}
+
+void send_all(const std::vector<nn::NamedTensor>& from, comm::Communicator& world, int dst, comm::Timeout timeout,
+              std::string_view what) {
+  for (const auto& [name, t] : from)
+    world.send(t, dst, kTagGather, timeout, std::string(what) + " ('" + name + "')");
 }
 
 // Copies `from` (on any backend) into `to`, tensor by tensor: same shapes and dtypes.
@@ -41,7 +46,8 @@ void copy_into(const std::vector<nn::NamedTensor>& to, const std::vector<nn::Nam
 std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Executor& executor,
                                             nn::Sequential& model, comm::Communicator& world,
                                             const config::OptimizerConfig& opt,
-                                            bool optimizer_state) {
+                                            bool optimizer_state, comm::Timeout timeout,
+                                            std::string_view what) {
   std::vector<nn::NamedTensor> state;
   std::set<std::string> seen;
   const bool root = world.rank() == 0;
@@ -49,17 +55,16 @@ std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Execut
     const int src = plan.layout.replicas[0][s];
     // When the stage is sharded, every replica sends its part of the optimiser state.
     const std::vector<double> shards = optimizer_state ? plan::optimizer_shards(plan, s) : std::vector<double>{};
-    if (src == world.rank() && !root)
-      for (const auto& [name, t] : executor.parameters()) world.send(t, 0, kTagGather);
+    if (src == world.rank() && !root) send_all(executor.parameters(), world, 0, timeout, what);
     if (optimizer_state && !root && executor.stage() == static_cast<int>(s) &&
         (src == world.rank() || !shards.empty()))
-      for (const auto& [name, t] : executor.optimizer()->state()) world.send(t, 0, kTagGather);
+      send_all(executor.optimizer()->state(), world, 0, timeout, what);
     if (!root) continue;
 
     const auto [begin, end] = plan.stage_ranges[s];
     std::vector<nn::NamedTensor> params =
         model.named_parameters(static_cast<size_t>(begin), static_cast<size_t>(end));
-    if (src != 0) receive_all(params, world, src);
+    if (src != 0) receive_all(params, world, src, timeout, what);
     if (!optimizer_state) continue;
     // Names and shapes to receive into: a whole stage's optimiser.
     std::vector<nn::NamedTensor> stage_state = optim::make_optimizer(opt, params)->state();
@@ -69,7 +74,7 @@ std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Execut
       std::vector<nn::NamedTensor> into =
           shards.empty() ? stage_state : optimizer_state_part(stage_state, params, shards, r);
       if (from == 0) copy_into(into, executor.optimizer()->state());
-      else receive_all(into, world, from);
+      else receive_all(into, world, from, timeout, what);
     }
     for (auto& nt : stage_state)
       if (seen.insert(nt.first).second) state.push_back(nt);  // one "step" for all stages
@@ -102,7 +107,8 @@ void load_stage(const Checkpoint& checkpoint, const Executor& executor) {
 
 std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const plan::Plan& before,
                                    const plan::Plan& after, nn::Sequential& model, Task& task,
-                                   comm::Communicator& world, const config::TrainConfig& train) {
+                                   comm::Communicator& world, const config::TrainConfig& train,
+                                   comm::Timeout peer_timeout) {
   HT_CHECK(plan::replicates_whole_model(before) && plan::replicates_whole_model(after) &&
                before.world_size == after.world_size && before.blocks == after.blocks,
            "relayout: only between data-parallel plans over the whole model without optimizer sharding, ",
@@ -113,33 +119,35 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
   // The old optimiser's buffers outlive it: the new one takes copies.
   const std::vector<nn::NamedTensor> kept = was_active ? executor->optimizer()->state() : std::vector<nn::NamedTensor>{};
   executor.reset();
-  auto next = std::make_unique<Executor>(after, model, task, world, train);
+  auto next = std::make_unique<Executor>(after, model, task, world, train, peer_timeout);
+  constexpr std::string_view kWhat = "the relayout's parameters for a joining rank";
   const int source = before.layout.replicas[0][0];
   std::vector<nn::NamedTensor> params = model.named_parameters();
   for (const plan::RankPlan& r : after.ranks) {
     const bool joins = r.replica >= 0 && before.ranks[static_cast<size_t>(r.rank)].replica < 0;
     if (!joins) continue;
     if (me == source) {
-      for (const auto& [name, t] : params) world.send(t, r.rank, kTagGather);
-      for (const auto& [name, t] : kept) world.send(t, r.rank, kTagGather);
+      send_all(params, world, r.rank, peer_timeout, kWhat);
+      send_all(kept, world, r.rank, peer_timeout, kWhat);
       std::vector<int32_t> offsets;
       for (size_t b = 0; b < model.size(); ++b) {
         const uint64_t o = model.block(b).random_offset();
         offsets.push_back(static_cast<int32_t>(o & 0xffffffffu));
         offsets.push_back(static_cast<int32_t>(o >> 32));
       }
-      world.send(Tensor::from_ints(offsets, {static_cast<int64_t>(offsets.size())}), r.rank, kTagGather);
+      world.send(Tensor::from_ints(offsets, {static_cast<int64_t>(offsets.size())}), r.rank, kTagGather,
+                 peer_timeout, kWhat);
     } else if (me == r.rank) {
-      receive_all(params, world, source);
+      receive_all(params, world, source, peer_timeout, kWhat);
       std::vector<nn::NamedTensor> state;
       {
         Allocator::HostStaging staging;  // copied into the optimiser's own buffers
         state = optim::make_optimizer(train.optimizer, params)->state();
       }
-      receive_all(state, world, source);
+      receive_all(state, world, source, peer_timeout, kWhat);
       next->load_optimizer_state(state);
       std::vector<nn::NamedTensor> offsets{{"random offsets", Tensor::empty({2 * static_cast<int64_t>(model.size())}, DType::i32)}};
-      receive_all(offsets, world, source);
+      receive_all(offsets, world, source, peer_timeout, kWhat);
       const std::vector<int32_t> o = offsets[0].second.to_ints();
       for (size_t b = 0; b < model.size(); ++b)
         model.block(b).set_random_offset(static_cast<uint32_t>(o[2 * b]) |

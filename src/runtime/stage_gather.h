@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -19,10 +20,14 @@ namespace ht::runtime {
 // Collective over `world`. Afterwards rank 0's `model` holds replica 0's trained
 // parameters for every block. With `optimizer_state`, rank 0 also gets the whole
 // model's optimiser state, named as one process's optimiser names it; other ranks get {}.
+// Every send and receive waits up to `timeout`; a miss raises comm::PeerTimeout naming
+// the rank not heard from and `what` ("the evaluation gather"). It raises before the
+// caller writes anything, so a checkpoint whose gather timed out leaves no file behind.
 std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Executor& executor,
                                             nn::Sequential& model, comm::Communicator& world,
                                             const config::OptimizerConfig& opt,
-                                            bool optimizer_state);
+                                            bool optimizer_state, comm::Timeout timeout,
+                                            std::string_view what);
 
 // Loads this rank's parameters and optimiser state from a whole-model checkpoint
 // ("model.<name>", "optim.<name>.<slot>", "optim.step"), ignoring other stages' tensors.
@@ -32,9 +37,11 @@ void load_stage(const Checkpoint& checkpoint, const Executor& executor);
 // both plan::replicates_whole_model, for the same world (some ranks may be idle in
 // either). Ranks active in both keep their optimiser state; a rank that joins takes the
 // parameters, optimiser state and dropout streams of `before`'s first replica, so every
-// replica is bit-identical again. The last step's all-reduce is drained first.
+// replica is bit-identical again. The last step's all-reduce is drained first. Waits
+// (and the new executor's) are bounded by `peer_timeout`.
 std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const plan::Plan& before,
                                    const plan::Plan& after, nn::Sequential& model, Task& task,
-                                   comm::Communicator& world, const config::TrainConfig& train);
+                                   comm::Communicator& world, const config::TrainConfig& train,
+                                   comm::Timeout peer_timeout);
 
 }  // namespace ht::runtime

@@ -113,8 +113,8 @@ class Run {
         plan_(plan ? std::move(*plan)
                    : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
                                          static_cast<int>(cfg_.train.micro_batches))),
-        executor_(std::make_unique<Executor>(plan_, model_, *task_, world_, cfg_.train)),
-        rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_),
+        executor_(std::make_unique<Executor>(plan_, model_, *task_, world_, cfg_.train, peer_timeout())),
+        rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_, peer_timeout()),
         planned_step_s_(plan_.predicted.step_seconds),
         checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
         faults_(opts.faults, world_.rank()) {
@@ -185,7 +185,7 @@ class Run {
       pending_log.reset();
       if (auto o = rebalancer_.finish_check(plan_)) {
         if (o->relayout)
-          executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train);
+          executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train, peer_timeout());
         else if (o->changed) executor_->reshare();
         if (o->relayout && !faults_.empty()) executor_->inject(&faults_);
         if (o->changed) step_walls.clear();  // the measured step is the current shares'
@@ -251,6 +251,8 @@ class Run {
 
  private:
   bool multi() const { return world_.size() > 1; }
+  // The bound on every wait on another rank: past it the job ends naming who and what.
+  comm::Timeout peer_timeout() const { return comm::Timeout(cfg_.parallel.peer_timeout_s); }
 
   // A log step's windows on their way to rank 0 (Communicator::consult).
   struct PendingLog {
@@ -264,7 +266,8 @@ class Run {
   // identical and the loss finite, so that all fail alike, and rank 0 writes the record.
   // True when some rank was interrupted. The consultation moves to `answered_log_`.
   bool finish_log(PendingLog& p, std::optional<report::MetricsLog>& metrics, double& last_loss) {
-    const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); });
+    const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); },
+                                              peer_timeout(), "the log step " + std::to_string(p.done) + " consultation");
     answered_log_ = std::move(p.consult);
     std::vector<Window> ranks;
     std::vector<std::string> checksums;
@@ -299,11 +302,11 @@ class Run {
   // shows. The title gives how closely the clocks are aligned.
   void write_timeline(const StepResult& step) {
     constexpr int kClockRounds = 8;
-    const std::vector<comm::ClockOffset> clocks = comm::clock_offsets(world_, kClockRounds, kPeerTimeout);
+    const std::vector<comm::ClockOffset> clocks = comm::clock_offsets(world_, kClockRounds, peer_timeout());
     json spans = json::array();
     for (const report::Span& s : step.spans)
       spans.push_back({s.name, s.category, s.start_s, s.end_s, s.micro_batch, s.stage});
-    const std::vector<std::string> all = world_.allgather(json{step.start_s, spans}.dump());
+    const std::vector<std::string> all = world_.allgather(json{step.start_s, spans}.dump(), peer_timeout(), "the timeline's spans");
     if (!root_) return;
     std::vector<json> ranks;
     double first = std::numeric_limits<double>::infinity(), error = 0;
@@ -410,7 +413,7 @@ class Run {
   // Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
   // nothing.
   std::optional<EvalResult> evaluate() {
-    if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false);
+    if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
     if (!root_) return std::nullopt;
     model_.set_training(false);
     EvalResult r;
@@ -453,7 +456,7 @@ class Run {
     if (executor_->replica() == 0)
       for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
         mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
-    for (const std::string& t : world_.allgather(mine.dump())) {
+    for (const std::string& t : world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams")) {
       const json offsets = json::parse(t);
       for (auto it = offsets.begin(); it != offsets.end(); ++it)
         if (const auto off = it.value().get<uint64_t>())
@@ -468,7 +471,8 @@ class Run {
   void save(int64_t step, report::Progress& progress) {
     Allocator::HostStaging staging;
     std::vector<nn::NamedTensor> state =
-        multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true)
+        multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
+                                 "the checkpoint gather of step " + std::to_string(step))
                 : executor_->optimizer()->state();
     std::map<std::string, std::string> meta = metadata(step);
     if (!root_) return;

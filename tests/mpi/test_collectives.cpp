@@ -52,7 +52,7 @@ TEST_CASE("collectives: allreduce_sum over several buckets of 1 to 1e6 elements 
   const std::vector<int64_t> sizes{1, 3, 1000, 65537, 1000000};
   SUBCASE("in place") {
     std::vector<Tensor> buckets = make_buckets(sizes, w.rank());
-    REQUIRE(w.allreduce_sum(buckets) == WaitStatus::done);
+    REQUIRE(w.allreduce_sum(buckets, kLong) == WaitStatus::done);
     CHECK(wrong_sums(buckets, w.size()) == 0);
   }
   SUBCASE("staged, with a deadline") {
@@ -63,12 +63,12 @@ TEST_CASE("collectives: allreduce_sum over several buckets of 1 to 1e6 elements 
   SUBCASE("a strided bucket") {
     Tensor base = Tensor::full({4, 5}, static_cast<float>(w.rank() + 1));
     std::vector<Tensor> buckets{transpose(base, 0, 1)};
-    REQUIRE(w.allreduce_sum(buckets) == WaitStatus::done);
+    REQUIRE(w.allreduce_sum(buckets, kLong) == WaitStatus::done);
     CHECK(base.to_vector() ==
           std::vector<float>(20, static_cast<float>(w.size() * (w.size() + 1) / 2)));
   }
   std::vector<Tensor> ints{Tensor::from_ints({1}, {1})};
-  CHECK_THROWS_WITH_AS(w.allreduce_sum(ints),
+  CHECK_THROWS_WITH_AS(w.allreduce_sum(ints, kLong),
                        doctest::Contains("bucket 0 of shape [1] is int32; expected float32"),
                        Error);
 }
@@ -77,12 +77,12 @@ TEST_CASE("collectives: allgather returns every rank's string in rank order") {
   Communicator& w = world();
   const std::string mine =
       "rank-" + std::to_string(w.rank()) + std::string(static_cast<size_t>(w.rank()) * 10, 'x');
-  const std::vector<std::string> all = w.allgather(mine);
+  const std::vector<std::string> all = w.allgather(mine, kLong, "the test items");
   REQUIRE(static_cast<int>(all.size()) == w.size());
   for (int r = 0; r < w.size(); ++r)
     CHECK(all[static_cast<size_t>(r)] ==
           "rank-" + std::to_string(r) + std::string(static_cast<size_t>(r) * 10, 'x'));
-  CHECK(w.allgather("") == std::vector<std::string>(static_cast<size_t>(w.size())));
+  CHECK(w.allgather("", kLong, "the test items") == std::vector<std::string>(static_cast<size_t>(w.size())));
 }
 
 TEST_CASE("consult: rank 0 answers every rank's item, two consultations in flight keep their order") {
@@ -95,7 +95,7 @@ TEST_CASE("consult: rank 0 answers every rank's item, two consultations in fligh
     std::string joined;
     for (const std::string& x : items) joined.append(x).append(",");
     return joined;
-  });
+  }, kLong, "the first test consultation");
   std::string want;
   for (int r = 0; r < w.size(); ++r) want.append("a").append(std::to_string(r)).append(",");
   CHECK(got == want);
@@ -105,7 +105,7 @@ TEST_CASE("consult: rank 0 answers every rank's item, two consultations in fligh
     for (const std::string& x : items)
       out.append(std::to_string(x.size())).append(x.find_first_not_of('b') == std::string::npos ? " " : "? ");
     return out;
-  });
+  }, kLong, "the second test consultation");
   CHECK(sizes == "0 100000 200000 300000 ");
   CHECK(w.barrier(kLong) == WaitStatus::done);
 }
@@ -117,7 +117,8 @@ TEST_CASE("consult: rank 0's answer waits for the items, not for the ranks to co
   auto c = w.consult(std::to_string(w.rank()));
   if (w.rank() == 1) std::this_thread::sleep_for(500ms);
   const auto t0 = Clock::now();
-  const std::string a = c->finish([](const std::vector<std::string>& items) { return std::to_string(items.size()); });
+  const std::string a = c->finish([](const std::vector<std::string>& items) { return std::to_string(items.size()); },
+                                kLong, "the test consultation");
   const double took = seconds_since(t0);
   CHECK(a == std::to_string(w.size()));
   if (w.rank() == 0) CHECK(took < 0.25);  // an allgather would wait out rank 1's 0.5 s
@@ -128,7 +129,7 @@ TEST_CASE("consult: rank 0's answer waits for the items, not for the ranks to co
 TEST_CASE("collectives: split forms groups by color, ordered by key") {
   Communicator& w = world();
   // Colors by parity; keys reverse the order inside each group.
-  auto sub = w.split(w.rank() % 2, -w.rank());
+  auto sub = w.split(w.rank() % 2, -w.rank(), kLong, "the test groups");
   REQUIRE(sub.get() != nullptr);
   std::vector<int> members;  // world ranks of my group, in sub-rank order
   for (int r = w.size() - 1; r >= 0; --r)
@@ -138,7 +139,7 @@ TEST_CASE("collectives: split forms groups by color, ordered by key") {
   CHECK(sub->local_size() == w.local_size());
   std::vector<std::string> want;
   for (int r : members) want.push_back(std::to_string(r));
-  CHECK(sub->allgather(std::to_string(w.rank())) == want);
+  CHECK(sub->allgather(std::to_string(w.rank()), kLong, "the test items") == want);
   std::vector<Tensor> one{Tensor::full({2}, static_cast<float>(w.rank()))};
   REQUIRE(sub->allreduce_sum(one, kLong) == WaitStatus::done);
   float sum = 0;
@@ -157,7 +158,7 @@ TEST_CASE("collectives: split forms groups by color, ordered by key") {
 
   // A negative color joins no group.
   const bool out = w.rank() == w.size() - 1;
-  auto rest = w.split(out ? -1 : 0, w.rank());
+  auto rest = w.split(out ? -1 : 0, w.rank(), kLong, "the test groups");
   CHECK((rest.get() == nullptr) == out);
   if (rest) CHECK(rest->size() == w.size() - 1);
   CHECK(w.barrier(kLong) == WaitStatus::done);
@@ -166,7 +167,7 @@ TEST_CASE("collectives: split forms groups by color, ordered by key") {
 TEST_CASE("collectives: a barrier that one member skips times out, and its group is abandoned") {
   Communicator& w = world();
   REQUIRE(w.size() >= 2);
-  auto sub = w.split(w.rank() < 2 ? 0 : 1, w.rank());
+  auto sub = w.split(w.rank() < 2 ? 0 : 1, w.rank(), kLong, "the test groups");
   REQUIRE(sub.get() != nullptr);
   if (w.rank() == 0) {
     const auto t0 = Clock::now();
@@ -175,10 +176,10 @@ TEST_CASE("collectives: a barrier that one member skips times out, and its group
     CHECK(took >= 0.2);
     CHECK(took <= 0.3);  // within 150% of the timeout
     CHECK_THROWS_WITH_AS(
-        sub->barrier(),
+        sub->barrier(kLong),
         doctest::Contains("barrier: this communicator is unusable since barrier timed out"), Error);
     std::vector<Tensor> b{Tensor::zeros({1})};
-    CHECK_THROWS_WITH_AS(sub->allreduce_sum(b),
+    CHECK_THROWS_WITH_AS(sub->allreduce_sum(b, kLong),
                          doctest::Contains("allreduce_sum: this communicator is unusable"), Error);
   } else if (w.rank() >= 2) {
     CHECK(sub->barrier(kLong) == WaitStatus::done);  // the other group is unaffected
@@ -203,9 +204,9 @@ TEST_CASE("weighted all-reduce: exact sums for uneven weights, tiny, empty and a
     CHECK(wrong_sums(buckets, p) == 0);
   }
   std::vector<Tensor> one = make_buckets({10}, world.rank());
-  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, 2}), doctest::Contains("2 weights for 4 ranks"), Error);
-  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, -1, 1, 1}), doctest::Contains("weight -1; expected >= 0"), Error);
-  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {0, 0, 0, 0}), doctest::Contains("every weight is 0"), Error);
+  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, 2}, kLong), doctest::Contains("2 weights for 4 ranks"), Error);
+  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {1, -1, 1, 1}, kLong), doctest::Contains("weight -1; expected >= 0"), Error);
+  CHECK_THROWS_WITH_AS(allreduce_sum_weighted(world, one, {0, 0, 0, 0}, kLong), doctest::Contains("every weight is 0"), Error);
 }
 
 TEST_CASE("weighted all-reduce: a lone owner's finish does not wait for a late receiver") {
@@ -272,7 +273,7 @@ TEST_CASE("shared memory: one rank's memory is every rank's, or nobody's, with t
   const int p = world.size(), me = world.rank(), owner = 2;
   constexpr size_t kFloats = 3000;  // more than a page
   std::string why;
-  std::shared_ptr<std::byte> memory = map_shared(world, owner, kFloats * sizeof(float), true, &why);
+  std::shared_ptr<std::byte> memory = map_shared(world, owner, kFloats * sizeof(float), true, kLong, &why);
   REQUIRE_MESSAGE(memory, why);
   // The owner's tensor moves in; the others take what is there, and write their own slot.
   std::vector<float> v(kFloats);
@@ -295,15 +296,15 @@ TEST_CASE("shared memory: one rank's memory is every rank's, or nobody's, with t
 
   // One rank unwilling: nobody maps, and all say which.
   why.clear();
-  CHECK_FALSE(map_shared(world, owner, 64, me != 1, &why));
+  CHECK_FALSE(map_shared(world, owner, 64, me != 1, kLong, &why));
   CHECK(why == "rank 1 keeps its own copy");
   // Emulated links: the bytes would bypass them.
   std::vector<LinkEmulation> links(static_cast<size_t>(p));
   links[3].latency_s = 1e-6;
-  auto emulated = world.split(0, me);
+  auto emulated = world.split(0, me, kLong, "the test groups");
   emulated->set_link_emulation(links);
   why.clear();
-  CHECK_FALSE(map_shared(*emulated, owner, 64, true, &why));
+  CHECK_FALSE(map_shared(*emulated, owner, 64, true, kLong, &why));
   CHECK(why.find("emulated") != std::string::npos);
-  CHECK_THROWS_WITH_AS(map_shared(world, p, 64, true), doctest::Contains("owner 4 of 4 ranks"), Error);
+  CHECK_THROWS_WITH_AS(map_shared(world, p, 64, true, kLong), doctest::Contains("owner 4 of 4 ranks"), Error);
 }

@@ -25,7 +25,7 @@ double round_trip_s(Communicator& w, size_t bytes, int rounds) {
   if (w.rank() == 0) {
     for (int i = 0; i < rounds; ++i) {
       const auto t0 = Clock::now();
-      w.send_bytes(buf.data(), bytes, 1, 50);
+      w.send_bytes(buf.data(), bytes, 1, 50, kLong, "the test message");
       REQUIRE(w.recv_bytes(&ack, 1, 1, 51, kLong) == WaitStatus::done);
       took.push_back(seconds_since(t0));
     }
@@ -35,7 +35,7 @@ double round_trip_s(Communicator& w, size_t bytes, int rounds) {
   if (w.rank() == 1) {
     for (int i = 0; i < rounds; ++i) {
       REQUIRE(w.recv_bytes(buf.data(), bytes, 0, 50, kLong) == WaitStatus::done);
-      w.send_bytes(&ack, 1, 0, 51);
+      w.send_bytes(&ack, 1, 0, 51, kLong, "the test message");
     }
   }
   return 0;

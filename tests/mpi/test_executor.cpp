@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include <csignal>
+
 #include "comm/communicator.h"
 #include "models/models.h"
 #include "mpi_util.h"
@@ -276,10 +278,10 @@ class StepChecker {
     comm::Communicator& world = comm::world();
     std::vector<Tensor> total{Tensor::from_vector({static_cast<float>(loss_sum)}, {1})};
     REQUIRE(world.allreduce_sum(total, mpi_test::kLong) == comm::WaitStatus::done);
-    const std::vector<std::string> checksums = world.allgather(ex.parameter_checksum());
+    const std::vector<std::string> checksums = world.allgather(ex.parameter_checksum(), mpi_test::kLong, "the replicas' checksums");
     CHECK_NOTHROW(runtime::check_replicas_identical(p, checksums, step_ + 1));
     const std::vector<nn::NamedTensor> state =
-        runtime::gather_to_root(p, ex, model, world, train_config().optimizer, true);
+        runtime::gather_to_root(p, ex, model, world, train_config().optimizer, true, mpi_test::kLong, "the test gather");
     if (world.rank() == 0) {
       Snapshot after = snapshot(model.named_parameters(), state);
       check_step(before_, after, total[0].item(), step_, ratios_);
@@ -318,7 +320,7 @@ class StepChecker {
       }
       ex.load_optimizer_state(mine);
     }
-    const std::vector<nn::NamedTensor> got = runtime::gather_to_root(p, ex, model, world, opt, true);
+    const std::vector<nn::NamedTensor> got = runtime::gather_to_root(p, ex, model, world, opt, true, mpi_test::kLong, "the test gather");
     if (world.rank() == 0) check_same_state(got, plain.state);
   }
 
@@ -336,7 +338,7 @@ void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = st
   SyntheticTask task;
   nn::Sequential model = task.build_model(7);
   plan::Plan current = p;
-  runtime::Executor ex(current, model, task, world, train_config());
+  runtime::Executor ex(current, model, task, world, train_config(), mpi_test::kLong);
   // A hub stepping the optimiser shares its weights with its stage's replicas, all on
   // this host, unless the links are emulated.
   const bool emulated = std::any_of(world.link_emulation().begin(), world.link_emulation().end(),
@@ -469,7 +471,7 @@ TEST_CASE("executor: a sharded stage's whole optimizer state of the wrong shape 
   SyntheticTask task;
   nn::Sequential model = task.build_model(7);
   const plan::Plan p = sharded(layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {5, 5, 5, 5}, {1, 1, 1, 1}), 0, {0.4, 0.3, 0.2, 0.1});
-  runtime::Executor ex(p, model, task, world, train_config());
+  runtime::Executor ex(p, model, task, world, train_config(), mpi_test::kLong);
   std::vector<nn::NamedTensor> whole = optim::make_optimizer(train_config().optimizer, ex.parameters())->state();
   const std::string name = whole[0].first;
   whole[0].second = Tensor::zeros({3});
@@ -491,19 +493,48 @@ TEST_CASE("executor: training moved to other ranks between steps (relayout) matc
   SyntheticTask task;
   nn::Sequential model = task.build_model(7);
   plan::Plan current = plans[0];
-  auto ex = std::make_unique<runtime::Executor>(current, model, task, world, train_config());
+  auto ex = std::make_unique<runtime::Executor>(current, model, task, world, train_config(), mpi_test::kLong);
   StepChecker checker;
   for (int step = 0; step < kSteps; ++step) {
     if (step > 0) {
       const plan::Plan before = current;
       current = plans[static_cast<size_t>(step)];
-      ex = runtime::relayout(std::move(ex), before, current, model, task, world, train_config());
+      ex = runtime::relayout(std::move(ex), before, current, model, task, world, train_config(), mpi_test::kLong);
     }
     checker.after_step(current, *ex, model, ex->step(step * kBatch, kLr, false).loss_sum);
   }
   checker.finish(current, *ex, model);
 
   plan::Plan pipeline = layout({{0, 1}}, {{0, 2}, {2, 4}}, {20}, {2});
-  CHECK_THROWS_WITH_AS(runtime::relayout(std::move(ex), current, pipeline, model, task, world, train_config()),
+  CHECK_THROWS_WITH_AS(runtime::relayout(std::move(ex), current, pipeline, model, task, world, train_config(), mpi_test::kLong),
                        doctest::Contains("relayout: only between data-parallel plans"), Error);
+}
+
+TEST_CASE("executor: the evaluation gather from a stopped stage raises PeerTimeout naming its rank") {
+  // Stage 1 on rank 1 stops itself instead of sending its parameters; rank 0's gather
+  // waits 0.3 s, names rank 1 and the gather, and then continues it (see test_waits.cpp).
+  comm::Communicator& world = comm::world();
+  const std::vector<pid_t>& pids = mpi_test::world_pids();
+  SyntheticTask task;
+  nn::Sequential model = task.build_model(7);
+  const plan::Plan p = layout({{0, 1}}, {{0, 2}, {2, 4}}, {20}, {2});
+  {
+    runtime::Executor ex(p, model, task, world, train_config(), mpi_test::kLong);
+    if (world.rank() == 1) {
+      std::raise(SIGSTOP);
+    } else if (world.rank() == 0) {
+      const auto t0 = comm::Clock::now();
+      try {
+        (void)runtime::gather_to_root(p, ex, model, world, train_config().optimizer, false, comm::Timeout(0.3),
+                                      "the evaluation gather");
+        FAIL("expected a PeerTimeout");
+      } catch (const comm::PeerTimeout& e) {
+        CHECK(mpi_test::seconds_since(t0) >= 0.3);
+        CHECK(std::string(e.what()).find("rank 0: no word from rank 1 after 0.3 s waiting for the evaluation gather ('") !=
+              std::string::npos);
+      }
+      mpi_test::continue_once_stopped(pids[1]);
+    }
+    REQUIRE(world.barrier(mpi_test::kLong) == comm::WaitStatus::done);
+  }
 }

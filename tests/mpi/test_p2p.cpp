@@ -52,9 +52,9 @@ TEST_CASE("p2p: tensors travel; a shape mismatch names both shapes and consumes 
   if (peer < w.size()) {
     if (w.rank() % 2 == 0) {
       Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
-      w.send(t, peer, 30);
-      w.send(transpose(t, 0, 1), peer, 30);  // a strided view goes out dense
-      w.send(Tensor::full({1000, 100}, static_cast<float>(w.rank())), peer, 30);
+      w.send(t, peer, 30, kLong, "the test tensor");
+      w.send(transpose(t, 0, 1), peer, 30, kLong, "the test tensor");  // a strided view goes out dense
+      w.send(Tensor::full({1000, 100}, static_cast<float>(w.rank())), peer, 30, kLong, "the test tensor");
     } else {
       Tensor wrong = Tensor::zeros({3, 2});
       const std::string both =
@@ -104,7 +104,7 @@ TEST_CASE("p2p: bad ranks and wrong sizes raise errors naming the values") {
   int v = 0;
   const std::string range = "isend_bytes: destination rank " + std::to_string(w.size()) +
                             " is out of range [0, " + std::to_string(w.size()) + ")";
-  CHECK_THROWS_WITH_AS(w.send_bytes(&v, sizeof v, w.size(), 0), doctest::Contains(range.c_str()),
+  CHECK_THROWS_WITH_AS(w.send_bytes(&v, sizeof v, w.size(), 0, kLong, "the test message"), doctest::Contains(range.c_str()),
                        Error);
   CHECK_THROWS_WITH_AS(w.irecv_bytes(&v, sizeof v, 0, -1),
                        doctest::Contains("irecv_bytes: tag -1 is out of range"), Error);
@@ -113,7 +113,7 @@ TEST_CASE("p2p: bad ranks and wrong sizes raise errors naming the values") {
   if (peer < w.size()) {
     if (w.rank() % 2 == 0) {
       std::vector<char> big(10000, 'x');
-      w.send_bytes(big.data(), big.size(), peer, 31);
+      w.send_bytes(big.data(), big.size(), peer, 31, kLong, "the test message");
     } else {
       char small[16] = {};
       CHECK_THROWS_WITH_AS(w.recv_bytes(small, sizeof small, peer, 31, kLong),
@@ -159,7 +159,7 @@ TEST_CASE("doorbell: a message ends the receiver's polled wait at once, not at t
       if (w.rank() == 0) {
         std::this_thread::sleep_for(20ms);
         sent = Clock::now().time_since_epoch().count();
-        w.send_bytes(&sent, sizeof sent, 1, 90);
+        w.send_bytes(&sent, sizeof sent, 1, 90, kLong, "the test message");
       } else {
         REQUIRE(w.recv_bytes(&sent, sizeof sent, 0, 90, kLong) == WaitStatus::done);
         const auto got = Clock::now().time_since_epoch().count();

@@ -195,7 +195,7 @@ void check_against_pytorch(const std::string& fixture_name) {
     config::TrainConfig raw = train;
     raw.grad_clip = 0.f;
     const plan::Plan plan = plan_of(model, train);
-    runtime::Executor executor(plan, model, task, world, raw);
+    runtime::Executor executor(plan, model, task, world, raw, std::chrono::seconds(1));
     const runtime::StepResult r = executor.step(0, schedule.at(0), false);
     const double loss = r.loss_sum / predictions;
     const double want = f.at("loss").item();
@@ -224,7 +224,7 @@ void check_against_pytorch(const std::string& fixture_name) {
   // The training steps, clipped, with the schedule's learning rates.
   nn::Sequential model = initial_model(f);
   const plan::Plan plan = plan_of(model, train);
-  runtime::Executor executor(plan, model, task, world, train);
+  runtime::Executor executor(plan, model, task, world, train, std::chrono::seconds(1));
   const std::vector<float> lrs = f.at("steps.lr").to_vector();
   const std::vector<float> losses = f.at("steps.loss").to_vector();
   REQUIRE(static_cast<int64_t>(lrs.size()) == f.run_steps);

@@ -1,0 +1,178 @@
+// Every wait on a peer is bounded: for each kind of wait, one rank stops itself with
+// SIGSTOP instead of taking part, the others wait with a short timeout, and each checks
+// what its wait reports (for the waits that raise, that the message names this rank,
+// the stopped rank and what was awaited). The stopped rank stays stopped until the first
+// of the others has caught its timeout (it cannot fire early: nothing arrives from a
+// stopped process), which then continues it; the stopped rank then skips its part, so
+// the verdict does not depend on how long anyone took. Each case runs on a fresh
+// sub-communicator: a collective that timed out leaves its communicator unusable.
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "mpi_util.h"
+
+using namespace ht;
+using namespace ht::comm;
+using namespace mpi_test;
+
+namespace {
+
+constexpr Timeout kShort{0.3};
+
+// Runs one case: `victim` (a world rank) stops itself; every other rank runs
+// `others(group)` on a fresh group of all ranks; the first of them continues the victim
+// afterwards. `victim_after` runs on the victim once it is continued.
+template <class Others, class After>
+void with_rank_stopped(int victim, Others&& others, After&& victim_after) {
+  Communicator& w = world();
+  REQUIRE(w.size() >= 3);
+  const std::vector<pid_t>& pids = world_pids();
+  std::unique_ptr<Communicator> group = w.split(0, w.rank(), kLong, "a fresh group for the case");
+  if (w.rank() == victim) {
+    std::raise(SIGSTOP);
+    victim_after(*group);
+  } else {
+    others(*group);
+    if (w.rank() == (victim == 0 ? 1 : 0)) continue_once_stopped(pids[static_cast<size_t>(victim)]);
+  }
+  REQUIRE(w.barrier(kLong) == WaitStatus::done);
+}
+
+template <class Others>
+void with_rank_stopped(int victim, Others&& others) {
+  with_rank_stopped(victim, std::forward<Others>(others), [](Communicator&) {});
+}
+
+// Runs `wait`, which must raise PeerTimeout no sooner than kShort; returns its message.
+template <class Wait>
+std::string peer_timeout_of(Wait&& wait) {
+  const auto t0 = Clock::now();
+  try {
+    wait();
+  } catch (const PeerTimeout& e) {
+    CHECK(seconds_since(t0) >= kShort.count());
+    return e.what();
+  }
+  FAIL("expected a PeerTimeout");
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("waits: the message names this rank, the ranks not heard from, what was awaited and how long") {
+  CHECK(peer_timeout_message(2, {1}, "the plan broadcast", Timeout(0.5)) ==
+        "rank 2: no word from rank 1 after 0.5 s waiting for the plan broadcast; it has stalled or died");
+  CHECK(peer_timeout_message(0, {1, 3}, "the config check", Timeout(2)) ==
+        "rank 0: no word from ranks 1, 3 after 2 s waiting for the config check; they have stalled or died");
+  CHECK(peer_timeout_message(3, {}, "stage 1's gradient sums", Timeout(300)) ==
+        "rank 3: timed out after 300 s waiting for stage 1's gradient sums; a rank of the group has stalled or died");
+}
+
+TEST_CASE("waits: a receive from a stopped rank times out") {
+  with_rank_stopped(1, [](Communicator& g) {
+    if (g.rank() != 0) return;
+    int x = 0;
+    const auto t0 = Clock::now();
+    CHECK(g.recv_bytes(&x, sizeof x, 1, 5, kShort) == WaitStatus::timed_out);
+    CHECK(seconds_since(t0) >= kShort.count());
+  });
+}
+
+TEST_CASE("waits: a send to a stopped rank raises PeerTimeout naming it, and stays pending until it is taken") {
+  // Far above OpenMPI's eager limit: the send completes only once the receiver takes it.
+  static std::vector<char> big(8 << 20, 'x');
+  with_rank_stopped(
+      1,
+      [](Communicator& g) {
+        if (g.rank() != 0) return;
+        const std::string m = peer_timeout_of([&] { g.send_bytes(big.data(), big.size(), 1, 6, kShort, "the test's 8 MiB message"); });
+        CHECK(contains(m, "rank 0: no word from rank 1 after 0.3 s waiting for the test's 8 MiB message"));
+      },
+      [](Communicator& g) {  // takes the abandoned send, so that nothing is left in flight
+        std::vector<char> in(big.size());
+        CHECK(g.recv_bytes(in.data(), in.size(), 0, 6, kLong) == WaitStatus::done);
+        CHECK(in == big);
+      });
+}
+
+TEST_CASE("waits: an allreduce and a barrier with a stopped rank time out") {
+  with_rank_stopped(1, [](Communicator& g) {
+    std::vector<Tensor> b{Tensor::full({16}, 1.f)};
+    const auto t0 = Clock::now();
+    CHECK(g.allreduce_sum(b, kShort) == WaitStatus::timed_out);
+    CHECK(seconds_since(t0) >= kShort.count());
+    CHECK(b[0].to_vector() == std::vector<float>(16, 1.f));  // left as it was
+  });
+  with_rank_stopped(2, [](Communicator& g) {
+    const auto t0 = Clock::now();
+    CHECK(g.barrier(kShort) == WaitStatus::timed_out);
+    CHECK(seconds_since(t0) >= kShort.count());
+  });
+}
+
+TEST_CASE("waits: an allgather with a stopped rank raises PeerTimeout naming it on every other rank") {
+  with_rank_stopped(1, [](Communicator& g) {
+    const std::string m = peer_timeout_of([&] { (void)g.allgather("item", kShort, "the test's items"); });
+    CHECK(contains(m, "rank " + std::to_string(world().rank()) + ": no word from rank 1 after 0.3 s waiting for the test's items"));
+  });
+}
+
+TEST_CASE("waits: consult with a stopped rank: rank 0 names it, the others name rank 0") {
+  with_rank_stopped(1, [](Communicator& g) {
+    auto c = g.consult("item");
+    const std::string m = peer_timeout_of([&] {
+      (void)c->finish([](const std::vector<std::string>&) { return std::string("answer"); }, kShort, "the test consultation");
+    });
+    if (g.rank() == 0)
+      CHECK(contains(m, "rank 0: no word from rank 1 after 0.3 s waiting for every rank's item of the test consultation"));
+    else
+      CHECK(contains(m, "no word from rank 0 after 0.3 s waiting for rank 0's answer to the test consultation"));
+  });
+}
+
+TEST_CASE("waits: consult with rank 0 stopped: every other rank names rank 0") {
+  with_rank_stopped(0, [](Communicator& g) {
+    auto c = g.consult("item");
+    const std::string m = peer_timeout_of([&] {
+      (void)c->finish([](const std::vector<std::string>&) { return std::string("answer"); }, kShort, "the test consultation");
+    });
+    CHECK(contains(m, "rank " + std::to_string(world().rank()) +
+                          ": no word from rank 0 after 0.3 s waiting for rank 0's answer to the test consultation"));
+  });
+}
+
+TEST_CASE("waits: a split with a stopped rank raises PeerTimeout naming it") {
+  with_rank_stopped(3, [](Communicator& g) {
+    const std::string m = peer_timeout_of([&] { (void)g.split(g.rank() % 2, 0, kShort, "the test's groups"); });
+    CHECK(contains(m, "no word from rank 3 after 0.3 s waiting for every rank to join the test's groups"));
+  });
+}
+
+TEST_CASE("waits: the plan broadcast with rank 0 stopped raises PeerTimeout naming rank 0") {
+  with_rank_stopped(0, [](Communicator& g) {
+    const std::string m = peer_timeout_of([&] { (void)g.broadcast("", 0, kShort, "the plan broadcast"); });
+    CHECK(contains(m, "rank " + std::to_string(world().rank()) + ": no word from rank 0 after 0.3 s waiting for the plan broadcast"));
+  });
+}
+
+TEST_CASE("waits: a broadcast reaches every rank, and its root waits for a large text to be taken") {
+  Communicator& w = world();
+  const std::string text(100000, 'p');  // beyond the eager limit: a rendezvous per rank
+  CHECK(w.broadcast(w.rank() == 0 ? text : std::string("ignored"), 0, kLong, "the test broadcast") == text);
+  CHECK(w.broadcast(std::to_string(w.rank()), 2, kLong, "the test broadcast") == "2");
+  CHECK_THROWS_WITH_AS(w.broadcast("", w.size(), kLong, "x"), doctest::Contains("root rank 4 is out of range"), Error);
+}
+
+TEST_CASE("waits: a timeout that is negative or not finite is refused by name") {
+  Communicator& w = world();
+  CHECK_THROWS_WITH_AS(w.barrier(Timeout(-1)), doctest::Contains("barrier: timeout -1 s is invalid"), Error);
+  CHECK_THROWS_WITH_AS((void)w.allgather("", Timeout(std::numeric_limits<double>::infinity()), "x"),
+                       doctest::Contains("allgather: timeout inf s is invalid; expected a finite number"), Error);
+  REQUIRE(w.barrier(kLong) == WaitStatus::done);
+}
