@@ -13,6 +13,7 @@
 #include "plan/cluster_model.h"
 #include "plan/plan_json.h"
 #include "plan/planner.h"
+#include "report/local_sync_text.h"
 #include "report/plan_svg.h"
 #include "report/plan_table.h"
 #include "report/trace.h"
@@ -54,6 +55,7 @@ void register_plan(CLI::App& app) {
     const Planned planned = plan_for(cfg, cluster);
     const ht::plan::Plan& plan = planned.plan;
     std::printf("%s", ht::report::format_plan(plan).c_str());
+    std::printf("%s", ht::report::local_sync_text(plan).c_str());
     std::printf("planned in %.3f s (data and model %.3f s, costs and search %.3f s)\n",
                 planned.data_and_model_s + planned.search_s, planned.data_and_model_s,
                 planned.search_s);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 
+#include "plan/local_plan.h"
 #include "plan/planner.h"
 #include "probe/probe.h"
 #include "runtime/task.h"
@@ -44,6 +45,10 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   in.config_name = cfg.name;
   in.config_hash = ht::config::plan_hash(cfg);
   Planned out{ht::plan::make_plan(in), in.costs, 0, 0, std::nullopt};
+  if (auto local = ht::plan::local_plan_for(in, out.plan, cfg.parallel.sync, cfg.parallel.local_steps)) {
+    out.plan = std::move(*local);
+    all_ranks = false;  // no rebalancing under local: each group's share is set by the plan
+  }
   out.data_and_model_s = seconds(start, searching);
   out.search_s = seconds(searching, Clock::now());
   if (all_ranks && ht::plan::has_idle_ranks(out.plan)) {

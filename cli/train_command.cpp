@@ -95,7 +95,7 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
   const std::string plan_text =
       world.broadcast(text, 0, ht::comm::Timeout(cfg.parallel.peer_timeout_s), "the plan broadcast");
   JobPlan job{ht::plan::plan_from_json(plan_text, "the plan from rank 0"), {}};
-  if (cfg.parallel.rebalance_every > 0) {
+  if (cfg.parallel.rebalance_every > 0 && !job.plan.local) {
     const bool move_shares = cfg.parallel.strategy != ht::config::ParallelStrategy::equal;
     auto tuner = std::make_shared<ht::plan::ShareTuner>(job.plan, std::move(costs), cluster,
                                                         move_shares, std::move(all_ranks));

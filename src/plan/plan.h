@@ -66,6 +66,19 @@ struct Baseline {
   std::vector<Shortfall> shortfalls;  // every rank that does not fit
 };
 
+// parallel.sync local (plan/local_plan.h): the replicas fall into groups, each a
+// synchronous data-parallel sub-plan on its own communicator; every inner_steps steps
+// the groups' parameter deltas are averaged by samples in an outer step (Nesterov),
+// exchanged while the next round runs. Each group's share of the global batch is in
+// proportion to its speed, so the groups finish their inner steps together.
+struct LocalSync {
+  std::vector<std::vector<int>> groups;  // replica indices of layout.replicas, per group
+  int inner_steps = 1;                   // H
+  double outer_exchange_seconds = 0;     // predicted all-reduce of the deltas, per round
+  double sync_step_seconds = 0;          // the best synchronous plan's predicted step
+  double gain = 0;                       // predicted samples/s over that plan's
+};
+
 struct Plan {
   std::string config_name;     // stem of the config it was made for
   std::string config_hash;     // config::plan_hash of the config; train --plan compares it
@@ -74,7 +87,8 @@ struct Plan {
   int blocks = 0;
   int64_t global_batch = 0;
   Strategy strategy = Strategy::data;
-  std::string sync_policy = "synchronous";
+  std::string sync_policy = "synchronous";  // or "local", with `local` set
+  std::optional<LocalSync> local;
   PipelineLayout layout;
   std::vector<std::pair<int, int>> stage_ranges;  // [begin, end) blocks per stage
   std::vector<RankPlan> ranks;                    // one per world rank, in rank order

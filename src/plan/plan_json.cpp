@@ -6,6 +6,7 @@
 
 #include "config/json_schema.h"
 #include "core/error.h"
+#include "plan/local_plan.h"
 #include "plan/plan_facts_json.h"
 #include "plan/plan_json_fields.h"
 
@@ -15,6 +16,26 @@ using namespace config::schema;
 using namespace json_fields;
 
 namespace {
+
+Json local_json(const LocalSync& l) {
+  return {{"groups", l.groups},
+          {"inner_steps", l.inner_steps},
+          {"outer_exchange_seconds", l.outer_exchange_seconds},
+          {"sync_step_seconds", l.sync_step_seconds},
+          {"gain", l.gain}};
+}
+
+LocalSync read_local(const Json& j, const std::string& p) {
+  LocalSync l;
+  auto ints = [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 0)); };
+  l.groups = list<std::vector<int>>(array(j, p, "groups"), key_path(p, "groups"),
+                                    [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
+  l.inner_steps = static_cast<int>(read_int(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1));
+  l.outer_exchange_seconds = nonneg(j, p, "outer_exchange_seconds");
+  l.sync_step_seconds = nonneg(j, p, "sync_step_seconds");
+  l.gain = nonneg(j, p, "gain");
+  return l;
+}
 
 Json prediction_json(const Prediction& p) {
   return {{"step_seconds", p.step_seconds},
@@ -192,6 +213,7 @@ std::string plan_to_json(const Plan& p) {
            {"speedup", p.speedup},
            {"notes", notes_json(p.notes)},
            {"candidates", p.candidates}};
+  if (p.local) doc["local"] = local_json(*p.local);
   return doc.dump(1) + "\n";
 }
 
@@ -214,7 +236,8 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
     p.blocks = integer(j, "", "blocks", 1);
     p.global_batch = read_int(at(j, "", "global_batch"), "global_batch", 1);
     p.strategy = *parse_strategy(read_enum(at(j, "", "strategy"), "strategy", strategy_names()));
-    p.sync_policy = read_enum(at(j, "", "sync_policy"), "sync_policy", {"synchronous"});
+    p.sync_policy = read_enum(at(j, "", "sync_policy"), "sync_policy", {"synchronous", "local"});
+    if (p.sync_policy == "local") p.local = read_local(at(j, "", "local"), "local");
     p.stage_ranges = read_ranges(array(j, "", "stage_ranges"), "stage_ranges");
     p.layout = read_layout(at(j, "", "layout"), "layout");
     p.ranks = list<RankPlan>(array(j, "", "ranks"), "ranks", read_rank);
@@ -305,6 +328,9 @@ void check_plan(const Plan& p) {
   }
   const ScheduleReport report = check_schedules(schedules);
   HT_CHECK(report.ok, "its schedules fail the check: ", report.problem);
+  HT_CHECK((p.sync_policy == "local") == p.local.has_value(), "sync_policy ", p.sync_policy,
+           p.local ? " with" : " without", " local groups; expected groups exactly under local");
+  if (p.local) check_local_plan(p);
 }
 
 }  // namespace ht::plan

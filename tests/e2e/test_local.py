@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""End-to-end check of parallel.sync local (DiLoCo): 4 ranks in 3 groups (ranks 0 and 1
+alone, ranks 2 and 3 one synchronous group; the plan `hetrain plan` makes for the fixed
+4/2/1/1 cluster, its groups set so) train the MLP with an outer step every 4 inner
+steps, stop with a checkpoint at step 30, and resume on 2 ranks, which plan local for
+themselves, to step 60. The loss falls; the records and the summary carry the policy,
+the groups, H and the outer step count; the checkpoint holds the outer weights and the
+outer momentum; the resumed run ends with a trained model.
+
+Every log step the trainer compares all ranks' outer-weight checksums and ends the job
+when they differ, so each run succeeding is the check that they stay bit-identical.
+
+The accuracy bound is loose on purpose (a 60-step model of a 128-wide MLP, far from
+converged; chance is 10%): it tells a trained model from a broken outer step, not one
+policy's accuracy from another's (tools/bench-faults measures that).
+
+usage: test_local.py HETRAIN"""
+import json
+import os
+import struct
+import sys
+import tempfile
+
+from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, run
+
+HETRAIN = os.path.abspath(sys.argv[1])
+CLUSTER = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_2_1_1.json")
+H = 4
+
+
+def config(path):
+    cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
+    cfg["model"]["hidden"] = [128]
+    cfg["train"].pop("epochs")
+    cfg["train"].update(steps=60, eval_every=0, eval_max_samples=2000, log_every=10)
+    cfg["train"]["optimizer"]["lr"] = 2e-3
+    cfg["train"]["schedule"] = {"type": "constant"}
+    cfg["checkpoint"] = {"every": 30, "keep": 5}
+    cfg["parallel"] = {"sync": "local", "local_steps": H, "outer_lr": 1.0, "outer_momentum": 0.5,
+                       "rebalance_every": 0}
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+
+
+def records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def main():
+    if not have_fashion_mnist():
+        print("SKIP: Fashion-MNIST is not installed")
+        return finish(missing=["Fashion-MNIST"])
+    scratch = tempfile.mkdtemp(prefix="hetrain-e2e-local-")
+    cfg = config(os.path.join(scratch, "mlp.json"))
+    planned = os.path.join(scratch, "plan.json")
+    p = run([HETRAIN, "plan", cfg, "--cluster", CLUSTER, "--json", planned])
+    check("hetrain plan makes a local plan", p.returncode == 0 and "sync: local (DiLoCo)" in p.stdout,
+          p.stdout[-2000:] + p.stderr[-2000:])
+    if p.returncode:
+        return finish(scratch)
+    plan = load(planned)
+    check("the plan file holds the groups and H", plan["sync_policy"] == "local" and plan["local"]["inner_steps"] == H,
+          plan.get("local"))
+    plan["local"]["groups"] = [[0], [1], [2, 3]]
+    with open(planned, "w") as f:
+        json.dump(plan, f)
+
+    run_dir = os.path.join(scratch, "run")
+    a = mpirun(HETRAIN, 4, ["train", cfg, "--plan", planned, "--run-dir", run_dir, "--stop-after", "30"], timeout=300)
+    check("4 ranks in 3 groups train to step 30", a.returncode == 0, a.stderr[-3000:])
+    if a.returncode:
+        return finish(scratch)
+    ckpt = os.path.join(run_dir, "checkpoints", "ckpt-00000030.safetensors")
+    check("a checkpoint at step 30", os.path.exists(ckpt))
+    if os.path.exists(ckpt):
+        h = header(ckpt)
+        momentum = [k for k in h if k.startswith("outer.momentum.")]
+        model = [k for k in h if k.startswith("model.")]
+        check("it holds the outer momentum of every weight", len(momentum) == len(model) > 0, sorted(h)[:10])
+        check("its metadata names the policy and the outer steps",
+              h["__metadata__"].get("sync_policy") == "local" and int(h["__metadata__"].get("outer_steps", 0)) > 0,
+              h.get("__metadata__"))
+
+    # The first two ranks of the fixed cluster: a plan that does not depend on this host's load.
+    two = load(CLUSTER)
+    two["world_size"] = 2
+    two["ranks"] = two["ranks"][:2]
+    for key in ("latency_s", "bandwidth_bytes_per_s"):
+        two["links"][key] = [row[:2] for row in two["links"][key][:2]]
+    two_path = os.path.join(scratch, "cluster2.json")
+    with open(two_path, "w") as f:
+        json.dump(two, f)
+    b = mpirun(HETRAIN, 2, ["train", cfg, "--resume", "--cluster", two_path, "--run-dir", run_dir],
+               timeout=300)
+    check("2 ranks resume the 4 ranks' checkpoint and train to step 60", b.returncode == 0, b.stderr[-3000:])
+    if b.returncode:
+        return finish(scratch)
+    trains = [r for r in records(run_dir) if r["type"] == "train"]
+    check("a train record every 10 steps, each naming the policy",
+          [r["step"] for r in trains] == list(range(10, 61, 10)) and all(r.get("sync_policy") == "local" for r in trains),
+          [(r["step"], r.get("sync_policy")) for r in trains])
+    outer = [r["outer_steps"] for r in trains[:3]]
+    # A round ends every H steps; its outer step lands one round later.
+    check("the outer steps count rounds, one round late", outer == [10 // H - 1, 20 // H - 1, 30 // H - 1], outer)
+    losses = [r["loss"] for r in trains]
+    check("the loss falls", losses[-1] < 0.75 * losses[0], losses)
+    summary = load(os.path.join(run_dir, "summary.json"))
+    check("the summary names the policy, the groups and H",
+          summary.get("sync_policy") == "local" and summary.get("inner_steps") == H and summary.get("ranks") == 2
+          and summary.get("resumed_from_step") == 30 and "groups" in summary, summary)
+    accuracy = summary["final"]["test_accuracy"]
+    print(f"final test accuracy {accuracy:.4f}")
+    check("the resumed model is trained (test accuracy above 60%)", accuracy > 0.6, accuracy)
+    return finish(scratch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
