@@ -39,7 +39,7 @@ struct OverlappedAllreduce::Pending {
   // [peer] round 1, for this rank's part; not zeroed (the receive fills it), since a
   // hub's are every peer's whole gradients, each step.
   std::vector<std::unique_ptr<float[]>> incoming;
-  std::vector<Request> requests;
+  std::vector<PeerRequest> requests;
   // Round 1 in flight; summed, round 2 not yet asked for (scatter_only); round 2 in flight.
   enum { collecting, scattered, spreading } state = collecting;
 };
@@ -87,11 +87,11 @@ void OverlappedAllreduce::add(std::vector<Tensor> tensors) {
     for (int j = 0; j < p; ++j) {
       if (j == me) continue;
       const int64_t len = off[j + 1] - off[j];
-      if (len > 0) x->requests.push_back(comm_.isend_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x->tag));
+      if (len > 0) x->requests.push_back({comm_.isend_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x->tag), j});
       if (mine > 0) {
         auto& buf = x->incoming[static_cast<size_t>(j)];
         buf = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(mine));
-        x->requests.push_back(comm_.irecv_bytes(buf.get(), static_cast<size_t>(mine) * 4, j, x->tag));
+        x->requests.push_back({comm_.irecv_bytes(buf.get(), static_cast<size_t>(mine) * 4, j, x->tag), j});
       }
     }
     pending_.push_back(std::move(x));
@@ -105,7 +105,7 @@ bool OverlappedAllreduce::progress() {
   const int p = comm_.size(), me = comm_.rank();
   bool moved = false;
   for (auto& x : pending_) {
-    moved = std::erase_if(x->requests, [](Request& r) { return r.test(); }) > 0 || moved;
+    moved = std::erase_if(x->requests, [](PeerRequest& r) { return r.request.test(); }) > 0 || moved;
     if (!x->requests.empty() || x->state != Pending::collecting) continue;
     const auto& off = x->offsets;
     float* part = x->tensor.data() + off[me];
@@ -122,7 +122,7 @@ bool OverlappedAllreduce::progress() {
   std::erase_if(pending_, [](const std::unique_ptr<Pending>& x) {
     return x->state == Pending::spreading && x->requests.empty();
   });
-  for (auto& o : outgoing_) moved = std::erase_if(o.sends, [](Request& r) { return r.test(); }) > 0 || moved;
+  for (auto& o : outgoing_) moved = std::erase_if(o.sends, [](PeerRequest& r) { return r.request.test(); }) > 0 || moved;
   std::erase_if(outgoing_, [](const Outgoing& o) { return o.sends.empty(); });
   return moved;
 }
@@ -141,8 +141,8 @@ void OverlappedAllreduce::spread(Pending& x) {
   for (int j = 0; j < p; ++j) {
     if (j == me) continue;
     const int64_t len = off[j + 1] - off[j];
-    if (out) out->sends.push_back(comm_.isend_bytes(out->data.data(), static_cast<size_t>(mine) * 4, j, x.tag + 1));
-    if (len > 0) x.requests.push_back(comm_.irecv_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x.tag + 1));
+    if (out) out->sends.push_back({comm_.isend_bytes(out->data.data(), static_cast<size_t>(mine) * 4, j, x.tag + 1), j});
+    if (len > 0) x.requests.push_back({comm_.irecv_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x.tag + 1), j});
   }
   x.state = Pending::spreading;
 }
@@ -176,6 +176,17 @@ void OverlappedAllreduce::end_without_gather() {
 }
 
 WaitStatus OverlappedAllreduce::finish(Timeout timeout) { return poll(timeout, false); }
+
+std::vector<int> OverlappedAllreduce::waiting_on() const {
+  std::vector<int> peers;
+  for (const auto& x : pending_)
+    for (const PeerRequest& r : x->requests) peers.push_back(r.peer);
+  for (const Outgoing& o : outgoing_)
+    for (const PeerRequest& r : o.sends) peers.push_back(r.peer);
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  return peers;
+}
 WaitStatus OverlappedAllreduce::drain(Timeout timeout) { return poll(timeout, true); }
 
 // Waiting on requests one by one can deadlock: a receive is matched only while its own

@@ -56,12 +56,19 @@ class OverlappedAllreduce {
   void end_without_gather();
   // Waits for the round-2 sends as well; call it before the job ends.
   WaitStatus drain(Timeout timeout);
+  // The ranks of the communicator that unfinished messages of this rank are from or to,
+  // in order: after a finish or drain that timed out, the ranks not heard from.
+  std::vector<int> waiting_on() const;
 
  private:
   struct Pending;
+  struct PeerRequest {  // a message from or to `peer`
+    Request request;
+    int peer;
+  };
   struct Outgoing {  // one tensor's summed part, on its way to every peer
     std::vector<float> data;
-    std::vector<Request> sends;
+    std::vector<PeerRequest> sends;
   };
   WaitStatus poll(Timeout timeout, bool sends);
   void spread(Pending& x);  // starts round 2 of x from its tensor's part

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""End-to-end check that a stalled rank ends a `sync` job instead of hanging it: 2 ranks
+train the MLP data-parallel with parallel.peer_timeout_s = 3 and a checkpoint every 5
+steps; once the first checkpoint is in the run directory, this script stops rank 1 with
+SIGSTOP from outside. The job must then exit nonzero, and its output must carry rank 0's
+line naming rank 1 (whichever wait rank 0 was in: the gradient sums, the log
+consultation or a checkpoint's exchange). The newest checkpoint must still load
+(`hetrain eval`): checkpoints are written whole or not at all.
+
+Bounds. The job runs 100000 steps, far more than it can reach before the stop, and
+rank 1 stays stopped until the job has ended, so the timeout must fire; nothing waits
+on a speed. How long the job takes to end after the stop is bounded only loosely
+(STOP_BOUND_S, 20 timeouts' worth): the check is that it ends at all, where before it
+waited 600 s and earlier forever.
+
+usage: test_stall.py HETRAIN"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, run
+
+HETRAIN = os.path.abspath(sys.argv[1])
+PEER_TIMEOUT_S = 3
+STOP_BOUND_S = 20 * PEER_TIMEOUT_S
+START_BOUND_S = 240  # the job starting and writing its first checkpoint
+
+
+def config(path, run_dir):
+    cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
+    cfg["model"]["hidden"] = [64]
+    cfg["train"].pop("epochs")
+    cfg["train"].update(steps=100000, batch_size=64, eval_every=0, log_every=10)
+    cfg["train"]["schedule"] = {"type": "constant"}
+    cfg["checkpoint"] = {"every": 5, "keep": 3}
+    cfg["parallel"] = {"strategy": "equal", "sync": "sync", "peer_timeout_s": PEER_TIMEOUT_S,
+                       "rebalance_every": 0}
+    cfg["run"] = {"dir": run_dir}
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def rank_of(pid):
+    """The MPI world rank of process `pid` (from its environment), or None."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    return int(item.split(b"=", 1)[1])
+    except OSError:
+        pass
+    return None
+
+
+def ranks_of(launcher):
+    """{rank: pid} of the hetrain processes under `launcher` (mpirun starts them itself)."""
+    out = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout
+    ranks = {}
+    for line in out.split():
+        r = rank_of(int(line))
+        if r is not None:
+            ranks[r] = int(line)
+    return ranks
+
+
+def checkpoints(run_dir):
+    d = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(d):
+        return []
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".safetensors"))
+
+
+def main():
+    if not have_fashion_mnist():
+        print("SKIP: Fashion-MNIST is not installed")
+        return finish(missing=["Fashion-MNIST"])
+    scratch = tempfile.mkdtemp(prefix="hetrain-stall-")
+    run_dir = os.path.join(scratch, "run")
+    cfg = config(os.path.join(scratch, "mlp.json"), run_dir)
+    log = open(os.path.join(scratch, "job.log"), "w+")
+    job = subprocess.Popen(["mpirun", "-np", "2", "--bind-to", "none", HETRAIN, "train", cfg],
+                           stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    stopped = None
+    try:
+        start = time.monotonic()
+        while not checkpoints(run_dir) and job.poll() is None and time.monotonic() - start < START_BOUND_S:
+            time.sleep(0.2)
+        ranks = ranks_of(job.pid)
+        check("the job runs and writes a checkpoint", job.poll() is None and checkpoints(run_dir) and 1 in ranks,
+              f"exit {job.poll()}, checkpoints {checkpoints(run_dir)}, ranks {ranks}")
+        if job.poll() is None and 1 in ranks:
+            stopped = ranks[1]
+            os.kill(stopped, signal.SIGSTOP)
+            t_stop = time.monotonic()
+            try:
+                status = job.wait(timeout=STOP_BOUND_S)
+            except subprocess.TimeoutExpired:
+                status = None
+            took = time.monotonic() - t_stop
+            check(f"the job ends within {STOP_BOUND_S} s of rank 1's stop", status is not None,
+                  f"still running after {took:.1f} s")
+            check("the job's exit status is nonzero", status not in (None, 0), f"exit {status}")
+            check(f"the job waited at least the peer timeout ({PEER_TIMEOUT_S} s) before ending",
+                  took >= PEER_TIMEOUT_S, f"{took:.2f} s")
+            log.seek(0)
+            text = log.read()
+            line = next((l for l in text.splitlines() if "rank 0: no word from rank 1 after 3 s waiting for" in l), "")
+            check("rank 0 names rank 1, what it waited for and for how long", line, text[-2000:])
+            print("  " + line.strip())
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        job.wait()
+        log.close()
+    newest = checkpoints(run_dir)[-1:]
+    check("no partial checkpoint is left in the run directory",
+          all(not f.endswith(".tmp") for f in os.listdir(os.path.join(run_dir, "checkpoints")))
+          if os.path.isdir(os.path.join(run_dir, "checkpoints")) else False)
+    if newest:
+        r = run([HETRAIN, "eval", cfg, "--checkpoint", newest[0]], timeout=120)
+        check("the newest checkpoint loads and evaluates (hetrain eval)", r.returncode == 0 and "accuracy" in r.stdout,
+              r.stdout + r.stderr)
+    return finish(scratch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
