@@ -225,8 +225,7 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   std::vector<int> all;
   std::vector<double> parts;
   double bandwidth = 0;
-  for (const RankPlan& rp : plan.ranks) {
-    if (rp.replica < 0) continue;
+  for (const RankPlan& rp : plan.ranks) {  // idle ranks too: they take the sums
     all.push_back(rp.rank);
     parts.push_back(static_cast<double>(rp.samples) / static_cast<double>(plan.global_batch));
     const double bw = rp.device.memory_bandwidth;
@@ -247,7 +246,11 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   l.gain = sync_step_seconds > 0 ? sync_step_seconds / step : 0;
 }
 
-LocalPlanResult make_local_plan(const LocalPlanInput& in) {
+namespace {
+
+// The local plan over the fastest `used` ranks (`order`: every rank, fastest first), the
+// others idle.
+LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order) {
   LocalPlanResult out;
   const Plan& data = in.data_plan;
   if (data.stage_ranges.size() != 1 || data.world_size != static_cast<int>(in.cluster.ranks.size()) ||
@@ -261,12 +264,7 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in) {
                     ") holds the whole model only with optimizer sharding, which a group of its own cannot share";
       return out;
     }
-  const int world = data.world_size;
-  std::vector<int> order(static_cast<size_t>(world));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return replica_samples_per_s(in.costs, a) > replica_samples_per_s(in.costs, b);
-  });
+  const int world = static_cast<int>(order.size());
   double total_speed = 0;
   for (int r : order) total_speed += replica_samples_per_s(in.costs, r);
   std::vector<std::vector<int>> groups;
@@ -320,6 +318,12 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in) {
   p.strategy = Strategy::data;
   p.layout = PipelineLayout{};
   p.layout.reduce_owner = -1;
+  for (RankPlan& rp : p.ranks) {  // idle unless a group takes it
+    rp.replica = rp.stage = -1;
+    rp.samples = 0;
+    rp.memory = {};
+    rp.busy_fraction = 0;
+  }
   LocalSync l;
   int replica = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -342,6 +346,7 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in) {
   }
   sync_rank_shares(p);
   for (RankPlan& rp : p.ranks) {
+    if (rp.replica < 0) continue;
     rp.memory = rank_memory(p, in.costs, rp);
     if (rp.memory.total() > rp.device.memory_bytes) {
       out.problem = "rank " + std::to_string(rp.rank) + " (" + rp.device.label() + ") cannot hold its local share of " +
@@ -353,6 +358,30 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in) {
   predict_local(p, in.costs, in.cluster, in.sync_step_seconds, in.local_steps);
   out.plan = std::move(p);
   return out;
+}
+
+}  // namespace
+
+LocalPlanResult make_local_plan(const LocalPlanInput& in) {
+  std::vector<int> order(in.data_plan.ranks.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return replica_samples_per_s(in.costs, a) > replica_samples_per_s(in.costs, b);
+  });
+  // As the synchronous planner does: every rank, unless fewer (the fastest ones, at least
+  // two) are predicted kIdleGain faster. A rank whose one-sample step outlasts the
+  // others' whole share holds every round back, whatever share it gets.
+  LocalPlanResult best;
+  for (size_t used = order.size(); used >= 2; --used) {
+    LocalPlanResult r = local_plan_over(in, std::vector<int>(order.begin(), order.begin() + static_cast<long>(used)));
+    if (!r.plan) {
+      if (!best.plan && best.problem.empty()) best.problem = r.problem;
+      continue;
+    }
+    if (!best.plan || r.plan->predicted.step_seconds < (1 - kIdleGain) * best.plan->predicted.step_seconds)
+      best = std::move(r);
+  }
+  return best;
 }
 
 std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan,

@@ -18,8 +18,13 @@
 //
 // H. The outer exchange (the deltas' all-reduce over every rank, plus the outer update)
 // runs while the next round's inner steps do; H is the least count whose round is at
-// least kHideFactor times the exchange, so that it hides even when it makes progress
-// only between steps. parallel.local_steps overrides it.
+// least kHideFactor times the exchange. parallel.local_steps overrides it.
+//
+// Idle ranks. As in a synchronous plan, the slowest ranks may be left out (idle: no
+// group, no share) when the plan over fewer is predicted kIdleGain faster: a rank's
+// per-step costs (its optimiser step over the whole model) can outlast the others'
+// whole share even at one sample. Idle ranks still take part in the outer exchange,
+// contributing nothing, so that every rank holds the outer weights.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +40,9 @@
 namespace ht::plan {
 
 inline constexpr double kGroupEfficiency = 0.9;
-inline constexpr double kHideFactor = 2.0;
+inline constexpr double kHideFactor = 1.0;
+// A local plan leaves the slowest ranks idle only when that is predicted this much faster.
+inline constexpr double kIdleGain = 0.10;
 
 // The world ranks of group g, in the order of its sub-plan's ranks.
 std::vector<int> group_ranks(const Plan& plan, int group);

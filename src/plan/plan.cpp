@@ -19,6 +19,8 @@ std::vector<std::string> strategy_names() { return enum_names(kStrategyNames); }
 std::optional<Strategy> parse_strategy(std::string_view s) { return enum_from_name(s, kStrategyNames); }
 
 std::vector<Schedule> plan_schedules(const Plan& plan) {
+  // Every rank idle (an idle rank's own plan under parallel.sync local): nothing to run.
+  if (plan.layout.replicas.empty()) return std::vector<Schedule>(static_cast<size_t>(plan.world_size));
   return build_1f1b(plan.layout, plan.world_size);
 }
 

@@ -1,8 +1,11 @@
 #include "runtime/local_sync.h"
 
+#include <chrono>
+
 #include "comm/weighted_allreduce.h"
 #include "core/crc32.h"
 #include "core/error.h"
+#include "core/wall_time.h"
 #include "ops/ops.h"
 #include "plan/local_plan.h"
 #include "runtime/checkpoint.h"
@@ -24,7 +27,17 @@ std::unique_ptr<LocalGroup> LocalGroup::make(const plan::Plan& plan, comm::Commu
   plan::check_local_plan(plan);
   auto g = std::make_unique<LocalGroup>();
   g->group = plan::group_of_rank(plan, world.rank());
-  HT_CHECK(g->group >= 0, "local plan: rank ", world.rank(), " is in no group; expected every rank in one");
+  if (g->group < 0) {  // idle: a plan of itself alone, in which it is idle too
+    g->plan = plan;
+    g->plan.world_size = 1;
+    g->plan.ranks = {plan.ranks[static_cast<size_t>(world.rank())]};
+    g->plan.ranks[0].rank = 0;
+    g->plan.layout = plan::PipelineLayout{};
+    g->plan.local.reset();
+    g->plan.sync_policy = "synchronous";
+    g->comm = world.split(static_cast<int>(plan.local->groups.size()) + world.rank(), 0, timeout, "the local groups");
+    return g;
+  }
   g->plan = plan::group_plan(plan, g->group);
   g->offset = plan::group_offset(plan, g->group);
   const std::vector<int> ranks = plan::group_ranks(plan, g->group);
@@ -96,11 +109,12 @@ void LocalSync::finish_exchange() {
   ++outer_steps_;
 }
 
-void LocalSync::after_inner_step() {
+double LocalSync::after_inner_step() {
+  const auto t0 = std::chrono::steady_clock::now();
   if (exchange_)
     while (exchange_->progress()) {
     }
-  if (++steps_in_round_ < inner_steps_) return;
+  if (++steps_in_round_ < inner_steps_) return seconds_since(t0);
   steps_in_round_ = 0;
   // delta = a - y, kept unweighted in anchor_ until theta is known.
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -120,6 +134,7 @@ void LocalSync::after_inner_step() {
     }
   }
   start_exchange();
+  return seconds_since(t0);
 }
 
 void LocalSync::flush() {

@@ -42,7 +42,8 @@ namespace ht::runtime {
 
 struct Checkpoint;
 
-// This rank's group under a local plan: its synchronous sub-plan and communicator.
+// This rank's group under a local plan: its synchronous sub-plan and communicator. An
+// idle rank gets a one-rank plan in which it is idle, and no group (-1).
 struct LocalGroup {
   int group = -1;
   plan::Plan plan;      // plan::group_plan, ranks renumbered in the group
@@ -63,7 +64,8 @@ class LocalSync {
   // After every inner step: moves the exchange in flight along and, at a round's end,
   // runs the outer synchronisation above. Collective at round ends (bounded by
   // parallel.peer_timeout_s).
-  void after_inner_step();
+  // Returns the seconds it took (waiting included).
+  double after_inner_step();
   void flush();  // collective; see above
 
   // Takes the weights as they are now (loaded from a checkpoint) as theta and a.

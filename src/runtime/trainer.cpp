@@ -127,7 +127,10 @@ class Run {
     // model staying in host memory.
     if (root_)
       for (const auto& [name, p] : model_.named_parameters()) p.rehome(false);
-    if (local_group_) local_ = std::make_unique<LocalSync>(plan_, executor_->parameters(), world_, cfg_.parallel);
+    // An idle rank keeps the whole model's outer weights all the same (rank 0 may be idle).
+    if (local_group_)
+      local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),
+                                           world_, cfg_.parallel);
     total_steps_ = resolve_steps(cfg_.train, task_->train_size());
     const auto& s = cfg_.train.schedule;
     schedule_ = {s.type, cfg_.train.optimizer.lr, s.warmup_steps, s.min_lr, total_steps_};
@@ -266,7 +269,7 @@ class Run {
   // state of rank 0's group (every group's starts from it on resume).
   std::vector<nn::NamedTensor> local_inner_state() {
     local_->flush();
-    return executor_->optimizer()->state();
+    return executor_->active() ? executor_->optimizer()->state() : std::vector<nn::NamedTensor>{};
   }
   std::string with_sync_policy(const std::string& record) const {
     if (!local_) return record;

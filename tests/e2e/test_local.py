@@ -119,6 +119,23 @@ def main():
     accuracy = summary["final"]["test_accuracy"]
     print(f"final test accuracy {accuracy:.4f}")
     check("the resumed model is trained (test accuracy above 60%)", accuracy > 0.6, accuracy)
+
+    # Rank 3 four hundred times slower than rank 0: its one-sample step outlasts the
+    # others' whole shares, so the local plan leaves it idle; it still holds the outer
+    # weights (every rank's checksum is compared at each log step).
+    slow = load(CLUSTER)
+    slow["ranks"][3]["device"]["sgemm_gflops"] = 0.02
+    slow_path = os.path.join(scratch, "cluster_slow3.json")
+    with open(slow_path, "w") as f:
+        json.dump(slow, f)
+    idle_dir = os.path.join(scratch, "idle")
+    c = mpirun(HETRAIN, 4, ["train", cfg, "--cluster", slow_path, "--run-dir", idle_dir, "--steps", "20"], timeout=300)
+    check("4 ranks train under local with the slowest left idle", c.returncode == 0, c.stderr[-3000:])
+    if c.returncode == 0:
+        s = load(os.path.join(idle_dir, "summary.json"))
+        check("rank 3 takes no share and is in no group",
+              s["rank_shares"][3] == 0 and all(3 not in g for g in s["groups"]) and sum(s["rank_shares"]) == 128,
+              (s["rank_shares"], s["groups"]))
     return finish(scratch)
 
 

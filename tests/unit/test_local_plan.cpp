@@ -153,3 +153,18 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   j["local"]["inner_steps"] = 0;
   CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("inner_steps") != std::string::npos);
 }
+
+TEST_CASE("local plan: a rank whose one-sample step outlasts the others' shares is left idle") {
+  ClusterModel c = throttled();
+  BlockCosts k = small_model(c);
+  for (double& s : k.seconds_per_sample[3]) s *= 400;  // 19 ms a sample: longer than rank 0's 64
+  const PlannerInput in = input(c, k, 128);
+  const std::optional<Plan> p = local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
+  REQUIRE(p);
+  check_plan(*p);
+  CHECK(p->ranks[3].replica == -1);
+  CHECK(p->ranks[3].samples == 0);
+  CHECK(group_of_rank(*p, 3) == -1);
+  CHECK(p->local->groups == std::vector<std::vector<int>>{{0}, {1}, {2}});
+  CHECK(std::accumulate(p->layout.samples.begin(), p->layout.samples.end(), int64_t{0}) == 128);
+}
