@@ -138,26 +138,4 @@ std::vector<int64_t> equal_split(int64_t global_batch, size_t replicas) {
   return shares;
 }
 
-std::optional<EqualSplitShortfall> equal_split_shortfall(
-    int64_t global_batch, const std::vector<ReplicaCapacity>& replicas) {
-  check_replicas("equal_split_shortfall", replicas);
-  const auto shares = equal_split(global_batch, replicas.size());
-  for (size_t i = 0; i < replicas.size(); ++i) {
-    const int64_t cap = replicas[i].max_samples;
-    if (cap == kUnlimited || shares[i] <= cap) continue;
-    EqualSplitShortfall s;
-    s.replica = i;
-    s.share = shares[i];
-    s.max_samples = cap;
-    s.missing = shares[i] - cap;
-    std::ostringstream m;
-    m << "equal split of global batch " << global_batch << " over " << replicas.size()
-      << " replicas gives replica " << i << " " << s.share << " samples but it holds at most "
-      << cap << " (" << s.missing << " short)";
-    s.message = m.str();
-    return s;
-  }
-  return std::nullopt;
-}
-
 }  // namespace ht::plan

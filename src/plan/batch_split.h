@@ -3,9 +3,8 @@
 // of every rank waiting for the slowest one (what an equal DDP split does).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <string>
 #include <vector>
 
 namespace ht::plan {
@@ -49,16 +48,5 @@ double predicted_step_seconds(const std::vector<int64_t>& shares,
 
 // The DDP baseline: global_batch / n each, the remainder one apiece to the first ranks.
 std::vector<int64_t> equal_split(int64_t global_batch, size_t replicas);
-
-// The first replica whose memory cannot hold its equal share, and by how much.
-struct EqualSplitShortfall {
-  size_t replica = 0;
-  int64_t share = 0;        // its equal share
-  int64_t max_samples = 0;  // what it holds
-  int64_t missing = 0;      // share - max_samples
-  std::string message;      // for people; names all of the above
-};
-std::optional<EqualSplitShortfall> equal_split_shortfall(
-    int64_t global_batch, const std::vector<ReplicaCapacity>& replicas);
 
 }  // namespace ht::plan

@@ -94,7 +94,8 @@ std::string shortfall_text(const plan::Shortfall& s) {
            " need " + need;
   return who + " cannot hold stage " + std::to_string(s.stage) + " (" + blocks_text(s.block_begin, s.block_end) +
          ", " + std::to_string(s.samples) + " samples) even with recomputation, " +
-         std::to_string(s.micro_batches) + " micro-batches of " + std::to_string(s.micro_batch_size) +
+         std::to_string(s.micro_batches) + (s.micro_batches == 1 ? " micro-batch of " : " micro-batches of ") +
+         std::to_string(s.micro_batch_size) +
          (s.sharding_possible ? " and optimizer sharding" : " (no optimizer sharding with one replica)") +
          ": needs " + need;
 }

@@ -318,6 +318,9 @@ TEST_CASE("plan text: memory steps, shortfalls and stage splits read as sentence
         "0 B, activations 3.8 MiB), 3.8 MiB short");
   s.sharding_possible = false;
   CHECK(contains(report::shortfall_text(s), "micro-batches of 1 (no optimizer sharding with one replica): needs"));
+  s.micro_batches = 1;
+  s.micro_batch_size = 32;
+  CHECK(contains(report::shortfall_text(s), "even with recomputation, 1 micro-batch of 32 (no optimizer"));
 
   StageSplitFailure f;
   f.problem = StageSplitProblem::block_too_large;

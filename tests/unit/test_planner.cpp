@@ -434,6 +434,30 @@ TEST_CASE("plan file: round trip, and malformed files name the problem") {
   nlohmann::json old = nlohmann::json::parse(text);  // a plan from before the field
   old["layout"].erase("reduce_owner");
   CHECK(plan_from_json(old.dump(), "old.json").layout.reduce_owner == -1);
+  // Notes and memory steps are {kind, that kind's fields}: a field of another kind, an
+  // unknown kind and a bad value are refused, naming the path.
+  nlohmann::json facts = nlohmann::json::parse(text);
+  REQUIRE(facts["notes"][0]["kind"] == "work_by_device");
+  facts["notes"][0]["stages"] = 2;
+  CHECK(contains(error(facts.dump()), "notes[0].stages"));
+  facts = nlohmann::json::parse(text);
+  facts["notes"][0]["kind"] = "gossip";
+  CHECK(contains(error(facts.dump()), "notes[0].kind"));
+  facts = nlohmann::json::parse(text);
+  facts["ranks"][1]["memory_steps"] = {{{"kind", "recompute"}, {"activations_before", -1}}};
+  CHECK(contains(error(facts.dump()), "ranks[1].memory_steps[0].activations_before"));
+  facts["ranks"][1]["memory_steps"] = {{{"kind", "recompute"}, {"capacity", 5}}};
+  CHECK(contains(error(facts.dump()), "ranks[1].memory_steps[0].capacity"));
+  facts["ranks"][1]["memory_steps"] = {{{"kind", "micro_batches"}, {"micro_batches", 4}, {"micro_batch_size", 8},
+                                        {"activations_before", 64}, {"activations_after", 32}}};
+  facts["ranks"][1]["memory_strategies"] = {"micro-batches"};
+  const Plan stepped = plan_from_json(facts.dump(), "facts.json");
+  REQUIRE(stepped.ranks[1].memory_steps.size() == 1);
+  CHECK(stepped.ranks[1].memory_steps[0].micro_batches == 4);
+  CHECK(stepped.ranks[1].memory_strategies == std::vector{MemoryStrategy::micro_batches});
+  CHECK(plan_to_json(plan_from_json(plan_to_json(stepped), "again.json")) == plan_to_json(stepped));
+  facts["ranks"][1]["memory_strategies"] = {"swap to disk"};
+  CHECK(contains(error(facts.dump()), "ranks[1].memory_strategies[0]"));
   // Optimiser shards: a stage's must sum to 1 once any is below 1.
   nlohmann::json shard = nlohmann::json::parse(text);
   const int stage0_rank = p.layout.replicas[0][0], partner = p.layout.replicas[1][0];
