@@ -279,7 +279,18 @@ void Executor::poison_gradient(size_t begin, size_t end) {
 // Parameters [begin, end) of this stage join the all-reduce: their gradients as
 // contiguous tensors that the parameters hold (zeros for one this step did not reach),
 // reduced in place.
+// The bad-node guard (runtime/guard.h) judges the group before any of it leaves this
+// rank; unsharded, its counts travel as one more tensor of the same all-reduce, so they
+// add no round of messages.
 void Executor::add_to_reduce(size_t begin, size_t end) {
+  std::vector<Tensor> grads = final_grads(begin, end);
+  for (size_t i = begin; i < end; ++i) reduce_order_.push_back(i);
+  judge(grads, begin, end);
+  if (shards_.empty()) grads.push_back(counts_.back());
+  reduce_->add(std::move(grads));
+}
+
+std::vector<Tensor> Executor::final_grads(size_t begin, size_t end) {
   std::vector<Tensor> grads;
   for (size_t i = begin; i < end; ++i) {
     const Tensor& p = params_[i].second;
@@ -291,9 +302,70 @@ void Executor::add_to_reduce(size_t begin, size_t end) {
     }
     p.set_grad(g);
     grads.push_back(g);
-    reduce_order_.push_back(i);
   }
-  reduce_->add(std::move(grads));
+  return grads;
+}
+
+// This rank's verdict on parameters [begin, end)'s gradients `grads`; a contribution left
+// out becomes zeros. Its counts: [samples kept, then one verdict per member of the
+// stage group, this rank's in its own slot], so that their sum tells every member
+// the samples kept and each member's verdict.
+void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
+  const int members = stage_group_->size(), me = stage_group_->rank();
+  const int64_t samples = layout_.samples[static_cast<size_t>(replica_)];
+  Verdict v = Verdict::quarantined;
+  if (!quarantine_ || !quarantine_->quarantined(me)) {
+    double sum_squares = 0;
+    for (const Tensor& g : grads) sum_squares += sum_of_squares(g);
+    v = guard_.judge(begin, sum_squares, samples, plan_.global_batch);
+  }
+  if (v != Verdict::kept) {
+    if (verdict_ == Verdict::kept) verdict_ = v;
+    for (size_t k = 0; k < grads.size(); ++k) {
+      const Tensor& p = params_[begin + k].second;
+      grads[k] = Tensor::zeros(p.shape(), p.backend());
+      p.set_grad(grads[k]);
+    }
+  }
+  Tensor c = Tensor::zeros({1 + members});
+  c.data()[0] = v == Verdict::kept ? static_cast<float>(samples) : 0.f;
+  c.data()[1 + me] = static_cast<float>(static_cast<int>(v));
+  counts_.push_back(c);
+  groups_.emplace_back(begin, end);
+}
+
+// After the reduction every member holds the same counts: each group's sums become the
+// mean over its kept samples, and every member records the same verdicts, so all agree
+// on who is quarantined. One member (the group's first) reports the events.
+void Executor::settle_guard() {
+  const int members = stage_group_->size();
+  if (!shards_.empty() && members > 1)  // the sharded all-reduce leaves only this rank's parts summed
+    if (stage_group_->allreduce_sum(counts_, peer_timeout_) != comm::WaitStatus::done)
+      fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+          world_.rank(), {}, "stage " + std::to_string(stage_) + "'s guard counts", peer_timeout_));
+  std::vector<Verdict> verdicts(static_cast<size_t>(members), Verdict::kept);
+  for (size_t g = 0; g < counts_.size(); ++g) {
+    const float* c = counts_[g].data();
+    if (c[0] <= 0) skip_update_ = true;
+    std::vector<Tensor> sums;
+    for (size_t i = groups_[g].first; i < groups_[g].second; ++i) sums.push_back(params_[i].second.grad());
+    rescale_to_kept(sums, plan_.global_batch, c[0]);
+    for (size_t m = 0; m < verdicts.size(); ++m)
+      if (verdicts[m] == Verdict::kept) verdicts[m] = static_cast<Verdict>(std::lround(c[1 + m]));
+  }
+  const std::vector<int> quarantined = quarantine_ ? quarantine_->record(verdicts) : std::vector<int>{};
+  if (stage_group_->rank() != 0) return;
+  auto world_rank = [this](int m) { return plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)]; };
+  for (size_t m = 0; m < verdicts.size(); ++m)
+    if (verdicts[m] != Verdict::kept)
+      events_.push_back({world_rank(static_cast<int>(m)), stage_, verdicts[m], layout_.samples[m], 0});
+  for (int m : quarantined) events_.push_back({world_rank(m), stage_, Verdict::quarantined, 0, guard_cfg_.quarantine_steps});
+}
+
+void Executor::set_guard(const config::GuardConfig& guard) {
+  guard_cfg_ = guard;
+  guard_ = ContributionGuard(guard);
+  quarantine_.reset();
 }
 
 // What the last Backward did not start (nothing when it overlapped), then the wait. A
@@ -302,20 +374,21 @@ void Executor::reduce_grads() {
   if (!reduce_) return;  // the only replica of its stage
   if (reduce_->added() == 0) add_to_reduce(0, params_.size());
   comm::WaitStatus s = reduce_->finish(peer_timeout_);
-  std::vector<int> missing = s == comm::WaitStatus::done ? std::vector<int>{} : reduce_->waiting_on();
-  if (draining_ && s == comm::WaitStatus::done) {
-    s = draining_->drain(peer_timeout_);
-    if (s != comm::WaitStatus::done) missing = draining_->waiting_on();
-  }
-  for (int& m : missing) m = stage_group_->world_rank(m);
+  if (s == comm::WaitStatus::done) settle_guard();
+  if (draining_ && s == comm::WaitStatus::done) s = draining_->drain(peer_timeout_);
   draining_.reset();
   if (shards_.empty()) draining_ = std::move(reduce_);  // its sums go out while the next step runs
   if (s != comm::WaitStatus::done)
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        world_.rank(), missing, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
+        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
 }
 
 void Executor::optimizer_step(float lr) {
+  if (counts_.empty()) {  // the only replica of its stage: the guard judges its gradient here, alone
+    std::vector<Tensor> grads = final_grads(0, params_.size());
+    judge(grads, 0, params_.size());
+    settle_guard();
+  }
   if (!shards_.empty())  // the summed gradients of this rank's parts
     for (size_t i = 0; i < params_.size(); ++i) {
       const Tensor g = params_[i].second.grad();
@@ -339,6 +412,7 @@ void Executor::optimizer_step(float lr) {
       };
     optim::clip_grad_norm(shards_.empty() ? params_ : shard_params_, train_.grad_clip, global);
   }
+  if (skip_update_) return;  // every contribution left out: nothing to step with (clipped all the same, collectively)
   opt_->set_lr(lr);
   opt_->step();
 }
@@ -367,12 +441,9 @@ double Executor::gather_weights() {
   std::vector<Tensor> weights;
   for (size_t i : reduce_order_) weights.push_back(params_[i].second);
   reduce_->gather(std::move(weights));
-  if (reduce_->finish(peer_timeout_) != comm::WaitStatus::done) {
-    std::vector<int> missing = reduce_->waiting_on();
-    for (int& m : missing) m = stage_group_->world_rank(m);
+  if (reduce_->finish(peer_timeout_) != comm::WaitStatus::done)
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        world_.rank(), missing, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
-  }
+        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
   draining_ = std::move(reduce_);  // this rank's part goes out while the next step runs
   return seconds_since(t0);
 }
@@ -392,6 +463,13 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   live_.clear();
   reduce_.reset();
   reduce_order_.clear();
+  guard_.begin_step();
+  counts_.clear();
+  groups_.clear();
+  events_.clear();
+  verdict_ = Verdict::kept;
+  skip_update_ = false;
+  if (!quarantine_ && stage_group_->size() > 1) quarantine_ = std::make_unique<Quarantine>(guard_cfg_, stage_group_->size());
   if (stage_group_->size() > 1)
     reduce_ = std::make_unique<comm::OverlappedAllreduce>(
         *stage_group_, plan::stage_reduce_parts(plan_, plan_.layout, static_cast<size_t>(stage_)), !shards_.empty());
@@ -439,7 +517,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
       }
       case plan::Op::reduce_grads:
         comm = true;
-        if (reduce_) r.grads_overlapped = reduce_->added();
+        if (reduce_) r.grads_overlapped = reduce_order_.size();
         reduce_grads();
         break;
       case plan::Op::optimizer_step:
@@ -476,7 +554,11 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   // Gradients are not kept between steps: evaluation and checkpoints get the memory.
   for (const auto& [name, p] : params_) p.zero_grad();
   opt_->zero_grad();  // when sharded, the views of the parts hold their own
-  r.loss_sum = loss_sum_;
+  // A contribution left out may come from a rank whose loss is not finite either: the
+  // step's loss is then that of the samples kept (still divided by the whole batch).
+  r.loss_sum = verdict_ != Verdict::kept && !std::isfinite(loss_sum_) ? 0 : loss_sum_;
+  r.guard_events = std::move(events_);
+  r.update_skipped = skip_update_;
   r.wall_s = seconds_since(start);
   return r;
 }

@@ -34,6 +34,7 @@
 #include "plan/plan.h"
 #include "plan/timeline.h"
 #include "runtime/fault_injection.h"
+#include "runtime/guard.h"
 #include "runtime/task.h"
 
 namespace ht::comm {
@@ -59,6 +60,10 @@ struct StepResult {
   // in the communication (gathering sharded weights included).
   double work_cpu_s = 0, optimizer_cpu_s = 0, comm_cpu_s = 0;
   std::vector<plan::Span> spans;   // when recorded: one per instruction, from start_s
+  // The bad-node guard's contributions left out and members quarantined in this step,
+  // reported by the first member of each stage group (every member knows them).
+  std::vector<GuardEvent> guard_events;
+  bool update_skipped = false;  // no contribution of some group kept: the optimiser did not step
 };
 
 class Executor {
@@ -93,6 +98,11 @@ class Executor {
   // --inject's faults for this rank (the caller keeps it, and calls begin_step before
   // each step); null: none.
   void inject(const FaultInjector* faults) { faults_ = faults; }
+  // The bad-node guard's settings (config.guard; the defaults until called). Its history
+  // and quarantines start afresh.
+  void set_guard(const config::GuardConfig& guard);
+  // Whether this rank's stage leaves out replica `replica` as quarantined in the next step.
+  bool quarantines(int replica) const { return quarantine_ && quarantine_->quarantined(replica); }
 
   // CRC-32 of this rank's parameter bytes ("" on an idle rank): replicas of a stage must
   // hold bit-identical parameters, since they apply the same summed gradient.
@@ -115,6 +125,9 @@ class Executor {
   void reduce_grads();
   void add_to_reduce(size_t begin, size_t end);
   void poison_gradient(size_t begin, size_t end);
+  std::vector<Tensor> final_grads(size_t begin, size_t end);  // contiguous, held by the parameters
+  void judge(std::vector<Tensor>& grads, size_t begin, size_t end);
+  void settle_guard();
   void optimizer_step(float lr);
   double gather_weights();  // sharded: the other parts' updated weights; returns seconds
   void share_weights();     // a hub that steps the optimiser: see executor.cpp
@@ -157,6 +170,18 @@ class Executor {
   std::map<int, MicroBatch> live_;   // micro-batches between their Forward and Backward
   double loss_sum_ = 0;
   const FaultInjector* faults_ = nullptr;
+  // The bad-node guard (runtime/guard.h). In a pipeline each stage's replicas judge their
+  // own part of the gradient, so one stage may leave out a replica that another keeps,
+  // and a stage without replicas skips its own update alone; a NaN sent back across a
+  // stage boundary poisons, and so is caught by, every stage before it as well.
+  config::GuardConfig guard_cfg_;
+  ContributionGuard guard_{guard_cfg_};
+  std::unique_ptr<Quarantine> quarantine_;       // replicated stages; the same on every member
+  std::vector<Tensor> counts_;                   // this step's, one per group judged
+  std::vector<std::pair<size_t, size_t>> groups_;  // params_ [begin, end) of each
+  std::vector<GuardEvent> events_;
+  Verdict verdict_ = Verdict::kept;  // this rank's, the first not kept in this step
+  bool skip_update_ = false;
 };
 
 // Throws when two replicas of one stage report different checksums (one per world rank,

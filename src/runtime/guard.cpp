@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/graph.h"
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace ht::runtime {
 
@@ -15,6 +17,27 @@ const char* verdict_name(Verdict v) {
     case Verdict::quarantined: return "quarantined";
   }
   return "?";
+}
+
+// The guard reads every gradient each step, so it is one pass with no temporary. On the
+// MLP on 2 data-parallel ranks, ops' sum(mul(g, g)), which writes and reads a
+// gradient-sized temporary, took 0.23 ms per block group (three a step: 5% of the
+// 14.6 ms step); this loop takes 0.05 ms (1%).
+double sum_of_squares(const Tensor& t) {
+  if (t.backend().kind() != DeviceKind::cpu || !t.is_contiguous()) {
+    NoGradGuard no_grad;
+    return static_cast<double>(sum(mul(t, t)).item());
+  }
+  const float* x = t.data();
+  const int64_t n = t.numel();
+  double lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) lane[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  double total = 0;
+  for (; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (double l : lane) total += l;
+  return total;
 }
 
 bool norm_outlier(double norm, const std::vector<double>& history, double ratio, int64_t window) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/guard.h"
 #include "runtime/task.h"
 
 namespace ht::runtime {
@@ -16,6 +17,8 @@ struct Window {
   double loss_sum = 0, compute_s = 0, comm_s = 0, wall_s = 0;
   bool interrupted = false;
   std::string checksum;  // of the rank's parameters after the window's last step
+  // The bad-node guard's events in the window's steps, each with its step (1-based).
+  std::vector<std::pair<int64_t, GuardEvent>> guard;
   std::string to_text() const;
   static Window from_text(const std::string& text);
 };

@@ -9,6 +9,7 @@
 #include <limits>
 #include <algorithm>
 #include <map>
+#include <set>
 #include <optional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,7 +31,6 @@
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/executor.h"
-#include "runtime/local_sync.h"
 #include "runtime/stage_gather.h"
 #include "runtime/run_dir.h"
 #include "runtime/run_records.h"
@@ -114,23 +114,18 @@ class Run {
         plan_(plan ? std::move(*plan)
                    : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
                                          static_cast<int>(cfg_.train.micro_batches))),
-        local_group_(plan_.local ? LocalGroup::make(plan_, world_, peer_timeout()) : nullptr),
-        executor_(std::make_unique<Executor>(local_group_ ? local_group_->plan : plan_, model_, *task_,
-                                             local_group_ ? *local_group_->comm : world_, cfg_.train, peer_timeout())),
+        executor_(std::make_unique<Executor>(plan_, model_, *task_, world_, cfg_.train, peer_timeout())),
         rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_, peer_timeout()),
         planned_step_s_(plan_.predicted.step_seconds),
         checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
         faults_(opts.faults, world_.rank()) {
     if (!faults_.empty()) executor_->inject(&faults_);
+    executor_->set_guard(cfg_.guard);
     // Rank 0 evaluates and checkpoints the whole model, so all of it goes onto its device;
     // the others hold only their stage there (the executor moved it), the rest of the
     // model staying in host memory.
     if (root_)
       for (const auto& [name, p] : model_.named_parameters()) p.rehome(false);
-    // An idle rank keeps the whole model's outer weights all the same (rank 0 may be idle).
-    if (local_group_)
-      local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),
-                                           world_, cfg_.parallel);
     total_steps_ = resolve_steps(cfg_.train, task_->train_size());
     const auto& s = cfg_.train.schedule;
     schedule_ = {s.type, cfg_.train.optimizer.lr, s.warmup_steps, s.min_lr, total_steps_};
@@ -139,6 +134,7 @@ class Run {
   TrainSummary run() {
     report::Progress progress(report::Progress::detect(opts_.quiet || !root_, opts_.terminal), total_steps_,
                               cfg_.train.log_every);
+    progress_ = &progress;
     int64_t start = opts_.resume ? restore(progress) : 0;
     if (opts_.resume) executor_->weights_loaded();
     if (root_) check_evaluation_fits();
@@ -174,15 +170,12 @@ class Run {
       const float lr = schedule_.at(step);
       const bool trace = !opts_.timeline.empty() && step == traced;
       faults_.begin_step(step + 1);
-      StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size + group_offset(), lr, trace);
-      if (local_) {  // the outer exchange's time is communication of this step
-        const double outer_s = local_->after_inner_step();
-        r.comm_s += outer_s;
-        r.wall_s += outer_s;
-      }
+      StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
       if (trace) write_timeline(r);
       rebalancer_.record(r);
       window.loss_sum += r.loss_sum;
+      last_loss_sum_ = r.loss_sum;
+      for (const GuardEvent& e : r.guard_events) window.guard.emplace_back(step + 1, e);
       window.compute_s += r.compute_s;
       window.comm_s += r.comm_s;
       window.wall_s += r.wall_s;
@@ -200,6 +193,7 @@ class Run {
           executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train, peer_timeout());
         else if (o->changed) executor_->reshare();
         if (o->relayout && !faults_.empty()) executor_->inject(&faults_);
+        if (o->relayout) executor_->set_guard(cfg_.guard);
         if (o->changed) step_walls.clear();  // the measured step is the current shares'
         if (root_) {
           metrics->write(o->record(rebalancer_.check_step()));
@@ -211,7 +205,7 @@ class Run {
       const bool final_step = done == total_steps_ || stop_after || stop_all;
       if (done % cfg_.train.log_every == 0 || done == total_steps_) {
         window.interrupted = g_interrupted;
-        if (multi()) window.checksum = local_ ? local_->outer_checksum() : executor_->parameter_checksum();
+        if (multi()) window.checksum = executor_->parameter_checksum();
         answered_log_.reset();  // taken a log step ago
         pending_log = PendingLog{world_.consult(window.to_text()), done, window_steps, lr, seconds_since(t0)};
         window = Window{};
@@ -263,21 +257,6 @@ class Run {
 
  private:
   bool multi() const { return world_.size() > 1; }
-  // Under local: where this rank's group's share starts in every global batch.
-  int64_t group_offset() const { return local_group_ ? local_group_->offset : 0; }
-  // Under local, collective: the outer weights in the model, and the inner optimiser
-  // state of rank 0's group (every group's starts from it on resume).
-  std::vector<nn::NamedTensor> local_inner_state() {
-    local_->flush();
-    return executor_->active() ? executor_->optimizer()->state() : std::vector<nn::NamedTensor>{};
-  }
-  std::string with_sync_policy(const std::string& record) const {
-    if (!local_) return record;
-    json r = json::parse(record);
-    r["sync_policy"] = "local";
-    r["outer_steps"] = local_->outer_steps();
-    return r.dump();
-  }
   // The bound on every wait on another rank: past it the job ends naming who and what.
   comm::Timeout peer_timeout() const { return comm::Timeout(cfg_.parallel.peer_timeout_s); }
 
@@ -302,17 +281,46 @@ class Run {
       ranks.push_back(Window::from_text(t));
       checksums.push_back(ranks.back().checksum);
     }
-    if (local_) check_outer_identical(checksums, p.done);
-    else if (multi()) check_replicas_identical(plan_, checksums, p.done);
+    if (multi()) check_replicas_identical(plan_, checksums, p.done);
     double loss_sum = 0;
     bool interrupted = false;
     for (const Window& w : ranks) {
       loss_sum += w.loss_sum;
       interrupted = interrupted || w.interrupted;
     }
+    for (const Window& w : ranks)
+      for (const auto& [step, e] : w.guard) report_guard(step, e, metrics);
     last_loss = check_loss(loss_sum, p.steps, p.done);
-    if (metrics) metrics->write(with_sync_policy(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s)));
+    if (metrics) metrics->write(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s));
     return interrupted;
+  }
+
+  // One line and one metrics record per contribution left out or rank quarantined
+  // (rank 0, as the log step brings them), counted for the summary.
+  void report_guard(int64_t step, const GuardEvent& e, std::optional<report::MetricsLog>& metrics) {
+    json record = {{"type", "guard"}, {"step", step}, {"rank", e.rank}, {"stage", e.stage}};
+    std::string line = "step " + std::to_string(step) + ": rank " + std::to_string(e.rank) +
+                       (plan_.stage_ranges.size() > 1 ? " (stage " + std::to_string(e.stage) + ")" : "");
+    if (e.quarantine_steps > 0) {
+      record["quarantined_steps"] = e.quarantine_steps;
+      guard_totals_.quarantined.insert(e.rank);
+      line += " quarantined for " + std::to_string(e.quarantine_steps) + " steps: left out " +
+              std::to_string(cfg_.guard.quarantine_after) + " times within " + std::to_string(cfg_.guard.window) +
+              " steps (guard.quarantine_after, guard.window); its contributions are left out until then";
+    } else {
+      record["reason"] = verdict_name(e.verdict);
+      record["samples_left_out"] = e.samples;
+      guard_totals_.steps.insert(step);
+      guard_totals_.samples += e.stage == 0 ? e.samples : 0;
+      line += " left out of the step (" + std::string(verdict_name(e.verdict)) + ", " + std::to_string(e.samples) +
+              " samples); " +
+              (e.samples == cfg_.train.batch_size ? "no sample kept: the update is skipped"
+                                                   : "the gradient is the mean over the samples kept");
+    }
+    if (metrics) metrics->write(record.dump());
+    // A quarantined rank's every step would repeat the quarantine's line: the record says it.
+    const bool repeat = e.verdict == Verdict::quarantined && e.quarantine_steps == 0;
+    if (progress_ && !repeat) progress_->note(line);
   }
 
   // The mean loss of `steps` steps from the summed loss of their samples.
@@ -370,6 +378,9 @@ class Run {
                      static_cast<double>((total_steps_ - start) * cfg_.train.batch_size) / wall},
                     {"final", json::object()}};
     for (const auto& [k, v] : final_eval.metrics) summary["final"][k] = v;
+    summary["guard"] = {{"steps_with_exclusions", guard_totals_.steps.size()},
+                        {"samples_excluded", guard_totals_.samples},
+                        {"quarantined_ranks", guard_totals_.quarantined}};
     if (multi()) {
       summary["ranks"] = world_.size();
       summary["strategy"] = plan::to_string(plan_.strategy);
@@ -385,12 +396,6 @@ class Run {
       // waits out the period, so single steps scatter in two groups and their median (7.0
       // ms for the MLP's 0.8 rank) missed its mean (6.4 ms).
       summary["measured_step_s"] = median_window_mean(step_walls, 10);
-      if (local_) {
-        summary["sync_policy"] = "local";
-        summary["groups"] = plan_.local->groups;
-        summary["inner_steps"] = local_->inner_steps();
-        summary["outer_steps"] = local_->outer_steps();
-      }
     }
     write_file_atomically(dir_->file("summary.json"), summary.dump(2) + "\n", "summary");
   }
@@ -447,8 +452,7 @@ class Run {
   // Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
   // nothing.
   std::optional<EvalResult> evaluate() {
-    if (local_) local_->flush();  // every rank then holds the outer weights
-    else if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
+    if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
     if (!root_) return std::nullopt;
     model_.set_training(false);
     EvalResult r;
@@ -488,13 +492,19 @@ class Run {
     }
     // Dropout streams live with each stage's blocks: replica 0's ranks report theirs.
     json mine = json::object();
+    mine["loss_finite"] = std::isfinite(last_loss_sum_);  // checked before any checkpoint is written
     if (executor_->replica() == 0)
       for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
         mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
-    for (const std::string& t : world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams")) {
-      const json offsets = json::parse(t);
+    const std::vector<std::string> all = world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams");
+    for (size_t r = 0; r < all.size(); ++r) {
+      const json offsets = json::parse(all[r]);
+      HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
+               "'s loss in that step is not finite, so the model may be poisoned; the newest checkpoint in ",
+               checkpoints_.dir(), " stays the newest valid one (lower train.optimizer.lr or set train.grad_clip)");
       for (auto it = offsets.begin(); it != offsets.end(); ++it)
-        if (const auto off = it.value().get<uint64_t>())
+        if (it.key() == "loss_finite") continue;
+        else if (const auto off = it.value().get<uint64_t>())
           m["random_offset.block." + it.key()] = std::to_string(off);
     }
     return m;
@@ -506,20 +516,13 @@ class Run {
   void save(int64_t step, report::Progress& progress) {
     Allocator::HostStaging staging;
     std::vector<nn::NamedTensor> state =
-        local_ ? local_inner_state()
-        : multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
+        multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
                                  "the checkpoint gather of step " + std::to_string(step))
                 : executor_->optimizer()->state();
     std::map<std::string, std::string> meta = metadata(step);
-    if (local_) {
-      meta["sync_policy"] = "local";
-      meta["outer_steps"] = std::to_string(local_->outer_steps());
-    }
     if (!root_) return;
     std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
     for (auto& nt : prefixed("optim.", state)) tensors.push_back(nt);
-    if (local_)
-      for (auto& nt : local_->outer_state()) tensors.push_back(nt);
     std::string path = checkpoints_.save(step, tensors, meta);
     progress.note("checkpoint " + path);
   }
@@ -554,10 +557,6 @@ class Run {
     }
     load_into(prefixed("model.", weights), *loaded, "model.");
     load_stage(*loaded, *executor_);
-    if (local_) {  // the checkpoint's model is the outer weights
-      local_->reset_to_weights();
-      local_->load_outer_state(*loaded);
-    }
     for (size_t i = 0; i < model_.size(); ++i) {
       std::string key = "random_offset.block." + std::to_string(i);
       model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
@@ -582,9 +581,7 @@ class Run {
   nn::Sequential model_;        // whole on every rank; each trains its stage's blocks, which
                                 // alone sit on its device (all of it on rank 0)
   plan::Plan plan_;
-  std::unique_ptr<LocalGroup> local_group_;  // under parallel.sync local: this rank's group
   std::unique_ptr<Executor> executor_;  // owns this rank's optimiser
-  std::unique_ptr<LocalSync> local_;    // under local: the outer weights and their exchange
   Rebalancer rebalancer_;       // moves plan_'s shares while training
   double planned_step_s_;       // the plan's prediction before any measurement
   CheckpointDir checkpoints_;
@@ -593,6 +590,13 @@ class Run {
   int64_t stream_base_ = 0;  // stream position of step 0's first sample
   optim::LrSchedule schedule_;
   FaultInjector faults_;  // --inject's, for this rank
+  double last_loss_sum_ = 0;  // this rank's, of the last step
+  report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines
+  struct {
+    std::set<int64_t> steps;  // with a contribution left out
+    int64_t samples = 0;      // left out, summed over steps (stage 0's count)
+    std::set<int> quarantined;
+  } guard_totals_;
 };
 
 }  // namespace

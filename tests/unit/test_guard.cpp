@@ -1,13 +1,18 @@
 // The bad-node guard's decisions on fixed sequences: the norm check against the median
 // of the accepted norms, the sticky verdict within a step, quarantine after repeated
-// offences within the window and release after its steps, and the rescale to the kept
-// samples.
+// offences within the window and release after its steps, the rescale to the kept
+// samples, and one process skipping the update of a poisoned step.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
 
+#include "comm/local_communicator.h"
+#include "models/models.h"
+#include "runtime/executor.h"
+#include "runtime/fault_injection.h"
 #include "runtime/guard.h"
+#include "runtime/task.h"
 
 using namespace ht;
 using namespace ht::runtime;
@@ -111,4 +116,65 @@ TEST_CASE("guard: the sum over kept samples is rescaled to their mean") {
   rescale_to_kept({same}, 40, 40);  // all kept: untouched, bit for bit
   rescale_to_kept({same}, 40, 0);   // none kept: nothing to average
   CHECK(same.to_vector() == std::vector<float>{1.f, 2.f});
+}
+
+namespace {
+
+// A 2-block MLP on synthetic data, a pure function of the stream position.
+class TinyTask : public runtime::Task {
+ public:
+  nn::Sequential build_model(uint64_t seed) const override { return models::build_mlp({6, {8}, 3}, seed); }
+  int64_t train_size() const override { return 1 << 20; }
+  int64_t predictions_per_sample() const override { return 1; }
+  runtime::Batch train_batch(int64_t first, int64_t count) override {
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    for (int64_t i = first; i < first + count; ++i) {
+      for (int j = 0; j < 6; ++j) x.push_back(std::sin(0.3f * static_cast<float>(i) + 0.7f * j));
+      y.push_back(static_cast<int32_t>(i % 3));
+    }
+    return {Tensor::from_vector(x, {count, 6}), Tensor::from_ints(y, {count})};
+  }
+  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
+};
+
+std::vector<std::vector<float>> values(const std::vector<nn::NamedTensor>& ts) {
+  std::vector<std::vector<float>> out;
+  for (const auto& [name, t] : ts) out.push_back(t.to_vector());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("guard: one process skips the update of a step whose gradient is not finite, and says so") {
+  TinyTask task;
+  nn::Sequential model = task.build_model(3);
+  comm::LocalCommunicator world;
+  config::TrainConfig train;
+  train.batch_size = 8;
+  const plan::Plan plan = runtime::single_process_plan(static_cast<int>(model.size()), 8, 2);
+  runtime::Executor ex(plan, model, task, world, train, std::chrono::seconds(1));
+  runtime::FaultInjector faults({runtime::parse_fault("nan:rank=0,at=2")}, 0);
+  ex.inject(&faults);
+  std::vector<std::vector<float>> before = values(ex.parameters());
+  for (int64_t step = 1; step <= 3; ++step) {
+    CAPTURE(step);
+    faults.begin_step(step);
+    const runtime::StepResult r = ex.step((step - 1) * 8, 1e-2f, false);
+    const std::vector<std::vector<float>> after = values(ex.parameters());
+    CHECK(r.update_skipped == (step == 2));
+    CHECK((after == before) == (step == 2));  // bit for bit, and moved otherwise
+    REQUIRE(r.guard_events.size() == (step == 2 ? 1u : 0u));
+    if (step == 2) {
+      CHECK(r.guard_events[0].rank == 0);
+      CHECK(r.guard_events[0].verdict == Verdict::non_finite);
+      CHECK(r.guard_events[0].samples == 8);
+    }
+    for (const auto& v : after)
+      for (float x : v) CHECK(std::isfinite(x));
+    before = after;
+  }
+  // AdamW counted two updates, not three: the skipped step did not advance it.
+  for (const auto& [name, t] : ex.optimizer()->state())
+    if (t.dtype() == DType::i32) CHECK(t.to_ints().at(0) == 2);
 }
