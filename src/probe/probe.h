@@ -13,16 +13,18 @@
 
 namespace ht::probe {
 
+// The probe's bound on a wait for another rank. It runs before (or without) a training
+// config whose parallel.peer_timeout_s would apply, and its ranks time seconds of their
+// own work between exchanges: a rank a minute late has stalled.
+inline constexpr double kProbePeerTimeoutS = 60;
+
 struct ProbeOptions {
   bool quick = false;                   // shorter benchmarks: under 5 s on 4 ranks
   std::optional<config::Config> model;  // profile this config's blocks; apply its emulate section
   // Builds `model`'s blocks (required with `model`). The caller supplies it because the
   // model builders sit above the probe (runtime::make_task).
   std::function<nn::Sequential(const config::Config&)> build_model;
-  // The bound on each exchange between the ranks. The probe runs before (or without) a
-  // training config's parallel.peer_timeout_s applies, and its ranks time seconds of
-  // their own work between exchanges: a rank a minute late has stalled.
-  double peer_timeout_s = 60;
+  double peer_timeout_s = kProbePeerTimeoutS;  // the bound on each exchange between the ranks
 };
 
 // Collective: every rank of `comm` calls it and gets the whole cluster's fingerprint.

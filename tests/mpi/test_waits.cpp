@@ -176,3 +176,21 @@ TEST_CASE("waits: a timeout that is negative or not finite is refused by name") 
                        doctest::Contains("allgather: timeout inf s is invalid; expected a finite number"), Error);
   REQUIRE(w.barrier(kLong) == WaitStatus::done);
 }
+
+TEST_CASE("waits: in a sub-communicator the message names world ranks") {
+  // World ranks 3, 2, 1 form a group in that order (group ranks 0, 1, 2); world rank 2
+  // stops, and world ranks 1 and 3 must name it as rank 2, themselves by their world rank.
+  Communicator& w = world();
+  REQUIRE(w.size() == 4);
+  const std::vector<pid_t>& pids = world_pids();
+  std::unique_ptr<Communicator> group = w.split(w.rank() == 0 ? -1 : 0, -w.rank(), kLong, "the reversed group");
+  if (w.rank() == 2) {
+    std::raise(SIGSTOP);
+  } else if (group) {
+    CHECK(group->world_rank(group->rank()) == w.rank());
+    const std::string m = peer_timeout_of([&] { (void)group->allgather("item", kShort, "the test's items"); });
+    CHECK(contains(m, "rank " + std::to_string(w.rank()) + ": no word from rank 2 after 0.3 s waiting for the test's items"));
+    if (w.rank() == 1) continue_once_stopped(pids[2]);
+  }
+  REQUIRE(w.barrier(kLong) == WaitStatus::done);
+}
