@@ -282,6 +282,9 @@ void Executor::poison_gradient(size_t begin, size_t end) {
 // The bad-node guard (runtime/guard.h) judges the group before any of it leaves this
 // rank; unsharded, its counts travel as one more tensor of the same all-reduce, so they
 // add no round of messages.
+// The bad-node guard (runtime/guard.h) judges the group before any of it leaves this
+// rank; unsharded, its counts travel as one more tensor of the same all-reduce, so they
+// add no round of messages.
 void Executor::add_to_reduce(size_t begin, size_t end) {
   std::vector<Tensor> grads = final_grads(begin, end);
   for (size_t i = begin; i < end; ++i) reduce_order_.push_back(i);
@@ -374,13 +377,18 @@ void Executor::reduce_grads() {
   if (!reduce_) return;  // the only replica of its stage
   if (reduce_->added() == 0) add_to_reduce(0, params_.size());
   comm::WaitStatus s = reduce_->finish(peer_timeout_);
+  std::vector<int> missing = s == comm::WaitStatus::done ? std::vector<int>{} : reduce_->waiting_on();
   if (s == comm::WaitStatus::done) settle_guard();
-  if (draining_ && s == comm::WaitStatus::done) s = draining_->drain(peer_timeout_);
+  if (draining_ && s == comm::WaitStatus::done) {
+    s = draining_->drain(peer_timeout_);
+    if (s != comm::WaitStatus::done) missing = draining_->waiting_on();
+  }
+  for (int& m : missing) m = stage_group_->world_rank(m);
   draining_.reset();
   if (shards_.empty()) draining_ = std::move(reduce_);  // its sums go out while the next step runs
   if (s != comm::WaitStatus::done)
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
+        world_.rank(), missing, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
 }
 
 void Executor::optimizer_step(float lr) {
@@ -441,9 +449,12 @@ double Executor::gather_weights() {
   std::vector<Tensor> weights;
   for (size_t i : reduce_order_) weights.push_back(params_[i].second);
   reduce_->gather(std::move(weights));
-  if (reduce_->finish(peer_timeout_) != comm::WaitStatus::done)
+  if (reduce_->finish(peer_timeout_) != comm::WaitStatus::done) {
+    std::vector<int> missing = reduce_->waiting_on();
+    for (int& m : missing) m = stage_group_->world_rank(m);
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
+        world_.rank(), missing, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
+  }
   draining_ = std::move(reduce_);  // this rank's part goes out while the next step runs
   return seconds_since(t0);
 }

@@ -31,6 +31,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/executor.h"
+#include "runtime/local_sync.h"
 #include "runtime/stage_gather.h"
 #include "runtime/run_dir.h"
 #include "runtime/run_records.h"
@@ -114,7 +115,9 @@ class Run {
         plan_(plan ? std::move(*plan)
                    : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
                                          static_cast<int>(cfg_.train.micro_batches))),
-        executor_(std::make_unique<Executor>(plan_, model_, *task_, world_, cfg_.train, peer_timeout())),
+        local_group_(plan_.local ? LocalGroup::make(plan_, world_, peer_timeout()) : nullptr),
+        executor_(std::make_unique<Executor>(local_group_ ? local_group_->plan : plan_, model_, *task_,
+                                             local_group_ ? *local_group_->comm : world_, cfg_.train, peer_timeout())),
         rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_, peer_timeout()),
         planned_step_s_(plan_.predicted.step_seconds),
         checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
@@ -126,6 +129,10 @@ class Run {
     // model staying in host memory.
     if (root_)
       for (const auto& [name, p] : model_.named_parameters()) p.rehome(false);
+    // An idle rank keeps the whole model's outer weights all the same (rank 0 may be idle).
+    if (local_group_)
+      local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),
+                                           world_, cfg_.parallel);
     total_steps_ = resolve_steps(cfg_.train, task_->train_size());
     const auto& s = cfg_.train.schedule;
     schedule_ = {s.type, cfg_.train.optimizer.lr, s.warmup_steps, s.min_lr, total_steps_};
@@ -170,7 +177,12 @@ class Run {
       const float lr = schedule_.at(step);
       const bool trace = !opts_.timeline.empty() && step == traced;
       faults_.begin_step(step + 1);
-      StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
+      StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size + group_offset(), lr, trace);
+      if (local_) {  // the outer exchange's time is communication of this step
+        const double outer_s = local_->after_inner_step();
+        r.comm_s += outer_s;
+        r.wall_s += outer_s;
+      }
       if (trace) write_timeline(r);
       rebalancer_.record(r);
       window.loss_sum += r.loss_sum;
@@ -205,7 +217,7 @@ class Run {
       const bool final_step = done == total_steps_ || stop_after || stop_all;
       if (done % cfg_.train.log_every == 0 || done == total_steps_) {
         window.interrupted = g_interrupted;
-        if (multi()) window.checksum = executor_->parameter_checksum();
+        if (multi()) window.checksum = local_ ? local_->outer_checksum() : executor_->parameter_checksum();
         answered_log_.reset();  // taken a log step ago
         pending_log = PendingLog{world_.consult(window.to_text()), done, window_steps, lr, seconds_since(t0)};
         window = Window{};
@@ -257,6 +269,21 @@ class Run {
 
  private:
   bool multi() const { return world_.size() > 1; }
+  // Under local: where this rank's group's share starts in every global batch.
+  int64_t group_offset() const { return local_group_ ? local_group_->offset : 0; }
+  // Under local, collective: the outer weights in the model, and the inner optimiser
+  // state of rank 0's group (every group's starts from it on resume).
+  std::vector<nn::NamedTensor> local_inner_state() {
+    local_->flush();
+    return executor_->active() ? executor_->optimizer()->state() : std::vector<nn::NamedTensor>{};
+  }
+  std::string with_sync_policy(const std::string& record) const {
+    if (!local_) return record;
+    json r = json::parse(record);
+    r["sync_policy"] = "local";
+    r["outer_steps"] = local_->outer_steps();
+    return r.dump();
+  }
   // The bound on every wait on another rank: past it the job ends naming who and what.
   comm::Timeout peer_timeout() const { return comm::Timeout(cfg_.parallel.peer_timeout_s); }
 
@@ -281,7 +308,8 @@ class Run {
       ranks.push_back(Window::from_text(t));
       checksums.push_back(ranks.back().checksum);
     }
-    if (multi()) check_replicas_identical(plan_, checksums, p.done);
+    if (local_) check_outer_identical(checksums, p.done);
+    else if (multi()) check_replicas_identical(plan_, checksums, p.done);
     double loss_sum = 0;
     bool interrupted = false;
     for (const Window& w : ranks) {
@@ -291,7 +319,7 @@ class Run {
     for (const Window& w : ranks)
       for (const auto& [step, e] : w.guard) report_guard(step, e, metrics);
     last_loss = check_loss(loss_sum, p.steps, p.done);
-    if (metrics) metrics->write(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s));
+    if (metrics) metrics->write(with_sync_policy(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s)));
     return interrupted;
   }
 
@@ -396,6 +424,12 @@ class Run {
       // waits out the period, so single steps scatter in two groups and their median (7.0
       // ms for the MLP's 0.8 rank) missed its mean (6.4 ms).
       summary["measured_step_s"] = median_window_mean(step_walls, 10);
+      if (local_) {
+        summary["sync_policy"] = "local";
+        summary["groups"] = plan_.local->groups;
+        summary["inner_steps"] = local_->inner_steps();
+        summary["outer_steps"] = local_->outer_steps();
+      }
     }
     write_file_atomically(dir_->file("summary.json"), summary.dump(2) + "\n", "summary");
   }
@@ -452,7 +486,8 @@ class Run {
   // Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
   // nothing.
   std::optional<EvalResult> evaluate() {
-    if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
+    if (local_) local_->flush();  // every rank then holds the outer weights
+    else if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
     if (!root_) return std::nullopt;
     model_.set_training(false);
     EvalResult r;
@@ -516,13 +551,20 @@ class Run {
   void save(int64_t step, report::Progress& progress) {
     Allocator::HostStaging staging;
     std::vector<nn::NamedTensor> state =
-        multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
+        local_ ? local_inner_state()
+        : multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
                                  "the checkpoint gather of step " + std::to_string(step))
                 : executor_->optimizer()->state();
     std::map<std::string, std::string> meta = metadata(step);
+    if (local_) {
+      meta["sync_policy"] = "local";
+      meta["outer_steps"] = std::to_string(local_->outer_steps());
+    }
     if (!root_) return;
     std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
     for (auto& nt : prefixed("optim.", state)) tensors.push_back(nt);
+    if (local_)
+      for (auto& nt : local_->outer_state()) tensors.push_back(nt);
     std::string path = checkpoints_.save(step, tensors, meta);
     progress.note("checkpoint " + path);
   }
@@ -557,6 +599,10 @@ class Run {
     }
     load_into(prefixed("model.", weights), *loaded, "model.");
     load_stage(*loaded, *executor_);
+    if (local_) {  // the checkpoint's model is the outer weights
+      local_->reset_to_weights();
+      local_->load_outer_state(*loaded);
+    }
     for (size_t i = 0; i < model_.size(); ++i) {
       std::string key = "random_offset.block." + std::to_string(i);
       model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
@@ -581,7 +627,9 @@ class Run {
   nn::Sequential model_;        // whole on every rank; each trains its stage's blocks, which
                                 // alone sit on its device (all of it on rank 0)
   plan::Plan plan_;
+  std::unique_ptr<LocalGroup> local_group_;  // under parallel.sync local: this rank's group
   std::unique_ptr<Executor> executor_;  // owns this rank's optimiser
+  std::unique_ptr<LocalSync> local_;    // under local: the outer weights and their exchange
   Rebalancer rebalancer_;       // moves plan_'s shares while training
   double planned_step_s_;       // the plan's prediction before any measurement
   CheckpointDir checkpoints_;
