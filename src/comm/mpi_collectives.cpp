@@ -3,6 +3,7 @@
 // (see LinkEmulation in communicator.h for the model).
 #include <algorithm>
 #include <climits>
+#include <exception>
 #include <thread>
 
 #include "comm/mpi_communicator.h"
@@ -263,10 +264,11 @@ class MpiConsultation final : public Consultation {
 
   // Rank 0 gives the others up to the finish's timeout to take its answer. A send still
   // pending then is abandoned (it was the job's end anyway: the others wait for that
-  // answer up to the same timeout), and the bytes it reads are kept for good.
+  // answer up to the same timeout), and the bytes it reads are kept for good. While an
+  // error unwinds, the job is ending: waiting would only hold the error's line back.
   ~MpiConsultation() override {
     try {
-      if (finished_) {
+      if (finished_ && std::uncaught_exceptions() == 0) {
         const Deadline d = deadline_from(timeout_, "consult");
         for (Request& r : sends_) {
           const auto left = d ? std::max(Clock::duration::zero(), *d - Clock::now()) : Clock::duration::zero();
@@ -274,7 +276,7 @@ class MpiConsultation final : public Consultation {
         }
       }
       bool pending = false;
-      for (Request& r : sends_) pending = !r.test() || pending;
+      for (Request& r : sends_) pending = r.wait(Timeout(0)) != WaitStatus::done || pending;
       if (pending) {
         (void)new std::shared_ptr<const std::string>(mine_);
         (void)new std::shared_ptr<const std::string>(answer_);
