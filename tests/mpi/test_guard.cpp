@@ -168,14 +168,11 @@ void check_step(const State& before, const State& after, int step, const std::ve
     }
 }
 
-}  // namespace
-
-TEST_CASE("guard: a NaN on one of 3 uneven replicas is left out, then quarantined, on every rank") {
+void check_nan_left_out(const plan::Plan& p) {
   comm::Communicator& world = comm::world();
   REQUIRE(world.size() == 4);
   GuardTask task;
   nn::Sequential model = task.build_model(11);
-  const plan::Plan p = three_replicas();
   runtime::Executor ex(p, model, task, world, train_config(), mpi_test::kLong);
   config::GuardConfig guard;
   guard.quarantine_after = 3;
@@ -219,4 +216,19 @@ TEST_CASE("guard: a NaN on one of 3 uneven replicas is left out, then quarantine
     if (world.rank() == 0) check_step(before, after, step, kept[static_cast<size_t>(step)]);
     before = std::move(after);
   }
+}
+
+}  // namespace
+
+TEST_CASE("guard: a NaN on one of 3 uneven replicas is left out, then quarantined, on every rank") {
+  check_nan_left_out(three_replicas());
+}
+
+// Sharded, the gradients' all-reduce leaves each rank only its parts' sums, so the counts
+// go through an all-reduce of their own.
+TEST_CASE("guard: the same with the optimizer state sharded unevenly over the replicas") {
+  plan::Plan p = three_replicas();
+  const double shards[] = {0.5, 0.2, 0.3};
+  for (size_t r = 0; r < 3; ++r) p.ranks[r].optimizer_shard = shards[r];
+  check_nan_left_out(p);
 }
