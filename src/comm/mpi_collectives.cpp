@@ -1,6 +1,8 @@
-// The collectives of MpiCommunicator: split, and non-blocking MPI collectives completed
-// by the polled wait, so that a deadline is a status, plus the emulated duration of each
-// (see LinkEmulation in communicator.h for the model).
+// The collectives of MpiCommunicator: split; allreduce_sum and barrier as non-blocking
+// MPI collectives completed by the polled wait, so that a deadline is a status; and
+// allgather, broadcast and consult point to point on the control communicator, so that
+// a deadline names the ranks missed; plus the emulated duration of each (see
+// LinkEmulation in communicator.h for the model).
 #include <algorithm>
 #include <climits>
 #include <exception>
@@ -129,7 +131,9 @@ WaitStatus MpiCommunicator::barrier(Timeout timeout) {
   return wait_collective(reqs, none, not_before, deadline, "barrier");
 }
 
-int MpiCommunicator::next_control_tag() { return control_seq_++ % (control_->max_tag() + 1); }
+int MpiCommunicator::next_control_tag() {
+  return static_cast<int>(control_seq_++ % (static_cast<int64_t>(control_->max_tag()) + 1));
+}
 
 namespace {
 

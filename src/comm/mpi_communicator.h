@@ -143,7 +143,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<MpiCommunicator> control_;  // consult, allgather and split's messages
   // The next control tag. Every rank makes its control exchanges in one order (they are
   // collective), so the counters agree and each exchange has a tag of its own.
-  int control_seq_ = 0;
+  int64_t control_seq_ = 0;
   int next_control_tag();
 };
 
