@@ -32,6 +32,9 @@ def config(path, steps, **sections):
     cfg["train"].pop("epochs")
     cfg["train"].update(steps=steps, eval_every=0, eval_max_samples=2000, log_every=10)
     cfg["checkpoint"] = {"every": 0, "keep": 2}
+    # The exact policy these checks are about: not given, auto may take local for ranks
+    # a synchronous plan would leave idle.
+    cfg["parallel"] = {"sync": "sync"}
     for k, v in sections.items():
         cfg.setdefault(k, {}).update(v)
     with open(path, "w") as f:
