@@ -1,0 +1,708 @@
+#include "comm/deadline_reduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+
+namespace ht::comm {
+
+namespace {
+
+// Above the weighted all-reduce's tags (1000 + 2 x 15000) on the same group.
+constexpr int kTag = 32100;
+
+// Members a leader still waits for until the budget expires: those that missed fewer
+// than this many steps in a row with nothing heard from them (a stalled one costs this
+// many budgets, then none; a slow one, whose late contributions keep arriving, is
+// waited for every step).
+constexpr int kWaitFor = 2;
+// Members a leader still sends results to: a member that missed more steps in a row is
+// caught up when it returns instead (results queued for a stopped process would pile up).
+constexpr int kSendTo = 4;
+// Closed steps a leader remembers, for the records that a catch-up carries.
+constexpr size_t kHistory = 100000;
+// Full steps in the running median that adapts the budget.
+constexpr size_t kMedianOf = 9;
+
+enum Kind : int64_t { contribution = 1, result, catch_up_request, catch_up, notice, done, done_ok, fin };
+
+struct Header {
+  int64_t kind = 0;
+  int64_t step = 0;
+  int64_t term = 0;
+  int64_t samples = 0;
+  uint64_t hash = 0;  // contribution, catch-up request, done: the sender's; result: the base
+  int64_t n_ints = 0;
+  int64_t n_floats = 0;
+  double loss = 0;
+  double budget = 0;
+};
+
+uint64_t mix(uint64_t h, uint64_t v) {  // splitmix64 of the sum: order-sensitive, cheap
+  uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void put_record(std::vector<int64_t>& out, const StepRecord& r) {
+  int64_t loss_bits = 0;
+  std::memcpy(&loss_bits, &r.loss_sum, sizeof loss_bits);
+  out.insert(out.end(), {r.step, r.term, r.leader, r.samples, r.fresh_samples, r.samples_dropped,
+                         r.closed_short ? 1 : 0, r.staleness_applied, loss_bits,
+                         static_cast<int64_t>(r.contributors.size())});
+  for (const Contribution& c : r.contributors) out.insert(out.end(), {c.rank, c.samples, c.staleness});
+}
+
+StepRecord take_record(const std::vector<int64_t>& in, size_t& at) {
+  HT_CHECK(at + 10 <= in.size(), "deadline reduce: a step record is cut short at ", at, " of ", in.size());
+  StepRecord r;
+  r.step = in[at];
+  r.term = in[at + 1];
+  r.leader = static_cast<int>(in[at + 2]);
+  r.samples = in[at + 3];
+  r.fresh_samples = in[at + 4];
+  r.samples_dropped = in[at + 5];
+  r.closed_short = in[at + 6] != 0;
+  r.staleness_applied = in[at + 7];
+  std::memcpy(&r.loss_sum, &in[at + 8], sizeof r.loss_sum);
+  const int64_t n = in[at + 9];
+  at += 10;
+  HT_CHECK(n >= 0 && at + 3 * static_cast<size_t>(n) <= in.size(), "deadline reduce: a step record of ", n,
+           " contributors is cut short");
+  for (int64_t i = 0; i < n; ++i, at += 3)
+    r.contributors.push_back({static_cast<int>(in[at]), in[at + 1], in[at + 2]});
+  return r;
+}
+
+}  // namespace
+
+uint64_t mix_step_hash(uint64_t previous, int64_t step, int64_t term, int leader,
+                       const std::vector<Contribution>& contributors) {
+  uint64_t h = mix(mix(mix(previous, static_cast<uint64_t>(step)), static_cast<uint64_t>(term)),
+                   static_cast<uint64_t>(leader));
+  for (const Contribution& c : contributors)
+    h = mix(mix(mix(h, static_cast<uint64_t>(c.rank)), static_cast<uint64_t>(c.samples)),
+            static_cast<uint64_t>(c.staleness));
+  return h;
+}
+
+struct DeadlineReduce::Message {
+  Header header;
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+
+  static std::shared_ptr<std::vector<char>> encode(const Header& h, const std::vector<int64_t>& ints,
+                                                   const float* floats, size_t n_floats) {
+    Header hh = h;
+    hh.n_ints = static_cast<int64_t>(ints.size());
+    hh.n_floats = static_cast<int64_t>(n_floats);
+    auto out = std::make_shared<std::vector<char>>(sizeof hh + ints.size() * 8 + n_floats * 4);
+    char* p = out->data();
+    std::memcpy(p, &hh, sizeof hh);
+    if (!ints.empty()) std::memcpy(p + sizeof hh, ints.data(), ints.size() * 8);
+    if (n_floats > 0) std::memcpy(p + sizeof hh + ints.size() * 8, floats, n_floats * 4);
+    return out;
+  }
+  static Message decode(const std::vector<char>& bytes, int from) {
+    Message m;
+    HT_CHECK(bytes.size() >= sizeof(Header), "deadline reduce: a message of ", bytes.size(), " bytes from rank ",
+             from, "; expected at least its ", sizeof(Header), "-byte header");
+    std::memcpy(&m.header, bytes.data(), sizeof(Header));
+    const auto ni = static_cast<size_t>(m.header.n_ints), nf = static_cast<size_t>(m.header.n_floats);
+    HT_CHECK(bytes.size() == sizeof(Header) + ni * 8 + nf * 4, "deadline reduce: a message of ", bytes.size(),
+             " bytes from rank ", from, " whose header announces ", ni, " ints and ", nf, " floats");
+    m.ints.resize(ni);
+    m.floats.resize(nf);
+    if (ni) std::memcpy(m.ints.data(), bytes.data() + sizeof(Header), ni * 8);
+    if (nf) std::memcpy(m.floats.data(), bytes.data() + sizeof(Header) + ni * 8, nf * 4);
+    return m;
+  }
+};
+
+struct DeadlineReduce::Pending {
+  int from = -1;
+  Message message;
+};
+
+DeadlineReduce::DeadlineReduce(Communicator& comm, DeadlineOptions options, std::vector<int64_t> shares,
+                               int64_t first_step, SaveState save, LoadState load)
+    : comm_(comm), options_(options), shares_(std::move(shares)), save_(std::move(save)), load_(std::move(load)),
+      rank_(comm.rank()), size_(comm.size()), tag_(kTag), step_(first_step) {
+  HT_CHECK(static_cast<int>(shares_.size()) == size_, "deadline reduce: ", shares_.size(), " shares for ", size_,
+           " members; expected one per member");
+  HT_CHECK(comm.max_tag() >= kTag, "deadline reduce: the communicator's largest tag is ", comm.max_tag(),
+           "; expected at least ", kTag);
+  HT_CHECK(options_.predicted_step_s > 0 && options_.slack >= 0 && options_.max_staleness >= 0 &&
+               options_.peer_timeout_s > 0,
+           "deadline reduce: predicted step ", options_.predicted_step_s, " s, slack ", options_.slack,
+           ", max_staleness ", options_.max_staleness, ", peer timeout ", options_.peer_timeout_s,
+           " s; expected a positive step and timeout and a non-negative slack and staleness");
+  hash_ = mix(0x6865747261696eull, static_cast<uint64_t>(first_step));  // every member starts equal
+  last_sent_.assign(static_cast<size_t>(size_), first_step - 1);
+  missed_in_row_.assign(static_cast<size_t>(size_), 0);
+  fin_.assign(static_cast<size_t>(size_), false);
+  inbox_.resize(static_cast<size_t>(size_));
+  receives_.resize(static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) post_receive(p);
+  last_budget_ = options_.predicted_step_s * (1 + options_.slack);
+}
+
+// Messages still in flight here mean the job is failing (finish gave up or an error
+// unwound a step): their buffers stay with the process's imminent end, unwaited, since a
+// wait could hang on a stalled peer.
+DeadlineReduce::~DeadlineReduce() {
+  for (Outgoing& o : outgoing_)
+    if (!o.request.test()) new Outgoing(std::move(o));
+}
+
+// The median over recent closed steps of the latest arrival (a stall is one outlier
+// among them), so that a budget that the plan set too short grows to what the members
+// take; before that, the last budget this rank was told (the plan's at first).
+double DeadlineReduce::budget() const {
+  std::vector<double> v;
+  for (const auto& [step, a] : arrivals_)
+    if (step < step_) v.push_back(a.second);
+  if (v.size() < 3) return last_budget_;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2] * (1 + options_.slack);
+}
+
+// A member waits this long for its leader's result before moving to the next leader:
+// the leader closes within a budget of its own start, which is at most a little before
+// the member's, plus the time the sum takes to travel.
+double DeadlineReduce::patience() const { return 2 * last_budget_ + 0.02; }
+
+void DeadlineReduce::post_receive(int peer) {
+  auto& box = inbox_[static_cast<size_t>(peer)];
+  box = std::make_shared<std::vector<char>>();
+  receives_[static_cast<size_t>(peer)] = comm_.irecv_message(box, peer, tag_);
+}
+
+void DeadlineReduce::send(int dst, std::shared_ptr<std::vector<char>> bytes) {
+  Outgoing o{std::move(bytes), Request()};
+  o.request = comm_.isend_bytes(o.bytes->data(), o.bytes->size(), dst, tag_);
+  outgoing_.push_back(std::move(o));
+}
+
+void DeadlineReduce::send_notice(int dst) {
+  Header h;
+  h.kind = notice;
+  h.step = step_;
+  h.term = term_;
+  send(dst, Message::encode(h, {}, nullptr, 0));
+}
+
+// The leader's state between steps: the weights and optimiser state after step_ - 1.
+// `since`: the step the member said it is at; it has the records of the steps before.
+void DeadlineReduce::send_catch_up(int dst, int64_t since, bool final) {
+  ReplicaState state = save_();
+  std::vector<int64_t> ints{static_cast<int64_t>(state.ints.size())};
+  ints.insert(ints.end(), state.ints.begin(), state.ints.end());
+  std::vector<const StepRecord*> records;
+  for (const StepRecord& r : history_)
+    if (r.step >= since) records.push_back(&r);
+  ints.push_back(static_cast<int64_t>(records.size()));
+  for (const StepRecord* r : records) put_record(ints, *r);
+  Header h;
+  h.kind = catch_up;
+  h.samples = final ? 1 : 0;
+  h.step = step_;
+  h.term = term_;
+  h.hash = hash_;
+  h.budget = budget();
+  send(dst, Message::encode(h, ints, state.floats.data(), state.floats.size()));
+  last_sent_[static_cast<size_t>(dst)] = step_ - 1;
+  missed_in_row_[static_cast<size_t>(dst)] = 0;
+}
+
+void DeadlineReduce::send_contribution() {
+  auto* h = reinterpret_cast<Header*>(contribution_->data());
+  h->term = term_;
+  // A copy per send: the one in flight to a stalled leader must stay as it was.
+  send(leader(), std::make_shared<std::vector<char>>(*contribution_));
+}
+
+void DeadlineReduce::adopt_term(int64_t term) {
+  if (term <= term_) return;
+  term_ = term;
+  catch_up_asked_ = false;
+  done_ok_ = false;
+  // Contributions held for an older term's leader are no longer this rank's to sum.
+  if (leader() != rank_) arrived_.clear();
+}
+
+bool DeadlineReduce::poll() {
+  std::erase_if(outgoing_, [](Outgoing& o) { return o.request.test(); });
+  bool any = false;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Request& r = receives_[static_cast<size_t>(p)];
+    if (!r.test()) continue;
+    any = true;
+    Message m = Message::decode(*inbox_[static_cast<size_t>(p)], p);
+    post_receive(p);
+    handle(p, m);
+  }
+  return any;
+}
+
+void DeadlineReduce::handle(int from, const Message& m) {
+  const Header& h = m.header;
+  if (h.kind == fin) {
+    fin_[static_cast<size_t>(from)] = true;
+    return;
+  }
+  if (h.term < term_) {  // from a rank that has not heard of this term: tell it
+    if (h.kind != notice) send_notice(from);
+    return;
+  }
+  adopt_term(h.term);
+  switch (h.kind) {
+    case notice: return;
+    case contribution:
+      if (leader() != rank_) return;
+      if (auto a = arrivals_.find(h.step); a != arrivals_.end() && !m.floats.empty())
+        a->second.second = std::max(a->second.second, std::chrono::duration<double>(Clock::now() - a->second.first).count());
+      arrived_[{h.step, from}] = std::make_unique<Pending>(Pending{from, m});
+      return;
+    case result:
+      results_.push_back(std::make_unique<Pending>(Pending{from, m}));
+      return;
+    case catch_up:
+      catch_up_ = std::make_unique<Pending>(Pending{from, m});
+      return;
+    case catch_up_request:
+      if (leader() == rank_) send_catch_up(from, h.step);
+      return;
+    case done:
+      if (leader() != rank_) return;
+      done_[from] = {h.step, h.hash};
+      return;
+    case done_ok:
+      done_ok_ = h.step == step_ && h.hash == hash_;
+      return;
+    default:
+      fail("deadline reduce: a message of kind ", h.kind, " from rank ", from, "; expected a kind from 1 to 8");
+  }
+}
+
+void DeadlineReduce::fail_wait(const std::string& what) const {
+  fail_as<PeerTimeout>(peer_timeout_message(comm_.world_rank(rank_), {}, "the deadline reduction's " + what,
+                                            std::chrono::duration<double>(options_.peer_timeout_s)));
+}
+
+void DeadlineReduce::remember(const StepRecord& r) {
+  history_.push_back(r);
+  while (history_.size() > kHistory) history_.pop_front();
+}
+
+// Applies a closed step to this rank's chain (the sum itself is the caller's to apply).
+void DeadlineReduce::apply_record(const StepRecord& r) {
+  chain_[r.step] = hash_;
+  while (chain_.size() > static_cast<size_t>(options_.max_staleness) + 2) chain_.erase(chain_.begin());
+  hash_ = mix_step_hash(hash_, r.step, r.term, r.leader, r.contributors);
+  step_ = r.step + 1;
+  remember(r);
+}
+
+// The leader's side of step_: own gradient already in `sum` (or zeros with
+// own_fresh false in the record's terms), what arrives until every member that is waited
+// for is in or the budget runs out. Returns false when this rank stopped leading (a higher
+// term arrived) before closing.
+bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened, StepRecord& record) {
+  const double budget_s = budget();
+  last_budget_ = budget_s;
+  const auto close_at = opened + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(budget_s));
+  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(options_.peer_timeout_s));
+  const int64_t s = step_;
+  arrivals_[s] = {opened, std::chrono::duration<double>(Clock::now() - opened).count()};  // own, so far
+  while (arrivals_.size() > kMedianOf + 1) arrivals_.erase(arrivals_.begin());
+  std::vector<const Pending*> fresh(static_cast<size_t>(size_), nullptr);
+  std::vector<const Pending*> stale(static_cast<size_t>(size_), nullptr);
+  bool all_in = false;
+  for (;;) {
+    const bool any = poll();
+    if (leader() != rank_) return false;
+    // Sort what arrived: this step's on this chain, late ones, and out-of-step senders.
+    for (auto it = arrived_.begin(); it != arrived_.end();) {
+      const auto [c, from] = it->first;
+      const Header& h = it->second->message.header;
+      const auto j = static_cast<size_t>(from);
+      if (c > s) break;  // a later step's (from a rank ahead of this one): held
+      // A member that sends at all is slow, not stalled: it is waited for again.
+      missed_in_row_[j] = 0;
+      bool keep = false;
+      if (c == s && h.hash == hash_) {
+        fresh[j] = it->second.get();
+        keep = true;
+      } else if (c < s && options_.max_staleness > 0 && s - c <= options_.max_staleness && chain_.count(c) &&
+                 chain_[c] == h.hash && !fresh[j]) {
+        stale[j] = it->second.get();
+        keep = true;
+      }
+      // A sender that is out of step with this chain and will not have the results it
+      // waits for (it computed on another state, or missed them): it catches up now.
+      if (!keep && (c == s || last_sent_[j] < c)) send_catch_up(from, c);
+      if (keep) {
+        ++it;
+      } else {
+        it = arrived_.erase(it);
+      }
+    }
+    all_in = true;
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_ && !fresh[static_cast<size_t>(j)] && missed_in_row_[static_cast<size_t>(j)] < kWaitFor)
+        all_in = false;
+    if (all_in || Clock::now() >= close_at) break;
+    if (Clock::now() >= give_up) fail_wait("closing step " + std::to_string(s));
+    if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // Close: the sum in rank order, this rank's own gradient at its place.
+  record.step = s;
+  record.term = term_;
+  record.leader = rank_;
+  const bool own = !record.contributors.empty();  // the caller put this rank's own entry there
+  const Contribution mine = own ? record.contributors.front() : Contribution{};
+  record.contributors.clear();
+  std::vector<float> total(sum.size(), 0.0f);
+  double loss = own ? record.loss_sum : 0.0;
+  int64_t fresh_samples = own ? mine.samples : 0;
+  for (int j = 0; j < size_; ++j) {
+    const auto k = static_cast<size_t>(j);
+    const std::vector<float>* g = nullptr;
+    Contribution c{j, 0, 0};
+    if (j == rank_ && own) {
+      g = &sum;
+      c.samples = mine.samples;
+    } else if (fresh[k]) {
+      g = &fresh[k]->message.floats;
+      c.samples = fresh[k]->message.header.samples;
+      loss += fresh[k]->message.header.loss;
+      fresh_samples += c.samples;
+    } else if (stale[k]) {
+      g = &stale[k]->message.floats;
+      c.samples = stale[k]->message.header.samples;
+      c.staleness = s - stale[k]->message.header.step;
+      ++record.staleness_applied;
+    }
+    if (!g || (g->empty() && c.samples == 0)) continue;  // present, with nothing to add
+    HT_CHECK(g->size() == total.size(), "deadline reduce: rank ", j, " contributed ", g->size(),
+             " gradient values to step ", s, "; expected ", total.size());
+    for (size_t i = 0; i < total.size(); ++i) total[i] += (*g)[i];
+    record.samples += c.samples;
+    record.contributors.push_back(c);
+  }
+  record.fresh_samples = fresh_samples;
+  record.loss_sum = loss;
+  bool every = true;
+  for (int j = 0; j < size_; ++j) {
+    const auto k = static_cast<size_t>(j);
+    const bool present = j == rank_ || fresh[k] != nullptr;
+    const bool in = j == rank_ ? own : present && fresh[k]->message.header.samples > 0;
+    if (!in) {
+      record.samples_dropped += shares_[k];
+      every = false;
+    }
+    if (j != rank_) missed_in_row_[k] = present ? 0 : missed_in_row_[k] + 1;
+  }
+  record.closed_short = !every;
+  for (auto it = arrived_.begin(); it != arrived_.end();)  // used, or now late for good
+    it = it->first.first <= s ? arrived_.erase(it) : std::next(it);
+  sum.swap(total);
+
+  std::vector<int64_t> ints;
+  put_record(ints, record);
+  Header h;
+  h.kind = result;
+  h.step = s;
+  h.term = term_;
+  h.hash = hash_;  // the base the sum was built on
+  h.budget = budget_s;
+  auto bytes = Message::encode(h, ints, sum.data(), sum.size());
+  for (int j = 0; j < size_; ++j) {
+    const auto k = static_cast<size_t>(j);
+    if (j == rank_) continue;
+    if (missed_in_row_[k] < kSendTo) {
+      send(j, bytes);
+      last_sent_[k] = s;
+    } else {
+      send_notice(j);  // small: tells a leader that was replaced and returns who leads now
+    }
+  }
+  apply_record(record);
+  return true;
+}
+
+void DeadlineReduce::take_catch_up() {
+  const Message& m = catch_up_->message;
+  ReplicaState state;
+  size_t at = 0;
+  HT_CHECK(!m.ints.empty() && static_cast<size_t>(m.ints[0]) < m.ints.size(), "deadline reduce: a catch-up from rank ",
+           catch_up_->from, " is cut short");
+  const auto n_state = static_cast<size_t>(m.ints[at++]);
+  state.ints.assign(m.ints.begin() + 1, m.ints.begin() + 1 + static_cast<long>(n_state));
+  at += n_state;
+  const int64_t records = m.ints[at++];
+  for (int64_t i = 0; i < records; ++i) {
+    StepRecord r = take_record(m.ints, at);
+    if (r.step >= step_) missed_.push_back(r);
+    remember(r);
+  }
+  state.floats = m.floats;
+  load_(state);
+  step_ = m.header.step;
+  hash_ = m.header.hash;
+  last_budget_ = m.header.budget;
+  chain_.clear();
+  catch_up_.reset();
+  catch_up_asked_ = false;
+}
+
+void DeadlineReduce::take_waiting_catch_up() {
+  poll();
+  if (!catch_up_ || catch_up_->message.header.samples == 1) return;
+  take_catch_up();
+  caught_up_early_ = true;
+}
+
+DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t samples, double loss_sum,
+                                       Clock::time_point step_start) {
+  size_t n = 0;
+  for (const Tensor& g : grads) {
+    HT_CHECK(g.dtype() == DType::f32 && g.is_contiguous(), "deadline reduce: gradients must be contiguous float32");
+    n += static_cast<size_t>(g.numel());
+  }
+  std::vector<float> mine(n);
+  {
+    size_t at = 0;
+    for (const Tensor& g : grads) {
+      std::memcpy(mine.data() + at, g.data(), static_cast<size_t>(g.numel()) * 4);
+      at += static_cast<size_t>(g.numel());
+    }
+  }
+  DeadlineOutcome out;
+  out.caught_up = caught_up_early_;
+  caught_up_early_ = false;
+  const int64_t my_step = step_;
+  const uint64_t my_base = hash_;  // the state the gradient was computed on
+  auto own_is_current = [&] { return my_step == step_ && my_base == hash_; };
+  Header h;
+  h.kind = contribution;
+  h.step = my_step;
+  h.samples = samples;
+  h.hash = my_base;
+  h.loss = loss_sum;
+  contribution_ = Message::encode(h, {}, mine.data(), mine.size());
+  int64_t sent_term = -1;  // the term whose leader has this rank's contribution
+  const int64_t entry_term = term_;
+  auto wait_until = Clock::now();
+  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(options_.peer_timeout_s));
+  auto seconds = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
+  poll();  // a term change or a catch-up that arrived during the step
+  for (;;) {
+    if (catch_up_) {
+      const bool final = catch_up_->message.header.samples == 1;
+      take_catch_up();
+      out.caught_up = true;
+      if (final) {
+        out.ended = true;
+        out.missed = std::move(missed_);
+        missed_.clear();
+        return out;
+      }
+      sent_term = -1;  // say so to the leader: present, at the step it gave
+    }
+    bool applied = false;
+    while (!results_.empty() && !applied) {
+      const std::unique_ptr<Pending> next = std::move(results_.front());
+      results_.pop_front();
+      const Message& m = next->message;
+      const int from = next->from;
+      if (m.header.step == step_ && m.header.hash == hash_) {
+        size_t at = 0;
+        out.record = take_record(m.ints, at);
+        HT_CHECK(m.floats.size() == n, "deadline reduce: a result of ", m.floats.size(), " values from rank ", from,
+                 "; expected ", n);
+        last_budget_ = m.header.budget;
+        out.budget_s = m.header.budget;
+        mine = m.floats;
+        apply_record(out.record);
+        applied = true;
+        break;
+      }
+      if (m.header.step >= step_ && !catch_up_asked_) {  // this rank is off the leader's chain
+        Header q;
+        q.kind = catch_up_request;
+        q.step = step_;
+        q.term = term_;
+        q.hash = hash_;
+        send(from, Message::encode(q, {}, nullptr, 0));
+        catch_up_asked_ = true;
+        wait_until = Clock::now() + seconds(patience());
+      }
+    }
+    if (applied) break;
+    if (leader() == rank_) {
+      StepRecord record;
+      std::vector<float> sum;
+      if (own_is_current()) {
+        record.contributors.push_back({rank_, samples, 0});
+        record.loss_sum = loss_sum;
+        sum = mine;
+      } else {
+        sum.assign(n, 0.0f);
+      }
+      // A leader from the step's start runs the budget from its own start; one that took
+      // over runs it from now, when the members are turning to it.
+      const auto opened = term_ == entry_term ? step_start : Clock::now();
+      if (lead_step(sum, opened, record)) {
+        out.record = record;
+        out.budget_s = last_budget_;
+        mine.swap(sum);
+        break;
+      }
+      sent_term = -1;  // replaced while leading: contribute to the new leader
+    }
+    if (sent_term != term_) {
+      if (own_is_current()) {
+        send_contribution();
+      } else {  // the gradient is of another state: present, with nothing to add
+        Header p;
+        p.kind = contribution;
+        p.step = step_;
+        p.term = term_;
+        p.hash = hash_;
+        send(leader(), Message::encode(p, {}, nullptr, 0));
+      }
+      sent_term = term_;
+      wait_until = Clock::now() + seconds(patience());
+    }
+    if (Clock::now() >= give_up) fail_wait("the result of step " + std::to_string(step_));
+    if (Clock::now() >= wait_until) {  // the leader has stalled: on to the next
+      adopt_term(term_ + 1);
+      continue;
+    }
+    if (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  size_t at = 0;
+  for (Tensor& g : grads) {
+    const auto k = static_cast<size_t>(g.numel());
+    std::memcpy(g.data(), mine.data() + at, k * 4);
+    at += k;
+  }
+  out.missed = std::move(missed_);
+  missed_.clear();
+  return out;
+}
+
+std::vector<StepRecord> DeadlineReduce::finish() {
+  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(options_.peer_timeout_s));
+  bool agreed = false, sent = false;
+  auto wait_until = Clock::now();
+  auto send_done = [&] {
+    Header h;
+    h.kind = done;
+    h.step = step_;
+    h.term = term_;
+    h.hash = hash_;
+    send(leader(), Message::encode(h, {}, nullptr, 0));
+    sent = true;
+    done_ok_ = false;
+    wait_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(patience()));
+  };
+  while (!agreed) {
+    const bool any = poll();
+    if (Clock::now() >= give_up) fail_wait("agreeing on the final step");
+    if (leader() == rank_) {
+      // Members behind (still stepping, or back from a stall) catch up to the end.
+      for (auto it = arrived_.begin(); it != arrived_.end(); it = arrived_.erase(it))
+        if (it->first.first < step_ || it->second->message.header.hash != hash_) send_catch_up(it->first.second, it->first.first, true);
+      agreed = true;
+      for (int j = 0; j < size_; ++j) {
+        if (j == rank_) continue;
+        auto d = done_.find(j);
+        if (d == done_.end()) {
+          agreed = false;
+          continue;
+        }
+        if (d->second != std::make_pair(step_, hash_)) {
+          send_catch_up(j, d->second.first, true);
+          done_.erase(d);
+          agreed = false;
+          continue;
+        }
+      }
+      if (agreed) {
+        Header h;
+        h.kind = done_ok;
+        h.step = step_;
+        h.term = term_;
+        h.hash = hash_;
+        auto bytes = Message::encode(h, {}, nullptr, 0);
+        for (int j = 0; j < size_; ++j)
+          if (j != rank_) send(j, bytes);
+        done_.clear();
+      }
+    } else {
+      if (catch_up_) {  // as in reduce: the leader's state, then report again
+        take_catch_up();
+        sent = false;
+      }
+      results_.clear();  // of steps this rank has finished with (or will catch up past)
+      if (done_ok_) {
+        agreed = true;
+        break;
+      }
+      if (!sent) send_done();
+      if (Clock::now() >= wait_until) {
+        adopt_term(term_ + 1);
+        sent = false;
+        continue;
+      }
+    }
+    if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // Drain: once this rank's sends are through, it says so; it keeps receiving until every
+  // peer has said so, so that no send to it is left without a receive.
+  bool fin_sent = false;
+  for (;;) {
+    const bool any = poll();
+    if (Clock::now() >= give_up) fail_wait("draining the last messages");
+    if (leader() == rank_)  // a member that asks again (its answer crossed a term change)
+      for (auto it = done_.begin(); it != done_.end(); it = done_.erase(it)) {
+        Header h;
+        h.kind = done_ok;
+        h.step = step_;
+        h.term = term_;
+        h.hash = hash_;
+        send(it->first, Message::encode(h, {}, nullptr, 0));
+      }
+    if (!fin_sent && outgoing_.empty()) {
+      Header h;
+      h.kind = fin;
+      h.term = term_;
+      auto bytes = Message::encode(h, {}, nullptr, 0);
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_) send(j, bytes);
+      fin_sent = true;
+    }
+    bool all = fin_sent && outgoing_.empty();
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_ && !fin_[static_cast<size_t>(j)]) all = false;
+    if (all) break;
+    if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  for (Request& r : receives_) r = Request();  // cancels the receives left posted
+  std::vector<StepRecord> out = std::move(missed_);
+  missed_.clear();
+  return out;
+}
+
+}  // namespace ht::comm

@@ -1,0 +1,203 @@
+// parallel.sync: deadline. A step-tagged gradient reduction that closes when its budget
+// expires instead of waiting for every member, built from point-to-point messages (a
+// blocking collective cannot leave out a stalled rank).
+//
+// Per step, every member sends (step, samples, loss, gradient) to the step's leader. The
+// leader sums its own gradient and what arrived before the budget ran out (or until every
+// present member arrived) in rank order, and sends the sum, the contributors and their
+// samples to the members. The caller rescales by global batch / arrived samples, so the
+// step's gradient is the sample-weighted mean over the samples that arrived.
+//
+// Leaders and backups. The leader of term e is member e mod n. A member that has not had
+// the result of its step within its patience (a few budgets) moves to the next term and
+// sends its contribution to that term's leader, so a stalled leader (rank 0 included) is
+// replaced by the next member in order; any message carrying a higher term moves its
+// receiver to that term, and a lower-term message is answered with the current term, so a
+// leader that returns from a stall learns that it was replaced.
+//
+// Why the replicas stay bit-identical. Every rank keeps a chain hash of the results it
+// applied: h(s) = mix(h(s-1), s, term, leader, contributors). A result for step s carries
+// the leader's h(s-1), and a rank applies it only when that equals its own and s is its
+// step; a contribution is used only when it was computed on a state in the leader's chain.
+// Two ranks with equal chains applied the same sums in the same order to the same
+// starting weights with the same code, so they hold the same bytes (the assumption that
+// check_replicas_identical already makes of `sync`). A rank whose chain differs from the
+// leader's (it was stalled, or a leader stalled halfway through sending a result) is sent
+// the leader's whole replica state, its chain hash and its step (a catch-up), so it is
+// identical again before it contributes again.
+//
+// A late contribution (for a step already closed) is dropped, or with max_staleness > 0
+// added to the leader's open step when it is at most that many steps old and was computed
+// on the leader's chain. Messages for a closed step are consumed and discarded; every
+// message carries its step and term, so none is mistaken for a later step's.
+//
+// Waits poll with a short sleep between tests (ranks share cores here). Every wait is
+// bounded by peer_timeout_s, past which the job fails naming what it waited for.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace ht::comm {
+
+struct DeadlineOptions {
+  double predicted_step_s = 0.1;  // the plan's; the first budget before any step is measured
+  double slack = 0.5;             // budget = step x (1 + slack)
+  int64_t max_staleness = 0;      // 0: late contributions are dropped
+  double peer_timeout_s = 300;    // the bound on any wait
+};
+
+// Weights, optimiser state and anything else a replica must hold identically, flattened.
+struct ReplicaState {
+  std::vector<float> floats;
+  std::vector<int64_t> ints;
+};
+
+struct Contribution {
+  int rank = -1;       // in the reduction's communicator
+  int64_t samples = 0;
+  int64_t staleness = 0;  // steps late (0: this step's)
+};
+
+// What one closed step was, as every rank that applied it (or caught up past it) sees it.
+struct StepRecord {
+  int64_t step = -1;
+  int64_t term = 0;
+  int leader = -1;
+  std::vector<Contribution> contributors;  // in rank order
+  int64_t samples = 0;          // summed over contributors, stale ones included
+  int64_t fresh_samples = 0;    // of this step's contributions
+  double loss_sum = 0;          // over the fresh contributions' samples
+  int64_t samples_dropped = 0;  // expected (the members' shares) but not in the sum
+  bool closed_short = false;    // some member's share was missing
+  int64_t staleness_applied = 0;  // stale contributions in the sum
+};
+
+struct DeadlineOutcome {
+  StepRecord record;                 // the step applied
+  // Steps closed by others while this rank was out of step (it caught up past them), in
+  // order; empty normally.
+  std::vector<StepRecord> missed;
+  bool caught_up = false;            // this rank's state was replaced before the step
+  // The leader had finished training when it caught this rank up: there is no step to
+  // apply (record.step is -1) and step() is the end.
+  bool ended = false;
+  double budget_s = 0;               // the leader's budget for the step
+};
+
+class DeadlineReduce {
+ public:
+  using SaveState = std::function<ReplicaState()>;
+  using LoadState = std::function<void(const ReplicaState&)>;
+
+  // Every member of `comm` constructs one with the same `first_step` (the step its next
+  // reduce is for) and the same share of the global batch per member (`shares`, to count
+  // dropped samples). `save`/`load` give and replace this rank's replica state.
+  DeadlineReduce(Communicator& comm, DeadlineOptions options, std::vector<int64_t> shares,
+                 int64_t first_step, SaveState save, LoadState load);
+  ~DeadlineReduce();
+
+  // Reduces this rank's contribution to its current step: `grads` (contiguous float32 on
+  // the CPU, the same sizes on every member) are replaced by the sum of the contributions
+  // the step's leader took. `samples` and `loss_sum` are this rank's for the step;
+  // `step_start` is when its step began (the leader's budget runs from its own). When
+  // the outcome says caught_up, the state was replaced first (the gradients computed on
+  // the old one are a stale contribution) and the record is of the step after the
+  // catch-up. Either way the caller then applies the sum: after reduce, every rank's
+  // step is record.step + 1.
+  DeadlineOutcome reduce(std::vector<Tensor>& grads, int64_t samples, double loss_sum,
+                         Clock::time_point step_start);
+
+  // Between steps, never blocking: takes a catch-up that a leader already sent (this rank
+  // was left out), so that the step about to run computes on the leader's state; the next
+  // reduce reports it. One that ends the training is left for reduce.
+  void take_waiting_catch_up();
+
+  // The end of training, on every member, after its last reduce: the members agree on one
+  // chain (a rank behind catches up, possibly past steps it did not run) and drain every
+  // message in flight. Returns the records of steps this rank caught up past.
+  std::vector<StepRecord> finish();
+
+  int64_t step() const { return step_; }       // the next step to reduce
+  uint64_t chain_hash() const { return hash_; }
+  int64_t term() const { return term_; }
+  int leader() const { return leader_of(term_); }
+
+  struct Message;  // the wire form, in deadline_reduce.cpp
+
+ private:
+  int leader_of(int64_t term) const { return static_cast<int>(term % static_cast<int64_t>(size_)); }
+  double budget() const;
+  double patience() const;
+  void post_receive(int peer);
+  bool poll();  // handles every arrived message; whether any arrived
+  void handle(int from, const Message& m);
+  void adopt_term(int64_t term);
+  void send(int dst, std::shared_ptr<std::vector<char>> bytes);
+  void send_notice(int dst);
+  void send_catch_up(int dst, int64_t since, bool final = false);
+  void take_catch_up();
+  void send_contribution();
+  bool lead_step(std::vector<float>& sum, Clock::time_point opened, StepRecord& record);
+  void apply_record(const StepRecord& r);
+  void remember(const StepRecord& r);
+  [[noreturn]] void fail_wait(const std::string& what) const;
+
+  Communicator& comm_;
+  DeadlineOptions options_;
+  std::vector<int64_t> shares_;
+  SaveState save_;
+  LoadState load_;
+  int rank_, size_, tag_;
+
+  int64_t step_ = 0, term_ = 0;
+  uint64_t hash_ = 0;
+  std::map<int64_t, uint64_t> chain_;  // recent steps' base hashes (h(s-1) by s), for staleness
+
+  // This rank's contribution to the open step, as sent (kept to resend to a new leader).
+  std::shared_ptr<std::vector<char>> contribution_;
+  // Arrived and not yet used: (step, from) -> message (leader side).
+  struct Pending;
+  std::map<std::pair<int64_t, int>, std::unique_ptr<Pending>> arrived_;
+  // Results and catch-ups that arrived for this rank (member side).
+  std::deque<std::unique_ptr<Pending>> results_;  // in arrival order
+  std::unique_ptr<Pending> catch_up_;
+  bool catch_up_asked_ = false;
+  bool caught_up_early_ = false;  // by take_waiting_catch_up, for the next reduce to report
+
+  std::vector<int64_t> last_sent_;  // leader: the last step whose result went to each member
+  std::vector<int> missed_in_row_;  // leader: steps in a row a member's share was missing
+  std::deque<StepRecord> history_;  // recent closed steps, for catch-ups' records
+  // Leader: per recent step, when it opened and the latest arrival of a contribution to
+  // it after that (late ones included), the measure that the budget adapts to.
+  std::map<int64_t, std::pair<Clock::time_point, double>> arrivals_;
+  std::vector<StepRecord> missed_;  // from catch-ups, until the caller takes them
+
+  // Finish: members' reported (step, hash); the leader's answer.
+  std::map<int, std::pair<int64_t, uint64_t>> done_;
+  bool done_ok_ = false;
+  std::vector<bool> fin_;
+
+  std::vector<std::shared_ptr<std::vector<char>>> inbox_;  // one posted receive per peer
+  std::vector<Request> receives_;
+  struct Outgoing {
+    std::shared_ptr<std::vector<char>> bytes;
+    Request request;
+  };
+  std::vector<Outgoing> outgoing_;
+  double last_budget_ = 0;
+};
+
+// The chain hash's mixing step (exposed for tests).
+uint64_t mix_step_hash(uint64_t previous, int64_t step, int64_t term, int leader,
+                       const std::vector<Contribution>& contributors);
+
+}  // namespace ht::comm

@@ -1,0 +1,162 @@
+// parallel.sync: deadline on three ranks (the fourth idle), one of which stalls: the
+// others keep closing steps, every step's sum is exactly the sum of the contributions it
+// names, and after the stalled rank returns every rank holds the same bytes.
+//
+// The stall is a wait for word from a peer, sent only once the others have closed ten
+// steps without the stalled rank: were they held by it, the test would time out. So the
+// verdict does not depend on timing or load, only on what must hold whatever the timing.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "comm/deadline_reduce.h"
+#include "core/crc32.h"
+#include "mpi_util.h"
+
+using namespace ht;
+using namespace ht::comm;
+using namespace mpi_test;
+
+namespace {
+
+constexpr int kN = 257;         // parameters of the toy model
+constexpr int64_t kSteps = 40;  // steps of the run
+constexpr int64_t kStallAt = 5;
+constexpr int64_t kStallSteps = 10;  // steps the others close before the stalled rank returns
+constexpr int kReleaseTag = 777;
+const std::vector<int64_t> kShares{5, 3, 2};
+constexpr int64_t kGlobal = 10;
+
+// Member j's contribution at `step` on weights `w`: the summed per-sample gradient of a
+// quadratic loss, pre-scaled by 1 / global batch as the executor scales it.
+std::vector<float> contribution(int j, int64_t step, const std::vector<float>& w) {
+  std::vector<float> g(kN);
+  const auto n = static_cast<float>(kShares[static_cast<size_t>(j)]);
+  for (int i = 0; i < kN; ++i) {
+    const float target = 0.1f * static_cast<float>(j + 1) + 0.001f * static_cast<float>(step) + 1e-4f * static_cast<float>(i);
+    g[static_cast<size_t>(i)] = n * (w[static_cast<size_t>(i)] - target) / static_cast<float>(kGlobal);
+  }
+  return g;
+}
+
+void run_stall(int stalled, int64_t max_staleness) {
+  Communicator& w = world();
+  REQUIRE(w.size() >= 3);
+  std::unique_ptr<Communicator> group = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the test's group");
+  if (!group) return;
+  const int me = group->rank();
+  const int releaser = stalled == 0 ? 1 : 0;
+  std::vector<float> weights(kN, 0.5f);
+  std::map<int64_t, std::vector<float>> before;  // this rank's weights before each step of its chain
+  DeadlineOptions options;
+  options.predicted_step_s = 0.005;
+  options.slack = 0.5;
+  options.max_staleness = max_staleness;
+  options.peer_timeout_s = 20;
+  DeadlineReduce reduce(
+      *group, options, kShares, 0, [&] { return ReplicaState{weights, {}}; },
+      [&](const ReplicaState& s) {
+        REQUIRE(s.floats.size() == weights.size());
+        weights = s.floats;
+        before.clear();
+      });
+  std::vector<StepRecord> records;
+  bool released = false;
+  int checked_stale = 0;
+  while (reduce.step() < kSteps) {
+    const int64_t s = reduce.step();
+    if (me == releaser && !released && s > kStallAt + kStallSteps) {
+      static const char kGo = 1;
+      group->send_bytes(&kGo, 1, stalled, kReleaseTag, kLong, "the stalled rank's release");
+      released = true;
+    }
+    if (me == stalled && s == kStallAt && !released) {
+      char go = 0;
+      REQUIRE(group->recv_bytes(&go, 1, releaser, kReleaseTag, kLong) == WaitStatus::done);
+      released = true;
+    }
+    before[s] = weights;
+    std::vector<Tensor> grads{Tensor::from_vector(contribution(me, s, weights), {kN})};
+    const DeadlineOutcome o = reduce.reduce(grads, kShares[static_cast<size_t>(me)], 0.0, Clock::now());
+    for (const StepRecord& r : o.missed) records.push_back(r);
+    if (o.ended) break;
+    const StepRecord& r = o.record;
+    REQUIRE(r.step == reduce.step() - 1);
+    // The reference: the named contributions, recomputed here on the state they were
+    // computed on, summed in rank order as the leader sums them. Same operands, same
+    // order, so the same bits.
+    std::vector<float> ref(kN, 0.0f);
+    bool complete = true;
+    int64_t samples = 0;
+    for (const Contribution& c : r.contributors) {
+      CHECK(c.samples == kShares[static_cast<size_t>(c.rank)]);
+      CHECK(c.staleness <= max_staleness);
+      samples += c.samples;
+      auto at = before.find(r.step - c.staleness);
+      if (at == before.end()) {  // computed before this rank's catch-up: not known here
+        complete = false;
+        continue;
+      }
+      if (c.staleness > 0) ++checked_stale;
+      const std::vector<float> g = contribution(c.rank, r.step - c.staleness, at->second);
+      for (int i = 0; i < kN; ++i) ref[static_cast<size_t>(i)] += g[static_cast<size_t>(i)];
+    }
+    CHECK(samples == r.samples);
+    REQUIRE(r.samples > 0);
+    if (complete && !o.caught_up) {
+      const std::vector<float> got = grads[0].to_vector();
+      CHECK(std::memcmp(got.data(), ref.data(), kN * sizeof(float)) == 0);
+    }
+    // The update of the sample-weighted mean over what arrived.
+    const std::vector<float> sum = grads[0].to_vector();
+    const float rescale = static_cast<float>(kGlobal) / static_cast<float>(r.samples);
+    for (int i = 0; i < kN; ++i) weights[static_cast<size_t>(i)] -= 0.1f * sum[static_cast<size_t>(i)] * rescale;
+    records.push_back(r);
+  }
+  for (const StepRecord& r : reduce.finish()) records.push_back(r);
+  CHECK(reduce.step() == kSteps);
+
+  // What must hold whatever the timing: the stalled rank was out for the steps between
+  // its stall and its release, so on the others those steps closed short without it,
+  // and a stalled leader's steps were closed by another rank.
+  if (me != stalled) {
+    int seen = 0;
+    for (const StepRecord& r : records) {
+      if (r.step <= kStallAt || r.step >= kStallAt + kStallSteps) continue;
+      ++seen;
+      CHECK(r.closed_short);
+      CHECK(r.samples_dropped >= kShares[static_cast<size_t>(stalled)]);
+      for (const Contribution& c : r.contributors) CHECK((c.rank != stalled || c.staleness > 0));
+      if (stalled == 0) CHECK(r.leader != 0);
+    }
+    CHECK(seen == kStallSteps - 1);
+  }
+  // Bit-identical replicas once the stalled rank has caught up.
+  const std::string mine = crc32_hex(crc32_update(0, weights.data(), kN * sizeof(float)));
+  const std::vector<std::string> all = group->allgather(mine, kLong, "the weights' checksums");
+  for (size_t j = 0; j < all.size(); ++j) CHECK_MESSAGE(all[j] == all[0], "member ", j, "'s weights differ from member 0's");
+  MESSAGE("stale contributions checked: ", checked_stale);
+}
+
+}  // namespace
+
+TEST_CASE("deadline: a stalled member is left out, the others keep stepping, and all end identical") {
+  run_stall(2, 0);
+}
+
+TEST_CASE("deadline: a stalled leader's steps are closed by its backup (late ones applied up to 2 steps stale)") {
+  run_stall(0, 2);
+}
+
+TEST_CASE("deadline: the chain hash covers the step, term, leader and contributors") {
+  const std::vector<Contribution> a{{0, 5, 0}, {1, 3, 0}};
+  const std::vector<Contribution> b{{0, 5, 0}, {2, 3, 0}};
+  const uint64_t h = mix_step_hash(1, 4, 0, 0, a);
+  CHECK(h == mix_step_hash(1, 4, 0, 0, a));
+  CHECK(h != mix_step_hash(1, 4, 0, 0, b));
+  CHECK(h != mix_step_hash(1, 5, 0, 0, a));
+  CHECK(h != mix_step_hash(1, 4, 1, 1, a));
+  CHECK(h != mix_step_hash(2, 4, 0, 0, a));
+}
