@@ -18,10 +18,17 @@ const char* to_string(Strategy s) { return enum_name(s, kStrategyNames); }
 std::vector<std::string> strategy_names() { return enum_names(kStrategyNames); }
 std::optional<Strategy> parse_strategy(std::string_view s) { return enum_from_name(s, kStrategyNames); }
 
-std::vector<Schedule> plan_schedules(const Plan& plan) {
+std::vector<Schedule> plan_schedules(const Plan& plan, bool trial, const std::vector<bool>& shared_weights) {
   // Every rank idle (an idle rank's own plan under parallel.sync local): nothing to run.
   if (plan.layout.replicas.empty()) return std::vector<Schedule>(static_cast<size_t>(plan.world_size));
-  return build_1f1b(plan.layout, plan.world_size);
+  const PipelineLayout layout = trial ? trial_layout(plan.layout) : plan.layout;
+  std::vector<Schedule> schedules = build_1f1b(layout, plan.world_size);
+  std::vector<WeightSync> sync(plan.stage_ranges.size(), WeightSync::own);
+  for (size_t s = 0; s < sync.size(); ++s)
+    if (!optimizer_shards(plan, s).empty())
+      sync[s] = s < shared_weights.size() && shared_weights[s] ? WeightSync::share : WeightSync::gather;
+  add_weight_sync(schedules, layout, sync);
+  return schedules;
 }
 
 bool has_idle_ranks(const Plan& plan) {

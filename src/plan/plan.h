@@ -99,8 +99,13 @@ struct Plan {
   int candidates = 0;              // layouts the search evaluated
 };
 
-// Every rank's instruction list for one step: build_1f1b over the plan's layout.
-std::vector<Schedule> plan_schedules(const Plan& plan);
+// Every rank's instruction list for one step: build_1f1b over the plan's layout (with
+// `trial`, over trial_layout(): a micro-batch trial's alternate steps), then
+// add_weight_sync: GatherWeights on sharded stages, or ShareWeights/AwaitWeights on those
+// where `shared_weights[stage]` says the replicas compute with the hub's weights in place
+// (a fact of the running job, runtime/executor.h; empty: none do).
+std::vector<Schedule> plan_schedules(const Plan& plan, bool trial = false,
+                                     const std::vector<bool>& shared_weights = {});
 
 // Whether the plan leaves any rank idle (in no replica).
 bool has_idle_ranks(const Plan& plan);

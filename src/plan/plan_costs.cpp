@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
 #include "plan/stage_memory.h"
@@ -18,7 +19,16 @@ double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
          wake_seconds(c.ranks[static_cast<size_t>(dst)]);
 }
 
-// Stage s's ReduceGrads under the layout's reduce_parts, or its optimiser shards.
+// Stage s's all-reduce under the layout's reduce_parts, or its optimiser shards.
+AllreduceRounds stage_reduce_rounds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs,
+                                    const ClusterModel& cluster, size_t s) {
+  std::vector<int> group;
+  for (const auto& replica : layout.replicas) group.push_back(replica[s]);
+  const auto [begin, end] = plan.stage_ranges[s];
+  const double params = stage_footprint(costs, begin, end).params;
+  return weighted_allreduce_rounds(cluster, group, stage_reduce_parts(plan, layout, s), params * kGradBytesPerParam);
+}
+
 double stage_reduce_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs,
                             const ClusterModel& cluster, size_t s) {
   std::vector<int> group;
@@ -27,6 +37,14 @@ double stage_reduce_seconds(const Plan& plan, const PipelineLayout& layout, cons
   const double params = stage_footprint(costs, begin, end).params;
   return weighted_allreduce_seconds(cluster, group, stage_reduce_parts(plan, layout, s), params * kGradBytesPerParam);
 }
+
+// One round's link time (latency and the slowest member's transfer), the owners' longest
+// wake and every member's: the parts of weighted_allreduce_seconds.
+struct AllreduceTerms {
+  double round = 0, owner_wake = 0, any_wake = 0;
+};
+AllreduceTerms allreduce_terms(const ClusterModel& cluster, const std::vector<int>& group,
+                               const std::vector<double>& parts, double bytes);
 
 }  // namespace
 
@@ -37,8 +55,22 @@ double wake_seconds(const DeviceModel& d) {
 
 double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
                                   const std::vector<double>& parts, double bytes) {
+  const AllreduceTerms t = allreduce_terms(cluster, group, parts, bytes);
+  return 2 * t.round + t.owner_wake + t.any_wake;
+}
+
+AllreduceRounds weighted_allreduce_rounds(const ClusterModel& cluster, const std::vector<int>& group,
+                                          const std::vector<double>& parts, double bytes) {
+  const AllreduceTerms t = allreduce_terms(cluster, group, parts, bytes);
+  return {t.round + t.owner_wake, t.round + t.any_wake};
+}
+
+namespace {
+
+AllreduceTerms allreduce_terms(const ClusterModel& cluster, const std::vector<int>& group,
+                               const std::vector<double>& parts, double bytes) {
   const size_t n = group.size();
-  if (n <= 1) return 0;
+  if (n <= 1) return {};
   double latency = 0, round = 0, owner_wake = 0, any_wake = 0;
   for (size_t i = 0; i < n; ++i) {
     const double wake = wake_seconds(cluster.ranks[static_cast<size_t>(group[i])]);
@@ -55,8 +87,10 @@ double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector
     const double moved = std::max(1 - parts[i], static_cast<double>(n - 1) * parts[i]) * bytes;
     if (slowest_bw > 0) round = std::max(round, moved / slowest_bw);
   }
-  return 2 * (latency + round) + owner_wake + any_wake;
+  return {latency + round, owner_wake, any_wake};
 }
+
+}  // namespace
 
 ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
   const PipelineLayout& l = plan.layout;
@@ -122,7 +156,15 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
   }
   const size_t stages = plan.stage_ranges.size();
   t.reduce_seconds.assign(stages, 0);
-  for (size_t s = 0; s < stages; ++s) t.reduce_seconds[s] = stage_reduce_seconds(plan, plan.layout, costs, cluster, s);
+  t.gather_seconds.assign(stages, 0);
+  for (size_t s = 0; s < stages; ++s) {
+    // A sharded stage's round 2 carries the updated weights: GatherWeights, after the step.
+    if (optimizer_shards(plan, s).empty()) {
+      t.reduce_seconds[s] = stage_reduce_seconds(plan, plan.layout, costs, cluster, s);
+    } else {
+      std::tie(t.reduce_seconds[s], t.gather_seconds[s]) = stage_reduce_rounds(plan, plan.layout, costs, cluster, s);
+    }
+  }
   return t;
 }
 
@@ -153,6 +195,7 @@ CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable>
     return message_seconds(*links, src, dst, static_cast<double>(bytes));
   };
   m.reduce_seconds = [table](int, int stage) { return table->reduce_seconds[static_cast<size_t>(stage)]; };
+  m.gather_seconds = [table](int, int stage) { return table->gather_seconds[static_cast<size_t>(stage)]; };
   m.activation_bytes = [table](int rank, int) {
     return static_cast<int64_t>(table->activation_bytes[static_cast<size_t>(rank)]);
   };
@@ -187,7 +230,9 @@ double estimate_step_seconds(const Plan& plan, const PlanCostTable& t, const Clu
     }
     slowest_replica = std::max(slowest_replica, overhead + first + (l.micro_batches[r] - 1) * pace);
   }
-  const double reduce = t.reduce_seconds.empty() ? 0 : *std::max_element(t.reduce_seconds.begin(), t.reduce_seconds.end());
+  double reduce = 0;  // with the gather of a sharded stage, which follows the step
+  for (size_t s = 0; s < t.reduce_seconds.size(); ++s)
+    reduce = std::max(reduce, t.reduce_seconds[s] + (s < t.gather_seconds.size() ? t.gather_seconds[s] : 0));
   const double step = t.optimizer_step_seconds.empty() ? 0 : *std::max_element(t.optimizer_step_seconds.begin(), t.optimizer_step_seconds.end());
   return slowest_replica + reduce + step;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "plan/block_costs.h"
@@ -36,6 +37,11 @@ double wake_seconds(const DeviceModel& d);
 // every part. 0 for n <= 1.
 double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
                                   const std::vector<double>& parts, double bytes);
+// The same, round by round: round 1 (sums to the owners, with the owners' wake) and round
+// 2 (the owners' parts to every member, with every member's wake). Their sum is the above.
+using AllreduceRounds = std::pair<double, double>;
+AllreduceRounds weighted_allreduce_rounds(const ClusterModel& cluster, const std::vector<int>& group,
+                                          const std::vector<double>& parts, double bytes);
 
 // The PipelineLayout::reduce_owner that makes the plan's ReduceGrads cheapest: the
 // largest replica as the hub, when that is predicted faster than parts by share and its
@@ -55,7 +61,8 @@ struct PlanCostTable {
   std::vector<double> load_seconds_per_sample;   // [rank]
   std::vector<double> optimizer_step_seconds;    // [rank]
   std::vector<double> comm_overhead_seconds;     // [rank] charged to its first Forward
-  std::vector<double> reduce_seconds;            // [stage]
+  std::vector<double> reduce_seconds;            // [stage] ReduceGrads (round 1 when sharded)
+  std::vector<double> gather_seconds;            // [stage] GatherWeights (sharded: round 2)
   std::vector<double> activation_bytes;          // [rank] per micro-batch (largest)
   std::vector<double> checkpoint_bytes;          // [rank] per micro-batch (largest)
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -17,8 +18,9 @@ namespace ht::plan {
 const char* op_name(Op op) {
   static constexpr const char* names[] = {  // in the order of enum Op
       "LoadMicroBatch", "Forward",  "Backward",    "SendActivation", "RecvActivation",
-      "SendGrad",       "RecvGrad", "ReduceGrads", "OptimizerStep",  "Recompute"};
-  static_assert(std::size(names) == static_cast<size_t>(Op::recompute) + 1);
+      "SendGrad",       "RecvGrad", "ReduceGrads", "OptimizerStep",  "Recompute",
+      "ReduceStart",    "GatherWeights", "ShareWeights", "AwaitWeights"};
+  static_assert(std::size(names) == static_cast<size_t>(Op::await_weights) + 1);
   const auto i = static_cast<size_t>(op);
   return i < std::size(names) ? names[i] : "UnknownOp";
 }
@@ -63,6 +65,22 @@ int64_t micro_batch_samples(const PipelineLayout& layout, int replica, int mb) {
   HT_CHECK(mb >= 0 && mb < m, "micro_batch_samples: micro-batch ", mb, " of replica ", replica,
            "; expected 0 to ", m - 1);
   return n / m + (mb < n % m ? 1 : 0);
+}
+
+bool has_trial(const PipelineLayout& layout) {
+  return std::any_of(layout.alternate_micro_batches.begin(), layout.alternate_micro_batches.end(),
+                     [](int m) { return m > 0; });
+}
+
+PipelineLayout trial_layout(const PipelineLayout& layout) {
+  PipelineLayout out = layout;
+  const std::vector<int>& alternate = layout.alternate_micro_batches;
+  HT_CHECK(alternate.empty() || alternate.size() == layout.micro_batches.size(), "trial_layout: ",
+           alternate.size(), " alternate_micro_batches for ", layout.micro_batches.size(), " replicas");
+  for (size_t r = 0; r < alternate.size(); ++r)
+    if (alternate[r] > 0) out.micro_batches[r] = alternate[r];
+  out.alternate_micro_batches.clear();
+  return out;
 }
 
 int warmup_forwards(int stage, int stages, int micro_batches) {
@@ -208,6 +226,9 @@ std::vector<Schedule> build_replica(const PipelineLayout& layout, size_t replica
           if (s == 0 || s == stages - 1) compute(Op::load_micro_batch);
           compute(Op::forward);
         } else {
+          // The last Backward completes every block's gradients as it goes, so the
+          // reduction can take them block by block from there on.
+          if (layout.replicas.size() > 1 && next[s] + 1 == order[s].size()) compute(Op::reduce_start);
           // Recompute right before the Backward: the rebuilt activations then live only as
           // long as the Backward that needs them.
           if (recomputes(s)) compute(Op::recompute);
@@ -258,6 +279,33 @@ std::vector<Schedule> build_1f1b(const PipelineLayout& layout, int world_size) {
   return schedules;
 }
 
+void add_weight_sync(std::vector<Schedule>& schedules, const PipelineLayout& layout,
+                     const std::vector<WeightSync>& sync) {
+  if (sync.empty()) return;
+  const size_t stages = layout.replicas.at(0).size();
+  HT_CHECK(sync.size() == stages, "add_weight_sync: ", sync.size(), " entries for ", stages, " stages");
+  for (size_t s = 0; s < stages; ++s) {
+    if (sync[s] == WeightSync::own) continue;
+    const int hub = layout.reduce_owner;
+    HT_CHECK(sync[s] != WeightSync::share || (hub >= 0 && static_cast<size_t>(hub) < layout.replicas.size()),
+             "add_weight_sync: stage ", s, " shares its hub's weights but the layout has no hub (reduce_owner ",
+             hub, ")");
+    for (size_t r = 0; r < layout.replicas.size(); ++r) {
+      const int rank = layout.replicas[r][s];
+      Schedule& sched = schedules.at(static_cast<size_t>(rank));
+      auto it = std::find_if(sched.begin(), sched.end(), [](const Instruction& in) { return in.op == Op::optimizer_step; });
+      HT_CHECK(it != sched.end(), "add_weight_sync: rank ", rank, " has no OptimizerStep");
+      Instruction in{Op::gather_weights, -1, static_cast<int>(s)};
+      if (sync[s] == WeightSync::share) {
+        const bool is_hub = static_cast<int>(r) == hub;
+        in.op = is_hub ? Op::share_weights : Op::await_weights;
+        if (!is_hub) in.peer = layout.replicas[static_cast<size_t>(hub)][s];
+      }
+      sched.insert(it + 1, in);
+    }
+  }
+}
+
 InstructionCounts expected_1f1b_counts(int stage, int stages, int micro_batches, int replicas,
                                        bool recompute) {
   HT_CHECK(stages >= 1 && stage >= 0 && stage < stages, "expected_1f1b_counts: stage ", stage,
@@ -272,7 +320,7 @@ InstructionCounts expected_1f1b_counts(int stage, int stages, int micro_batches,
   c.send_activations = c.recv_grads = last ? 0 : m;
   c.recv_activations = c.send_grads = first ? 0 : m;
   c.recomputes = recompute ? m : 0;
-  c.reduces = replicas > 1 ? 1 : 0;
+  c.reduces = c.reduce_starts = replicas > 1 ? 1 : 0;
   c.steps = 1;
   return c;
 }
@@ -291,6 +339,10 @@ InstructionCounts count(const Schedule& schedule) {
       case Op::reduce_grads: ++c.reduces; break;
       case Op::optimizer_step: ++c.steps; break;
       case Op::recompute: ++c.recomputes; break;
+      case Op::reduce_start: ++c.reduce_starts; break;
+      case Op::gather_weights: ++c.gathers; break;
+      case Op::share_weights: ++c.shares; break;
+      case Op::await_weights: ++c.awaits; break;
     }
   return c;
 }
@@ -314,10 +366,11 @@ std::optional<ScheduleReport> check_pairing(const std::vector<Schedule>& all) {
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < all[r].size(); ++i) {
       const Instruction& in = all[r][i];
-      if (!is_send(in.op) && !is_recv(in.op)) continue;
+      if (!is_send(in.op) && !is_recv(in.op) && in.op != Op::await_weights) continue;
       if (in.peer < 0 || in.peer >= n || in.peer == r)
         return problem(where(all, r, i) + ": peer " + std::to_string(in.peer) +
                        " is not another rank in [0, " + std::to_string(n) + ")");
+      if (in.op == Op::await_weights) continue;  // see check_weight_word
       if (is_send(in.op)) sends[{r, in.peer, in.op}].push_back(i);
       else recvs[{in.peer, r, send_of(in.op)}].push_back(i);
     }
@@ -352,11 +405,104 @@ std::optional<ScheduleReport> check_pairing(const std::vector<Schedule>& all) {
   return std::nullopt;
 }
 
+// Where each rank holds `op`, per stage: (stage, op) -> rank -> instruction indices.
+using Holders = std::map<std::pair<int, Op>, std::map<int, std::vector<size_t>>>;
+Holders holders(const std::vector<Schedule>& all) {
+  Holders h;
+  for (int r = 0; r < static_cast<int>(all.size()); ++r)
+    for (size_t i = 0; i < all[r].size(); ++i) h[{all[r][i].stage, all[r][i].op}][r].push_back(i);
+  return h;
+}
+
+// (e) The executor runs these over the stage's whole group (every replica's rank of the
+// stage), so a rank of the group without one would leave the others waiting, and one
+// outside it would wait alone.
+std::optional<ScheduleReport> check_stage_groups(const std::vector<Schedule>& all) {
+  const Holders h = holders(all);
+  // The ranks holding any of `ops` for stage s, each with its first such instruction.
+  auto held = [&](int s, std::initializer_list<Op> ops) {
+    std::map<int, size_t> out;
+    for (Op op : ops)
+      if (auto it = h.find({s, op}); it != h.end())
+        for (const auto& [r, at] : it->second) out.try_emplace(r, at.front());
+    return out;
+  };
+  auto text = [](const std::map<int, size_t>& ranks) {
+    std::string t;
+    for (const auto& [r, i] : ranks) t += (t.empty() ? "" : ", ") + std::to_string(r);
+    return t.empty() ? std::string("none") : t;
+  };
+  std::set<int> stages;
+  for (const auto& [key, at] : h) stages.insert(key.first);
+  for (int s : stages) {
+    const std::map<int, size_t> group = held(s, {Op::reduce_grads});
+    const std::pair<const char*, std::map<int, size_t>> kinds[] = {
+        {"ReduceStart", held(s, {Op::reduce_start})},
+        {"GatherWeights", held(s, {Op::gather_weights})},
+        {"ShareWeights/AwaitWeights", held(s, {Op::share_weights, Op::await_weights})}};
+    for (const auto& [what, ranks] : kinds) {
+      if (ranks.empty()) continue;
+      for (const auto& [r, i] : ranks)
+        if (!group.count(r))
+          return problem(where(all, r, i) + ": rank " + std::to_string(r) + " holds no ReduceGrads of stage " +
+                         std::to_string(s) + "; its " + what + " runs over that group (ranks " + text(group) + ")");
+      for (const auto& [r, i] : group)
+        if (!ranks.count(r))
+          return problem(where(all, r, i) + ": stage " + std::to_string(s) + "'s " + what + " is held by ranks " +
+                         text(ranks) + " but not by rank " + std::to_string(r) +
+                         ", which reduces the stage; expected every rank of the group");
+    }
+  }
+  return std::nullopt;
+}
+
+// (a) for the hub's word: the k-th AwaitWeights of a stage on rank r waiting for rank h
+// is told by h's k-th ShareWeights of that stage, and every other rank of the stage's
+// group waits for each one.
+std::optional<ScheduleReport> check_weight_word(const std::vector<Schedule>& all) {
+  const Holders h = holders(all);
+  auto indices = [&](int s, Op op, int r) {
+    const auto it = h.find({s, op});
+    if (it == h.end() || !it->second.count(r)) return std::vector<size_t>{};
+    return it->second.at(r);
+  };
+  for (const auto& [key, by_rank] : h) {
+    const int s = key.first;
+    if (key.second == Op::await_weights) {
+      for (const auto& [r, at] : by_rank) {
+        std::map<int, size_t> waits;  // hub -> this rank's AwaitWeights of it so far
+        for (size_t i : at) {
+          const int hub = all[r][i].peer;
+          if (waits[hub]++ >= indices(s, Op::share_weights, hub).size())
+            return problem(where(all, r, i) + " has no matching ShareWeights of stage " + std::to_string(s) +
+                           " on rank " + std::to_string(hub));
+        }
+      }
+    } else if (key.second == Op::share_weights) {
+      const auto group = h.find({s, Op::reduce_grads});
+      if (group == h.end()) continue;  // check_stage_groups names it
+      for (const auto& [hub, at] : by_rank)
+        for (const auto& [r, unused] : group->second) {
+          if (r == hub) continue;
+          size_t n = 0;
+          for (size_t i : indices(s, Op::await_weights, r)) n += all[r][i].peer == hub ? 1 : 0;
+          if (n != at.size())
+            return problem(where(all, hub, at.front()) + ": rank " + std::to_string(r) + " of stage " +
+                           std::to_string(s) + "'s group waits for it " + std::to_string(n) + " times; expected " +
+                           std::to_string(at.size()));
+        }
+    }
+  }
+  return std::nullopt;
+}
+
 // (c) and (d), per rank: micro-batch coverage and the order of compute and step ops.
 std::optional<ScheduleReport> check_rank(const std::vector<Schedule>& all, int r) {
   std::map<std::pair<int, int>, size_t> forwarded, backwarded;  // (stage, mb) -> index
   const Schedule& sched = all[r];
   std::optional<size_t> last_backward, step;
+  std::map<int, size_t> reduce_start;   // stage -> its ReduceStart
+  std::set<int> reduced;                // stages with a ReduceGrads so far
   for (size_t i = 0; i < sched.size(); ++i) {
     const Instruction& in = sched[i];
     const std::pair<int, int> key{in.stage, in.micro_batch};
@@ -383,7 +529,18 @@ std::optional<ScheduleReport> check_rank(const std::vector<Schedule>& all, int r
     } else if (in.op == Op::reduce_grads && step) {
       return problem(where(all, r, i) + ": comes after the OptimizerStep at instruction " +
                      std::to_string(*step) + ", so the step used unreduced gradients");
+    } else if (in.op == Op::reduce_start) {
+      if (auto it = reduce_start.find(in.stage); it != reduce_start.end())
+        return problem(where(all, r, i) + ": the stage's reduction was already started at instruction " +
+                       std::to_string(it->second));
+      reduce_start[in.stage] = i;
+    } else if (in.op == Op::gather_weights || in.op == Op::share_weights || in.op == Op::await_weights) {
+      if (!step)
+        return problem(where(all, r, i) + ": comes before the OptimizerStep, so the weights are not yet updated");
+      if (!reduced.count(in.stage))
+        return problem(where(all, r, i) + ": the rank holds no ReduceGrads of stage " + std::to_string(in.stage));
     }
+    if (in.op == Op::reduce_grads) reduced.insert(in.stage);
   }
   for (const auto& [key, i] : forwarded)
     if (!backwarded.count(key))
@@ -393,60 +550,116 @@ std::optional<ScheduleReport> check_rank(const std::vector<Schedule>& all, int r
       if (sched[i].op == Op::reduce_grads || sched[i].op == Op::optimizer_step)
         return problem(where(all, r, i) + ": comes before the last Backward at instruction " +
                        std::to_string(*last_backward) + ", so gradients are incomplete");
+  // A ReduceStart hands the reduction the gradients that the Backward after it completes:
+  // only the rank's last Backward completes them, and only a ReduceGrads then finishes it.
+  for (const auto& [stage, i] : reduce_start) {
+    const int mb = sched[i].micro_batch;
+    if (!last_backward || *last_backward < i || sched[*last_backward].micro_batch != mb)
+      return problem(where(all, r, i) + ": the rank's last Backward " +
+                     (last_backward ? "is " + where(all, r, *last_backward) : std::string("is missing")) +
+                     "; expected the Backward of micro-batch " + std::to_string(mb) + " after it, and no other");
+    for (size_t k = i + 1; k < *last_backward; ++k)
+      if (sched[k].op == Op::backward)
+        return problem(where(all, r, i) + ": " + where(all, r, k) +
+                       " comes between it and the last Backward; gradients are final only in the last");
+    bool finished = false;
+    for (size_t k = i + 1; k < sched.size(); ++k)
+      finished = finished || (sched[k].op == Op::reduce_grads && sched[k].stage == stage);
+    if (!finished) return problem(where(all, r, i) + ": no ReduceGrads of its stage follows to finish it");
+  }
   return std::nullopt;
 }
 
-// (b) Deadlock: run every rank with the strictest MPI semantics. A send completes only
-// together with its receive (rendezvous), so it advances only when the peer is at the
-// matching receive; pairing was checked first, so the receive at the peer's front is the
-// right one. ReduceGrads of stage s completes when every rank holding one for s is there.
+// (b) Deadlock: the lock-step sweep under the strictest MPI semantics (rendezvous sends);
+// pairing was checked first, so the receive at a sender's peer's front is the right one.
 std::optional<ScheduleReport> check_deadlock(const std::vector<Schedule>& all) {
-  const int n = static_cast<int>(all.size());
-  std::vector<size_t> pos(n, 0);
-  std::map<int, std::set<int>> reduce_group;  // stage -> ranks that reduce it
-  for (int r = 0; r < n; ++r)
-    for (const Instruction& in : all[r])
-      if (in.op == Op::reduce_grads) reduce_group[in.stage].insert(r);
-  auto at = [&](int r) -> const Instruction* {
-    return pos[r] < all[r].size() ? &all[r][pos[r]] : nullptr;
-  };
-
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int r = 0; r < n; ++r) {
-      while (const Instruction* in = at(r)) {
-        if (is_recv(in->op)) break;  // completed from the sender's side
-        if (is_send(in->op)) {
-          const Instruction* other = at(in->peer);
-          if (!other || other->op != recv_of(in->op) || other->peer != r) break;
-          ++pos[in->peer];
-        } else if (in->op == Op::reduce_grads) {
-          const std::set<int>& group = reduce_group[in->stage];
-          bool all_there = true;
-          for (int g : group) {
-            const Instruction* o = at(g);
-            all_there = all_there && o && o->op == Op::reduce_grads && o->stage == in->stage;
-          }
-          if (!all_there) break;
-          for (int g : group)
-            if (g != r) ++pos[g];
-        }
-        ++pos[r];
-        progress = true;
-      }
-    }
-  }
+  const std::vector<size_t> pos = sweep(all, [](const SweepEvent&) {});
   std::string stuck;
-  for (int r = 0; r < n; ++r)
-    if (at(r)) stuck += (stuck.empty() ? "" : "; ") + where(all, r, pos[r]);
+  for (size_t r = 0; r < all.size(); ++r)
+    if (pos[r] < all[r].size()) stuck += (stuck.empty() ? "" : "; ") + where(all, static_cast<int>(r), pos[r]);
   if (!stuck.empty()) return problem("deadlock under rendezvous sends: " + stuck);
   return std::nullopt;
 }
 
 }  // namespace
 
+std::vector<size_t> sweep(const std::vector<Schedule>& all,
+                          const std::function<void(const SweepEvent&)>& fire) {
+  const int n = static_cast<int>(all.size());
+  std::map<std::pair<Op, int>, std::vector<int>> group;   // (op, stage) -> holders, rank order
+  std::map<std::pair<int, int>, std::vector<size_t>> told;  // (hub, stage) -> its ShareWeights
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < all[r].size(); ++i) {
+      const Instruction& in = all[r][i];
+      if (is_send(in.op) || is_recv(in.op) || in.op == Op::await_weights)
+        HT_CHECK(in.peer >= 0 && in.peer < n && in.peer != r, "sweep: rank ", r, " instruction ", i, " (",
+                 to_text(in), "): peer is not another rank in [0, ", n, ")");
+      if (is_collective(in.op)) {
+        std::vector<int>& g = group[{in.op, in.stage}];
+        if (g.empty() || g.back() != r) g.push_back(r);
+      }
+      if (in.op == Op::share_weights) told[{r, in.stage}].push_back(i);
+    }
+  // Each AwaitWeights' ShareWeights: the k-th of its (peer, stage) for the k-th wait.
+  std::map<std::pair<int, size_t>, size_t> word;  // (rank, index) -> the peer's index
+  for (int r = 0; r < n; ++r) {
+    std::map<std::pair<int, int>, size_t> seen;
+    for (size_t i = 0; i < all[r].size(); ++i) {
+      const Instruction& in = all[r][i];
+      if (in.op != Op::await_weights) continue;
+      const size_t k = seen[{in.peer, in.stage}]++;
+      const auto it = told.find({in.peer, in.stage});
+      if (it != told.end() && k < it->second.size()) word[{r, i}] = it->second[k];
+    }
+  }
+
+  std::vector<size_t> pos(n, 0);
+  auto at = [&](int r) -> const Instruction* { return pos[r] < all[r].size() ? &all[r][pos[r]] : nullptr; };
+  SweepEvent e;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < n; ++r) {
+      while (const Instruction* in = at(r)) {
+        if (is_recv(in->op)) break;  // fired from the sender's side
+        e.at.clear();
+        if (is_send(in->op)) {
+          const Instruction* other = at(in->peer);
+          if (!other || other->op != recv_of(in->op) || other->peer != r) break;
+          e.kind = SweepEvent::Kind::pair;
+          e.at = {{r, pos[r]}, {in->peer, pos[in->peer]}};
+        } else if (is_collective(in->op)) {
+          const std::vector<int>& g = group.at({in->op, in->stage});
+          bool all_there = true;
+          for (int m : g) {
+            const Instruction* o = at(m);
+            all_there = all_there && o && o->op == in->op && o->stage == in->stage;
+          }
+          if (!all_there) break;
+          e.kind = SweepEvent::Kind::collective;
+          for (int m : g) e.at.emplace_back(m, pos[m]);
+        } else if (in->op == Op::await_weights) {
+          const auto it = word.find({r, pos[r]});
+          if (it == word.end() || pos[in->peer] <= it->second) break;
+          e.kind = SweepEvent::Kind::await;
+          e.at = {{r, pos[r]}, {in->peer, it->second}};
+        } else {
+          e.kind = SweepEvent::Kind::local;
+          e.at = {{r, pos[r]}};
+        }
+        fire(e);
+        if (e.kind == SweepEvent::Kind::await) e.at.pop_back();  // the peer's is behind it
+        for (const auto& [m, i] : e.at) ++pos[m];
+        progress = true;
+      }
+    }
+  }
+  return pos;
+}
+
 ScheduleReport check_schedules(const std::vector<Schedule>& schedules) {
   if (auto p = check_pairing(schedules)) return *p;
+  if (auto p = check_weight_word(schedules)) return *p;
+  if (auto p = check_stage_groups(schedules)) return *p;
   for (int r = 0; r < static_cast<int>(schedules.size()); ++r)
     if (auto p = check_rank(schedules, r)) return *p;
   if (auto p = check_deadlock(schedules)) return *p;

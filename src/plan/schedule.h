@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ht::plan {
@@ -21,6 +23,21 @@ enum class Op {
   reduce_grads,      // collective over the ranks that run the same stage in every replica
   optimizer_step,
   recompute,         // re-run the forward of a micro-batch whose activations were dropped
+  // Opens the stage's ReduceGrads before the rank's last Backward (micro_batch = that
+  // Backward's): as that Backward finishes each block, the block's gradients are final and
+  // join the all-reduce, which so overlaps the rest of the backward pass. ReduceGrads
+  // finishes it. Never blocks. Every rank of the stage's reduction has one, or none does
+  // (they must add the same tensors in the same order).
+  reduce_start,
+  // Collective over the stage's ReduceGrads group, after OptimizerStep, where the
+  // optimiser state is sharded: each rank sends its part of the updated weights and takes
+  // the others' (round 2 of the all-reduce, carrying weights instead of sums).
+  gather_weights,
+  // Where the stage's hub steps the optimiser and its replicas compute with the hub's
+  // weights in place (shared memory): the hub posts word that the weights are updated
+  // (never blocks), and each other replica waits for it (peer = the hub's rank).
+  share_weights,
+  await_weights,
 };
 
 // "LoadMicroBatch", "Forward", ...: the one spelling shared by executor, simulator, JSON
@@ -32,12 +49,14 @@ constexpr bool is_send(Op op) { return op == Op::send_activation || op == Op::se
 constexpr bool is_recv(Op op) { return op == Op::recv_activation || op == Op::recv_grad; }
 constexpr Op send_of(Op recv) { return recv == Op::recv_activation ? Op::send_activation : Op::send_grad; }
 constexpr Op recv_of(Op send) { return send == Op::send_activation ? Op::recv_activation : Op::recv_grad; }
+// Collectives complete together on every rank holding one of the same op and stage.
+constexpr bool is_collective(Op op) { return op == Op::reduce_grads || op == Op::gather_weights; }
 
 struct Instruction {
   Op op;
-  int micro_batch = -1;  // -1 for per-step ops (ReduceGrads, OptimizerStep)
+  int micro_batch = -1;  // -1 for per-step ops (ReduceGrads, OptimizerStep, ...)
   int stage = -1;
-  int peer = -1;         // world rank on the other end of a send/recv; -1 otherwise
+  int peer = -1;         // world rank on the other end of a send/recv, or awaited; -1 otherwise
   int64_t bytes = 0;     // payload of a send/recv: boundary bytes per sample x micro-batch size
 };
 
@@ -62,10 +81,15 @@ struct PipelineLayout {
   int reduce_owner = -1;
   // A micro-batch trial (plan/rebalance.h): per replica, the count it runs in every other
   // step instead of micro_batches (0: none), so that both are measured in the same
-  // stretch of time; empty: no trial. Only the executor reads it: the simulator and the
-  // memory plan take micro_batches.
+  // stretch of time; empty: no trial. Those steps run the lists of trial_layout(); the
+  // memory plan takes micro_batches.
   std::vector<int> alternate_micro_batches;
 };
+
+// The layout of a micro-batch trial's alternate steps: micro_batches replaced by
+// alternate_micro_batches where that is > 0, and no trial of its own.
+PipelineLayout trial_layout(const PipelineLayout& layout);
+bool has_trial(const PipelineLayout& layout);
 
 // Samples in micro-batch `mb` of `replica`: its share cut into M near-equal parts, the
 // first (samples mod M) one larger. Executor and simulator both size micro-batches by this.
@@ -100,36 +124,83 @@ int warmup_forwards(int stage, int stages, int micro_batches);
 // that really costs 1x its Forward, not 2x), a receive can be posted before compute that
 // does not need it and stall the rank. check_schedules verifies the result under
 // rendezvous semantics.
+//
+// Reduction: with more than one replica, each rank's last Backward is preceded by
+// ReduceStart (its gradients join the all-reduce block by block) and its OptimizerStep by
+// ReduceGrads (the finish).
 std::vector<Schedule> build_1f1b(const PipelineLayout& layout, int world_size);
+
+// How a stage's replicas get the weights after OptimizerStep: as they are (each updated
+// its own whole copy), gathered (GatherWeights: optimiser state sharded), or shared (the
+// hub steps the optimiser in shared memory: ShareWeights on the hub, AwaitWeights on the
+// others).
+enum class WeightSync { own, gather, share };
+
+// Appends the weight instructions after each rank's OptimizerStep, per stage as `sync`
+// says (one entry per stage; empty: own everywhere). `share` needs the layout's
+// reduce_owner: the hub replica.
+void add_weight_sync(std::vector<Schedule>& schedules, const PipelineLayout& layout,
+                     const std::vector<WeightSync>& sync);
 
 struct ScheduleReport {
   bool ok = true;
   std::string problem;  // names the rank(s) and instruction(s) when !ok
 };
 
-// Checks (a), (c), (d), then (b), returning the first problem found (local faults first,
-// since a deadlock they cause would only show where the ranks got stuck):
+// Returns the first problem found, local faults before the deadlock check, since a
+// deadlock they cause would only show where the ranks got stuck:
 //  (a) every send has a receive of the matching kind on its peer with the same micro-batch
-//      and bytes, in the same order per (src, dst, kind);
+//      and bytes, in the same order per (src, dst, kind); every AwaitWeights has a
+//      ShareWeights of its stage on its peer;
 //  (b) no deadlock when sends are rendezvous and receives block; ReduceGrads of stage s is
-//      a barrier over every rank holding a ReduceGrads for stage s;
+//      a barrier over every rank holding a ReduceGrads for stage s, GatherWeights likewise;
+//      an AwaitWeights waits until its peer has posted the matching ShareWeights;
 //  (c) per rank and stage, each forwarded micro-batch is backwarded exactly once, never
 //      forwarded twice, and never backwarded (or recomputed) before its Forward;
 //  (d) ReduceGrads and OptimizerStep come after the rank's last Backward, and
-//      OptimizerStep after ReduceGrads.
+//      OptimizerStep after ReduceGrads; a ReduceStart comes after every Backward but the
+//      last, which is of its micro-batch, and before a ReduceGrads of its stage; the
+//      weight instructions come after OptimizerStep, on a rank that reduces their stage;
+//  (e) a stage's ReduceStarts, GatherWeights and ShareWeights/AwaitWeights span the
+//      same ranks as its ReduceGrads (all of them or, for ReduceStart, none).
+// (a) and (e) come first, then (c) and (d) rank by rank, then (b).
 ScheduleReport check_schedules(const std::vector<Schedule>& schedules);
+
+// --- The lock-step sweep ---
+// The one interpretation of the lists' blocking rules, shared by check_schedules'
+// deadlock check and the simulator: every rank runs until it blocks; a send is
+// rendezvous (it fires with its receive, once the peer stands at the matching receive); a
+// collective fires once every rank holding it for that stage stands at it; an
+// AwaitWeights fires once its peer has fired the matching ShareWeights; anything else
+// fires alone. Ranks are visited in order, repeatedly, until none moves; each fired
+// event goes to `fire`, which sees the participants before they advance.
+struct SweepEvent {
+  enum class Kind { local, pair, collective, await };
+  Kind kind = Kind::local;
+  // (rank, instruction index) of each participant: local, the rank; pair, the sender then
+  // the receiver; collective, every holder in rank order; await, the waiting rank then
+  // the peer's ShareWeights (fired before).
+  std::vector<std::pair<int, size_t>> at;
+};
+// Returns where each rank stopped: the size of its list when it ran to the end. Peers
+// must be ranks of the world (check_schedules' pairing check and the simulator refuse
+// others first; here they are an error).
+std::vector<size_t> sweep(const std::vector<Schedule>& schedules,
+                          const std::function<void(const SweepEvent&)>& fire);
 
 struct InstructionCounts {
   int loads = 0, forwards = 0, backwards = 0;
   int send_activations = 0, recv_activations = 0, send_grads = 0, recv_grads = 0;
   int recomputes = 0, reduces = 0, steps = 0;
+  int reduce_starts = 0, gathers = 0, shares = 0, awaits = 0;
   bool operator==(const InstructionCounts&) const = default;
 };
 
 // What build_1f1b emits for one stage: M forwards and backwards; M activation sends unless
 // last, M activation recvs unless first (grads the other way); M loads on the first and on
-// the last stage (M, not 2M, when S = 1); M recomputes when on; one ReduceGrads when there
-// is more than one replica; one OptimizerStep.
+// the last stage (M, not 2M, when S = 1); M recomputes when on; one ReduceStart and one
+// ReduceGrads when there is more than one replica; one OptimizerStep. (add_weight_sync
+// adds the rest.)
 InstructionCounts expected_1f1b_counts(int stage, int stages, int micro_batches, int replicas,
                                        bool recompute);
 InstructionCounts count(const Schedule& schedule);

@@ -29,8 +29,8 @@ R cost(const std::function<R(Args...)>& f, const char* what, std::type_identity_
 class Simulator {
  public:
   Simulator(const std::vector<Schedule>& all, const CostModel& costs)
-      : all_(all), costs_(costs), n_(static_cast<int>(all.size())), pos_(n_, 0),
-        clock_(n_, 0.0), held_(n_), recomputed_(n_), current_(n_, 0) {
+      : all_(all), costs_(costs), n_(static_cast<int>(all.size())), clock_(n_, 0.0), held_(n_),
+        recomputed_(n_), current_(n_, 0) {
     res_.busy_seconds.assign(n_, 0.0);
     res_.comm_seconds.assign(n_, 0.0);
     res_.idle_seconds.assign(n_, 0.0);
@@ -40,28 +40,18 @@ class Simulator {
       for (size_t i = 0; i < all_[r].size(); ++i) {
         const Instruction& in = all_[r][i];
         // A bad peer would index outside the world below, so it is a hard error up front.
-        if (is_send(in.op) || is_recv(in.op))
+        if (is_send(in.op) || is_recv(in.op) || in.op == Op::await_weights)
           HT_CHECK(in.peer >= 0 && in.peer < n_ && in.peer != r, "simulate: ", where(r, i),
                    ": peer is not another rank in [0, ", n_, ")");
-        if (in.op == Op::reduce_grads) group_[in.stage].insert(r);
+        if (is_collective(in.op)) group_[{in.op, in.stage}].insert(r);
         if (in.op == Op::recompute) recomputed_[r].insert({in.stage, in.micro_batch});
       }
   }
 
   SimResult run() {
-    // The sweep of check_schedules' deadlock check, with clocks: each rank runs until it
-    // blocks on a peer; a pair or a collective fires once all its participants are there.
-    for (bool progress = true; progress;) {
-      progress = false;
-      for (int r = 0; r < n_; ++r)
-        while (const Instruction* in = at(r)) {
-          if (is_recv(in->op)) break;  // fired from the sender's side
-          if (is_send(in->op) ? !transfer(r, *in)
-                              : in->op == Op::reduce_grads ? !reduce(*in) : !compute(r, *in))
-            break;
-          progress = true;
-        }
-    }
+    // check_schedules' sweep, with clocks: each event starts when its last participant
+    // arrives, so the visiting order does not matter.
+    pos_ = sweep(all_, [this](const SweepEvent& e) { fire(e); });
     report_stuck();
     return summarise();
   }
@@ -75,6 +65,26 @@ class Simulator {
            to_text(all_[r][i]) + ")";
   }
 
+  void fire(const SweepEvent& e) {
+    const auto [r, i] = e.at.front();
+    const Instruction& in = all_[r][i];
+    switch (e.kind) {
+      case SweepEvent::Kind::pair: transfer(r, i, e.at[1].first, e.at[1].second); break;
+      case SweepEvent::Kind::collective: collective(e); break;
+      case SweepEvent::Kind::await: await(r, in, e.at[1].first, e.at[1].second); break;
+      case SweepEvent::Kind::local:
+        // Posting the block-by-block reduction or the hub's word takes no time: what they
+        // cost shows in the ReduceGrads and AwaitWeights that wait for them.
+        if (in.op == Op::reduce_start || in.op == Op::share_weights) {
+          communicate(r, in, clock_[r], clock_[r]);
+          if (in.op == Op::share_weights) told_at_[{r, i}] = clock_[r];
+        } else {
+          compute(r, in);
+        }
+        break;
+    }
+  }
+
   void span(int r, const Instruction& in, const char* category, double start, double end) {
     res_.timeline.push_back({r, op_name(in.op), category, start, end, in.micro_batch, in.stage});
   }
@@ -83,56 +93,54 @@ class Simulator {
     if (until > clock_[r]) span(r, in, "idle", clock_[r], until);
     clock_[r] = std::max(clock_[r], until);
   }
-  // Communication ends for one participant: busy in comm from start to end, next op.
-  void communicate(int r, double start, double end) {
-    const Instruction& in = *at(r);
+  // Communication ends for one participant: busy in comm from start to end.
+  void communicate(int r, const Instruction& in, double start, double end) {
     wait(r, in, start);
     span(r, in, "comm", start, end);
     res_.comm_seconds[r] += end - start;
     clock_[r] = end;
-    ++pos_[r];
   }
 
-  bool transfer(int r, const Instruction& in) {
-    const int p = in.peer;
-    const Instruction* other = at(p);
-    if (!other || other->op != recv_of(in.op) || other->peer != r) return false;
+  void transfer(int r, size_t i, int p, size_t j) {
+    const Instruction& in = all_[r][i];
+    const Instruction& other = all_[p][j];
     // The pair that meets is the one the executor would match, so a disagreement here means
     // one micro-batch's data would feed another's compute.
-    HT_CHECK(other->micro_batch == in.micro_batch && other->bytes == in.bytes,
-             "simulate: ", where(r, pos_[r]), " meets ", where(p, pos_[p]),
-             ": micro-batch or bytes differ");
+    HT_CHECK(other.micro_batch == in.micro_batch && other.bytes == in.bytes,
+             "simulate: ", where(r, i), " meets ", where(p, j), ": micro-batch or bytes differ");
     const double start = std::max(clock_[r], clock_[p]);  // rendezvous: both are there
     const double end = start + cost(costs_.message_seconds, "message_seconds", r, p, in.bytes);
-    communicate(p, start, end);
-    communicate(r, start, end);
-    return true;
+    communicate(p, other, start, end);
+    communicate(r, in, start, end);
   }
 
-  bool reduce(const Instruction& in) {
-    const std::set<int>& group = group_.at(in.stage);
+  void collective(const SweepEvent& e) {
+    const Instruction& in = all_[e.at.front().first][e.at.front().second];
     double start = 0, length = 0;
-    for (int g : group) {
-      const Instruction* o = at(g);
-      if (!o || o->op != Op::reduce_grads || o->stage != in.stage) return false;
-    }
-    for (int g : group) {
+    for (const auto& [g, i] : e.at) {
       start = std::max(start, clock_[g]);  // the collective waits for its last member
-      length = std::max(length, cost(costs_.reduce_seconds, "reduce_seconds", g, in.stage));
+      length = std::max(length, in.op == Op::gather_weights
+                                    ? cost(costs_.gather_seconds, "gather_seconds", g, in.stage)
+                                    : cost(costs_.reduce_seconds, "reduce_seconds", g, in.stage));
     }
-    for (int g : group) communicate(g, start, start + length);
-    return true;
+    for (const auto& [g, i] : e.at) communicate(g, all_[g][i], start, start + length);
   }
 
-  bool compute(int r, const Instruction& in) {
+  // The hub's word leaves when it posted it and takes one message's time.
+  void await(int r, const Instruction& in, int hub, size_t told) {
+    const double sent = told_at_.at({hub, told});
+    const double arrives = sent + cost(costs_.message_seconds, "message_seconds", hub, r, int64_t{1});
+    const double start = std::max(clock_[r], sent);
+    communicate(r, in, start, std::max(start, arrives));
+  }
+
+  void compute(int r, const Instruction& in) {
     const double start = clock_[r];
     const double end = start + cost(costs_.compute_seconds, "compute_seconds", r, in);
     span(r, in, "compute", start, end);
     res_.busy_seconds[r] += end - start;
     clock_[r] = end;
     track_memory(r, in);
-    ++pos_[r];
-    return true;
   }
 
   void track_memory(int r, const Instruction& in) {
@@ -171,9 +179,9 @@ class Simulator {
       text << (stuck ? "; " : "") << where(r, pos_[r]) << " waits for";
       stuck = true;
       std::vector<int> peers;
-      if (in->op == Op::reduce_grads) {
-        text << " the ReduceGrads of stage " << in->stage << " on";
-        for (int g : group_.at(in->stage))
+      if (is_collective(in->op)) {
+        text << " the " << op_name(in->op) << " of stage " << in->stage << " on";
+        for (int g : group_.at({in->op, in->stage}))
           if (g != r) peers.push_back(g);
       } else {
         peers.push_back(in->peer);
@@ -213,9 +221,10 @@ class Simulator {
   const std::vector<Schedule>& all_;
   const CostModel& costs_;
   const int n_;
-  std::vector<size_t> pos_;    // next instruction of each rank
-  std::vector<double> clock_;  // when each rank reaches pos_ (finished what came before)
-  std::map<int, std::set<int>> group_;  // stage -> ranks holding a ReduceGrads for it
+  std::vector<size_t> pos_;    // where each rank stopped (after the sweep)
+  std::vector<double> clock_;  // when each rank finished what it ran so far
+  std::map<std::pair<Op, int>, std::set<int>> group_;  // (collective, stage) -> its holders
+  std::map<std::pair<int, size_t>, double> told_at_;   // (hub, ShareWeights index) -> posted
   std::vector<std::map<std::pair<int, int>, int64_t>> held_;  // (stage, mb) -> stashed bytes
   std::vector<std::set<std::pair<int, int>>> recomputed_;     // (stage, mb) recomputed here
   std::vector<int64_t> current_;  // activation bytes held now, per rank

@@ -3,7 +3,8 @@
 // and idle time, the pipeline bubble, peak activation memory and a timeline in the same
 // form the executor records (plan/timeline.h).
 //
-// Communication semantics (the same blocking model as check_schedules' deadlock check):
+// Communication semantics (check_schedules' lock-step sweep, plan/schedule.h's sweep(),
+// with clocks):
 //  - A send and its receive complete together. The transfer starts when BOTH ends have
 //    reached the pair (rendezvous) and lasts message_seconds(src, dst, bytes); both ranks
 //    are busy ("comm") for that time, and a rank that arrives first is idle until the
@@ -13,7 +14,11 @@
 //    not to block in MPI, so predicting with it keeps prediction and execution consistent.
 //  - ReduceGrads of stage s is a collective over every rank holding a ReduceGrads for s:
 //    it starts when the last of them arrives and ends at start + max of their
-//    reduce_seconds(rank, s), for all of them.
+//    reduce_seconds(rank, s), for all of them. GatherWeights likewise, with gather_seconds.
+//  - ReduceStart and ShareWeights post messages and take no time: the overlapped
+//    reduction is charged whole at ReduceGrads (no credit for the overlap, so a
+//    conservative prediction), the hub's word at the AwaitWeights that waits for it, from
+//    when it was posted plus message_seconds(hub, rank, 1).
 //  - Every other instruction is compute and occupies its rank for compute_seconds.
 // Each event's start is the max of its participants' arrival times, so the result does not
 // depend on the order in which the simulator happens to visit ranks.
@@ -37,6 +42,8 @@ struct CostModel {
   std::function<double(int src, int dst, int64_t bytes)> message_seconds;
   // This rank's part of the ReduceGrads collective of `stage`.
   std::function<double(int rank, int stage)> reduce_seconds;
+  // This rank's part of the GatherWeights collective of `stage` (a sharded stage).
+  std::function<double(int rank, int stage)> gather_seconds;
   // Activations one micro-batch stashes on this rank between its Forward and Backward.
   std::function<int64_t(int rank, int stage)> activation_bytes;
   // What stays stashed instead when the stage recomputes (the schedule holds a Recompute

@@ -83,6 +83,7 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
     block_params_.push_back(block_params_.back() + model.block(static_cast<size_t>(b)).named_parameters().size());
   shards_ = plan::optimizer_shards(plan, static_cast<size_t>(stage_));
   if (plan::hub_steps_optimizer(plan) && stage_group_->size() > 1) share_weights();
+  if (shared_weights_) take_shares();  // lists with the hub's word instead of GatherWeights
   if (shards_.empty()) {
     opt_ = optim::make_optimizer(train.optimizer, params_);
     return;
@@ -93,7 +94,8 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
 
 // The hub's weights go into shared memory, where the stage's other replicas compute
 // with them: each step they need not travel to every replica (which took 4% of a
-// throttled replica's CPU in the CNN), only word that they are updated (gather_weights).
+// throttled replica's CPU in the CNN), only word that they are updated (ShareWeights and
+// AwaitWeights in the lists, pass_weights_word).
 // Where that memory cannot be had (ranks on several hosts, emulated links, a memory cap
 // that must count the weights), the weights travel as before.
 void Executor::share_weights() {
@@ -138,13 +140,20 @@ Executor::~Executor() {
 
 void Executor::take_shares() {
   rank_plan_ = plan_.ranks[static_cast<size_t>(world_.rank())];
-  layout_ = plan_.layout;
+  const auto rank = static_cast<size_t>(world_.rank());
+  std::vector<bool> shared(plan_.stage_ranges.size(), false);
+  if (rank_plan_.stage >= 0) shared[static_cast<size_t>(rank_plan_.stage)] = shared_weights_;
+  regular_schedule_ = plan::plan_schedules(plan_, false, shared)[rank];
+  const bool on_trial = rank_plan_.replica >= 0 && plan::has_trial(plan_.layout) &&
+                        plan_.layout.alternate_micro_batches[static_cast<size_t>(rank_plan_.replica)] > 0;
+  trial_schedule_ = on_trial ? plan::plan_schedules(plan_, true, shared)[rank] : plan::Schedule{};
   alternate_next_ = false;
-  use_layout();
+  use_layout(false);
 }
 
-void Executor::use_layout() {
-  schedule_ = plan::build_1f1b(layout_, plan_.world_size)[static_cast<size_t>(world_.rank())];
+void Executor::use_layout(bool trial) {
+  layout_ = trial ? plan::trial_layout(plan_.layout) : plan_.layout;
+  schedule_ = trial ? trial_schedule_ : regular_schedule_;
   if (rank_plan_.replica < 0) return;  // idle
   const auto r = static_cast<size_t>(rank_plan_.replica);
   for (const plan::Instruction& in : schedule_)
@@ -230,7 +239,7 @@ void Executor::backward(int mb) {
            " without its Forward");
   HT_CHECK(last_ || m.grad_output.defined(), "executor: rank ", world_.rank(),
            " runs Backward of micro-batch ", mb, " before its gradient arrived");
-  const bool overlap = reduce_ && mb == last_backward_mb_;
+  const bool overlap = reduce_ && mb == overlap_mb_;  // after its ReduceStart
   Tensor grad = m.grad_output;
   for (size_t i = m.segments.size(); i-- > 0;) {
     auto& [in, out] = m.segments[i];
@@ -372,7 +381,8 @@ void Executor::set_guard(const config::GuardConfig& guard) {
 }
 
 // What the last Backward did not start (nothing when it overlapped), then the wait. A
-// sharded stage's all-reduce stops at the sums of this rank's parts; gather_weights ends it.
+// sharded stage's all-reduce stops at the sums of this rank's parts; GatherWeights (or the
+// hub's word) ends it.
 void Executor::reduce_grads() {
   if (!reduce_) return;  // the only replica of its stage
   if (reduce_->added() == 0) add_to_reduce(0, params_.size());
@@ -425,27 +435,35 @@ void Executor::optimizer_step(float lr) {
   opt_->step();
 }
 
-double Executor::gather_weights() {
-  const auto t0 = Clock::now();
-  if (shared_weights_) {  // the hub updated them in place: it tells the others so
-    reduce_->end_without_gather();
-    reduce_.reset();
-    const int hub = plan_.layout.reduce_owner;
-    if (replica_ == hub) {
-      static const char kUpdated = 1;
-      std::erase_if(updated_, [](comm::Request& r) { return r.test(); });
-      for (int j = 0; j < stage_group_->size(); ++j)
-        if (j != hub) updated_.push_back(stage_group_->isend_bytes(&kUpdated, 1, j, kTagWeightsUpdated));
-    } else {
-      char word = 0;
-      comm::Request r = stage_group_->irecv_bytes(&word, 1, hub, kTagWeightsUpdated);
-      if (r.wait(peer_timeout_) != comm::WaitStatus::done)
-        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-            world_.rank(), {stage_group_->world_rank(hub)},
-            "word of stage " + std::to_string(stage_) + "'s updated weights from its hub", peer_timeout_));
-    }
-    return seconds_since(t0);
+// ShareWeights on the hub, AwaitWeights on the others: the hub updated the weights in
+// place, and tells the replicas that compute with them so.
+void Executor::pass_weights_word(bool from_hub) {
+  const int hub = plan_.layout.reduce_owner;
+  HT_CHECK(shared_weights_ && reduce_ && (replica_ == hub) == from_hub, "executor: rank ", world_.rank(), " runs ",
+           from_hub ? "ShareWeights" : "AwaitWeights", " but is ", replica_ == hub ? "" : "not ", "the hub of stage ",
+           stage_, (shared_weights_ ? "" : ", whose weights are not shared"), " (an inconsistent schedule)");
+  reduce_->end_without_gather();
+  reduce_.reset();
+  if (from_hub) {
+    static const char kUpdated = 1;
+    std::erase_if(updated_, [](comm::Request& r) { return r.test(); });
+    for (int j = 0; j < stage_group_->size(); ++j)
+      if (j != hub) updated_.push_back(stage_group_->isend_bytes(&kUpdated, 1, j, kTagWeightsUpdated));
+    return;
   }
+  char word = 0;
+  comm::Request r = stage_group_->irecv_bytes(&word, 1, hub, kTagWeightsUpdated);
+  if (r.wait(peer_timeout_) != comm::WaitStatus::done)
+    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+        world_.rank(), {stage_group_->world_rank(hub)},
+        "word of stage " + std::to_string(stage_) + "'s updated weights from its hub", peer_timeout_));
+}
+
+// Round 2 of a sharded stage's all-reduce, carrying the updated weights of each part.
+void Executor::gather_weights() {
+  HT_CHECK(!shared_weights_ && reduce_ && !shards_.empty(), "executor: rank ", world_.rank(),
+           " runs GatherWeights on stage ", stage_, ", which ",
+           shared_weights_ ? "shares its hub's weights" : "is not sharded", " (an inconsistent schedule)");
   std::vector<Tensor> weights;
   for (size_t i : reduce_order_) weights.push_back(params_[i].second);
   reduce_->gather(std::move(weights));
@@ -456,24 +474,21 @@ double Executor::gather_weights() {
         world_.rank(), missing, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
   }
   draining_ = std::move(reduce_);  // this rank's part goes out while the next step runs
-  return seconds_since(t0);
 }
 
 StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   StepResult r;
   if (!active()) return r;
-  const std::vector<int>& alternate = plan_.layout.alternate_micro_batches;
-  if (!alternate.empty() && alternate[static_cast<size_t>(replica_)] > 0) {
-    const auto k = static_cast<size_t>(replica_);
-    layout_.micro_batches[k] = alternate_next_ ? alternate[k] : plan_.layout.micro_batches[k];
+  if (!trial_schedule_.empty()) {  // a micro-batch trial: its list in every other step
+    use_layout(alternate_next_);
     alternate_next_ = !alternate_next_;
-    use_layout();
   }
   r.micro_batches = layout_.micro_batches[static_cast<size_t>(replica_)];
   loss_sum_ = 0;
   live_.clear();
   reduce_.reset();
   reduce_order_.clear();
+  overlap_mb_ = -1;
   guard_.begin_step();
   counts_.clear();
   groups_.clear();
@@ -492,7 +507,6 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     bool comm = false;
-    double gathered = 0, gathered_cpu = 0;  // of a sharded OptimizerStep, gathering the weights
     auto what = [&] { return std::string(plan::op_name(in.op)) + " of micro-batch " + std::to_string(in.micro_batch); };
     auto wait = [&](comm::WaitStatus s) {
       if (s != comm::WaitStatus::done)
@@ -531,33 +545,36 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         if (reduce_) r.grads_overlapped = reduce_order_.size();
         reduce_grads();
         break;
-      case plan::Op::optimizer_step:
-        optimizer_step(lr);
-        if (!shards_.empty()) {
-          const double c0 = process_cpu_seconds();
-          gathered = gather_weights();
-          gathered_cpu = process_cpu_seconds() - c0;
-        }
+      case plan::Op::optimizer_step: optimizer_step(lr); break;
+      case plan::Op::reduce_start:  // the Backward of this micro-batch feeds ReduceGrads
+        comm = true;
+        overlap_mb_ = in.micro_batch;
+        break;
+      case plan::Op::gather_weights:
+        comm = true;
+        gather_weights();
+        break;
+      case plan::Op::share_weights:
+      case plan::Op::await_weights:
+        comm = true;
+        pass_weights_word(in.op == plan::Op::share_weights);
         break;
     }
     if (!comm && faults_ && faults_->slow_factor() > 1)  // --inject slow: F x this compute's time
       std::this_thread::sleep_for(std::chrono::duration<double>((faults_->slow_factor() - 1) *
-                                                                (seconds_since(t0) - gathered)));
-    const double dt = seconds_since(t0) - gathered;
+                                                                seconds_since(t0)));
+    const double dt = seconds_since(t0);
     (comm ? r.comm_s : r.compute_s) += dt;
-    const double cpu = process_cpu_seconds() - cpu0 - gathered_cpu;
+    const double cpu = process_cpu_seconds() - cpu0;
     (comm ? r.comm_cpu_s : in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += cpu;
-    r.comm_cpu_s += gathered_cpu;
     if (in.op == plan::Op::optimizer_step) r.optimizer_s += dt;
-    if (in.op == plan::Op::reduce_grads) r.reduce_s += dt;
-    r.comm_s += gathered;
-    r.reduce_s += gathered;
+    if (in.op == plan::Op::reduce_grads || in.op == plan::Op::gather_weights || in.op == plan::Op::share_weights ||
+        in.op == plan::Op::await_weights)
+      r.reduce_s += dt;
     if (record_spans) {
       const double at = std::chrono::duration<double>(t0 - start).count();
       r.spans.push_back({world_.rank(), plan::op_name(in.op), comm ? "comm" : "compute", at, at + dt,
                          in.micro_batch, in.stage});
-      if (gathered > 0)
-        r.spans.push_back({world_.rank(), "GatherWeights", "comm", at + dt, at + dt + gathered, -1, in.stage});
     }
   }
   HT_CHECK(live_.empty(), "executor: rank ", world_.rank(), " ended a step with ", live_.size(),

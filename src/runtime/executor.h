@@ -13,11 +13,12 @@
 // parts): every tensor of the stage is cut into one part per replica in proportion to
 // the shards (comm::part_offsets), and each rank's optimiser holds state for its parts
 // only. ReduceGrads sums each part on its owner; OptimizerStep clips by the norm over all
-// parts and stages, updates this rank's parts of the weights and gathers the others'
-// from their owners. The update is element-wise, so the weights are those of the
+// parts and stages, updates this rank's parts of the weights, and GatherWeights takes the
+// others' from their owners. The update is element-wise, so the weights are those of the
 // unsharded step. Where one hub owns every part (it steps the optimiser for all) and its
 // stage's ranks share a host, its weights live in shared memory and the other replicas
-// compute with them in place: the gather carries only word that the update is done.
+// compute with them in place: ShareWeights/AwaitWeights carry only word that the update
+// is done.
 #pragma once
 
 #include <chrono>
@@ -49,7 +50,7 @@ struct StepResult {
   double loss_sum = 0;
   double compute_s = 0, comm_s = 0;  // this rank's time in each kind of instruction
   double optimizer_s = 0;            // the part of compute_s in OptimizerStep
-  double reduce_s = 0;               // the part of comm_s in ReduceGrads
+  double reduce_s = 0;               // the part of comm_s in ReduceGrads and the weights' instructions
   // Gradient tensors that joined the all-reduce during Backward, before ReduceGrads (all
   // of the stage's on a replicated stage, since they join block by block).
   size_t grads_overlapped = 0;
@@ -129,11 +130,12 @@ class Executor {
   void judge(std::vector<Tensor>& grads, size_t begin, size_t end);
   void settle_guard();
   void optimizer_step(float lr);
-  double gather_weights();  // sharded: the other parts' updated weights; returns seconds
+  void gather_weights();    // sharded: the other parts' updated weights
+  void pass_weights_word(bool from_hub);  // shared hub weights: word that they are updated
   void share_weights();     // a hub that steps the optimiser: see executor.cpp
   Shape boundary_shape(int mb, bool input) const;
   void take_shares();  // this rank's plan, schedule and sample offsets from plan_
-  void use_layout();   // the schedule and sample offsets of layout_
+  void use_layout(bool trial);  // this step's layout_, schedule and sample offsets
 
   const plan::Plan& plan_;
   nn::Sequential& model_;
@@ -146,7 +148,8 @@ class Executor {
   // alternate count in every other step.
   plan::PipelineLayout layout_;
   bool alternate_next_ = false;
-  plan::Schedule schedule_;
+  plan::Schedule schedule_;  // this step's: one of
+  plan::Schedule regular_schedule_, trial_schedule_;  // trial: empty unless on trial
   int stage_ = -1, replica_ = -1, stages_ = 0;
   bool first_ = false, last_ = false, recompute_ = false;
   int64_t replica_offset_ = 0;       // first sample of this replica within a global batch
@@ -158,6 +161,7 @@ class Executor {
   std::vector<nn::NamedTensor> shard_params_;  // sharded: views of this rank's parts
   std::vector<size_t> reduce_order_;  // params_ indices in the order reduce_ got them
   int last_backward_mb_ = -1;         // the micro-batch of this rank's last Backward
+  int overlap_mb_ = -1;               // this step's ReduceStart's micro-batch
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<comm::Communicator> stage_group_;    // this stage in every replica
   std::unique_ptr<comm::Communicator> replica_group_;  // every stage of this replica

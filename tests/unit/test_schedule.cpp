@@ -138,6 +138,10 @@ TEST_CASE("schedule: text form and op names") {
         "OptimizerStep stage=1\n");
   CHECK(std::string(op_name(Op::reduce_grads)) == "ReduceGrads");
   CHECK(std::string(op_name(Op::recompute)) == "Recompute");
+  CHECK(std::string(op_name(Op::reduce_start)) == "ReduceStart");
+  CHECK(std::string(op_name(Op::gather_weights)) == "GatherWeights");
+  CHECK(std::string(op_name(Op::share_weights)) == "ShareWeights");
+  CHECK(std::string(op_name(Op::await_weights)) == "AwaitWeights");
 }
 
 TEST_CASE("schedule: micro-batches split a replica's share near-evenly; messages scale with them") {
@@ -281,4 +285,225 @@ TEST_CASE("schedule: checker catches a ReduceGrads after the OptimizerStep") {
   CHECK_MESSAGE(report.problem.find("(ReduceGrads stage=0): comes after the OptimizerStep") !=
                     std::string::npos,
                 report.problem);
+}
+
+namespace {
+
+// The ranks of `layout`'s stage s, replica by replica.
+std::vector<int> stage_ranks(const PipelineLayout& layout, int s) {
+  std::vector<int> out;
+  for (const auto& replica : layout.replicas) out.push_back(replica[s]);
+  return out;
+}
+
+size_t index_of_op(const Schedule& sched, Op op) {
+  for (size_t i = 0; i < sched.size(); ++i)
+    if (sched[i].op == op) return i;
+  FAIL("no ", op_name(op));
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("schedule: ReduceStart comes right before the last Backward (and its Recompute), once, only with replicas") {
+  for (int S = 1; S <= 4; ++S)
+    for (int M = 1; M <= 5; ++M)
+      for (int R = 1; R <= 3; ++R) {
+        CAPTURE(S);
+        CAPTURE(M);
+        CAPTURE(R);
+        const PipelineLayout layout = round_robin(S, M, R);
+        const auto all = build_1f1b(layout, S * R + 1);
+        for (int s = 0; s < S; ++s)
+          for (int rank : stage_ranks(layout, s)) {
+            const Schedule& sched = all[rank];
+            size_t last_backward = 0;
+            for (size_t i = 0; i < sched.size(); ++i)
+              if (sched[i].op == Op::backward) last_backward = i;
+            CHECK(count(sched).reduce_starts == (R > 1 ? 1 : 0));
+            if (R == 1) continue;
+            const size_t start = index_of_op(sched, Op::reduce_start);
+            CHECK(start < last_backward);
+            for (size_t k = start + 1; k < last_backward; ++k) CHECK(sched[k].op == Op::recompute);
+            CHECK(sched[start].micro_batch == sched[last_backward].micro_batch);
+            CHECK(sched[start].stage == s);
+            CHECK(start < index_of_op(sched, Op::reduce_grads));
+          }
+      }
+}
+
+TEST_CASE("schedule: GatherWeights follows every OptimizerStep of a sharded stage, and only there") {
+  const PipelineLayout layout = round_robin(2, 3, 3);  // stage 0: ranks 0-2, stage 1: ranks 3-5
+  auto all = build_1f1b(layout, 7);
+  add_weight_sync(all, layout, {WeightSync::own, WeightSync::gather});
+  const ScheduleReport report = check_schedules(all);
+  CHECK_MESSAGE(report.ok, report.problem);
+  for (int s = 0; s < 2; ++s)
+    for (int rank : stage_ranks(layout, s)) {
+      const Schedule& sched = all[rank];
+      InstructionCounts want = expected_1f1b_counts(s, 2, 3, 3, layout.recompute[rank % 3][s]);
+      want.gathers = s == 1 ? 1 : 0;
+      CHECK(count(sched) == want);
+      if (s == 1) {
+        CHECK(to_text(sched.back()) == "GatherWeights stage=1");
+        CHECK(sched[sched.size() - 2].op == Op::optimizer_step);
+      } else {
+        CHECK(sched.back().op == Op::optimizer_step);
+      }
+    }
+  CHECK(all[6].empty());
+}
+
+TEST_CASE("schedule: a shared hub posts ShareWeights, every other replica awaits it") {
+  PipelineLayout layout = round_robin(1, 2, 3);  // ranks 0, 1, 2 as replicas 0, 1, 2
+  layout.reduce_owner = 1;
+  auto all = build_1f1b(layout, 4);
+  add_weight_sync(all, layout, {WeightSync::share});
+  const ScheduleReport report = check_schedules(all);
+  CHECK_MESSAGE(report.ok, report.problem);
+  CHECK(to_text(all[1].back()) == "ShareWeights stage=0");
+  CHECK(to_text(all[0].back()) == "AwaitWeights stage=0 peer=1");
+  CHECK(to_text(all[2].back()) == "AwaitWeights stage=0 peer=1");
+  CHECK(count(all[1]).shares == 1);
+  CHECK(count(all[0]).awaits == 1);
+
+  layout.reduce_owner = -1;  // no hub to share
+  auto again = build_1f1b(layout, 4);
+  CHECK_THROWS_WITH_AS(add_weight_sync(again, layout, {WeightSync::share}),
+                       doctest::Contains("stage 0 shares its hub's weights but the layout has no hub"), Error);
+  CHECK_THROWS_WITH_AS(add_weight_sync(again, layout, {WeightSync::own, WeightSync::gather}),
+                       doctest::Contains("2 entries for 1 stages"), Error);
+}
+
+TEST_CASE("schedule: a micro-batch trial's lists run the alternate counts") {
+  PipelineLayout layout = round_robin(2, 3, 2);
+  CHECK_FALSE(has_trial(layout));
+  layout.alternate_micro_batches = {0, 2};
+  CHECK(has_trial(layout));
+  const PipelineLayout trial = trial_layout(layout);
+  CHECK(trial.micro_batches == std::vector<int>{3, 2});
+  CHECK(trial.alternate_micro_batches.empty());
+  const auto all = build_1f1b(trial, 5);
+  CHECK(check_schedules(all).ok);
+  CHECK(count(all[layout.replicas[0][0]]).forwards == 3);
+  CHECK(count(all[layout.replicas[1][0]]).forwards == 2);
+  layout.alternate_micro_batches = {1};
+  CHECK_THROWS_WITH_AS(trial_layout(layout), doctest::Contains("1 alternate_micro_batches for 2 replicas"), Error);
+}
+
+TEST_CASE("schedule: checker catches misplaced and one-sided reduction and weight instructions") {
+  const PipelineLayout layout = round_robin(1, 3, 2);  // ranks 0 and 1 replicate stage 0
+  const auto built = build_1f1b(layout, 2);
+
+  SUBCASE("a ReduceStart on one rank of the group only") {
+    auto all = built;
+    all[1].erase(all[1].begin() + static_cast<long>(index_of_op(all[1], Op::reduce_start)));
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("stage 0's ReduceStart is held by ranks 0 but not by rank 1") !=
+                      std::string::npos,
+                  report.problem);
+  }
+  SUBCASE("a ReduceStart before an earlier Backward") {
+    auto all = built;
+    const size_t i = index_of_op(all[0], Op::reduce_start);
+    const Instruction start = all[0][i];
+    all[0].erase(all[0].begin() + static_cast<long>(i));
+    all[0].insert(all[0].begin() + static_cast<long>(index_of(all[0], Op::backward, 1)), start);
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("(ReduceStart mb=2 stage=0): rank 0 instruction") != std::string::npos,
+                  report.problem);
+    CHECK_MESSAGE(report.problem.find("comes between it and the last Backward") != std::string::npos,
+                  report.problem);
+  }
+  SUBCASE("a ReduceStart of another micro-batch") {
+    auto all = built;
+    for (auto* sched : {&all[0], &all[1]}) (*sched)[index_of_op(*sched, Op::reduce_start)].micro_batch = 1;
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("expected the Backward of micro-batch 1 after it") != std::string::npos,
+                  report.problem);
+  }
+  SUBCASE("two ReduceStarts") {
+    auto all = built;
+    for (auto* sched : {&all[0], &all[1]}) {
+      const size_t i = index_of_op(*sched, Op::reduce_start);
+      sched->insert(sched->begin() + static_cast<long>(i), (*sched)[i]);
+    }
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("already started") != std::string::npos, report.problem);
+  }
+  SUBCASE("a GatherWeights before the OptimizerStep") {
+    auto all = built;
+    add_weight_sync(all, layout, {WeightSync::gather});
+    std::swap(all[0][all[0].size() - 1], all[0][all[0].size() - 2]);
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("(GatherWeights stage=0): comes before the OptimizerStep") !=
+                      std::string::npos,
+                  report.problem);
+  }
+  SUBCASE("a GatherWeights on one rank only") {
+    auto all = built;
+    add_weight_sync(all, layout, {WeightSync::gather});
+    all[1].pop_back();
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("GatherWeights is held by ranks 0 but not by rank 1") != std::string::npos,
+                  report.problem);
+  }
+  SUBCASE("an AwaitWeights without a ShareWeights") {
+    auto all = built;
+    PipelineLayout hub = layout;
+    hub.reduce_owner = 0;
+    add_weight_sync(all, hub, {WeightSync::share});
+    all[0].pop_back();
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("(AwaitWeights stage=0 peer=0) has no matching ShareWeights of stage 0 on "
+                                      "rank 0") != std::string::npos,
+                  report.problem);
+  }
+  SUBCASE("a ShareWeights nobody awaits") {
+    auto all = built;
+    PipelineLayout hub = layout;
+    hub.reduce_owner = 0;
+    add_weight_sync(all, hub, {WeightSync::share});
+    all[1].pop_back();
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("(ShareWeights stage=0): rank 1 of stage 0's group waits for it 0 times; "
+                                      "expected 1") != std::string::npos,
+                  report.problem);
+  }
+}
+
+TEST_CASE("schedule: the sweep fires pairs, collectives and the hub's word once each, in dependency order") {
+  // Rank 1 waits for rank 0's word, rank 0 posts it only after a pair with rank 2; ranks 0
+  // and 1 then meet in a collective. Local ops fire alone.
+  std::vector<Schedule> all(3);
+  all[0] = {{Op::send_activation, 0, 0, 2, 8}, {Op::share_weights, -1, 0}, {Op::reduce_grads, -1, 0}};
+  all[1] = {{Op::forward, 0, 0}, {Op::await_weights, -1, 0, 0}, {Op::reduce_grads, -1, 0}};
+  all[2] = {{Op::recv_activation, 0, 1, 0, 8}};
+  std::vector<SweepEvent> events;
+  const std::vector<size_t> pos = sweep(all, [&](const SweepEvent& e) { events.push_back(e); });
+  CHECK(pos == std::vector<size_t>{3, 3, 1});
+  using K = SweepEvent::Kind;
+  using At = std::vector<std::pair<int, size_t>>;
+  REQUIRE(events.size() == 5);
+  CHECK((events[0].kind == K::pair && events[0].at == At{{0, 0}, {2, 0}}));
+  CHECK((events[1].kind == K::local && events[1].at == At{{0, 1}}));
+  CHECK((events[2].kind == K::local && events[2].at == At{{1, 0}}));
+  CHECK((events[3].kind == K::await && events[3].at == At{{1, 1}, {0, 1}}));
+  CHECK((events[4].kind == K::collective && events[4].at == At{{0, 2}, {1, 2}}));
+
+  // Without the word, rank 1 stops at its AwaitWeights and rank 0 at the collective.
+  all[0].erase(all[0].begin() + 1);
+  CHECK(sweep(all, [](const SweepEvent&) {}) == std::vector<size_t>{1, 1, 1});
+  all[2][0].peer = 3;
+  CHECK_THROWS_WITH_AS(sweep(all, [](const SweepEvent&) {}),
+                       doctest::Contains("sweep: rank 2 instruction 0 (RecvActivation mb=0 stage=1 peer=3 bytes=8)"),
+                       Error);
 }

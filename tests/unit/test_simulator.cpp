@@ -1,6 +1,7 @@
 // The simulator against closed-form pipeline results with hand-written cost models (1F1B
 // bubble, slowest-stage bound, message delays, data-parallel stragglers, activation peaks),
-// its error reports, and the Chrome trace it shares with the executor.
+// its error reports, the Chrome trace it shares with the executor, and the all-reduce
+// rounds the cost model charges to ReduceGrads and GatherWeights.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "plan/cluster_model.h"
+#include "plan/plan_costs.h"
 #include "plan/schedule.h"
 #include "plan/simulator.h"
 #include "report/trace.h"
@@ -321,4 +324,113 @@ TEST_CASE("trace: spans are validated") {
   CHECK_THROWS_AS(report::to_chrome_trace({{-1, "Forward", "compute", 0, 1}}, "t"), Error);
   const auto empty = nlohmann::json::parse(report::to_chrome_trace({}, "empty"));
   CHECK(empty.at("traceEvents").empty());
+}
+
+TEST_CASE("sim: a sharded stage's GatherWeights is charged after the slowest OptimizerStep") {
+  // S = 1, three replicas: ReduceGrads (round 1) when the slowest arrives, each rank's step,
+  // then GatherWeights (round 2, the updated weights) once the slowest step is done,
+  // lasting the longest member's gather. All costs are dyadic, so the sums are exact.
+  const int m = 2;
+  const std::vector<double> f = {1, 2, 0.5}, b = {2, 3, 1};
+  const std::vector<double> step = {0.125, 0.25, 0.5}, gather = {0.125, 0.25, 0.375};
+  CostModel costs;
+  costs.compute_seconds = [f, b, step](int rank, const Instruction& in) {
+    switch (in.op) {
+      case Op::forward: return f.at(rank);
+      case Op::backward: return b.at(rank);
+      case Op::optimizer_step: return step.at(rank);
+      default: return 0.0;
+    }
+  };
+  costs.reduce_seconds = [](int, int) { return 0.5; };
+  costs.gather_seconds = [gather](int rank, int stage) {
+    CHECK(stage == 0);
+    return gather.at(rank);
+  };
+  const PipelineLayout l = layout(1, m, 3);
+  std::vector<Schedule> all = build(l);
+  const SimResult own = simulate(all, costs);
+  add_weight_sync(all, l, {WeightSync::gather});
+  const SimResult r = simulate(all, costs);
+  const double slowest = m * (2 + 3);  // rank 1's compute
+  CHECK(own.step_seconds == slowest + 0.5 + 0.5);
+  CHECK(r.step_seconds == slowest + 0.5 + 0.5 + 0.375);
+  CHECK(r.timeline.size() >= instruction_total(all));
+  for (int k = 0; k < 3; ++k) {
+    CAPTURE(k);
+    CHECK(r.comm_seconds[k] == 0.5 + 0.375);
+    CHECK(r.busy_seconds[k] == m * (f[k] + b[k]) + step[k]);
+    const auto gathered = std::find_if(r.timeline.begin(), r.timeline.end(), [k](const Span& s) {
+      return s.rank == k && s.name == std::string("GatherWeights") && s.category == std::string("comm");
+    });
+    REQUIRE(gathered != r.timeline.end());
+    CHECK(gathered->start_s == slowest + 0.5 + 0.5);
+    CHECK(gathered->end_s == r.step_seconds);
+    // ReduceStart posts the overlapped reduction: a zero-length span, no cost charged.
+    const auto started = std::find_if(r.timeline.begin(), r.timeline.end(), [k](const Span& s) {
+      return s.rank == k && s.name == std::string("ReduceStart");
+    });
+    REQUIRE(started != r.timeline.end());
+    CHECK(started->start_s == started->end_s);
+  }
+  check_accounting(r);
+}
+
+TEST_CASE("sim: replicas that share the hub's weights wait for its word, one message after its step") {
+  const PipelineLayout base = layout(1, 1, 3);
+  PipelineLayout l = base;
+  l.reduce_owner = 0;
+  std::vector<Schedule> all = build(l);
+  add_weight_sync(all, l, {WeightSync::share});
+  CostModel costs;
+  costs.compute_seconds = [](int rank, const Instruction& in) {
+    if (in.op == Op::optimizer_step) return rank == 0 ? 1.0 : 0.0;  // the hub steps for all
+    return in.op == Op::forward ? 1.0 : in.op == Op::backward ? 2.0 : 0.0;
+  };
+  costs.reduce_seconds = [](int, int) { return 0.5; };
+  costs.message_seconds = [](int src, int dst, int64_t bytes) {
+    CHECK(src == 0);
+    CHECK(dst != 0);
+    CHECK(bytes == 1);
+    return 0.25;
+  };
+  const SimResult r = simulate(all, costs);
+  CHECK(r.step_seconds == 3 + 0.5 + 1 + 0.25);
+  CHECK(r.comm_seconds[0] == 0.5);          // the hub posts its word and is done
+  for (int k = 1; k < 3; ++k) {
+    CAPTURE(k);
+    CHECK(r.comm_seconds[k] == 0.5 + 0.25);  // the word in flight
+    CHECK(r.idle_seconds[k] == 1);           // the hub's step
+  }
+  check_accounting(r);
+
+  // Without the hub's ShareWeights the replicas wait for ever: named as unmatched.
+  all[0].pop_back();
+  CHECK_THROWS_WITH_AS(simulate(all, costs),
+                       doctest::Contains("rank 1 instruction 6 (AwaitWeights stage=0 peer=0) waits for rank 0, which "
+                                         "has finished its schedule"),
+                       Error);
+}
+
+TEST_CASE("plan costs: a sharded stage's all-reduce splits into ReduceGrads and GatherWeights rounds") {
+  // Four ranks on 1 GB/s, 10 us links; rank 2 at a fifth of a core per 10 ms wakes
+  // (0.8^2 x 10 ms) / 2 = 3.2 ms late. A hub (rank 0) owning everything moves 3 x 4 MB a
+  // round: round 1 waits for the owners' wake (none), round 2 for every member's.
+  ClusterModel c;
+  c.ranks.resize(4);
+  c.latency_s.assign(4, std::vector<double>(4, 1e-5));
+  c.bandwidth_bytes_per_s.assign(4, std::vector<double>(4, 1e9));
+  for (int i = 0; i < 4; ++i) c.latency_s[i][i] = c.bandwidth_bytes_per_s[i][i] = 0;
+  c.ranks[2].cpu_quota = 0.2;
+  c.ranks[2].cpu_quota_period_s = 0.01;
+  const std::vector<int> group = {0, 1, 2, 3};
+  const AllreduceRounds hub = weighted_allreduce_rounds(c, group, {1, 0, 0, 0}, 4e6);
+  CHECK(hub.first == doctest::Approx(1e-5 + 12e-3));
+  CHECK(hub.second == doctest::Approx(1e-5 + 12e-3 + 3.2e-3));
+  CHECK(hub.first + hub.second == doctest::Approx(weighted_allreduce_seconds(c, group, {1, 0, 0, 0}, 4e6)));
+  // With rank 2 an owner, its wake delays both rounds.
+  const AllreduceRounds equal = weighted_allreduce_rounds(c, group, {0.25, 0.25, 0.25, 0.25}, 4e6);
+  CHECK(equal.first == doctest::Approx(1e-5 + 3e-3 + 3.2e-3));
+  CHECK(equal.second == doctest::Approx(equal.first));
+  CHECK(weighted_allreduce_rounds(c, {1}, {1}, 4e6) == AllreduceRounds{0, 0});
 }
