@@ -10,6 +10,7 @@
 #include "cli/planning.h"
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "core/error.h"
 #include "plan/cluster_model.h"
 #include "plan/plan_json.h"
 #include "plan/planner.h"
@@ -25,7 +26,25 @@ namespace {
 
 struct PlanArgs {
   std::string config, cluster, catalogue, json, svg, trace;
+  int dump = -1;
+  CLI::Option* dump_option = nullptr;
 };
+
+// --dump RANK names a rank of the planned world; a negative one is refused before the
+// cluster (and so the world size) is known.
+void check_dump_rank(int rank, size_t world) {
+  HT_CHECK(rank >= 0, "--dump ", rank, ": no such rank; expected a rank from 0 up to the cluster's size - 1");
+  HT_CHECK(static_cast<size_t>(rank) < world, "--dump ", rank, ": no such rank; expected 0 to ", world - 1,
+           " (the cluster has ", world, " ranks)");
+}
+
+// The rank's instruction list for one step, as the executor runs it and the simulator
+// times it: a header line, then one instruction per line (plan/schedule.h's to_text).
+void print_schedule(const ht::plan::Plan& plan, int rank) {
+  const ht::plan::Schedule sched = ht::plan::plan_schedules(plan)[static_cast<size_t>(rank)];
+  std::printf("instructions of rank %d, one step (%zu):\n%s", rank, sched.size(),
+              sched.empty() ? "(none: the plan leaves this rank idle)\n" : ht::plan::to_text(sched).c_str());
+}
 
 void write(const std::string& path, const std::string& text, const char* what) {
   ht::runtime::write_file_atomically(path, text, what);
@@ -46,12 +65,21 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--json", args->json, "Write the plan here (for `hetrain train --plan`)");
   cmd->add_option("--svg", args->svg, "Draw the plan here: per-rank timeline and memory bars");
   cmd->add_option("--trace", args->trace, "Write the predicted timeline here (Chrome trace JSON)");
+  args->dump_option = cmd->add_option(
+      "--dump", args->dump,
+      "After the plan, print rank RANK's instruction list for one step, one instruction per line: the list the "
+      "executor runs and the simulator times (where a stage's replicas compute with its hub's weights in shared "
+      "memory, the executor runs ShareWeights/AwaitWeights in place of GatherWeights)");
+  args->dump_option->type_name("RANK");
   cmd->callback([args] {
     const ht::config::Config cfg = ht::config::load_config(args->config);
+    const bool dump = args->dump_option->count() > 0;
+    if (dump && args->dump < 0) check_dump_rank(args->dump, 0);  // before any probe or search
     ht::comm::Communicator& world = ht::comm::world();
     // Every rank takes part in a probe; only rank 0 plans and prints.
     const ht::plan::ClusterModel cluster = cluster_for(args->cluster, args->catalogue, cfg, world, false);
     if (world.rank() != 0) return;
+    if (dump) check_dump_rank(args->dump, cluster.ranks.size());
     const Planned planned = plan_for(cfg, cluster);
     const ht::plan::Plan& plan = planned.plan;
     std::printf("%s", ht::report::format_plan(plan).c_str());
@@ -60,6 +88,7 @@ void register_plan(CLI::App& app) {
                 planned.data_and_model_s + planned.search_s, planned.data_and_model_s,
                 planned.search_s);
     if (!args->json.empty()) write(args->json, ht::plan::plan_to_json(plan), "plan");
+    if (dump) print_schedule(plan, args->dump);
     if (args->svg.empty() && args->trace.empty()) return;
     const ht::plan::SimResult sim = ht::plan::simulate_plan(plan, planned.costs, cluster);
     if (!args->svg.empty()) write(args->svg, ht::report::plan_to_svg(plan, sim.timeline), "plan picture");

@@ -161,6 +161,40 @@ def bad_plans(tmp):
     check("no plan file is written when planning fails", not os.path.exists(none))
 
 
+def dump_instructions(tmp):
+    """--dump RANK prints the rank's instruction list after the plan, one per line, the
+    same list whose predicted timeline --trace writes. Rank 1 of the capped cluster keeps
+    no optimiser state (sharded), so its list ends with the weights' gather."""
+    trace = os.path.join(tmp, "capped-trace.json")
+    r = plan(MLP, "--cluster", CAPPED, "--dump", "1", "--trace", trace)
+    m = re.search(r"^instructions of rank 1, one step \((\d+)\):\n", r.stdout, re.M)
+    lines = r.stdout[m.end():].splitlines()[:int(m.group(1))] if m else []
+    ops = [line.split()[0] for line in lines]
+    line_form = re.compile(r"^[A-Z][A-Za-z]+( mb=\d+)?( stage=\d+)?( peer=\d+)?( bytes=\d+)?$")
+    check("--dump 1: one instruction per line after the plan",
+          r.returncode == 0 and m and "predicted:" in r.stdout[:m.start()] and len(lines) == int(m.group(1))
+          and all(line_form.match(x) for x in lines), r.stdout[-1500:] + r.stderr[-500:])
+    last_backward = max((i for i, op in enumerate(ops) if op == "Backward"), default=-1)
+    check("--dump 1: the overlapped reduction opens before the last Backward, ReduceGrads finishes it",
+          "ReduceStart" in ops and ops.index("ReduceStart") < last_backward
+          and "Backward" not in ops[ops.index("ReduceStart") + 1:last_backward]
+          and ops.count("ReduceGrads") == 1 and ops.index("ReduceGrads") > last_backward, str(lines))
+    check("--dump 1: a sharded stage gathers the updated weights after the OptimizerStep",
+          ops[-2:] == ["OptimizerStep", "GatherWeights"] and lines[-1] == "GatherWeights stage=0", str(lines))
+    spans = [e for e in load(trace)["traceEvents"] if e.get("ph") == "X"] if os.path.exists(trace) else []
+    gathers = [e for e in spans if e["name"] == "GatherWeights" and e.get("cat") == "comm"]
+    ends = max((e["ts"] + e["dur"] for e in spans), default=0)
+    # ts and dur are rounded separately when printed: equal ends agree to about 1e-15.
+    check("--trace: the predicted step ends with both ranks' GatherWeights, charged (not free)",
+          len(gathers) == 2 and all(e["dur"] > 0 and abs(e["ts"] + e["dur"] - ends) <= 1e-12 * ends
+                                    for e in gathers), str(gathers))
+    for bad, expected in (("2", "--dump 2: no such rank; expected 0 to 1 (the cluster has 2 ranks)"),
+                          ("-1", "--dump -1: no such rank; expected a rank from 0")):
+        r = plan(MLP, "--cluster", CAPPED, "--dump", bad)
+        check(f"--dump {bad}: refused, naming the value and the range",
+              r.returncode == 1 and expected in r.stderr and "instructions of rank" not in r.stdout, r.stderr)
+
+
 def own_ranks():
     """Every rank probes, rank 0 prints the plan. The plan rests on a live probe, so only
     its form is checked."""
@@ -179,6 +213,7 @@ def main():
     memory_limited(tmp)
     rates_4211(tmp)
     bad_plans(tmp)
+    dump_instructions(tmp)
     own_ranks()
     return finish(tmp)
 
