@@ -133,6 +133,20 @@ TEST_CASE("comm local: collectives over one rank and split") {
   REQUIRE(sub.get() != nullptr);
   CHECK(sub->size() == 1);
   CHECK(w.split(-1, 0, 1s, "the test groups").get() == nullptr);
+  CHECK(w.broadcast("plan", 0, 1s, "the test broadcast") == "plan");
+  CHECK(w.consult("item")->finish([](const std::vector<std::string>& items) { return items[0] + "!"; }, 1s,
+                                  "the test consultation") == "item!");
+}
+
+TEST_CASE("comm local: every wait refuses a negative timeout by name, before it waits") {
+  Communicator& w = world();
+  CHECK_THROWS_WITH_AS(w.split(0, 0, -1s, "x"), doctest::Contains("split: timeout -1 s is invalid"), Error);
+  CHECK_THROWS_WITH_AS(w.allgather("", -1s, "x"), doctest::Contains("allgather: timeout -1 s is invalid"), Error);
+  CHECK_THROWS_WITH_AS(w.broadcast("", 0, -1s, "x"), doctest::Contains("broadcast: timeout -1 s is invalid"), Error);
+  int v = 0;
+  CHECK_THROWS_WITH_AS(w.send_bytes(&v, sizeof v, 0, 3, -1s, "x"), doctest::Contains("send_bytes: timeout -1 s"), Error);
+  CHECK_THROWS_WITH_AS(w.send(Tensor::zeros({1}), 0, 3, -1s, "x"), doctest::Contains("send: timeout -1 s"), Error);
+  CHECK(w.recv_bytes(&v, sizeof v, 0, 3, 0.01s) == WaitStatus::timed_out);  // nothing was sent
 }
 
 TEST_CASE("comm local: emulated link delays a send to self (emulation)") {
