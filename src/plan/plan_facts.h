@@ -152,13 +152,14 @@ struct RuledOutShape {
 // message and the facts; report::no_plan_text renders them for people.
 class NoPlanFits : public Error {
  public:
-  NoPlanFits(std::string message, int world, std::string cluster, bool equal_split,
+  NoPlanFits(std::string message, int world, std::string cluster, std::string strategy,
              std::vector<RuledOutShape> shapes)
       : Error(std::move(message)), world(world), cluster(std::move(cluster)),
-        equal_split(equal_split), shapes(std::move(shapes)) {}
+        strategy(std::move(strategy)), shapes(std::move(shapes)) {}
   int world;
-  std::string cluster;  // the cluster's source
-  bool equal_split;     // strategy equal: its one layout did not fit
+  std::string cluster;   // the cluster's source
+  std::string strategy;  // parallel.strategy as asked ("auto", "data", "equal", ...)
+  // Every shape tried, one per rank and stage count; `data` and `equal` allow one.
   std::vector<RuledOutShape> shapes;
 };
 

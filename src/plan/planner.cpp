@@ -352,12 +352,14 @@ Plan make_plan(const PlannerInput& in) {
   validate(in);
   const int world = static_cast<int>(in.cluster.ranks.size());
   const int base_m = in.min_micro_batches;
-  if (in.strategy == Asked::data || in.strategy == Asked::equal)
-    HT_CHECK(in.global_batch >= world, "planner: global batch ", in.global_batch,
-             " is smaller than the ", world, " data-parallel replicas of strategy '",
-             config::to_string(in.strategy),
-             "' (every replica needs a sample); raise train.batch_size to at least ", world,
-             " or use strategy auto or pipeline");
+  if ((in.strategy == Asked::data || in.strategy == Asked::equal) && in.global_batch < world) {
+    LayoutProblem problem;
+    problem.kind = LayoutProblemKind::batch_below_replicas;
+    problem.global_batch = in.global_batch;
+    problem.replicas = world;
+    throw NoPlanFits("planner: the global batch is smaller than the data-parallel replicas", world,
+                     in.cluster.source, config::to_string(in.strategy), {{1, world, world, std::move(problem)}});
+  }
 
   if (in.strategy == Asked::equal) {
     Plan p = equal_plan(in, 1, base_m);
@@ -365,7 +367,7 @@ Plan make_plan(const PlannerInput& in) {
       LayoutProblem problem;
       problem.shortfall = p.baseline.shortfalls[0];
       throw NoPlanFits("planner: the equal split does not fit the cluster", world, in.cluster.source,
-                       true, {{1, world, world, std::move(problem)}});
+                       config::to_string(in.strategy), {{1, world, world, std::move(problem)}});
     }
     set_baseline(p, p);
     p.candidates = 1;
@@ -404,7 +406,7 @@ Plan make_plan(const PlannerInput& in) {
       }
     throw NoPlanFits("planner: no plan fits the cluster with any layout, recomputation, "
                      "micro-batching or optimizer sharding",
-                     world, in.cluster.source, false, std::move(shapes));
+                     world, in.cluster.source, config::to_string(in.strategy), std::move(shapes));
   }
   std::stable_sort(feasible.begin(), feasible.end(),
                    [](const Candidate* a, const Candidate* b) { return a->estimate < b->estimate; });

@@ -198,9 +198,19 @@ std::string note_text(const plan::PlanNote& n) {
 }
 
 std::string no_plan_text(const plan::NoPlanFits& e) {
-  if (e.equal_split && !e.shapes.empty())
-    return "planner: the equal split does not fit: " + layout_problem_text(e.shapes[0].problem) +
-           "; strategy auto plans uneven shares and memory strategies";
+  // Strategies data and equal allow one layout: its problem, and what would lift it.
+  const bool one_layout = e.strategy == "data" || e.strategy == "equal";
+  if (one_layout && e.shapes.size() == 1) {
+    const plan::LayoutProblem& p = e.shapes[0].problem;
+    if (p.kind == plan::LayoutProblemKind::batch_below_replicas)
+      return "planner: global batch " + std::to_string(p.global_batch) + " is smaller than the " +
+             std::to_string(p.replicas) + " data-parallel replicas of strategy '" + e.strategy +
+             "' (every replica needs a sample); raise train.batch_size to at least " +
+             std::to_string(p.replicas) + " or use strategy auto or pipeline";
+    if (e.strategy == "equal")
+      return "planner: the equal split does not fit: " + layout_problem_text(p) +
+             "; strategy auto plans uneven shares and memory strategies";
+  }
   std::string out = "planner: no plan fits the cluster (" + std::to_string(e.world) + " ranks, " + e.cluster +
                     ") with any layout, recomputation, micro-batching or optimizer sharding:";
   for (const plan::RuledOutShape& s : e.shapes)

@@ -408,14 +408,18 @@ TEST_CASE("plan text: each note kind, and the planner's refusal") {
   n.problem->replicas = 1;
   CHECK(contains(report::note_text(n), "pipeline (2 stages): ruled out: global batch 1 is smaller"));
 
-  const NoPlanFits none("planner: no plan fits", 2, "synth:2xt4", false,
+  const NoPlanFits none("planner: no plan fits", 2, "synth:2xt4", "auto",
                         {{1, 2, 2, small_batch(2)}, {2, 1, 2, small_batch(1)}});
   CHECK(report::no_plan_text(none) ==
         "planner: no plan fits the cluster (2 ranks, synth:2xt4) with any layout, recomputation, micro-batching "
         "or optimizer sharding:\n  data (2 replicas): global batch 0 is smaller than its 2 data-parallel replicas "
         "(every replica needs a sample)\n  pipeline (2 stages): global batch 0 is smaller than its 1 data-parallel "
         "replicas (every replica needs a sample)");
-  const NoPlanFits equal("planner: the equal split does not fit", 2, "synth:2xt4", true, {{1, 2, 2, LayoutProblem{}}});
+  const NoPlanFits equal("planner: the equal split does not fit", 2, "synth:2xt4", "equal", {{1, 2, 2, LayoutProblem{}}});
   CHECK(contains(report::no_plan_text(equal), "planner: the equal split does not fit: rank 0 ("));
   CHECK(contains(report::no_plan_text(equal), "; strategy auto plans uneven shares and memory strategies"));
+  const NoPlanFits data("planner: the global batch is smaller", 4, "synth:4xt4", "data", {{1, 4, 4, small_batch(4)}});
+  CHECK(report::no_plan_text(data) ==
+        "planner: global batch 0 is smaller than the 4 data-parallel replicas of strategy 'data' (every replica "
+        "needs a sample); raise train.batch_size to at least 4 or use strategy auto or pipeline");
 }
