@@ -210,6 +210,53 @@ Plan group_plan(const Plan& plan, int group) {
   return p;
 }
 
+namespace {
+
+// Every rank's share of each parameter's delta (its samples / global batch), and the
+// delta exchange's predicted seconds over every rank.
+double exchange_seconds(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
+  if (plan.local->groups.size() < 2) return 0;
+  std::vector<int> all;
+  std::vector<double> parts;
+  for (const RankPlan& rp : plan.ranks) {  // idle ranks too: they take the sums
+    all.push_back(rp.rank);
+    parts.push_back(static_cast<double>(rp.samples) / static_cast<double>(plan.global_batch));
+  }
+  return weighted_allreduce_seconds(cluster, all, parts, total_params(costs) * kGradBytesPerParam);
+}
+
+double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
+  const double bw = plan.ranks[static_cast<size_t>(rank)].device.memory_bandwidth;
+  return bw > 0 ? total_params(costs) * kOuterBytesPerParam / bw : 0;
+}
+
+}  // namespace
+
+std::vector<Schedule> outer_sync_schedules(const Plan& plan) {
+  HT_CHECK(plan.local, "outer_sync_schedules: the plan is not local");
+  std::vector<Schedule> out(plan.ranks.size());
+  for (Schedule& s : out) {
+    s.push_back(Instruction{Op::outer_sync_finish});
+    s.push_back(Instruction{Op::outer_sync_start});
+  }
+  return out;
+}
+
+CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                                double inner_step_seconds) {
+  const double exchange = exchange_seconds(plan, costs, cluster);
+  const double hidden = plan.local->inner_steps * inner_step_seconds;
+  CostModel m;
+  std::vector<double> update;
+  for (const RankPlan& rp : plan.ranks) update.push_back(update_seconds(plan, costs, rp.rank));
+  m.compute_seconds = [update](int rank, const Instruction& in) {
+    HT_CHECK(in.op == Op::outer_sync_start, "outer sync cost model: ", op_name(in.op), " is not compute");
+    return update[static_cast<size_t>(rank)];
+  };
+  m.reduce_seconds = [exposed = std::max(0.0, exchange - hidden)](int, int) { return exposed; };
+  return m;
+}
+
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
                    int64_t local_steps) {
   LocalSync& l = *plan.local;
@@ -222,23 +269,13 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
     for (size_t i = 0; i < ranks.size(); ++i)
       plan.ranks[static_cast<size_t>(ranks[i])].busy_fraction = sub.ranks[i].busy_fraction;
   }
-  std::vector<int> all;
-  std::vector<double> parts;
-  double bandwidth = 0;
-  for (const RankPlan& rp : plan.ranks) {  // idle ranks too: they take the sums
-    all.push_back(rp.rank);
-    parts.push_back(static_cast<double>(rp.samples) / static_cast<double>(plan.global_batch));
-    const double bw = rp.device.memory_bandwidth;
-    if (bw > 0 && (bandwidth == 0 || bw < bandwidth)) bandwidth = bw;
-  }
-  const double params = total_params(costs);
-  const double exchange = l.groups.size() > 1 ? weighted_allreduce_seconds(cluster, all, parts, params * kGradBytesPerParam) : 0;
-  const double update = bandwidth > 0 ? params * kOuterBytesPerParam / bandwidth : 0;
+  const double exchange = exchange_seconds(plan, costs, cluster);
   l.outer_exchange_seconds = exchange;
   l.inner_steps = local_steps > 0 ? static_cast<int>(local_steps)
                                   : std::max(1, static_cast<int>(std::ceil(kHideFactor * exchange / inner)));
-  const double round = l.inner_steps * inner;
-  const double step = inner + (update + std::max(0.0, exchange - round)) / l.inner_steps;
+  // The outer synchronisation's own lists, simulated: what a round adds to its H steps.
+  const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner));
+  const double step = inner + outer.step_seconds / l.inner_steps;
   plan.predicted.step_seconds = step;
   plan.predicted.samples_per_s = static_cast<double>(plan.global_batch) / step;
   plan.predicted.bubble_fraction = 0;

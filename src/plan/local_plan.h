@@ -36,6 +36,7 @@
 #include "plan/cluster_model.h"
 #include "plan/plan.h"
 #include "plan/planner.h"
+#include "plan/simulator.h"
 
 namespace ht::plan {
 
@@ -93,6 +94,17 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
 // 0 chooses H.
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
                    int64_t local_steps);
+
+// Every world rank's outer synchronisation, run after each round's last inner step:
+// OuterSyncFinish (the exchange started a round before) then OuterSyncStart (this
+// round's). Idle ranks hold it too: they take the outer weights.
+std::vector<Schedule> outer_sync_schedules(const Plan& plan);
+
+// What the simulator charges for them: OuterSyncStart the outer update's work on the
+// rank (kOuterBytesPerParam per parameter through its memory), OuterSyncFinish the part
+// of the exchange that a round of `inner_step_seconds` x H does not hide.
+CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                                double inner_step_seconds);
 
 // The costs and cluster of `ranks` alone, in that order (for a group's sub-plan).
 BlockCosts costs_of(const BlockCosts& costs, const std::vector<int>& ranks);

@@ -19,8 +19,9 @@ const char* op_name(Op op) {
   static constexpr const char* names[] = {  // in the order of enum Op
       "LoadMicroBatch", "Forward",  "Backward",    "SendActivation", "RecvActivation",
       "SendGrad",       "RecvGrad", "ReduceGrads", "OptimizerStep",  "Recompute",
-      "ReduceStart",    "GatherWeights", "ShareWeights", "AwaitWeights"};
-  static_assert(std::size(names) == static_cast<size_t>(Op::await_weights) + 1);
+      "ReduceStart",    "GatherWeights", "ShareWeights", "AwaitWeights", "OuterSyncFinish",
+      "OuterSyncStart"};
+  static_assert(std::size(names) == static_cast<size_t>(Op::outer_sync_start) + 1);
   const auto i = static_cast<size_t>(op);
   return i < std::size(names) ? names[i] : "UnknownOp";
 }
@@ -343,6 +344,8 @@ InstructionCounts count(const Schedule& schedule) {
       case Op::gather_weights: ++c.gathers; break;
       case Op::share_weights: ++c.shares; break;
       case Op::await_weights: ++c.awaits; break;
+      case Op::outer_sync_finish: break;
+      case Op::outer_sync_start: break;
     }
   return c;
 }

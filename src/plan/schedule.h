@@ -38,6 +38,12 @@ enum class Op {
   // (never blocks), and each other replica waits for it (peer = the hub's rank).
   share_weights,
   await_weights,
+  // parallel.sync local (plan/local_plan.h), every H steps after the round's last step:
+  // OuterSyncFinish waits for the outer exchange started a round before (collective over
+  // every rank) and takes the outer step; OuterSyncStart posts this round's weighted
+  // deltas and never blocks. runtime/local_sync.h runs them between the executor's steps.
+  outer_sync_finish,
+  outer_sync_start,
 };
 
 // "LoadMicroBatch", "Forward", ...: the one spelling shared by executor, simulator, JSON
@@ -50,7 +56,9 @@ constexpr bool is_recv(Op op) { return op == Op::recv_activation || op == Op::re
 constexpr Op send_of(Op recv) { return recv == Op::recv_activation ? Op::send_activation : Op::send_grad; }
 constexpr Op recv_of(Op send) { return send == Op::send_activation ? Op::recv_activation : Op::recv_grad; }
 // Collectives complete together on every rank holding one of the same op and stage.
-constexpr bool is_collective(Op op) { return op == Op::reduce_grads || op == Op::gather_weights; }
+constexpr bool is_collective(Op op) {
+  return op == Op::reduce_grads || op == Op::gather_weights || op == Op::outer_sync_finish;
+}
 
 struct Instruction {
   Op op;

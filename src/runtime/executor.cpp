@@ -559,6 +559,10 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         comm = true;
         pass_weights_word(in.op == plan::Op::share_weights);
         break;
+      case plan::Op::outer_sync_finish:
+      case plan::Op::outer_sync_start:
+        fail("executor: rank ", world_.rank(), " met ", plan::op_name(in.op),
+             " in a step's list; the outer synchronisation runs between steps (runtime/local_sync.h)");
     }
     if (!comm && faults_ && faults_->slow_factor() > 1)  // --inject slow: F x this compute's time
       std::this_thread::sleep_for(std::chrono::duration<double>((faults_->slow_factor() - 1) *

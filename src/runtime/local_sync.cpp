@@ -54,7 +54,8 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       mu_(static_cast<float>(cfg.outer_momentum)),
       timeout_s_(cfg.peer_timeout_s),
       inner_steps_(plan.local->inner_steps),
-      world_rank_(world.rank()) {
+      world_rank_(world.rank()),
+      outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
   for (const plan::RankPlan& rp : plan.ranks)
     weights_.push_back(static_cast<double>(rp.samples) / static_cast<double>(plan.global_batch));
   weight_ = static_cast<float>(weights_[static_cast<size_t>(world.rank())]);
@@ -116,25 +117,33 @@ double LocalSync::after_inner_step() {
     }
   if (++steps_in_round_ < inner_steps_) return seconds_since(t0);
   steps_in_round_ = 0;
-  // delta = a - y, kept unweighted in anchor_ until theta is known.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    float* a = anchor_[i].data();
-    const float* y = params_[i].second.data();
-    for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) a[k] -= y[k];
-  }
-  if (exchange_) finish_exchange();
+  for (const plan::Instruction& in : outer_list_) switch (in.op) {
+      case plan::Op::outer_sync_finish:
+        if (exchange_) finish_exchange();
+        break;
+      case plan::Op::outer_sync_start:
+        start_round();
+        break;
+      default:
+        fail("local sync: rank ", world_rank_, " met ", plan::op_name(in.op),
+             " in its outer list; expected OuterSyncFinish and OuterSyncStart only");
+    }
+  return seconds_since(t0);
+}
+
+void LocalSync::start_round() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const float* th = theta_[i].data();
     float* a = anchor_[i].data();
     float* d = delta_[i].data();
     float* y = params_[i].second.data();
     for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
-      d[k] = weight_ * a[k];
-      a[k] = y[k] = th[k] - a[k];
+      const float delta = a[k] - y[k];  // this round's progress, negated
+      d[k] = weight_ * delta;
+      a[k] = y[k] = th[k] - delta;
     }
   }
   start_exchange();
-  return seconds_since(t0);
 }
 
 void LocalSync::flush() {

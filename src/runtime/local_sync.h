@@ -6,7 +6,7 @@
 // momentum m, identical on every rank, and the exchange between rounds.
 //
 // Round k ends after H inner steps, with this rank's weights y; a is where the round
-// started. Then, in order:
+// started. Then this rank's outer list (plan::outer_sync_schedules) runs, in order:
 //   delta = a - y                                      (this group's progress, negated)
 //   if the exchange of round k-1 is in flight: finish it, D = sum_r w_r delta_r with
 //     w_r = rank r's samples / global batch (so the groups' deltas weighted by samples),
@@ -82,6 +82,7 @@ class LocalSync {
   static void outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu);
 
  private:
+  void start_round();      // OuterSyncStart: the deltas, the new anchor, the exchange
   void start_exchange();   // this rank's weighted delta into delta_, then the exchange
   void finish_exchange();  // waits, then the outer step with the sums
   comm::Timeout timeout() const { return comm::Timeout(timeout_s_); }
@@ -97,6 +98,7 @@ class LocalSync {
   int steps_in_round_ = 0;
   int64_t outer_steps_ = 0;
   int world_rank_ = 0;
+  plan::Schedule outer_list_;  // plan::outer_sync_schedules: run after each round's last step
   std::unique_ptr<comm::OverlappedAllreduce> exchange_;  // in flight
   std::unique_ptr<comm::OverlappedAllreduce> draining_;  // finished; its sums still going out
 };

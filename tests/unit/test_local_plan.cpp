@@ -168,3 +168,40 @@ TEST_CASE("local plan: a rank whose one-sample step outlasts the others' shares 
   CHECK(p->local->groups == std::vector<std::vector<int>>{{0}, {1}, {2}});
   CHECK(std::accumulate(p->layout.samples.begin(), p->layout.samples.end(), int64_t{0}) == 128);
 }
+
+TEST_CASE("local plan: the outer synchronisation is every rank's list, and the simulator charges it") {
+  ClusterModel c = throttled();
+  for (size_t r = 0; r < 4; ++r) {  // rank 3 behind 50 ms and 50 Mbit/s
+    c.latency_s[r][3] = c.latency_s[3][r] = r == 3 ? 0 : 0.05;
+    c.bandwidth_bytes_per_s[r][3] = c.bandwidth_bytes_per_s[3][r] = r == 3 ? 0 : 50e6 / 8;
+  }
+  const PlannerInput in = input(c, small_model(c), 128);
+  const Plan sync = make_plan(in);
+  const Plan hidden = *local_plan_for(in, sync, config::SyncPolicy::local, 0);
+  const Plan exposed = *local_plan_for(in, sync, config::SyncPolicy::local, 1);
+  for (const Plan* p : {&hidden, &exposed}) {
+    const std::vector<Schedule> lists = outer_sync_schedules(*p);
+    REQUIRE(lists.size() == 4);
+    for (const Schedule& s : lists) {
+      REQUIRE(s.size() == 2);
+      CHECK(s[0].op == Op::outer_sync_finish);
+      CHECK(s[1].op == Op::outer_sync_start);
+    }
+  }
+  // H = 1 cannot hide the exchange: each step pays what one step does not cover.
+  double inner = 0;
+  for (int g = 0; g < static_cast<int>(exposed.local->groups.size()); ++g) {
+    const std::vector<int> ranks = group_ranks(exposed, g);
+    Plan sub = group_plan(exposed, g);
+    predict_plan(sub, costs_of(in.costs, ranks), cluster_of(c, ranks));
+    inner = std::max(inner, sub.predicted.step_seconds);
+  }
+  const SimResult outer = simulate(outer_sync_schedules(exposed), outer_sync_cost_model(exposed, in.costs, c, inner));
+  CHECK(outer.step_seconds >= exposed.local->outer_exchange_seconds - inner);
+  CHECK(exposed.predicted.step_seconds == doctest::Approx(inner + outer.step_seconds));
+  CHECK(exposed.predicted.step_seconds >= exposed.local->outer_exchange_seconds);
+  // Chosen H hides it: the round outlasts the exchange, and the step is the inner step
+  // plus the outer update spread over the round.
+  CHECK(hidden.local->inner_steps * hidden.predicted.step_seconds >= hidden.local->outer_exchange_seconds);
+  CHECK(hidden.predicted.step_seconds < exposed.predicted.step_seconds);
+}
