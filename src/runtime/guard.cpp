@@ -53,7 +53,7 @@ bool norm_outlier(double norm, const std::vector<double>& history, double ratio,
 Verdict ContributionGuard::judge(size_t key, double sum_squares, int64_t samples, int64_t global) {
   if (sticky_ != Verdict::kept) return sticky_;
   if (!std::isfinite(sum_squares)) return sticky_ = Verdict::non_finite;
-  if (samples <= 0) return Verdict::kept;  // nothing computed: zeros, nothing to judge
+  if (samples < kMinNormSamples) return Verdict::kept;  // see kMinNormSamples (0: nothing computed)
   const double norm = std::sqrt(sum_squares) * static_cast<double>(global) / static_cast<double>(samples);
   std::deque<double>& h = history_[key];
   if (norm_outlier(norm, std::vector<double>(h.begin(), h.end()), cfg_.norm_ratio, cfg_.window))

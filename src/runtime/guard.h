@@ -29,6 +29,12 @@ double sum_of_squares(const Tensor& t);
 // The norm check needs this many accepted norms (or the whole window when it is
 // shorter) before it judges: a median of one or two norms says little.
 constexpr size_t kMinNormHistory = 5;
+// Nor does it judge a contribution of fewer samples: their mean is one or two samples'
+// gradients, whose norms differ by orders of magnitude between a well and a badly
+// classified sample. Measured: the MLP on 4 ranks, unperturbed, with the rebalancer
+// shrinking two ranks' shares to 1 to 6 samples, had 189 contributions left out as norm
+// outliers, every one of at most 6 samples. The non-finite check applies to any share.
+constexpr int64_t kMinNormSamples = 16;
 
 // Whether `norm` is above `ratio` x the median of `history` (accepted norms). Never with
 // ratio 0 (no norm check) or fewer than min(kMinNormHistory, window) norms.
@@ -55,7 +61,8 @@ class ContributionGuard {
   // the group's gradients; their norm x global / samples (the norm of this rank's own
   // mean gradient, which does not move when its share does) is what the history holds.
   // A kept group's norm joins its history; a left-out one's does not, so a run of
-  // outliers cannot raise the median to meet them.
+  // outliers cannot raise the median to meet them. Fewer than kMinNormSamples samples
+  // are not judged by norm, nor does their norm join the history.
   Verdict judge(size_t key, double sum_squares, int64_t samples, int64_t global);
 
  private:

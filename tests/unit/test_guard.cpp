@@ -43,42 +43,46 @@ TEST_CASE("guard: a norm is an outlier above ratio x the median of the history, 
 TEST_CASE("guard: non-finite and outlying contributions are left out, and the verdict sticks for the step") {
   ContributionGuard g(guard_config(10, 20, 3, 5));
   // The norm judged is that of the rank's own mean gradient: sqrt(sum of squares) x
-  // global / samples. 10 samples of 40: sum of squares 0.25 is a norm of 2.
+  // global / samples. 20 samples of 80: sum of squares 0.25 is a norm of 2.
   for (int step = 0; step < 5; ++step) {
     g.begin_step();
-    CHECK(g.judge(0, 0.25, 10, 40) == Verdict::kept);
+    CHECK(g.judge(0, 0.25, 20, 80) == Verdict::kept);
   }
   g.begin_step();
-  CHECK(g.judge(0, 0.25 * 99, 10, 40) == Verdict::kept);    // norm 19.9 <= 10 x 2
+  CHECK(g.judge(0, 0.25 * 99, 20, 80) == Verdict::kept);    // norm 19.9 <= 10 x 2
   g.begin_step();
-  CHECK(g.judge(0, 0.25 * 101, 10, 40) == Verdict::norm);  // norm 20.1 > 10 x 2
-  CHECK(g.judge(1, 0.25, 10, 40) == Verdict::norm);        // sticky: the next group too
+  CHECK(g.judge(0, 0.25 * 101, 20, 80) == Verdict::norm);  // norm 20.1 > 10 x 2
+  CHECK(g.judge(1, 0.25, 20, 80) == Verdict::norm);        // sticky: the next group too
   g.begin_step();
   // The same contribution's norm from twice the share: the mean gradient's norm is unchanged.
-  CHECK(g.judge(0, 1.0, 20, 40) == Verdict::kept);
+  CHECK(g.judge(0, 1.0, 40, 80) == Verdict::kept);
   g.begin_step();
-  CHECK(g.judge(0, std::numeric_limits<double>::quiet_NaN(), 10, 40) == Verdict::non_finite);
-  CHECK(g.judge(1, 0.25, 10, 40) == Verdict::non_finite);
+  CHECK(g.judge(0, std::numeric_limits<double>::quiet_NaN(), 20, 80) == Verdict::non_finite);
+  CHECK(g.judge(1, 0.25, 20, 80) == Verdict::non_finite);
   g.begin_step();
-  CHECK(g.judge(0, std::numeric_limits<double>::infinity(), 10, 40) == Verdict::non_finite);
+  CHECK(g.judge(0, std::numeric_limits<double>::infinity(), 20, 80) == Verdict::non_finite);
+  g.begin_step();
+  // Fewer than kMinNormSamples samples are not judged by norm; non-finite ones still are.
+  CHECK(g.judge(0, 1e6, kMinNormSamples - 1, 80) == Verdict::kept);
+  CHECK(g.judge(0, std::numeric_limits<double>::quiet_NaN(), 1, 80) == Verdict::non_finite);
   g.begin_step();
   // Each group has its own history: group 1 has none yet, so its norm is not judged.
-  CHECK(g.judge(1, 1e6, 10, 40) == Verdict::kept);
-  CHECK(g.judge(0, 0.25, 10, 40) == Verdict::kept);
+  CHECK(g.judge(1, 1e6, 20, 80) == Verdict::kept);
+  CHECK(g.judge(0, 0.25, 20, 80) == Verdict::kept);
 }
 
 TEST_CASE("guard: left-out norms do not join the history, so a run of outliers stays out") {
   ContributionGuard g(guard_config(10, 5, 3, 5));
   for (int step = 0; step < 5; ++step) {
     g.begin_step();
-    CHECK(g.judge(0, 1, 1, 1) == Verdict::kept);
+    CHECK(g.judge(0, 1, 16, 16) == Verdict::kept);
   }
   for (int step = 0; step < 20; ++step) {
     g.begin_step();
-    CHECK(g.judge(0, 400, 1, 1) == Verdict::norm);  // norm 20 against a median of 1, every time
+    CHECK(g.judge(0, 400, 16, 16) == Verdict::norm);  // norm 20 against a median of 1, every time
   }
   g.begin_step();
-  CHECK(g.judge(0, 1, 1, 1) == Verdict::kept);
+  CHECK(g.judge(0, 1, 16, 16) == Verdict::kept);
 }
 
 TEST_CASE("guard: quarantine after quarantine_after offences within the window, then release") {
