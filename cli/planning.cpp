@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 
+#include "plan/deadline_plan.h"
 #include "plan/local_plan.h"
 #include "plan/planner.h"
 #include "probe/probe.h"
@@ -42,9 +43,17 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   in.global_batch = cfg.train.batch_size;
   in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);
   in.strategy = cfg.parallel.strategy;
+  // deadline supports data-parallel plans and pure pipelines (plan/deadline_plan.h): auto
+  // searches the data-parallel ones, which are those that survive a stalled rank.
+  if (cfg.parallel.sync == ht::config::SyncPolicy::deadline && in.strategy == ht::config::ParallelStrategy::automatic)
+    in.strategy = ht::config::ParallelStrategy::data;
   in.config_name = cfg.name;
   in.config_hash = ht::config::plan_hash(cfg);
   Planned out{ht::plan::make_plan(in), in.costs, 0, 0, std::nullopt};
+  if (cfg.parallel.sync == ht::config::SyncPolicy::deadline) {
+    ht::plan::apply_deadline_sync(out.plan, in.costs, in.cluster);
+    all_ranks = false;  // no rebalancing under deadline: the steps never wait for every rank
+  }
   if (auto local = ht::plan::local_plan_for(in, out.plan, cfg.parallel.sync, cfg.parallel.local_steps)) {
     out.plan = std::move(*local);
     all_ranks = false;  // no rebalancing under local: each group's share is set by the plan

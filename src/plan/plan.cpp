@@ -4,6 +4,7 @@
 
 #include "core/enum_names.h"
 #include "core/error.h"
+#include "plan/deadline_plan.h"
 
 namespace ht::plan {
 
@@ -28,6 +29,7 @@ std::vector<Schedule> plan_schedules(const Plan& plan, bool trial, const std::ve
     if (!optimizer_shards(plan, s).empty())
       sync[s] = s < shared_weights.size() && shared_weights[s] ? WeightSync::share : WeightSync::gather;
   add_weight_sync(schedules, layout, sync);
+  if (plan.sync_policy == "deadline") add_deadline_sync(schedules);
   return schedules;
 }
 

@@ -236,7 +236,7 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
     p.blocks = integer(j, "", "blocks", 1);
     p.global_batch = read_int(at(j, "", "global_batch"), "global_batch", 1);
     p.strategy = *parse_strategy(read_enum(at(j, "", "strategy"), "strategy", strategy_names()));
-    p.sync_policy = read_enum(at(j, "", "sync_policy"), "sync_policy", {"synchronous", "local"});
+    p.sync_policy = read_enum(at(j, "", "sync_policy"), "sync_policy", {"synchronous", "deadline", "local"});
     if (p.sync_policy == "local") p.local = read_local(at(j, "", "local"), "local");
     p.stage_ranges = read_ranges(array(j, "", "stage_ranges"), "stage_ranges");
     p.layout = read_layout(at(j, "", "layout"), "layout");

@@ -19,8 +19,8 @@ const char* op_name(Op op) {
   static constexpr const char* names[] = {  // in the order of enum Op
       "LoadMicroBatch", "Forward",  "Backward",    "SendActivation", "RecvActivation",
       "SendGrad",       "RecvGrad", "ReduceGrads", "OptimizerStep",  "Recompute",
-      "ReduceStart",    "GatherWeights", "ShareWeights", "AwaitWeights", "OuterSyncFinish",
-      "OuterSyncStart"};
+      "ReduceStart",    "GatherWeights", "ShareWeights", "AwaitWeights", "ReduceGradsDeadline",
+      "CatchUp",        "OuterSyncFinish", "OuterSyncStart"};
   static_assert(std::size(names) == static_cast<size_t>(Op::outer_sync_start) + 1);
   const auto i = static_cast<size_t>(op);
   return i < std::size(names) ? names[i] : "UnknownOp";
@@ -344,6 +344,8 @@ InstructionCounts count(const Schedule& schedule) {
       case Op::gather_weights: ++c.gathers; break;
       case Op::share_weights: ++c.shares; break;
       case Op::await_weights: ++c.awaits; break;
+      case Op::reduce_grads_deadline: ++c.reduces; break;
+      case Op::catch_up: break;
       case Op::outer_sync_finish: break;
       case Op::outer_sync_start: break;
     }
@@ -438,7 +440,7 @@ std::optional<ScheduleReport> check_stage_groups(const std::vector<Schedule>& al
   std::set<int> stages;
   for (const auto& [key, at] : h) stages.insert(key.first);
   for (int s : stages) {
-    const std::map<int, size_t> group = held(s, {Op::reduce_grads});
+    const std::map<int, size_t> group = held(s, {Op::reduce_grads, Op::reduce_grads_deadline});
     const std::pair<const char*, std::map<int, size_t>> kinds[] = {
         {"ReduceStart", held(s, {Op::reduce_start})},
         {"GatherWeights", held(s, {Op::gather_weights})},
@@ -529,7 +531,7 @@ std::optional<ScheduleReport> check_rank(const std::vector<Schedule>& all, int r
       }
     } else if (in.op == Op::optimizer_step && !step) {
       step = i;
-    } else if (in.op == Op::reduce_grads && step) {
+    } else if (is_reduction(in.op) && step) {
       return problem(where(all, r, i) + ": comes after the OptimizerStep at instruction " +
                      std::to_string(*step) + ", so the step used unreduced gradients");
     } else if (in.op == Op::reduce_start) {
@@ -543,14 +545,14 @@ std::optional<ScheduleReport> check_rank(const std::vector<Schedule>& all, int r
       if (!reduced.count(in.stage))
         return problem(where(all, r, i) + ": the rank holds no ReduceGrads of stage " + std::to_string(in.stage));
     }
-    if (in.op == Op::reduce_grads) reduced.insert(in.stage);
+    if (is_reduction(in.op)) reduced.insert(in.stage);
   }
   for (const auto& [key, i] : forwarded)
     if (!backwarded.count(key))
       return problem(where(all, r, i) + ": micro-batch is never backwarded");
   if (last_backward)
     for (size_t i = 0; i < *last_backward; ++i)
-      if (sched[i].op == Op::reduce_grads || sched[i].op == Op::optimizer_step)
+      if (is_reduction(sched[i].op) || sched[i].op == Op::optimizer_step)
         return problem(where(all, r, i) + ": comes before the last Backward at instruction " +
                        std::to_string(*last_backward) + ", so gradients are incomplete");
   // A ReduceStart hands the reduction the gradients that the Backward after it completes:

@@ -38,6 +38,13 @@ enum class Op {
   // (never blocks), and each other replica waits for it (peer = the hub's rank).
   share_weights,
   await_weights,
+  // parallel.sync deadline (plan/deadline_plan.h): ReduceGrads bounded by the step's
+  // budget, over the stage's replicas (comm/deadline_reduce.h); missing contributions
+  // are left out. Collective in the lists: in the steady state every member takes part.
+  reduce_grads_deadline,
+  // parallel.sync deadline, first in the list: a rank that was left out takes the state
+  // a leader sent it before it computes. Never blocks; free in the steady state.
+  catch_up,
   // parallel.sync local (plan/local_plan.h), every H steps after the round's last step:
   // OuterSyncFinish waits for the outer exchange started a round before (collective over
   // every rank) and takes the outer step; OuterSyncStart posts this round's weighted
@@ -57,8 +64,11 @@ constexpr Op send_of(Op recv) { return recv == Op::recv_activation ? Op::send_ac
 constexpr Op recv_of(Op send) { return send == Op::send_activation ? Op::recv_activation : Op::recv_grad; }
 // Collectives complete together on every rank holding one of the same op and stage.
 constexpr bool is_collective(Op op) {
-  return op == Op::reduce_grads || op == Op::gather_weights || op == Op::outer_sync_finish;
+  return op == Op::reduce_grads || op == Op::gather_weights || op == Op::reduce_grads_deadline ||
+         op == Op::outer_sync_finish;
 }
+// The step's gradient reduction, bounded or not.
+constexpr bool is_reduction(Op op) { return op == Op::reduce_grads || op == Op::reduce_grads_deadline; }
 
 struct Instruction {
   Op op;

@@ -75,7 +75,9 @@ class Simulator {
       case SweepEvent::Kind::local:
         // Posting the block-by-block reduction or the hub's word takes no time: what they
         // cost shows in the ReduceGrads and AwaitWeights that wait for them.
-        if (in.op == Op::reduce_start || in.op == Op::share_weights) {
+        // A CatchUp costs nothing in the steady state, which is what a plan predicts: it
+        // moves a state only to a rank that was left out.
+        if (in.op == Op::reduce_start || in.op == Op::share_weights || in.op == Op::catch_up) {
           communicate(r, in, clock_[r], clock_[r]);
           if (in.op == Op::share_weights) told_at_[{r, i}] = clock_[r];
         } else {

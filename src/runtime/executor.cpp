@@ -291,9 +291,6 @@ void Executor::poison_gradient(size_t begin, size_t end) {
 // The bad-node guard (runtime/guard.h) judges the group before any of it leaves this
 // rank; unsharded, its counts travel as one more tensor of the same all-reduce, so they
 // add no round of messages.
-// The bad-node guard (runtime/guard.h) judges the group before any of it leaves this
-// rank; unsharded, its counts travel as one more tensor of the same all-reduce, so they
-// add no round of messages.
 void Executor::add_to_reduce(size_t begin, size_t end) {
   std::vector<Tensor> grads = final_grads(begin, end);
   for (size_t i = begin; i < end; ++i) reduce_order_.push_back(i);
@@ -402,7 +399,7 @@ void Executor::reduce_grads() {
 }
 
 void Executor::optimizer_step(float lr) {
-  if (counts_.empty()) {  // the only replica of its stage: the guard judges its gradient here, alone
+  if (counts_.empty() && !deadline_) {  // the only replica of its stage: the guard judges its gradient here, alone
     std::vector<Tensor> grads = final_grads(0, params_.size());
     judge(grads, 0, params_.size());
     settle_guard();
@@ -433,6 +430,37 @@ void Executor::optimizer_step(float lr) {
   if (skip_update_) return;  // every contribution left out: nothing to step with (clipped all the same, collectively)
   opt_->set_lr(lr);
   opt_->step();
+}
+
+void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t first_step,
+                            std::function<float(int64_t)> lr_at) {
+  if (!active() || stage_group_->size() < 2) return;
+  HT_CHECK(shards_.empty() && !shared_weights_, "executor: parallel.sync deadline on stage ", stage_,
+           ", whose optimizer state is sharded or whose weights are the hub's; the planner refuses such plans");
+  std::vector<int> world_rank_of;
+  for (const auto& replica : plan_.layout.replicas) world_rank_of.push_back(replica[static_cast<size_t>(stage_)]);
+  deadline_ = std::make_unique<DeadlineSync>(*stage_group_, std::move(world_rank_of), plan_.layout.samples, params_,
+                                             *opt_, model_, rank_plan_.block_begin, rank_plan_.block_end, parallel,
+                                             plan_.predicted.step_seconds, first_step);
+  lr_at_ = std::move(lr_at);
+  reduce_.reset();
+}
+
+std::vector<comm::StepRecord> Executor::finish_deadline() {
+  return deadline_ ? deadline_->finish() : std::vector<comm::StepRecord>{};
+}
+
+// The guard judges this rank's contribution first (one left out goes as zeros with no
+// samples); the sum that comes back is already the mean over the samples that arrived.
+void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::time_point start) {
+  HT_CHECK(deadline_, "executor: rank ", world_.rank(), " runs ReduceGradsDeadline on stage ", stage_,
+           " without a deadline reduction; the trainer enables it (use_deadline) for a deadline plan");
+  std::vector<Tensor> grads = final_grads(0, params_.size());
+  judge(grads, 0, params_.size());
+  const auto samples = static_cast<int64_t>(counts_.back().data()[0]);
+  const double loss = verdict_ != Verdict::kept && !std::isfinite(loss_sum_) ? 0 : loss_sum_;
+  r.deadline = deadline_->reduce(grads, samples, loss, start, plan_.global_batch);
+  skip_update_ = !r.deadline->ended && r.deadline->record.samples == 0;
 }
 
 // ShareWeights on the hub, AwaitWeights on the others: the hub updated the weights in
@@ -496,7 +524,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   verdict_ = Verdict::kept;
   skip_update_ = false;
   if (!quarantine_ && stage_group_->size() > 1) quarantine_ = std::make_unique<Quarantine>(guard_cfg_, stage_group_->size());
-  if (stage_group_->size() > 1)
+  if (stage_group_->size() > 1 && !deadline_)
     reduce_ = std::make_unique<comm::OverlappedAllreduce>(
         *stage_group_, plan::stage_reduce_parts(plan_, plan_.layout, static_cast<size_t>(stage_)), !shards_.empty());
   const auto start = Clock::now();
@@ -545,7 +573,25 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         if (reduce_) r.grads_overlapped = reduce_order_.size();
         reduce_grads();
         break;
-      case plan::Op::optimizer_step: optimizer_step(lr); break;
+      case plan::Op::optimizer_step:
+        if (r.deadline && r.deadline->ended) break;  // caught up to the end: nothing to apply
+        optimizer_step(r.deadline ? lr_at_(r.deadline->record.step) : lr);
+        break;
+      case plan::Op::catch_up:  // a catch-up moves this rank's step on: its data moves with it
+        if (deadline_) {
+          const int64_t before = deadline_->step();
+          deadline_->catch_up();
+          first += (deadline_->step() - before) * plan_.global_batch;
+        }
+        break;
+      case plan::Op::reduce_grads_deadline:
+        comm = true;
+        reduce_grads_deadline(r, start);
+        break;
+      case plan::Op::outer_sync_finish:
+      case plan::Op::outer_sync_start:
+        fail("executor: rank ", world_.rank(), " met ", plan::op_name(in.op),
+             " in a step's list; the outer synchronisation runs between steps (runtime/local_sync.h)");
       case plan::Op::reduce_start:  // the Backward of this micro-batch feeds ReduceGrads
         comm = true;
         overlap_mb_ = in.micro_batch;
@@ -559,10 +605,6 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         comm = true;
         pass_weights_word(in.op == plan::Op::share_weights);
         break;
-      case plan::Op::outer_sync_finish:
-      case plan::Op::outer_sync_start:
-        fail("executor: rank ", world_.rank(), " met ", plan::op_name(in.op),
-             " in a step's list; the outer synchronisation runs between steps (runtime/local_sync.h)");
     }
     if (!comm && faults_ && faults_->slow_factor() > 1)  // --inject slow: F x this compute's time
       std::this_thread::sleep_for(std::chrono::duration<double>((faults_->slow_factor() - 1) *
@@ -572,7 +614,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     const double cpu = process_cpu_seconds() - cpu0;
     (comm ? r.comm_cpu_s : in.op == plan::Op::optimizer_step ? r.optimizer_cpu_s : r.work_cpu_s) += cpu;
     if (in.op == plan::Op::optimizer_step) r.optimizer_s += dt;
-    if (in.op == plan::Op::reduce_grads || in.op == plan::Op::gather_weights || in.op == plan::Op::share_weights ||
+    if (plan::is_reduction(in.op) || in.op == plan::Op::gather_weights || in.op == plan::Op::share_weights ||
         in.op == plan::Op::await_weights)
       r.reduce_s += dt;
     if (record_spans) {

@@ -23,7 +23,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +36,7 @@
 #include "optim/optimizer.h"
 #include "plan/plan.h"
 #include "plan/timeline.h"
+#include "runtime/deadline_sync.h"
 #include "runtime/fault_injection.h"
 #include "runtime/guard.h"
 #include "runtime/task.h"
@@ -65,6 +68,9 @@ struct StepResult {
   // reported by the first member of each stage group (every member knows them).
   std::vector<GuardEvent> guard_events;
   bool update_skipped = false;  // no contribution of some group kept: the optimiser did not step
+  // Under parallel.sync deadline: the step this rank applied (which may differ from the
+  // one it was asked for, after a catch-up) and who contributed to it.
+  std::optional<DeadlineStep> deadline;
 };
 
 class Executor {
@@ -104,6 +110,18 @@ class Executor {
   void set_guard(const config::GuardConfig& guard);
   // Whether this rank's stage leaves out replica `replica` as quarantined in the next step.
   bool quarantines(int replica) const { return quarantine_ && quarantine_->quarantined(replica); }
+  // parallel.sync deadline (runtime/deadline_sync.h) on a plan whose lists carry its
+  // instructions: the stage's reduction leaves out what has not arrived when the step's
+  // budget expires. `first_step` is the step the run starts at (every member passes the
+  // same), `lr_at` the learning rate of a step (a rank that catches up steps with the
+  // step it applies, not the one it was asked for). No-op on a stage without replicas.
+  void use_deadline(const config::ParallelConfig& parallel, int64_t first_step,
+                    std::function<float(int64_t)> lr_at);
+  bool deadline() const { return deadline_ != nullptr; }
+  int64_t deadline_step() const { return deadline_ ? deadline_->step() : -1; }
+  // After the last step, on every member: one chain everywhere (a rank behind catches
+  // up) and nothing left in flight; returns the steps this rank caught up past.
+  std::vector<comm::StepRecord> finish_deadline();
 
   // CRC-32 of this rank's parameter bytes ("" on an idle rank): replicas of a stage must
   // hold bit-identical parameters, since they apply the same summed gradient.
@@ -130,6 +148,7 @@ class Executor {
   void judge(std::vector<Tensor>& grads, size_t begin, size_t end);
   void settle_guard();
   void optimizer_step(float lr);
+  void reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::time_point start);
   void gather_weights();    // sharded: the other parts' updated weights
   void pass_weights_word(bool from_hub);  // shared hub weights: word that they are updated
   void share_weights();     // a hub that steps the optimiser: see executor.cpp
@@ -186,6 +205,8 @@ class Executor {
   std::vector<GuardEvent> events_;
   Verdict verdict_ = Verdict::kept;  // this rank's, the first not kept in this step
   bool skip_update_ = false;
+  std::unique_ptr<DeadlineSync> deadline_;  // parallel.sync deadline, replicated stages
+  std::function<float(int64_t)> lr_at_;
 };
 
 // Throws when two replicas of one stage report different checksums (one per world rank,

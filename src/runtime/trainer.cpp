@@ -118,7 +118,9 @@ class Run {
         local_group_(plan_.local ? LocalGroup::make(plan_, world_, peer_timeout()) : nullptr),
         executor_(std::make_unique<Executor>(local_group_ ? local_group_->plan : plan_, model_, *task_,
                                              local_group_ ? *local_group_->comm : world_, cfg_.train, peer_timeout())),
-        rebalancer_(opts.rebalance, cfg_.parallel.rebalance_every, world_, peer_timeout()),
+        // Under deadline the steps never wait for every rank, so nothing rebalances them.
+        rebalancer_(plan_.sync_policy == "deadline" ? RebalanceFn{} : opts.rebalance, cfg_.parallel.rebalance_every,
+                    world_, peer_timeout()),
         planned_step_s_(plan_.predicted.step_seconds),
         checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
         faults_(opts.faults, world_.rank()) {
@@ -144,6 +146,7 @@ class Run {
     progress_ = &progress;
     int64_t start = opts_.resume ? restore(progress) : 0;
     if (opts_.resume) executor_->weights_loaded();
+    if (plan_.sync_policy == "deadline") start_deadline(start, progress);
     if (root_) check_evaluation_fits();
     std::optional<report::MetricsLog> metrics;
     if (root_) {
@@ -178,6 +181,8 @@ class Run {
       const bool trace = !opts_.timeline.empty() && step == traced;
       faults_.begin_step(step + 1);
       StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size + group_offset(), lr, trace);
+      const int64_t asked = step;
+      if (r.deadline) step = take_deadline(r, metrics, progress);  // the step applied: after a catch-up, a later one
       if (local_) {  // the outer exchange's time is communication of this step
         const double outer_s = local_->after_inner_step();
         r.comm_s += outer_s;
@@ -215,7 +220,12 @@ class Run {
       const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
       // No step follows to wait through: the exchange ends here.
       const bool final_step = done == total_steps_ || stop_after || stop_all;
-      if (done % cfg_.train.log_every == 0 || done == total_steps_) {
+      if (executor_->deadline() && (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_)) {
+        last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
+        if (metrics)
+          metrics->write(json{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", last_loss},
+                              {"sync_policy", "deadline"}, {"elapsed_s", seconds_since(t0)}}.dump());
+      } else if (done % cfg_.train.log_every == 0 || done == total_steps_) {
         window.interrupted = g_interrupted;
         if (multi()) window.checksum = local_ ? local_->outer_checksum() : executor_->parameter_checksum();
         answered_log_.reset();  // taken a log step ago
@@ -242,9 +252,12 @@ class Run {
       }
       // One process stops at once; many agree on the step after a log step (every rank saw
       // the flag in rank 0's answer).
-      const bool interrupted = multi() ? stop_all : static_cast<bool>(g_interrupted);
+      // Under deadline no exchange carries the flag: each rank stops at its own step.
+      const bool interrupted = multi() && !executor_->deadline() ? stop_all : static_cast<bool>(g_interrupted);
       const bool stop = interrupted || stop_after;
-      if ((cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || last || stop)
+      if (stop && !last && executor_->deadline()) finish_deadline(metrics, progress);
+      // A catch-up may have moved past a checkpoint step: the step applied saves it instead.
+      if ((cfg_.checkpoint.every > 0 && done / cfg_.checkpoint.every > asked / cfg_.checkpoint.every) || last || stop)
         save(done, progress);
       if (stop && !last) {
         progress.finish();
@@ -256,6 +269,7 @@ class Run {
         return {done, seconds_since(t0), cfg_.run.dir};
       }
     }
+    if (executor_->deadline()) finish_deadline(metrics, progress);
     progress.finish();
     std::optional<EvalResult> final_eval = evaluate();
     const double wall = seconds_since(t0);
@@ -283,6 +297,49 @@ class Run {
     r["sync_policy"] = "local";
     r["outer_steps"] = local_->outer_steps();
     return r.dump();
+  }
+  // parallel.sync deadline: the stage's reduction closes at its budget (runtime/deadline_sync.h).
+  void start_deadline(int64_t start, report::Progress& progress) {
+    executor_->use_deadline(cfg_.parallel, start, [this](int64_t s) { return schedule_.at(s); });
+    if (executor_->deadline())
+      progress.note("parallel.sync deadline: a step closes at " + std::to_string(1 + cfg_.parallel.deadline_slack) +
+                    " x the step's measured median (the plan's " + std::to_string(plan_.predicted.step_seconds) +
+                    " s at first); late contributions are " +
+                    (cfg_.parallel.max_staleness > 0
+                         ? "applied up to " + std::to_string(cfg_.parallel.max_staleness) + " steps late"
+                         : std::string("dropped")));
+    else if (plan_.stage_ranges.size() > 1 && plan_.layout.replicas.size() == 1)
+      progress.note("parallel.sync deadline on a pure pipeline: a stalled stage has no stand-in, so the job waits "
+                    "for it, up to parallel.peer_timeout_s = " + std::to_string(cfg_.parallel.peer_timeout_s) + " s");
+  }
+  // The step a deadline step applied (after a catch-up, a later one than asked): its
+  // records, and those of the steps caught up past, go to rank 0's metrics.
+  int64_t take_deadline(StepResult& r, std::optional<report::MetricsLog>& metrics, report::Progress& progress) {
+    const DeadlineStep& d = *r.deadline;
+    if (d.caught_up) {
+      deadline_log_.caught_up();
+      progress.note("caught up: this rank was left out and took the current weights at step " +
+                    std::to_string(d.ended ? total_steps_ : d.record.step));
+    }
+    std::vector<comm::StepRecord> records = d.missed;
+    if (!d.ended) records.push_back(d.record);
+    for (const comm::StepRecord& rec : records) write_deadline_record(rec, metrics, progress);
+    r.loss_sum = deadline_log_.last_loss_sum();
+    return d.ended ? total_steps_ - 1 : d.record.step;
+  }
+  void write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,
+                             report::Progress& progress) {
+    if (const std::string line = deadline_log_.short_line(rec); !line.empty()) progress.note(line);
+    const std::string record = deadline_log_.add(rec);
+    if (metrics && !record.empty()) metrics->write(record);
+  }
+  // Every member ends on one chain (a rank behind catches up), then the replicas are
+  // checked bit-identical.
+  void finish_deadline(std::optional<report::MetricsLog>& metrics, report::Progress& progress) {
+    for (const comm::StepRecord& rec : executor_->finish_deadline()) write_deadline_record(rec, metrics, progress);
+    const std::vector<std::string> checksums =
+        world_.allgather(executor_->parameter_checksum(), peer_timeout(), "the replicas' checksums after the last step");
+    check_replicas_identical(plan_, checksums, executor_->deadline_step());
   }
   // The bound on every wait on another rank: past it the job ends naming who and what.
   comm::Timeout peer_timeout() const { return comm::Timeout(cfg_.parallel.peer_timeout_s); }
@@ -424,6 +481,10 @@ class Run {
       // waits out the period, so single steps scatter in two groups and their median (7.0
       // ms for the MLP's 0.8 rank) missed its mean (6.4 ms).
       summary["measured_step_s"] = median_window_mean(step_walls, 10);
+      if (executor_->deadline()) {
+        summary["sync_policy"] = "deadline";
+        summary["deadline"] = json::parse(deadline_log_.summary());
+      }
       if (local_) {
         summary["sync_policy"] = "local";
         summary["groups"] = plan_.local->groups;
@@ -531,7 +592,10 @@ class Run {
     if (executor_->replica() == 0)
       for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
         mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
-    const std::vector<std::string> all = world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams");
+    // Under deadline the replicas are identical (rank 0 is replica 0) and no exchange may
+    // wait for a stalled rank: rank 0's own streams are the checkpoint's.
+    const std::vector<std::string> all = executor_->deadline() ? std::vector<std::string>{mine.dump()}
+                                         : world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams");
     for (size_t r = 0; r < all.size(); ++r) {
       const json offsets = json::parse(all[r]);
       HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
@@ -638,6 +702,7 @@ class Run {
   int64_t stream_base_ = 0;  // stream position of step 0's first sample
   optim::LrSchedule schedule_;
   FaultInjector faults_;  // --inject's, for this rank
+  DeadlineLog deadline_log_;  // under parallel.sync deadline
   double last_loss_sum_ = 0;  // this rank's, of the last step
   report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines
   struct {

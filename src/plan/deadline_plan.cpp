@@ -1,0 +1,72 @@
+#include "plan/deadline_plan.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "plan/planner.h"
+
+namespace ht::plan {
+
+namespace {
+
+// Rank 0's replica becomes replica 0 (a data-parallel plan's replicas are in no required
+// order): rank 0 evaluates and checkpoints from its own weights, which under deadline
+// must need no message from a rank that may be stalled.
+void first_replica_rank_0(Plan& plan) {
+  const auto k = static_cast<size_t>(plan.ranks[0].replica);
+  if (k == 0) return;
+  PipelineLayout& l = plan.layout;
+  auto swap = [k](auto& v) {
+    if (v.size() > k) std::swap(v[0], v[k]);
+  };
+  swap(l.replicas);
+  swap(l.samples);
+  swap(l.micro_batches);
+  swap(l.recompute);
+  swap(l.forward_seconds);
+  swap(l.backward_seconds);
+  swap(l.alternate_micro_batches);
+  if (l.reduce_owner == 0 || l.reduce_owner == static_cast<int>(k)) l.reduce_owner = l.reduce_owner == 0 ? static_cast<int>(k) : 0;
+  for (size_t r = 0; r < l.replicas.size(); ++r)
+    for (int rank : l.replicas[r]) plan.ranks[static_cast<size_t>(rank)].replica = static_cast<int>(r);
+}
+
+}  // namespace
+
+void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
+  const size_t stages = plan.stage_ranges.size(), replicas = plan.layout.replicas.size();
+  HT_CHECK(stages == 1 || replicas == 1, "parallel.sync deadline: the plan is hybrid (", replicas,
+           " replicas of a ", stages, "-stage pipeline); deadline supports data-parallel plans and pure pipelines, "
+           "so set parallel.strategy to data or pipeline, or parallel.sync to sync");
+  for (size_t s = 0; s < stages; ++s) {
+    const std::vector<double> shards = optimizer_shards(plan, s);
+    HT_CHECK(shards.empty() || hub_steps_optimizer(plan), "parallel.sync deadline: the plan shards stage ", s,
+             "'s optimizer state over its ", shards.size(),
+             " replicas, and a stalled rank's shard has no stand-in; deadline supports every rank keeping the "
+             "whole optimizer state: give the ranks that memory, or set parallel.sync to sync");
+  }
+  if (replicas > 1) {
+    HT_CHECK(plan.ranks[0].replica >= 0, "parallel.sync deadline: the plan leaves rank 0 idle; rank 0 evaluates and "
+             "checkpoints from its own weights, so deadline needs it in a replica (set parallel.strategy to data)");
+    first_replica_rank_0(plan);
+    if (hub_steps_optimizer(plan)) set_hub_steps_optimizer(plan, false);
+    plan.layout.reduce_owner = 0;
+  }
+  plan.sync_policy = "deadline";
+  predict_plan(plan, costs, cluster);
+}
+
+void add_deadline_sync(std::vector<Schedule>& schedules) {
+  for (Schedule& s : schedules) {
+    const auto reduce = std::find_if(s.begin(), s.end(), [](const Instruction& in) { return in.op == Op::reduce_grads; });
+    if (reduce == s.end()) continue;
+    const int stage = reduce->stage;
+    std::erase_if(s, [](const Instruction& in) { return in.op == Op::reduce_start; });
+    for (Instruction& in : s)
+      if (in.op == Op::reduce_grads) in.op = Op::reduce_grads_deadline;
+    s.insert(s.begin(), Instruction{Op::catch_up, -1, stage});
+  }
+}
+
+}  // namespace ht::plan

@@ -1,0 +1,96 @@
+// parallel.sync: deadline in the executor: the replica state that a catch-up carries, and
+// the two instructions the planner emits under deadline (plan/deadline_plan.h), run over a
+// data-parallel stage's group with comm::DeadlineReduce.
+//   CatchUp (first in the list): marks the step's start (the dropout streams a catch-up
+//     must carry are those before this step's Forwards) and takes a catch-up that a
+//     leader already sent, so that a rank back from a stall does not compute on old
+//     weights when the new ones are waiting.
+//   ReduceGradsDeadline: the bounded reduction; the sum becomes the sample-weighted mean
+//     over the samples that arrived (runtime/guard.h's rescale_to_kept, shared with the
+//     bad-node guard's left-out contributions).
+// The replica state is the stage's parameters, its optimiser state (per-parameter step
+// counters included) and the dropout streams of its blocks: all that the next step's
+// result depends on, so a rank that takes it is bit-identical to the leader.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/deadline_reduce.h"
+#include "config/config.h"
+#include "nn/block.h"
+#include "optim/optimizer.h"
+
+namespace ht::runtime {
+
+// One step of a deadline reduction as the trainer records it; ranks are world ranks.
+struct DeadlineStep {
+  comm::StepRecord record;               // the step applied (record.step -1 when ended)
+  std::vector<comm::StepRecord> missed;  // steps this rank caught up past, in order
+  bool caught_up = false;
+  bool ended = false;   // caught up to the end of training: no step to apply
+  double budget_s = 0;
+};
+
+class DeadlineSync {
+ public:
+  // `group`: the stage's replicas in replica order; `world_rank_of[m]` is member m's world
+  // rank; `shares[m]` its samples of the global batch. Every member constructs one with
+  // the same first_step (the step the run starts at).
+  DeadlineSync(comm::Communicator& group, std::vector<int> world_rank_of, std::vector<int64_t> shares,
+               const std::vector<nn::NamedTensor>& params, optim::Optimizer& optimizer, nn::Sequential& model,
+               int block_begin, int block_end, const config::ParallelConfig& parallel, double predicted_step_s,
+               int64_t first_step);
+  ~DeadlineSync();
+
+  void catch_up();  // Op::catch_up
+  // Op::reduce_grads_deadline over `grads` (the parameters' contiguous gradients, in
+  // order); on return they hold the sample-weighted mean over what arrived.
+  DeadlineStep reduce(std::vector<Tensor>& grads, int64_t samples, double loss_sum,
+                      std::chrono::steady_clock::time_point start, int64_t global_batch);
+  // After the last step: one chain on every member, everything drained.
+  std::vector<comm::StepRecord> finish();
+  int64_t step() const { return reduce_->step(); }  // the next step to run
+
+ private:
+  comm::ReplicaState save() const;
+  void load(const comm::ReplicaState& state);
+  comm::StepRecord in_world_ranks(comm::StepRecord r) const;
+
+  std::vector<int> world_rank_of_;
+  std::vector<nn::NamedTensor> params_;
+  optim::Optimizer& optimizer_;
+  nn::Sequential& model_;
+  int block_begin_, block_end_;
+  std::vector<uint64_t> offsets_;  // the blocks' dropout streams at this step's start
+  std::unique_ptr<comm::DeadlineReduce> reduce_;
+};
+
+// What the trainer records of a deadline run: one metrics record per step (who
+// contributed and with how many samples), the counts for the summary, and the loss over
+// the samples that arrived.
+class DeadlineLog {
+ public:
+  // Counts `r` and returns its metrics.jsonl line (type "contributions"); "" for a step
+  // already recorded.
+  std::string add(const comm::StepRecord& r);
+  void caught_up() { ++catch_ups_; }
+  // The mean loss per prediction over the fresh samples since the last call (NaN when
+  // none arrived), and the window starts afresh.
+  double take_window_loss(int64_t predictions_per_sample);
+  double last_loss_sum() const { return last_loss_sum_; }
+  // A line for people when a step closes short after one that did not, else "".
+  std::string short_line(const comm::StepRecord& r) const;
+  std::string summary() const;  // a JSON object: the counts
+
+ private:
+  int64_t steps_ = 0, closed_short_ = 0, samples_dropped_ = 0, stale_ = 0, catch_ups_ = 0, led_elsewhere_ = 0;
+  double window_loss_ = 0, last_loss_sum_ = 0;
+  int64_t window_samples_ = 0;
+  bool last_short_ = false;
+  int64_t last_step_ = -1;
+};
+
+}  // namespace ht::runtime

@@ -1,0 +1,98 @@
+// parallel.sync deadline in the plan: the instructions the planner emits (CatchUp first,
+// ReduceGradsDeadline in place of ReduceGrads), the lists still pass check_schedules and
+// simulate, the plan file keeps the policy, and the combinations deadline does not
+// support are refused naming the setting.
+#include <doctest/doctest.h>
+
+#include "tests/unit/error_message.h"
+#include "tests/unit/plan_fixtures.h"
+
+#include "plan/deadline_plan.h"
+#include "plan/plan_json.h"
+#include "plan/planner.h"
+#include "plan/simulator.h"
+
+using namespace ht;
+using namespace ht::plan;
+using namespace ht::plan::fixtures;
+
+TEST_CASE("deadline plan: every reducing rank's list starts with CatchUp and reduces with ReduceGradsDeadline") {
+  const ClusterModel c = cluster({8e12, 4e12, 2e12, 2e12}, std::vector(4, 64 * kGiB), 1e-5, 1e10);
+  const PlannerInput in = input(c, costs(c, 4), 128, "data");
+  Plan p = make_plan(in);
+  apply_deadline_sync(p, in.costs, in.cluster);
+  CHECK(p.sync_policy == "deadline");
+  CHECK(p.layout.reduce_owner == 0);  // the first leader: the cost model charges its hub reduction
+  CHECK(!hub_steps_optimizer(p));
+  const std::vector<Schedule> lists = plan_schedules(p);
+  const ScheduleReport report = check_schedules(lists);
+  CHECK_MESSAGE(report.ok, report.problem);
+  for (size_t r = 0; r < lists.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(!lists[r].empty());
+    CHECK(lists[r].front().op == Op::catch_up);
+    int deadline_reduces = 0;
+    for (const Instruction& i : lists[r]) {
+      CHECK(i.op != Op::reduce_grads);
+      CHECK(i.op != Op::reduce_start);
+      deadline_reduces += i.op == Op::reduce_grads_deadline ? 1 : 0;
+    }
+    CHECK(deadline_reduces == 1);
+    CHECK(contains(to_text(lists[r]), "ReduceGradsDeadline stage=0"));
+  }
+  // The prediction is of these lists, and a step costs at least the slowest compute.
+  const SimResult sim = simulate_plan(p, in.costs, in.cluster);
+  CHECK(sim.step_seconds == doctest::Approx(p.predicted.step_seconds));
+  CHECK(sim.step_seconds > 0);
+  // The plan file keeps the policy, so `train --plan` runs the same lists.
+  const Plan back = plan_from_json(plan_to_json(p), "test");
+  CHECK(back.sync_policy == "deadline");
+  CHECK(plan_schedules(back)[1].front().op == Op::catch_up);
+}
+
+TEST_CASE("deadline plan: a pure pipeline keeps its lists (no replica to stand in for a stage)") {
+  const ClusterModel c = cluster({1e13, 1e13}, std::vector(2, 64 * kGiB), 1e-4, 2e8);
+  const PlannerInput in = input(c, costs(c, 4, 1e6, 4096), 64, "pipeline");
+  Plan p = make_plan(in);
+  REQUIRE(p.strategy == Strategy::pipeline);
+  const std::vector<Schedule> before = plan_schedules(p);
+  apply_deadline_sync(p, in.costs, in.cluster);
+  CHECK(p.sync_policy == "deadline");
+  const std::vector<Schedule> after = plan_schedules(p);
+  REQUIRE(after.size() == before.size());
+  for (size_t r = 0; r < after.size(); ++r) CHECK(to_text(after[r]) == to_text(before[r]));
+}
+
+TEST_CASE("deadline plan: hybrid plans and optimizer-state sharding are refused, naming the setting") {
+  const ClusterModel c = cluster({2e13, 2e13, 1e13, 1e13}, std::vector(4, 64 * kGiB), 1e-4, 5e8);
+  const PlannerInput in = input(c, costs(c, 6), 128);  // auto: 2 x 2 hybrid here (test_planner.cpp)
+  Plan hybrid = make_plan(in);
+  REQUIRE(hybrid.strategy == Strategy::hybrid);
+  const std::string e = error_of([&] { apply_deadline_sync(hybrid, in.costs, in.cluster); });
+  CHECK(contains(e, "parallel.sync deadline"));
+  CHECK(contains(e, "hybrid"));
+  CHECK(contains(e, "parallel.strategy"));
+
+  const PlannerInput din = input(c, costs(c, 6), 128, "data");
+  Plan sharded = make_plan(din);
+  REQUIRE(sharded.strategy == Strategy::data);
+  for (RankPlan& r : sharded.ranks) r.optimizer_shard = 0.25;
+  const std::string s = error_of([&] { apply_deadline_sync(sharded, din.costs, din.cluster); });
+  CHECK(contains(s, "shards stage 0's optimizer state"));
+  CHECK(contains(s, "parallel.sync"));
+}
+
+TEST_CASE("deadline plan: rank 0's replica comes first, its share with it (it evaluates and checkpoints alone)") {
+  const ClusterModel c = cluster({2e12, 8e12, 4e12, 2e12}, std::vector(4, 64 * kGiB), 1e-5, 1e10);
+  const PlannerInput in = input(c, costs(c, 4), 128, "data");
+  Plan p = make_plan(in);
+  REQUIRE(p.ranks[0].replica != 0);  // by speed, rank 0 is among the last
+  const int64_t share0 = p.ranks[0].samples;
+  apply_deadline_sync(p, in.costs, in.cluster);
+  check_plan(p);
+  CHECK(p.layout.replicas[0][0] == 0);
+  CHECK(p.ranks[0].replica == 0);
+  CHECK(p.layout.samples[0] == share0);
+  for (const RankPlan& r : p.ranks) CHECK(p.layout.samples[static_cast<size_t>(r.replica)] == r.samples);
+  CHECK(check_schedules(plan_schedules(p)).ok);
+}
