@@ -3,6 +3,7 @@
 // and the predicted timeline as a Chrome trace.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "plan/cluster_model.h"
 #include "plan/plan_json.h"
+#include "plan/local_plan.h"
 #include "plan/planner.h"
 #include "report/local_sync_text.h"
 #include "report/plan_svg.h"
@@ -41,6 +43,22 @@ void check_dump_rank(int rank, size_t world) {
 // The rank's instruction list for one step, as the executor runs it and the simulator
 // times it: a header line, then one instruction per line (plan/schedule.h's to_text).
 void print_schedule(const ht::plan::Plan& plan, int rank) {
+  if (plan.local) {  // its group's sub-plan every step, the outer synchronisation every H
+    const int g = ht::plan::group_of_rank(plan, rank);
+    ht::plan::Schedule inner;
+    if (g >= 0) {
+      const std::vector<int> ranks = ht::plan::group_ranks(plan, g);
+      const auto at = static_cast<size_t>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+      inner = ht::plan::plan_schedules(ht::plan::group_plan(plan, g))[at];
+    }
+    const ht::plan::Schedule outer = ht::plan::outer_sync_schedules(plan)[static_cast<size_t>(rank)];
+    std::printf("instructions of rank %d, one inner step%s (%zu):\n%s", rank,
+                g >= 0 ? (" of group " + std::to_string(g) + ", peers numbered within it").c_str() : "",
+                inner.size(), inner.empty() ? "(none: the plan leaves this rank idle)\n" : ht::plan::to_text(inner).c_str());
+    std::printf("after every %d inner steps (%zu):\n%s", plan.local->inner_steps, outer.size(),
+                ht::plan::to_text(outer).c_str());
+    return;
+  }
   const ht::plan::Schedule sched = ht::plan::plan_schedules(plan)[static_cast<size_t>(rank)];
   std::printf("instructions of rank %d, one step (%zu):\n%s", rank, sched.size(),
               sched.empty() ? "(none: the plan leaves this rank idle)\n" : ht::plan::to_text(sched).c_str());

@@ -61,9 +61,11 @@ def main():
     scratch = tempfile.mkdtemp(prefix="hetrain-e2e-local-")
     cfg = config(os.path.join(scratch, "mlp.json"))
     planned = os.path.join(scratch, "plan.json")
-    p = run([HETRAIN, "plan", cfg, "--cluster", CLUSTER, "--json", planned])
+    p = run([HETRAIN, "plan", cfg, "--cluster", CLUSTER, "--json", planned, "--dump", "2"])
     check("hetrain plan makes a local plan", p.returncode == 0 and "sync: local (DiLoCo)" in p.stdout,
           p.stdout[-2000:] + p.stderr[-2000:])
+    check("--dump shows the outer synchronisation every H steps",
+          f"after every {H} inner steps (2):\nOuterSyncFinish\nOuterSyncStart\n" in p.stdout, p.stdout[-1000:])
     if p.returncode:
         return finish(scratch)
     plan = load(planned)
