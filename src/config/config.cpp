@@ -211,6 +211,10 @@ void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
                  int_field("local_steps", {}, c.local_steps, 0),
                  number("outer_lr", c.outer_lr, Range::above(0)),
                  number("outer_momentum", c.outer_momentum, Range::closed_open(0, 1))});
+  // Local groups are data-parallel replicas of the whole model: no pipeline, no equal split.
+  if (c.sync == SyncPolicy::local && c.strategy != ParallelStrategy::automatic && c.strategy != ParallelStrategy::data)
+    fail_at(key_path(path, "sync"), "\"local\" with strategy \"" + std::string(to_string(c.strategy)) +
+                                         "\"; expected strategy \"auto\" or \"data\" (local groups replicate the whole model)");
 }
 
 void read_guard(const Json& j, const std::string& path, GuardConfig& g) {

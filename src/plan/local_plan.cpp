@@ -424,6 +424,9 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in) {
 std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan,
                                    std::optional<config::SyncPolicy> asked, int64_t local_steps) {
   const bool wanted = asked == config::SyncPolicy::local;
+  HT_CHECK(!wanted || in.strategy == config::ParallelStrategy::automatic || in.strategy == config::ParallelStrategy::data,
+           "parallel.sync local with parallel.strategy ", config::to_string(in.strategy),
+           ": local groups are data-parallel replicas of the whole model; expected strategy auto or data");
   if (!wanted) {
     if (asked || in.strategy != config::ParallelStrategy::automatic) return std::nullopt;
     const bool starved = std::any_of(sync_plan.ranks.begin(), sync_plan.ranks.end(), [](const RankPlan& r) {
