@@ -112,6 +112,7 @@ def main():
             line = next((l for l in text.splitlines() if "rank 0: no word from rank 1 after 3 s waiting for" in l), "")
             check("rank 0 names rank 1, what it waited for and for how long", line, text[-2000:])
             print("  " + line.strip())
+            print(f"  the job ended {took:.1f} s after rank 1's stop, exit status {status}")
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
