@@ -66,8 +66,8 @@ TEST_CASE("comm local: a receive with nothing to receive times out, then is with
   const auto t0 = Clock::now();
   CHECK(w.recv_bytes(&x, sizeof x, 0, 40, 0.05s) == WaitStatus::timed_out);
   const double took = seconds_since(t0);
+  // Only the lower bound is the code's: how late the wait returns depends on the load.
   CHECK(took >= 0.05);
-  CHECK(took < 0.1);
   // The withdrawn receive must not take this message: the next receive does.
   float y = 3.5f, z = 0;
   w.send_bytes(&y, sizeof y, 0, 40, 1s, "the test message");
