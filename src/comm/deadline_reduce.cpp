@@ -235,6 +235,15 @@ void DeadlineReduce::adopt_term(int64_t term) {
   if (leader() != rank_) arrived_.clear();
 }
 
+// This rank has waited out its patience for the leader: on to the next term, and every
+// peer is told, so that all move to it together (a leader that was replaced, or one
+// collecting the end's reports, hears of it even when nothing else would reach it).
+void DeadlineReduce::suspect_leader() {
+  adopt_term(term_ + 1);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) send_notice(p);
+}
+
 bool DeadlineReduce::poll() {
   std::erase_if(outgoing_, [](Outgoing& o) { return o.request.test(); });
   bool any = false;
@@ -295,7 +304,10 @@ void DeadlineReduce::fail_wait(const std::string& what) const {
                                             std::chrono::duration<double>(options_.peer_timeout_s)));
 }
 
+// The history follows this rank's chain: a record replaces those of its step and after
+// (kept from a chain that a catch-up then replaced).
 void DeadlineReduce::remember(const StepRecord& r) {
+  while (!history_.empty() && history_.back().step >= r.step) history_.pop_back();
   history_.push_back(r);
   while (history_.size() > kHistory) history_.pop_front();
 }
@@ -585,7 +597,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
     }
     if (Clock::now() >= give_up) fail_wait("the result of step " + std::to_string(step_));
     if (Clock::now() >= wait_until) {  // the leader has stalled: on to the next
-      adopt_term(term_ + 1);
+      suspect_leader();
       continue;
     }
     if (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -662,7 +674,7 @@ std::vector<StepRecord> DeadlineReduce::finish() {
       }
       if (!sent) send_done();
       if (Clock::now() >= wait_until) {
-        adopt_term(term_ + 1);
+        suspect_leader();
         sent = false;
         continue;
       }
@@ -672,9 +684,21 @@ std::vector<StepRecord> DeadlineReduce::finish() {
   // Drain: once this rank's sends are through, it says so; it keeps receiving until every
   // peer has said so, so that no send to it is left without a receive.
   bool fin_sent = false;
+  int64_t reported_term = term_;
   for (;;) {
     const bool any = poll();
     if (Clock::now() >= give_up) fail_wait("draining the last messages");
+    // A later term's leader (one that suspected the last before its answer came) is still
+    // collecting the reports: it has this rank's, the final state, again.
+    if (term_ != reported_term && leader() != rank_) {
+      Header h;
+      h.kind = done;
+      h.step = step_;
+      h.term = term_;
+      h.hash = hash_;
+      send(leader(), Message::encode(h, {}, nullptr, 0));
+      reported_term = term_;
+    }
     if (leader() == rank_)  // a member that asks again (its answer crossed a term change)
       for (auto it = done_.begin(); it != done_.end(); it = done_.erase(it)) {
         Header h;

@@ -141,6 +141,7 @@ class DeadlineReduce {
   bool poll();  // handles every arrived message; whether any arrived
   void handle(int from, const Message& m);
   void adopt_term(int64_t term);
+  void suspect_leader();
   void send(int dst, std::shared_ptr<std::vector<char>> bytes);
   void send_notice(int dst);
   void send_catch_up(int dst, int64_t since, bool final = false);
