@@ -113,15 +113,21 @@ TEST_CASE("consult: rank 0 answers every rank's item, two consultations in fligh
 TEST_CASE("consult: rank 0's answer waits for the items, not for the ranks to come for it") {
   // The point of consult over allgather: a rank that is late to finish (still in its
   // next training step) does not hold rank 0, whose finish needs only what was sent.
+  // Rank 1 finishes only after rank 0's finish has returned and told it so, so the
+  // order proves it whatever the timing: an allgather-like finish would time out.
   Communicator& w = world();
   auto c = w.consult(std::to_string(w.rank()));
-  if (w.rank() == 1) std::this_thread::sleep_for(500ms);
-  const auto t0 = Clock::now();
+  int word = 0;
+  if (w.rank() == 1)
+    REQUIRE(w.recv_bytes(&word, sizeof word, 0, 51, kLong) == WaitStatus::done);
   const std::string a = c->finish([](const std::vector<std::string>& items) { return std::to_string(items.size()); },
-                                kLong, "the test consultation");
-  const double took = seconds_since(t0);
+                                w.rank() == 0 ? 10s : kLong, "the test consultation");
+  if (w.rank() == 0) {
+    word = 1;
+    w.send_bytes(&word, sizeof word, 1, 51, kLong, "the word that rank 0's answer is out");
+  }
   CHECK(a == std::to_string(w.size()));
-  if (w.rank() == 0) CHECK(took < 0.25);  // an allgather would wait out rank 1's 0.5 s
+  if (w.rank() == 1) CHECK(word == 1);
   c.reset();
   CHECK(w.barrier(kLong) == WaitStatus::done);
 }
@@ -173,8 +179,7 @@ TEST_CASE("collectives: a barrier that one member skips times out, and its group
     const auto t0 = Clock::now();
     CHECK(sub->barrier(0.2s) == WaitStatus::timed_out);
     const double took = seconds_since(t0);
-    CHECK(took >= 0.2);
-    CHECK(took <= 0.3);  // within 150% of the timeout
+    CHECK(took >= 0.2);  // how late it returns depends on the load, not the code
     CHECK_THROWS_WITH_AS(
         sub->barrier(kLong),
         doctest::Contains("barrier: this communicator is unusable since barrier timed out"), Error);

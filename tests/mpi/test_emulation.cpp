@@ -114,8 +114,9 @@ TEST_CASE("emulation: collectives complete no earlier than their model") {
   REQUIRE(w.barrier(kLong) == WaitStatus::done);
   const double barrier_took = seconds_since(t0);
   report(w, "barrier, every rank at 5 ms", barrier_took, barrier_model);
+  // Only the lower bound is the code's: how much later a collective completes depends on
+  // the machine's load (the report above prints it).
   CHECK(barrier_took >= barrier_model);
-  CHECK(barrier_took <= 1.5 * barrier_model + 0.005);
 
   const double allreduce_model = 2.0 * static_cast<double>(p - 1) * hop;
   std::vector<Tensor> b{Tensor::full({16}, 1.f)};
@@ -124,7 +125,6 @@ TEST_CASE("emulation: collectives complete no earlier than their model") {
   const double allreduce_took = seconds_since(t0);
   report(w, "allreduce of 64 bytes, every rank at 5 ms", allreduce_took, allreduce_model);
   CHECK(allreduce_took >= allreduce_model);
-  CHECK(allreduce_took <= 1.5 * allreduce_model + 0.005);
   CHECK(b[0].to_vector() == std::vector<float>(16, static_cast<float>(p)));
 
   emulate(w, {});

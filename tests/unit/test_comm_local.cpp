@@ -156,8 +156,7 @@ TEST_CASE("comm local: emulated link delays a send to self (emulation)") {
   c.send_bytes(out.data(), out.size(), 0, 1, 1s, "the test message");
   REQUIRE(c.recv_bytes(in.data(), in.size(), 0, 1, 2s) == WaitStatus::done);
   const double took = seconds_since(t0);  // 2 * 10 ms + 20 ms
-  CHECK(took >= 0.04);
-  CHECK(took < 0.08);
+  CHECK(took >= 0.04);  // the lower bound is the emulation's; lateness is the load's
   CHECK(in == out);
   // Not arrived yet at a short deadline: timed out, and the message is still there.
   c.send_bytes(out.data(), out.size(), 0, 1, 1s, "the test message");
