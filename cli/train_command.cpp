@@ -160,9 +160,13 @@ void register_train(CLI::App& app) {
       throw ht::config::ConfigError(e.what());
     }
     opts.timeline = args->timeline;
-    for (const std::string& spec : args->inject) opts.faults.push_back(ht::runtime::parse_fault(spec));
     ht::comm::Communicator& world = ht::comm::world();
-    ht::runtime::check_fault_ranks(opts.faults, world.size());
+    try {
+      for (const std::string& spec : args->inject) opts.faults.push_back(ht::runtime::parse_fault(spec));
+      ht::runtime::check_fault_ranks(opts.faults, world.size());
+    } catch (const ht::config::ConfigError& e) {
+      throw ht::config::ConfigError(std::string("--inject: ") + e.what());
+    }
     if (world.size() == 1 && args->plan.empty() && args->cluster.empty()) {
       ht::runtime::train(std::move(cfg), opts);
       return;

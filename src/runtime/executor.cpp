@@ -274,7 +274,7 @@ void Executor::poison_gradient(size_t begin, size_t end) {
     const Tensor& p = params_[i].second;
     Tensor g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
-    HT_CHECK(g.backend().kind() == DeviceKind::cpu, "--inject nan: rank ", world_.rank(),
+    HT_CHECK(g.backend().kind() == DeviceKind::cpu, "fault injection nan: rank ", world_.rank(),
              "'s gradients are not in host memory; expected a CPU rank for this testing aid");
     if (!g.is_contiguous()) {
       g = clone(g);

@@ -12,7 +12,8 @@ namespace ht::runtime {
 namespace {
 
 [[noreturn]] void reject(const std::string& spec, const std::string& what) {
-  throw config::ConfigError("--inject " + spec + ": " + what);
+  // The spec names the fault; the command line adds the flag that carried it.
+  throw config::ConfigError("fault " + spec + ": " + what);
 }
 
 int64_t int_field(const std::string& spec, const std::string& key, const std::string& text, int64_t min) {

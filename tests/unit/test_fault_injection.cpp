@@ -54,13 +54,13 @@ TEST_CASE("bad fault specs are one-line errors naming the spec, field, value and
     const char* message;
   };
   const Case cases[] = {
-      {"wobble:rank=1,at=2", "--inject wobble:rank=1,at=2: unknown kind 'wobble'; expected stall, nan or slow"},
-      {"stall:rank=1,at=2", "--inject stall:rank=1,at=2: missing field 'for'; expected stall to give for=..."},
-      {"nan:at=2", "--inject nan:at=2: missing field 'rank'"},
-      {"nan", "--inject nan: missing field "},
-      {"stall:rank=1,at=2,for=-1", "--inject stall:rank=1,at=2,for=-1: for=-1 is out of range; expected seconds >= 0"},
+      {"wobble:rank=1,at=2", "fault wobble:rank=1,at=2: unknown kind 'wobble'; expected stall, nan or slow"},
+      {"stall:rank=1,at=2", "fault stall:rank=1,at=2: missing field 'for'; expected stall to give for=..."},
+      {"nan:at=2", "fault nan:at=2: missing field 'rank'"},
+      {"nan", "fault nan: missing field "},
+      {"stall:rank=1,at=2,for=-1", "fault stall:rank=1,at=2,for=-1: for=-1 is out of range; expected seconds >= 0"},
       {"slow:rank=1,at=2,factor=0.5",
-       "--inject slow:rank=1,at=2,factor=0.5: factor=0.5 is out of range; expected a factor >= 1"},
+       "fault slow:rank=1,at=2,factor=0.5: factor=0.5 is out of range; expected a factor >= 1"},
       {"slow:rank=1,at=2,factor=fast", "factor=fast is not a number; expected a factor >= 1"},
       {"nan:rank=-1,at=2", "rank=-1 is out of range; expected at least 0"},
       {"nan:rank=1,at=0", "at=0 is out of range; expected at least 1"},
@@ -89,5 +89,5 @@ TEST_CASE("a fault's rank must be one of the job's") {
   const std::vector<Fault> faults = {parse_fault("stall:rank=3,at=1,for=1")};
   check_fault_ranks(faults, 4);
   CHECK(error_of([&] { check_fault_ranks(faults, 3); }) ==
-        "--inject stall:rank=3,at=1,for=1: rank=3 is out of range; expected a rank in [0, 2] of this 3-rank job");
+        "fault stall:rank=3,at=1,for=1: rank=3 is out of range; expected a rank in [0, 2] of this 3-rank job");
 }
