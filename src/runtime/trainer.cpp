@@ -224,7 +224,7 @@ class Run {
         last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
         if (metrics)
           metrics->write(json{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", last_loss},
-                              {"sync_policy", "deadline"}, {"elapsed_s", seconds_since(t0)}}.dump());
+                              {"sync_policy", "deadline"}, {"wall_s", seconds_since(t0)}}.dump());
       } else if (done % cfg_.train.log_every == 0 || done == total_steps_) {
         window.interrupted = g_interrupted;
         if (multi()) window.checksum = local_ ? local_->outer_checksum() : executor_->parameter_checksum();
