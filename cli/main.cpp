@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <exception>
 #include <string>
 
@@ -25,6 +26,9 @@ int finish(int status, const char* kind, const char* what) {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
   bool multi = size && std::atoi(size) > 1;
+  // Messages about peers (a peer timeout) begin with the rank that reports them.
+  const std::string own = std::string("rank ") + (rank ? rank : "?") + ": ";
+  if (multi && std::string_view(what).substr(0, own.size()) == own) what += own.size();
   if (multi)
     std::fprintf(stderr, "hetrain: rank %s: %s%s\n", rank ? rank : "?", kind, what);
   else
