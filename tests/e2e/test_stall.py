@@ -109,7 +109,7 @@ def main():
                   took >= PEER_TIMEOUT_S, f"{took:.2f} s")
             log.seek(0)
             text = log.read()
-            line = next((l for l in text.splitlines() if "rank 0: no word from rank 1 after 3 s waiting for" in l), "")
+            line = next((l for l in text.splitlines() if "hetrain: rank 0: error: no word from rank 1 after 3 s waiting for" in l), "")
             check("rank 0 names rank 1, what it waited for and for how long", line, text[-2000:])
             print("  " + line.strip())
             print(f"  the job ended {took:.1f} s after rank 1's stop, exit status {status}")
