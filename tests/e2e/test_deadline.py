@@ -131,7 +131,8 @@ def main():
     # catch-up jumped over; which happens depends on the timing of the stop, not the code.
     ckpt_steps = [int(os.path.basename(c).split("-")[1].split(".")[0]) for c in checkpoints]
     covered = bool(ckpt_steps) and ckpt_steps[-1] == STEPS and all(
-        s % 100 == 0 or s // 100 > prev // 100 for prev, s in zip([0] + ckpt_steps, ckpt_steps))
+        (s // 100 == prev // 100 + 1) if s % 100 == 0 else (s // 100 > prev // 100)
+        for prev, s in zip([0] + ckpt_steps, ckpt_steps))
     check("a checkpoint every 100 steps, or right after a catch-up past one, the last at the end", covered,
           ckpt_steps)
     if checkpoints:
