@@ -47,6 +47,7 @@
 #include "runtime/stage_gather.h"
 #include "runtime/task.h"
 #include "tests/harness/mlp_step_reference.h"
+#include "tests/harness/synthetic_task.h"
 
 using namespace ht;
 
@@ -62,24 +63,7 @@ const std::vector<int64_t> kWidths{12, 16, 16, 16, 5};  // the MLP's layer width
 constexpr int kLossAdds = 8;
 
 // A 4-block MLP on synthetic data that is a pure function of the stream position.
-class SyntheticTask : public runtime::Task {
- public:
-  nn::Sequential build_model(uint64_t seed) const override {
-    return models::build_mlp({kWidths.front(), {kWidths[1], kWidths[2], kWidths[3]}, kWidths.back()}, seed);
-  }
-  int64_t train_size() const override { return 1 << 20; }
-  int64_t predictions_per_sample() const override { return 1; }
-  runtime::Batch train_batch(int64_t first, int64_t count) override {
-    std::vector<float> x;
-    std::vector<int32_t> y;
-    for (int64_t i = first; i < first + count; ++i) {
-      for (int j = 0; j < 12; ++j) x.push_back(std::sin(0.37f * static_cast<float>(i) + 1.3f * j));
-      y.push_back(static_cast<int32_t>((i * 7) % 5));
-    }
-    return {Tensor::from_vector(x, {count, 12}), Tensor::from_ints(y, {count})};
-  }
-  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
-};
+ht::testing::SyntheticMlpTask make_task() { return {kWidths, {0.37f, 1.3f, false, 7}}; }
 
 config::TrainConfig train_config() {
   config::TrainConfig t;
@@ -154,7 +138,7 @@ Snapshot snapshot(const std::vector<nn::NamedTensor>& params, const std::vector<
 
 // Before the first step: the seed's parameters, zero moments.
 Snapshot initial_snapshot() {
-  SyntheticTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   const nn::Sequential model = task.build_model(7);
   Snapshot s = snapshot(model.named_parameters(), {});
   for (const auto& [name, p] : s.params) {
@@ -174,7 +158,7 @@ struct Ratios {
 // `loss_sum`, against the float64 reference from `before`'s state (see the top).
 void check_step(const Snapshot& before, const Snapshot& after, double loss_sum, int step, Ratios& ratios) {
   CAPTURE(step);
-  SyntheticTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   const runtime::Batch b = task.train_batch(step * kBatch, kBatch);
   reference::Batch batch;
   batch.rows = kBatch;
@@ -232,7 +216,7 @@ struct PlainRun {
 };
 
 PlainRun plain_one_process() {
-  SyntheticTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   nn::Sequential model = task.build_model(7);
   const std::vector<nn::NamedTensor> params = model.named_parameters();
   const config::TrainConfig train = train_config();
@@ -335,7 +319,7 @@ class StepChecker {
 void check_exact(const plan::Plan& p, const std::optional<plan::Plan>& then = std::nullopt) {
   comm::Communicator& world = comm::world();
   REQUIRE(world.size() == 4);
-  SyntheticTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   nn::Sequential model = task.build_model(7);
   plan::Plan current = p;
   runtime::Executor ex(current, model, task, world, train_config(), mpi_test::kLong);
@@ -468,7 +452,7 @@ TEST_CASE("executor: a hub's weights sent to its replicas as messages (links emu
 
 TEST_CASE("executor: a sharded stage's whole optimizer state of the wrong shape is refused by name") {
   comm::Communicator& world = comm::world();
-  SyntheticTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   nn::Sequential model = task.build_model(7);
   const plan::Plan p = sharded(layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {5, 5, 5, 5}, {1, 1, 1, 1}), 0, {0.4, 0.3, 0.2, 0.1});
   runtime::Executor ex(p, model, task, world, train_config(), mpi_test::kLong);
@@ -490,7 +474,7 @@ TEST_CASE("executor: training moved to other ranks between steps (relayout) matc
   const std::vector<plan::Plan> plans{layout({{0}, {1}}, {{0, 4}}, {12, 8}, {1, 2}),
                                       layout({{0}, {1}, {2}, {3}}, {{0, 4}}, {7, 5, 4, 4}, {1, 1, 2, 1}),
                                       layout({{2}, {0}}, {{0, 4}}, {10, 10}, {1, 1})};
-  SyntheticTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   nn::Sequential model = task.build_model(7);
   plan::Plan current = plans[0];
   auto ex = std::make_unique<runtime::Executor>(current, model, task, world, train_config(), mpi_test::kLong);
@@ -515,7 +499,7 @@ TEST_CASE("executor: the evaluation gather from a stopped stage raises PeerTimeo
   // waits 0.3 s, names rank 1 and the gather, and then continues it (see test_waits.cpp).
   comm::Communicator& world = comm::world();
   const std::vector<pid_t>& pids = mpi_test::world_pids();
-  SyntheticTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   nn::Sequential model = task.build_model(7);
   const plan::Plan p = layout({{0, 1}}, {{0, 2}, {2, 4}}, {20}, {2});
   {

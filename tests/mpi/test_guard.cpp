@@ -30,6 +30,7 @@
 #include "runtime/stage_gather.h"
 #include "runtime/task.h"
 #include "tests/harness/mlp_step_reference.h"
+#include "tests/harness/synthetic_task.h"
 
 using namespace ht;
 
@@ -41,24 +42,7 @@ constexpr int64_t kBatch = 24;
 constexpr float kLr = 1e-2f;
 constexpr int kSteps = 6;
 
-class GuardTask : public runtime::Task {
- public:
-  nn::Sequential build_model(uint64_t seed) const override {
-    return models::build_mlp({kWidths.front(), {kWidths[1], kWidths[2]}, kWidths.back()}, seed);
-  }
-  int64_t train_size() const override { return 1 << 20; }
-  int64_t predictions_per_sample() const override { return 1; }
-  runtime::Batch train_batch(int64_t first, int64_t count) override {
-    std::vector<float> x;
-    std::vector<int32_t> y;
-    for (int64_t i = first; i < first + count; ++i) {
-      for (int j = 0; j < kWidths.front(); ++j) x.push_back(std::cos(0.41f * static_cast<float>(i) + 0.9f * j));
-      y.push_back(static_cast<int32_t>((i * 3) % kWidths.back()));
-    }
-    return {Tensor::from_vector(x, {count, kWidths.front()}), Tensor::from_ints(y, {count})};
-  }
-  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
-};
+ht::testing::SyntheticMlpTask make_task() { return {kWidths, {0.41f, 0.9f, true, 3}}; }
 
 config::TrainConfig train_config() {
   config::TrainConfig t;
@@ -129,7 +113,7 @@ reference::Bounded widened(reference::Bounded g) {
 // Step `step` (0-based) took `before` to `after`, with the replicas in `kept` contributing.
 void check_step(const State& before, const State& after, int step, const std::vector<int>& kept) {
   CAPTURE(step);
-  GuardTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   reference::Batch batch;
   int64_t offset = 0;
   for (size_t r = 0; r < kShares.size(); ++r) {
@@ -171,7 +155,7 @@ void check_step(const State& before, const State& after, int step, const std::ve
 void check_nan_left_out(const plan::Plan& p) {
   comm::Communicator& world = comm::world();
   REQUIRE(world.size() == 4);
-  GuardTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   nn::Sequential model = task.build_model(11);
   runtime::Executor ex(p, model, task, world, train_config(), mpi_test::kLong);
   config::GuardConfig guard;

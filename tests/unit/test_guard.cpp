@@ -13,6 +13,7 @@
 #include "runtime/fault_injection.h"
 #include "runtime/guard.h"
 #include "runtime/task.h"
+#include "tests/harness/synthetic_task.h"
 
 using namespace ht;
 using namespace ht::runtime;
@@ -125,22 +126,7 @@ TEST_CASE("guard: the sum over kept samples is rescaled to their mean") {
 namespace {
 
 // A 2-block MLP on synthetic data, a pure function of the stream position.
-class TinyTask : public runtime::Task {
- public:
-  nn::Sequential build_model(uint64_t seed) const override { return models::build_mlp({6, {8}, 3}, seed); }
-  int64_t train_size() const override { return 1 << 20; }
-  int64_t predictions_per_sample() const override { return 1; }
-  runtime::Batch train_batch(int64_t first, int64_t count) override {
-    std::vector<float> x;
-    std::vector<int32_t> y;
-    for (int64_t i = first; i < first + count; ++i) {
-      for (int j = 0; j < 6; ++j) x.push_back(std::sin(0.3f * static_cast<float>(i) + 0.7f * j));
-      y.push_back(static_cast<int32_t>(i % 3));
-    }
-    return {Tensor::from_vector(x, {count, 6}), Tensor::from_ints(y, {count})};
-  }
-  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
-};
+ht::testing::SyntheticMlpTask make_task() { return {{6, 8, 3}, {0.3f, 0.7f, false, 1}}; }
 
 std::vector<std::vector<float>> values(const std::vector<nn::NamedTensor>& ts) {
   std::vector<std::vector<float>> out;
@@ -151,7 +137,7 @@ std::vector<std::vector<float>> values(const std::vector<nn::NamedTensor>& ts) {
 }  // namespace
 
 TEST_CASE("guard: one process skips the update of a step whose gradient is not finite, and says so") {
-  TinyTask task;
+  ht::testing::SyntheticMlpTask task = make_task();
   nn::Sequential model = task.build_model(3);
   comm::LocalCommunicator world;
   config::TrainConfig train;
