@@ -52,10 +52,13 @@ void print_schedule(const ht::plan::Plan& plan, int rank) {
       inner = ht::plan::plan_schedules(ht::plan::group_plan(plan, g))[at];
     }
     const ht::plan::Schedule outer = ht::plan::outer_sync_schedules(plan)[static_cast<size_t>(rank)];
-    std::printf("instructions of rank %d, one inner step%s (%zu):\n%s", rank,
-                g >= 0 ? (" of group " + std::to_string(g) + ", peers numbered within it").c_str() : "",
+    const std::string of_group =
+        g >= 0 ? " of group " + std::to_string(g) + " (" +
+                     std::to_string(plan.local->group_steps[static_cast<size_t>(g)]) + " a round), peers numbered within it"
+               : "";
+    std::printf("instructions of rank %d, one inner step%s (%zu):\n%s", rank, of_group.c_str(),
                 inner.size(), inner.empty() ? "(none: the plan leaves this rank idle)\n" : ht::plan::to_text(inner).c_str());
-    std::printf("after every %d inner steps (%zu):\n%s", plan.local->inner_steps, outer.size(),
+    std::printf("after every round of %d steps (%zu):\n%s", plan.local->inner_steps, outer.size(),
                 ht::plan::to_text(outer).c_str());
     return;
   }

@@ -134,11 +134,15 @@ struct ParallelConfig {
   // max_staleness steps late.
   double deadline_slack = 0.5;
   int64_t max_staleness = 0;
-  // local: inner steps per outer step (0: chosen from the measured link and compute
-  // times), and the outer optimiser (Nesterov momentum over the averaged deltas).
+  // local: steps per round (0: chosen from the measured link and compute times), and
+  // the outer optimiser (Nesterov momentum over the groups' summed deltas). The outer
+  // step lands one round late, and momentum on a delayed step overshoots: the MLP on 4
+  // ranks at quotas 0.8/0.4/0.2/0.2, 600 steps (tools/bench-faults, sync 0.877-0.880)
+  // ended at 0.41 with lr 0.7 / momentum 0.9, 0.84 with 0.7 / 0.3, 0.84 with 1 / 0,
+  // 0.855 with 0.5 / 0 and 0.856-0.864 with 0.7 / 0: so no momentum by default.
   int64_t local_steps = 0;
   double outer_lr = 0.7;
-  double outer_momentum = 0.9;
+  double outer_momentum = 0;
 };
 
 // The bad-node guard: a contribution with a non-finite value, or a gradient norm above

@@ -134,6 +134,23 @@ std::vector<int> group_ranks(const Plan& plan, int group) {
   return out;
 }
 
+std::vector<int64_t> local_batches(const Plan& plan, int group, int64_t step) {
+  const int64_t h = plan.local->inner_steps, hg = plan.local->group_steps[static_cast<size_t>(group)];
+  const int64_t round = step / h, slot = step % h;
+  auto first_in = [&](int64_t s) { return (s * hg + h - 1) / h; };  // ceil(s H_g / H)
+  std::vector<int64_t> out;
+  for (int64_t k = first_in(slot); k < first_in(slot + 1); ++k) out.push_back(round * h + group_first_step(plan, group) + k);
+  return out;
+}
+
+double round_weight(const Plan& plan, int rank) {
+  const int g = group_of_rank(plan, rank);
+  if (g < 0) return 0;
+  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
+  return static_cast<double>(rp.samples) * plan.local->group_steps[static_cast<size_t>(g)] /
+         (static_cast<double>(plan.global_batch) * plan.local->inner_steps);
+}
+
 int group_of_rank(const Plan& plan, int rank) {
   if (!plan.local) return -1;
   const int replica = plan.ranks[static_cast<size_t>(rank)].replica;
@@ -149,10 +166,26 @@ int64_t group_samples(const Plan& plan, int group) {
   return s;
 }
 
-int64_t group_offset(const Plan& plan, int group) {
+int64_t group_first_step(const Plan& plan, int group) {
   int64_t s = 0;
-  for (int g = 0; g < group; ++g) s += group_samples(plan, g);
+  for (int g = 0; g < group; ++g) s += plan.local->group_steps[static_cast<size_t>(g)];
   return s;
+}
+
+std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step_seconds) {
+  const size_t n = step_seconds.size();
+  HT_CHECK(n >= 1 && round_steps >= static_cast<int>(n), "local plan: ", round_steps, " inner steps a round for ",
+           n, " groups; expected at least one per group");
+  // Greedy on the round's end: each further step goes to the group that would then end
+  // the round earliest, which minimises the latest group's round.
+  std::vector<int> h(n, 1);
+  for (int k = static_cast<int>(n); k < round_steps; ++k) {
+    size_t best = 0;
+    for (size_t g = 1; g < n; ++g)
+      if ((h[g] + 1) * step_seconds[g] < (h[best] + 1) * step_seconds[best]) best = g;
+    ++h[best];
+  }
+  return h;
 }
 
 void check_local_plan(const Plan& plan) {
@@ -177,6 +210,20 @@ void check_local_plan(const Plan& plan) {
   }
   HT_CHECK(next == static_cast<int>(seen.size()), "local plan: the groups hold ", next, " of the ", seen.size(),
            " replicas; expected every replica in exactly one group");
+  HT_CHECK(l.group_steps.size() == l.groups.size(), "local plan: group_steps has ", l.group_steps.size(),
+           " entries for ", l.groups.size(), " groups; expected one per group");
+  int64_t steps = 0;
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    HT_CHECK(l.group_steps[g] >= 1, "local plan: group ", g, " takes ", l.group_steps[g],
+             " inner steps a round; expected at least 1");
+    steps += l.group_steps[g];
+    int64_t samples = 0;
+    for (int r : l.groups[g]) samples += plan.layout.samples[static_cast<size_t>(r)];
+    HT_CHECK(samples == plan.global_batch, "local plan: group ", g, "'s replicas take ", samples,
+             " samples a step; expected the global batch ", plan.global_batch, " (a group's inner step is one global batch)");
+  }
+  HT_CHECK(steps == l.inner_steps, "local plan: the groups' inner steps sum to ", steps, " a round but inner_steps is ",
+           l.inner_steps, "; expected them equal (a round is inner_steps global batches)");
 }
 
 Plan group_plan(const Plan& plan, int group) {
@@ -220,7 +267,7 @@ double exchange_seconds(const Plan& plan, const BlockCosts& costs, const Cluster
   std::vector<double> parts;
   for (const RankPlan& rp : plan.ranks) {  // idle ranks too: they take the sums
     all.push_back(rp.rank);
-    parts.push_back(static_cast<double>(rp.samples) / static_cast<double>(plan.global_batch));
+    parts.push_back(round_weight(plan, rp.rank));
   }
   return weighted_allreduce_seconds(cluster, all, parts, total_params(costs) * kGradBytesPerParam);
 }
@@ -260,27 +307,69 @@ CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
                    int64_t local_steps) {
   LocalSync& l = *plan.local;
-  double inner = 0;
-  for (size_t g = 0; g < l.groups.size(); ++g) {
+  const size_t n = l.groups.size();
+  std::vector<double> step(n);  // each group's inner step, one global batch
+  std::vector<Plan> subs;
+  for (size_t g = 0; g < n; ++g) {
     const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
     Plan sub = group_plan(plan, static_cast<int>(g));
     predict_plan(sub, costs_of(costs, ranks), cluster_of(cluster, ranks));
-    inner = std::max(inner, sub.predicted.step_seconds);
-    for (size_t i = 0; i < ranks.size(); ++i)
-      plan.ranks[static_cast<size_t>(ranks[i])].busy_fraction = sub.ranks[i].busy_fraction;
+    step[g] = sub.predicted.step_seconds;
+    subs.push_back(std::move(sub));
   }
   const double exchange = exchange_seconds(plan, costs, cluster);
   l.outer_exchange_seconds = exchange;
-  l.inner_steps = local_steps > 0 ? static_cast<int>(local_steps)
-                                  : std::max(1, static_cast<int>(std::ceil(kHideFactor * exchange / inner)));
+  // A job step at the groups' summed speed: what a round of H global batches takes per
+  // batch when the H_g split is exact.
+  double rate = 0;
+  for (double t : step) rate += 1 / t;
+  const double ideal = 1 / rate;
+  auto round_seconds = [&](const std::vector<int>& h) {
+    double r = 0;
+    for (size_t g = 0; g < n; ++g) r = std::max(r, h[g] * step[g]);
+    return r;
+  };
+  int h = 0;
+  if (local_steps > 0) {
+    HT_CHECK(local_steps >= static_cast<int64_t>(n), "parallel.local_steps ", local_steps, " is below the plan's ", n,
+             " local groups; expected at least ", n, " (every group takes at least one inner step a round)");
+    h = static_cast<int>(local_steps);
+  } else {
+    // The least H that hides the exchange and takes every group, raised (up to
+    // kMaxExtraSteps more) until the integer H_g end the groups' rounds within
+    // kRoundImbalance of each other's; else the most even round in that range.
+    const int least = std::max(static_cast<int>(n), static_cast<int>(std::ceil(kHideFactor * exchange / ideal)));
+    double best = 0;
+    for (int c = least; c <= least + kMaxExtraSteps; ++c) {
+      const double ratio = round_seconds(steps_by_speed(c, step)) / (c * ideal);
+      if (h == 0 || ratio < best - 1e-12) {
+        h = c;
+        best = ratio;
+      }
+      if (ratio <= 1 + kRoundImbalance) {
+        h = c;
+        break;
+      }
+    }
+  }
+  l.inner_steps = h;
+  l.group_steps = steps_by_speed(h, step);
+  const double round = round_seconds(l.group_steps);
+  for (size_t g = 0; g < n; ++g) {
+    const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
+    for (size_t i = 0; i < ranks.size(); ++i)
+      plan.ranks[static_cast<size_t>(ranks[i])].busy_fraction =
+          subs[g].ranks[i].busy_fraction * l.group_steps[g] * step[g] / round;
+  }
+  const double inner = round / h;  // a job step: a round's time per global batch
   // The outer synchronisation's own lists, simulated: what a round adds to its H steps.
   const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner));
-  const double step = inner + outer.step_seconds / l.inner_steps;
-  plan.predicted.step_seconds = step;
-  plan.predicted.samples_per_s = static_cast<double>(plan.global_batch) / step;
+  const double job_step = inner + outer.step_seconds / h;
+  plan.predicted.step_seconds = job_step;
+  plan.predicted.samples_per_s = static_cast<double>(plan.global_batch) / job_step;
   plan.predicted.bubble_fraction = 0;
   l.sync_step_seconds = sync_step_seconds;
-  l.gain = sync_step_seconds > 0 ? sync_step_seconds / step : 0;
+  l.gain = sync_step_seconds > 0 ? sync_step_seconds / job_step : 0;
 }
 
 namespace {
@@ -332,24 +421,6 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order
                   std::to_string(world) + " ranks";
     return out;
   }
-  // Group shares so that the groups' predicted steps end together: each group's step as
-  // fixed + samples / rate, fitted through its step at its nominal share and at twice
-  // that; then each group's share split over its ranks by speed.
-  std::vector<ReplicaCapacity> caps;
-  for (const std::vector<int>& g : groups) {
-    const int64_t s1 = nominal_share(in, g, total_speed), s2 = 2 * s1;
-    const double t1 = static_cast<double>(s1) / group_throughput(in, g, s1);
-    const double t2 = static_cast<double>(s2) / group_throughput(in, g, s2);
-    const double per_sample = (t2 - t1) / static_cast<double>(s2 - s1);
-    caps.push_back({1 / std::max(per_sample, 1e-12), -1, std::max(0.0, t1 - per_sample * static_cast<double>(s1))});
-  }
-  std::vector<int64_t> group_shares = split_batch(data.global_batch, caps);
-  for (size_t g = 0; g < groups.size(); ++g)
-    if (group_shares[g] < static_cast<int64_t>(groups[g].size())) {
-      out.problem = "group of ranks " + std::to_string(groups[g][0]) + ".. gets fewer samples than ranks";
-      return out;
-    }
-
   Plan p = data;
   p.sync_policy = "local";
   p.strategy = Strategy::data;
@@ -364,7 +435,8 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order
   LocalSync l;
   int replica = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
-    const std::vector<int64_t> shares = shares_by_speed(group_shares[g], speeds_of(in.costs, groups[g]));
+    // Every group's inner step is one whole global batch, split over its ranks by speed.
+    const std::vector<int64_t> shares = shares_by_speed(data.global_batch, speeds_of(in.costs, groups[g]));
     std::vector<int> members;
     for (size_t i = 0; i < groups[g].size(); ++i) {
       const int rank = groups[g][i];
@@ -391,7 +463,11 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order
       return out;
     }
   }
+  l.inner_steps = static_cast<int>(l.groups.size());  // until predict_local chooses H and the H_g
+  l.group_steps.assign(l.groups.size(), 1);
   p.local = l;
+  // A parallel.local_steps below the groups is refused here (not worked round by leaving
+  // ranks idle): the setting is what is wrong.
   predict_local(p, in.costs, in.cluster, in.sync_step_seconds, in.local_steps);
   out.plan = std::move(p);
   return out;

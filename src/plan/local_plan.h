@@ -11,14 +11,20 @@
 // throughputs (its all-reduce is nearly free: fast links, no throttled member), else it
 // starts a group of its own. So throttled ranks and ranks behind slow links step alone.
 //
-// Shares. Each group's share of the global batch is in proportion to its predicted
-// throughput, so groups of unequal speed finish their H inner steps together, and all
-// groups together consume the global batch per inner step (the samples seen equal
-// sync's for the same step count).
+// Steps. A round is H job steps: H global batches of the sample stream, so the samples
+// seen equal sync's for the same train.steps. Every inner step of every group takes one
+// whole global batch (split over the group's ranks by speed), which amortises a step's
+// fixed costs (the optimiser step over the whole model, the per-call costs) as well on
+// a slow group as on a fast one; group g takes H_g of the round's H batches, H_g in
+// proportion to its speed (1 / its predicted step), so the groups end a round together.
+// The groups take the round's batches in group order: group g the H_g from
+// group_first_step(g).
 //
 // H. The outer exchange (the deltas' all-reduce over every rank, plus the outer update)
 // runs while the next round's inner steps do; H is the least count whose round is at
-// least kHideFactor times the exchange. parallel.local_steps overrides it.
+// least kHideFactor times the exchange and gives every group a step, raised while the
+// integer H_g leave the groups' rounds more than kRoundImbalance apart.
+// parallel.local_steps overrides it (at least one step per group).
 //
 // Idle ranks. As in a synchronous plan, the slowest ranks may be left out (idle: no
 // group, no share) when the plan over fewer is predicted kIdleGain faster: a rank's
@@ -42,6 +48,10 @@ namespace ht::plan {
 
 inline constexpr double kGroupEfficiency = 0.9;
 inline constexpr double kHideFactor = 1.0;
+// How unevenly the integer H_g may end the groups' rounds (the latest against an exact
+// split), and how far above the least H the search for an even split goes.
+inline constexpr double kRoundImbalance = 0.05;
+inline constexpr int kMaxExtraSteps = 64;
 // A local plan leaves the slowest ranks idle only when that is predicted this much faster.
 inline constexpr double kIdleGain = 0.10;
 
@@ -49,10 +59,24 @@ inline constexpr double kIdleGain = 0.10;
 std::vector<int> group_ranks(const Plan& plan, int group);
 // The group of a world rank (-1: idle).
 int group_of_rank(const Plan& plan, int rank);
-// Samples of every global batch that group g takes, and the first of them (the groups'
-// shares lie in group order).
+// Samples of group g's inner step (the global batch, over its replicas).
 int64_t group_samples(const Plan& plan, int group);
-int64_t group_offset(const Plan& plan, int group);
+// The first of the round's H global batches that group g takes (groups in order).
+int64_t group_first_step(const Plan& plan, int group);
+// H_g for a round of `round_steps` over groups whose inner steps take `step_seconds`:
+// at least one each, summing to round_steps, the latest group's round as early as it
+// can be. Throws ht::Error when round_steps is below the group count.
+std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step_seconds);
+// The global batches of the stream (job step numbers) group g takes as its inner steps
+// during job step `step`: its H_g batches of the round, from the round's batch
+// round x H + group_first_step(g) on, spread over the round's H job steps evenly and
+// front-loaded (the k-th in the job step ceil-ish k H / H_g, so a group with one step a
+// round takes it at the round's start and ends with the others). One batch or none,
+// since H_g <= H. Over a round the groups' batches are the round's H, each once.
+std::vector<int64_t> local_batches(const Plan& plan, int group, int64_t step);
+// Rank `rank`'s part of a round's samples (0 when idle): its share of its group's batch
+// times H_g / H. The ranks' parts sum to 1.
+double round_weight(const Plan& plan, int rank);
 
 // Group g's synchronous sub-plan: its replicas only, ranks renumbered 0.. in
 // group_ranks order, global batch = the group's samples.

@@ -67,13 +67,17 @@ struct Baseline {
 };
 
 // parallel.sync local (plan/local_plan.h): the replicas fall into groups, each a
-// synchronous data-parallel sub-plan on its own communicator; every inner_steps steps
-// the groups' parameter deltas are averaged by samples in an outer step (Nesterov),
-// exchanged while the next round runs. Each group's share of the global batch is in
-// proportion to its speed, so the groups finish their inner steps together.
+// synchronous data-parallel sub-plan on its own communicator. A round is inner_steps (H)
+// job steps, H global batches of the sample stream; group g takes group_steps[g] (H_g)
+// of them as its inner steps, every inner step one whole global batch split over the
+// group's replicas (so each group's samples sum to global_batch), H_g in proportion to
+// the group's speed so that the groups end a round together (the H_g sum to H). Then the
+// groups' parameter deltas meet in an outer step (Nesterov), exchanged while the next
+// round runs.
 struct LocalSync {
   std::vector<std::vector<int>> groups;  // replica indices of layout.replicas, per group
-  int inner_steps = 1;                   // H
+  int inner_steps = 1;                   // H: job steps (global batches) per round
+  std::vector<int> group_steps;          // H_g: inner steps per round, per group; sum H
   double outer_exchange_seconds = 0;     // predicted all-reduce of the deltas, per round
   double sync_step_seconds = 0;          // the best synchronous plan's predicted step
   double gain = 0;                       // predicted samples/s over that plan's

@@ -20,6 +20,7 @@ namespace {
 Json local_json(const LocalSync& l) {
   return {{"groups", l.groups},
           {"inner_steps", l.inner_steps},
+          {"group_steps", l.group_steps},
           {"outer_exchange_seconds", l.outer_exchange_seconds},
           {"sync_step_seconds", l.sync_step_seconds},
           {"gain", l.gain}};
@@ -31,6 +32,8 @@ LocalSync read_local(const Json& j, const std::string& p) {
   l.groups = list<std::vector<int>>(array(j, p, "groups"), key_path(p, "groups"),
                                     [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
   l.inner_steps = static_cast<int>(read_int(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1));
+  l.group_steps = list<int>(array(j, p, "group_steps"), key_path(p, "group_steps"),
+                            [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 1)); });
   l.outer_exchange_seconds = nonneg(j, p, "outer_exchange_seconds");
   l.sync_step_seconds = nonneg(j, p, "sync_step_seconds");
   l.gain = nonneg(j, p, "gain");
@@ -295,7 +298,8 @@ void check_plan(const Plan& p) {
   for (int64_t n : p.layout.samples)
     HT_CHECK(!__builtin_add_overflow(total, n, &total), "the replicas' samples sum past 2^63; ",
              "expected them to sum to global_batch ", p.global_batch);
-  HT_CHECK(total == p.global_batch, "the replicas' samples sum to ", total, " but global_batch is ",
+  // Under local each group's replicas take the global batch (check_local_plan).
+  HT_CHECK(p.local || total == p.global_batch, "the replicas' samples sum to ", total, " but global_batch is ",
            p.global_batch);
   for (size_t k = 0; k < p.ranks.size(); ++k) {
     const RankPlan& r = p.ranks[k];

@@ -19,13 +19,14 @@ std::string local_sync_text(const plan::Plan& plan) {
       total += plan.layout.samples[static_cast<size_t>(r)];
     }
     out += "  group " + std::to_string(g) + ": rank" + (ranks.size() > 1 ? "s " : " ") + join(ranks) + ", " +
-           std::to_string(total) + " samples a step" + (shares.size() > 1 ? " (" + join(shares, "/") + ")" : "") + "\n";
+           std::to_string(total) + " samples a step" + (shares.size() > 1 ? " (" + join(shares, "/") + ")" : "") + ", " +
+           std::to_string(l.group_steps[g]) + " of the " + std::to_string(l.inner_steps) + " steps a round\n";
   }
   char line[400];
   std::snprintf(line, sizeof line,
-                "  every %d inner steps an outer step averages the groups' deltas by samples (Nesterov), "
-                "exchanged while the next %d steps run: predicted exchange %s against a round of %s\n",
-                l.inner_steps, l.inner_steps, format_seconds(l.outer_exchange_seconds).c_str(),
+                "  every %d steps (global batches) an outer step takes the groups' deltas (Nesterov), "
+                "exchanged while the next round runs: predicted exchange %s against a round of %s\n",
+                l.inner_steps, format_seconds(l.outer_exchange_seconds).c_str(),
                 format_seconds(l.inner_steps * plan.predicted.step_seconds).c_str());
   out += line;
   std::snprintf(line, sizeof line, "  predicted step %s, %.0f samples/s: %.2fx the best synchronous plan (step %s)\n",

@@ -39,7 +39,6 @@ std::unique_ptr<LocalGroup> LocalGroup::make(const plan::Plan& plan, comm::Commu
     return g;
   }
   g->plan = plan::group_plan(plan, g->group);
-  g->offset = plan::group_offset(plan, g->group);
   const std::vector<int> ranks = plan::group_ranks(plan, g->group);
   int key = 0;
   while (ranks[static_cast<size_t>(key)] != world.rank()) ++key;
@@ -56,9 +55,9 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       inner_steps_(plan.local->inner_steps),
       world_rank_(world.rank()),
       outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
-  for (const plan::RankPlan& rp : plan.ranks)
-    weights_.push_back(static_cast<double>(rp.samples) / static_cast<double>(plan.global_batch));
-  weight_ = static_cast<float>(weights_[static_cast<size_t>(world.rank())]);
+  for (const plan::RankPlan& rp : plan.ranks) weights_.push_back(plan::round_weight(plan, rp.rank));
+  weight_ = static_cast<float>(static_cast<double>(plan.ranks[static_cast<size_t>(world.rank())].samples) /
+                               static_cast<double>(plan.global_batch));
   outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
   for (const auto& [name, p] : params_) {
     HT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, "local sync: parameter '", name,
@@ -110,12 +109,13 @@ void LocalSync::finish_exchange() {
   ++outer_steps_;
 }
 
-double LocalSync::after_inner_step() {
+double LocalSync::after_step(int64_t done) {
   const auto t0 = std::chrono::steady_clock::now();
   if (exchange_)
     while (exchange_->progress()) {
     }
-  if (++steps_in_round_ < inner_steps_) return seconds_since(t0);
+  ++steps_in_round_;
+  if (done % inner_steps_ != 0) return seconds_since(t0);
   steps_in_round_ = 0;
   for (const plan::Instruction& in : outer_list_) switch (in.op) {
       case plan::Op::outer_sync_finish:

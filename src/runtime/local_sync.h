@@ -5,12 +5,17 @@
 // This class keeps what the groups share: the outer parameters theta and the outer
 // momentum m, identical on every rank, and the exchange between rounds.
 //
-// Round k ends after H inner steps, with this rank's weights y; a is where the round
-// started. Then this rank's outer list (plan::outer_sync_schedules) runs, in order:
+// Round k is H job steps (H global batches); in it this rank's group takes its H_g inner
+// steps, each one global batch (plan/local_plan.h). It ends with this rank's weights y;
+// a is where the round started. Then this rank's outer list (plan::outer_sync_schedules)
+// runs, in order:
 //   delta = a - y                                      (this group's progress, negated)
 //   if the exchange of round k-1 is in flight: finish it, D = sum_r w_r delta_r with
-//     w_r = rank r's samples / global batch (so the groups' deltas weighted by samples),
-//     and take the outer step: m = mu m + D; theta = theta - lr (D + mu m)  (Nesterov)
+//     w_r = rank r's share of its group's batch (each group's w_r sum to 1, so D is the
+//     sum of the groups' deltas: the sample-weighted mean of the groups' progress per
+//     sample, times the round's samples; a group that took a third of the round's
+//     batches brings a third of its progress), and take the outer step:
+//     m = mu m + D; theta = theta - lr (D + mu m)  (Nesterov)
 //   a = y = theta - delta                              (the outer weights + own progress)
 //   start the exchange of w_this delta                 (non-blocking, over every rank)
 // So a group never waits on another beyond one round: its own progress of the last
@@ -47,7 +52,6 @@ struct Checkpoint;
 struct LocalGroup {
   int group = -1;
   plan::Plan plan;      // plan::group_plan, ranks renumbered in the group
-  int64_t offset = 0;   // the group's first sample within every global batch
   std::unique_ptr<comm::Communicator> comm;
   // Collective over `world`.
   static std::unique_ptr<LocalGroup> make(const plan::Plan& plan, comm::Communicator& world, comm::Timeout timeout);
@@ -61,11 +65,12 @@ class LocalSync {
             const config::ParallelConfig& cfg);
   ~LocalSync();
 
-  // After every inner step: moves the exchange in flight along and, at a round's end,
-  // runs the outer synchronisation above. Collective at round ends (bounded by
-  // parallel.peer_timeout_s).
+  // After every job step (`done` of them in the job, whether this group took an inner
+  // step in it or not): moves the exchange in flight along and, when `done` is a
+  // multiple of H (a round's end), runs the outer synchronisation above. Collective at
+  // round ends (bounded by parallel.peer_timeout_s).
   // Returns the seconds it took (waiting included).
-  double after_inner_step();
+  double after_step(int64_t done);
   void flush();  // collective; see above
 
   // Takes the weights as they are now (loaded from a checkpoint) as theta and a.
@@ -90,12 +95,12 @@ class LocalSync {
   std::vector<nn::NamedTensor> params_;
   std::vector<Tensor> theta_, momentum_, anchor_, delta_;
   std::unique_ptr<comm::Communicator> outer_;
-  std::vector<double> weights_;  // every rank's samples / global batch
-  float weight_ = 0;             // this rank's
+  std::vector<double> weights_;  // every rank's part of a round's samples (the exchange's parts)
+  float weight_ = 0;             // this rank's share of its group's batch
   float lr_ = 0, mu_ = 0;
   double timeout_s_ = 0;
   int inner_steps_ = 1;
-  int steps_in_round_ = 0;
+  int steps_in_round_ = 0;  // job steps since the round began or the last flush
   int64_t outer_steps_ = 0;
   int world_rank_ = 0;
   plan::Schedule outer_list_;  // plan::outer_sync_schedules: run after each round's last step

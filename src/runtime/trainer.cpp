@@ -1,6 +1,7 @@
 #include "runtime/trainer.h"
 
 #include <charconv>
+#include <deque>
 #include <csignal>
 #include <chrono>
 #include <cmath>
@@ -31,6 +32,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/executor.h"
+#include "plan/local_plan.h"
 #include "runtime/local_sync.h"
 #include "runtime/stage_gather.h"
 #include "runtime/run_dir.h"
@@ -174,17 +176,18 @@ class Run {
     int64_t window_steps = 0, step = start;
     double last_loss = std::nan("");  // many ranks know it only at log steps
     std::vector<double> step_walls;
-    std::optional<PendingLog> pending_log;
+    std::deque<PendingLog> pending_logs;
     const int64_t traced = std::min(start + 5, total_steps_ - 1);  // past the warm-up
     for (; step < total_steps_; ++step) {
       const float lr = schedule_.at(step);
       const bool trace = !opts_.timeline.empty() && step == traced;
       faults_.begin_step(step + 1);
-      StepResult r = executor_->step(stream_base_ + step * cfg_.train.batch_size + group_offset(), lr, trace);
+      StepResult r = local_group_ ? local_step(step, lr, trace)
+                                  : executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
       const int64_t asked = step;
       if (r.deadline) step = take_deadline(r, metrics, progress);  // the step applied: after a catch-up, a later one
       if (local_) {  // the outer exchange's time is communication of this step
-        const double outer_s = local_->after_inner_step();
+        const double outer_s = local_->after_step(step + 1);
         r.comm_s += outer_s;
         r.wall_s += outer_s;
       }
@@ -201,10 +204,14 @@ class Run {
       const int64_t done = step + 1;
       if (!multi()) last_loss = check_loss(r.loss_sum, 1, done);
       // What the ranks sent toward rank 0 after the step before: answered while this one
-      // ran (see Communicator::consult). A change applies from the next step.
+      // ran (see Communicator::consult). A change applies from the next step. Under local
+      // the groups are apart within a round (a group with one inner step a round takes
+      // it at the round's start), so waiting there for every rank's log would hold the
+      // others back: the logs are finished where every rank meets anyway (a round's
+      // end, an evaluation or checkpoint, the job's end).
       bool stop_all = false;
-      if (pending_log) stop_all = finish_log(*pending_log, metrics, last_loss);
-      pending_log.reset();
+      const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
+      if (!local_ || local_meets(done) || stop_after) stop_all = finish_logs(pending_logs, metrics, last_loss);
       if (auto o = rebalancer_.finish_check(plan_)) {
         if (o->relayout)
           executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train, peer_timeout());
@@ -217,7 +224,6 @@ class Run {
           if (o->changed) progress.note(o->line(rebalancer_.check_step()));
         }
       }
-      const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
       // No step follows to wait through: the exchange ends here.
       const bool final_step = done == total_steps_ || stop_after || stop_all;
       if (executor_->deadline() && (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_)) {
@@ -229,13 +235,11 @@ class Run {
         window.interrupted = g_interrupted;
         if (multi()) window.checksum = local_ ? local_->outer_checksum() : executor_->parameter_checksum();
         answered_log_.reset();  // taken a log step ago
-        pending_log = PendingLog{world_.consult(window.to_text()), done, window_steps, lr, seconds_since(t0)};
+        pending_logs.push_back(PendingLog{world_.consult(window.to_text()), done, window_steps, lr, seconds_since(t0),
+                                          local_ ? local_->outer_steps() : 0});
         window = Window{};
         window_steps = 0;
-        if (!multi() || final_step) {
-          stop_all = finish_log(*pending_log, metrics, last_loss) || stop_all;
-          pending_log.reset();
-        }
+        if (!multi() || final_step) stop_all = finish_logs(pending_logs, metrics, last_loss) || stop_all;
       }
       if (!stop_all && !stop_after) rebalancer_.start_check(done, total_steps_);
       const double elapsed = seconds_since(t0);
@@ -283,19 +287,31 @@ class Run {
 
  private:
   bool multi() const { return world_.size() > 1; }
-  // Under local: where this rank's group's share starts in every global batch.
-  int64_t group_offset() const { return local_group_ ? local_group_->offset : 0; }
+  // Under local, job step `step`: this rank's group takes the inner steps of its round
+  // that fall in this step (plan::local_batches: one global batch of the stream or none;
+  // over a round the groups' batches are disjoint and cover it).
+  StepResult local_step(int64_t step, float lr, bool trace) {
+    const LocalGroup& g = *local_group_;
+    if (g.group < 0) return executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);  // idle
+    const auto t0 = Clock::now();
+    StepResult r;
+    for (int64_t batch : plan::local_batches(plan_, g.group, step))
+      r = executor_->step(stream_base_ + batch * cfg_.train.batch_size, lr, trace);
+    r.wall_s = seconds_since(t0);
+    return r;
+  }
   // Under local, collective: the outer weights in the model, and the inner optimiser
   // state of rank 0's group (every group's starts from it on resume).
   std::vector<nn::NamedTensor> local_inner_state() {
     local_->flush();
     return executor_->active() ? executor_->optimizer()->state() : std::vector<nn::NamedTensor>{};
   }
-  std::string with_sync_policy(const std::string& record) const {
+  // `outer_steps`: those taken by the record's step.
+  std::string with_sync_policy(const std::string& record, int64_t outer_steps) const {
     if (!local_) return record;
     json r = json::parse(record);
     r["sync_policy"] = "local";
-    r["outer_steps"] = local_->outer_steps();
+    r["outer_steps"] = outer_steps;
     return r.dump();
   }
   // parallel.sync deadline: the stage's reduction closes at its budget (runtime/deadline_sync.h).
@@ -350,10 +366,23 @@ class Run {
     int64_t done = 0, steps = 0;
     float lr = 0;
     double elapsed_s = 0;  // at the log step
+    int64_t outer_steps = 0;  // under local, at the log step (its record may be written later)
   };
 
   // Rank 0 sends every rank's window back to all; each rank checks that the replicas are
   // identical and the loss finite, so that all fail alike, and rank 0 writes the record.
+  // Under local: whether every rank meets after job step `done` (a round's end, an
+  // evaluation, a checkpoint, the last step).
+  bool local_meets(int64_t done) const {
+    return done % local_->inner_steps() == 0 || (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) ||
+           (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || done == total_steps_;
+  }
+  // finish_log of each pending log, oldest first; true when some rank was interrupted.
+  bool finish_logs(std::deque<PendingLog>& logs, std::optional<report::MetricsLog>& metrics, double& last_loss) {
+    bool interrupted = false;
+    for (; !logs.empty(); logs.pop_front()) interrupted = finish_log(logs.front(), metrics, last_loss) || interrupted;
+    return interrupted;
+  }
   // True when some rank was interrupted. The consultation moves to `answered_log_`.
   bool finish_log(PendingLog& p, std::optional<report::MetricsLog>& metrics, double& last_loss) {
     const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); },
@@ -376,7 +405,9 @@ class Run {
     for (const Window& w : ranks)
       for (const auto& [step, e] : w.guard) report_guard(step, e, metrics);
     last_loss = check_loss(loss_sum, p.steps, p.done);
-    if (metrics) metrics->write(with_sync_policy(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s)));
+    if (metrics)
+      metrics->write(with_sync_policy(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s),
+                                      p.outer_steps));
     return interrupted;
   }
 
@@ -489,6 +520,7 @@ class Run {
         summary["sync_policy"] = "local";
         summary["groups"] = plan_.local->groups;
         summary["inner_steps"] = local_->inner_steps();
+        summary["group_steps"] = plan_.local->group_steps;
         summary["outer_steps"] = local_->outer_steps();
       }
     }

@@ -19,9 +19,10 @@ using namespace mpi_test;
 namespace {
 
 constexpr int kRanks = 4;
-constexpr int kH = 2;
+constexpr int kH = 4;
 constexpr int kRounds = 6;
-const std::vector<int64_t> kShares{64, 32, 16, 16};  // of 128
+// Each group's inner step takes the whole batch of 128, split within a group.
+const std::vector<int64_t> kShares{128, 128, 64, 64};
 const std::vector<std::vector<int>> kGroups{{0}, {1}, {2, 3}};
 const std::vector<int64_t> kSizes{1000, 7};
 
@@ -43,7 +44,7 @@ plan::Plan local_plan() {
     rp.samples = kShares[static_cast<size_t>(r)];
     p.ranks.push_back(rp);
   }
-  p.local = plan::LocalSync{kGroups, kH};
+  p.local = plan::LocalSync{kGroups, kH, {2, 1, 1}};
   return p;
 }
 
@@ -59,7 +60,7 @@ double initial(size_t t, int64_t i) { return 0.5 + 1e-3 * static_cast<double>((i
 
 }  // namespace
 
-TEST_CASE("local sync: the outer step is the sample-weighted mean of the deltas, then Nesterov, one round late") {
+TEST_CASE("local sync: the outer step takes the sum of the groups' deltas, then Nesterov, one round late") {
   comm::Communicator& world = comm::world();
   if (world.size() != kRanks) return;
   const plan::Plan plan = local_plan();
@@ -81,6 +82,7 @@ TEST_CASE("local sync: the outer step is the sample-weighted mean of the deltas,
   const int me = group_of(world.rank());
   const size_t groups = kGroups.size();
   std::vector<double> w(groups, 0);
+  // Each rank weighs its delta by its share of its group's batch: 1 a group.
   for (int r = 0; r < kRanks; ++r) w[static_cast<size_t>(group_of(r))] += static_cast<double>(kShares[static_cast<size_t>(r)]) / 128;
   struct Ref {
     std::vector<std::vector<double>> y, a;  // [group][flat element]
@@ -133,7 +135,7 @@ TEST_CASE("local sync: the outer step is the sample-weighted mean of the deltas,
     for (size_t t = 0; t < kSizes.size(); ++t)
       for (int64_t i = 0; i < kSizes[t]; ++i)
         params[t].second.data()[i] += static_cast<float>(increment(me, k, t, i));
-    sync.after_inner_step();
+    sync.after_step(k + 1);
     if ((k + 1) % kH != 0) continue;
     std::vector<std::vector<double>> delta(groups, std::vector<double>(n));
     for (size_t g = 0; g < groups; ++g)
@@ -161,7 +163,7 @@ TEST_CASE("local sync: the outer step is the sample-weighted mean of the deltas,
   }
   for (size_t t = 0; t < kSizes.size(); ++t)
     for (int64_t i = 0; i < kSizes[t]; ++i) params[t].second.data()[i] += static_cast<float>(increment(me, 99, t, i));
-  sync.after_inner_step();
+  sync.after_step(kH * kRounds + 1);
   sync.flush();
   outer_step(ref.pending);
   std::vector<double> d(n, 0);
