@@ -1,0 +1,300 @@
+// The executor's replica synchronisation (runtime/executor.h): the gradient reduction
+// block by block during Backward and the bad-node guard's verdicts on it, ReduceGrads
+// (synchronous or deadline-bounded), the optimiser step with global-norm clipping, and
+// the weights' way back to the replicas (GatherWeights, or the hub's shared weights and
+// its word that they are updated). executor.cpp holds the construction, the step's
+// dispatch and the stage pass.
+#include "runtime/executor.h"
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "comm/shared_memory.h"
+#include "comm/weighted_allreduce.h"
+#include "core/error.h"
+#include "ops/ops.h"
+#include "optim/grad_clip.h"
+
+namespace ht::runtime {
+
+namespace {
+
+constexpr int kTagWeightsUpdated = 13;  // apart from executor.cpp's activation and grad tags
+
+}  // namespace
+
+// The hub's weights go into shared memory, where the stage's other replicas compute
+// with them: each step they need not travel to every replica (which took 4% of a
+// throttled replica's CPU in the CNN), only word that they are updated (ShareWeights and
+// AwaitWeights in the lists, pass_weights_word).
+// Where that memory cannot be had (ranks on several hosts, emulated links, a memory cap
+// that must count the weights), the weights travel as before.
+void Executor::share_weights() {
+  std::vector<size_t> at;
+  size_t bytes = 0;
+  for (const auto& [name, p] : params_) {
+    at.push_back(bytes);
+    bytes += (static_cast<size_t>(p.numel()) * dtype_size(p.dtype()) + 63) / 64 * 64;  // cache-line aligned
+  }
+  if (bytes == 0) return;
+  Backend& be = params_.front().second.backend();
+  const bool willing = be.kind() == DeviceKind::cpu && be.allocator().cap() == 0;
+  const int hub = plan_.layout.reduce_owner;
+  std::shared_ptr<std::byte> memory = comm::map_shared(*stage_group_, hub, bytes, willing, peer_timeout_, &weights_apart_);
+  if (!memory) return;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].second.move_to(memory.get() + at[i], memory, replica_ == hub);
+  weights_apart_.clear();
+  shared_weights_ = true;
+  weights_loaded();
+}
+
+void Executor::weights_loaded() {
+  if (!shared_weights_) return;
+  if (stage_group_->barrier(peer_timeout_) != comm::WaitStatus::done)
+    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s replicas to share the hub's weights", peer_timeout_));
+}
+
+// The last step's sums may still be on their way to slower replicas, or word of the
+// updated weights; after an error the job is ending anyway (see ~OverlappedAllreduce).
+// --inject nan: one element of the first gradient among parameters [begin, end) becomes
+// NaN, as a faulty device's arithmetic would make it, before anything checks or sends it.
+void Executor::poison_gradient(size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    const Tensor& p = params_[i].second;
+    Tensor g = p.grad();
+    if (!g.defined() || g.numel() == 0) continue;
+    HT_CHECK(g.backend().kind() == DeviceKind::cpu, "fault injection nan: rank ", world_.rank(),
+             "'s gradients are not in host memory; expected a CPU rank for this testing aid");
+    if (!g.is_contiguous()) {
+      g = clone(g);
+      p.set_grad(g);
+    }
+    g.data()[0] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+}
+
+// Parameters [begin, end) of this stage join the all-reduce: their gradients as
+// contiguous tensors that the parameters hold (zeros for one this step did not reach),
+// reduced in place.
+// The bad-node guard (runtime/guard.h) judges the group before any of it leaves this
+// rank; unsharded, its counts travel as one more tensor of the same all-reduce, so they
+// add no round of messages.
+void Executor::add_to_reduce(size_t begin, size_t end) {
+  std::vector<Tensor> grads = final_grads(begin, end);
+  for (size_t i = begin; i < end; ++i) reduce_order_.push_back(i);
+  judge(grads, begin, end);
+  if (shards_.empty()) grads.push_back(counts_.back());
+  reduce_->add(std::move(grads));
+}
+
+std::vector<Tensor> Executor::final_grads(size_t begin, size_t end) {
+  std::vector<Tensor> grads;
+  for (size_t i = begin; i < end; ++i) {
+    const Tensor& p = params_[i].second;
+    Tensor g = p.grad();
+    if (!g.defined()) {
+      g = Tensor::zeros(p.shape());
+    } else if (!g.is_contiguous()) {
+      g = clone(g);
+    }
+    p.set_grad(g);
+    grads.push_back(g);
+  }
+  return grads;
+}
+
+// This rank's verdict on parameters [begin, end)'s gradients `grads`; a contribution left
+// out becomes zeros. Its counts: [samples kept, then one verdict per member of the
+// stage group, this rank's in its own slot], so that their sum tells every member
+// the samples kept and each member's verdict.
+void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
+  const int members = stage_group_->size(), me = stage_group_->rank();
+  const int64_t samples = layout_.samples[static_cast<size_t>(replica_)];
+  Verdict v = Verdict::quarantined;
+  if (!quarantine_ || !quarantine_->quarantined(me)) {
+    double sum_squares = 0;
+    for (const Tensor& g : grads) sum_squares += sum_of_squares(g);
+    v = guard_.judge(begin, sum_squares, samples, plan_.global_batch);
+  }
+  if (v != Verdict::kept) {
+    if (verdict_ == Verdict::kept) verdict_ = v;
+    for (size_t k = 0; k < grads.size(); ++k) {
+      const Tensor& p = params_[begin + k].second;
+      grads[k] = Tensor::zeros(p.shape(), p.backend());
+      p.set_grad(grads[k]);
+    }
+  }
+  Tensor c = Tensor::zeros({1 + members});
+  c.data()[0] = v == Verdict::kept ? static_cast<float>(samples) : 0.f;
+  c.data()[1 + me] = static_cast<float>(static_cast<int>(v));
+  counts_.push_back(c);
+  groups_.emplace_back(begin, end);
+}
+
+// After the reduction every member holds the same counts: each group's sums become the
+// mean over its kept samples, and every member records the same verdicts, so all agree
+// on who is quarantined. One member (the group's first) reports the events.
+void Executor::settle_guard() {
+  const int members = stage_group_->size();
+  if (!shards_.empty() && members > 1)  // the sharded all-reduce leaves only this rank's parts summed
+    if (stage_group_->allreduce_sum(counts_, peer_timeout_) != comm::WaitStatus::done)
+      fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+          world_.rank(), {}, "stage " + std::to_string(stage_) + "'s guard counts", peer_timeout_));
+  std::vector<Verdict> verdicts(static_cast<size_t>(members), Verdict::kept);
+  for (size_t g = 0; g < counts_.size(); ++g) {
+    const float* c = counts_[g].data();
+    if (c[0] <= 0) skip_update_ = true;
+    std::vector<Tensor> sums;
+    for (size_t i = groups_[g].first; i < groups_[g].second; ++i) sums.push_back(params_[i].second.grad());
+    rescale_to_kept(sums, plan_.global_batch, c[0]);
+    for (size_t m = 0; m < verdicts.size(); ++m)
+      if (verdicts[m] == Verdict::kept) verdicts[m] = static_cast<Verdict>(std::lround(c[1 + m]));
+  }
+  const std::vector<int> quarantined = quarantine_ ? quarantine_->record(verdicts) : std::vector<int>{};
+  if (stage_group_->rank() != 0) return;
+  auto world_rank = [this](int m) { return plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)]; };
+  for (size_t m = 0; m < verdicts.size(); ++m)
+    if (verdicts[m] != Verdict::kept)
+      events_.push_back({world_rank(static_cast<int>(m)), stage_, verdicts[m], layout_.samples[m], 0});
+  for (int m : quarantined) events_.push_back({world_rank(m), stage_, Verdict::quarantined, 0, guard_cfg_.quarantine_steps});
+}
+
+void Executor::set_guard(const config::GuardConfig& guard) {
+  guard_cfg_ = guard;
+  guard_ = ContributionGuard(guard);
+  quarantine_.reset();
+}
+
+// What the last Backward did not start (nothing when it overlapped), then the wait. A
+// sharded stage's all-reduce stops at the sums of this rank's parts; GatherWeights (or the
+// hub's word) ends it.
+void Executor::reduce_grads() {
+  if (!reduce_) return;  // the only replica of its stage
+  if (reduce_->added() == 0) add_to_reduce(0, params_.size());
+  comm::WaitStatus s = reduce_->finish(peer_timeout_);
+  std::vector<int> missing = s == comm::WaitStatus::done ? std::vector<int>{} : reduce_->waiting_on();
+  if (s == comm::WaitStatus::done) settle_guard();
+  if (draining_ && s == comm::WaitStatus::done) {
+    s = draining_->drain(peer_timeout_);
+    if (s != comm::WaitStatus::done) missing = draining_->waiting_on();
+  }
+  for (int& m : missing) m = stage_group_->world_rank(m);
+  draining_.reset();
+  if (shards_.empty()) draining_ = std::move(reduce_);  // its sums go out while the next step runs
+  if (s != comm::WaitStatus::done)
+    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+        world_.rank(), missing, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
+}
+
+void Executor::optimizer_step(float lr) {
+  if (counts_.empty() && !deadline_) {  // the only replica of its stage: the guard judges its gradient here, alone
+    std::vector<Tensor> grads = final_grads(0, params_.size());
+    judge(grads, 0, params_.size());
+    settle_guard();
+  }
+  if (!shards_.empty())  // the summed gradients of this rank's parts
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Tensor g = params_[i].second.grad();
+      const Tensor& part = shard_params_[i].second;
+      part.set_grad(g.view_as(part.shape(), {1}, g.offset() + (part.offset() - params_[i].second.offset())));
+    }
+  if (train_.grad_clip > 0) {
+    // This rank's sum of squares, summed over the stage's parts when sharded and over
+    // the stages: every rank clips by the whole model's norm.
+    auto sum_over = [this](comm::Communicator& group, double local) {
+      std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1})};
+      if (group.allreduce_sum(t, peer_timeout_) != comm::WaitStatus::done)
+        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world_.rank(), {}, "the gradient norm's sum", peer_timeout_));
+      return static_cast<double>(t[0].item());
+    };
+    std::function<double(double)> global;
+    if (!shards_.empty() || stages_ > 1)
+      global = [this, sum_over](double local) {
+        if (!shards_.empty()) local = sum_over(*stage_group_, local);
+        return stages_ > 1 ? sum_over(*replica_group_, local) : local;
+      };
+    optim::clip_grad_norm(shards_.empty() ? params_ : shard_params_, train_.grad_clip, global);
+  }
+  if (skip_update_) return;  // every contribution left out: nothing to step with (clipped all the same, collectively)
+  opt_->set_lr(lr);
+  opt_->step();
+}
+
+void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t first_step,
+                            std::function<float(int64_t)> lr_at) {
+  if (!active() || stage_group_->size() < 2) return;
+  HT_CHECK(shards_.empty() && !shared_weights_, "executor: parallel.sync deadline on stage ", stage_,
+           ", whose optimizer state is sharded or whose weights are the hub's; the planner refuses such plans");
+  std::vector<int> world_rank_of;
+  for (const auto& replica : plan_.layout.replicas) world_rank_of.push_back(replica[static_cast<size_t>(stage_)]);
+  deadline_ = std::make_unique<DeadlineSync>(*stage_group_, std::move(world_rank_of), plan_.layout.samples, params_,
+                                             *opt_, model_, rank_plan_.block_begin, rank_plan_.block_end, parallel,
+                                             plan_.predicted.step_seconds, first_step);
+  lr_at_ = std::move(lr_at);
+  reduce_.reset();
+}
+
+std::vector<comm::StepRecord> Executor::finish_deadline() {
+  return deadline_ ? deadline_->finish() : std::vector<comm::StepRecord>{};
+}
+
+// The guard judges this rank's contribution first (one left out goes as zeros with no
+// samples); the sum that comes back is already the mean over the samples that arrived.
+void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::time_point start) {
+  HT_CHECK(deadline_, "executor: rank ", world_.rank(), " runs ReduceGradsDeadline on stage ", stage_,
+           " without a deadline reduction; the trainer enables it (use_deadline) for a deadline plan");
+  std::vector<Tensor> grads = final_grads(0, params_.size());
+  judge(grads, 0, params_.size());
+  const auto samples = static_cast<int64_t>(counts_.back().data()[0]);
+  const double loss = verdict_ != Verdict::kept && !std::isfinite(loss_sum_) ? 0 : loss_sum_;
+  r.deadline = deadline_->reduce(grads, samples, loss, start, plan_.global_batch);
+  skip_update_ = !r.deadline->ended && r.deadline->record.samples == 0;
+}
+
+// ShareWeights on the hub, AwaitWeights on the others: the hub updated the weights in
+// place, and tells the replicas that compute with them so.
+void Executor::pass_weights_word(bool from_hub) {
+  const int hub = plan_.layout.reduce_owner;
+  HT_CHECK(shared_weights_ && reduce_ && (replica_ == hub) == from_hub, "executor: rank ", world_.rank(), " runs ",
+           from_hub ? "ShareWeights" : "AwaitWeights", " but is ", replica_ == hub ? "" : "not ", "the hub of stage ",
+           stage_, (shared_weights_ ? "" : ", whose weights are not shared"), " (an inconsistent schedule)");
+  reduce_->end_without_gather();
+  reduce_.reset();
+  if (from_hub) {
+    static const char kUpdated = 1;
+    std::erase_if(updated_, [](comm::Request& r) { return r.test(); });
+    for (int j = 0; j < stage_group_->size(); ++j)
+      if (j != hub) updated_.push_back(stage_group_->isend_bytes(&kUpdated, 1, j, kTagWeightsUpdated));
+    return;
+  }
+  char word = 0;
+  comm::Request r = stage_group_->irecv_bytes(&word, 1, hub, kTagWeightsUpdated);
+  if (r.wait(peer_timeout_) != comm::WaitStatus::done)
+    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+        world_.rank(), {stage_group_->world_rank(hub)},
+        "word of stage " + std::to_string(stage_) + "'s updated weights from its hub", peer_timeout_));
+}
+
+// Round 2 of a sharded stage's all-reduce, carrying the updated weights of each part.
+void Executor::gather_weights() {
+  HT_CHECK(!shared_weights_ && reduce_ && !shards_.empty(), "executor: rank ", world_.rank(),
+           " runs GatherWeights on stage ", stage_, ", which ",
+           shared_weights_ ? "shares its hub's weights" : "is not sharded", " (an inconsistent schedule)");
+  std::vector<Tensor> weights;
+  for (size_t i : reduce_order_) weights.push_back(params_[i].second);
+  reduce_->gather(std::move(weights));
+  if (reduce_->finish(peer_timeout_) != comm::WaitStatus::done) {
+    std::vector<int> missing = reduce_->waiting_on();
+    for (int& m : missing) m = stage_group_->world_rank(m);
+    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+        world_.rank(), missing, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
+  }
+  draining_ = std::move(reduce_);  // this rank's part goes out while the next step runs
+}
+
+}  // namespace ht::runtime
