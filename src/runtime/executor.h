@@ -151,7 +151,7 @@ class Executor {
   void reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::time_point start);
   void gather_weights();    // sharded: the other parts' updated weights
   void pass_weights_word(bool from_hub);  // shared hub weights: word that they are updated
-  void share_weights();     // a hub that steps the optimiser: see executor.cpp
+  void share_weights();     // a hub that steps the optimiser: see executor_sync.cpp
   Shape boundary_shape(int mb, bool input) const;
   void take_shares();  // this rank's plan, schedule and sample offsets from plan_
   void use_layout(bool trial);  // this step's layout_, schedule and sample offsets
