@@ -207,11 +207,15 @@ class Run {
       // ran (see Communicator::consult). A change applies from the next step. Under local
       // the groups are apart within a round (a group with one inner step a round takes
       // it at the round's start), so waiting there for every rank's log would hold the
-      // others back: the logs are finished where every rank meets anyway (a round's
-      // end, an evaluation or checkpoint, the job's end).
+      // others back: at a round's end the logs of the round before are finished (every
+      // rank is past them, as with the outer exchange), and all of them where every
+      // rank meets anyway (an evaluation or checkpoint, the job's end).
       bool stop_all = false;
       const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
-      if (!local_ || local_meets(done) || stop_after) stop_all = finish_logs(pending_logs, metrics, last_loss);
+      if (!local_ || local_meets(done) || stop_after)
+        stop_all = finish_logs(pending_logs, metrics, last_loss, done, done);
+      else if (done % local_->inner_steps() == 0)
+        stop_all = finish_logs(pending_logs, metrics, last_loss, done - local_->inner_steps(), done);
       if (auto o = rebalancer_.finish_check(plan_)) {
         if (o->relayout)
           executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train, peer_timeout());
@@ -234,12 +238,12 @@ class Run {
       } else if (done % cfg_.train.log_every == 0 || done == total_steps_) {
         window.interrupted = g_interrupted;
         if (multi()) window.checksum = local_ ? local_->outer_checksum() : executor_->parameter_checksum();
-        answered_log_.reset();  // taken a log step ago
+        if (!local_) answered_logs_.clear();  // taken a log step ago
         pending_logs.push_back(PendingLog{world_.consult(window.to_text()), done, window_steps, lr, seconds_since(t0),
                                           local_ ? local_->outer_steps() : 0});
         window = Window{};
         window_steps = 0;
-        if (!multi() || final_step) stop_all = finish_logs(pending_logs, metrics, last_loss) || stop_all;
+        if (!multi() || final_step) stop_all = finish_logs(pending_logs, metrics, last_loss, done, done) || stop_all;
       }
       if (!stop_all && !stop_after) rebalancer_.start_check(done, total_steps_);
       const double elapsed = seconds_since(t0);
@@ -371,23 +375,35 @@ class Run {
 
   // Rank 0 sends every rank's window back to all; each rank checks that the replicas are
   // identical and the loss finite, so that all fail alike, and rank 0 writes the record.
-  // Under local: whether every rank meets after job step `done` (a round's end, an
-  // evaluation, a checkpoint, the last step).
+  // Under local: whether every rank meets after job step `done` (an evaluation, a
+  // checkpoint, the last step: each flushes, collectively).
   bool local_meets(int64_t done) const {
-    return done % local_->inner_steps() == 0 || (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) ||
+    return (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) ||
            (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || done == total_steps_;
   }
-  // finish_log of each pending log, oldest first; true when some rank was interrupted.
-  bool finish_logs(std::deque<PendingLog>& logs, std::optional<report::MetricsLog>& metrics, double& last_loss) {
+  // finish_log of each pending log of a step up to `upto`, oldest first; true when some
+  // rank was interrupted.
+  // After job step `done`.
+  bool finish_logs(std::deque<PendingLog>& logs, std::optional<report::MetricsLog>& metrics, double& last_loss,
+                   int64_t upto, int64_t done) {
+    if (local_) {
+      // The outer step at the last round end finished the exchange every rank started at
+      // the round end before, so every rank is past that one. A log of step d is finished
+      // at the first round end from d + H on (or at a meeting before it).
+      const int64_t h = local_->inner_steps(), passed = (done / h - 1) * h;
+      while (!answered_logs_.empty() && (answered_logs_.front().first + 2 * h - 1) / h * h <= passed)
+        answered_logs_.pop_front();
+    }
     bool interrupted = false;
-    for (; !logs.empty(); logs.pop_front()) interrupted = finish_log(logs.front(), metrics, last_loss) || interrupted;
+    for (; !logs.empty() && logs.front().done <= upto; logs.pop_front())
+      interrupted = finish_log(logs.front(), metrics, last_loss) || interrupted;
     return interrupted;
   }
-  // True when some rank was interrupted. The consultation moves to `answered_log_`.
+  // True when some rank was interrupted. The consultation moves to `answered_logs_`.
   bool finish_log(PendingLog& p, std::optional<report::MetricsLog>& metrics, double& last_loss) {
     const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); },
                                               peer_timeout(), "the log step " + std::to_string(p.done) + " consultation");
-    answered_log_ = std::move(p.consult);
+    answered_logs_.emplace_back(p.done, std::move(p.consult));
     std::vector<Window> ranks;
     std::vector<std::string> checksums;
     for (const std::string& t : json::parse(all).get<std::vector<std::string>>()) {
@@ -729,7 +745,10 @@ class Run {
   Rebalancer rebalancer_;       // moves plan_'s shares while training
   double planned_step_s_;       // the plan's prediction before any measurement
   CheckpointDir checkpoints_;
-  std::unique_ptr<comm::Consultation> answered_log_;  // kept until the next: see Consultation
+  // Finished consultations, by their log step, kept until every rank has taken the
+  // answer (see Consultation): without local until the next log step; under local until
+  // an outer step proves every rank past the round end where they were finished.
+  std::deque<std::pair<int64_t, std::unique_ptr<comm::Consultation>>> answered_logs_;
   int64_t total_steps_ = 0;
   int64_t stream_base_ = 0;  // stream position of step 0's first sample
   optim::LrSchedule schedule_;
