@@ -81,7 +81,22 @@ def feeds_plan(tmp, cluster, n, what):
     p = load(j) if r.returncode == 0 else {}
     check(f"{what}: the probe file feeds `plan`",
           r.returncode == 0 and p.get("world_size") == n and len(p.get("ranks", [])) == n
-          and sum(p["layout"]["samples"]) == load(MLP)["train"]["batch_size"], r.stderr[-1500:])
+          and shares_cover_batch(p, load(MLP)["train"]["batch_size"]), r.stderr[-1500:])
+
+
+def shares_cover_batch(plan, batch):
+    """The replicas share out the whole batch: all of them under sync, each group's under
+    local (every group's inner step is a whole global batch). Which policy the plan takes
+    rests on the live probe, so both are accepted."""
+    layout = plan["layout"]
+    if plan.get("sync_policy") != "local":
+        return sum(layout["samples"]) == batch
+    group_of = {r: g for g, ranks in enumerate(plan["local"]["groups"]) for r in ranks}
+    sums = {}
+    for replica, samples in zip(layout["replicas"], layout["samples"]):
+        g = group_of.get(replica[0])
+        sums[g] = sums.get(g, 0) + samples
+    return None not in sums and all(v == batch for v in sums.values())
 
 
 def live(tmp):
