@@ -53,7 +53,7 @@ void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel
     if (hub_steps_optimizer(plan)) set_hub_steps_optimizer(plan, false);
     plan.layout.reduce_owner = 0;
   }
-  plan.sync_policy = "deadline";
+  plan.sync_policy = SyncPolicy::deadline;
   predict_plan(plan, costs, cluster);
 }
 

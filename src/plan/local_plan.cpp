@@ -422,7 +422,7 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order
     return out;
   }
   Plan p = data;
-  p.sync_policy = "local";
+  p.sync_policy = SyncPolicy::local;
   p.strategy = Strategy::data;
   p.layout = PipelineLayout{};
   p.layout.reduce_owner = -1;

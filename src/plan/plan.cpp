@@ -19,6 +19,15 @@ const char* to_string(Strategy s) { return enum_name(s, kStrategyNames); }
 std::vector<std::string> strategy_names() { return enum_names(kStrategyNames); }
 std::optional<Strategy> parse_strategy(std::string_view s) { return enum_from_name(s, kStrategyNames); }
 
+namespace {
+constexpr EnumName<SyncPolicy> kSyncPolicyNames[] = {
+    {SyncPolicy::synchronous, "synchronous"}, {SyncPolicy::deadline, "deadline"}, {SyncPolicy::local, "local"}};
+}  // namespace
+
+const char* to_string(SyncPolicy s) { return enum_name(s, kSyncPolicyNames); }
+std::vector<std::string> sync_policy_names() { return enum_names(kSyncPolicyNames); }
+std::optional<SyncPolicy> parse_sync_policy(std::string_view s) { return enum_from_name(s, kSyncPolicyNames); }
+
 std::vector<Schedule> plan_schedules(const Plan& plan, bool trial, const std::vector<bool>& shared_weights) {
   // Every rank idle (an idle rank's own plan under parallel.sync local): nothing to run.
   if (plan.layout.replicas.empty()) return std::vector<Schedule>(static_cast<size_t>(plan.world_size));
@@ -29,7 +38,7 @@ std::vector<Schedule> plan_schedules(const Plan& plan, bool trial, const std::ve
     if (!optimizer_shards(plan, s).empty())
       sync[s] = s < shared_weights.size() && shared_weights[s] ? WeightSync::share : WeightSync::gather;
   add_weight_sync(schedules, layout, sync);
-  if (plan.sync_policy == "deadline") add_deadline_sync(schedules);
+  if (plan.sync_policy == SyncPolicy::deadline) add_deadline_sync(schedules);
   return schedules;
 }
 

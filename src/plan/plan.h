@@ -26,6 +26,13 @@ const char* to_string(Strategy s);  // "data", "pipeline", "hybrid", "equal"
 std::vector<std::string> strategy_names();
 std::optional<Strategy> parse_strategy(std::string_view s);
 
+// How the plan's replicas agree each step (config parallel.sync): every contribution,
+// a deadline-bounded reduction, or local groups with an outer step.
+enum class SyncPolicy { synchronous, deadline, local };
+const char* to_string(SyncPolicy s);  // "synchronous", "deadline", "local"
+std::vector<std::string> sync_policy_names();
+std::optional<SyncPolicy> parse_sync_policy(std::string_view s);
+
 struct RankPlan {
   int rank = 0;
   DeviceModel device;
@@ -91,7 +98,7 @@ struct Plan {
   int blocks = 0;
   int64_t global_batch = 0;
   Strategy strategy = Strategy::data;
-  std::string sync_policy = "synchronous";  // or "local", with `local` set
+  SyncPolicy sync_policy = SyncPolicy::synchronous;  // `local` set exactly under local
   std::optional<LocalSync> local;
   PipelineLayout layout;
   std::vector<std::pair<int, int>> stage_ranges;  // [begin, end) blocks per stage

@@ -203,7 +203,7 @@ std::string plan_to_json(const Plan& p) {
            {"blocks", p.blocks},
            {"global_batch", p.global_batch},
            {"strategy", to_string(p.strategy)},
-           {"sync_policy", p.sync_policy},
+           {"sync_policy", to_string(p.sync_policy)},
            {"stage_ranges", p.stage_ranges},
            {"layout", layout_json(p.layout)},
            {"ranks", ranks},
@@ -239,8 +239,8 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
     p.blocks = integer(j, "", "blocks", 1);
     p.global_batch = read_int(at(j, "", "global_batch"), "global_batch", 1);
     p.strategy = *parse_strategy(read_enum(at(j, "", "strategy"), "strategy", strategy_names()));
-    p.sync_policy = read_enum(at(j, "", "sync_policy"), "sync_policy", {"synchronous", "deadline", "local"});
-    if (p.sync_policy == "local") p.local = read_local(at(j, "", "local"), "local");
+    p.sync_policy = *parse_sync_policy(read_enum(at(j, "", "sync_policy"), "sync_policy", sync_policy_names()));
+    if (p.sync_policy == SyncPolicy::local) p.local = read_local(at(j, "", "local"), "local");
     p.stage_ranges = read_ranges(array(j, "", "stage_ranges"), "stage_ranges");
     p.layout = read_layout(at(j, "", "layout"), "layout");
     p.ranks = list<RankPlan>(array(j, "", "ranks"), "ranks", read_rank);
@@ -332,7 +332,7 @@ void check_plan(const Plan& p) {
   }
   const ScheduleReport report = check_schedules(schedules);
   HT_CHECK(report.ok, "its schedules fail the check: ", report.problem);
-  HT_CHECK((p.sync_policy == "local") == p.local.has_value(), "sync_policy ", p.sync_policy,
+  HT_CHECK((p.sync_policy == SyncPolicy::local) == p.local.has_value(), "sync_policy ", to_string(p.sync_policy),
            p.local ? " with" : " without", " local groups; expected groups exactly under local");
   if (p.local) check_local_plan(p);
 }

@@ -155,7 +155,7 @@ std::string header(const plan::Plan& plan) {
                 {"world size:", std::to_string(plan.world_size)},
                 {"strategy:", shape(plan)},
                 {"global batch:", std::to_string(plan.global_batch)},
-                {"sync policy:", plan.sync_policy}});
+                {"sync policy:", to_string(plan.sync_policy)}});
 }
 
 std::string rank_table(const plan::Plan& plan) {

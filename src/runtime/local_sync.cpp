@@ -34,7 +34,7 @@ std::unique_ptr<LocalGroup> LocalGroup::make(const plan::Plan& plan, comm::Commu
     g->plan.ranks[0].rank = 0;
     g->plan.layout = plan::PipelineLayout{};
     g->plan.local.reset();
-    g->plan.sync_policy = "synchronous";
+    g->plan.sync_policy = plan::SyncPolicy::synchronous;
     g->comm = world.split(static_cast<int>(plan.local->groups.size()) + world.rank(), 0, timeout, "the local groups");
     return g;
   }

@@ -121,7 +121,7 @@ class Run {
         executor_(std::make_unique<Executor>(local_group_ ? local_group_->plan : plan_, model_, *task_,
                                              local_group_ ? *local_group_->comm : world_, cfg_.train, peer_timeout())),
         // Under deadline the steps never wait for every rank, so nothing rebalances them.
-        rebalancer_(plan_.sync_policy == "deadline" ? RebalanceFn{} : opts.rebalance, cfg_.parallel.rebalance_every,
+        rebalancer_(plan_.sync_policy == plan::SyncPolicy::deadline ? RebalanceFn{} : opts.rebalance, cfg_.parallel.rebalance_every,
                     world_, peer_timeout()),
         planned_step_s_(plan_.predicted.step_seconds),
         checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
@@ -155,7 +155,7 @@ class Run {
     progress_ = &progress;
     int64_t start = opts_.resume ? restore(progress) : 0;
     if (opts_.resume) executor_->weights_loaded();
-    if (plan_.sync_policy == "deadline") start_deadline(start, progress);
+    if (plan_.sync_policy == plan::SyncPolicy::deadline) start_deadline(start, progress);
     if (root_) check_evaluation_fits();
     std::optional<report::MetricsLog> metrics;
     if (root_) {

@@ -32,7 +32,7 @@ plan::Plan local_plan() {
   p.blocks = 1;
   p.global_batch = 128;
   p.stage_ranges = {{0, 1}};
-  p.sync_policy = "local";
+  p.sync_policy = plan::SyncPolicy::local;
   for (int r = 0; r < kRanks; ++r) {
     p.layout.replicas.push_back({r});
     p.layout.samples.push_back(kShares[static_cast<size_t>(r)]);

@@ -21,7 +21,7 @@ TEST_CASE("deadline plan: every reducing rank's list starts with CatchUp and red
   const PlannerInput in = input(c, costs(c, 4), 128, "data");
   Plan p = make_plan(in);
   apply_deadline_sync(p, in.costs, in.cluster);
-  CHECK(p.sync_policy == "deadline");
+  CHECK(p.sync_policy == plan::SyncPolicy::deadline);
   CHECK(p.layout.reduce_owner == 0);  // the first leader: the cost model charges its hub reduction
   CHECK(!hub_steps_optimizer(p));
   const std::vector<Schedule> lists = plan_schedules(p);
@@ -46,7 +46,7 @@ TEST_CASE("deadline plan: every reducing rank's list starts with CatchUp and red
   CHECK(sim.step_seconds > 0);
   // The plan file keeps the policy, so `train --plan` runs the same lists.
   const Plan back = plan_from_json(plan_to_json(p), "test");
-  CHECK(back.sync_policy == "deadline");
+  CHECK(back.sync_policy == plan::SyncPolicy::deadline);
   CHECK(plan_schedules(back)[1].front().op == Op::catch_up);
 }
 
@@ -57,7 +57,7 @@ TEST_CASE("deadline plan: a pure pipeline keeps its lists (no replica to stand i
   REQUIRE(p.strategy == Strategy::pipeline);
   const std::vector<Schedule> before = plan_schedules(p);
   apply_deadline_sync(p, in.costs, in.cluster);
-  CHECK(p.sync_policy == "deadline");
+  CHECK(p.sync_policy == plan::SyncPolicy::deadline);
   const std::vector<Schedule> after = plan_schedules(p);
   REQUIRE(after.size() == before.size());
   for (size_t r = 0; r < after.size(); ++r) CHECK(to_text(after[r]) == to_text(before[r]));

@@ -102,7 +102,7 @@ TEST_CASE("local plan: throttled 4/2/1/1 ranks step alone, inner steps follow sp
   REQUIRE(chosen);  // auto takes local: the synchronous plan leaves ranks idle or starved
   const Plan& p = *chosen;
   check_plan(p);
-  CHECK(p.sync_policy == "local");
+  CHECK(p.sync_policy == plan::SyncPolicy::local);
   REQUIRE(p.local);
   CHECK(p.local->groups == std::vector<std::vector<int>>{{0}, {1}, {2}, {3}});
   // Every group's inner step is the whole global batch; the round's H batches go to the

@@ -325,7 +325,7 @@ TEST_CASE("planner: a rank far slower on every link is marked for the slow-link 
   // 1 MiB at 10 GB/s plus 5 ms against the others' 10 us: 49x.
   CHECK(p.ranks[3].link_seconds == doctest::Approx(5e-3 + (1 << 20) / 1e10));
   CHECK(p.ranks[3].cluster_link_seconds == doctest::Approx(1e-5 + (1 << 20) / 1e10));
-  CHECK(p.sync_policy == "synchronous");
+  CHECK(p.sync_policy == plan::SyncPolicy::synchronous);
 }
 
 TEST_CASE("planner: ranks are left idle only when that is predicted at least 10% faster") {
