@@ -52,6 +52,12 @@ def mpirun(hetrain, n, args, timeout=180, wrapper=None):
     return run(["mpirun", "-np", str(n), "--bind-to", "none"] + (wrapper or []) + [hetrain] + args, timeout)
 
 
+def records(run_dir):
+    """A run directory's metrics.jsonl, one dict per record."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
 def load(path):
     with open(path) as f:
         return json.load(f)

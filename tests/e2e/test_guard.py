@@ -24,7 +24,7 @@ import struct
 import sys
 import tempfile
 
-from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun
+from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records
 
 HETRAIN = os.path.abspath(sys.argv[1])
 RANKS = 3
@@ -53,11 +53,6 @@ def tensors(path):
     header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
     return {k: array.array("f", data[v["data_offsets"][0]:v["data_offsets"][1]])
             for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32"}
-
-
-def records(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def main():

@@ -21,7 +21,7 @@ import struct
 import sys
 import tempfile
 
-from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, run
+from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records, run
 
 HETRAIN = os.path.abspath(sys.argv[1])
 CLUSTER = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_2_1_1.json")
@@ -47,11 +47,6 @@ def header(path):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         return json.loads(f.read(n))
-
-
-def records(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def main():
