@@ -122,6 +122,15 @@ struct DeadlineReduce::Message {
   }
 };
 
+std::shared_ptr<std::vector<char>> DeadlineReduce::word(int64_t kind, int64_t step, int64_t term, uint64_t hash) {
+  Header h;
+  h.kind = kind;
+  h.step = step;
+  h.term = term;
+  h.hash = hash;
+  return Message::encode(h, {}, nullptr, 0);
+}
+
 struct DeadlineReduce::Pending {
   int from = -1;
   Message message;
@@ -549,12 +558,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
         break;
       }
       if (m.header.step >= step_ && !catch_up_asked_) {  // this rank is off the leader's chain
-        Header q;
-        q.kind = catch_up_request;
-        q.step = step_;
-        q.term = term_;
-        q.hash = hash_;
-        send(from, Message::encode(q, {}, nullptr, 0));
+        send(from, word(catch_up_request, step_, term_, hash_));
         catch_up_asked_ = true;
         wait_until = Clock::now() + seconds(patience());
       }
@@ -585,12 +589,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       if (own_is_current()) {
         send_contribution();
       } else {  // the gradient is of another state: present, with nothing to add
-        Header p;
-        p.kind = contribution;
-        p.step = step_;
-        p.term = term_;
-        p.hash = hash_;
-        send(leader(), Message::encode(p, {}, nullptr, 0));
+        send(leader(), word(contribution, step_, term_, hash_));
       }
       sent_term = term_;
       wait_until = Clock::now() + seconds(patience());
@@ -619,12 +618,7 @@ std::vector<StepRecord> DeadlineReduce::finish() {
   bool agreed = false, sent = false;
   auto wait_until = Clock::now();
   auto send_done = [&] {
-    Header h;
-    h.kind = done;
-    h.step = step_;
-    h.term = term_;
-    h.hash = hash_;
-    send(leader(), Message::encode(h, {}, nullptr, 0));
+    send(leader(), word(done, step_, term_, hash_));
     sent = true;
     done_ok_ = false;
     wait_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(patience()));
@@ -652,12 +646,7 @@ std::vector<StepRecord> DeadlineReduce::finish() {
         }
       }
       if (agreed) {
-        Header h;
-        h.kind = done_ok;
-        h.step = step_;
-        h.term = term_;
-        h.hash = hash_;
-        auto bytes = Message::encode(h, {}, nullptr, 0);
+        auto bytes = word(done_ok, step_, term_, hash_);
         for (int j = 0; j < size_; ++j)
           if (j != rank_) send(j, bytes);
         done_.clear();
@@ -691,22 +680,12 @@ std::vector<StepRecord> DeadlineReduce::finish() {
     // A later term's leader (one that suspected the last before its answer came) is still
     // collecting the reports: it has this rank's, the final state, again.
     if (term_ != reported_term && leader() != rank_) {
-      Header h;
-      h.kind = done;
-      h.step = step_;
-      h.term = term_;
-      h.hash = hash_;
-      send(leader(), Message::encode(h, {}, nullptr, 0));
+      send(leader(), word(done, step_, term_, hash_));
       reported_term = term_;
     }
     if (leader() == rank_)  // a member that asks again (its answer crossed a term change)
       for (auto it = done_.begin(); it != done_.end(); it = done_.erase(it)) {
-        Header h;
-        h.kind = done_ok;
-        h.step = step_;
-        h.term = term_;
-        h.hash = hash_;
-        send(it->first, Message::encode(h, {}, nullptr, 0));
+        send(it->first, word(done_ok, step_, term_, hash_));
       }
     if (!fin_sent && outgoing_.empty()) {
       Header h;
