@@ -80,16 +80,17 @@ class LocalSync {
 
   int inner_steps() const { return inner_steps_; }
   int64_t outer_steps() const { return outer_steps_; }
-  std::string outer_checksum() const;  // CRC-32 of theta's bytes
+  const std::string& outer_checksum();  // CRC-32 of theta's bytes (kept until theta changes)
 
   // The outer step on plain arrays, as after_inner_step applies it: m = mu m + d;
   // theta = theta - lr (d + mu m). Shared with the tests' reference.
   static void outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu);
 
  private:
-  void start_round();      // OuterSyncStart: the deltas, the new anchor, the exchange
+  void start_round();      // OuterSyncStart: the outer step, the deltas, the new anchor, the exchange
   void start_exchange();   // this rank's weighted delta into delta_, then the exchange
-  void finish_exchange();  // waits, then the outer step with the sums
+  void finish_exchange();  // OuterSyncFinish: waits for the sums (into delta_)
+  void take_outer_step();  // the outer step with the sums, where finish_exchange took any
   comm::Timeout timeout() const { return comm::Timeout(timeout_s_); }
 
   std::vector<nn::NamedTensor> params_;
@@ -102,6 +103,8 @@ class LocalSync {
   int inner_steps_ = 1;
   int steps_in_round_ = 0;  // job steps since the round began or the last flush
   int64_t outer_steps_ = 0;
+  bool sums_ready_ = false;  // delta_ holds sums the outer step has not taken yet
+  std::string checksum_;     // of theta_; empty: not computed since theta_ last changed
   int world_rank_ = 0;
   plan::Schedule outer_list_;  // plan::outer_sync_schedules: run after each round's last step
   std::unique_ptr<comm::OverlappedAllreduce> exchange_;  // in flight
