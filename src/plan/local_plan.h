@@ -50,8 +50,8 @@ inline constexpr double kGroupEfficiency = 0.9;
 inline constexpr double kHideFactor = 1.0;
 // How unevenly the integer H_g may end the groups' rounds (the latest against an exact
 // split), and how far above the least H the search for an even split goes.
-inline constexpr double kRoundImbalance = 0.05;
-inline constexpr int kMaxExtraSteps = 64;
+inline constexpr double kRoundImbalance = 0.08;
+inline constexpr int kMaxExtraSteps = 24;
 // A local plan leaves the slowest ranks idle only when that is predicted this much faster.
 inline constexpr double kIdleGain = 0.10;
 
@@ -63,10 +63,12 @@ int group_of_rank(const Plan& plan, int rank);
 int64_t group_samples(const Plan& plan, int group);
 // The first of the round's H global batches that group g takes (groups in order).
 int64_t group_first_step(const Plan& plan, int group);
-// H_g for a round of `round_steps` over groups whose inner steps take `step_seconds`:
-// at least one each, summing to round_steps, the latest group's round as early as it
-// can be. Throws ht::Error when round_steps is below the group count.
-std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step_seconds);
+// H_g for a round of `round_steps` over groups whose inner steps take `step_seconds` and
+// whose round adds `round_seconds` of its own (the outer pass on its slowest rank; empty:
+// none): at least one each, summing to round_steps, the latest group's round as early as
+// it can be. Throws ht::Error when round_steps is below the group count.
+std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step_seconds,
+                                const std::vector<double>& round_seconds = {});
 // The global batches of the stream (job step numbers) group g takes as its inner steps
 // during job step `step`: its H_g batches of the round, from the round's batch
 // round x H + group_first_step(g) on, spread over the round's H job steps evenly and

@@ -334,3 +334,10 @@ TEST_CASE("local plan: the outer synchronisation is every rank's list, and the s
   CHECK(hidden.local->inner_steps * hidden.predicted.step_seconds >= hidden.local->outer_exchange_seconds);
   CHECK(hidden.predicted.step_seconds < exposed.predicted.step_seconds);
 }
+
+TEST_CASE("local plan: a group's own outer pass takes its share of the round's steps") {
+  // Equal inner steps; the second group's round also holds 2 steps' worth of outer work.
+  CHECK(steps_by_speed(6, {1.0, 1.0}) == std::vector<int>{3, 3});
+  CHECK(steps_by_speed(6, {1.0, 1.0}, {0.0, 2.0}) == std::vector<int>{4, 2});  // both rounds end at 4
+  CHECK(error_of([] { steps_by_speed(6, {1.0, 1.0}, {0.0}); }).find("1 round costs for 2 groups") != std::string::npos);
+}
