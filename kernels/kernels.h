@@ -11,16 +11,18 @@
 //   label or id is out of range; the caller clears the flag beforehand, reads it back
 //   later and raises the error the CPU backend raises.
 // - Host-side conditions do throw ht::Error: a strided copy, binary or where whose view
-//   keeps more than 8 dimensions after merging the dense ones.
-// - Sums, maxima, softmax, layer norm, col2im and maxpool2d_backward are deterministic
-//   (fixed reduction order, no atomics). embedding_backward adds with atomicAdd, so its
-//   sums over repeated ids may differ in the last bits between runs.
+//   keeps more than 8 dimensions after merging the dense ones, and an attention head
+//   larger than kAttentionMaxHead.
+// - Sums, maxima, softmax, layer norm, col2im, maxpool2d_backward and attention are
+//   deterministic (fixed reduction order, no atomics). embedding_backward adds with
+//   atomicAdd, so its sums over repeated ids may differ in the last bits between runs.
 // - Every launcher accepts empty sizes and then enqueues nothing.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
+#include "kernels/attention.cuh"
 #include "kernels/dropout.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
