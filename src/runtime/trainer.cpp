@@ -1,19 +1,18 @@
 #include "runtime/trainer.h"
 
+#include <algorithm>
 #include <charconv>
-#include <deque>
-#include <csignal>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <limits>
-#include <algorithm>
 #include <map>
-#include <set>
-#include <optional>
-#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "autograd/graph.h"
 #include "comm/clock_sync.h"
@@ -24,26 +23,50 @@
 #include "core/units.h"
 #include "core/wall_time.h"
 #include "data/image_dataset.h"
-#include "optim/lr_schedule.h"
-#include "report/metrics_log.h"
-#include "report/progress.h"
-#include "report/trace.h"
-#include "runtime/checkpoint.h"
-#include "runtime/atomic_file.h"
-#include "runtime/checkpoint_dir.h"
-#include "runtime/executor.h"
 #include "plan/local_plan.h"
-#include "runtime/local_sync.h"
+#include "report/trace.h"
+#include "runtime/atomic_file.h"
+#include "runtime/checkpoint.h"
 #include "runtime/stage_gather.h"
-#include "runtime/run_dir.h"
-#include "runtime/run_records.h"
-#include "runtime/task.h"
+#include "runtime/trainer_run.h"
 
 namespace ht::runtime {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+// Names in checkpoints: "model.<param>" and "optim.<state>", so one file holds both
+// and a reader can take the weights alone.
+std::vector<nn::NamedTensor> prefixed(const std::string& prefix,
+                                      const std::vector<nn::NamedTensor>& in) {
+  std::vector<nn::NamedTensor> out;
+  for (const auto& [name, t] : in) out.emplace_back(prefix + name, t);
+  return out;
+}
+
+const std::string& metadata_text(const Checkpoint& c, const std::string& key) {
+  auto it = c.metadata.find(key);
+  HT_CHECK(it != c.metadata.end(), "checkpoint ", c.path, " lacks metadata '", key,
+           "'; expected a checkpoint written by hetrain train");
+  return it->second;
+}
+
+int64_t metadata_int(const Checkpoint& c, const std::string& key) {
+  const std::string& text = metadata_text(c, key);
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  HT_CHECK(!text.empty() && *end == '\0', "checkpoint ", c.path, ": metadata '", key, "' is '",
+           text, "'; expected an integer");
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+namespace trainer_run {
+
+namespace {
+
 using json = nlohmann::json;
 
 volatile std::sig_atomic_t g_interrupted = 0;
@@ -71,31 +94,6 @@ int64_t resolve_steps(const config::TrainConfig& t, int64_t train_size) {
   return std::max<int64_t>(1, static_cast<int64_t>(steps));
 }
 
-// Names in checkpoints: "model.<param>" and "optim.<state>", so one file holds both
-// and a reader can take the weights alone.
-std::vector<nn::NamedTensor> prefixed(const std::string& prefix,
-                                      const std::vector<nn::NamedTensor>& in) {
-  std::vector<nn::NamedTensor> out;
-  for (const auto& [name, t] : in) out.emplace_back(prefix + name, t);
-  return out;
-}
-
-const std::string& metadata_text(const Checkpoint& c, const std::string& key) {
-  auto it = c.metadata.find(key);
-  HT_CHECK(it != c.metadata.end(), "checkpoint ", c.path, " lacks metadata '", key,
-           "'; expected a checkpoint written by hetrain train");
-  return it->second;
-}
-
-int64_t metadata_int(const Checkpoint& c, const std::string& key) {
-  const std::string& text = metadata_text(c, key);
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  HT_CHECK(!text.empty() && *end == '\0', "checkpoint ", c.path, ": metadata '", key, "' is '",
-           text, "'; expected an integer");
-  return static_cast<int64_t>(v);
-}
-
 // The whole model in host staging (outside an emulated device cap): a pipeline stage's
 // device holds only its own blocks, and a model larger than any one device is still built
 // identically, from one seed, on every rank.
@@ -104,677 +102,684 @@ nn::Sequential build_in_host_staging(const Task& task, uint64_t seed) {
   return task.build_model(seed);
 }
 
-class Run {
- public:
-  Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan> plan)
-      : cfg_(std::move(cfg)),
-        opts_(opts),
-        world_(comm::world()),
-        root_(world_.rank() == 0),
-        task_(make_task(cfg_)),
-        dir_(root_ ? std::optional<RunDir>(RunDir::open(cfg_.run.dir, opts.resume)) : std::nullopt),
-        model_(build_in_host_staging(*task_, cfg_.train.seed)),
-        plan_(plan ? std::move(*plan)
-                   : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
-                                         static_cast<int>(cfg_.train.micro_batches))),
-        local_group_(plan_.local ? LocalGroup::make(plan_, world_, peer_timeout()) : nullptr),
-        executor_(std::make_unique<Executor>(local_group_ ? local_group_->plan : plan_, model_, *task_,
-                                             local_group_ ? *local_group_->comm : world_, cfg_.train, peer_timeout())),
-        // Under deadline the steps never wait for every rank, so nothing rebalances them.
-        rebalancer_(plan_.sync_policy == plan::SyncPolicy::deadline ? RebalanceFn{} : opts.rebalance, cfg_.parallel.rebalance_every,
-                    world_, peer_timeout()),
-        planned_step_s_(plan_.predicted.step_seconds),
-        checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
-        faults_(opts.faults, world_.rank()) {
-    if (!faults_.empty()) executor_->inject(&faults_);
-    // Under local the outer step moves a group's weights by a whole round's progress at
-    // once, so the next inner gradients' norms are no outliers of the group's own recent
-    // ones: the guard keeps its non-finite check there and leaves out the norm check
-    // (the MLP at quotas 0.8/0.4/0.2/0.2 had rank 0's updates skipped as outliers after
-    // outer steps).
-    config::GuardConfig guard = cfg_.guard;
-    if (local_group_) guard.norm_ratio = 0;
-    executor_->set_guard(guard);
-    // Rank 0 evaluates and checkpoints the whole model, so all of it goes onto its device;
-    // the others hold only their stage there (the executor moved it), the rest of the
-    // model staying in host memory.
-    if (root_)
-      for (const auto& [name, p] : model_.named_parameters()) p.rehome(false);
-    // An idle rank keeps the whole model's outer weights all the same (rank 0 may be idle).
-    if (local_group_)
-      local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),
-                                           world_, cfg_.parallel);
-    total_steps_ = resolve_steps(cfg_.train, task_->train_size());
-    const auto& s = cfg_.train.schedule;
-    schedule_ = {s.type, cfg_.train.optimizer.lr, s.warmup_steps, s.min_lr, total_steps_};
-  }
-
-  TrainSummary run() {
-    report::Progress progress(report::Progress::detect(opts_.quiet || !root_, opts_.terminal), total_steps_,
-                              cfg_.train.log_every);
-    progress_ = &progress;
-    int64_t start = opts_.resume ? restore(progress) : 0;
-    if (opts_.resume) executor_->weights_loaded();
-    if (plan_.sync_policy == plan::SyncPolicy::deadline) start_deadline(start, progress);
-    if (root_) check_evaluation_fits();
-    std::optional<report::MetricsLog> metrics;
-    if (root_) {
-      write_file_atomically(dir_->file("config.json"), config::to_json(cfg_) + "\n", "resolved config");
-      if (!opts_.plan_json.empty()) write_file_atomically(dir_->file("plan.json"), opts_.plan_json, "plan");
-      metrics.emplace(dir_->file("metrics.jsonl"));
-      if (opts_.resume) metrics->write(json{{"type", "resume"}, {"step", start}}.dump());
-    }
-    if (start == 0)
-      progress.note("training " + cfg_.name + ": " + std::to_string(total_steps_) + " steps of " +
-                    std::to_string(cfg_.train.batch_size) + " samples, " +
-                    std::to_string(model_.param_count()) + " parameters" +
-                    (multi() ? ", " + std::to_string(world_.size()) + " ranks (" + plan::to_string(plan_.strategy) + ")" : "") +
-                    ", run directory " + cfg_.run.dir);
-    for (const Fault& f : opts_.faults) progress.note("testing aid: injecting " + f.spec);
-    if (executor_->shares_weights())
-      progress.note("weights: the replicas compute with the hub's, in shared memory; only word of an update travels");
-    else if (!executor_->why_weights_apart().empty())
-      progress.note("weights: sent from the hub to the replicas each step (not shared: " +
-                    executor_->why_weights_apart() + ")");
-
-    InterruptScope interrupt_scope;
-    auto t0 = Clock::now();
-    Window window;
-    int64_t window_steps = 0, step = start;
-    double last_loss = std::nan("");  // many ranks know it only at log steps
-    std::vector<double> step_walls;
-    std::deque<PendingLog> pending_logs;
-    const int64_t traced = std::min(start + 5, total_steps_ - 1);  // past the warm-up
-    for (; step < total_steps_; ++step) {
-      const float lr = schedule_.at(step);
-      const bool trace = !opts_.timeline.empty() && step == traced;
-      faults_.begin_step(step + 1);
-      StepResult r = local_group_ ? local_step(step, lr, trace)
-                                  : executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);
-      const int64_t asked = step;
-      if (r.deadline) step = take_deadline(r, metrics, progress);  // the step applied: after a catch-up, a later one
-      if (local_) {  // the outer exchange's time is communication of this step
-        const double outer_s = local_->after_step(step + 1);
-        r.comm_s += outer_s;
-        r.wall_s += outer_s;
-      }
-      if (trace) write_timeline(r);
-      rebalancer_.record(r);
-      window.loss_sum += r.loss_sum;
-      last_loss_sum_ = r.loss_sum;
-      for (const GuardEvent& e : r.guard_events) window.guard.emplace_back(step + 1, e);
-      window.compute_s += r.compute_s;
-      window.comm_s += r.comm_s;
-      window.wall_s += r.wall_s;
-      step_walls.push_back(r.wall_s);
-      ++window_steps;
-      const int64_t done = step + 1;
-      if (!multi()) last_loss = check_loss(r.loss_sum, 1, done);
-      // What the ranks sent toward rank 0 after the step before: answered while this one
-      // ran (see Communicator::consult). A change applies from the next step. Under local
-      // the groups are apart within a round (a group with one inner step a round takes
-      // it at the round's start), so waiting there for every rank's log would hold the
-      // others back: at a round's end the logs of the round before are finished (every
-      // rank is past them, as with the outer exchange), and all of them where every
-      // rank meets anyway (an evaluation or checkpoint, the job's end).
-      bool stop_all = false;
-      const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
-      if (!local_ || local_meets(done) || stop_after)
-        stop_all = finish_logs(pending_logs, metrics, last_loss, done, done);
-      else if (done % local_->inner_steps() == 0)
-        stop_all = finish_logs(pending_logs, metrics, last_loss, done - local_->inner_steps(), done);
-      if (auto o = rebalancer_.finish_check(plan_)) {
-        if (o->relayout)
-          executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train, peer_timeout());
-        else if (o->changed) executor_->reshare();
-        if (o->relayout && !faults_.empty()) executor_->inject(&faults_);
-        if (o->relayout) executor_->set_guard(cfg_.guard);
-        if (o->changed) step_walls.clear();  // the measured step is the current shares'
-        if (root_) {
-          metrics->write(o->record(rebalancer_.check_step()));
-          if (o->changed) progress.note(o->line(rebalancer_.check_step()));
-        }
-      }
-      // No step follows to wait through: the exchange ends here.
-      const bool final_step = done == total_steps_ || stop_after || stop_all;
-      if (executor_->deadline() && (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_)) {
-        last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
-        if (metrics)
-          metrics->write(json{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", last_loss},
-                              {"sync_policy", "deadline"}, {"wall_s", seconds_since(t0)}}.dump());
-      } else if (done % cfg_.train.log_every == 0 || done == total_steps_) {
-        window.interrupted = g_interrupted;
-        if (multi() && !local_) window.checksum = executor_->parameter_checksum();
-        // Under local a CRC of the whole model costs a throttled rank a good part of a
-        // round: the outer weights are compared where the ranks meet and every tenth log step.
-        if (local_ && (local_meets(done) || final_step || done % (10 * cfg_.train.log_every) == 0))
-          window.checksum = local_->outer_checksum();
-        if (!local_) answered_logs_.clear();  // taken a log step ago
-        pending_logs.push_back(PendingLog{world_.consult(window.to_text()), done, window_steps, lr, seconds_since(t0),
-                                          local_ ? local_->outer_steps() : 0});
-        window = Window{};
-        window_steps = 0;
-        if (!multi() || final_step) stop_all = finish_logs(pending_logs, metrics, last_loss, done, done) || stop_all;
-      }
-      if (!stop_all && !stop_after) rebalancer_.start_check(done, total_steps_);
-      const double elapsed = seconds_since(t0);
-      const double rate = static_cast<double>((done - start) * cfg_.train.batch_size) / elapsed;
-      const double eta = static_cast<double>(total_steps_ - done) * elapsed / static_cast<double>(done - start);
-      progress.step(done, static_cast<float>(last_loss), lr, rate, eta);
-      const bool last = done == total_steps_;
-      if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 && !last) {
-        std::optional<EvalResult> r2 = evaluate();
-        if (root_) {
-          metrics->write(eval_record(done, *r2));
-          progress.note("step " + std::to_string(done) + ": " + r2->line);
-        }
-      }
-      // One process stops at once; many agree on the step after a log step (every rank saw
-      // the flag in rank 0's answer).
-      // Under deadline no exchange carries the flag: each rank stops at its own step.
-      const bool interrupted = multi() && !executor_->deadline() ? stop_all : static_cast<bool>(g_interrupted);
-      const bool stop = interrupted || stop_after;
-      if (stop && !last && executor_->deadline()) finish_deadline(metrics, progress);
-      // A catch-up may have moved past a checkpoint step: the step applied saves it instead.
-      if ((cfg_.checkpoint.every > 0 && done / cfg_.checkpoint.every > asked / cfg_.checkpoint.every) || last || stop)
-        save(done, progress);
-      if (stop && !last) {
-        progress.finish();
-        if (interrupted)
-          fail_as<Interrupted>("interrupted at step ", done, " of ", total_steps_,
-                               "; a checkpoint was saved", resume_hint());
-        progress.note("stopped after " + std::to_string(done - start) + " steps at step " +
-                      std::to_string(done) + resume_hint());
-        return {done, seconds_since(t0), cfg_.run.dir};
-      }
-    }
-    if (executor_->deadline()) finish_deadline(metrics, progress);
-    progress.finish();
-    std::optional<EvalResult> final_eval = evaluate();
-    const double wall = seconds_since(t0);
-    if (root_) {
-      metrics->write(eval_record(total_steps_, *final_eval));
-      progress.note("final (step " + std::to_string(total_steps_) + "): " + final_eval->line);
-      write_summary(start, wall, step_walls, *final_eval);
-    }
-    return {total_steps_, wall, cfg_.run.dir};
-  }
-
- private:
-  bool multi() const { return world_.size() > 1; }
-  // Under local, job step `step`: this rank's group takes the inner steps of its round
-  // that fall in this step (plan::local_batches: one global batch of the stream or none;
-  // over a round the groups' batches are disjoint and cover it).
-  StepResult local_step(int64_t step, float lr, bool trace) {
-    const LocalGroup& g = *local_group_;
-    if (g.group < 0) return executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);  // idle
-    const auto t0 = Clock::now();
-    StepResult r;
-    for (int64_t batch : plan::local_batches(plan_, g.group, step))
-      r = executor_->step(stream_base_ + batch * cfg_.train.batch_size, lr, trace);
-    r.wall_s = seconds_since(t0);
-    return r;
-  }
-  // Under local, collective: the outer weights in the model, and the inner optimiser
-  // state of rank 0's group (every group's starts from it on resume).
-  std::vector<nn::NamedTensor> local_inner_state() {
-    local_->flush();
-    return executor_->active() ? executor_->optimizer()->state() : std::vector<nn::NamedTensor>{};
-  }
-  // `outer_steps`: those taken by the record's step.
-  std::string with_sync_policy(const std::string& record, int64_t outer_steps) const {
-    if (!local_) return record;
-    json r = json::parse(record);
-    r["sync_policy"] = "local";
-    r["outer_steps"] = outer_steps;
-    return r.dump();
-  }
-  // parallel.sync deadline: the stage's reduction closes at its budget (runtime/deadline_sync.h).
-  void start_deadline(int64_t start, report::Progress& progress) {
-    executor_->use_deadline(cfg_.parallel, start, [this](int64_t s) { return schedule_.at(s); });
-    if (executor_->deadline())
-      progress.note("parallel.sync deadline: a step closes at " + std::to_string(1 + cfg_.parallel.deadline_slack) +
-                    " x the step's measured median (the plan's " + std::to_string(plan_.predicted.step_seconds) +
-                    " s at first); late contributions are " +
-                    (cfg_.parallel.max_staleness > 0
-                         ? "applied up to " + std::to_string(cfg_.parallel.max_staleness) + " steps late"
-                         : std::string("dropped")));
-    else if (plan_.stage_ranges.size() > 1 && plan_.layout.replicas.size() == 1)
-      progress.note("parallel.sync deadline on a pure pipeline: a stalled stage has no stand-in, so the job waits "
-                    "for it, up to parallel.peer_timeout_s = " + std::to_string(cfg_.parallel.peer_timeout_s) + " s");
-  }
-  // The step a deadline step applied (after a catch-up, a later one than asked): its
-  // records, and those of the steps caught up past, go to rank 0's metrics.
-  int64_t take_deadline(StepResult& r, std::optional<report::MetricsLog>& metrics, report::Progress& progress) {
-    const DeadlineStep& d = *r.deadline;
-    if (d.caught_up) {
-      deadline_log_.caught_up();
-      progress.note("caught up: this rank was left out and took the current weights at step " +
-                    std::to_string(d.ended ? total_steps_ : d.record.step));
-    }
-    std::vector<comm::StepRecord> records = d.missed;
-    if (!d.ended) records.push_back(d.record);
-    for (const comm::StepRecord& rec : records) write_deadline_record(rec, metrics, progress);
-    r.loss_sum = deadline_log_.last_loss_sum();
-    return d.ended ? total_steps_ - 1 : d.record.step;
-  }
-  void write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,
-                             report::Progress& progress) {
-    if (const std::string line = deadline_log_.short_line(rec); !line.empty()) progress.note(line);
-    const std::string record = deadline_log_.add(rec);
-    if (metrics && !record.empty()) metrics->write(record);
-  }
-  // Every member ends on one chain (a rank behind catches up), then the replicas are
-  // checked bit-identical.
-  void finish_deadline(std::optional<report::MetricsLog>& metrics, report::Progress& progress) {
-    for (const comm::StepRecord& rec : executor_->finish_deadline()) write_deadline_record(rec, metrics, progress);
-    const std::vector<std::string> checksums =
-        world_.allgather(executor_->parameter_checksum(), peer_timeout(), "the replicas' checksums after the last step");
-    check_replicas_identical(plan_, checksums, executor_->deadline_step());
-  }
-  // The bound on every wait on another rank: past it the job ends naming who and what.
-  comm::Timeout peer_timeout() const { return comm::Timeout(cfg_.parallel.peer_timeout_s); }
-
-  // A log step's windows on their way to rank 0 (Communicator::consult).
-  struct PendingLog {
-    std::unique_ptr<comm::Consultation> consult;
-    int64_t done = 0, steps = 0;
-    float lr = 0;
-    double elapsed_s = 0;  // at the log step
-    int64_t outer_steps = 0;  // under local, at the log step (its record may be written later)
-  };
-
-  // Rank 0 sends every rank's window back to all; each rank checks that the replicas are
-  // identical and the loss finite, so that all fail alike, and rank 0 writes the record.
-  // Under local: whether every rank meets after job step `done` (an evaluation, a
-  // checkpoint, the last step: each flushes, collectively).
-  bool local_meets(int64_t done) const {
-    return (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) ||
-           (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || done == total_steps_;
-  }
-  // finish_log of each pending log of a step up to `upto`, oldest first; true when some
-  // rank was interrupted.
-  // After job step `done`.
-  bool finish_logs(std::deque<PendingLog>& logs, std::optional<report::MetricsLog>& metrics, double& last_loss,
-                   int64_t upto, int64_t done) {
-    if (local_) {
-      // The outer step at the last round end finished the exchange every rank started at
-      // the round end before, so every rank is past that one. A log of step d is finished
-      // at the first round end from d + H on (or at a meeting before it).
-      const int64_t h = local_->inner_steps(), passed = (done / h - 1) * h;
-      while (!answered_logs_.empty() && (answered_logs_.front().first + 2 * h - 1) / h * h <= passed)
-        answered_logs_.pop_front();
-    }
-    bool interrupted = false;
-    for (; !logs.empty() && logs.front().done <= upto; logs.pop_front())
-      interrupted = finish_log(logs.front(), metrics, last_loss) || interrupted;
-    return interrupted;
-  }
-  // True when some rank was interrupted. The consultation moves to `answered_logs_`.
-  bool finish_log(PendingLog& p, std::optional<report::MetricsLog>& metrics, double& last_loss) {
-    const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); },
-                                              peer_timeout(), "the log step " + std::to_string(p.done) + " consultation");
-    answered_logs_.emplace_back(p.done, std::move(p.consult));
-    std::vector<Window> ranks;
-    std::vector<std::string> checksums;
-    for (const std::string& t : json::parse(all).get<std::vector<std::string>>()) {
-      ranks.push_back(Window::from_text(t));
-      checksums.push_back(ranks.back().checksum);
-    }
-    if (local_) check_outer_identical(checksums, p.done);
-    else if (multi()) check_replicas_identical(plan_, checksums, p.done);
-    double loss_sum = 0;
-    bool interrupted = false;
-    for (const Window& w : ranks) {
-      loss_sum += w.loss_sum;
-      interrupted = interrupted || w.interrupted;
-    }
-    for (const Window& w : ranks)
-      for (const auto& [step, e] : w.guard) report_guard(step, e, metrics);
-    last_loss = check_loss(loss_sum, p.steps, p.done);
-    if (metrics)
-      metrics->write(with_sync_policy(train_record(p.done, p.lr, last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s),
-                                      p.outer_steps));
-    return interrupted;
-  }
-
-  // One line and one metrics record per contribution left out or rank quarantined
-  // (rank 0, as the log step brings them), counted for the summary.
-  void report_guard(int64_t step, const GuardEvent& e, std::optional<report::MetricsLog>& metrics) {
-    json record = {{"type", "guard"}, {"step", step}, {"rank", e.rank}, {"stage", e.stage}};
-    std::string line = "step " + std::to_string(step) + ": rank " + std::to_string(e.rank) +
-                       (plan_.stage_ranges.size() > 1 ? " (stage " + std::to_string(e.stage) + ")" : "");
-    if (e.quarantine_steps > 0) {
-      record["quarantined_steps"] = e.quarantine_steps;
-      guard_totals_.quarantined.insert(e.rank);
-      line += " quarantined for " + std::to_string(e.quarantine_steps) + " steps: left out " +
-              std::to_string(cfg_.guard.quarantine_after) + " times within " + std::to_string(cfg_.guard.window) +
-              " steps (guard.quarantine_after, guard.window); its contributions are left out until then";
-    } else {
-      record["reason"] = verdict_name(e.verdict);
-      record["samples_left_out"] = e.samples;
-      guard_totals_.steps.insert(step);
-      guard_totals_.samples += e.stage == 0 ? e.samples : 0;
-      line += " left out of the step (" + std::string(verdict_name(e.verdict)) + ", " + std::to_string(e.samples) +
-              " samples); " +
-              (e.samples == cfg_.train.batch_size ? "no sample kept: the update is skipped"
-                                                   : "the gradient is the mean over the samples kept");
-    }
-    if (metrics) metrics->write(record.dump());
-    // A quarantined rank's every step would repeat the quarantine's line: the record says it.
-    const bool repeat = e.verdict == Verdict::quarantined && e.quarantine_steps == 0;
-    if (progress_ && !repeat) progress_->note(line);
-  }
-
-  // The mean loss of `steps` steps from the summed loss of their samples.
-  double check_loss(double loss_sum, int64_t steps, int64_t done) const {
-    const double mean = loss_sum / static_cast<double>(steps * cfg_.train.batch_size *
-                                                       task_->predictions_per_sample());
-    HT_CHECK(std::isfinite(mean), "training diverged by step ", done, ": the loss is ", mean,
-             "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
-    return mean;
-  }
-
-  // Collective. Every rank's spans of the traced step on rank 0's clock, from the step's
-  // earliest start on any rank: the ranks start a step at different moments (in data
-  // parallelism rank 0 first, the others when its weights reach them), which the trace
-  // shows. The title gives how closely the clocks are aligned.
-  void write_timeline(const StepResult& step) {
-    constexpr int kClockRounds = 8;
-    const std::vector<comm::ClockOffset> clocks = comm::clock_offsets(world_, kClockRounds, peer_timeout());
-    json spans = json::array();
-    for (const report::Span& s : step.spans)
-      spans.push_back({s.name, s.category, s.start_s, s.end_s, s.micro_batch, s.stage});
-    const std::vector<std::string> all = world_.allgather(json{step.start_s, spans}.dump(), peer_timeout(), "the timeline's spans");
-    if (!root_) return;
-    std::vector<json> ranks;
-    double first = std::numeric_limits<double>::infinity(), error = 0;
-    for (size_t r = 0; r < all.size(); ++r) {
-      ranks.push_back(json::parse(all[r]));
-      if (ranks[r][1].empty()) continue;  // an idle rank
-      first = std::min(first, ranks[r][0].get<double>() + clocks[r].offset_s);
-      error = std::max(error, clocks[r].error_s);
-    }
-    std::vector<report::Span> merged;
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      const double shift = ranks[r][0].get<double>() + clocks[r].offset_s - first;
-      for (const json& e : ranks[r][1])
-        merged.push_back({static_cast<int>(r), e[0], e[1], e[2].get<double>() + shift, e[3].get<double>() + shift,
-                          e[4], e[5]});
-    }
-    char aligned[64];
-    std::snprintf(aligned, sizeof aligned, "ranks' clocks aligned within %.1f us", error * 1e6);
-    write_file_atomically(
-        opts_.timeline,
-        report::to_chrome_trace(merged, "hetrain train " + cfg_.name + " (measured; " + aligned + ")"), "timeline");
-  }
-
-  void write_summary(int64_t start, double wall, const std::vector<double>& step_walls,
-                     const EvalResult& final_eval) {
-    json summary = {{"config", cfg_.name},
-                    {"steps", total_steps_},
-                    {"samples", total_steps_ * cfg_.train.batch_size},
-                    {"steps_this_run", total_steps_ - start},
-                    {"resumed_from_step", opts_.resume ? json(start) : json(nullptr)},
-                    {"wall_s", wall},
-                    {"mean_samples_per_s",
-                     static_cast<double>((total_steps_ - start) * cfg_.train.batch_size) / wall},
-                    {"final", json::object()}};
-    for (const auto& [k, v] : final_eval.metrics) summary["final"][k] = v;
-    summary["guard"] = {{"steps_with_exclusions", guard_totals_.steps.size()},
-                        {"samples_excluded", guard_totals_.samples},
-                        {"quarantined_ranks", guard_totals_.quarantined}};
-    if (multi()) {
-      summary["ranks"] = world_.size();
-      summary["strategy"] = plan::to_string(plan_.strategy);
-      summary["planned_step_s"] = planned_step_s_;
-      summary["predicted_step_s"] = plan_.predicted.step_seconds;
-      summary["shares"] = plan_.layout.samples;
-      std::vector<int64_t> rank_shares;  // the final plan's, per rank (0: idle)
-      for (const plan::RankPlan& rp : plan_.ranks)
-        rank_shares.push_back(rp.replica >= 0 ? plan_.layout.samples[static_cast<size_t>(rp.replica)] : 0);
-      summary["rank_shares"] = rank_shares;
-      summary["shared_weights"] = executor_->shares_weights();  // rank 0's stage
-      // Over windows of 10 steps: under a CPU quota one step runs in a burst and the next
-      // waits out the period, so single steps scatter in two groups and their median (7.0
-      // ms for the MLP's 0.8 rank) missed its mean (6.4 ms).
-      summary["measured_step_s"] = median_window_mean(step_walls, 10);
-      if (executor_->deadline()) {
-        summary["sync_policy"] = "deadline";
-        summary["deadline"] = json::parse(deadline_log_.summary());
-      }
-      if (local_) {
-        summary["sync_policy"] = "local";
-        summary["groups"] = plan_.local->groups;
-        summary["inner_steps"] = local_->inner_steps();
-        summary["group_steps"] = plan_.local->group_steps;
-        summary["outer_steps"] = local_->outer_steps();
-      }
-    }
-    write_file_atomically(dir_->file("summary.json"), summary.dump(2) + "\n", "summary");
-  }
-
-  // Rank 0 evaluates the whole model in batches of train.eval_batch_size, which under a
-  // memory cap can need far more than a training step (at 1000 samples the CNN's first
-  // convolution's output alone is 100 MB). So before the first step it measures no-grad
-  // forwards of 4 and 8 samples (activation memory grows linearly with the batch) and
-  // refuses a cap that the evaluation would exceed, with the largest batch that fits,
-  // instead of failing at the first evaluation. The forward is 10% short of the whole
-  // evaluation's peak at most, which adds its data batch and the loss (the CNN at 1000
-  // samples: 272 MiB predicted from the forwards; 240 MiB of cap ran out, 250 held).
-  void check_evaluation_fits() {
-    constexpr double kMargin = 1.1;
-    Backend& device = model_.named_parameters().front().second.backend();
-    Allocator& memory = device.allocator();
-    if (memory.cap() == 0) return;
-    int64_t batch = cfg_.train.eval_batch_size;
-    if (cfg_.train.eval_max_samples > 0) batch = std::min(batch, cfg_.train.eval_max_samples);
-    const nn::Block& first = model_.block(0);
-    auto forward_bytes = [&](int64_t n) {
-      Shape shape = first.sample_input_shape();
-      shape.insert(shape.begin(), n);
-      const size_t before = memory.live_bytes();
-      memory.reset_peak();
-      NoGradGuard no_grad;
-      Tensor h = first.input_dtype() == DType::i32
-                     ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape, device)
-                     : Tensor::zeros(shape, device);
-      for (size_t b = 0; b < model_.size(); ++b) h = model_.block(b).forward(h);
-      return static_cast<double>(memory.peak_bytes() - before);
-    };
-    model_.set_training(false);
-    double at4 = 0, per_sample = 0;
-    try {
-      at4 = forward_bytes(4);
-      per_sample = (forward_bytes(8) - at4) / 4;
-    } catch (const OutOfMemory& e) {
-      fail("rank 0 cannot evaluate the whole model in batches of even 8 samples under its cap (", e.what(),
-           "); give rank 0 more memory");
-    }
-    model_.set_training(true);
-    const double in_use = static_cast<double>(memory.live_bytes()), cap = static_cast<double>(memory.cap());
-    const double need = kMargin * (in_use + at4 + per_sample * static_cast<double>(batch - 4));
-    if (need <= cap) return;
-    const double fits = per_sample > 0 ? std::floor((cap / kMargin - in_use - at4) / per_sample) + 4 : 0;
-    fail("rank 0 would run out of memory evaluating the whole model in batches of ", batch, ": about ",
-         format_bytes(need), " with the ", format_bytes(in_use),
-         " it holds for training, under its cap of ", format_bytes(cap), "; ",
-         fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(static_cast<int64_t>(fits))
-                   : std::string("even one sample does not fit: give rank 0 more memory"));
-  }
-
-  // Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
-  // nothing.
-  std::optional<EvalResult> evaluate() {
-    if (local_) local_->flush();  // every rank then holds the outer weights
-    else if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
-    if (!root_) return std::nullopt;
-    model_.set_training(false);
-    EvalResult r;
-    try {
-      NoGradGuard no_grad;
-      r = task_->evaluate(model_);
-    } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
-      fail("rank 0 ran out of memory evaluating the whole model in batches of ", cfg_.train.eval_batch_size,
-           " (", e.what(), "); lower train.eval_batch_size");
-    }
-    model_.set_training(true);
-    return r;
-  }
-
-  std::map<std::string, std::string> metadata(int64_t step) {
-    std::map<std::string, std::string> m = {
-        {"hetrain.version", HETRAIN_VERSION},
-        {"config", cfg_.name},
-        {"model", cfg_.model.type},
-        {"step", std::to_string(step)},
-        {"total_steps", std::to_string(total_steps_)},
-        {"seed", std::to_string(cfg_.train.seed)},
-        // The data stream is a pure function of (seed, position): this is its state.
-        {"sample_position", std::to_string(stream_base_ + step * cfg_.train.batch_size)},
-        // What a reader outside hetrain needs to rebuild the model and feed it as training did.
-        {"model_config", json::parse(config::to_json(cfg_))["model"].dump()}};
-    if (cfg_.data.dataset == "fashion_mnist") {
-      // As the float was written (0.286), not its double expansion (0.28600001335144043).
-      auto shortest = [](float f) {
-        char b[32];
-        return std::strtod(std::string(b, std::to_chars(b, b + sizeof b, f).ptr).c_str(), nullptr);
-      };
-      m["input_normalization"] = json{{"input", "pixel / 255"},
-                                      {"mean", shortest(data::kFashionMnistMean)},
-                                      {"std", shortest(data::kFashionMnistStd)},
-                                      {"normalized", "(input - mean) / std"}}.dump();
-    }
-    // Dropout streams live with each stage's blocks: replica 0's ranks report theirs.
-    json mine = json::object();
-    mine["loss_finite"] = std::isfinite(last_loss_sum_);  // checked before any checkpoint is written
-    if (executor_->replica() == 0)
-      for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
-        mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
-    // Under deadline the replicas are identical (rank 0 is replica 0) and no exchange may
-    // wait for a stalled rank: rank 0's own streams are the checkpoint's.
-    const std::vector<std::string> all = executor_->deadline() ? std::vector<std::string>{mine.dump()}
-                                         : world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams");
-    for (size_t r = 0; r < all.size(); ++r) {
-      const json offsets = json::parse(all[r]);
-      HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
-               "'s loss in that step is not finite, so the model may be poisoned; the newest checkpoint in ",
-               checkpoints_.dir(), " stays the newest valid one (lower train.optimizer.lr or set train.grad_clip)");
-      for (auto it = offsets.begin(); it != offsets.end(); ++it)
-        if (it.key() == "loss_finite") continue;
-        else if (const auto off = it.value().get<uint64_t>())
-          m["random_offset.block." + it.key()] = std::to_string(off);
-    }
-    return m;
-  }
-
-  std::string resume_hint() const { return opts_.resume_hint.empty() ? "" : "; " + opts_.resume_hint; }
-
-  // Collective: rank 0 writes one whole-model checkpoint, whatever the world size.
-  void save(int64_t step, report::Progress& progress) {
-    Allocator::HostStaging staging;
-    std::vector<nn::NamedTensor> state =
-        local_ ? local_inner_state()
-        : multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
-                                 "the checkpoint gather of step " + std::to_string(step))
-                : executor_->optimizer()->state();
-    std::map<std::string, std::string> meta = metadata(step);
-    if (local_) {
-      meta["sync_policy"] = "local";
-      meta["outer_steps"] = std::to_string(local_->outer_steps());
-    }
-    if (!root_) return;
-    std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
-    for (auto& nt : prefixed("optim.", state)) tensors.push_back(nt);
-    if (local_)
-      for (auto& nt : local_->outer_state()) tensors.push_back(nt);
-    std::string path = checkpoints_.save(step, tensors, meta);
-    progress.note("checkpoint " + path);
-  }
-
-  // Every rank loads its stage from the newest valid checkpoint; returns its step.
-  int64_t restore(report::Progress& progress) {
-    std::vector<std::string> skipped;
-    std::optional<Checkpoint> loaded;
-    {
-      Allocator::HostStaging staging;
-      loaded = checkpoints_.load_newest_valid(skipped);
-    }
-    for (const std::string& s : skipped) progress.note("warning: " + s);
-    if (!loaded) {
-      progress.note("no checkpoint in " + checkpoints_.dir() + " to resume from; starting at step 0");
-      return 0;
-    }
-    const auto& meta = loaded->metadata;
-    auto get = [&](const std::string& key) { return metadata_text(*loaded, key); };
-    auto get_int = [&](const std::string& key) { return metadata_int(*loaded, key); };
-    HT_CHECK(get("model") == cfg_.model.type, "checkpoint ", loaded->path, " holds a ",
-             get("model"), " model but the config builds a ", cfg_.model.type, " model");
-    HT_CHECK(get("seed") == std::to_string(cfg_.train.seed), "checkpoint ", loaded->path,
-             " was trained with seed ", get("seed"), " but this run's train.seed is ",
-             cfg_.train.seed, "; resuming with another seed would not continue the same run");
-    std::vector<nn::NamedTensor> weights = model_.named_parameters();
-    if (executor_->borrows_weights()) {  // the hub loads those it shares; they are checked here all the same
-      Allocator::HostStaging staging;
-      for (auto& [name, t] : weights)
-        for (const auto& [shared, p] : executor_->parameters())
-          if (name == shared) t = Tensor::empty(t.shape(), t.dtype());
-    }
-    load_into(prefixed("model.", weights), *loaded, "model.");
-    load_stage(*loaded, *executor_);
-    if (local_) {  // the checkpoint's model is the outer weights
-      local_->reset_to_weights();
-      local_->load_outer_state(*loaded);
-    }
-    for (size_t i = 0; i < model_.size(); ++i) {
-      std::string key = "random_offset.block." + std::to_string(i);
-      model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
-    }
-    int64_t step = get_int("step");
-    // Continue the data stream where it stopped, even if train.batch_size changed.
-    stream_base_ = get_int("sample_position") - step * cfg_.train.batch_size;
-    HT_CHECK(step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step,
-             ", past the configured ", total_steps_, " steps; expected at most ", total_steps_,
-             " (raise train.steps to train further)");
-    progress.note("resuming " + cfg_.name + " from " + loaded->path + " at step " +
-                  std::to_string(step) + " of " + std::to_string(total_steps_));
-    return step;
-  }
-
-  config::Config cfg_;
-  TrainOptions opts_;
-  comm::Communicator& world_;
-  bool root_;
-  std::unique_ptr<Task> task_;  // loads the data first: a missing dataset creates no run dir
-  std::optional<RunDir> dir_;   // rank 0's
-  nn::Sequential model_;        // whole on every rank; each trains its stage's blocks, which
-                                // alone sit on its device (all of it on rank 0)
-  plan::Plan plan_;
-  std::unique_ptr<LocalGroup> local_group_;  // under parallel.sync local: this rank's group
-  std::unique_ptr<Executor> executor_;  // owns this rank's optimiser
-  std::unique_ptr<LocalSync> local_;    // under local: the outer weights and their exchange
-  Rebalancer rebalancer_;       // moves plan_'s shares while training
-  double planned_step_s_;       // the plan's prediction before any measurement
-  CheckpointDir checkpoints_;
-  // Finished consultations, by their log step, kept until every rank has taken the
-  // answer (see Consultation): without local until the next log step; under local until
-  // an outer step proves every rank past the round end where they were finished.
-  std::deque<std::pair<int64_t, std::unique_ptr<comm::Consultation>>> answered_logs_;
-  int64_t total_steps_ = 0;
-  int64_t stream_base_ = 0;  // stream position of step 0's first sample
-  optim::LrSchedule schedule_;
-  FaultInjector faults_;  // --inject's, for this rank
-  DeadlineLog deadline_log_;  // under parallel.sync deadline
-  double last_loss_sum_ = 0;  // this rank's, of the last step
-  report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines
-  struct {
-    std::set<int64_t> steps;  // with a contribution left out
-    int64_t samples = 0;      // left out, summed over steps (stage 0's count)
-    std::set<int> quarantined;
-  } guard_totals_;
-};
-
 }  // namespace
+
+bool interrupt_requested() { return g_interrupted; }
+
+Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan> plan)
+    : cfg_(std::move(cfg)),
+      opts_(opts),
+      world_(comm::world()),
+      root_(world_.rank() == 0),
+      task_(make_task(cfg_)),
+      dir_(root_ ? std::optional<RunDir>(RunDir::open(cfg_.run.dir, opts.resume)) : std::nullopt),
+      model_(build_in_host_staging(*task_, cfg_.train.seed)),
+      plan_(plan ? std::move(*plan)
+                 : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
+                                       static_cast<int>(cfg_.train.micro_batches))),
+      local_group_(plan_.local ? LocalGroup::make(plan_, world_, peer_timeout()) : nullptr),
+      executor_(std::make_unique<Executor>(local_group_ ? local_group_->plan : plan_, model_, *task_,
+                                           local_group_ ? *local_group_->comm : world_, cfg_.train, peer_timeout())),
+      // Under deadline the steps never wait for every rank, so nothing rebalances them.
+      rebalancer_(plan_.sync_policy == plan::SyncPolicy::deadline ? RebalanceFn{} : opts.rebalance, cfg_.parallel.rebalance_every,
+                  world_, peer_timeout()),
+      planned_step_s_(plan_.predicted.step_seconds),
+      checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
+      faults_(opts.faults, world_.rank()) {
+  if (!faults_.empty()) executor_->inject(&faults_);
+  // Under local the outer step moves a group's weights by a whole round's progress at
+  // once, so the next inner gradients' norms are no outliers of the group's own recent
+  // ones: the guard keeps its non-finite check there and leaves out the norm check
+  // (the MLP at quotas 0.8/0.4/0.2/0.2 had rank 0's updates skipped as outliers after
+  // outer steps).
+  config::GuardConfig guard = cfg_.guard;
+  if (local_group_) guard.norm_ratio = 0;
+  executor_->set_guard(guard);
+  // Rank 0 evaluates and checkpoints the whole model, so all of it goes onto its device;
+  // the others hold only their stage there (the executor moved it), the rest of the
+  // model staying in host memory.
+  if (root_)
+    for (const auto& [name, p] : model_.named_parameters()) p.rehome(false);
+  // An idle rank keeps the whole model's outer weights all the same (rank 0 may be idle).
+  if (local_group_)
+    local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),
+                                         world_, cfg_.parallel);
+  total_steps_ = resolve_steps(cfg_.train, task_->train_size());
+  const auto& s = cfg_.train.schedule;
+  schedule_ = {s.type, cfg_.train.optimizer.lr, s.warmup_steps, s.min_lr, total_steps_};
+}
+
+TrainSummary Run::run() {
+  report::Progress progress(report::Progress::detect(opts_.quiet || !root_, opts_.terminal), total_steps_,
+                            cfg_.train.log_every);
+  progress_ = &progress;
+  const int64_t start = opts_.resume ? restore(progress) : 0;
+  if (opts_.resume) executor_->weights_loaded();
+  if (plan_.sync_policy == plan::SyncPolicy::deadline) start_deadline(start, progress);
+  if (root_) check_evaluation_fits();
+  std::optional<report::MetricsLog> metrics;
+  if (root_) open_run_files(start, metrics);
+  announce(start, progress);
+
+  InterruptScope interrupt_scope;
+  Loop loop(progress, metrics, start, std::min(start + 5, total_steps_ - 1));
+  for (; loop.step < total_steps_; ++loop.step) {
+    const float lr = schedule_.at(loop.step);
+    const bool trace = !opts_.timeline.empty() && loop.step == loop.traced;
+    faults_.begin_step(loop.step + 1);
+    const int64_t asked = loop.step;
+    StepResult r = take_step(loop, lr, trace);  // may move loop.step on (a deadline catch-up)
+    if (trace) write_timeline(r);
+    rebalancer_.record(r);
+    add_to_window(loop, r);
+    const int64_t done = loop.step + 1;
+    if (!multi()) loop.last_loss = check_loss(r.loss_sum, 1, done);
+    const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
+    bool stop_all = finish_due_logs(loop, done, stop_after);
+    apply_rebalance(loop);
+    // No step follows to wait through: the exchange ends here.
+    const bool final_step = done == total_steps_ || stop_after || stop_all;
+    stop_all = log_step(loop, asked, done, lr, final_step) || stop_all;
+    if (!stop_all && !stop_after) rebalancer_.start_check(done, total_steps_);
+    show_progress(loop, done, lr);
+    const bool last = done == total_steps_;
+    if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 && !last) evaluate_at(loop, done);
+    // One process stops at once; many agree on the step after a log step (every rank saw
+    // the flag in rank 0's answer).
+    // Under deadline no exchange carries the flag: each rank stops at its own step.
+    const bool interrupted = multi() && !executor_->deadline() ? stop_all : static_cast<bool>(g_interrupted);
+    const bool stop = interrupted || stop_after;
+    if (stop && !last && executor_->deadline()) finish_deadline(loop);
+    // A catch-up may have moved past a checkpoint step: the step applied saves it instead.
+    if ((cfg_.checkpoint.every > 0 && done / cfg_.checkpoint.every > asked / cfg_.checkpoint.every) || last || stop)
+      save(done, progress);
+    if (stop && !last) return stopped(loop, done, interrupted);
+  }
+  return finish(loop);
+}
+
+// Rank 0's: the resolved config, the plan and the metrics log, in the run directory.
+void Run::open_run_files(int64_t start, std::optional<report::MetricsLog>& metrics) {
+  write_file_atomically(dir_->file("config.json"), config::to_json(cfg_) + "\n", "resolved config");
+  if (!opts_.plan_json.empty()) write_file_atomically(dir_->file("plan.json"), opts_.plan_json, "plan");
+  metrics.emplace(dir_->file("metrics.jsonl"));
+  if (opts_.resume) metrics->write(json{{"type", "resume"}, {"step", start}}.dump());
+}
+
+void Run::announce(int64_t start, report::Progress& progress) {
+  if (start == 0)
+    progress.note("training " + cfg_.name + ": " + std::to_string(total_steps_) + " steps of " +
+                  std::to_string(cfg_.train.batch_size) + " samples, " +
+                  std::to_string(model_.param_count()) + " parameters" +
+                  (multi() ? ", " + std::to_string(world_.size()) + " ranks (" + plan::to_string(plan_.strategy) + ")" : "") +
+                  ", run directory " + cfg_.run.dir);
+  for (const Fault& f : opts_.faults) progress.note("testing aid: injecting " + f.spec);
+  if (executor_->shares_weights())
+    progress.note("weights: the replicas compute with the hub's, in shared memory; only word of an update travels");
+  else if (!executor_->why_weights_apart().empty())
+    progress.note("weights: sent from the hub to the replicas each step (not shared: " +
+                  executor_->why_weights_apart() + ")");
+}
+
+// This rank's part of job step loop.step. Under deadline the step applied may be a later
+// one (after a catch-up): loop.step moves on to it.
+StepResult Run::take_step(Loop& loop, float lr, bool trace) {
+  StepResult r = local_group_ ? local_step(loop.step, lr, trace)
+                              : executor_->step(stream_base_ + loop.step * cfg_.train.batch_size, lr, trace);
+  if (r.deadline) loop.step = take_deadline(r, loop);
+  if (local_) {  // the outer exchange's time is communication of this step
+    const double outer_s = local_->after_step(loop.step + 1);
+    r.comm_s += outer_s;
+    r.wall_s += outer_s;
+  }
+  return r;
+}
+
+void Run::add_to_window(Loop& loop, const StepResult& r) {
+  loop.window.loss_sum += r.loss_sum;
+  last_loss_sum_ = r.loss_sum;
+  for (const GuardEvent& e : r.guard_events) loop.window.guard.emplace_back(loop.step + 1, e);
+  loop.window.compute_s += r.compute_s;
+  loop.window.comm_s += r.comm_s;
+  loop.window.wall_s += r.wall_s;
+  loop.step_walls.push_back(r.wall_s);
+  ++loop.window_steps;
+}
+
+// The rebalancer's answer to the check of a step before, which applies from the next step.
+void Run::apply_rebalance(Loop& loop) {
+  auto o = rebalancer_.finish_check(plan_);
+  if (!o) return;
+  if (o->relayout)
+    executor_ = relayout(std::move(executor_), *o->replaced, plan_, model_, *task_, world_, cfg_.train, peer_timeout());
+  else if (o->changed) executor_->reshare();
+  if (o->relayout && !faults_.empty()) executor_->inject(&faults_);
+  if (o->relayout) executor_->set_guard(cfg_.guard);
+  if (o->changed) loop.step_walls.clear();  // the measured step is the current shares'
+  if (root_) {
+    loop.metrics->write(o->record(rebalancer_.check_step()));
+    if (o->changed) loop.progress.note(o->line(rebalancer_.check_step()));
+  }
+}
+
+void Run::show_progress(const Loop& loop, int64_t done, float lr) {
+  const double elapsed = seconds_since(loop.t0);
+  const double rate = static_cast<double>((done - loop.start) * cfg_.train.batch_size) / elapsed;
+  const double eta = static_cast<double>(total_steps_ - done) * elapsed / static_cast<double>(done - loop.start);
+  loop.progress.step(done, static_cast<float>(loop.last_loss), lr, rate, eta);
+}
+
+// Collective: an evaluation between steps, recorded by rank 0.
+void Run::evaluate_at(Loop& loop, int64_t done) {
+  std::optional<EvalResult> r = evaluate();
+  if (!root_) return;
+  loop.metrics->write(eval_record(done, *r));
+  loop.progress.note("step " + std::to_string(done) + ": " + r->line);
+}
+
+// After the checkpoint of a stop before the last step: Ctrl-C fails as Interrupted, a
+// stop_after ends the run.
+TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
+  loop.progress.finish();
+  if (interrupted)
+    fail_as<Interrupted>("interrupted at step ", done, " of ", total_steps_, "; a checkpoint was saved",
+                         resume_hint());
+  loop.progress.note("stopped after " + std::to_string(done - loop.start) + " steps at step " +
+                     std::to_string(done) + resume_hint());
+  return {done, seconds_since(loop.t0), cfg_.run.dir};
+}
+
+// Collective, after the last step: the final evaluation and rank 0's summary.
+TrainSummary Run::finish(Loop& loop) {
+  if (executor_->deadline()) finish_deadline(loop);
+  loop.progress.finish();
+  std::optional<EvalResult> final_eval = evaluate();
+  const double wall = seconds_since(loop.t0);
+  if (root_) {
+    loop.metrics->write(eval_record(total_steps_, *final_eval));
+    loop.progress.note("final (step " + std::to_string(total_steps_) + "): " + final_eval->line);
+    write_summary(loop.start, wall, loop.step_walls, *final_eval);
+  }
+  return {total_steps_, wall, cfg_.run.dir};
+}
+
+// Under local, job step `step`: this rank's group takes the inner steps of its round
+// that fall in this step (plan::local_batches: one global batch of the stream or none;
+// over a round the groups' batches are disjoint and cover it).
+StepResult Run::local_step(int64_t step, float lr, bool trace) {
+  const LocalGroup& g = *local_group_;
+  if (g.group < 0) return executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);  // idle
+  const auto t0 = Clock::now();
+  StepResult r;
+  for (int64_t batch : plan::local_batches(plan_, g.group, step))
+    r = executor_->step(stream_base_ + batch * cfg_.train.batch_size, lr, trace);
+  r.wall_s = seconds_since(t0);
+  return r;
+}
+
+// Under local, collective: the outer weights in the model, and the inner optimiser
+// state of rank 0's group (every group's starts from it on resume).
+std::vector<nn::NamedTensor> Run::local_inner_state() {
+  local_->flush();
+  return executor_->active() ? executor_->optimizer()->state() : std::vector<nn::NamedTensor>{};
+}
+
+// Under local: whether every rank meets after job step `done` (an evaluation, a
+// checkpoint, the last step: each flushes, collectively).
+bool Run::local_meets(int64_t done) const {
+  return (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) ||
+         (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || done == total_steps_;
+}
+
+// parallel.sync deadline: the stage's reduction closes at its budget (runtime/deadline_sync.h).
+void Run::start_deadline(int64_t start, report::Progress& progress) {
+  executor_->use_deadline(cfg_.parallel, start, [this](int64_t s) { return schedule_.at(s); });
+  if (executor_->deadline())
+    progress.note("parallel.sync deadline: a step closes at " + std::to_string(1 + cfg_.parallel.deadline_slack) +
+                  " x the step's measured median (the plan's " + std::to_string(plan_.predicted.step_seconds) +
+                  " s at first); late contributions are " +
+                  (cfg_.parallel.max_staleness > 0
+                       ? "applied up to " + std::to_string(cfg_.parallel.max_staleness) + " steps late"
+                       : std::string("dropped")));
+  else if (plan_.stage_ranges.size() > 1 && plan_.layout.replicas.size() == 1)
+    progress.note("parallel.sync deadline on a pure pipeline: a stalled stage has no stand-in, so the job waits "
+                  "for it, up to parallel.peer_timeout_s = " + std::to_string(cfg_.parallel.peer_timeout_s) + " s");
+}
+// The step a deadline step applied (after a catch-up, a later one than asked): its
+// records, and those of the steps caught up past, go to rank 0's metrics.
+int64_t Run::take_deadline(StepResult& r, Loop& loop) {
+  const DeadlineStep& d = *r.deadline;
+  if (d.caught_up) {
+    deadline_log_.caught_up();
+    loop.progress.note("caught up: this rank was left out and took the current weights at step " +
+                  std::to_string(d.ended ? total_steps_ : d.record.step));
+  }
+  std::vector<comm::StepRecord> records = d.missed;
+  if (!d.ended) records.push_back(d.record);
+  for (const comm::StepRecord& rec : records) write_deadline_record(rec, loop.metrics, loop.progress);
+  r.loss_sum = deadline_log_.last_loss_sum();
+  return d.ended ? total_steps_ - 1 : d.record.step;
+}
+
+void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,
+                                report::Progress& progress) {
+  if (const std::string line = deadline_log_.short_line(rec); !line.empty()) progress.note(line);
+  const std::string record = deadline_log_.add(rec);
+  if (metrics && !record.empty()) metrics->write(record);
+}
+
+// Every member ends on one chain (a rank behind catches up), then the replicas are
+// checked bit-identical.
+void Run::finish_deadline(Loop& loop) {
+  for (const comm::StepRecord& rec : executor_->finish_deadline())
+    write_deadline_record(rec, loop.metrics, loop.progress);
+  const std::vector<std::string> checksums =
+      world_.allgather(executor_->parameter_checksum(), peer_timeout(), "the replicas' checksums after the last step");
+  check_replicas_identical(plan_, checksums, executor_->deadline_step());
+}
+
+// What the ranks sent toward rank 0 after the step before: answered while this one ran
+// (see Communicator::consult). A change applies from the next step. Under local the
+// groups are apart within a round (a group with one inner step a round takes it at the
+// round's start), so waiting there for every rank's log would hold the others back: at a
+// round's end the logs of the round before are finished (every rank is past them, as with
+// the outer exchange), and all of them where every rank meets anyway (an evaluation or
+// checkpoint, the job's end). True when some rank was interrupted.
+bool Run::finish_due_logs(Loop& loop, int64_t done, bool stop_after) {
+  if (!local_ || local_meets(done) || stop_after) return finish_logs(loop, done, done);
+  if (done % local_->inner_steps() == 0) return finish_logs(loop, done - local_->inner_steps(), done);
+  return false;
+}
+
+// After job step `done` (the loop asked for `asked`): under deadline rank 0 records the
+// window's loss with no exchange; otherwise a log step sends this rank's window on its way
+// to rank 0, finished at once with one process or when no step follows. True when a
+// finished log says some rank was interrupted.
+bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final_step) {
+  if (executor_->deadline() && (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_)) {
+    loop.last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
+    if (loop.metrics)
+      loop.metrics->write(json{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", loop.last_loss},
+                               {"sync_policy", "deadline"}, {"wall_s", seconds_since(loop.t0)}}.dump());
+    return false;
+  }
+  if (done % cfg_.train.log_every != 0 && done != total_steps_) return false;
+  loop.window.interrupted = interrupt_requested();
+  if (multi() && !local_) loop.window.checksum = executor_->parameter_checksum();
+  // Under local a CRC of the whole model costs a throttled rank a good part of a
+  // round: the outer weights are compared where the ranks meet and every tenth log step.
+  if (local_ && (local_meets(done) || final_step || done % (10 * cfg_.train.log_every) == 0))
+    loop.window.checksum = local_->outer_checksum();
+  if (!local_) answered_logs_.clear();  // taken a log step ago
+  loop.pending_logs.push_back(PendingLog{world_.consult(loop.window.to_text()), done, loop.window_steps, lr,
+                                         seconds_since(loop.t0), local_ ? local_->outer_steps() : 0});
+  loop.window = Window{};
+  loop.window_steps = 0;
+  if (!multi() || final_step) return finish_logs(loop, done, done);
+  return false;
+}
+
+// `outer_steps`: those taken by the record's step.
+std::string Run::with_sync_policy(const std::string& record, int64_t outer_steps) const {
+  if (!local_) return record;
+  json r = json::parse(record);
+  r["sync_policy"] = "local";
+  r["outer_steps"] = outer_steps;
+  return r.dump();
+}
+
+// After job step `done`: finish_log of each pending log of a step up to `upto`, oldest
+// first; true when some rank was interrupted.
+bool Run::finish_logs(Loop& loop, int64_t upto, int64_t done) {
+  if (local_) {
+    // The outer step at the last round end finished the exchange every rank started at
+    // the round end before, so every rank is past that one. A log of step d is finished
+    // at the first round end from d + H on (or at a meeting before it).
+    const int64_t h = local_->inner_steps(), passed = (done / h - 1) * h;
+    while (!answered_logs_.empty() && (answered_logs_.front().first + 2 * h - 1) / h * h <= passed)
+      answered_logs_.pop_front();
+  }
+  bool interrupted = false;
+  std::deque<PendingLog>& logs = loop.pending_logs;
+  for (; !logs.empty() && logs.front().done <= upto; logs.pop_front())
+    interrupted = finish_log(loop, logs.front()) || interrupted;
+  return interrupted;
+}
+
+// Rank 0 sends every rank's window back to all; each rank checks that the replicas are
+// identical and the loss finite, so that all fail alike, and rank 0 writes the record.
+// True when some rank was interrupted. The consultation moves to `answered_logs_`.
+bool Run::finish_log(Loop& loop, PendingLog& p) {
+  const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); },
+                                            peer_timeout(), "the log step " + std::to_string(p.done) + " consultation");
+  answered_logs_.emplace_back(p.done, std::move(p.consult));
+  std::vector<Window> ranks;
+  std::vector<std::string> checksums;
+  for (const std::string& t : json::parse(all).get<std::vector<std::string>>()) {
+    ranks.push_back(Window::from_text(t));
+    checksums.push_back(ranks.back().checksum);
+  }
+  if (local_) check_outer_identical(checksums, p.done);
+  else if (multi()) check_replicas_identical(plan_, checksums, p.done);
+  double loss_sum = 0;
+  bool interrupted = false;
+  for (const Window& w : ranks) {
+    loss_sum += w.loss_sum;
+    interrupted = interrupted || w.interrupted;
+  }
+  for (const Window& w : ranks)
+    for (const auto& [step, e] : w.guard) report_guard(step, e, loop.metrics);
+  loop.last_loss = check_loss(loss_sum, p.steps, p.done);
+  if (loop.metrics)
+    loop.metrics->write(with_sync_policy(
+        train_record(p.done, p.lr, loop.last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s), p.outer_steps));
+  return interrupted;
+}
+
+// One line and one metrics record per contribution left out or rank quarantined
+// (rank 0, as the log step brings them), counted for the summary.
+void Run::report_guard(int64_t step, const GuardEvent& e, std::optional<report::MetricsLog>& metrics) {
+  json record = {{"type", "guard"}, {"step", step}, {"rank", e.rank}, {"stage", e.stage}};
+  std::string line = "step " + std::to_string(step) + ": rank " + std::to_string(e.rank) +
+                     (plan_.stage_ranges.size() > 1 ? " (stage " + std::to_string(e.stage) + ")" : "");
+  if (e.quarantine_steps > 0) {
+    record["quarantined_steps"] = e.quarantine_steps;
+    guard_totals_.quarantined.insert(e.rank);
+    line += " quarantined for " + std::to_string(e.quarantine_steps) + " steps: left out " +
+            std::to_string(cfg_.guard.quarantine_after) + " times within " + std::to_string(cfg_.guard.window) +
+            " steps (guard.quarantine_after, guard.window); its contributions are left out until then";
+  } else {
+    record["reason"] = verdict_name(e.verdict);
+    record["samples_left_out"] = e.samples;
+    guard_totals_.steps.insert(step);
+    guard_totals_.samples += e.stage == 0 ? e.samples : 0;
+    line += " left out of the step (" + std::string(verdict_name(e.verdict)) + ", " + std::to_string(e.samples) +
+            " samples); " +
+            (e.samples == cfg_.train.batch_size ? "no sample kept: the update is skipped"
+                                                 : "the gradient is the mean over the samples kept");
+  }
+  if (metrics) metrics->write(record.dump());
+  // A quarantined rank's every step would repeat the quarantine's line: the record says it.
+  const bool repeat = e.verdict == Verdict::quarantined && e.quarantine_steps == 0;
+  if (progress_ && !repeat) progress_->note(line);
+}
+
+// The mean loss of `steps` steps from the summed loss of their samples.
+double Run::check_loss(double loss_sum, int64_t steps, int64_t done) const {
+  const double mean = loss_sum / static_cast<double>(steps * cfg_.train.batch_size *
+                                                     task_->predictions_per_sample());
+  HT_CHECK(std::isfinite(mean), "training diverged by step ", done, ": the loss is ", mean,
+           "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
+  return mean;
+}
+
+// Rank 0 evaluates the whole model in batches of train.eval_batch_size, which under a
+// memory cap can need far more than a training step (at 1000 samples the CNN's first
+// convolution's output alone is 100 MB). So before the first step it measures no-grad
+// forwards of 4 and 8 samples (activation memory grows linearly with the batch) and
+// refuses a cap that the evaluation would exceed, with the largest batch that fits,
+// instead of failing at the first evaluation. The forward is 10% short of the whole
+// evaluation's peak at most, which adds its data batch and the loss (the CNN at 1000
+// samples: 272 MiB predicted from the forwards; 240 MiB of cap ran out, 250 held).
+void Run::check_evaluation_fits() {
+  constexpr double kMargin = 1.1;
+  Backend& device = model_.named_parameters().front().second.backend();
+  Allocator& memory = device.allocator();
+  if (memory.cap() == 0) return;
+  int64_t batch = cfg_.train.eval_batch_size;
+  if (cfg_.train.eval_max_samples > 0) batch = std::min(batch, cfg_.train.eval_max_samples);
+  const nn::Block& first = model_.block(0);
+  auto forward_bytes = [&](int64_t n) {
+    Shape shape = first.sample_input_shape();
+    shape.insert(shape.begin(), n);
+    const size_t before = memory.live_bytes();
+    memory.reset_peak();
+    NoGradGuard no_grad;
+    Tensor h = first.input_dtype() == DType::i32
+                   ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape, device)
+                   : Tensor::zeros(shape, device);
+    for (size_t b = 0; b < model_.size(); ++b) h = model_.block(b).forward(h);
+    return static_cast<double>(memory.peak_bytes() - before);
+  };
+  model_.set_training(false);
+  double at4 = 0, per_sample = 0;
+  try {
+    at4 = forward_bytes(4);
+    per_sample = (forward_bytes(8) - at4) / 4;
+  } catch (const OutOfMemory& e) {
+    fail("rank 0 cannot evaluate the whole model in batches of even 8 samples under its cap (", e.what(),
+         "); give rank 0 more memory");
+  }
+  model_.set_training(true);
+  const double in_use = static_cast<double>(memory.live_bytes()), cap = static_cast<double>(memory.cap());
+  const double need = kMargin * (in_use + at4 + per_sample * static_cast<double>(batch - 4));
+  if (need <= cap) return;
+  const double fits = per_sample > 0 ? std::floor((cap / kMargin - in_use - at4) / per_sample) + 4 : 0;
+  fail("rank 0 would run out of memory evaluating the whole model in batches of ", batch, ": about ",
+       format_bytes(need), " with the ", format_bytes(in_use),
+       " it holds for training, under its cap of ", format_bytes(cap), "; ",
+       fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(static_cast<int64_t>(fits))
+                 : std::string("even one sample does not fit: give rank 0 more memory"));
+}
+
+
+// Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
+// nothing.
+std::optional<EvalResult> Run::evaluate() {
+  if (local_) local_->flush();  // every rank then holds the outer weights
+  else if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
+  if (!root_) return std::nullopt;
+  model_.set_training(false);
+  EvalResult r;
+  try {
+    NoGradGuard no_grad;
+    r = task_->evaluate(model_);
+  } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
+    fail("rank 0 ran out of memory evaluating the whole model in batches of ", cfg_.train.eval_batch_size,
+         " (", e.what(), "); lower train.eval_batch_size");
+  }
+  model_.set_training(true);
+  return r;
+}
+
+// Collective. Every rank's spans of the traced step on rank 0's clock, from the step's
+// earliest start on any rank: the ranks start a step at different moments (in data
+// parallelism rank 0 first, the others when its weights reach them), which the trace
+// shows. The title gives how closely the clocks are aligned.
+void Run::write_timeline(const StepResult& step) {
+  constexpr int kClockRounds = 8;
+  const std::vector<comm::ClockOffset> clocks = comm::clock_offsets(world_, kClockRounds, peer_timeout());
+  json spans = json::array();
+  for (const report::Span& s : step.spans)
+    spans.push_back({s.name, s.category, s.start_s, s.end_s, s.micro_batch, s.stage});
+  const std::vector<std::string> all = world_.allgather(json{step.start_s, spans}.dump(), peer_timeout(), "the timeline's spans");
+  if (!root_) return;
+  std::vector<json> ranks;
+  double first = std::numeric_limits<double>::infinity(), error = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    ranks.push_back(json::parse(all[r]));
+    if (ranks[r][1].empty()) continue;  // an idle rank
+    first = std::min(first, ranks[r][0].get<double>() + clocks[r].offset_s);
+    error = std::max(error, clocks[r].error_s);
+  }
+  std::vector<report::Span> merged;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const double shift = ranks[r][0].get<double>() + clocks[r].offset_s - first;
+    for (const json& e : ranks[r][1])
+      merged.push_back({static_cast<int>(r), e[0], e[1], e[2].get<double>() + shift, e[3].get<double>() + shift,
+                        e[4], e[5]});
+  }
+  char aligned[64];
+  std::snprintf(aligned, sizeof aligned, "ranks' clocks aligned within %.1f us", error * 1e6);
+  write_file_atomically(
+      opts_.timeline,
+      report::to_chrome_trace(merged, "hetrain train " + cfg_.name + " (measured; " + aligned + ")"), "timeline");
+}
+
+
+void Run::write_summary(int64_t start, double wall, const std::vector<double>& step_walls,
+                        const EvalResult& final_eval) {
+  json summary = {{"config", cfg_.name},
+                  {"steps", total_steps_},
+                  {"samples", total_steps_ * cfg_.train.batch_size},
+                  {"steps_this_run", total_steps_ - start},
+                  {"resumed_from_step", opts_.resume ? json(start) : json(nullptr)},
+                  {"wall_s", wall},
+                  {"mean_samples_per_s",
+                   static_cast<double>((total_steps_ - start) * cfg_.train.batch_size) / wall},
+                  {"final", json::object()}};
+  for (const auto& [k, v] : final_eval.metrics) summary["final"][k] = v;
+  summary["guard"] = {{"steps_with_exclusions", guard_totals_.steps.size()},
+                      {"samples_excluded", guard_totals_.samples},
+                      {"quarantined_ranks", guard_totals_.quarantined}};
+  if (multi()) {
+    summary["ranks"] = world_.size();
+    summary["strategy"] = plan::to_string(plan_.strategy);
+    summary["planned_step_s"] = planned_step_s_;
+    summary["predicted_step_s"] = plan_.predicted.step_seconds;
+    summary["shares"] = plan_.layout.samples;
+    std::vector<int64_t> rank_shares;  // the final plan's, per rank (0: idle)
+    for (const plan::RankPlan& rp : plan_.ranks)
+      rank_shares.push_back(rp.replica >= 0 ? plan_.layout.samples[static_cast<size_t>(rp.replica)] : 0);
+    summary["rank_shares"] = rank_shares;
+    summary["shared_weights"] = executor_->shares_weights();  // rank 0's stage
+    // Over windows of 10 steps: under a CPU quota one step runs in a burst and the next
+    // waits out the period, so single steps scatter in two groups and their median (7.0
+    // ms for the MLP's 0.8 rank) missed its mean (6.4 ms).
+    summary["measured_step_s"] = median_window_mean(step_walls, 10);
+    if (executor_->deadline()) {
+      summary["sync_policy"] = "deadline";
+      summary["deadline"] = json::parse(deadline_log_.summary());
+    }
+    if (local_) {
+      summary["sync_policy"] = "local";
+      summary["groups"] = plan_.local->groups;
+      summary["inner_steps"] = local_->inner_steps();
+      summary["group_steps"] = plan_.local->group_steps;
+      summary["outer_steps"] = local_->outer_steps();
+    }
+  }
+  write_file_atomically(dir_->file("summary.json"), summary.dump(2) + "\n", "summary");
+}
+
+std::map<std::string, std::string> Run::metadata(int64_t step) {
+  std::map<std::string, std::string> m = {
+      {"hetrain.version", HETRAIN_VERSION},
+      {"config", cfg_.name},
+      {"model", cfg_.model.type},
+      {"step", std::to_string(step)},
+      {"total_steps", std::to_string(total_steps_)},
+      {"seed", std::to_string(cfg_.train.seed)},
+      // The data stream is a pure function of (seed, position): this is its state.
+      {"sample_position", std::to_string(stream_base_ + step * cfg_.train.batch_size)},
+      // What a reader outside hetrain needs to rebuild the model and feed it as training did.
+      {"model_config", json::parse(config::to_json(cfg_))["model"].dump()}};
+  if (cfg_.data.dataset == "fashion_mnist") {
+    // As the float was written (0.286), not its double expansion (0.28600001335144043).
+    auto shortest = [](float f) {
+      char b[32];
+      return std::strtod(std::string(b, std::to_chars(b, b + sizeof b, f).ptr).c_str(), nullptr);
+    };
+    m["input_normalization"] = json{{"input", "pixel / 255"},
+                                    {"mean", shortest(data::kFashionMnistMean)},
+                                    {"std", shortest(data::kFashionMnistStd)},
+                                    {"normalized", "(input - mean) / std"}}.dump();
+  }
+  // Dropout streams live with each stage's blocks: replica 0's ranks report theirs.
+  json mine = json::object();
+  mine["loss_finite"] = std::isfinite(last_loss_sum_);  // checked before any checkpoint is written
+  if (executor_->replica() == 0)
+    for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
+      mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
+  // Under deadline the replicas are identical (rank 0 is replica 0) and no exchange may
+  // wait for a stalled rank: rank 0's own streams are the checkpoint's.
+  const std::vector<std::string> all = executor_->deadline() ? std::vector<std::string>{mine.dump()}
+                                       : world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams");
+  for (size_t r = 0; r < all.size(); ++r) {
+    const json offsets = json::parse(all[r]);
+    HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
+             "'s loss in that step is not finite, so the model may be poisoned; the newest checkpoint in ",
+             checkpoints_.dir(), " stays the newest valid one (lower train.optimizer.lr or set train.grad_clip)");
+    for (auto it = offsets.begin(); it != offsets.end(); ++it)
+      if (it.key() == "loss_finite") continue;
+      else if (const auto off = it.value().get<uint64_t>())
+        m["random_offset.block." + it.key()] = std::to_string(off);
+  }
+  return m;
+}
+
+// Collective: rank 0 writes one whole-model checkpoint, whatever the world size.
+void Run::save(int64_t step, report::Progress& progress) {
+  Allocator::HostStaging staging;
+  std::vector<nn::NamedTensor> state =
+      local_ ? local_inner_state()
+      : multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
+                               "the checkpoint gather of step " + std::to_string(step))
+              : executor_->optimizer()->state();
+  std::map<std::string, std::string> meta = metadata(step);
+  if (local_) {
+    meta["sync_policy"] = "local";
+    meta["outer_steps"] = std::to_string(local_->outer_steps());
+  }
+  if (!root_) return;
+  std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
+  for (auto& nt : prefixed("optim.", state)) tensors.push_back(nt);
+  if (local_)
+    for (auto& nt : local_->outer_state()) tensors.push_back(nt);
+  std::string path = checkpoints_.save(step, tensors, meta);
+  progress.note("checkpoint " + path);
+}
+
+// Every rank loads its stage from the newest valid checkpoint; returns its step.
+int64_t Run::restore(report::Progress& progress) {
+  std::vector<std::string> skipped;
+  std::optional<Checkpoint> loaded;
+  {
+    Allocator::HostStaging staging;
+    loaded = checkpoints_.load_newest_valid(skipped);
+  }
+  for (const std::string& s : skipped) progress.note("warning: " + s);
+  if (!loaded) {
+    progress.note("no checkpoint in " + checkpoints_.dir() + " to resume from; starting at step 0");
+    return 0;
+  }
+  const auto& meta = loaded->metadata;
+  auto get = [&](const std::string& key) { return metadata_text(*loaded, key); };
+  auto get_int = [&](const std::string& key) { return metadata_int(*loaded, key); };
+  HT_CHECK(get("model") == cfg_.model.type, "checkpoint ", loaded->path, " holds a ",
+           get("model"), " model but the config builds a ", cfg_.model.type, " model");
+  HT_CHECK(get("seed") == std::to_string(cfg_.train.seed), "checkpoint ", loaded->path,
+           " was trained with seed ", get("seed"), " but this run's train.seed is ",
+           cfg_.train.seed, "; resuming with another seed would not continue the same run");
+  std::vector<nn::NamedTensor> weights = model_.named_parameters();
+  if (executor_->borrows_weights()) {  // the hub loads those it shares; they are checked here all the same
+    Allocator::HostStaging staging;
+    for (auto& [name, t] : weights)
+      for (const auto& [shared, p] : executor_->parameters())
+        if (name == shared) t = Tensor::empty(t.shape(), t.dtype());
+  }
+  load_into(prefixed("model.", weights), *loaded, "model.");
+  load_stage(*loaded, *executor_);
+  if (local_) {  // the checkpoint's model is the outer weights
+    local_->reset_to_weights();
+    local_->load_outer_state(*loaded);
+  }
+  for (size_t i = 0; i < model_.size(); ++i) {
+    std::string key = "random_offset.block." + std::to_string(i);
+    model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
+  }
+  int64_t step = get_int("step");
+  // Continue the data stream where it stopped, even if train.batch_size changed.
+  stream_base_ = get_int("sample_position") - step * cfg_.train.batch_size;
+  HT_CHECK(step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step,
+           ", past the configured ", total_steps_, " steps; expected at most ", total_steps_,
+           " (raise train.steps to train further)");
+  progress.note("resuming " + cfg_.name + " from " + loaded->path + " at step " +
+                std::to_string(step) + " of " + std::to_string(total_steps_));
+  return step;
+}
+
+}  // namespace trainer_run
 
 void apply_overrides(config::Config& cfg, const TrainOptions& opts) {
   if (opts.steps) {
@@ -796,7 +801,7 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   set_thread_count(resolve_thread_count(0, comm::world().local_size()));
   // The config's emulate section and tools/hetero-local's memory cap, as the probe saw them.
   comm::apply_emulation(cfg.emulate, comm::world());
-  Run run(std::move(cfg), opts, std::move(plan));
+  trainer_run::Run run(std::move(cfg), opts, std::move(plan));
   return run.run();
 }
 

@@ -1,0 +1,162 @@
+// The trainer's run (runtime/trainer.h): one object whose parts live in files by what each
+// owns:
+//   trainer.cpp              construction, the step loop and the dispatch of each step
+//   trainer_sync.cpp         the glue to parallel.sync local and deadline
+//   trainer_logs.cpp         the log steps' exchange with rank 0 and the guard's reports
+//   trainer_evaluation.cpp   evaluation and the check that it fits rank 0's memory
+//   trainer_checkpoints.cpp  checkpoint metadata, save and resume, evaluate_checkpoint
+//   trainer_summary.cpp      the run summary and the measured timeline
+// Internal to src/runtime: only those files include it.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "optim/lr_schedule.h"
+#include "plan/plan.h"
+#include "report/metrics_log.h"
+#include "report/progress.h"
+#include "runtime/checkpoint_dir.h"
+#include "runtime/deadline_sync.h"
+#include "runtime/executor.h"
+#include "runtime/fault_injection.h"
+#include "runtime/local_sync.h"
+#include "runtime/rebalancer.h"
+#include "runtime/run_dir.h"
+#include "runtime/run_records.h"
+#include "runtime/task.h"
+#include "runtime/trainer.h"
+
+namespace ht::runtime::trainer_run {
+
+using Clock = std::chrono::steady_clock;
+
+// Whether Ctrl-C came since the run started (trainer.cpp's handler sets it).
+bool interrupt_requested();
+
+class Run {
+ public:
+  Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan> plan);
+  TrainSummary run();
+
+ private:
+  // A log step's windows on their way to rank 0 (Communicator::consult).
+  struct PendingLog {
+    std::unique_ptr<comm::Consultation> consult;
+    int64_t done = 0, steps = 0;
+    float lr = 0;
+    double elapsed_s = 0;  // at the log step
+    int64_t outer_steps = 0;  // under local, at the log step (its record may be written later)
+  };
+
+  // run()'s state over the steps. Destroyed in reverse order, the pending consultations
+  // first: on rank 0 destroying one waits for the others to take its answer.
+  struct Loop {
+    Loop(report::Progress& progress, std::optional<report::MetricsLog>& metrics, int64_t start, int64_t traced)
+        : progress(progress), metrics(metrics), start(start), step(start), traced(traced) {}
+    report::Progress& progress;
+    std::optional<report::MetricsLog>& metrics;  // rank 0's
+    const int64_t start;                         // the first step of this invocation
+    Clock::time_point t0 = Clock::now();
+    Window window;  // this rank's, since the last log step
+    int64_t window_steps = 0;
+    int64_t step;                     // the step being taken (0-based)
+    double last_loss = std::nan("");  // many ranks know it only at log steps
+    std::vector<double> step_walls;   // since the shares last changed
+    std::deque<PendingLog> pending_logs;
+    const int64_t traced;  // the step whose timeline is written: past the warm-up
+  };
+
+  // trainer.cpp: the loop's parts, in the order it runs them.
+  void open_run_files(int64_t start, std::optional<report::MetricsLog>& metrics);
+  void announce(int64_t start, report::Progress& progress);
+  StepResult take_step(Loop& loop, float lr, bool trace);
+  void add_to_window(Loop& loop, const StepResult& r);
+  void apply_rebalance(Loop& loop);
+  void show_progress(const Loop& loop, int64_t done, float lr);
+  void evaluate_at(Loop& loop, int64_t done);
+  TrainSummary stopped(Loop& loop, int64_t done, bool interrupted);
+  TrainSummary finish(Loop& loop);
+  bool multi() const { return world_.size() > 1; }
+  // The bound on every wait on another rank: past it the job ends naming who and what.
+  comm::Timeout peer_timeout() const { return comm::Timeout(cfg_.parallel.peer_timeout_s); }
+  std::string resume_hint() const { return opts_.resume_hint.empty() ? "" : "; " + opts_.resume_hint; }
+
+  // trainer_sync.cpp: parallel.sync local and deadline.
+  StepResult local_step(int64_t step, float lr, bool trace);
+  std::vector<nn::NamedTensor> local_inner_state();
+  bool local_meets(int64_t done) const;
+  void start_deadline(int64_t start, report::Progress& progress);
+  int64_t take_deadline(StepResult& r, Loop& loop);
+  void write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,
+                             report::Progress& progress);
+  void finish_deadline(Loop& loop);
+
+  // trainer_logs.cpp: the log steps' exchange.
+  bool finish_due_logs(Loop& loop, int64_t done, bool stop_after);
+  bool log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final_step);
+  bool finish_logs(Loop& loop, int64_t upto, int64_t done);
+  bool finish_log(Loop& loop, PendingLog& p);
+  std::string with_sync_policy(const std::string& record, int64_t outer_steps) const;
+  void report_guard(int64_t step, const GuardEvent& e, std::optional<report::MetricsLog>& metrics);
+  double check_loss(double loss_sum, int64_t steps, int64_t done) const;
+
+  // trainer_evaluation.cpp
+  void check_evaluation_fits();
+  std::optional<EvalResult> evaluate();
+
+  // trainer_checkpoints.cpp
+  std::map<std::string, std::string> metadata(int64_t step);
+  void save(int64_t step, report::Progress& progress);
+  int64_t restore(report::Progress& progress);
+
+  // trainer_summary.cpp
+  void write_timeline(const StepResult& step);
+  void write_summary(int64_t start, double wall, const std::vector<double>& step_walls,
+                     const EvalResult& final_eval);
+
+  config::Config cfg_;
+  TrainOptions opts_;
+  comm::Communicator& world_;
+  bool root_;
+  std::unique_ptr<Task> task_;  // loads the data first: a missing dataset creates no run dir
+  std::optional<RunDir> dir_;   // rank 0's
+  nn::Sequential model_;        // whole on every rank; each trains its stage's blocks, which
+                                // alone sit on its device (all of it on rank 0)
+  plan::Plan plan_;
+  std::unique_ptr<LocalGroup> local_group_;  // under parallel.sync local: this rank's group
+  std::unique_ptr<Executor> executor_;  // owns this rank's optimiser
+  std::unique_ptr<LocalSync> local_;    // under local: the outer weights and their exchange
+  Rebalancer rebalancer_;       // moves plan_'s shares while training
+  double planned_step_s_;       // the plan's prediction before any measurement
+  CheckpointDir checkpoints_;
+  // Finished consultations, by their log step, kept until every rank has taken the
+  // answer (see Consultation): without local until the next log step; under local until
+  // an outer step proves every rank past the round end where they were finished.
+  std::deque<std::pair<int64_t, std::unique_ptr<comm::Consultation>>> answered_logs_;
+  int64_t total_steps_ = 0;
+  int64_t stream_base_ = 0;  // stream position of step 0's first sample
+  optim::LrSchedule schedule_;
+  FaultInjector faults_;  // --inject's, for this rank
+  DeadlineLog deadline_log_;  // under parallel.sync deadline
+  double last_loss_sum_ = 0;  // this rank's, of the last step
+  report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines
+  struct {
+    std::set<int64_t> steps;  // with a contribution left out
+    int64_t samples = 0;      // left out, summed over steps (stage 0's count)
+    std::set<int> quarantined;
+  } guard_totals_;
+};
+
+}  // namespace ht::runtime::trainer_run
