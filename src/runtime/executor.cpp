@@ -206,8 +206,9 @@ void Executor::backward(int mb) {
     auto& [in, out] = m.segments[i];
     if (last_ && i + 1 == m.segments.size()) out.backward();
     else out.backward(grad);
-    if (i + 1 == m.segments.size() && mb == last_backward_mb_ && faults_ && faults_->poison_gradient())
-      poison_gradient(block_params_[i], block_params_[i + 1]);
+    if (i + 1 == m.segments.size() && mb == last_backward_mb_ && faults_ &&
+        (faults_->poison_gradient() || faults_->gradient_scale() != 1))
+      corrupt_gradient(block_params_[i], block_params_[i + 1]);
     if (i > 0) {
       grad = in.grad();
       HT_CHECK(grad.defined(), "executor: rank ", world_.rank(), " block ", rank_plan_.block_begin + static_cast<int>(i),

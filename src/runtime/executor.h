@@ -143,7 +143,7 @@ class Executor {
   void backward(int mb);
   void reduce_grads();
   void add_to_reduce(size_t begin, size_t end);
-  void poison_gradient(size_t begin, size_t end);
+  void corrupt_gradient(size_t begin, size_t end);  // --inject nan and scale
   std::vector<Tensor> final_grads(size_t begin, size_t end);  // contiguous, held by the parameters
   void judge(std::vector<Tensor>& grads, size_t begin, size_t end);
   void settle_guard();

@@ -61,20 +61,27 @@ void Executor::weights_loaded() {
 // The last step's sums may still be on their way to slower replicas, or word of the
 // updated weights; after an error the job is ending anyway (see ~OverlappedAllreduce).
 // --inject nan: one element of the first gradient among parameters [begin, end) becomes
-// NaN, as a faulty device's arithmetic would make it, before anything checks or sends it.
-void Executor::poison_gradient(size_t begin, size_t end) {
+// NaN, as a faulty device's arithmetic would make it; --inject scale: every gradient
+// among them is multiplied by the factor (finite garbage). Both before anything checks
+// or sends them.
+void Executor::corrupt_gradient(size_t begin, size_t end) {
+  const float scale = static_cast<float>(faults_->gradient_scale());
+  bool poison = faults_->poison_gradient();
   for (size_t i = begin; i < end; ++i) {
     const Tensor& p = params_[i].second;
     Tensor g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
-    HT_CHECK(g.backend().kind() == DeviceKind::cpu, "fault injection nan: rank ", world_.rank(),
+    HT_CHECK(g.backend().kind() == DeviceKind::cpu, "fault injection: rank ", world_.rank(),
              "'s gradients are not in host memory; expected a CPU rank for this testing aid");
     if (!g.is_contiguous()) {
       g = clone(g);
       p.set_grad(g);
     }
-    g.data()[0] = std::numeric_limits<float>::quiet_NaN();
-    return;
+    float* d = g.data();
+    if (scale != 1)
+      for (int64_t k = 0; k < g.numel(); ++k) d[k] *= scale;
+    if (poison) d[0] = std::numeric_limits<float>::quiet_NaN();
+    poison = false;
   }
 }
 

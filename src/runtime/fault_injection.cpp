@@ -46,15 +46,18 @@ Fault parse_fault(const std::string& spec) {
   if (kind == "stall") f.kind = FaultKind::stall;
   else if (kind == "nan") f.kind = FaultKind::nan;
   else if (kind == "slow") f.kind = FaultKind::slow;
-  else reject(spec, "unknown kind '" + kind + "'; expected stall, nan or slow (e.g. stall:rank=1,at=10,for=5)");
+  else if (kind == "scale") f.kind = FaultKind::scale;
+  else reject(spec, "unknown kind '" + kind + "'; expected stall, nan, slow or scale (e.g. stall:rank=1,at=10,for=5)");
   const std::map<FaultKind, std::set<std::string>> allowed = {
       {FaultKind::stall, {"rank", "at", "for"}},
       {FaultKind::nan, {"rank", "at", "steps"}},
-      {FaultKind::slow, {"rank", "at", "factor"}}};
+      {FaultKind::slow, {"rank", "at", "factor"}},
+      {FaultKind::scale, {"rank", "at", "factor", "steps"}}};
   const std::map<FaultKind, std::set<std::string>> required = {
       {FaultKind::stall, {"rank", "at", "for"}},
       {FaultKind::nan, {"rank", "at"}},
-      {FaultKind::slow, {"rank", "at", "factor"}}};
+      {FaultKind::slow, {"rank", "at", "factor"}},
+      {FaultKind::scale, {"rank", "at", "factor"}}};
   std::set<std::string> seen;
   const std::string fields = colon == std::string::npos ? "" : spec.substr(colon + 1);
   size_t pos = 0;
@@ -103,6 +106,7 @@ void FaultInjector::begin_step(int64_t step) {
   stall_s_ = 0;
   factor_ = 1;
   poison_ = false;
+  scale_ = 1;
   for (const Fault& f : faults_) switch (f.kind) {
       case FaultKind::stall:
         if (step == f.at) stall_s_ += f.seconds;
@@ -112,6 +116,9 @@ void FaultInjector::begin_step(int64_t step) {
         break;
       case FaultKind::slow:
         if (step >= f.at) factor_ *= f.factor;
+        break;
+      case FaultKind::scale:
+        if (step >= f.at && step < f.at + f.steps) scale_ *= f.factor;
         break;
     }
 }

@@ -7,6 +7,8 @@
 //   stall:rank=R,at=STEP,for=SECONDS   rank R sleeps SECONDS at the start of step STEP
 //   nan:rank=R,at=STEP[,steps=N]       rank R's gradient holds a NaN in steps STEP..STEP+N-1
 //   slow:rank=R,at=STEP,factor=F       from step STEP on, rank R's compute takes F times as long
+//   scale:rank=R,at=STEP,factor=F[,steps=N]  rank R's gradient is F times what it computed in
+//                                      steps STEP..STEP+N-1: finite garbage, for the guard's norm check
 #pragma once
 
 #include <cstdint>
@@ -15,15 +17,15 @@
 
 namespace ht::runtime {
 
-enum class FaultKind { stall, nan, slow };
+enum class FaultKind { stall, nan, slow, scale };
 
 struct Fault {
   FaultKind kind = FaultKind::stall;
   int rank = 0;
   int64_t at = 1;       // the first step it acts in (1-based, as in metrics.jsonl)
   double seconds = 0;   // stall
-  int64_t steps = 1;    // nan: how many consecutive steps
-  double factor = 1;    // slow: >= 1
+  int64_t steps = 1;    // nan, scale: how many consecutive steps
+  double factor = 1;    // slow, scale: >= 1
   std::string spec;     // as given, for messages
 };
 
@@ -43,10 +45,11 @@ class FaultInjector {
   double stall_seconds() const { return stall_s_; }  // to sleep at the start of this step
   bool poison_gradient() const { return poison_; }   // a NaN into this step's gradient
   double slow_factor() const { return factor_; }     // 1: full speed
+  double gradient_scale() const { return scale_; }   // 1: the gradient as computed
 
  private:
   std::vector<Fault> faults_;  // this rank's only
-  double stall_s_ = 0, factor_ = 1;
+  double stall_s_ = 0, factor_ = 1, scale_ = 1;
   bool poison_ = false;
 };
 

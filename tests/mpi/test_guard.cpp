@@ -16,6 +16,8 @@
 // they take the reference's own.
 #include <doctest/doctest.h>
 
+#include <numeric>
+
 #include <cmath>
 #include <map>
 #include <string>
@@ -52,14 +54,14 @@ config::TrainConfig train_config() {
   return t;
 }
 
-plan::Plan three_replicas() {
+plan::Plan three_replicas(const std::vector<int64_t>& shares = kShares) {
   plan::Plan p;
   p.world_size = 4;
   p.blocks = static_cast<int>(kWidths.size()) - 1;
-  p.global_batch = kBatch;
+  p.global_batch = std::accumulate(shares.begin(), shares.end(), int64_t{0});
   p.stage_ranges = {{0, p.blocks}};
   p.layout.replicas = {{0}, {1}, {2}};
-  p.layout.samples = kShares;
+  p.layout.samples = shares;
   p.layout.micro_batches = {2, 1, 1};
   p.layout.recompute.assign(3, std::vector<bool>(1, false));
   p.ranks.resize(4);
@@ -69,7 +71,7 @@ plan::Plan three_replicas() {
     rp.replica = rp.stage = 0;
     rp.replica = static_cast<int>(r);
     rp.block_end = p.blocks;
-    rp.samples = kShares[r];
+    rp.samples = shares[r];
     rp.micro_batches = p.layout.micro_batches[r];
   }
   return p;
@@ -111,19 +113,21 @@ reference::Bounded widened(reference::Bounded g) {
 }
 
 // Step `step` (0-based) took `before` to `after`, with the replicas in `kept` contributing.
-void check_step(const State& before, const State& after, int step, const std::vector<int>& kept) {
+void check_step(const State& before, const State& after, int step, const std::vector<int>& kept,
+                const std::vector<int64_t>& shares = kShares) {
   CAPTURE(step);
   ht::testing::SyntheticMlpTask task = make_task();
   reference::Batch batch;
   int64_t offset = 0;
-  for (size_t r = 0; r < kShares.size(); ++r) {
+  const int64_t global = std::accumulate(shares.begin(), shares.end(), int64_t{0});
+  for (size_t r = 0; r < shares.size(); ++r) {
     if (std::find(kept.begin(), kept.end(), static_cast<int>(r)) != kept.end()) {
-      const runtime::Batch b = task.train_batch(step * kBatch + offset, kShares[r]);
+      const runtime::Batch b = task.train_batch(step * global + offset, shares[r]);
       for (float x : b.inputs.to_vector()) batch.inputs.push_back(x);
       for (int32_t y : b.targets.to_ints()) batch.labels.push_back(y);
-      batch.rows += kShares[r];
+      batch.rows += shares[r];
     }
-    offset += kShares[r];
+    offset += shares[r];
   }
   std::vector<reference::DenseLayer> layers;
   for (size_t l = 0; l + 1 < kWidths.size(); ++l) {
@@ -215,4 +219,49 @@ TEST_CASE("guard: the same with the optimizer state sharded unevenly over the re
   const double shards[] = {0.5, 0.2, 0.3};
   for (size_t r = 0; r < 3; ++r) p.ranks[r].optimizer_shard = shards[r];
   check_nan_left_out(p);
+}
+
+// Finite garbage: once the norm history holds enough steps, a contribution 1000 times its
+// usual norm is left out as an outlier, on every rank alike, and the update is the exact
+// mean over the others' samples. Shares of at least kMinNormSamples, which the norm check
+// needs.
+TEST_CASE("guard: a gradient 1000 times its usual norm is left out as an outlier, on every rank") {
+  const std::vector<int64_t> shares{20, 16, 24};
+  const plan::Plan p = three_replicas(shares);
+  comm::Communicator& world = comm::world();
+  REQUIRE(world.size() == 4);
+  const int64_t global = p.global_batch;
+  ht::testing::SyntheticMlpTask task = make_task();
+  nn::Sequential model = task.build_model(11);
+  config::TrainConfig t = train_config();
+  t.batch_size = global;
+  runtime::Executor ex(p, model, task, world, t, mpi_test::kLong);
+  config::GuardConfig guard;
+  guard.quarantine_after = 10;  // left out, not quarantined, in this test
+  ex.set_guard(guard);
+  REQUIRE(guard.norm_ratio > 1);
+  REQUIRE(runtime::kMinNormHistory <= 6);
+  runtime::FaultInjector faults({runtime::parse_fault("scale:rank=1,at=7,factor=1000,steps=2")}, world.rank());
+  ex.inject(&faults);
+  State before = gather_state(p, ex, model);
+  for (int step = 0; step < 9; ++step) {
+    CAPTURE(step);
+    faults.begin_step(step + 1);
+    const runtime::StepResult r = ex.step(step * global, kLr, false);
+    const bool garbage = step == 6 || step == 7;
+    if (world.rank() == 0) {
+      REQUIRE(r.guard_events.size() == (garbage ? 1u : 0u));
+      if (garbage) {
+        CHECK(r.guard_events[0].rank == 1);
+        CHECK(r.guard_events[0].verdict == runtime::Verdict::norm);
+        CHECK(r.guard_events[0].samples == shares[1]);
+      }
+    }
+    const std::vector<std::string> checksums =
+        world.allgather(ex.parameter_checksum(), mpi_test::kLong, "the replicas' checksums");
+    CHECK_NOTHROW(runtime::check_replicas_identical(p, checksums, step + 1));
+    State after = gather_state(p, ex, model);
+    if (world.rank() == 0) check_step(before, after, step, garbage ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2}, shares);
+    before = std::move(after);
+  }
 }

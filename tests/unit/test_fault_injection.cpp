@@ -24,6 +24,11 @@ TEST_CASE("fault specs parse to their kind, rank, step and amount") {
   CHECK(slow.kind == FaultKind::slow);
   CHECK(slow.factor == 2.5);
   CHECK(slow.spec == "slow:rank=0,at=1,factor=2.5");
+  const Fault scale = parse_fault("scale:rank=3,at=7,factor=1000,steps=2");
+  CHECK(scale.kind == FaultKind::scale);
+  CHECK(scale.factor == 1000);
+  CHECK(scale.steps == 2);
+  CHECK(parse_fault("scale:rank=3,at=7,factor=50").steps == 1);
 }
 
 TEST_CASE("a fault acts on its rank in its steps only") {
@@ -36,6 +41,7 @@ TEST_CASE("a fault acts on its rank in its steps only") {
     if (one.stall_seconds() > 0) stalled.push_back(step);
     if (one.poison_gradient()) poisoned.push_back(step);
     if (one.slow_factor() > 1) slowed.push_back(step);
+    CHECK(one.gradient_scale() == 1);
   }
   CHECK(stalled == std::vector<int64_t>{4});
   CHECK(poisoned == std::vector<int64_t>{10, 11, 12});
@@ -46,6 +52,13 @@ TEST_CASE("a fault acts on its rank in its steps only") {
   CHECK(two.empty());
   two.begin_step(10);
   CHECK(!two.poison_gradient());
+  FaultInjector scaled({parse_fault("scale:rank=0,at=3,factor=10,steps=2"), parse_fault("scale:rank=0,at=4,factor=3")}, 0);
+  std::vector<double> scales;
+  for (int64_t step = 1; step <= 5; ++step) {
+    scaled.begin_step(step);
+    scales.push_back(scaled.gradient_scale());
+  }
+  CHECK(scales == std::vector<double>{1, 1, 10, 30, 1});
 }
 
 TEST_CASE("bad fault specs are one-line errors naming the spec, field, value and expectation") {
@@ -54,9 +67,10 @@ TEST_CASE("bad fault specs are one-line errors naming the spec, field, value and
     const char* message;
   };
   const Case cases[] = {
-      {"wobble:rank=1,at=2", "fault wobble:rank=1,at=2: unknown kind 'wobble'; expected stall, nan or slow"},
+      {"wobble:rank=1,at=2", "fault wobble:rank=1,at=2: unknown kind 'wobble'; expected stall, nan, slow or scale"},
       {"stall:rank=1,at=2", "fault stall:rank=1,at=2: missing field 'for'; expected stall to give for=..."},
       {"nan:at=2", "fault nan:at=2: missing field 'rank'"},
+      {"scale:rank=1,at=2", "fault scale:rank=1,at=2: missing field 'factor'; expected scale to give factor=..."},
       {"nan", "fault nan: missing field "},
       {"stall:rank=1,at=2,for=-1", "fault stall:rank=1,at=2,for=-1: for=-1 is out of range; expected seconds >= 0"},
       {"slow:rank=1,at=2,factor=0.5",
