@@ -5,8 +5,10 @@
 // the lanes hit distinct banks), and each lane accumulates the output dimensions
 // lane, lane + 32, ... (up to kDimsPerLane of them), taking the per-key weights from the
 // scoring lanes by shuffle.
+#include "core/error.h"
 #include "kernels/attention.cuh"
-#include "kernels/device_util.cuh"
+#include "kernels/block_reduce.cuh"
+#include "kernels/launch.cuh"
 
 namespace ht::kernels {
 

@@ -1,8 +1,8 @@
 // The dropout mask, one thread per element. counter_uniform in backend.h is a host
 // function; this is the same splitmix64 step written for the device, and must stay
 // identical to it (the cuda suite compares the masks bit for bit).
-#include "kernels/device_util.cuh"
 #include "kernels/dropout.cuh"
+#include "kernels/launch.cuh"
 
 namespace ht::kernels {
 

@@ -1,8 +1,9 @@
 // Elementwise kernels. As on the CPU, the op is chosen once per call on the host (a
 // switch over template instantiations), so each kernel's loop holds no branch on it.
 #include "kernels/device_math.cuh"
-#include "kernels/device_util.cuh"
 #include "kernels/elementwise.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/strided.cuh"
 
 namespace ht::kernels {
 

@@ -1,7 +1,7 @@
 // Embedding kernels: one thread per output element, so a row's dim elements are read
 // and written by adjacent threads (coalesced).
-#include "kernels/device_util.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/launch.cuh"
 
 namespace ht::kernels {
 

@@ -7,7 +7,7 @@
 // the launch; longer lists take several launches.
 #include <cmath>
 
-#include "kernels/device_util.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/optim.cuh"
 
 namespace ht::kernels {
@@ -53,7 +53,8 @@ __device__ __forceinline__ void sgd_element(float* param, const float* grad, flo
 
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
                              AdamWScalars s) {
-  for (int64_t i = global_index(); i < n; i += grid_stride()) adamw_element(param, grad, m, v, i, s);
+  for (int64_t i = global_index(); i < n; i += grid_stride())
+    adamw_element(param, grad, m, v, i, s);
 }
 
 __global__ void sgd_kernel(float* param, const float* grad, float* buf, int64_t n, SgdArgs a) {

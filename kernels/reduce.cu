@@ -2,7 +2,8 @@
 // by one block; otherwise a block of kColX x kColY threads owns kColX adjacent columns
 // and splits n between its rows of threads. Partial results are combined in a fixed
 // order, never with atomics, so every run gives the same bits.
-#include "kernels/device_util.cuh"
+#include "kernels/block_reduce.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 
 namespace ht::kernels {

@@ -1,7 +1,8 @@
 // Row-wise kernels: blockIdx.x is the row, the block's threads stride along it and
 // meet in block_sum / block_max. Each mirrors the CPU backend's arithmetic step for step
 // (the same shifts, the same reciprocal multiplies); only the order of the sums differs.
-#include "kernels/device_util.cuh"
+#include "kernels/block_reduce.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/rowwise.cuh"
 
 namespace ht::kernels {

@@ -2,7 +2,7 @@
 // arguments because Window2d's out_h()/out_w() are host functions. The backward passes
 // gather (each input pixel visits the few windows that cover it) instead of scattering, so
 // they need no atomics and add in the CPU backend's order.
-#include "kernels/device_util.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/window.cuh"
 
 namespace ht::kernels {

@@ -1,0 +1,35 @@
+// Launch geometry shared by the kernel families: block sizes and grid-stride loops.
+// Device code: included by the .cu files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace ht::kernels::detail {
+
+constexpr int kThreads = 256;
+// Grid-stride loops cover any n; more blocks than this only adds scheduling overhead.
+constexpr int64_t kMaxBlocks = 65535;
+
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, kMaxBlocks));
+}
+
+__device__ __forceinline__ int64_t global_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// Threads per row for the row-wise kernels: a warp for short rows, up to a full block.
+inline int row_threads(int64_t n) {
+  if (n <= 64) return 32;
+  if (n <= 512) return 128;
+  if (n <= 2048) return 256;
+  return 512;
+}
+
+}  // namespace ht::kernels::detail
