@@ -1,0 +1,87 @@
+// The run's glue to parallel.sync local (a group's inner steps, the meetings of every
+// rank) and deadline (its start, the steps a catch-up applied, the end on one chain).
+#include <string>
+#include <vector>
+
+#include "core/wall_time.h"
+#include "plan/local_plan.h"
+#include "runtime/trainer_run.h"
+
+namespace ht::runtime::trainer_run {
+
+// Under local, job step `step`: this rank's group takes the inner steps of its round
+// that fall in this step (plan::local_batches: one global batch of the stream or none;
+// over a round the groups' batches are disjoint and cover it).
+StepResult Run::local_step(int64_t step, float lr, bool trace) {
+  const LocalGroup& g = *local_group_;
+  if (g.group < 0) return executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);  // idle
+  const auto t0 = Clock::now();
+  StepResult r;
+  for (int64_t batch : plan::local_batches(plan_, g.group, step))
+    r = executor_->step(stream_base_ + batch * cfg_.train.batch_size, lr, trace);
+  r.wall_s = seconds_since(t0);
+  return r;
+}
+
+// Under local, collective: the outer weights in the model, and the inner optimiser
+// state of rank 0's group (every group's starts from it on resume).
+std::vector<nn::NamedTensor> Run::local_inner_state() {
+  local_->flush();
+  return executor_->active() ? executor_->optimizer()->state() : std::vector<nn::NamedTensor>{};
+}
+
+// Under local: whether every rank meets after job step `done` (an evaluation, a
+// checkpoint, the last step: each flushes, collectively).
+bool Run::local_meets(int64_t done) const {
+  return (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) ||
+         (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || done == total_steps_;
+}
+
+// parallel.sync deadline: the stage's reduction closes at its budget (runtime/deadline_sync.h).
+void Run::start_deadline(int64_t start, report::Progress& progress) {
+  executor_->use_deadline(cfg_.parallel, start, [this](int64_t s) { return schedule_.at(s); });
+  if (executor_->deadline())
+    progress.note("parallel.sync deadline: a step closes at " + std::to_string(1 + cfg_.parallel.deadline_slack) +
+                  " x the step's measured median (the plan's " + std::to_string(plan_.predicted.step_seconds) +
+                  " s at first); late contributions are " +
+                  (cfg_.parallel.max_staleness > 0
+                       ? "applied up to " + std::to_string(cfg_.parallel.max_staleness) + " steps late"
+                       : std::string("dropped")));
+  else if (plan_.stage_ranges.size() > 1 && plan_.layout.replicas.size() == 1)
+    progress.note("parallel.sync deadline on a pure pipeline: a stalled stage has no stand-in, so the job waits "
+                  "for it, up to parallel.peer_timeout_s = " + std::to_string(cfg_.parallel.peer_timeout_s) + " s");
+}
+// The step a deadline step applied (after a catch-up, a later one than asked): its
+// records, and those of the steps caught up past, go to rank 0's metrics.
+int64_t Run::take_deadline(StepResult& r, Loop& loop) {
+  const DeadlineStep& d = *r.deadline;
+  if (d.caught_up) {
+    deadline_log_.caught_up();
+    loop.progress.note("caught up: this rank was left out and took the current weights at step " +
+                  std::to_string(d.ended ? total_steps_ : d.record.step));
+  }
+  std::vector<comm::StepRecord> records = d.missed;
+  if (!d.ended) records.push_back(d.record);
+  for (const comm::StepRecord& rec : records) write_deadline_record(rec, loop.metrics, loop.progress);
+  r.loss_sum = deadline_log_.last_loss_sum();
+  return d.ended ? total_steps_ - 1 : d.record.step;
+}
+
+void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,
+                                report::Progress& progress) {
+  if (const std::string line = deadline_log_.short_line(rec); !line.empty()) progress.note(line);
+  const std::string record = deadline_log_.add(rec);
+  if (metrics && !record.empty()) metrics->write(record);
+}
+
+// Every member ends on one chain (a rank behind catches up), then the replicas are
+// checked bit-identical.
+void Run::finish_deadline(Loop& loop) {
+  for (const comm::StepRecord& rec : executor_->finish_deadline())
+    write_deadline_record(rec, loop.metrics, loop.progress);
+  const std::vector<std::string> checksums =
+      world_.allgather(executor_->parameter_checksum(), peer_timeout(), "the replicas' checksums after the last step");
+  check_replicas_identical(plan_, checksums, executor_->deadline_step());
+}
+
+}  // namespace ht::runtime::trainer_run
