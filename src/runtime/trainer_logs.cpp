@@ -1,0 +1,155 @@
+// The log steps' exchange: every train.log_every steps each rank's window goes to rank 0
+// (Communicator::consult) while the next step runs; rank 0 sends all of them back, every
+// rank checks the replicas identical and the loss finite, and rank 0 writes the record
+// and reports the bad-node guard's events.
+#include <cmath>
+#include <deque>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/wall_time.h"
+#include "runtime/trainer_run.h"
+
+namespace ht::runtime::trainer_run {
+
+namespace {
+using json = nlohmann::json;
+}  // namespace
+
+// What the ranks sent toward rank 0 after the step before: answered while this one ran
+// (see Communicator::consult). A change applies from the next step. Under local the
+// groups are apart within a round (a group with one inner step a round takes it at the
+// round's start), so waiting there for every rank's log would hold the others back: at a
+// round's end the logs of the round before are finished (every rank is past them, as with
+// the outer exchange), and all of them where every rank meets anyway (an evaluation or
+// checkpoint, the job's end). True when some rank was interrupted.
+bool Run::finish_due_logs(Loop& loop, int64_t done, bool stop_after) {
+  if (!local_ || local_meets(done) || stop_after) return finish_logs(loop, done, done);
+  if (done % local_->inner_steps() == 0) return finish_logs(loop, done - local_->inner_steps(), done);
+  return false;
+}
+
+// After job step `done` (the loop asked for `asked`): under deadline rank 0 records the
+// window's loss with no exchange; otherwise a log step sends this rank's window on its way
+// to rank 0, finished at once with one process or when no step follows. True when a
+// finished log says some rank was interrupted.
+bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final_step) {
+  if (executor_->deadline() && (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_)) {
+    loop.last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
+    if (loop.metrics)
+      loop.metrics->write(json{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", loop.last_loss},
+                               {"sync_policy", "deadline"}, {"wall_s", seconds_since(loop.t0)}}.dump());
+    return false;
+  }
+  if (done % cfg_.train.log_every != 0 && done != total_steps_) return false;
+  loop.window.interrupted = interrupt_requested();
+  if (multi() && !local_) loop.window.checksum = executor_->parameter_checksum();
+  // Under local a CRC of the whole model costs a throttled rank a good part of a
+  // round: the outer weights are compared where the ranks meet and every tenth log step.
+  if (local_ && (local_meets(done) || final_step || done % (10 * cfg_.train.log_every) == 0))
+    loop.window.checksum = local_->outer_checksum();
+  if (!local_) answered_logs_.clear();  // taken a log step ago
+  loop.pending_logs.push_back(PendingLog{world_.consult(loop.window.to_text()), done, loop.window_steps, lr,
+                                         seconds_since(loop.t0), local_ ? local_->outer_steps() : 0});
+  loop.window = Window{};
+  loop.window_steps = 0;
+  if (!multi() || final_step) return finish_logs(loop, done, done);
+  return false;
+}
+
+// `outer_steps`: those taken by the record's step.
+std::string Run::with_sync_policy(const std::string& record, int64_t outer_steps) const {
+  if (!local_) return record;
+  json r = json::parse(record);
+  r["sync_policy"] = "local";
+  r["outer_steps"] = outer_steps;
+  return r.dump();
+}
+
+// After job step `done`: finish_log of each pending log of a step up to `upto`, oldest
+// first; true when some rank was interrupted.
+bool Run::finish_logs(Loop& loop, int64_t upto, int64_t done) {
+  if (local_) {
+    // The outer step at the last round end finished the exchange every rank started at
+    // the round end before, so every rank is past that one. A log of step d is finished
+    // at the first round end from d + H on (or at a meeting before it).
+    const int64_t h = local_->inner_steps(), passed = (done / h - 1) * h;
+    while (!answered_logs_.empty() && (answered_logs_.front().first + 2 * h - 1) / h * h <= passed)
+      answered_logs_.pop_front();
+  }
+  bool interrupted = false;
+  std::deque<PendingLog>& logs = loop.pending_logs;
+  for (; !logs.empty() && logs.front().done <= upto; logs.pop_front())
+    interrupted = finish_log(loop, logs.front()) || interrupted;
+  return interrupted;
+}
+
+// Rank 0 sends every rank's window back to all; each rank checks that the replicas are
+// identical and the loss finite, so that all fail alike, and rank 0 writes the record.
+// True when some rank was interrupted. The consultation moves to `answered_logs_`.
+bool Run::finish_log(Loop& loop, PendingLog& p) {
+  const std::string all = p.consult->finish([](const std::vector<std::string>& items) { return json(items).dump(); },
+                                            peer_timeout(), "the log step " + std::to_string(p.done) + " consultation");
+  answered_logs_.emplace_back(p.done, std::move(p.consult));
+  std::vector<Window> ranks;
+  std::vector<std::string> checksums;
+  for (const std::string& t : json::parse(all).get<std::vector<std::string>>()) {
+    ranks.push_back(Window::from_text(t));
+    checksums.push_back(ranks.back().checksum);
+  }
+  if (local_) check_outer_identical(checksums, p.done);
+  else if (multi()) check_replicas_identical(plan_, checksums, p.done);
+  double loss_sum = 0;
+  bool interrupted = false;
+  for (const Window& w : ranks) {
+    loss_sum += w.loss_sum;
+    interrupted = interrupted || w.interrupted;
+  }
+  for (const Window& w : ranks)
+    for (const auto& [step, e] : w.guard) report_guard(step, e, loop.metrics);
+  loop.last_loss = check_loss(loss_sum, p.steps, p.done);
+  if (loop.metrics)
+    loop.metrics->write(with_sync_policy(
+        train_record(p.done, p.lr, loop.last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s), p.outer_steps));
+  return interrupted;
+}
+
+// One line and one metrics record per contribution left out or rank quarantined
+// (rank 0, as the log step brings them), counted for the summary.
+void Run::report_guard(int64_t step, const GuardEvent& e, std::optional<report::MetricsLog>& metrics) {
+  json record = {{"type", "guard"}, {"step", step}, {"rank", e.rank}, {"stage", e.stage}};
+  std::string line = "step " + std::to_string(step) + ": rank " + std::to_string(e.rank) +
+                     (plan_.stage_ranges.size() > 1 ? " (stage " + std::to_string(e.stage) + ")" : "");
+  if (e.quarantine_steps > 0) {
+    record["quarantined_steps"] = e.quarantine_steps;
+    guard_totals_.quarantined.insert(e.rank);
+    line += " quarantined for " + std::to_string(e.quarantine_steps) + " steps: left out " +
+            std::to_string(cfg_.guard.quarantine_after) + " times within " + std::to_string(cfg_.guard.window) +
+            " steps (guard.quarantine_after, guard.window); its contributions are left out until then";
+  } else {
+    record["reason"] = verdict_name(e.verdict);
+    record["samples_left_out"] = e.samples;
+    guard_totals_.steps.insert(step);
+    guard_totals_.samples += e.stage == 0 ? e.samples : 0;
+    line += " left out of the step (" + std::string(verdict_name(e.verdict)) + ", " + std::to_string(e.samples) +
+            " samples); " +
+            (e.samples == cfg_.train.batch_size ? "no sample kept: the update is skipped"
+                                                 : "the gradient is the mean over the samples kept");
+  }
+  if (metrics) metrics->write(record.dump());
+  // A quarantined rank's every step would repeat the quarantine's line: the record says it.
+  const bool repeat = e.verdict == Verdict::quarantined && e.quarantine_steps == 0;
+  if (progress_ && !repeat) progress_->note(line);
+}
+
+// The mean loss of `steps` steps from the summed loss of their samples.
+double Run::check_loss(double loss_sum, int64_t steps, int64_t done) const {
+  const double mean = loss_sum / static_cast<double>(steps * cfg_.train.batch_size *
+                                                     task_->predictions_per_sample());
+  HT_CHECK(std::isfinite(mean), "training diverged by step ", done, ": the loss is ", mean,
+           "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
+  return mean;
+}
+
+}  // namespace ht::runtime::trainer_run
