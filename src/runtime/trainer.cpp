@@ -19,7 +19,6 @@
 #include "comm/emulation.h"
 #include "core/stats.h"
 #include "core/threads.h"
-#include "core/units.h"
 #include "core/wall_time.h"
 #include "data/image_dataset.h"
 #include "report/trace.h"
@@ -299,75 +298,6 @@ TrainSummary Run::finish(Loop& loop) {
     write_summary(loop.start, wall, loop.step_walls, *final_eval);
   }
   return {total_steps_, wall, cfg_.run.dir};
-}
-
-// Rank 0 evaluates the whole model in batches of train.eval_batch_size, which under a
-// memory cap can need far more than a training step (at 1000 samples the CNN's first
-// convolution's output alone is 100 MB). So before the first step it measures no-grad
-// forwards of 4 and 8 samples (activation memory grows linearly with the batch) and
-// refuses a cap that the evaluation would exceed, with the largest batch that fits,
-// instead of failing at the first evaluation. The forward is 10% short of the whole
-// evaluation's peak at most, which adds its data batch and the loss (the CNN at 1000
-// samples: 272 MiB predicted from the forwards; 240 MiB of cap ran out, 250 held).
-void Run::check_evaluation_fits() {
-  constexpr double kMargin = 1.1;
-  Backend& device = model_.named_parameters().front().second.backend();
-  Allocator& memory = device.allocator();
-  if (memory.cap() == 0) return;
-  int64_t batch = cfg_.train.eval_batch_size;
-  if (cfg_.train.eval_max_samples > 0) batch = std::min(batch, cfg_.train.eval_max_samples);
-  const nn::Block& first = model_.block(0);
-  auto forward_bytes = [&](int64_t n) {
-    Shape shape = first.sample_input_shape();
-    shape.insert(shape.begin(), n);
-    const size_t before = memory.live_bytes();
-    memory.reset_peak();
-    NoGradGuard no_grad;
-    Tensor h = first.input_dtype() == DType::i32
-                   ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape, device)
-                   : Tensor::zeros(shape, device);
-    for (size_t b = 0; b < model_.size(); ++b) h = model_.block(b).forward(h);
-    return static_cast<double>(memory.peak_bytes() - before);
-  };
-  model_.set_training(false);
-  double at4 = 0, per_sample = 0;
-  try {
-    at4 = forward_bytes(4);
-    per_sample = (forward_bytes(8) - at4) / 4;
-  } catch (const OutOfMemory& e) {
-    fail("rank 0 cannot evaluate the whole model in batches of even 8 samples under its cap (", e.what(),
-         "); give rank 0 more memory");
-  }
-  model_.set_training(true);
-  const double in_use = static_cast<double>(memory.live_bytes()), cap = static_cast<double>(memory.cap());
-  const double need = kMargin * (in_use + at4 + per_sample * static_cast<double>(batch - 4));
-  if (need <= cap) return;
-  const double fits = per_sample > 0 ? std::floor((cap / kMargin - in_use - at4) / per_sample) + 4 : 0;
-  fail("rank 0 would run out of memory evaluating the whole model in batches of ", batch, ": about ",
-       format_bytes(need), " with the ", format_bytes(in_use),
-       " it holds for training, under its cap of ", format_bytes(cap), "; ",
-       fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(static_cast<int64_t>(fits))
-                 : std::string("even one sample does not fit: give rank 0 more memory"));
-}
-
-
-// Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
-// nothing.
-std::optional<EvalResult> Run::evaluate() {
-  if (local_) local_->flush();  // every rank then holds the outer weights
-  else if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
-  if (!root_) return std::nullopt;
-  model_.set_training(false);
-  EvalResult r;
-  try {
-    NoGradGuard no_grad;
-    r = task_->evaluate(model_);
-  } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
-    fail("rank 0 ran out of memory evaluating the whole model in batches of ", cfg_.train.eval_batch_size,
-         " (", e.what(), "); lower train.eval_batch_size");
-  }
-  model_.set_training(true);
-  return r;
 }
 
 // Collective. Every rank's spans of the traced step on rank 0's clock, from the step's
