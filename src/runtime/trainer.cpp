@@ -1,60 +1,20 @@
 #include "runtime/trainer.h"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstdio>
-#include <cstdlib>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <string>
-#include <vector>
 
-#include "autograd/graph.h"
 #include "comm/communicator.h"
 #include "comm/emulation.h"
 #include "core/threads.h"
 #include "core/wall_time.h"
-#include "data/image_dataset.h"
 #include "runtime/atomic_file.h"
-#include "runtime/checkpoint.h"
 #include "runtime/stage_gather.h"
 #include "runtime/trainer_run.h"
 
 namespace ht::runtime {
-
-namespace {
-
-using json = nlohmann::json;
-
-// Names in checkpoints: "model.<param>" and "optim.<state>", so one file holds both
-// and a reader can take the weights alone.
-std::vector<nn::NamedTensor> prefixed(const std::string& prefix,
-                                      const std::vector<nn::NamedTensor>& in) {
-  std::vector<nn::NamedTensor> out;
-  for (const auto& [name, t] : in) out.emplace_back(prefix + name, t);
-  return out;
-}
-
-const std::string& metadata_text(const Checkpoint& c, const std::string& key) {
-  auto it = c.metadata.find(key);
-  HT_CHECK(it != c.metadata.end(), "checkpoint ", c.path, " lacks metadata '", key,
-           "'; expected a checkpoint written by hetrain train");
-  return it->second;
-}
-
-int64_t metadata_int(const Checkpoint& c, const std::string& key) {
-  const std::string& text = metadata_text(c, key);
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  HT_CHECK(!text.empty() && *end == '\0', "checkpoint ", c.path, ": metadata '", key, "' is '",
-           text, "'; expected an integer");
-  return static_cast<int64_t>(v);
-}
-
-}  // namespace
 
 namespace trainer_run {
 
@@ -296,123 +256,6 @@ TrainSummary Run::finish(Loop& loop) {
   return {total_steps_, wall, cfg_.run.dir};
 }
 
-std::map<std::string, std::string> Run::metadata(int64_t step) {
-  std::map<std::string, std::string> m = {
-      {"hetrain.version", HETRAIN_VERSION},
-      {"config", cfg_.name},
-      {"model", cfg_.model.type},
-      {"step", std::to_string(step)},
-      {"total_steps", std::to_string(total_steps_)},
-      {"seed", std::to_string(cfg_.train.seed)},
-      // The data stream is a pure function of (seed, position): this is its state.
-      {"sample_position", std::to_string(stream_base_ + step * cfg_.train.batch_size)},
-      // What a reader outside hetrain needs to rebuild the model and feed it as training did.
-      {"model_config", json::parse(config::to_json(cfg_))["model"].dump()}};
-  if (cfg_.data.dataset == "fashion_mnist") {
-    // As the float was written (0.286), not its double expansion (0.28600001335144043).
-    auto shortest = [](float f) {
-      char b[32];
-      return std::strtod(std::string(b, std::to_chars(b, b + sizeof b, f).ptr).c_str(), nullptr);
-    };
-    m["input_normalization"] = json{{"input", "pixel / 255"},
-                                    {"mean", shortest(data::kFashionMnistMean)},
-                                    {"std", shortest(data::kFashionMnistStd)},
-                                    {"normalized", "(input - mean) / std"}}.dump();
-  }
-  // Dropout streams live with each stage's blocks: replica 0's ranks report theirs.
-  json mine = json::object();
-  mine["loss_finite"] = std::isfinite(last_loss_sum_);  // checked before any checkpoint is written
-  if (executor_->replica() == 0)
-    for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
-      mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
-  // Under deadline the replicas are identical (rank 0 is replica 0) and no exchange may
-  // wait for a stalled rank: rank 0's own streams are the checkpoint's.
-  const std::vector<std::string> all = executor_->deadline() ? std::vector<std::string>{mine.dump()}
-                                       : world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams");
-  for (size_t r = 0; r < all.size(); ++r) {
-    const json offsets = json::parse(all[r]);
-    HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
-             "'s loss in that step is not finite, so the model may be poisoned; the newest checkpoint in ",
-             checkpoints_.dir(), " stays the newest valid one (lower train.optimizer.lr or set train.grad_clip)");
-    for (auto it = offsets.begin(); it != offsets.end(); ++it)
-      if (it.key() == "loss_finite") continue;
-      else if (const auto off = it.value().get<uint64_t>())
-        m["random_offset.block." + it.key()] = std::to_string(off);
-  }
-  return m;
-}
-
-// Collective: rank 0 writes one whole-model checkpoint, whatever the world size.
-void Run::save(int64_t step, report::Progress& progress) {
-  Allocator::HostStaging staging;
-  std::vector<nn::NamedTensor> state =
-      local_ ? local_inner_state()
-      : multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
-                               "the checkpoint gather of step " + std::to_string(step))
-              : executor_->optimizer()->state();
-  std::map<std::string, std::string> meta = metadata(step);
-  if (local_) {
-    meta["sync_policy"] = "local";
-    meta["outer_steps"] = std::to_string(local_->outer_steps());
-  }
-  if (!root_) return;
-  std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
-  for (auto& nt : prefixed("optim.", state)) tensors.push_back(nt);
-  if (local_)
-    for (auto& nt : local_->outer_state()) tensors.push_back(nt);
-  std::string path = checkpoints_.save(step, tensors, meta);
-  progress.note("checkpoint " + path);
-}
-
-// Every rank loads its stage from the newest valid checkpoint; returns its step.
-int64_t Run::restore(report::Progress& progress) {
-  std::vector<std::string> skipped;
-  std::optional<Checkpoint> loaded;
-  {
-    Allocator::HostStaging staging;
-    loaded = checkpoints_.load_newest_valid(skipped);
-  }
-  for (const std::string& s : skipped) progress.note("warning: " + s);
-  if (!loaded) {
-    progress.note("no checkpoint in " + checkpoints_.dir() + " to resume from; starting at step 0");
-    return 0;
-  }
-  const auto& meta = loaded->metadata;
-  auto get = [&](const std::string& key) { return metadata_text(*loaded, key); };
-  auto get_int = [&](const std::string& key) { return metadata_int(*loaded, key); };
-  HT_CHECK(get("model") == cfg_.model.type, "checkpoint ", loaded->path, " holds a ",
-           get("model"), " model but the config builds a ", cfg_.model.type, " model");
-  HT_CHECK(get("seed") == std::to_string(cfg_.train.seed), "checkpoint ", loaded->path,
-           " was trained with seed ", get("seed"), " but this run's train.seed is ",
-           cfg_.train.seed, "; resuming with another seed would not continue the same run");
-  std::vector<nn::NamedTensor> weights = model_.named_parameters();
-  if (executor_->borrows_weights()) {  // the hub loads those it shares; they are checked here all the same
-    Allocator::HostStaging staging;
-    for (auto& [name, t] : weights)
-      for (const auto& [shared, p] : executor_->parameters())
-        if (name == shared) t = Tensor::empty(t.shape(), t.dtype());
-  }
-  load_into(prefixed("model.", weights), *loaded, "model.");
-  load_stage(*loaded, *executor_);
-  if (local_) {  // the checkpoint's model is the outer weights
-    local_->reset_to_weights();
-    local_->load_outer_state(*loaded);
-  }
-  for (size_t i = 0; i < model_.size(); ++i) {
-    std::string key = "random_offset.block." + std::to_string(i);
-    model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
-  }
-  int64_t step = get_int("step");
-  // Continue the data stream where it stopped, even if train.batch_size changed.
-  stream_base_ = get_int("sample_position") - step * cfg_.train.batch_size;
-  HT_CHECK(step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step,
-           ", past the configured ", total_steps_, " steps; expected at most ", total_steps_,
-           " (raise train.steps to train further)");
-  progress.note("resuming " + cfg_.name + " from " + loaded->path + " at step " +
-                std::to_string(step) + " of " + std::to_string(total_steps_));
-  return step;
-}
-
 }  // namespace trainer_run
 
 void apply_overrides(config::Config& cfg, const TrainOptions& opts) {
@@ -437,22 +280,6 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   comm::apply_emulation(cfg.emulate, comm::world());
   trainer_run::Run run(std::move(cfg), opts, std::move(plan));
   return run.run();
-}
-
-std::string evaluate_checkpoint(const config::Config& cfg, const std::string& path) {
-  set_thread_count(resolve_thread_count());
-  Checkpoint ckpt = read_checkpoint(path);
-  std::unique_ptr<Task> task = make_task(cfg);
-  nn::Sequential model = task->build_model(cfg.train.seed);
-  load_into(prefixed("model.", model.named_parameters()), ckpt, "model.");
-  model.set_training(false);
-  NoGradGuard no_grad;
-  EvalResult r = task->evaluate(model);
-  json out = {{"checkpoint", path}, {"config", cfg.name}};
-  if (ckpt.metadata.count("step")) out["step"] = metadata_int(ckpt, "step");
-  for (const auto& [k, v] : r.metrics) out[k] = v;
-  std::fprintf(stderr, "%s: %s\n", path.c_str(), r.line.c_str());
-  return out.dump();
 }
 
 }  // namespace ht::runtime
