@@ -1,0 +1,215 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace ht::cuda {
+
+namespace {
+std::string device_label(int device) { return "cuda:" + std::to_string(device); }
+}  // namespace
+
+CudaBackend::DeviceParts CudaBackend::make_parts(int device) {
+  HT_CUDA_ON(device_label(device), cudaSetDevice(device));
+  auto memory = std::make_shared<DeviceMemory>(device, device_label(device));
+  auto allocator = make_device_allocator(memory, device_label(device));
+  return {std::move(memory), std::move(allocator)};
+}
+
+CudaBackend::CudaBackend(int device) : CudaBackend(device, make_parts(device)) {}
+
+CudaBackend::CudaBackend(int device, DeviceParts parts)
+    : Backend(parts.allocator.get()),
+      device_(device),
+      name_(device_label(device)),
+      memory_(std::move(parts.memory)),
+      device_allocator_(std::move(parts.allocator)),
+      pinned_(make_pinned_allocator(name_ + " pinned host")) {
+  activate();
+  // Non-blocking streams: the legacy default stream, which other libraries may use,
+  // would otherwise serialise with both.
+  HT_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  HT_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  HT_CUDA(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+  HT_CUDA(cudaEventCreateWithFlags(&copy_mark_, cudaEventDisableTiming));
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    staging_[i] = pinned_->allocate(kStagingChunk, "copy staging");
+    HT_CUDA(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
+  }
+  flags_host_ = static_cast<int*>(pinned_->allocate(checks_ * sizeof(int), "device checks"));
+  std::memset(flags_host_, 0, checks_ * sizeof(int));
+  HT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flags_device_), flags_host_, 0));
+  HT_CUDA(cublasCreate(&blas_));
+  HT_CUDA(cublasSetStream(blas_, compute_));
+  // fp32 products in fp32: TF32 tensor cores would round the inputs to 10 mantissa bits,
+  // far outside the 1e-5 the consistency harness allows against the CPU.
+  HT_CUDA(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+}
+
+CudaBackend::~CudaBackend() {
+  // Nothing here throws: a failure of the last work is reported by the synchronisation
+  // the owner made, and a destructor cannot report it anyway.
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(compute_);
+  cudaStreamSynchronize(copy_);
+  if (blas_) cublasDestroy(blas_);
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    pinned_->deallocate(staging_[i], kStagingChunk);
+    cudaEventDestroy(staging_done_[i]);
+  }
+  pinned_->deallocate(flags_host_, checks_ * sizeof(int));
+  cudaEventDestroy(compute_mark_);
+  cudaEventDestroy(copy_mark_);
+  cudaStreamDestroy(compute_);
+  cudaStreamDestroy(copy_);
+}
+
+void CudaBackend::activate() const { HT_CUDA(cudaSetDevice(device_)); }
+
+void CudaBackend::launched(const char* op) const { check_launch(op, name_); }
+
+// ---- copies through pinned staging
+
+void CudaBackend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  activate();
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  HT_CUDA(cudaEventRecord(compute_mark_, compute_));
+  HT_CUDA(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+  const char* src = static_cast<const char*>(host_src);
+  char* out = static_cast<char*>(dst);
+  for (size_t done = 0, chunk = 0; done < bytes; done += kStagingChunk, chunk ^= 1) {
+    size_t n = std::min(kStagingChunk, bytes - done);
+    // The chunk's previous transfer must have read it before the host overwrites it.
+    HT_CUDA(cudaEventSynchronize(staging_done_[chunk]));
+    std::memcpy(staging_[chunk], src + done, n);
+    HT_CUDA(cudaMemcpyAsync(out + done, staging_[chunk], n, cudaMemcpyHostToDevice, copy_));
+    HT_CUDA(cudaEventRecord(staging_done_[chunk], copy_));
+  }
+  // The source is in the staging buffers now, so the call may return before the
+  // transfer ends; kernels issued after it wait for it.
+  HT_CUDA(cudaEventRecord(copy_mark_, copy_));
+  HT_CUDA(cudaStreamWaitEvent(compute_, copy_mark_, 0));
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  activate();
+  {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    HT_CUDA(cudaEventRecord(compute_mark_, compute_));
+    HT_CUDA(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+    const char* in = static_cast<const char*>(src);
+    char* out = static_cast<char*>(host_dst);
+    // Chunk i+1 is in flight while the host drains chunk i.
+    size_t pending = 0, pending_at = 0;
+    int chunk = 0;
+    for (size_t done = 0; done < bytes; done += kStagingChunk, chunk ^= 1) {
+      size_t n = std::min(kStagingChunk, bytes - done);
+      HT_CUDA(cudaEventSynchronize(staging_done_[chunk]));
+      HT_CUDA(cudaMemcpyAsync(staging_[chunk], in + done, n, cudaMemcpyDeviceToHost, copy_));
+      HT_CUDA(cudaEventRecord(staging_done_[chunk], copy_));
+      if (pending) {
+        HT_CUDA(cudaEventSynchronize(staging_done_[chunk ^ 1]));
+        std::memcpy(out + pending_at, staging_[chunk ^ 1], pending);
+      }
+      pending = n;
+      pending_at = done;
+    }
+    HT_CUDA(cudaEventSynchronize(staging_done_[chunk ^ 1]));
+    std::memcpy(out + pending_at, staging_[chunk ^ 1], pending);
+  }
+  // The copy waited for every kernel issued before it, so their checks are final.
+  raise_device_checks();
+}
+
+void CudaBackend::synchronize() {
+  activate();
+  HT_CUDA(cudaStreamSynchronize(copy_));
+  HT_CUDA(cudaStreamSynchronize(compute_));
+  raise_device_checks();
+}
+
+MemoryInfo CudaBackend::memory_info() const {
+  activate();
+  size_t free = 0, total = 0;
+  HT_CUDA(cudaMemGetInfo(&free, &total));
+  MemoryInfo info;
+  info.total = total;
+  info.available = free;
+  return info;
+}
+
+// ---- checks found on the device
+
+int* CudaBackend::flag(Check c, int64_t bound) {
+  flag_bound_[c] = bound;
+  return flags_device_ + c;
+}
+
+void CudaBackend::raise_device_checks() {
+  // Read once, clear, then report the first: the flags belong to kernels that have all
+  // finished (the caller synchronised), so clearing races with nothing.
+  std::array<int, checks_> seen{};
+  bool any = false;
+  for (int c = 0; c < checks_; ++c) {
+    seen[c] = reinterpret_cast<volatile int*>(flags_host_)[c];
+    any = any || seen[c] != 0;
+  }
+  if (!any) return;
+  std::memset(flags_host_, 0, checks_ * sizeof(int));
+  if (seen[label_range])
+    fail("cross_entropy on ", name_, ": a label is out of range; expected 0 <= label < ",
+         flag_bound_[label_range], " (found by the kernel, reported at the next synchronisation)");
+  if (seen[embedding_id_range])
+    fail("embedding on ", name_, ": an id is out of range; expected 0 <= id < ",
+         flag_bound_[embedding_id_range],
+         " (the table's rows; found by the kernel, reported at the next synchronisation)");
+  fail("embedding_backward on ", name_, ": an id is out of range; expected 0 <= id < ",
+       flag_bound_[embedding_backward_id_range],
+       " (the table's rows; found by the kernel, reported at the next synchronisation)");
+}
+
+// ---- products
+
+void CudaBackend::gemm(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  auto fits = [&](int64_t v, const char* what) {
+    HT_CHECK(v >= 0 && v <= INT32_MAX, "gemm on ", name_, ": ", what, " = ", v,
+             " is out of cuBLAS's range; expected 0 <= ", what, " <= ", INT32_MAX);
+    return static_cast<int>(v);
+  };
+  // cuBLAS is column-major. A row-major matrix is the column-major view of its
+  // transpose, so row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
+  // swap the operands and the sizes m and n, keep the leading dimensions.
+  int m = fits(g.m, "m"), n = fits(g.n, "n"), k = fits(g.k, "k"), batch = fits(g.batch, "batch");
+  int lda = fits(g.lda, "lda"), ldb = fits(g.ldb, "ldb"), ldc = fits(g.ldc, "ldc");
+  if (k == 0) {
+    // An empty sum leaves C = beta * C; cuBLAS still checks the unused operands'
+    // leading dimensions, which a caller need not have set.
+    lda = std::max(lda, g.trans_a ? m : 1);
+    ldb = std::max(ldb, g.trans_b ? 1 : n);
+    lda = std::max(lda, 1);
+    ldb = std::max(ldb, 1);
+  }
+  activate();
+  HT_CUDA(cublasSgemmStridedBatched(
+      blas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
+      k, &g.alpha, g.b, ldb, g.stride_b, g.a, lda, g.stride_a, &g.beta, g.c, ldc, g.stride_c,
+      batch));
+}
+
+CudaBackend& cuda_backend(int device) {
+  static std::mutex mu;
+  static std::map<int, CudaBackend*> backends;
+  std::lock_guard<std::mutex> lock(mu);
+  CudaBackend*& b = backends[device];
+  if (!b) b = new CudaBackend(device);  // kept to the process's end (see the header)
+  return *b;
+}
+
+}  // namespace ht::cuda
