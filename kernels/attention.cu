@@ -16,7 +16,7 @@ using namespace detail;
 
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 8, kBlockThreads = kWarps * 32;
 constexpr int kTile = 32;
 constexpr int kDimsPerLane = static_cast<int>(kAttentionMaxHead / 32);
 constexpr int kPad = static_cast<int>(kAttentionMaxHead) + 1;
@@ -25,6 +25,24 @@ struct AttnShape {
   int64_t t, d;
   float scale;
 };
+
+// Where this thread's block and warp sit: the (batch, head) pair, the block's first row,
+// the warp's own row and the offset of the pair's (t, d) matrices.
+struct RowPlace {
+  int64_t head, first, row, base;
+  int warp, lane;
+};
+
+__device__ __forceinline__ RowPlace row_place(const AttnShape& s, int64_t row_blocks) {
+  RowPlace p;
+  p.head = blockIdx.x / row_blocks;
+  p.first = (blockIdx.x % row_blocks) * kWarps;
+  p.warp = threadIdx.x >> 5;
+  p.lane = threadIdx.x & 31;
+  p.row = p.first + p.warp;
+  p.base = p.head * s.t * s.d;
+  return p;
+}
 
 // Copies rows [first, first + kTile) of a (t, d) matrix into tile (zeros past t).
 __device__ __forceinline__ void load_tile(const float* m, int64_t first, const AttnShape& s,
@@ -70,14 +88,13 @@ __device__ __forceinline__ void store_row(const float (&acc)[kDimsPerLane], floa
   }
 }
 
-__global__ void forward_kernel(const float* q, const float* k, const float* v, float* o,
-                               float* lse, AttnShape s, int64_t row_blocks) {
+__global__ void __launch_bounds__(kBlockThreads)
+    forward_kernel(const float* q, const float* k, const float* v, float* o, float* lse,
+                   AttnShape s, int64_t row_blocks) {
   __shared__ float ks[kTile][kPad], vs[kTile][kPad], qs[kWarps][kPad];
-  int64_t head = blockIdx.x / row_blocks;
-  int64_t first = (blockIdx.x % row_blocks) * kWarps;
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t i = first + warp;
-  int64_t base = head * s.t * s.d;
+  RowPlace at = row_place(s, row_blocks);
+  int64_t head = at.head, first = at.first, i = at.row, base = at.base;
+  int warp = at.warp, lane = at.lane;
   load_row(q + base, i, s, qs[warp]);
   float m = -INFINITY, l = 0.f, acc[kDimsPerLane] = {};
   int64_t last = min(first + kWarps, s.t) - 1;  // the block's last query sees keys <= last
@@ -103,8 +120,8 @@ __global__ void forward_kernel(const float* q, const float* k, const float* v, f
 }
 
 // delta[row] = go[row] . o[row], one warp per row.
-__global__ void delta_kernel(const float* o, const float* go, float* delta, int64_t rows,
-                             int64_t d) {
+__global__ void __launch_bounds__(kBlockThreads)
+    delta_kernel(const float* o, const float* go, float* delta, int64_t rows, int64_t d) {
   int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
   float sum = 0.f;
@@ -114,15 +131,13 @@ __global__ void delta_kernel(const float* o, const float* go, float* delta, int6
 }
 
 // gq[i] = scale * sum_{j <= i} p_ij (dp_ij - delta_i) k[j], dp_ij = go[i] . v[j].
-__global__ void grad_q_kernel(const float* q, const float* k, const float* v, const float* lse,
-                              const float* go, const float* delta, float* gq, AttnShape s,
-                              int64_t row_blocks) {
+__global__ void __launch_bounds__(kBlockThreads)
+    grad_q_kernel(const float* q, const float* k, const float* v, const float* lse, const float* go,
+                  const float* delta, float* gq, AttnShape s, int64_t row_blocks) {
   __shared__ float ks[kTile][kPad], vs[kTile][kPad], qs[kWarps][kPad], gos[kWarps][kPad];
-  int64_t head = blockIdx.x / row_blocks;
-  int64_t first = (blockIdx.x % row_blocks) * kWarps;
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t i = first + warp;
-  int64_t base = head * s.t * s.d;
+  RowPlace at = row_place(s, row_blocks);
+  int64_t head = at.head, first = at.first, i = at.row, base = at.base;
+  int warp = at.warp, lane = at.lane;
   load_row(q + base, i, s, qs[warp]);
   load_row(go + base, i, s, gos[warp]);
   float li = i < s.t ? lse[head * s.t + i] : 0.f, di = i < s.t ? delta[head * s.t + i] : 0.f;
@@ -146,16 +161,15 @@ __global__ void grad_q_kernel(const float* q, const float* k, const float* v, co
 }
 
 // gv[j] = sum_{i >= j} p_ij go[i]; gk[j] = scale * sum_{i >= j} p_ij (dp_ij - delta_i) q[i].
-__global__ void grad_kv_kernel(const float* q, const float* k, const float* v, const float* lse,
-                               const float* go, const float* delta, float* gk, float* gv,
-                               AttnShape s, int64_t row_blocks) {
+__global__ void __launch_bounds__(kBlockThreads)
+    grad_kv_kernel(const float* q, const float* k, const float* v, const float* lse,
+                   const float* go, const float* delta, float* gk, float* gv, AttnShape s,
+                   int64_t row_blocks) {
   __shared__ float qs[kTile][kPad], gos[kTile][kPad], ks[kWarps][kPad], vs[kWarps][kPad];
   __shared__ float ls[kTile], deltas[kTile];
-  int64_t head = blockIdx.x / row_blocks;
-  int64_t first = (blockIdx.x % row_blocks) * kWarps;
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t j = first + warp;
-  int64_t base = head * s.t * s.d;
+  RowPlace at = row_place(s, row_blocks);
+  int64_t head = at.head, first = at.first, j = at.row, base = at.base;
+  int warp = at.warp, lane = at.lane;
   load_row(k + base, j, s, ks[warp]);
   load_row(v + base, j, s, vs[warp]);
   float acc_k[kDimsPerLane] = {}, acc_v[kDimsPerLane] = {};
@@ -196,23 +210,23 @@ void causal_attention(const float* q, const float* k, const float* v, float* o, 
   if (bh * t == 0) return;
   check_head(d, "causal_attention");
   int64_t row_blocks = (t + kWarps - 1) / kWarps;
-  forward_kernel<<<static_cast<unsigned>(bh * row_blocks), kWarps * 32, 0, stream>>>(
+  forward_kernel<<<static_cast<unsigned>(bh * row_blocks), kBlockThreads, 0, stream>>>(
       q, k, v, o, lse, AttnShape{t, d, scale}, row_blocks);
 }
 
 void causal_attention_backward(const float* q, const float* k, const float* v, const float* o,
                                const float* lse, const float* go, float* delta, float* gq,
-                               float* gk, float* gv, int64_t bh, int64_t t, int64_t d,
-                               float scale, cudaStream_t stream) {
+                               float* gk, float* gv, int64_t bh, int64_t t, int64_t d, float scale,
+                               cudaStream_t stream) {
   if (bh * t == 0) return;
   check_head(d, "causal_attention_backward");
   int64_t row_blocks = (t + kWarps - 1) / kWarps;
   auto blocks = static_cast<unsigned>(bh * row_blocks);
   AttnShape s{t, d, scale};
-  delta_kernel<<<blocks, kWarps * 32, 0, stream>>>(o, go, delta, bh * t, d);
-  grad_q_kernel<<<blocks, kWarps * 32, 0, stream>>>(q, k, v, lse, go, delta, gq, s, row_blocks);
-  grad_kv_kernel<<<blocks, kWarps * 32, 0, stream>>>(q, k, v, lse, go, delta, gk, gv, s,
-                                                     row_blocks);
+  delta_kernel<<<blocks, kBlockThreads, 0, stream>>>(o, go, delta, bh * t, d);
+  grad_q_kernel<<<blocks, kBlockThreads, 0, stream>>>(q, k, v, lse, go, delta, gq, s, row_blocks);
+  grad_kv_kernel<<<blocks, kBlockThreads, 0, stream>>>(q, k, v, lse, go, delta, gk, gv, s,
+                                                       row_blocks);
 }
 
 }  // namespace ht::kernels

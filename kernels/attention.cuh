@@ -24,7 +24,7 @@ void causal_attention(const float* q, const float* k, const float* v, float* o, 
 // scores instead).
 void causal_attention_backward(const float* q, const float* k, const float* v, const float* o,
                                const float* lse, const float* go, float* delta, float* gq,
-                               float* gk, float* gv, int64_t bh, int64_t t, int64_t d,
-                               float scale, cudaStream_t stream);
+                               float* gk, float* gv, int64_t bh, int64_t t, int64_t d, float scale,
+                               cudaStream_t stream);
 
 }  // namespace ht::kernels

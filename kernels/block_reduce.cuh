@@ -45,7 +45,7 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // kColX adjacent columns (i) of one outer index; its kColY rows of threads take every
 // kColY-th j and their partial sums are added in a fixed order, so the result is
 // deterministic without atomics.
-constexpr int kColX = 32, kColY = 8;
+constexpr int kColX = 32, kColY = 16, kColThreads = kColX * kColY;
 
 inline dim3 column_grid(int64_t outer, int64_t inner) {
   return dim3(static_cast<unsigned>(((inner + kColX - 1) / kColX) * outer));

@@ -21,8 +21,8 @@ __device__ __forceinline__ float device_counter_uniform(uint64_t seed, uint64_t 
 __global__ void dropout_mask_kernel(float* mask, int64_t n, float p, float keep_scale,
                                     uint64_t seed, uint64_t offset) {
   for (int64_t i = global_index(); i < n; i += grid_stride())
-    mask[i] = device_counter_uniform(seed, offset + static_cast<uint64_t>(i)) >= p ? keep_scale
-                                                                                   : 0.f;
+    mask[i] =
+        device_counter_uniform(seed, offset + static_cast<uint64_t>(i)) >= p ? keep_scale : 0.f;
 }
 
 }  // namespace
@@ -31,8 +31,7 @@ void dropout_mask(float* mask, int64_t n, float p, uint64_t seed, uint64_t offse
                   cudaStream_t stream) {
   if (n <= 0) return;
   float keep_scale = 1.f / (1.f - p);  // on the host, as the CPU backend rounds it
-  dropout_mask_kernel<<<blocks_for(n), kThreads, 0, stream>>>(mask, n, p, keep_scale, seed,
-                                                              offset);
+  dropout_mask_kernel<<<blocks_for(n), kThreads, 0, stream>>>(mask, n, p, keep_scale, seed, offset);
 }
 
 }  // namespace ht::kernels

@@ -18,8 +18,7 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* gy,
                     int64_t n, float alpha, cudaStream_t stream);
 void binary(BinaryOp op, const float* a, const Strides& sa, const float* b, const Strides& sb,
             float* out, const Shape& shape, cudaStream_t stream);
-void where(const float* cond, const Strides& sc, const float* a, const Strides& sa,
-           const float* b, const Strides& sb, float* out, const Shape& shape,
-           cudaStream_t stream);
+void where(const float* cond, const Strides& sc, const float* a, const Strides& sa, const float* b,
+           const Strides& sb, float* out, const Shape& shape, cudaStream_t stream);
 
 }  // namespace ht::kernels

@@ -9,8 +9,8 @@ using namespace detail;
 
 namespace {
 
-__global__ void embedding_kernel(const float* table, const int32_t* ids, float* out,
-                                 int64_t total, int64_t vocab, int64_t dim, int* error_flag) {
+__global__ void embedding_kernel(const float* table, const int32_t* ids, float* out, int64_t total,
+                                 int64_t vocab, int64_t dim, int* error_flag) {
   for (int64_t k = global_index(); k < total; k += grid_stride()) {
     int64_t pos = k / dim, j = k % dim;
     int32_t id = ids[pos];

@@ -24,12 +24,14 @@ __device__ __forceinline__ int64_t grid_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-// Threads per row for the row-wise kernels: a warp for short rows, up to a full block.
+// Threads per row for the row-wise kernels: a warp for short rows, up to kRowThreads.
+// The kernels declare __launch_bounds__(kRowThreads) so that every choice can launch.
+constexpr int kRowThreads = 512;
 inline int row_threads(int64_t n) {
   if (n <= 64) return 32;
   if (n <= 512) return 128;
   if (n <= 2048) return 256;
-  return 512;
+  return kRowThreads;
 }
 
 }  // namespace ht::kernels::detail

@@ -29,8 +29,8 @@ AdamWScalars adamw_scalars(const AdamWArgs& a) {
           1.f / std::sqrt(a.bias_correction2)};
 }
 
-__device__ __forceinline__ void adamw_element(float* param, const float* grad, float* m,
-                                              float* v, int64_t i, const AdamWScalars& s) {
+__device__ __forceinline__ void adamw_element(float* param, const float* grad, float* m, float* v,
+                                              int64_t i, const AdamWScalars& s) {
   float g = grad[i];
   float mi = s.beta1 * m[i] + (1.f - s.beta1) * g;
   float vi = s.beta2 * v[i] + (1.f - s.beta2) * g * g;
@@ -40,8 +40,8 @@ __device__ __forceinline__ void adamw_element(float* param, const float* grad, f
   param[i] = param[i] * s.decay - s.step * mi / denom;
 }
 
-__device__ __forceinline__ void sgd_element(float* param, const float* grad, float* buf,
-                                            int64_t i, const SgdArgs& a) {
+__device__ __forceinline__ void sgd_element(float* param, const float* grad, float* buf, int64_t i,
+                                            const SgdArgs& a) {
   float g = grad[i] + a.weight_decay * param[i];
   if (a.momentum != 0.f) {
     float b = a.first_step ? g : a.momentum * buf[i] + g;
@@ -132,7 +132,7 @@ void adamw_multi(float* const* params, const float* const* grads, float* const* 
   // The gradients are only read; the batch holds every list as float*.
   float* const* lists[4] = {params, const_cast<float* const*>(grads), ms, vs};
   AdamWScalars s = adamw_scalars(a);
-  for_tensor_lists(lists, sizes, count, stream, [s] __device__(float* (&p)[4], int64_t i) {
+  for_tensor_lists(lists, sizes, count, stream, [s] __device__(float*(&p)[4], int64_t i) {
     adamw_element(p[0], p[1], p[2], p[3], i, s);
   });
 }
@@ -140,7 +140,7 @@ void adamw_multi(float* const* params, const float* const* grads, float* const* 
 void sgd_multi(float* const* params, const float* const* grads, float* const* momentum_bufs,
                const int64_t* sizes, int count, const SgdArgs& a, cudaStream_t stream) {
   float* const* lists[3] = {params, const_cast<float* const*>(grads), momentum_bufs};
-  for_tensor_lists(lists, sizes, count, stream, [a] __device__(float* (&p)[3], int64_t i) {
+  for_tensor_lists(lists, sizes, count, stream, [a] __device__(float*(&p)[3], int64_t i) {
     sgd_element(p[0], p[1], p[2], i, a);
   });
 }

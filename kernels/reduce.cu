@@ -38,7 +38,8 @@ __device__ __forceinline__ MaxAt finish_max(MaxAt m, float first) {
   return m;
 }
 
-__global__ void sum_rows_kernel(const float* x, float* y, int64_t n) {
+__global__ void __launch_bounds__(kRowThreads)
+    sum_rows_kernel(const float* x, float* y, int64_t n) {
   __shared__ float scratch[32];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
   float s = 0.f;
@@ -47,7 +48,8 @@ __global__ void sum_rows_kernel(const float* x, float* y, int64_t n) {
   if (threadIdx.x == 0) y[blockIdx.x] = s;
 }
 
-__global__ void sum_columns_kernel(const float* x, float* y, int64_t n, int64_t inner) {
+__global__ void __launch_bounds__(kColThreads)
+    sum_columns_kernel(const float* x, float* y, int64_t n, int64_t inner) {
   int64_t o, i;
   bool valid;
   float s = column_sum(n, inner, o, i, valid, [&](int64_t oo, int64_t j, int64_t ii) {
@@ -56,7 +58,8 @@ __global__ void sum_columns_kernel(const float* x, float* y, int64_t n, int64_t 
   if (threadIdx.y == 0 && valid) y[o * inner + i] = s;
 }
 
-__global__ void max_rows_kernel(const float* x, float* y, int32_t* argmax, int64_t n) {
+__global__ void __launch_bounds__(kRowThreads)
+    max_rows_kernel(const float* x, float* y, int32_t* argmax, int64_t n) {
   __shared__ MaxAt scratch[32];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
   MaxAt m{-INFINITY, -1};
@@ -75,8 +78,8 @@ __global__ void max_rows_kernel(const float* x, float* y, int32_t* argmax, int64
   if (argmax) argmax[blockIdx.x] = m.at;
 }
 
-__global__ void max_columns_kernel(const float* x, float* y, int32_t* argmax, int64_t n,
-                                   int64_t inner) {
+__global__ void __launch_bounds__(kColThreads)
+    max_columns_kernel(const float* x, float* y, int32_t* argmax, int64_t n, int64_t inner) {
   __shared__ MaxAt part[kColY][kColX + 1];
   int64_t col_blocks = (inner + kColX - 1) / kColX;
   int64_t o = blockIdx.x / col_blocks;
@@ -96,8 +99,8 @@ __global__ void max_columns_kernel(const float* x, float* y, int32_t* argmax, in
   if (argmax) argmax[o * inner + i] = m.at;
 }
 
-__global__ void max_backward_kernel(const float* gy, const int32_t* argmax, float* gx,
-                                    int64_t n, int64_t inner, int64_t total) {
+__global__ void max_backward_kernel(const float* gy, const int32_t* argmax, float* gx, int64_t n,
+                                    int64_t inner, int64_t total) {
   for (int64_t k = global_index(); k < total; k += grid_stride()) {
     int64_t i = k % inner, j = (k / inner) % n, o = k / (inner * n);
     int64_t at = o * inner + i;
@@ -126,7 +129,7 @@ void reduce(ReduceOp op, const float* x, float* y, int32_t* argmax, int64_t oute
     max_rows_kernel<<<row_blocks, threads, 0, stream>>>(x, y, argmax, n);
   else
     max_columns_kernel<<<column_grid(outer, inner), column_block(), 0, stream>>>(x, y, argmax, n,
-                                                                               inner);
+                                                                                 inner);
 }
 
 void max_backward(const float* gy, const int32_t* argmax, float* gx, int64_t outer, int64_t n,

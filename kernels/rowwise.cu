@@ -24,7 +24,8 @@ __device__ __forceinline__ float row_exp_sum(const float* xr, int64_t n, float s
   return block_sum(s, scratch);
 }
 
-__global__ void softmax_kernel(const float* x, float* y, int64_t n, bool log) {
+__global__ void __launch_bounds__(kRowThreads)
+    softmax_kernel(const float* x, float* y, int64_t n, bool log) {
   __shared__ float scratch[32];
   int64_t off = static_cast<int64_t>(blockIdx.x) * n;
   const float* xr = x + off;
@@ -40,8 +41,8 @@ __global__ void softmax_kernel(const float* x, float* y, int64_t n, bool log) {
   }
 }
 
-__global__ void softmax_backward_kernel(const float* y, const float* gy, float* gx, int64_t n,
-                                        bool log) {
+__global__ void __launch_bounds__(kRowThreads)
+    softmax_backward_kernel(const float* y, const float* gy, float* gx, int64_t n, bool log) {
   __shared__ float scratch[32];
   int64_t off = static_cast<int64_t>(blockIdx.x) * n;
   const float* yr = y + off;
@@ -57,8 +58,9 @@ __global__ void softmax_backward_kernel(const float* y, const float* gy, float* 
   }
 }
 
-__global__ void cross_entropy_kernel(const float* logits, const int32_t* labels, float* loss,
-                                     float* lse, int64_t classes, int* error_flag) {
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_kernel(const float* logits, const int32_t* labels, float* loss, float* lse,
+                         int64_t classes, int* error_flag) {
   __shared__ float scratch[32];
   int64_t r = blockIdx.x;
   const float* xr = logits + r * classes;
@@ -76,9 +78,9 @@ __global__ void cross_entropy_kernel(const float* logits, const int32_t* labels,
   loss[r] = l - xr[label];
 }
 
-__global__ void cross_entropy_backward_kernel(const float* logits, const float* lse,
-                                              const int32_t* labels, const float* gloss,
-                                              float* glogits, int64_t classes) {
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_backward_kernel(const float* logits, const float* lse, const int32_t* labels,
+                                  const float* gloss, float* glogits, int64_t classes) {
   int64_t r = blockIdx.x;
   const float* xr = logits + r * classes;
   float* gr = glogits + r * classes;
@@ -90,8 +92,9 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
   }
 }
 
-__global__ void layernorm_kernel(const float* x, const float* gamma, const float* beta, float* y,
-                                 float* mean, float* rstd, int64_t n, float eps) {
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_kernel(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                     float* rstd, int64_t n, float eps) {
   __shared__ float scratch[32];
   int64_t r = blockIdx.x;
   const float* xr = x + r * n;
@@ -111,9 +114,9 @@ __global__ void layernorm_kernel(const float* x, const float* gamma, const float
   }
 }
 
-__global__ void layernorm_backward_kernel(const float* x, const float* gamma, const float* mean,
-                                          const float* rstd, const float* gy, float* gx,
-                                          int64_t n) {
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_backward_kernel(const float* x, const float* gamma, const float* mean,
+                              const float* rstd, const float* gy, float* gx, int64_t n) {
   __shared__ float scratch[32];
   int64_t r = blockIdx.x;
   const float* xr = x + r * n;
@@ -138,9 +141,9 @@ __global__ void layernorm_backward_kernel(const float* x, const float* gamma, co
 
 // ggamma[i] = sum_r gy[r][i] * xhat[r][i] and gbeta[i] = sum_r gy[r][i]: the column sums
 // of a (1, rows, n) layout.
-__global__ void layernorm_params_kernel(const float* x, const float* mean, const float* rstd,
-                                        const float* gy, float* ggamma, float* gbeta,
-                                        int64_t rows, int64_t n) {
+__global__ void __launch_bounds__(kColThreads)
+    layernorm_params_kernel(const float* x, const float* mean, const float* rstd, const float* gy,
+                            float* ggamma, float* gbeta, int64_t rows, int64_t n) {
   int64_t o, i;
   bool valid;
   float sg = column_sum(rows, n, o, i, valid, [&](int64_t, int64_t r, int64_t c) {
@@ -162,11 +165,11 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n, bool log, cudaSt
   softmax_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(x, y, n, log);
 }
 
-void softmax_backward(const float* y, const float* gy, float* gx, int64_t rows, int64_t n,
-                      bool log, cudaStream_t stream) {
+void softmax_backward(const float* y, const float* gy, float* gx, int64_t rows, int64_t n, bool log,
+                      cudaStream_t stream) {
   if (rows * n == 0) return;
-  softmax_backward_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(y, gy, gx,
-                                                                                     n, log);
+  softmax_backward_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(y, gy, gx, n,
+                                                                                      log);
 }
 
 void cross_entropy(const float* logits, const int32_t* labels, float* loss, float* lse,
@@ -180,26 +183,26 @@ void cross_entropy_backward(const float* logits, const float* lse, const int32_t
                             const float* gloss, float* glogits, int64_t rows, int64_t classes,
                             cudaStream_t stream) {
   if (rows * classes == 0) return;
-  cross_entropy_backward_kernel<<<static_cast<unsigned>(rows), row_threads(classes), 0,
-                                  stream>>>(logits, lse, labels, gloss, glogits, classes);
+  cross_entropy_backward_kernel<<<static_cast<unsigned>(rows), row_threads(classes), 0, stream>>>(
+      logits, lse, labels, gloss, glogits, classes);
 }
 
 void layernorm(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                float* rstd, int64_t rows, int64_t n, float eps, cudaStream_t stream) {
   if (rows * n == 0) return;
-  layernorm_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(
-      x, gamma, beta, y, mean, rstd, n, eps);
+  layernorm_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(x, gamma, beta, y,
+                                                                               mean, rstd, n, eps);
 }
 
-void layernorm_backward(const float* x, const float* gamma, const float* mean,
-                        const float* rstd, const float* gy, float* gx, float* ggamma,
-                        float* gbeta, int64_t rows, int64_t n, cudaStream_t stream) {
+void layernorm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                        const float* gy, float* gx, float* ggamma, float* gbeta, int64_t rows,
+                        int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (rows > 0)
     layernorm_backward_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(
         x, gamma, mean, rstd, gy, gx, n);
   layernorm_params_kernel<<<column_grid(1, n), column_block(), 0, stream>>>(x, mean, rstd, gy,
-                                                                           ggamma, gbeta, rows, n);
+                                                                            ggamma, gbeta, rows, n);
 }
 
 }  // namespace ht::kernels

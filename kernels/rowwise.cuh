@@ -10,8 +10,8 @@
 namespace ht::kernels {
 
 void softmax(const float* x, float* y, int64_t rows, int64_t n, bool log, cudaStream_t stream);
-void softmax_backward(const float* y, const float* gy, float* gx, int64_t rows, int64_t n,
-                      bool log, cudaStream_t stream);
+void softmax_backward(const float* y, const float* gy, float* gx, int64_t rows, int64_t n, bool log,
+                      cudaStream_t stream);
 // Sets *error_flag (device memory) to 1 when a label is outside [0, classes); that row's
 // loss is then NaN. The flag is never cleared here.
 void cross_entropy(const float* logits, const int32_t* labels, float* loss, float* lse,
@@ -23,8 +23,8 @@ void cross_entropy_backward(const float* logits, const float* lse, const int32_t
 void layernorm(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                float* rstd, int64_t rows, int64_t n, float eps, cudaStream_t stream);
 // Writes gx, and overwrites ggamma and gbeta with their sums over rows (deterministic).
-void layernorm_backward(const float* x, const float* gamma, const float* mean,
-                        const float* rstd, const float* gy, float* gx, float* ggamma,
-                        float* gbeta, int64_t rows, int64_t n, cudaStream_t stream);
+void layernorm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                        const float* gy, float* gx, float* ggamma, float* gbeta, int64_t rows,
+                        int64_t n, cudaStream_t stream);
 
 }  // namespace ht::kernels

@@ -28,6 +28,20 @@ struct StridedDims {
     for (int d = 0; d < ndim; ++d) n *= size[d];
     return n;
   }
+  // Whether every linear index and every operand's offset fits in int32, so that the
+  // kernel may take its index apart with 32-bit divisions (64-bit ones cost several
+  // times more on the GPU).
+  bool fits_int32() const {
+    constexpr int64_t kMax = INT32_MAX;
+    if (count() > kMax) return false;
+    for (int k = 0; k < N; ++k) {
+      int64_t reach = 0;
+      for (int d = 0; d < ndim; ++d)
+        reach += (size[d] - 1) * (stride[k][d] < 0 ? -stride[k][d] : stride[k][d]);
+      if (reach > kMax) return false;
+    }
+    return true;
+  }
 };
 
 inline bool has_zero_extent(const Shape& shape) {
@@ -47,8 +61,7 @@ StridedDims<N> coalesce(const Shape& shape, const std::array<const Strides*, N>&
     if (shape[d] == 1) continue;
     int last = out.ndim - 1;
     bool merge = out.ndim > 0;
-    for (int k = 0; merge && k < N; ++k)
-      merge = out.stride[k][last] == (*strides[k])[d] * shape[d];
+    for (int k = 0; merge && k < N; ++k) merge = out.stride[k][last] == (*strides[k])[d] * shape[d];
     if (merge) {
       out.size[last] *= shape[d];
       for (int k = 0; k < N; ++k) out.stride[k][last] = (*strides[k])[d];
@@ -69,27 +82,20 @@ StridedDims<N> coalesce(const Shape& shape, const std::array<const Strides*, N>&
   return out;
 }
 
-// Row-major strides of a dense tensor of `shape` (the outputs of binary and where).
-inline Strides dense_strides(const Shape& shape) {
-  Strides s(shape.size());
-  int64_t step = 1;
-  for (size_t d = shape.size(); d-- > 0;) {
-    s[d] = step;
-    step *= shape[d];
-  }
-  return s;
-}
-
-// The element offsets of every operand at linear (row-major) index i.
-template <int N>
-__device__ __forceinline__ void strided_offsets(const StridedDims<N>& s, int64_t i,
+// The element offsets of every operand at linear (row-major) index i, computed in
+// Index arithmetic (int32_t only where fits_int32() holds).
+template <class Index, int N>
+__device__ __forceinline__ void strided_offsets(const StridedDims<N>& s, int64_t linear,
                                                 int64_t (&off)[N]) {
-  for (int k = 0; k < N; ++k) off[k] = 0;
+  Index o[N] = {};
+  auto i = static_cast<Index>(linear);
   for (int d = s.ndim - 1; d >= 0; --d) {
-    int64_t idx = i % s.size[d];
-    i /= s.size[d];
-    for (int k = 0; k < N; ++k) off[k] += idx * s.stride[k][d];
+    auto size = static_cast<Index>(s.size[d]);
+    Index idx = i % size;
+    i /= size;
+    for (int k = 0; k < N; ++k) o[k] += idx * static_cast<Index>(s.stride[k][d]);
   }
+  for (int k = 0; k < N; ++k) off[k] = o[k];
 }
 
 }  // namespace ht::kernels::detail

@@ -13,8 +13,8 @@ namespace {
 
 // The output positions o with o * stride + k == at for some 0 <= k < window, as the
 // first and one past the last, within [0, outs).
-__device__ __forceinline__ void covering(int64_t at, int64_t window, int64_t stride,
-                                         int64_t outs, int64_t& lo, int64_t& hi) {
+__device__ __forceinline__ void covering(int64_t at, int64_t window, int64_t stride, int64_t outs,
+                                         int64_t& lo, int64_t& hi) {
   int64_t first = at - window + 1;
   lo = first <= 0 ? 0 : (first + stride - 1) / stride;
   hi = min(at / stride + 1, outs);
@@ -54,8 +54,8 @@ __global__ void col2im_kernel(const float* gcols, float* gx, Window2d g, int64_t
   }
 }
 
-__global__ void maxpool2d_kernel(const float* x, float* y, int32_t* argmax, Window2d g,
-                                 int64_t oh, int64_t ow, int64_t total) {
+__global__ void maxpool2d_kernel(const float* x, float* y, int32_t* argmax, Window2d g, int64_t oh,
+                                 int64_t ow, int64_t total) {
   for (int64_t k = global_index(); k < total; k += grid_stride()) {
     int64_t xo = k % ow, yo = (k / ow) % oh, plane = k / (ow * oh);
     const float* xp = x + plane * g.h * g.w;
@@ -75,8 +75,7 @@ __global__ void maxpool2d_kernel(const float* x, float* y, int32_t* argmax, Wind
 }
 
 __global__ void maxpool2d_backward_kernel(const float* gy, const int32_t* argmax, float* gx,
-                                          Window2d g, int64_t oh, int64_t ow,
-                              int64_t total) {
+                                          Window2d g, int64_t oh, int64_t ow, int64_t total) {
   for (int64_t k = global_index(); k < total; k += grid_stride()) {
     int64_t ix = k % g.w, iy = (k / g.w) % g.h, plane = k / (g.w * g.h);
     int64_t at = iy * g.w + ix;
@@ -101,22 +100,22 @@ int64_t input_elements(const Window2d& g) { return g.n * g.c * g.h * g.w; }
 void im2col(const float* x, float* cols, const Window2d& g, cudaStream_t stream) {
   int64_t total = output_elements(g) * g.kh * g.kw;
   if (total == 0) return;
-  im2col_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
-      x, cols, g, g.out_h(), g.out_w(), total);
+  im2col_kernel<<<blocks_for(total), kThreads, 0, stream>>>(x, cols, g, g.out_h(), g.out_w(),
+                                                            total);
 }
 
 void col2im(const float* gcols, float* gx, const Window2d& g, cudaStream_t stream) {
   int64_t total = input_elements(g);
   if (total == 0) return;
-  col2im_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
-      gcols, gx, g, g.out_h(), g.out_w(), total);
+  col2im_kernel<<<blocks_for(total), kThreads, 0, stream>>>(gcols, gx, g, g.out_h(), g.out_w(),
+                                                            total);
 }
 
 void maxpool2d(const float* x, float* y, int32_t* argmax, const Window2d& g, cudaStream_t stream) {
   int64_t total = output_elements(g);
   if (total == 0) return;
-  maxpool2d_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
-      x, y, argmax, g, g.out_h(), g.out_w(), total);
+  maxpool2d_kernel<<<blocks_for(total), kThreads, 0, stream>>>(x, y, argmax, g, g.out_h(),
+                                                               g.out_w(), total);
 }
 
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Window2d& g,
