@@ -2,6 +2,9 @@
 // pipeline stages take contiguous ranges of them. Besides computing, each Block states
 // what the planner needs to place it: parameters, forward FLOPs per sample, the
 // activation bytes per sample its backward keeps alive, and the shape it hands on.
+// Each Block type computes those figures in a static describe(hyper-parameters)
+// (nn/block_shape.h) that its methods return, so the planner can describe a model from
+// its config without building it and get the same figures.
 #pragma once
 
 #include <memory>

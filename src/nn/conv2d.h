@@ -18,7 +18,10 @@ class Conv2d : public Module {
   Tensor forward(const Tensor& x) const;
 
   // Output height or width for an input extent of `size`.
-  int64_t out_size(int64_t size) const { return (size + 2 * padding_ - kernel_) / stride_ + 1; }
+  static constexpr int64_t out_size(int64_t size, int64_t kernel, int64_t stride, int64_t padding) {
+    return (size + 2 * padding - kernel) / stride + 1;
+  }
+  int64_t out_size(int64_t size) const { return out_size(size, kernel_, stride_, padding_); }
 
   int64_t in_channels() const { return in_; }
   int64_t out_channels() const { return out_; }

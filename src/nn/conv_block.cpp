@@ -7,22 +7,16 @@
 
 namespace ht::nn {
 
+namespace {
+// Conv 3x3, stride 1, padding 1 (the image keeps its size); 2x2 pooling, stride 2.
+constexpr int64_t kKernel = 3, kStride = 1, kPadding = 1, kPool = 2;
+}  // namespace
+
 ConvBlock::ConvBlock(int64_t in_channels, int64_t out_channels, int64_t height, int64_t width,
                      Rng& rng)
-    : height_(height),
-      width_(width),
-      conv_(in_channels, out_channels, 3, 1, 1, true, Init::torch_default, rng),
-      pool_(2, 2) {
-  HT_CHECK(height_ >= 2 && width_ >= 2, "ConvBlock: image ", height_, "x", width_,
-           "; expected at least 2x2 for the 2x2 pooling");
-}
-
-Shape ConvBlock::sample_input_shape() const { return {conv_.in_channels(), height_, width_}; }
-
-Shape ConvBlock::sample_output_shape() const {
-  return {conv_.out_channels(), pool_.out_size(conv_.out_size(height_)),
-          pool_.out_size(conv_.out_size(width_))};
-}
+    : shape_(describe(in_channels, out_channels, height, width)),
+      conv_(in_channels, out_channels, kKernel, kStride, kPadding, true, Init::torch_default, rng),
+      pool_(kPool, kPool) {}
 
 Tensor ConvBlock::forward(const Tensor& x) {
   check_block_input(*this, x);
@@ -32,22 +26,28 @@ Tensor ConvBlock::forward(const Tensor& x) {
 // FLOPs, with O output channels over the conv's H x W output and the pooled H' x W':
 // 2 * O*H*W * C*3*3 (multiply-adds) + O*H*W (bias) + O*H*W (ReLU) + 3 * O*H'*W'
 // (2x2 pooling: 3 comparisons per output).
-int64_t ConvBlock::flops_per_sample() const {
-  int64_t c = conv_.in_channels(), o = conv_.out_channels(), k = conv_.kernel();
-  int64_t hw = conv_.out_size(height_) * conv_.out_size(width_);
-  Shape out = sample_output_shape();
-  int64_t pooled = out[0] * out[1] * out[2];
-  return 2 * o * hw * c * k * k + o * hw + o * hw + (pool_.kernel() * pool_.kernel() - 1) * pooled;
-}
-
 // Kept: conv2d's input (C*H*W floats, the block input), the ReLU output (O*H*W
 // floats, which is also what the pooling reads) and the pooling's int32 argmax
 // (O*H'*W'). The conv output is not kept: ReLU keeps its output, not its input.
-int64_t ConvBlock::activation_bytes_per_sample() const {
-  int64_t in = numel(sample_input_shape());
-  int64_t conv_out = conv_.out_channels() * conv_.out_size(height_) * conv_.out_size(width_);
-  int64_t pooled = numel(sample_output_shape());
-  return (in + conv_out) * cost::kFloatBytes + pooled * cost::kIntBytes;
+BlockShape ConvBlock::describe(int64_t in_channels, int64_t out_channels, int64_t height,
+                               int64_t width) {
+  HT_CHECK(height >= kPool && width >= kPool, "ConvBlock: image ", height, "x", width,
+           "; expected at least ", kPool, "x", kPool, " for the ", kPool, "x", kPool, " pooling");
+  const int64_t c = in_channels, o = out_channels;
+  const int64_t conv_h = Conv2d::out_size(height, kKernel, kStride, kPadding);
+  const int64_t conv_w = Conv2d::out_size(width, kKernel, kStride, kPadding);
+  const int64_t hw = conv_h * conv_w;
+  BlockShape s;
+  s.kind = "conv_relu_pool";
+  s.params = cost::conv2d_params(c, o, kKernel, true);
+  s.sample_input_shape = {c, height, width};
+  s.sample_output_shape = {o, MaxPool2d::out_size(conv_h, kPool, kPool),
+                           MaxPool2d::out_size(conv_w, kPool, kPool)};
+  const int64_t pooled = numel(s.sample_output_shape);
+  s.flops_per_sample = 2 * o * hw * c * kKernel * kKernel + o * hw + o * hw + (kPool * kPool - 1) * pooled;
+  s.activation_bytes_per_sample =
+      (numel(s.sample_input_shape) + o * hw) * cost::kFloatBytes + pooled * cost::kIntBytes;
+  return s;
 }
 
 std::vector<NamedTensor> ConvBlock::named_parameters() const {

@@ -44,6 +44,17 @@ constexpr int64_t linear_flops(int64_t rows, int64_t in, int64_t out, bool bias)
   return 2 * rows * in * out + (bias ? rows * out : 0);
 }
 
+// Parameter counts of the layers, as their constructors allocate them (PyTorch layouts).
+constexpr int64_t linear_params(int64_t in, int64_t out, bool bias) {
+  return in * out + (bias ? out : 0);
+}
+constexpr int64_t conv2d_params(int64_t in_channels, int64_t out_channels, int64_t kernel,
+                                bool bias) {
+  return out_channels * in_channels * kernel * kernel + (bias ? out_channels : 0);
+}
+constexpr int64_t layernorm_params(int64_t dim) { return 2 * dim; }  // gain and shift
+constexpr int64_t embedding_params(int64_t count, int64_t dim) { return count * dim; }
+
 // Per-sample bytes of a layernorm's saved state: input plus mean and 1/std per row.
 constexpr int64_t layernorm_saved_bytes(int64_t rows, int64_t dim) {
   return (rows * dim + 2 * rows) * kFloatBytes;

@@ -7,17 +7,17 @@
 namespace ht::nn {
 
 DenseBlock::DenseBlock(Shape in_shape, int64_t out_features, bool relu, bool flatten, Rng& rng)
-    : in_shape_(std::move(in_shape)),
+    : shape_(describe(in_shape, out_features, relu)),
       relu_(relu),
       flatten_(flatten),
-      linear_(numel(in_shape_), out_features, true, Init::torch_default, rng) {}
+      linear_(numel(in_shape), out_features, true, Init::torch_default, rng) {}
 
 Tensor DenseBlock::forward(const Tensor& x) {
   int64_t in = linear_.in_features();
   if (flatten_) {
     bool ok = x.defined() && x.dim() >= 2 && x.shape()[0] >= 1 && x.numel() == x.shape()[0] * in;
     check_block_input(*this, x, ok,
-                      batched_shape_text(in_shape_) + " or any (B, ...) with " +
+                      batched_shape_text(shape_.sample_input_shape) + " or any (B, ...) with " +
                           std::to_string(in) + " values per sample");
   } else {
     check_block_input(*this, x);
@@ -28,17 +28,19 @@ Tensor DenseBlock::forward(const Tensor& x) {
 }
 
 // FLOPs: 2*in*out (multiply-adds) + out (bias) [+ out (ReLU)].
-int64_t DenseBlock::flops_per_sample() const {
-  int64_t out = linear_.out_features();
-  return cost::linear_flops(1, linear_.in_features(), out, true) + (relu_ ? out : 0);
-}
-
 // Kept: matmul's input (in floats; the block input itself, or its flattened copy
 // when it was not dense) and, with ReLU, the ReLU output (out floats). The bias add's
 // output is not kept: ReLU keeps its output, not its input.
-int64_t DenseBlock::activation_bytes_per_sample() const {
-  int64_t out = linear_.out_features();
-  return (linear_.in_features() + (relu_ ? out : 0)) * cost::kFloatBytes;
+BlockShape DenseBlock::describe(const Shape& in_shape, int64_t out_features, bool relu) {
+  const int64_t in = numel(in_shape), out = out_features;
+  BlockShape s;
+  s.kind = relu ? "dense_relu" : "dense";
+  s.params = cost::linear_params(in, out, true);
+  s.flops_per_sample = cost::linear_flops(1, in, out, true) + (relu ? out : 0);
+  s.activation_bytes_per_sample = (in + (relu ? out : 0)) * cost::kFloatBytes;
+  s.sample_input_shape = in_shape;
+  s.sample_output_shape = {out};
+  return s;
 }
 
 std::vector<NamedTensor> DenseBlock::named_parameters() const {

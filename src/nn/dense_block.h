@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "nn/block.h"
+#include "nn/block_shape.h"
 #include "nn/linear.h"
 
 namespace ht::nn {
@@ -16,18 +17,21 @@ class DenseBlock : public Block {
   // (B, 64, 7, 7) feature maps); without it the input must be exactly (B, in_shape...).
   DenseBlock(Shape in_shape, int64_t out_features, bool relu, bool flatten, Rng& rng);
 
+  // The figures of such a block, from its hyper-parameters alone (`flatten` changes none).
+  static BlockShape describe(const Shape& in_shape, int64_t out_features, bool relu);
+
   Tensor forward(const Tensor& x) override;  // (B, in_shape...) -> (B, out)
 
-  std::string kind() const override { return relu_ ? "dense_relu" : "dense"; }
-  int64_t flops_per_sample() const override;
-  int64_t activation_bytes_per_sample() const override;
-  Shape sample_input_shape() const override { return in_shape_; }
-  Shape sample_output_shape() const override { return {linear_.out_features()}; }
+  std::string kind() const override { return shape_.kind; }
+  int64_t flops_per_sample() const override { return shape_.flops_per_sample; }
+  int64_t activation_bytes_per_sample() const override { return shape_.activation_bytes_per_sample; }
+  Shape sample_input_shape() const override { return shape_.sample_input_shape; }
+  Shape sample_output_shape() const override { return shape_.sample_output_shape; }
 
   std::vector<NamedTensor> named_parameters() const override;
 
  private:
-  Shape in_shape_;
+  BlockShape shape_;
   bool relu_, flatten_;
   Linear linear_;
 };

@@ -6,7 +6,7 @@
 namespace ht::nn {
 
 LmHeadBlock::LmHeadBlock(int64_t dim, int64_t vocab, int64_t context, Rng& rng)
-    : context_(context), ln_(dim), head_(dim, vocab, false, Init::gpt, rng) {}
+    : context_(context), shape_(describe(dim, vocab, context)), ln_(dim), head_(dim, vocab, false, Init::gpt, rng) {}
 
 Tensor LmHeadBlock::forward(const Tensor& x) {
   int64_t c = ln_.dim();
@@ -18,17 +18,19 @@ Tensor LmHeadBlock::forward(const Tensor& x) {
 }
 
 // FLOPs: 7TC (layernorm) + 2*T*C*V (projection, no bias).
-int64_t LmHeadBlock::flops_per_sample() const {
-  int64_t t = context_, c = ln_.dim();
-  return cost::kLayerNormFlopsPerValue * t * c + cost::linear_flops(t, c, head_.out_features(), false);
-}
-
 // Kept: the layernorm's input (TC) + mean, 1/std (2T), and its output as the
 // projection's input (TC). The logits are not kept here; a loss that keeps them
 // (cross_entropy does) accounts for them itself.
-int64_t LmHeadBlock::activation_bytes_per_sample() const {
-  int64_t t = context_, c = ln_.dim();
-  return cost::layernorm_saved_bytes(t, c) + t * c * cost::kFloatBytes;
+BlockShape LmHeadBlock::describe(int64_t dim, int64_t vocab, int64_t context) {
+  const int64_t t = context, c = dim;
+  BlockShape s;
+  s.kind = "lm_head";
+  s.params = cost::layernorm_params(c) + cost::linear_params(c, vocab, false);
+  s.flops_per_sample = cost::kLayerNormFlopsPerValue * t * c + cost::linear_flops(t, c, vocab, false);
+  s.activation_bytes_per_sample = cost::layernorm_saved_bytes(t, c) + t * c * cost::kFloatBytes;
+  s.sample_input_shape = {t, c};
+  s.sample_output_shape = {t, vocab};
+  return s;
 }
 
 std::vector<NamedTensor> LmHeadBlock::named_parameters() const {

@@ -15,7 +15,10 @@ class MaxPool2d : public Module {
   // (N, C, H, W) -> (N, C, H', W'). Keeps an int32 argmax per output for backward.
   Tensor forward(const Tensor& x) const;
 
-  int64_t out_size(int64_t size) const { return (size - kernel_) / stride_ + 1; }
+  static constexpr int64_t out_size(int64_t size, int64_t kernel, int64_t stride) {
+    return (size - kernel) / stride + 1;
+  }
+  int64_t out_size(int64_t size) const { return out_size(size, kernel_, stride_); }
   int64_t kernel() const { return kernel_; }
   int64_t stride() const { return stride_; }
 

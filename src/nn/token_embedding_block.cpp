@@ -9,6 +9,7 @@ namespace ht::nn {
 TokenEmbeddingBlock::TokenEmbeddingBlock(int64_t vocab, int64_t context, int64_t dim,
                                          float dropout, uint64_t dropout_seed, Rng& rng)
     : context_(context),
+      shape_(describe(vocab, context, dim, dropout)),
       tokens_(vocab, dim, rng),
       positions_(context, dim, rng),
       dropout_(dropout, dropout_seed) {}
@@ -25,16 +26,21 @@ Tensor TokenEmbeddingBlock::forward(const Tensor& ids) {
 }
 
 // FLOPs: T*C for the position add [+ T*C for the dropout multiply]; lookups are copies.
-int64_t TokenEmbeddingBlock::flops_per_sample() const {
-  int64_t tc = context_ * tokens_.dim();
-  return tc + (dropout_.p() > 0.f ? tc : 0);
-}
-
 // Kept: the int32 ids (T, kept by the token lookup; the position table is sliced, so
-// no position ids exist) [+ the float dropout mask, T*C]. Figures assume training.
-int64_t TokenEmbeddingBlock::activation_bytes_per_sample() const {
-  int64_t tc = context_ * tokens_.dim();
-  return context_ * cost::kIntBytes + (dropout_.p() > 0.f ? tc * cost::kFloatBytes : 0);
+// no position ids exist) [+ the float dropout mask, T*C].
+BlockShape TokenEmbeddingBlock::describe(int64_t vocab, int64_t context, int64_t dim,
+                                         float dropout) {
+  const int64_t tc = context * dim;
+  const bool drops = dropout > 0.f;
+  BlockShape s;
+  s.kind = "token_embedding";
+  s.params = cost::embedding_params(vocab, dim) + cost::embedding_params(context, dim);
+  s.flops_per_sample = tc + (drops ? tc : 0);
+  s.activation_bytes_per_sample = context * cost::kIntBytes + (drops ? tc * cost::kFloatBytes : 0);
+  s.sample_input_shape = {context};
+  s.sample_output_shape = {context, dim};
+  s.input_dtype = DType::i32;
+  return s;
 }
 
 std::vector<NamedTensor> TokenEmbeddingBlock::named_parameters() const {

@@ -1,20 +1,25 @@
 #include "nn/transformer_block.h"
 
+#include "core/error.h"
 #include "nn/block_input.h"
 #include "nn/cost_model.h"
 #include "ops/ops.h"
 
 namespace ht::nn {
 
+namespace {
+constexpr int64_t kMlpWidth = 4;  // the MLP's hidden width, in multiples of dim (GPT-2)
+}  // namespace
+
 TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t context, float dropout,
                                    uint64_t dropout_seed, Rng& rng)
     : dim_(dim),
-      heads_(heads),
       context_(context),
+      shape_(describe(dim, heads, context, dropout)),
       ln1_(dim),
       attn_(dim, heads, Init::gpt, rng),
       ln2_(dim),
-      mlp_(dim, 4 * dim, Init::gpt, rng),
+      mlp_(dim, kMlpWidth * dim, Init::gpt, rng),
       dropout_(dropout, dropout_seed) {}
 
 Tensor TransformerBlock::forward(const Tensor& x) {
@@ -37,17 +42,6 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 //   fc1, GELU, fc2      2*T*C*4C + 4TC (bias) + 4TC (GELU) + 2*T*4C*C + TC (bias)
 //   residual adds       2 * TC      [dropout multiplies: 2 * TC when p > 0]
 // = 24TC^2 + 4T^2C + 7HT^2 + 29TC [+ 2TC].
-int64_t TransformerBlock::flops_per_sample() const {
-  int64_t t = context_, c = dim_, h = heads_, tc = t * c;
-  int64_t ln = 2 * cost::kLayerNormFlopsPerValue * tc;
-  int64_t qkv = cost::linear_flops(t, c, 3 * c, true);
-  int64_t attention = 2 * 2 * t * t * c + 2 * h * t * t + cost::kSoftmaxFlopsPerValue * h * t * t;
-  int64_t proj = cost::linear_flops(t, c, c, true);
-  int64_t mlp = cost::linear_flops(t, c, 4 * c, true) + 4 * tc + cost::linear_flops(t, 4 * c, c, true);
-  int64_t residual = 2 * tc + (dropout_.p() > 0.f ? 2 * tc : 0);
-  return ln + qkv + attention + proj + mlp + residual;
-}
-
 // Kept per sample, in floats (T = context, C = dim, H = heads):
 //   ln1: its input x (TC) + mean, 1/std (2T)
 //   qkv matmul: ln1's output (TC)
@@ -60,16 +54,38 @@ int64_t TransformerBlock::flops_per_sample() const {
 // = 16TC + 4T + HT^2 [+ 2TC]. Scores, masked scores, attention output and the
 // residual branches' outputs are not kept. The T x T causal mask that `where` keeps
 // does not grow with the batch and is not counted.
-int64_t TransformerBlock::activation_bytes_per_sample() const {
-  int64_t t = context_, c = dim_, h = heads_, tc = t * c;
-  int64_t ln = cost::layernorm_saved_bytes(t, c);  // input, mean, 1/std
-  int64_t attention = tc          // qkv's input (ln1's output)
-                      + 3 * tc    // the qkv buffer behind q, k, v
-                      + h * t * t  // softmax output
-                      + tc;       // merged heads (proj's input)
-  int64_t mlp = tc + 4 * tc + 4 * tc;  // fc1's input, GELU input, GELU output
-  int64_t masks = dropout_.p() > 0.f ? 2 * tc : 0;
-  return 2 * ln + (attention + mlp + masks) * cost::kFloatBytes;
+BlockShape TransformerBlock::describe(int64_t dim, int64_t heads, int64_t context, float dropout) {
+  HT_CHECK(heads > 0 && dim % heads == 0, "TransformerBlock: ", heads, " heads for model width ",
+           dim, "; expected a positive divisor of ", dim);
+  const int64_t t = context, c = dim, h = heads, tc = t * c, hidden = kMlpWidth * c;
+  const bool drops = dropout > 0.f;
+  BlockShape s;
+  s.kind = "transformer";
+  s.params = 2 * cost::layernorm_params(c) + cost::linear_params(c, 3 * c, true) +
+             cost::linear_params(c, c, true) + cost::linear_params(c, hidden, true) +
+             cost::linear_params(hidden, c, true);
+  s.sample_input_shape = {t, c};
+  s.sample_output_shape = {t, c};
+
+  const int64_t ln_flops = 2 * cost::kLayerNormFlopsPerValue * tc;
+  const int64_t qkv_flops = cost::linear_flops(t, c, 3 * c, true);
+  const int64_t attention_flops =
+      2 * 2 * t * t * c + 2 * h * t * t + cost::kSoftmaxFlopsPerValue * h * t * t;
+  const int64_t proj_flops = cost::linear_flops(t, c, c, true);
+  const int64_t mlp_flops =
+      cost::linear_flops(t, c, hidden, true) + hidden * t + cost::linear_flops(t, hidden, c, true);
+  const int64_t residual_flops = 2 * tc + (drops ? 2 * tc : 0);
+  s.flops_per_sample = ln_flops + qkv_flops + attention_flops + proj_flops + mlp_flops + residual_flops;
+
+  const int64_t ln = cost::layernorm_saved_bytes(t, c);  // input, mean, 1/std
+  const int64_t attention = tc          // qkv's input (ln1's output)
+                            + 3 * tc    // the qkv buffer behind q, k, v
+                            + h * t * t  // softmax output
+                            + tc;       // merged heads (proj's input)
+  const int64_t mlp = tc + hidden * t + hidden * t;  // fc1's input, GELU input, GELU output
+  const int64_t masks = drops ? 2 * tc : 0;
+  s.activation_bytes_per_sample = 2 * ln + (attention + mlp + masks) * cost::kFloatBytes;
+  return s;
 }
 
 std::vector<NamedTensor> TransformerBlock::named_parameters() const {

@@ -15,6 +15,11 @@ double optimizer_state_bytes_per_param(const config::OptimizerConfig& opt) {
 
 BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
                        const config::OptimizerConfig& opt) {
+  return block_costs(nn::shape_of(model), cluster, opt);
+}
+
+BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
+                       const config::OptimizerConfig& opt) {
   const size_t blocks = model.size();
   const size_t ranks = cluster.ranks.size();
   HT_CHECK(cluster.block_seconds.size() <= ranks, "block_costs: the measured profile has ",
@@ -25,15 +30,15 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
   BlockCosts c;
   c.optimizer_bytes_per_param = opt_bytes;
   for (size_t b = 0; b < blocks; ++b) {
-    const nn::Block& blk = model.block(b);
-    const auto params = static_cast<double>(blk.param_count());
-    c.flops.push_back(static_cast<double>(blk.flops_per_sample()));
+    const nn::BlockShape& blk = model.blocks[b];
+    const auto params = static_cast<double>(blk.params);
+    c.flops.push_back(static_cast<double>(blk.flops_per_sample));
     c.params.push_back(params);
     c.state_bytes.push_back(params * (kWeightBytesPerParam + kGradBytesPerParam + opt_bytes));
-    c.activation_bytes.push_back(static_cast<double>(blk.activation_bytes_per_sample()));
-    c.input_bytes.push_back(static_cast<double>(numel(blk.sample_input_shape()) *  // i32 ids too
-                                                dtype_size(blk.input_dtype())));
-    c.output_bytes.push_back(static_cast<double>(numel(blk.sample_output_shape())) * 4);  // f32
+    c.activation_bytes.push_back(static_cast<double>(blk.activation_bytes_per_sample));
+    c.input_bytes.push_back(static_cast<double>(numel(blk.sample_input_shape) *  // i32 ids too
+                                                dtype_size(blk.input_dtype)));
+    c.output_bytes.push_back(static_cast<double>(numel(blk.sample_output_shape)) * 4);  // f32
   }
 
   c.seconds_per_sample.resize(ranks);
@@ -63,8 +68,7 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
       auto& row = c.seconds_per_sample[r];
       row.resize(blocks);
       for (size_t b = 0; b < blocks; ++b)
-        row[b] = kTrainFlopsPerForwardFlop *
-                 static_cast<double>(model.block(b).flops_per_sample()) / rate;
+        row[b] = kTrainFlopsPerForwardFlop * c.flops[b] / rate;
       c.source[r] = kSourceModelled;
     }
     // Calls the profile did not time get the engine's figure.

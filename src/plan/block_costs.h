@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "nn/block.h"
+#include "nn/block_shape.h"
 #include "plan/cluster_model.h"
 
 namespace ht::plan {
@@ -66,9 +67,14 @@ inline double comm_overhead_seconds(const BlockCosts& costs, size_t rank) {
 double optimizer_state_bytes_per_param(const config::OptimizerConfig& opt);
 
 // Per rank: cluster.block_seconds[rank] when present (a non-empty row), else
-// 3 x flops_per_sample / ranks[rank].flops; likewise for the optimiser step, per block. Errors (ht::Error): a measured row whose
-// block count differs from the model's (naming both counts); a modelled rank whose
-// flops is not positive; more profile rows than ranks.
+// 3 x flops_per_sample / ranks[rank].flops; likewise for the optimiser step, per block.
+// Reads only the model's shapes, so a model described from its config (no weights) is
+// planned as its built Blocks would be. Errors (ht::Error): a measured row whose block
+// count differs from the model's (naming both counts); a modelled rank whose flops is
+// not positive; more profile rows than ranks.
+BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
+                       const config::OptimizerConfig& opt);
+// The same for a built model: block_costs(nn::shape_of(model), ...).
 BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
                        const config::OptimizerConfig& opt);
 
