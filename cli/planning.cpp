@@ -34,8 +34,9 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
     return std::chrono::duration<double>(b - a).count();
   };
   const auto start = Clock::now();
-  const std::unique_ptr<ht::runtime::Task> task = ht::runtime::make_task(cfg);
-  const ht::nn::Sequential model = task->build_model(cfg.train.seed);
+  // The model's shapes from the config alone: planning allocates no weight and reads no
+  // data, so it answers for models larger than this machine's memory.
+  const ht::nn::ModelShape model = ht::runtime::describe_model(cfg);
   const auto searching = Clock::now();
   ht::plan::PlannerInput in;
   in.costs = ht::plan::block_costs(model, cluster, cfg.train.optimizer);

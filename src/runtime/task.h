@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "nn/block.h"
+#include "nn/block_shape.h"
 
 namespace ht::runtime {
 
@@ -42,6 +43,12 @@ class Task {
 // The config's model (MLP, CNN or GPT) with fresh weights from `seed`, built without
 // touching any data: the tasks build theirs with it, and so do the golden fixtures.
 nn::Sequential build_model(const config::Config& cfg, uint64_t seed);
+
+// The config's model described from its config alone, without a weight allocated or
+// any data read: equal to nn::shape_of(build_model(cfg, seed)) for every seed, and what
+// the planner plans from, so a model larger than this machine's memory can be planned.
+// Throws ht::Error where build_model would (an image pooled below 2x2, say).
+nn::ModelShape describe_model(const config::Config& cfg);
 
 // Loads the data named by the config and returns the matching task.
 std::unique_ptr<Task> make_task(const config::Config& cfg);

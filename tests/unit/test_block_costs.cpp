@@ -1,6 +1,7 @@
 // The planner's cost model: FLOPs / rate seconds, measured profiles preferred, weight
 // state per optimiser and the samples a memory holds, all checked against hand counts
-// for the default MLP (784-512-512-10, 669,706 parameters).
+// for the default MLP (784-512-512-10, 669,706 parameters); and the same costs from a
+// model described from its config (runtime::describe_model) as from the built model.
 #include <doctest/doctest.h>
 
 #include "tests/unit/error_message.h"
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "models/models.h"
 #include "plan/block_costs.h"
+#include "runtime/task.h"
 
 using namespace ht;
 using namespace ht::plan;
@@ -135,3 +137,29 @@ TEST_CASE("block costs: state bytes per optimiser from the parameter count") {
         }).find("'lion'") != std::string::npos);
 }
 
+TEST_CASE("block costs: a model described from its config costs what the built model does") {
+  config::Config cfg;
+  cfg.model.type = "gpt";
+  cfg.model.context = 6;
+  cfg.model.layers = 3;
+  cfg.model.heads = 2;
+  cfg.model.d_model = 10;
+  cfg.model.dropout = 0.2f;
+  auto cluster = two_ranks();
+  cluster.ranks[0].memory_bandwidth = 5e10;  // rank 1 without one: no modelled step
+  cluster.block_seconds = {{}, {1e-4, 2e-4, 3e-4, 4e-4, 5e-4}};
+  const BlockCosts a = block_costs(runtime::describe_model(cfg), cluster, cfg.train.optimizer);
+  const BlockCosts b = block_costs(runtime::build_model(cfg, 3), cluster, cfg.train.optimizer);
+  CHECK(a.seconds_per_sample == b.seconds_per_sample);
+  CHECK(a.call_seconds == b.call_seconds);
+  CHECK(a.step_seconds == b.step_seconds);
+  CHECK(a.flops == b.flops);
+  CHECK(a.params == b.params);
+  CHECK(a.optimizer_bytes_per_param == b.optimizer_bytes_per_param);
+  CHECK(a.state_bytes == b.state_bytes);
+  CHECK(a.activation_bytes == b.activation_bytes);
+  CHECK(a.input_bytes == b.input_bytes);
+  CHECK(a.output_bytes == b.output_bytes);
+  CHECK(a.source == b.source);
+  CHECK(a.source[1] == "measured profile");
+}
