@@ -16,7 +16,8 @@
 // - Sums, maxima, softmax, layer norm, col2im, maxpool2d_backward and attention are
 //   deterministic (fixed reduction order, no atomics). embedding_backward adds with
 //   atomicAdd, so its sums over repeated ids may differ in the last bits between runs.
-// - Every launcher accepts empty sizes and then enqueues nothing.
+// - Every launcher accepts empty sizes and then enqueues nothing, except where an empty
+//   sum still writes its zeros (reduce sum over n == 0, layernorm_backward over no rows).
 #pragma once
 
 #include <cuda_runtime_api.h>
