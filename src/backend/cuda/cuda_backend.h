@@ -1,7 +1,9 @@
 // The CUDA backend: one GPU behind the Backend interface. Products go to cuBLAS; every
 // other primitive to a launcher of kernels/ (ht::kernels, same name and parameters plus
 // the stream). Device code lives in kernels/; this is the host side, compiled by the host
-// compiler against the CUDA runtime, cuBLAS and cuDNN.
+// compiler against the CUDA runtime, cuBLAS and cuDNN. A convolution reaches the backend
+// as im2col and gemm (ops/conv_ops.cpp), in the CPU's column chunks; cuDNN's convolutions
+// and pooling are a later step, and cuDNN serves only its error checks so far.
 //
 // Ordering. Every kernel and cuBLAS call goes to one compute stream, so work runs in
 // the order it was issued, and a block the caching allocator hands out again after a free
