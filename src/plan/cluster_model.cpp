@@ -10,6 +10,7 @@
 #include <map>
 
 #include "config/json_schema.h"
+#include "core/error.h"
 #include "core/stats.h"
 
 namespace ht::plan {
@@ -287,6 +288,52 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
   c.bandwidth_bytes_per_s.assign(n, std::vector<double>(n, lc->bandwidth_bytes_per_s));
   for (size_t i = 0; i < n; ++i) c.latency_s[i][i] = c.bandwidth_bytes_per_s[i][i] = 0;
   return c;
+}
+
+namespace {
+
+bool same_device(const DeviceModel& a, const DeviceModel& b) {
+  return a.id == b.id && a.name == b.name && a.kind == b.kind && a.flops == b.flops &&
+         a.memory_bytes == b.memory_bytes && a.memory_bandwidth == b.memory_bandwidth &&
+         a.measured == b.measured && a.cpu_quota == b.cpu_quota && a.cpu_quota_period_s == b.cpu_quota_period_s;
+}
+
+// Row `a` and row `b` of a per-rank table agree (both absent counts as agreeing).
+bool same_row(const std::vector<std::vector<double>>& t, size_t a, size_t b) {
+  const bool ha = a < t.size(), hb = b < t.size();
+  if (!ha || !hb) return ha == hb || (ha ? t[a].empty() : t[b].empty());
+  return t[a] == t[b];
+}
+
+bool same_links(const std::vector<std::vector<double>>& m, size_t a, size_t b) {
+  if (m[a][b] != m[b][a]) return false;
+  for (size_t x = 0; x < m.size(); ++x)
+    if (x != a && x != b && (m[a][x] != m[b][x] || m[x][a] != m[x][b])) return false;
+  return true;
+}
+
+bool interchangeable(const ClusterModel& c, size_t a, size_t b) {
+  return same_device(c.ranks[a], c.ranks[b]) && same_row(c.block_seconds, a, b) &&
+         same_row(c.block_step_seconds, a, b) && same_row(c.block_call_seconds, a, b) &&
+         same_links(c.latency_s, a, b) && same_links(c.bandwidth_bytes_per_s, a, b);
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> device_classes(const ClusterModel& cluster) {
+  const size_t n = cluster.ranks.size();
+  HT_CHECK(cluster.latency_s.size() == n && cluster.bandwidth_bytes_per_s.size() == n,
+           "device_classes: ", n, " ranks but link matrices of ", cluster.latency_s.size(), " and ",
+           cluster.bandwidth_bytes_per_s.size(), " rows; expected one row per rank");
+  std::vector<std::vector<int>> classes;
+  for (size_t r = 0; r < n; ++r) {
+    auto it = std::find_if(classes.begin(), classes.end(), [&](const std::vector<int>& k) {
+      return interchangeable(cluster, static_cast<size_t>(k.front()), r);
+    });
+    if (it == classes.end()) classes.push_back({static_cast<int>(r)});
+    else it->push_back(static_cast<int>(r));
+  }
+  return classes;
 }
 
 ClusterModel load_cluster_model(const std::string& arg, const std::string& catalogue_path,

@@ -88,6 +88,14 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp);
 // Errors (config::ConfigError) name the offending token and list the known choices.
 ClusterModel cluster_from_synth(const std::string& spec, const std::string& catalogue_path);
 
+// Device classes: sets of ranks the planner may swap for one another without changing a
+// figure it computes. A rank joins the class of the first lower rank it matches in every
+// DeviceModel field, in its profile rows (block_seconds, block_step_seconds,
+// block_call_seconds) and in its links: the same latency and bandwidth to and from every
+// third rank, and the same both ways between the two (their link tier). Classes are
+// listed in the order of their lowest rank, ranks ascending; O(ranks^2 x classes).
+std::vector<std::vector<int>> device_classes(const ClusterModel& cluster);
+
 // "synth:..." or the path of a `hetrain probe --json` file. With `world_size`, a
 // cluster of another size is refused.
 ClusterModel load_cluster_model(const std::string& arg, const std::string& catalogue_path,

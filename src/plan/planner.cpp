@@ -141,7 +141,35 @@ struct Candidate {
   std::optional<Plan> plan;
   LayoutProblem problem;  // when no plan
   double estimate = kInf;
+  int seq = 0;  // its place in the search: ties go to the earlier
 };
+
+// What the notes and NoPlanFits keep of every candidate: the plan itself is kept only
+// while it may be simulated, since on a big world each plan holds every rank.
+struct Outcome {
+  int used = 0, stages = 1;
+  bool feasible = false;
+  double estimate = kInf;
+  LayoutProblem problem;
+};
+
+bool estimated_before(const Candidate& a, const Candidate& b) {
+  return a.estimate != b.estimate ? a.estimate < b.estimate : a.seq < b.seq;
+}
+
+// Drops the plans that can no longer be simulated: kept are the kSimulatedCandidates
+// best by estimate and the best of every rank count (make_plan simulates no others).
+void keep_best(std::vector<Candidate>& kept) {
+  std::sort(kept.begin(), kept.end(), estimated_before);
+  std::vector<int> counts;  // rank counts whose best is already kept
+  std::vector<Candidate> out;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const bool first_of_count = std::find(counts.begin(), counts.end(), kept[i].used) == counts.end();
+    if (first_of_count) counts.push_back(kept[i].used);
+    if (i < kSimulatedCandidates || first_of_count) out.push_back(std::move(kept[i]));
+  }
+  kept = std::move(out);
+}
 
 // Layout `stages` x R over `order` (ranks, grouped R at a time: group g -> stage g).
 Candidate build(const PlannerInput& in, int stages, const std::vector<int>& order,
@@ -271,6 +299,55 @@ std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sor
   return out;
 }
 
+// The (ranks used, stages) shapes to search, in order: for every count of the fastest
+// ranks (rank_counts), the stage counts that divide it; and under auto, where the count
+// has more replicas of S stages than the batch has samples, the fastest S x batch ranks
+// as S stages of one-sample-or-more replicas (every replica needs a sample), the rest
+// idle. The count's own shape is kept too: it is ruled out, and says why.
+std::vector<std::pair<int, int>> layout_shapes(const PlannerInput& in, const std::vector<int>& sorted) {
+  const int blocks = static_cast<int>(in.costs.params.size());
+  std::vector<std::pair<int, int>> out;
+  auto add = [&](int used, int stages) {
+    if (std::find(out.begin(), out.end(), std::pair{used, stages}) == out.end()) out.emplace_back(used, stages);
+  };
+  for (int used : rank_counts(in, sorted)) {
+    for (int stages : stage_counts(in, used)) add(used, stages);
+    if (in.strategy != Asked::automatic) continue;
+    for (int stages = 1; stages <= std::min(used, blocks); ++stages)
+      if (static_cast<int64_t>(used) > stages * in.global_batch)
+        add(static_cast<int>(stages * in.global_batch), stages);
+  }
+  return out;
+}
+
+// Each rank's device class (cluster_model.h), split further where the block costs differ
+// (a calibrated communication overhead), and rank 0 alone: it also holds the whole
+// model in a pipeline, so it is never like another.
+std::vector<int> class_of_rank(const PlannerInput& in) {
+  std::vector<int> klass(in.cluster.ranks.size(), 0);
+  int next = 1;  // 0 is rank 0's
+  const auto& c = in.costs;
+  auto same_costs = [&](size_t a, size_t b) {
+    return c.seconds_per_sample[a] == c.seconds_per_sample[b] && c.call_seconds[a] == c.call_seconds[b] &&
+           c.step_seconds[a] == c.step_seconds[b] && comm_overhead_seconds(c, a) == comm_overhead_seconds(c, b);
+  };
+  for (const std::vector<int>& members : device_classes(in.cluster)) {
+    std::vector<int> reps;  // one rank per cost-identical subset
+    for (int r : members) {
+      if (r == 0) continue;
+      const auto k = static_cast<size_t>(r);
+      auto it = std::find_if(reps.begin(), reps.end(), [&](int p) { return same_costs(static_cast<size_t>(p), k); });
+      if (it == reps.end()) {
+        reps.push_back(r);
+        klass[k] = next++;
+      } else {
+        klass[k] = klass[static_cast<size_t>(*it)];
+      }
+    }
+  }
+  return klass;
+}
+
 std::vector<int> idle_ranks(const Plan& p) {
   std::vector<int> idle;
   for (const RankPlan& r : p.ranks)
@@ -304,7 +381,8 @@ std::vector<std::vector<int>> group_orders(const PlannerInput& in, const std::ve
 // DeepSpeed's pipeline default with more.
 Plan equal_plan(const PlannerInput& in, int stages, int micro_batches) {
   const int world = static_cast<int>(in.cluster.ranks.size());
-  const int replicas = world / stages;
+  // Every replica needs a sample: past the batch the last ranks in rank order stay idle.
+  const int replicas = static_cast<int>(std::min<int64_t>(world / stages, in.global_batch));
   const int blocks = static_cast<int>(in.costs.params.size());
   std::vector<std::vector<int>> layout(static_cast<size_t>(replicas));
   for (int r = 0; r < replicas; ++r)
@@ -377,29 +455,40 @@ Plan make_plan(const PlannerInput& in) {
   }
 
   const std::vector<int> sorted = by_speed(in);
-  std::vector<Candidate> candidates;
-  for (int used : rank_counts(in, sorted)) {
+  const std::vector<int> klass = class_of_rank(in);
+  std::vector<Outcome> outcomes;  // every candidate, in search order
+  std::vector<Candidate> kept;    // the plans that may yet be simulated (see keep_best)
+  for (const auto& [used, stages] : layout_shapes(in, sorted)) {
     const std::vector<int> fastest(sorted.begin(), sorted.begin() + used);
-    for (int stages : stage_counts(in, used))
-      for (const std::vector<int>& groups : group_orders(in, fastest, stages)) {
-        const int replicas = used / stages;
-        std::vector<int> order;
-        for (int g : groups)
-          for (int r = 0; r < replicas; ++r) order.push_back(fastest[static_cast<size_t>(g * replicas + r)]);
-        std::vector<int> ms{base_m};
-        if (stages > 1) ms = {std::max(base_m, stages), std::max(base_m, 2 * stages), std::max(base_m, 4 * stages)};
-        ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
-        for (int m : ms) candidates.push_back(build(in, stages, order, m));
+    const int replicas = used / stages;
+    std::vector<std::vector<int>> seen;  // the class sequences of the orders tried
+    for (const std::vector<int>& groups : group_orders(in, fastest, stages)) {
+      std::vector<int> order, classes;
+      for (int g : groups)
+        for (int r = 0; r < replicas; ++r) order.push_back(fastest[static_cast<size_t>(g * replicas + r)]);
+      for (int k : order) classes.push_back(klass[static_cast<size_t>(k)]);
+      // The same classes in the same places: the same candidate with like ranks swapped.
+      if (std::find(seen.begin(), seen.end(), classes) != seen.end()) continue;
+      seen.push_back(std::move(classes));
+      std::vector<int> ms{base_m};
+      if (stages > 1) ms = {std::max(base_m, stages), std::max(base_m, 2 * stages), std::max(base_m, 4 * stages)};
+      ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
+      for (int m : ms) {
+        Candidate c = build(in, stages, order, m);
+        c.seq = static_cast<int>(outcomes.size());
+        outcomes.push_back({c.used, c.stages, c.plan.has_value(), c.estimate, c.problem});
+        if (c.plan) {
+          kept.push_back(std::move(c));
+          keep_best(kept);
+        }
       }
+    }
   }
 
-  std::vector<Candidate*> feasible;
-  for (Candidate& c : candidates)
-    if (c.plan) feasible.push_back(&c);
-  if (feasible.empty()) {
+  if (kept.empty()) {
     std::vector<RuledOutShape> shapes;
     std::map<std::pair<int, int>, bool> said;  // one reason per rank and stage count
-    for (const Candidate& c : candidates)
+    for (const Outcome& c : outcomes)
       if (!said[{c.used, c.stages}]) {
         said[{c.used, c.stages}] = true;
         shapes.push_back({c.stages, c.used / c.stages, c.used, c.problem});
@@ -408,16 +497,15 @@ Plan make_plan(const PlannerInput& in) {
                      "micro-batching or optimizer sharding",
                      world, in.cluster.source, config::to_string(in.strategy), std::move(shapes));
   }
-  std::stable_sort(feasible.begin(), feasible.end(),
-                   [](const Candidate* a, const Candidate* b) { return a->estimate < b->estimate; });
+  std::sort(kept.begin(), kept.end(), estimated_before);
   // Simulated: the best few overall and the best of every rank count, so that leaving
   // ranks idle is weighed against the simulated best that uses them all.
   std::map<int, Candidate*> best_using;  // simulated, by ranks used
-  for (size_t i = 0; i < feasible.size(); ++i) {
-    Candidate* c = feasible[i];
+  for (size_t i = 0; i < kept.size(); ++i) {
+    Candidate* c = &kept[i];
     if (i >= kSimulatedCandidates && best_using.count(c->used)) continue;
     finish(*c->plan, in.costs, in.cluster, true);
-    c->estimate = c->plan->predicted.step_seconds;
+    c->estimate = outcomes[static_cast<size_t>(c->seq)].estimate = c->plan->predicted.step_seconds;
     Candidate*& b = best_using[c->used];
     if (!b || c->estimate < b->estimate) b = c;
   }
@@ -426,12 +514,15 @@ Plan make_plan(const PlannerInput& in) {
   for (auto it = best_using.rbegin(); it != best_using.rend(); ++it)
     if (!chosen || it->second->estimate < (1 - kIdleMinGain) * chosen->estimate) chosen = it->second;
   Plan plan = std::move(*chosen->plan);
-  plan.candidates = static_cast<int>(candidates.size());
+  plan.candidates = static_cast<int>(outcomes.size());
 
   const int stages = static_cast<int>(plan.stage_ranges.size());
   std::optional<Plan> uniform;  // DeepSpeed's default for the chosen shape
   if (stages > 1) uniform = equal_plan(in, stages, std::max(base_m, stages));
-  set_baseline(plan, in.global_batch >= world ? equal_plan(in, 1, base_m) : *uniform);
+  // DDP when the batch covers the world, else the plan's shape laid out uniformly.
+  set_baseline(plan, in.global_batch >= world ? equal_plan(in, 1, base_m)
+                     : uniform                ? *uniform
+                                              : equal_plan(in, 1, base_m));
 
   mark_slow_links(plan, in.cluster);
   plan.notes.push_back(work_note(plan, in.costs));
@@ -478,10 +569,10 @@ Plan make_plan(const PlannerInput& in) {
     plan.notes.push_back(u);
   }
   // The best of each shape, so the user sees what the choice was against.
-  std::map<std::pair<int, int>, const Candidate*> best_of;  // by (-ranks used, stages)
-  for (const Candidate& c : candidates) {
-    const Candidate*& b = best_of[{-c.used, c.stages}];
-    if (!b || (c.plan && (!b->plan || c.estimate < b->estimate))) b = &c;
+  std::map<std::pair<int, int>, const Outcome*> best_of;  // by (-ranks used, stages)
+  for (const Outcome& c : outcomes) {
+    const Outcome*& b = best_of[{-c.used, c.stages}];
+    if (!b || (c.feasible && (!b->feasible || c.estimate < b->estimate))) b = &c;
   }
   for (const auto& [key, c] : best_of) {
     PlanNote shape;
@@ -490,7 +581,7 @@ Plan make_plan(const PlannerInput& in) {
     shape.replicas = c->used / c->stages;
     shape.ranks_used = c->used;
     shape.world = world;
-    if (c->plan) shape.seconds = c->estimate;
+    if (c->feasible) shape.seconds = c->estimate;
     else shape.problem = c->problem;
     plan.notes.push_back(shape);
   }

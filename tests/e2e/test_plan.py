@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """End-to-end checks of `hetrain plan`. Every planner decision is checked on a fixed
 cluster (a synth: spec or a file under tests/e2e/clusters/), so its verdict depends on the
-code alone: a GPU beside two CPUs, a device that cannot hold the full model, four ranks
-whose rates go 4:2:1:1; then the plan file, the picture and the trace, the bad inputs,
-and planning a job's own ranks under mpirun (a live probe, of which only what no load
+code alone: a world larger than the batch, a GPU beside two CPUs, a device that cannot
+hold the full model, four ranks whose rates go 4:2:1:1; then the plan file, the picture
+and the trace, the bad inputs, and planning a job's own ranks under mpirun (a live probe, of which only what no load
 can change is checked). The configs need the Fashion-MNIST dataset: without it only the
 cluster checks run and the script exits 77 (meson: SKIP).
 
@@ -18,7 +18,8 @@ from e2e_util import FASHION_MNIST, ROOT, check, finish, have_fashion_mnist, loa
 from e2e_util import mpirun as mpirun_with
 
 HETRAIN = os.path.abspath(sys.argv[1])
-MLP, CNN = (os.path.join(ROOT, "configs", n) for n in ("fashion_mnist_mlp.json", "fashion_mnist_cnn.json"))
+MLP, CNN, GPT = (os.path.join(ROOT, "configs", n)
+                 for n in ("fashion_mnist_mlp.json", "fashion_mnist_cnn.json", "text_gpt_tiny.json"))
 CLUSTERS = os.path.join(ROOT, "tests", "e2e", "clusters")
 # Two CPU ranks at 8 GFLOP/s; rank 1 capped at 8 MiB, below the MLP's 10.7 MB of
 # weights, gradients and AdamW state.
@@ -147,6 +148,32 @@ def bad_clusters(tmp):
           r.returncode == 2 and broken in r.stderr and "device" in r.stderr, r.stderr)
 
 
+def world_above_batch(tmp):
+    """More ranks than the text GPT's 32 samples: the plan runs over a subset and names the
+    rest idle (replica -1 in the file, no layers in the table); the shape over the whole
+    world is shown ruled out for the batch. Planning reads no data, so this needs no
+    dataset."""
+    for cluster, world in (("synth:100xrtx3060,100xcpu-16c", 200), ("synth:512xrtx3060", 512),
+                           ("synth:256xrtx3060,256xrtx4090,128xa100-40g,128xv100-32g,128xcpu-16c,128xrtx3090",
+                            1024)):
+        j = os.path.join(tmp, f"world-{world}.json")
+        r = plan(GPT, "--cluster", cluster, "--json", j)
+        p = load(j) if r.returncode == 0 and os.path.exists(j) else {"ranks": [], "layout": {}}
+        idle = [x["rank"] for x in p["ranks"] if x["replica"] < 0]
+        samples = p["layout"].get("samples", [])
+        check(f"{world} ranks, batch 32: plans (exit 0), shares of at least one summing to 32",
+              r.returncode == 0 and sum(samples) == 32 and min(samples, default=0) >= 1 and len(p["ranks"]) == world,
+              f"exit {r.returncode}: {r.stderr[-800:]}")
+        rows = re.findall(r"^(\d+)(?:-(\d+))? +\S+ +- ", r.stdout, re.M)
+        shown = sorted(k for a, b in rows for k in range(int(a), int(b or a) + 1))
+        check(f"{world} ranks, batch 32: idle ranks named, in the file and in the table",
+              idle and shown == idle and all(x["samples"] == 0 for x in p["ranks"] if x["replica"] < 0),
+              f"file {idle[:8]}..., table {shown[:8]}...")
+        check(f"{world} ranks, batch 32: the whole world's data-parallel shape is ruled out for the batch",
+              f"data ({world} replicas): ruled out: global batch 32 is smaller than its {world}" in r.stdout,
+              r.stdout[-1500:])
+
+
 def bad_plans(tmp):
     small = write_config(os.path.join(tmp, "small_batch.json"), MLP, train={"batch_size": 3},
                          parallel={"strategy": "data"})
@@ -213,6 +240,7 @@ def own_ranks():
 def main():
     tmp = tempfile.mkdtemp(prefix="hetrain-plan-")
     bad_clusters(tmp)
+    world_above_batch(tmp)
     if not have_fashion_mnist():
         return finish(tmp, [f"{FASHION_MNIST} (apt-get install dataset-fashion-mnist)"])
     mixed_gpu_cpu(tmp)

@@ -652,3 +652,134 @@ TEST_CASE("planner: the hub steps the optimizer for all when the others' steps a
   CHECK(error_of([&] { set_hub_steps_optimizer(every = make_plan(in), true); }).find("the plan has no hub") !=
         std::string::npos);
 }
+
+// fixtures::cluster with the devices named by their rate, so like ranks are alike.
+ClusterModel alike(const std::vector<double>& flops, const std::vector<double>& memory) {
+  ClusterModel c = cluster(flops, memory, 1e-5, 1e10);
+  for (DeviceModel& d : c.ranks) d.id = d.name = "dev" + std::to_string(d.flops / 1e12);
+  return c;
+}
+
+// `each` ranks of every given FLOP/s (class by class), memory 64 GiB.
+ClusterModel classes_of(const std::vector<double>& flops, int each) {
+  std::vector<double> f;
+  for (double x : flops) f.insert(f.end(), static_cast<size_t>(each), x);
+  return alike(f, std::vector(f.size(), 64 * kGiB));
+}
+
+void check_subset_plan(const Plan& p, const PlannerInput& in) {
+  check_fits_and_agrees(p, in);
+  CHECK(has_idle_ranks(p));
+  CHECK(static_cast<int64_t>(p.layout.replicas.size()) <= in.global_batch);
+  CHECK(std::accumulate(p.layout.samples.begin(), p.layout.samples.end(), int64_t{0}) == in.global_batch);
+  CHECK(std::all_of(p.layout.samples.begin(), p.layout.samples.end(), [](int64_t s) { return s >= 1; }));
+  int working = 0;
+  for (const RankPlan& r : p.ranks) {
+    working += r.replica >= 0;
+    CHECK((r.replica < 0) == (r.samples == 0 && r.memory.total() == 0));
+  }
+  CHECK(working == static_cast<int>(p.layout.replicas.size() * p.stage_ranges.size()));
+  CHECK(std::isfinite(p.speedup));
+  CHECK(p.speedup > 0);
+}
+
+TEST_CASE("planner: a world larger than the global batch plans over a subset and leaves the rest idle") {
+  SUBCASE("200 ranks of two classes, batch 32") {
+    const ClusterModel c = classes_of({8e12, 1e12}, 100);
+    const PlannerInput in = input(c, costs(c, 6), 32);
+    const Plan p = make_plan(in);
+    check_subset_plan(p, in);
+    // The whole world as one data-parallel stage is ruled out, and the notes say why.
+    const auto whole = std::find_if(p.notes.begin(), p.notes.end(), [](const PlanNote& n) {
+      return n.kind == NoteKind::shape && n.ranks_used == 200 && n.stages == 1;
+    });
+    REQUIRE(whole != p.notes.end());
+    REQUIRE(whole->problem);
+    CHECK(whole->problem->kind == LayoutProblemKind::batch_below_replicas);
+    CHECK(whole->problem->replicas == 200);
+  }
+  SUBCASE("512 like ranks, batch 32: no plan over all of them, one over 32 replicas") {
+    const ClusterModel c = classes_of({8e12}, 512);
+    const PlannerInput in = input(c, costs(c, 6), 32);
+    const Plan p = make_plan(in);
+    check_subset_plan(p, in);
+    CHECK(p.layout.replicas.size() == 32);  // with like ranks, fewer replicas only idle more
+    CHECK(p.baseline.layout.replicas.size() <= 32);
+  }
+  SUBCASE("a batch of one on four ranks") {
+    const ClusterModel c = classes_of({8e12, 4e12}, 2);
+    const PlannerInput in = input(c, costs(c, 4), 1);
+    const Plan p = make_plan(in);
+    check_subset_plan(p, in);
+    CHECK(p.layout.replicas.size() == 1);
+  }
+}
+
+TEST_CASE("planner: every world size against every small batch plans or says why, and never divides by zero") {
+  const BlockCosts k3 = costs(classes_of({8e12, 2e12}, 1), 3);
+  for (int half = 1; half <= 5; ++half)
+    for (int64_t batch = 1; batch <= 2 * half + 2; ++batch)
+      for (const char* strategy : {"auto", "data", "pipeline"}) {
+        CAPTURE(half);
+        CAPTURE(batch);
+        CAPTURE(strategy);
+        const ClusterModel c = classes_of({8e12, 2e12}, half);
+        const PlannerInput in = input(c, costs(c, 3), batch, strategy);
+        const int world = 2 * half;
+        try {
+          const Plan p = make_plan(in);
+          check_plan(p);
+          CHECK(std::accumulate(p.layout.samples.begin(), p.layout.samples.end(), int64_t{0}) == batch);
+          CHECK(static_cast<int64_t>(p.layout.replicas.size()) <= batch);
+        } catch (const NoPlanFits& e) {
+          // Only an explicit all-ranks strategy may refuse: data over more ranks than
+          // samples, or a pipeline of more stages than blocks.
+          CHECK(std::string(strategy) != "auto");
+          if (std::string(strategy) == "data") CHECK(batch < world);
+        } catch (const Error& e) {
+          CHECK(std::string(strategy) == "pipeline");
+          CHECK(world > static_cast<int>(k3.params.size()));
+          CHECK(contains(e.what(), "needs a block per stage"));
+        }
+      }
+}
+
+TEST_CASE("device classes: like devices on like links, a slow link or a profile splits them") {
+  ClusterModel c = alike({8e12, 8e12, 2e12, 8e12, 2e12}, std::vector(5, 64 * kGiB));
+  CHECK(device_classes(c) == std::vector<std::vector<int>>{{0, 1, 3}, {2, 4}});
+  ClusterModel slow = c;  // rank 3 on a slower link to everyone
+  for (size_t x = 0; x < 5; ++x)
+    if (x != 3) slow.bandwidth_bytes_per_s[3][x] = slow.bandwidth_bytes_per_s[x][3] = 1e9;
+  CHECK(device_classes(slow) == std::vector<std::vector<int>>{{0, 1}, {2, 4}, {3}});
+  ClusterModel profiled = c;  // rank 4 measured
+  profiled.block_seconds.assign(5, {});
+  profiled.block_seconds[4] = {1e-3};
+  CHECK(device_classes(profiled) == std::vector<std::vector<int>>{{0, 1, 3}, {2}, {4}});
+  ClusterModel capped = c;
+  capped.ranks[1].memory_bytes = kGiB;
+  CHECK(device_classes(capped) == std::vector<std::vector<int>>{{0, 3}, {1}, {2, 4}});
+}
+
+TEST_CASE("planner: the search depends on the device classes, not on how many ranks each has") {
+  // Three classes; 4 or 64 ranks each. The stage counts up to the 4 blocks divide both
+  // prefix sizes alike, so the two searches try the same shapes and orders.
+  const std::vector<double> flops{8e12, 4e12, 1e12};
+  const ClusterModel small = classes_of(flops, 4), big = classes_of(flops, 64);
+  const PlannerInput in_small = input(small, costs(small, 4), 4096);
+  const PlannerInput in_big = input(big, costs(big, 4), 4096);
+  const Plan ps = make_plan(in_small), pb = make_plan(in_big);
+  CHECK(ps.candidates == pb.candidates);
+  CHECK(ps.stage_ranges.size() == pb.stage_ranges.size());
+  check_fits_and_agrees(pb, in_big);
+  // Like ranks get like shares: within one sample of each other in every class.
+  for (size_t k = 0; k < flops.size(); ++k) {
+    int64_t lo = INT64_MAX, hi = 0;
+    for (size_t r = 64 * k; r < 64 * (k + 1); ++r)
+      if (pb.ranks[r].replica >= 0 && r != 0) {
+        lo = std::min(lo, pb.ranks[r].samples);
+        hi = std::max(hi, pb.ranks[r].samples);
+      }
+    CAPTURE(k);
+    if (hi > 0) CHECK(hi - lo <= 1);
+  }
+}
