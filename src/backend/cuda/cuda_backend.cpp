@@ -74,12 +74,16 @@ void CudaBackend::launched(const char* op) const { check_launch(op, name_); }
 
 // ---- copies through pinned staging
 
+void CudaBackend::copy_after_compute() {
+  HT_CUDA(cudaEventRecord(compute_mark_, compute_));
+  HT_CUDA(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+}
+
 void CudaBackend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
   activate();
   std::lock_guard<std::mutex> lock(copy_mu_);
-  HT_CUDA(cudaEventRecord(compute_mark_, compute_));
-  HT_CUDA(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+  copy_after_compute();
   const char* src = static_cast<const char*>(host_src);
   char* out = static_cast<char*>(dst);
   for (size_t done = 0, chunk = 0; done < bytes; done += kStagingChunk, chunk ^= 1) {
@@ -101,8 +105,7 @@ void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
   activate();
   {
     std::lock_guard<std::mutex> lock(copy_mu_);
-    HT_CUDA(cudaEventRecord(compute_mark_, compute_));
-    HT_CUDA(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+    copy_after_compute();
     const char* in = static_cast<const char*>(src);
     char* out = static_cast<char*>(host_dst);
     // Chunk i+1 is in flight while the host drains chunk i.

@@ -115,6 +115,8 @@ class CudaBackend final : public Backend {
   // Makes this backend's GPU the calling thread's current device.
   void activate() const;
   void launched(const char* op) const;
+  // The copy stream waits for the work issued so far on the compute stream.
+  void copy_after_compute();
 
   int device_;
   std::string name_;
