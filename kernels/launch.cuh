@@ -24,13 +24,15 @@ __device__ __forceinline__ int64_t grid_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-// Threads per row for the row-wise kernels: a warp for short rows, up to kRowThreads.
-// The kernels declare __launch_bounds__(kRowThreads) so that every choice can launch.
-constexpr int kRowThreads = 512;
+// Threads per row for the row-wise kernels (and reduce over rows): a warp for short
+// rows, up to kRowThreads for long ones, where one block reads the whole row. The kernels
+// declare __launch_bounds__(kRowThreads) so that every choice can launch.
+constexpr int kRowThreads = 1024;
 inline int row_threads(int64_t n) {
   if (n <= 64) return 32;
   if (n <= 512) return 128;
   if (n <= 2048) return 256;
+  if (n <= 8192) return 512;
   return kRowThreads;
 }
 
