@@ -473,8 +473,12 @@ Plan make_plan(const PlannerInput& in) {
       std::vector<int> ms{base_m};
       if (stages > 1) ms = {std::max(base_m, stages), std::max(base_m, 2 * stages), std::max(base_m, 4 * stages)};
       ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
-      for (int m : ms) {
-        Candidate c = build(in, stages, order, m);
+      for (size_t i = 0; i < ms.size(); ++i) {
+        // Once M covers the largest share a replica can get, a larger M runs the same
+        // micro-batches of one sample; only its stage split would count more activations
+        // in flight than the pipeline holds.
+        if (i > 0 && ms[i - 1] >= in.global_batch - (replicas - 1)) break;
+        Candidate c = build(in, stages, order, ms[i]);
         c.seq = static_cast<int>(outcomes.size());
         outcomes.push_back({c.used, c.stages, c.plan.has_value(), c.estimate, c.problem});
         if (c.plan) {

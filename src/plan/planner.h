@@ -2,7 +2,9 @@
 // busy and inside its memory.
 //
 // Search. A layout is S stages x R replicas with S x R = the ranks it uses: all of them,
-// and under auto also the fastest ranks up to each step down in speed (the others idle). Ranks are sorted by
+// and under auto also the fastest ranks up to each step down in speed, and where a count
+// holds more replicas of S stages than the global batch has samples, the fastest
+// S x batch ranks (every replica needs a sample; the others idle). Ranks are sorted by
 // their whole-model throughput and cut into S groups of R consecutive ranks; group g runs
 // one stage in every replica, so a stage's replicas sit on like devices and the shared
 // layer ranges suit them all (a stage's weights must be the same in every replica for
@@ -20,8 +22,12 @@
 //    taken when predicted faster: a slow rank's step then costs it nothing;
 //  - time: a closed-form estimate ranks all candidates, the best few are simulated on
 //    their real schedules and the fastest simulated one wins.
-// Device classes keep the search small on big clusters: the candidates depend on S and
-// the sorted order, not on the world size, and 1,024 ranks plan in well under 2 s.
+// Device classes (cluster_model.h) keep the search small on big clusters: the shapes tried
+// depend on the classes' speed steps and on S <= blocks, not on the world size; orders
+// that put the same classes in the same places are tried once; and only the plans that
+// may still be simulated are kept while searching. Evaluating one candidate still
+// costs time and memory in proportion to its ranks (and its all-reduce model to the
+// square of its replicas).
 #pragma once
 
 #include <cstdint>
@@ -49,8 +55,8 @@ struct PlannerInput {
 };
 
 // Throws ht::Error, naming the ranks, devices and numbers, when nothing fits (every
-// layout and strategy tried), when the strategy needs more replicas than samples, or on
-// inconsistent input.
+// layout and strategy tried), when strategy data or equal needs more replicas than
+// samples (auto plans a subset instead), or on inconsistent input.
 Plan make_plan(const PlannerInput& in);
 
 // Fills the plan's prediction (step, samples/s, bubble, every rank's busy fraction) and
