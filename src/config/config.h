@@ -135,13 +135,15 @@ struct ParallelConfig {
   double deadline_slack = 0.5;
   int64_t max_staleness = 0;
   // local: steps per round (0: chosen from the measured link and compute times), and
-  // the outer optimiser (Nesterov momentum over the groups' summed deltas). The outer
-  // step lands one round late, and momentum on a delayed step overshoots: the MLP on 4
-  // ranks at quotas 0.8/0.4/0.2/0.2, 600 steps (tools/bench-faults, sync 0.877-0.880)
-  // ended at 0.41 with lr 0.7 / momentum 0.9, 0.84 with 0.7 / 0.3, 0.84 with 1 / 0,
-  // 0.855 with 0.5 / 0 and 0.856-0.864 with 0.7 / 0: so no momentum by default.
+  // the outer optimiser (Nesterov momentum over the sample-weighted mean of the groups'
+  // deltas). The mean of groups that each took some of the round's steps is a shorter
+  // move than those steps taken in a row, hence a learning rate above 1; the outer step
+  // lands one round late, and momentum on a delayed step overshoots. The MLP on 4 ranks
+  // at quotas 0.8/0.4/0.2/0.2, 600 steps, H 10 to 16 (sync 0.877): lr 1 / momentum 0
+  // ended at 0.858-0.866, 1.5 / 0 at 0.8665-0.8705, 2 / 0 at 0.8665-0.869, 1.5 / 0.3 at
+  // 0.867 (lr 0.7 / momentum 0.9 over the groups' summed deltas ended at 0.41).
   int64_t local_steps = 0;
-  double outer_lr = 0.7;
+  double outer_lr = 1.5;
   double outer_momentum = 0;
 };
 

@@ -151,6 +151,24 @@ double round_weight(const Plan& plan, int rank) {
          (static_cast<double>(plan.global_batch) * plan.local->inner_steps);
 }
 
+int64_t batches_in_round(const Plan& plan, int group, int64_t job_steps) {
+  const int64_t h = plan.local->inner_steps, hg = plan.local->group_steps[static_cast<size_t>(group)];
+  HT_CHECK(job_steps >= 0 && job_steps <= h, "local plan: ", job_steps, " job steps into a round of ", h,
+           "; expected 0..", h);
+  return (job_steps * hg + h - 1) / h;
+}
+
+double partial_round_weight(const Plan& plan, int rank, int64_t job_steps) {
+  const int g = group_of_rank(plan, rank);
+  if (g < 0) return 0;
+  int64_t all = 0;
+  for (size_t k = 0; k < plan.local->groups.size(); ++k) all += batches_in_round(plan, static_cast<int>(k), job_steps);
+  if (all == 0) return 0;
+  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
+  return static_cast<double>(rp.samples) * static_cast<double>(batches_in_round(plan, g, job_steps)) /
+         (static_cast<double>(plan.global_batch) * static_cast<double>(all));
+}
+
 int group_of_rank(const Plan& plan, int rank) {
   if (!plan.local) return -1;
   const int replica = plan.ranks[static_cast<size_t>(rank)].replica;

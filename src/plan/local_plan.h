@@ -79,6 +79,12 @@ std::vector<int64_t> local_batches(const Plan& plan, int group, int64_t step);
 // Rank `rank`'s part of a round's samples (0 when idle): its share of its group's batch
 // times H_g / H. The ranks' parts sum to 1.
 double round_weight(const Plan& plan, int rank);
+// The batches group g takes in the first `job_steps` job steps of a round (0..H), as
+// local_batches spreads them: ceil(job_steps x H_g / H).
+int64_t batches_in_round(const Plan& plan, int group, int64_t job_steps);
+// Rank `rank`'s part of the samples of a round's first `job_steps` job steps (0 when
+// idle or when none were taken): round_weight for a whole round. The parts sum to 1.
+double partial_round_weight(const Plan& plan, int rank, int64_t job_steps);
 
 // Group g's synchronous sub-plan: its replicas only, ranks renumbered 0.. in
 // group_ranks order, global batch = the group's samples.

@@ -48,7 +48,8 @@ std::unique_ptr<LocalGroup> LocalGroup::make(const plan::Plan& plan, comm::Commu
 
 LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params, comm::Communicator& world,
                      const config::ParallelConfig& cfg)
-    : params_(std::move(params)),
+    : plan_(plan),
+      params_(std::move(params)),
       lr_(static_cast<float>(cfg.outer_lr)),
       mu_(static_cast<float>(cfg.outer_momentum)),
       timeout_s_(cfg.peer_timeout_s),
@@ -56,8 +57,7 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       world_rank_(world.rank()),
       outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
   for (const plan::RankPlan& rp : plan.ranks) weights_.push_back(plan::round_weight(plan, rp.rank));
-  weight_ = static_cast<float>(static_cast<double>(plan.ranks[static_cast<size_t>(world.rank())].samples) /
-                               static_cast<double>(plan.global_batch));
+  weight_ = static_cast<float>(plan::round_weight(plan, world.rank()));
   outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
   for (const auto& [name, p] : params_) {
     HT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, "local sync: parameter '", name,
@@ -191,11 +191,13 @@ void LocalSync::flush() {
     }
   }
   if (steps_in_round_ > 0) {
+    // Weighed by the samples each group took in the partial round.
+    const float partial = static_cast<float>(plan::partial_round_weight(plan_, world_rank_, steps_in_round_));
     for (size_t i = 0; i < params_.size(); ++i) {
       const float* a = anchor_[i].data();
       const float* y = params_[i].second.data();
       float* d = delta_[i].data();
-      for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) d[k] = weight_ * (a[k] - y[k]);
+      for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) d[k] = partial * (a[k] - y[k]);
     }
     start_exchange();
     finish_exchange();

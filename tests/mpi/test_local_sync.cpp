@@ -60,7 +60,7 @@ double initial(size_t t, int64_t i) { return 0.5 + 1e-3 * static_cast<double>((i
 
 }  // namespace
 
-TEST_CASE("local sync: the outer step takes the sum of the groups' deltas, then Nesterov, one round late") {
+TEST_CASE("local sync: the outer step takes the sample-weighted mean of the groups' deltas, then Nesterov, one round late") {
   comm::Communicator& world = comm::world();
   if (world.size() != kRanks) return;
   const plan::Plan plan = local_plan();
@@ -81,9 +81,17 @@ TEST_CASE("local sync: the outer step takes the sum of the groups' deltas, then 
   // The reference: every group's weights, the round's start, theta and m, in double.
   const int me = group_of(world.rank());
   const size_t groups = kGroups.size();
-  std::vector<double> w(groups, 0);
-  // Each rank weighs its delta by its share of its group's batch: 1 a group.
-  for (int r = 0; r < kRanks; ++r) w[static_cast<size_t>(group_of(r))] += static_cast<double>(kShares[static_cast<size_t>(r)]) / 128;
+  std::vector<double> w(groups, 0), partial(groups, 0);
+  // Each rank weighs its delta by its part of the round's samples: its share of its
+  // group's batch x H_g / H, so a group's weight is H_g / H (2/4, 1/4, 1/4). In the
+  // partial round of one job step below every group took one batch (front-loaded): 1/3.
+  for (int r = 0; r < kRanks; ++r) {
+    const auto g = static_cast<size_t>(group_of(r));
+    w[g] += static_cast<double>(kShares[static_cast<size_t>(r)]) / 128 * plan.local->group_steps[g] / kH;
+    partial[g] += static_cast<double>(kShares[static_cast<size_t>(r)]) / 128 / 3;
+    CHECK(plan::round_weight(plan, r) == doctest::Approx(kShares[static_cast<size_t>(r)] / 128.0 * plan.local->group_steps[g] / kH));
+    CHECK(plan::partial_round_weight(plan, r, 1) == doctest::Approx(kShares[static_cast<size_t>(r)] / 128.0 / 3));
+  }
   struct Ref {
     std::vector<std::vector<double>> y, a;  // [group][flat element]
     std::vector<double> theta, m, pending;  // pending: the weighted delta in flight
@@ -170,7 +178,7 @@ TEST_CASE("local sync: the outer step takes the sum of the groups' deltas, then 
   for (size_t g = 0; g < groups; ++g)
     for (size_t i = 0; i < n; ++i) {
       // After the first step each group stood at theta + (own progress since its round began).
-      d[i] += w[g] * (ref.a[g][i] - ref.y[g][i]);
+      d[i] += partial[g] * (ref.a[g][i] - ref.y[g][i]);
     }
   outer_step(d);
   CHECK(sync.outer_steps() == kRounds + 1);
