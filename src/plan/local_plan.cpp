@@ -430,6 +430,11 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order
       return out;
     }
   const int world = static_cast<int>(order.size());
+  if (data.global_batch < world) {  // before the group search, which is the costly part
+    out.problem = "global batch " + std::to_string(data.global_batch) + " is smaller than the " +
+                  std::to_string(world) + " ranks";
+    return out;
+  }
   double total_speed = 0;
   for (int r : order) total_speed += replica_samples_per_s(in.costs, r);
   std::vector<std::vector<int>> groups;
@@ -454,11 +459,6 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order
       groups.push_back({r});
       throughput.push_back(alone);
     }
-  }
-  if (data.global_batch < world) {
-    out.problem = "global batch " + std::to_string(data.global_batch) + " is smaller than the " +
-                  std::to_string(world) + " ranks";
-    return out;
   }
   Plan p = data;
   p.sync_policy = SyncPolicy::local;
@@ -548,6 +548,9 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
       return r.replica < 0 || r.busy_fraction < kStarvedBusy;
     });
     if (!starved) return std::nullopt;
+    // The group search tries each rank in each group so far, predicting a sub-plan each
+    // time: at 1,024 ranks it ran for minutes. Asked for, local still searches.
+    if (in.cluster.ranks.size() > kAutoLocalMaxRanks) return std::nullopt;
   }
   LocalPlanInput li;
   li.costs = in.costs;

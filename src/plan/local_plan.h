@@ -114,9 +114,11 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in);
 // What `hetrain plan` and `hetrain train` run under parallel.sync. Asked for local:
 // the local plan (throws ht::Error saying why when there is none). Not given, under
 // strategy auto: the local plan when the synchronous plan `sync_plan` leaves a rank
-// idle or starved (busy below kStarvedBusy) and local is predicted kLocalMinGain
-// faster. Otherwise nothing: the synchronous plan stands.
+// idle or starved (busy below kStarvedBusy), the world has at most kAutoLocalMaxRanks
+// ranks, and local is predicted kLocalMinGain faster. Otherwise nothing: the
+// synchronous plan stands.
 inline constexpr double kStarvedBusy = 0.5;
+inline constexpr size_t kAutoLocalMaxRanks = 64;  // auto considers local up to this world
 inline constexpr double kLocalMinGain = 0.10;
 std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan,
                                    std::optional<config::SyncPolicy> asked, int64_t local_steps);
