@@ -210,6 +210,27 @@ std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step
   return h;
 }
 
+double round_step_seconds(const std::vector<double>& step_seconds, const std::vector<double>& round_seconds,
+                          int round_steps) {
+  const std::vector<int> h = steps_by_speed(round_steps, step_seconds, round_seconds);
+  double r = 0;
+  for (size_t g = 0; g < h.size(); ++g)
+    r = std::max(r, h[g] * step_seconds[g] + (round_seconds.empty() ? 0.0 : round_seconds[g]));
+  return r / round_steps;
+}
+
+int choose_round_steps(const std::vector<double>& step_seconds, const std::vector<double>& round_seconds, int least) {
+  HT_CHECK(least >= static_cast<int>(step_seconds.size()), "local plan: at least ", least, " steps a round for ",
+           step_seconds.size(), " groups; expected one per group at least");
+  const int most = std::max(least, kMaxRoundSteps);
+  std::vector<double> cost;
+  for (int c = least; c <= most; ++c) cost.push_back(round_step_seconds(step_seconds, round_seconds, c));
+  const double best = *std::min_element(cost.begin(), cost.end());
+  int c = least;
+  while (cost[static_cast<size_t>(c - least)] > (1 + kNearBestRound) * best) ++c;
+  return c;
+}
+
 void check_local_plan(const Plan& plan) {
   HT_CHECK(plan.local, "check_local_plan: the plan has no local groups");
   const LocalSync& l = *plan.local;
@@ -347,22 +368,13 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   for (double t : step) rate += 1 / t;
   const double ideal = 1 / rate;
   // Each group's round also holds its own outer pass (OuterSyncStart on its slowest
-  // rank), which the split of the round's steps allows for; `fixed_steps` is that work
-  // in job steps at the summed speed, what an exact split of a round spends on it.
+  // rank), which the split of the round's steps and the choice of H allow for.
   std::vector<double> fixed(n, 0.0);
-  double fixed_steps = 0;
-  for (size_t g = 0; g < n; ++g) {
+  for (size_t g = 0; g < n; ++g)
     for (int r : group_ranks(plan, static_cast<int>(g))) fixed[g] = std::max(fixed[g], update_seconds(plan, costs, r));
-    fixed_steps += fixed[g] / step[g];
-  }
   auto round_seconds = [&](const std::vector<int>& h) {
     double r = 0;
     for (size_t g = 0; g < n; ++g) r = std::max(r, h[g] * step[g]);
-    return r;
-  };
-  auto round_with_fixed = [&](const std::vector<int>& h) {
-    double r = 0;
-    for (size_t g = 0; g < n; ++g) r = std::max(r, h[g] * step[g] + fixed[g]);
     return r;
   };
   int h = 0;
@@ -371,25 +383,8 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
              " local groups; expected at least ", n, " (every group takes at least one inner step a round)");
     h = static_cast<int>(local_steps);
   } else {
-    // The least H that hides the exchange and takes every group, raised (up to
-    // kMaxExtraSteps more) until the integer H_g end the groups' rounds within
-    // kRoundImbalance of an exact split's; else the most even round in that range. H
-    // stays as small as that allows: a group's steps start from weights that lack the
-    // others' last round, and the staleness grows with H (on the MLP at 0.8/0.4/0.2/0.2,
-    // H 40 ended 2.8 points below H 10 after the same samples).
     const int least = std::max(static_cast<int>(n), static_cast<int>(std::ceil(kHideFactor * exchange / ideal)));
-    double best = 0;
-    for (int c = least; c <= least + kMaxExtraSteps; ++c) {
-      const double ratio = round_with_fixed(steps_by_speed(c, step, fixed)) / ((c + fixed_steps) * ideal);
-      if (h == 0 || ratio < best - 1e-12) {
-        h = c;
-        best = ratio;
-      }
-      if (ratio <= 1 + kRoundImbalance) {
-        h = c;
-        break;
-      }
-    }
+    h = choose_round_steps(step, fixed, least);
   }
   l.inner_steps = h;
   l.group_steps = steps_by_speed(h, step, fixed);

@@ -21,9 +21,14 @@
 // group_first_step(g).
 //
 // H. The outer exchange (the deltas' all-reduce over every rank, plus the outer update)
-// runs while the next round's inner steps do; H is the least count whose round is at
-// least kHideFactor times the exchange and gives every group a step, raised while the
-// integer H_g leave the groups' rounds more than kRoundImbalance apart.
+// runs while the next round's inner steps do. A round must be at least kHideFactor times
+// the exchange and give every group a step; from that least count up to kMaxRoundSteps,
+// H is the count whose round costs least per job step, each group's round holding its
+// inner steps and its own outer pass (so a short round pays the passes more often, and
+// the integer H_g of some counts leave the groups apart), the smallest within
+// kNearBestRound of that: a group's steps start from weights that lack the others' last
+// round, and that staleness grows with H (the MLP at 0.8/0.4/0.2/0.2 ended within
+// 0.866-0.8705 for H 10 to 32 with the sample-weighted mean, sync 0.877).
 // parallel.local_steps overrides it (at least one step per group).
 //
 // Idle ranks. As in a synchronous plan, the slowest ranks may be left out (idle: no
@@ -48,10 +53,10 @@ namespace ht::plan {
 
 inline constexpr double kGroupEfficiency = 0.9;
 inline constexpr double kHideFactor = 1.0;
-// How unevenly the integer H_g may end the groups' rounds (the latest against an exact
-// split), and how far above the least H the search for an even split goes.
-inline constexpr double kRoundImbalance = 0.08;
-inline constexpr int kMaxExtraSteps = 24;
+// The largest H the planner chooses (when the exchange needs no more), and how close to
+// the cheapest round per job step a smaller H may be and still be taken.
+inline constexpr int kMaxRoundSteps = 32;
+inline constexpr double kNearBestRound = 0.02;
 // A local plan leaves the slowest ranks idle only when that is predicted this much faster.
 inline constexpr double kIdleGain = 0.10;
 
@@ -69,6 +74,12 @@ int64_t group_first_step(const Plan& plan, int group);
 // it can be. Throws ht::Error when round_steps is below the group count.
 std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step_seconds,
                                 const std::vector<double>& round_seconds = {});
+// A round of `round_steps` split by steps_by_speed, per job step: its latest group's
+// inner steps and own outer pass (`round_seconds`, empty: none), over round_steps.
+double round_step_seconds(const std::vector<double>& step_seconds, const std::vector<double>& round_seconds,
+                          int round_steps);
+// H as described above, from `least` (which the exchange and the group count set).
+int choose_round_steps(const std::vector<double>& step_seconds, const std::vector<double>& round_seconds, int least);
 // The global batches of the stream (job step numbers) group g takes as its inner steps
 // during job step `step`: its H_g batches of the round, from the round's batch
 // round x H + group_first_step(g) on, spread over the round's H job steps evenly and
