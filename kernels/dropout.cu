@@ -1,7 +1,8 @@
-// The dropout mask, one thread per element. counter_uniform in backend.h is a host
-// function; this is the same splitmix64 step written for the device, and must stay
-// identical to it (the cuda suite compares the masks bit for bit).
+// The dropout mask, one thread per element, from core/host_device.h's counter_uniform,
+// the CPU backend's stream (the cuda suite compares the masks bit for bit).
 #include "kernels/dropout.cuh"
+
+#include "core/host_device.h"
 #include "kernels/launch.cuh"
 
 namespace ht::kernels {
@@ -10,19 +11,11 @@ using namespace detail;
 
 namespace {
 
-__device__ __forceinline__ float device_counter_uniform(uint64_t seed, uint64_t index) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-}
-
 __global__ void dropout_mask_kernel(float* mask, int64_t n, float p, float keep_scale,
                                     uint64_t seed, uint64_t offset) {
   for (int64_t i = global_index(); i < n; i += grid_stride())
     mask[i] =
-        device_counter_uniform(seed, offset + static_cast<uint64_t>(i)) >= p ? keep_scale : 0.f;
+        ht::counter_uniform(seed, offset + static_cast<uint64_t>(i)) >= p ? keep_scale : 0.f;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/device_kind.h"
+#include "core/host_device.h"  // counter_uniform, which dropout_mask must produce
 #include "core/shape.h"
 #include "backend/allocator.h"
 
@@ -160,14 +161,5 @@ class Backend {
 
 Backend& cpu_backend();
 
-// The uniform counter-based generator behind dropout (splitmix64 of seed and index),
-// exposed so references and other backends produce the very same stream.
-inline float counter_uniform(uint64_t seed, uint64_t index) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-}
 
 }  // namespace ht
