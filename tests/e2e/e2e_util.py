@@ -16,7 +16,8 @@ failures = []
 
 
 def have_fashion_mnist():
-    """The Fashion-MNIST configs need the dataset even to plan (its shapes come from it)."""
+    """Whether the Fashion-MNIST dataset is installed: training, probing with a model and
+    evaluating need it (planning does not: it plans from the model's shapes)."""
     return os.path.isdir(FASHION_MNIST)
 
 
