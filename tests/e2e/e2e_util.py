@@ -13,6 +13,44 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 SKIP = 77
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 failures = []
+SHM = "/dev/shm"
+
+
+def _segments():
+    """Open MPI's shared-memory segments now in /dev/shm."""
+    try:
+        return {f for f in os.listdir(SHM) if f.startswith("vader_segment.")}
+    except OSError:
+        return set()
+
+
+_SEGMENTS_AT_START = _segments()
+
+
+def _mapped_segments():
+    """The segments some live process still maps."""
+    mapped = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if SHM + "/vader_segment." in line:
+                        mapped.add(os.path.basename(line.split()[-1]))
+        except OSError:
+            continue
+    return mapped
+
+
+def remove_stale_segments():
+    """A job this script stopped or killed leaves its ranks' segments behind (a rank
+    removes its own only on a clean exit): remove those that appeared while the script
+    ran and that no live process maps, so another job's, running beside it, stay."""
+    stale = (_segments() - _SEGMENTS_AT_START) - _mapped_segments()
+    for name in stale:
+        try:
+            os.remove(os.path.join(SHM, name))
+        except OSError:
+            pass
 
 
 def have_fashion_mnist():
@@ -33,6 +71,7 @@ def finish(scratch=None, missing=()):
     checks could not run; else 0. The scratch directory is removed when no check failed
     and kept, named, otherwise."""
     print(f"{len(failures)} failed")
+    remove_stale_segments()
     if scratch and not failures:
         shutil.rmtree(scratch, ignore_errors=True)
     elif scratch:
