@@ -41,6 +41,7 @@ CatalogueDevice parse_device(const Json& d, const std::string& p) {
         {"bf16_tflops", {}, num(c.bf16_tflops, Range::at_least(0))},
         {"memory_gb", {}, num(c.memory_gb, Range::above(0))},
         {"memory_bandwidth_gb_s", {}, num(c.memory_bandwidth_gb_s, Range::above(0))},
+        {"source", {}, [&](const Json& v, const std::string& at) { c.source = read_string(v, at, "where the figures come from"); }},
         {"host_link", {}, [&](const Json& v, const std::string& at) {
            expect_object(v, at, "an object with kind and gb_s");
            walk(v, at,

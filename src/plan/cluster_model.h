@@ -53,6 +53,7 @@ struct CatalogueDevice {
   std::string host_link_kind;
   double host_link_gb_s = 0;
   double efficiency = 0;  // the factor for its kind
+  std::string source;     // where the figures come from (optional in the file)
 };
 struct LinkClass {
   std::string id;

@@ -66,6 +66,7 @@ TEST_CASE("cluster: the shipped catalogue loads with positive figures") {
     CHECK(d.host_link_gb_s > 0);
     CHECK(d.efficiency > 0);
     CHECK(d.efficiency <= 1);
+    CHECK(!d.source.empty());  // every shipped entry names where its figures come from
   }
   for (const char* id : {"rtx2080ti", "rtx3060", "rtx3090", "rtx4070", "rtx4090", "v100-16g", "v100-32g",
                          "a100-40g", "a100-80g", "h100", "h200", "cpu-8c", "cpu-16c", "cpu-32c", "cpu-64c"}) {
@@ -162,12 +163,15 @@ TEST_CASE("cluster: a missing or malformed catalogue is named with its JSON path
   };
   std::string neg = ok_dev;
   neg.replace(neg.find("\"fp32_tflops\": 1"), 16, "\"fp32_tflops\": -1");
+  std::string bad_source = ok_dev;
+  bad_source.replace(bad_source.find("\"host_link\""), 0, "\"source\": 5, ");
   std::string typo = ok_dev;
   typo.replace(typo.find("\"memory_gb\""), 11, "\"memory_gib\"");
   const Case cases[] = {
       {head + ok_dev + "]}", {}},
       {head + neg + "]}", {"devices[0].fp32_tflops", "-1 is out of range", "> 0"}},
       {head + typo + "]}", {"devices[0].memory_gib", "did you mean 'memory_gb'"}},
+      {head + bad_source + "]}", {"devices[0].source", "where the figures come from"}},
       {head + ok_dev + "," + ok_dev + "]}", {"devices[1].id", "repeats devices[0]"}},
       {head + "]}", {"devices", "non-empty array"}},
       {R"({"format": "hetrain-devices/1", "devices": []})", {"efficiency: missing"}},
