@@ -16,11 +16,14 @@
 #include "plan/plan_json.h"
 #include "plan/local_plan.h"
 #include "plan/planner.h"
+#include "plan/what_if.h"
 #include "report/local_sync_text.h"
 #include "report/plan_svg.h"
 #include "report/plan_table.h"
 #include "report/trace.h"
+#include "report/what_if_text.h"
 #include "runtime/atomic_file.h"
+#include "runtime/task.h"
 
 namespace hetrain_cli {
 
@@ -30,7 +33,55 @@ struct PlanArgs {
   std::string config, cluster, catalogue, json, svg, trace;
   int dump = -1;
   CLI::Option* dump_option = nullptr;
+  std::vector<std::string> what_if;
+  int64_t what_if_steps = ht::plan::kDefaultWhatIfSteps;
 };
+
+// --what-if specs, parsed before any probe or search; a bad one names the option.
+std::vector<ht::plan::WhatIfEvent> parse_what_if(const std::vector<std::string>& specs) {
+  std::vector<ht::plan::WhatIfEvent> events;
+  for (const std::string& spec : specs) {
+    try {
+      events.push_back(ht::plan::parse_what_if_event(spec));
+    } catch (const ht::config::ConfigError& e) {
+      throw ht::config::ConfigError(std::string("--what-if ") + e.what());
+    }
+  }
+  return events;
+}
+
+// --what-if events against the cluster: ranks in it, join devices in the catalogue.
+void check_what_if(const std::vector<ht::plan::WhatIfEvent>& events, size_t world, const std::string& catalogue_path) {
+  const bool joins = std::any_of(events.begin(), events.end(),
+                                 [](const ht::plan::WhatIfEvent& e) { return e.kind == ht::plan::WhatIfKind::join; });
+  try {
+    ht::plan::check_what_if_events(events, world, joins ? ht::plan::read_catalogue(catalogue_path) : ht::plan::Catalogue{});
+  } catch (const ht::config::ConfigError& e) {
+    throw ht::config::ConfigError(std::string("--what-if ") + e.what());
+  }
+}
+
+std::string catalogue_path(const std::string& arg) {
+  return arg.empty() ? ht::plan::default_catalogue_path() : arg;
+}
+
+// Each sync policy's plan over the same planner input as the plan shown, played over
+// --what-if-steps steps under the events, as one table.
+void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster, const ht::plan::Plan& shown,
+                   const std::string& catalogue, std::vector<ht::plan::WhatIfEvent> events, int64_t steps) {
+  ht::plan::WhatIfInput in;
+  in.model = ht::runtime::describe_model(cfg);
+  in.planner = ht::plan::planner_input_for(cfg, in.model, cluster);
+  in.plans = {shown};
+  in.optimizer = cfg.train.optimizer;
+  in.catalogue_path = catalogue_path(catalogue);
+  in.steps = steps;
+  in.checkpoint_every = cfg.checkpoint.every;
+  in.deadline_slack = cfg.parallel.deadline_slack;
+  in.local_steps = cfg.parallel.local_steps;
+  in.events = std::move(events);
+  std::printf("%s", ht::report::what_if_text(ht::plan::run_what_if(in), in.events).c_str());
+}
 
 // --dump RANK names a rank of the planned world; a negative one is refused before the
 // cluster (and so the world size) is known.
@@ -92,15 +143,27 @@ void register_plan(CLI::App& app) {
       "executor runs and the simulator times (where a stage's replicas compute with its hub's weights in shared "
       "memory, the executor runs ShareWeights/AwaitWeights in place of GatherWeights)");
   args->dump_option->type_name("RANK");
+  cmd->add_option("--what-if", args->what_if,
+                  "Predict the job under an event, for each sync policy (repeatable, combinable): "
+                  "stall:rank=R,at=T,for=S  slow:rank=R,at=T,factor=F  fail:rank=R,at=T  "
+                  "link:ranks=A-B,at=T,latency=MS,bandwidth=MB_PER_S  join:device=ID,at=T (T and S in seconds of "
+                  "job time)")
+      ->type_name("EVENT");
+  cmd->add_option("--what-if-steps", args->what_if_steps, "Steps the what-if simulator plays")
+      ->default_val(ht::plan::kDefaultWhatIfSteps)
+      ->check(CLI::PositiveNumber)
+      ->type_name("N");
   cmd->callback([args] {
     const ht::config::Config cfg = ht::config::load_config(args->config);
     const bool dump = args->dump_option->count() > 0;
     if (dump && args->dump < 0) check_dump_rank(args->dump, 0);  // before any probe or search
+    std::vector<ht::plan::WhatIfEvent> events = parse_what_if(args->what_if);
     ht::comm::Communicator& world = ht::comm::world();
     // Every rank takes part in a probe; only rank 0 plans and prints.
     const ht::plan::ClusterModel cluster = cluster_for(args->cluster, args->catalogue, cfg, world, false);
     if (world.rank() != 0) return;
     if (dump) check_dump_rank(args->dump, cluster.ranks.size());
+    check_what_if(events, cluster.ranks.size(), catalogue_path(args->catalogue));
     const Planned planned = plan_for(cfg, cluster);
     const ht::plan::Plan& plan = planned.plan;
     std::printf("%s", ht::report::format_plan(plan).c_str());
@@ -110,6 +173,10 @@ void register_plan(CLI::App& app) {
                 planned.search_s);
     if (!args->json.empty()) write(args->json, ht::plan::plan_to_json(plan), "plan");
     if (dump) print_schedule(plan, args->dump);
+    if (!events.empty()) {
+      print_what_if(cfg, cluster, plan, args->catalogue, std::move(events), args->what_if_steps);
+      if (!args->svg.empty()) std::printf("(the plan picture shows the plan's step; it does not draw the events)\n");
+    }
     if (args->svg.empty() && args->trace.empty()) return;
     const ht::plan::SimResult sim = ht::plan::simulate_plan(plan, planned.costs, cluster);
     if (!args->svg.empty()) write(args->svg, ht::report::plan_to_svg(plan, sim.timeline), "plan picture");

@@ -1,0 +1,536 @@
+#include "plan/what_if.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "plan/deadline_plan.h"
+#include "plan/plan_costs.h"
+#include "plan/simulator.h"
+
+namespace ht::plan {
+
+using Policy = config::SyncPolicy;
+
+PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& model, const ClusterModel& cluster) {
+  PlannerInput in;
+  in.costs = block_costs(model, cluster, cfg.train.optimizer);
+  in.cluster = cluster;
+  in.global_batch = cfg.train.batch_size;
+  in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);
+  in.strategy = cfg.parallel.strategy;
+  in.config_name = cfg.name;
+  in.config_hash = config::plan_hash(cfg);
+  return in;
+}
+
+Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps) {
+  if (policy == Policy::deadline) {
+    // deadline supports data-parallel plans and pure pipelines: under auto, the
+    // data-parallel ones, which are those that survive a stalled rank.
+    PlannerInput data = in;
+    if (data.strategy == config::ParallelStrategy::automatic) data.strategy = config::ParallelStrategy::data;
+    Plan p = make_plan(data);
+    apply_deadline_sync(p, data.costs, data.cluster);
+    return p;
+  }
+  Plan p = make_plan(in);
+  if (policy == Policy::local) return *local_plan_for(in, p, Policy::local, local_steps);
+  return p;
+}
+
+namespace {
+
+Policy policy_of(const Plan& plan) {
+  switch (plan.sync_policy) {
+    case SyncPolicy::deadline: return Policy::deadline;
+    case SyncPolicy::local: return Policy::local;
+    case SyncPolicy::synchronous: break;
+  }
+  return Policy::sync;
+}
+
+// A plan and what it runs on: after a failure or a join the job runs another plan over
+// another world. ids[i] is the identity of the plan's rank i: its rank in the world the
+// events were given for (joined ranks get ids from that world's size up).
+struct Phase {
+  Plan plan;
+  // Shared: at thousands of ranks a cluster's link matrices are hundreds of MB.
+  std::shared_ptr<const BlockCosts> costs_ptr;
+  std::shared_ptr<const ClusterModel> cluster_ptr;
+  const BlockCosts& costs() const { return *costs_ptr; }
+  const ClusterModel& cluster() const { return *cluster_ptr; }
+  std::vector<int> ids;
+  int version = 0;
+
+  int index_of(int id) const {
+    const auto it = std::find(ids.begin(), ids.end(), id);
+    return it == ids.end() ? -1 : static_cast<int>(it - ids.begin());
+  }
+};
+
+// One step's parts in one state of the cluster. sync and deadline: the step and each
+// rank's compute (deadline: simulated without slow factors, which it applies per rank);
+// local: each group's inner step and the round's own list (its outer passes).
+struct StepParts {
+  double step = 0;
+  std::vector<double> busy;
+  double tail = 0;  // step - the largest compute: what follows it (the reduction)
+  std::vector<double> group_steps;
+  double round_extra = 0;
+};
+
+SimResult simulate_with(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                        const std::vector<double>& factors) {
+  auto table = std::make_shared<const PlanCostTable>(plan_cost_table(plan, costs, cluster));
+  CostModel cm = plan_cost_model(plan, table, cluster);
+  if (std::any_of(factors.begin(), factors.end(), [](double f) { return f != 1; })) {
+    cm.compute_seconds = [base = cm.compute_seconds, factors](int rank, const Instruction& in) {
+      return base(rank, in) * factors[static_cast<size_t>(rank)];
+    };
+  }
+  return simulate(plan_schedules(plan), cm);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+class Play {
+ public:
+  Play(const WhatIfInput& in, Policy policy, const Phase& start, bool with_events)
+      : in_(in), policy_(policy), phase_(start) {
+    if (with_events) events_ = in.events;
+    used_.assign(events_.size(), false);
+  }
+
+  PolicyOutcome run() {
+    out_.policy = policy_;
+    out_.step_seconds = phase_.plan.predicted.step_seconds;
+    try {
+      if (policy_ == Policy::local) run_local();
+      else if (policy_ == Policy::deadline && phase_.plan.stage_ranges.size() == 1) run_deadline();
+      else run_sync();
+    } catch (const Error& e) {
+      out_.refused = e.what();
+    }
+    return out_;
+  }
+
+ private:
+  bool in_force(const WhatIfEvent& e, double t) const { return e.at_s <= t; }
+
+  std::string state_key(double t) const {
+    std::string k = std::to_string(phase_.version) + ":";
+    for (const WhatIfEvent& e : events_)
+      if (e.kind == WhatIfKind::slow || e.kind == WhatIfKind::link) k += in_force(e, t) ? '1' : '0';
+    return k;
+  }
+
+  bool links_in_force(double t) const {
+    return std::any_of(events_.begin(), events_.end(),
+                       [&](const WhatIfEvent& e) { return e.kind == WhatIfKind::link && in_force(e, t); });
+  }
+
+  // The phase's cluster with the link events in force at t.
+  ClusterModel cluster_at(double t) const {
+    ClusterModel c = phase_.cluster();
+    for (const WhatIfEvent& e : events_) {
+      if (e.kind != WhatIfKind::link || !in_force(e, t)) continue;
+      const int a = phase_.index_of(e.rank), b = phase_.index_of(e.peer);
+      if (a < 0 || b < 0) continue;
+      const auto i = static_cast<size_t>(a), j = static_cast<size_t>(b);
+      c.latency_s[i][j] = c.latency_s[j][i] = e.latency_s;
+      c.bandwidth_bytes_per_s[i][j] = c.bandwidth_bytes_per_s[j][i] = e.bandwidth_bytes_per_s;
+    }
+    return c;
+  }
+
+  std::vector<double> factors_at(double t) const {
+    std::vector<double> f(phase_.ids.size(), 1.0);
+    for (const WhatIfEvent& e : events_) {
+      if (e.kind != WhatIfKind::slow || !in_force(e, t)) continue;
+      const int i = phase_.index_of(e.rank);
+      if (i >= 0) f[static_cast<size_t>(i)] = e.factor;
+    }
+    return f;
+  }
+
+  const StepParts& parts(double t) {
+    const std::string key = state_key(t);
+    const auto hit = cache_.find(key);
+    if (hit != cache_.end()) return hit->second;
+    StepParts p;
+    const bool links = links_in_force(t);
+    const ClusterModel changed = links ? cluster_at(t) : ClusterModel{};
+    const ClusterModel& cluster = links ? changed : phase_.cluster();
+    const std::vector<double> factors = factors_at(t);
+    const Plan& plan = phase_.plan;
+    if (policy_ == Policy::local) {
+      const int groups = static_cast<int>(plan.local->groups.size());
+      double slowest_round = 0;
+      for (int g = 0; g < groups; ++g) {
+        const std::vector<int> ranks = group_ranks(plan, g);
+        const Plan sub = group_plan(plan, g);
+        const BlockCosts sub_costs = costs_of(phase_.costs(), ranks);
+        const ClusterModel sub_cluster = cluster_of(cluster, ranks);
+        std::vector<double> sub_factors;
+        for (int r : ranks) sub_factors.push_back(factors[static_cast<size_t>(r)]);
+        p.group_steps.push_back(simulate_with(sub, sub_costs, sub_cluster, sub_factors).step_seconds);
+        const double plain = simulate_with(sub, sub_costs, sub_cluster, {}).step_seconds;
+        slowest_round = std::max(slowest_round, plain * plan.local->group_steps[static_cast<size_t>(g)]);
+      }
+      double job_step = plan.predicted.step_seconds;
+      if (links) {  // the outer exchange crosses the changed links too
+        Plan again = plan;
+        predict_local(again, phase_.costs(), cluster, plan.local->sync_step_seconds, plan.local->inner_steps);
+        job_step = again.predicted.step_seconds;
+      }
+      p.round_extra = std::max(0.0, job_step * plan.local->inner_steps - slowest_round);
+    } else if (policy_ == Policy::deadline && plan.stage_ranges.size() == 1) {
+      const SimResult sim = simulate_with(plan, phase_.costs(), cluster, {});
+      p.step = sim.step_seconds;
+      p.busy = sim.busy_seconds;
+      p.tail = p.step - *std::max_element(p.busy.begin(), p.busy.end());
+    } else {
+      p.step = simulate_with(plan, phase_.costs(), cluster, factors).step_seconds;
+    }
+    return cache_.emplace(key, std::move(p)).first->second;
+  }
+
+  bool active(int index) const {
+    return index >= 0 && phase_.plan.ranks[static_cast<size_t>(index)].replica >= 0;
+  }
+
+  // The end of work of `length` started at t on a rank whose stalls (not yet spent) hold
+  // it: a stall from `at` for S stops it there and its remaining work resumes at at + S.
+  // Marks the stalls that fell in it as spent.
+  double held_end(int index, double t, double length, bool spend = true) {
+    double end = t + length;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (size_t i = 0; i < events_.size(); ++i) {
+        const WhatIfEvent& e = events_[i];
+        if (used_[i] || e.kind != WhatIfKind::stall || phase_.index_of(e.rank) != index) continue;
+        if (e.at_s >= end) continue;
+        if (spend) used_[i] = true;
+        if (e.at_s + e.for_s <= t) continue;
+        const double resumed = e.at_s + e.for_s + (t + length - std::max(e.at_s, t));
+        if (resumed > end) end = resumed, moved = true;
+      }
+    }
+    return end;
+  }
+
+  // The first failure, not yet spent, of a rank of the phase before `end`.
+  int failure_before(double end) const {
+    for (size_t i = 0; i < events_.size(); ++i)
+      if (!used_[i] && events_[i].kind == WhatIfKind::fail && events_[i].at_s < end &&
+          phase_.index_of(events_[i].rank) >= 0)
+        return static_cast<int>(i);
+    return -1;
+  }
+
+  // A join that has happened by t and not yet been planned in.
+  int join_by(double t) const {
+    for (size_t i = 0; i < events_.size(); ++i)
+      if (!used_[i] && events_[i].kind == WhatIfKind::join && events_[i].at_s <= t) return static_cast<int>(i);
+    return -1;
+  }
+
+  void replan(const ClusterModel& cluster, const BlockCosts& costs, std::vector<int> ids) {
+    PlannerInput pin;
+    pin.cluster = cluster;
+    pin.costs = costs;
+    pin.global_batch = in_.planner.global_batch;
+    pin.min_micro_batches = in_.planner.min_micro_batches;
+    pin.strategy = in_.planner.strategy;
+    pin.hub_may_step_optimizer = in_.planner.hub_may_step_optimizer;
+    pin.config_name = in_.planner.config_name;
+    pin.config_hash = in_.planner.config_hash;
+    Phase next;
+    next.plan = plan_for_policy(pin, policy_, in_.local_steps);
+    next.costs_ptr = std::make_shared<const BlockCosts>(costs);
+    next.cluster_ptr = std::make_shared<const ClusterModel>(cluster);
+    next.ids = std::move(ids);
+    next.version = phase_.version + 1;
+    phase_ = std::move(next);
+  }
+
+  // The job restarts without the failed rank at t (after the restart): re-planned.
+  void replan_without(int failed_event) {
+    const int gone = phase_.index_of(events_[static_cast<size_t>(failed_event)].rank);
+    std::vector<int> keep, ids;
+    for (size_t i = 0; i < phase_.ids.size(); ++i)
+      if (static_cast<int>(i) != gone) keep.push_back(static_cast<int>(i)), ids.push_back(phase_.ids[i]);
+    HT_CHECK(!keep.empty(), "what-if: ", events_[static_cast<size_t>(failed_event)].spec, " leaves no rank to restart on");
+    try {
+      replan(cluster_of(phase_.cluster(), keep), costs_of(phase_.costs(), keep), std::move(ids));
+    } catch (const Error& e) {
+      throw Error(std::string("after ") + events_[static_cast<size_t>(failed_event)].spec +
+                  ", no plan on the ranks left: " + e.what());
+    }
+  }
+
+  // A rank of the catalogue device joins, linked to every rank as rank 0's median link.
+  void replan_with(int join_event) {
+    const WhatIfEvent& e = events_[static_cast<size_t>(join_event)];
+    ClusterModel c = phase_.cluster();
+    const DeviceModel device = cluster_from_synth("synth:1x" + e.device, in_.catalogue_path).ranks.at(0);
+    std::vector<double> lat, bw;
+    for (size_t j = 1; j < c.ranks.size(); ++j) lat.push_back(c.latency_s[0][j]), bw.push_back(c.bandwidth_bytes_per_s[0][j]);
+    const double latency = lat.empty() ? 0 : median(lat), bandwidth = bw.empty() ? 1e9 : median(bw);
+    for (size_t i = 0; i < c.ranks.size(); ++i) {
+      c.latency_s[i].push_back(latency);
+      c.bandwidth_bytes_per_s[i].push_back(bandwidth);
+    }
+    c.ranks.push_back(device);
+    c.latency_s.emplace_back(c.ranks.size(), latency);
+    c.bandwidth_bytes_per_s.emplace_back(c.ranks.size(), bandwidth);
+    c.latency_s.back().back() = 0;
+    c.bandwidth_bytes_per_s.back().back() = 0;
+    // The joined rank is modelled from its datasheet (no profile row of its own).
+    for (auto* rows : {&c.block_seconds, &c.block_step_seconds, &c.block_call_seconds})
+      if (!rows->empty()) rows->resize(c.ranks.size());
+    std::vector<int> ids = phase_.ids;
+    ids.push_back(static_cast<int>(in_.planner.cluster.ranks.size()) + joined_++);
+    try {
+      replan(c, block_costs(in_.model, c, in_.optimizer), std::move(ids));
+    } catch (const Error& err) {
+      throw Error("after " + e.spec + ", no plan with the new rank: " + err.what());
+    }
+  }
+
+  // Leaves the failed ranks out of the phase's world before a re-plan (deadline, which
+  // runs on without them).
+  void drop_failed(const std::vector<bool>& failed) {
+    std::vector<int> keep, ids;
+    for (size_t i = 0; i < phase_.ids.size(); ++i)
+      if (!failed[i]) keep.push_back(static_cast<int>(i)), ids.push_back(phase_.ids[i]);
+    if (keep.size() == phase_.ids.size()) return;
+    phase_.cluster_ptr = std::make_shared<const ClusterModel>(cluster_of(phase_.cluster(), keep));
+    phase_.costs_ptr = std::make_shared<const BlockCosts>(costs_of(phase_.costs(), keep));
+    phase_.ids = std::move(ids);
+  }
+
+  // At a checkpoint boundary (time t, after the step): a pending join restarts the job on
+  // the larger world. Returns the time the job goes on.
+  double join_at_checkpoint(double t, int64_t done) {
+    const int j = join_by(t);
+    if (j < 0 || done >= in_.steps) return t;
+    used_[static_cast<size_t>(j)] = true;
+    replan_with(j);
+    out_.notes.push_back(events_[static_cast<size_t>(j)].spec + ": joined at the checkpoint of step " +
+                         std::to_string(done) + " (" + format_seconds(t) + "), re-planned: step " +
+                         format_seconds(phase_.plan.predicted.step_seconds));
+    return t + kRestartSeconds;
+  }
+
+  bool checkpoint_at(int64_t done) const { return in_.checkpoint_every > 0 && done % in_.checkpoint_every == 0; }
+
+  // A failure at T ends the job: restart from the newest checkpoint on the ranks left.
+  // Returns the time the job goes on; `done` becomes the checkpoint's step.
+  double restart(int failed, double t, double since, int64_t& done, int64_t checkpoint) {
+    used_[static_cast<size_t>(failed)] = true;
+    const WhatIfEvent& e = events_[static_cast<size_t>(failed)];
+    const double at = std::max(e.at_s, t);
+    out_.work_lost_steps += done - checkpoint;
+    out_.work_lost_seconds += at - since + kRestartSeconds;
+    const int64_t lost = done - checkpoint;
+    done = checkpoint;
+    replan_without(failed);
+    out_.notes.push_back(e.spec + ": restart from the checkpoint of step " + std::to_string(checkpoint) + " (" +
+                         std::to_string(lost) + " steps lost) on " + std::to_string(phase_.ids.size()) +
+                         " ranks, re-planned: step " + format_seconds(phase_.plan.predicted.step_seconds));
+    return at + kRestartSeconds;
+  }
+
+  void finish(double seconds, int64_t samples) {
+    out_.seconds = seconds;
+    out_.samples_per_s = seconds > 0 ? static_cast<double>(samples) / seconds : 0;
+  }
+
+  void run_sync() {
+    if (policy_ == Policy::deadline)
+      out_.notes.push_back("a pipeline has no stand-in for a stalled stage: deadline waits for it as sync does");
+    double t = 0, since = 0;  // since: when the work after the newest checkpoint began
+    int64_t done = 0, checkpoint = 0;
+    while (done < in_.steps) {
+      const double step = parts(t).step;
+      double end = t + step;
+      for (size_t r = 0; r < phase_.ids.size(); ++r)
+        if (active(static_cast<int>(r))) end = std::max(end, held_end(static_cast<int>(r), t, step));
+      if (const int f = failure_before(end); f >= 0) {
+        t = since = restart(f, t, since, done, checkpoint);
+        continue;
+      }
+      t = end;
+      ++done;
+      if (checkpoint_at(done)) {
+        checkpoint = done;
+        t = since = join_at_checkpoint(t, done);
+      }
+    }
+    finish(t, in_.steps * in_.planner.global_batch);
+  }
+
+  void run_deadline() {
+    double t = 0;
+    int64_t done = 0, dropped = 0;
+    std::vector<int> missed(phase_.ids.size(), 0);
+    std::vector<bool> failed(phase_.ids.size(), false);
+    while (done < in_.steps) {
+      const StepParts& p = parts(t);
+      const std::vector<double> factors = factors_at(t);
+      const double budget = p.step * (1 + in_.deadline_slack);
+      for (size_t i = 0; i < events_.size(); ++i) {
+        const WhatIfEvent& e = events_[i];
+        if (used_[i] || e.kind != WhatIfKind::fail || e.at_s >= t + budget) continue;
+        const int r = phase_.index_of(e.rank);
+        if (r < 0) continue;
+        used_[i] = true;
+        failed[static_cast<size_t>(r)] = true;
+        out_.notes.push_back(e.spec + ": left out from step " + std::to_string(done) + " on, no restart");
+      }
+      bool waited = false, any_missing = false;
+      double last = 0;
+      for (size_t r = 0; r < phase_.ids.size(); ++r) {
+        const int idx = static_cast<int>(r);
+        if (!active(idx)) continue;
+        const double part = p.busy[r] * factors[r] + p.tail;
+        bool silent = failed[r];
+        double arrival = part;
+        if (!silent) {
+          arrival = held_end(idx, t, part, false) - t;
+          silent = arrival > part && arrival > budget;  // stalled past the budget: nothing heard
+        }
+        if (arrival <= budget && !silent) {
+          last = std::max(last, arrival);
+          missed[r] = 0;
+          continue;
+        }
+        any_missing = true;
+        dropped += phase_.plan.ranks[r].samples;
+        waited = waited || !silent || missed[r] < kDeadlineWaitedSteps;
+        missed[r] = silent ? missed[r] + 1 : 0;
+      }
+      // Stalls that ended by this step's close are spent: the rank is caught up.
+      const double close = waited ? budget : last;
+      for (size_t i = 0; i < events_.size(); ++i)
+        if (events_[i].kind == WhatIfKind::stall && events_[i].at_s + events_[i].for_s <= t + close) used_[i] = true;
+      if (any_missing) ++out_.steps_closed_short;
+      t += close;
+      ++done;
+      if (checkpoint_at(done)) {
+        if (join_by(t) >= 0 && done < in_.steps) drop_failed(failed);
+        const double went_on = join_at_checkpoint(t, done);
+        if (went_on != t) missed.assign(phase_.ids.size(), 0), failed.assign(phase_.ids.size(), false);
+        t = went_on;
+      }
+    }
+    out_.samples_dropped = dropped;
+    finish(t, in_.steps * in_.planner.global_batch - dropped);
+  }
+
+  // Rounds of H job steps; each group's clock runs on its own (see what_if.h).
+  void run_local() {
+    int64_t done = 0, checkpoint = 0;
+    double since = 0, exchange_ready = 0;  // the end of the previous round on every group
+    std::vector<double> clock(phase_.plan.local->groups.size(), 0.0);
+    while (done < in_.steps) {
+      const Plan& plan = phase_.plan;
+      const int64_t round = std::min<int64_t>(plan.local->inner_steps, in_.steps - done);
+      std::vector<double> next(clock.size());
+      int failed = -1;
+      double fail_from = 0;
+      for (size_t g = 0; g < clock.size(); ++g) {
+        const StepParts& p = parts(clock[g]);
+        const double work =
+            static_cast<double>(batches_in_round(plan, static_cast<int>(g), round)) * p.group_steps[g];
+        double end = clock[g] + work;
+        for (int r : group_ranks(plan, static_cast<int>(g))) end = std::max(end, held_end(r, clock[g], work));
+        if (const int f = failure_before(end); f >= 0 && (failed < 0 || events_[static_cast<size_t>(f)].at_s <
+                                                                              events_[static_cast<size_t>(failed)].at_s)) {
+          failed = f;
+          fail_from = clock[g];
+        }
+        next[g] = std::max(end, exchange_ready) + p.round_extra;
+      }
+      if (failed >= 0) {
+        const double go_on = restart(failed, fail_from, since, done, checkpoint);
+        since = exchange_ready = go_on;
+        clock.assign(phase_.plan.local->groups.size(), go_on);
+        continue;
+      }
+      clock = next;
+      exchange_ready = *std::max_element(clock.begin(), clock.end());
+      const int64_t before = done;
+      done += round;
+      // A checkpoint is taken where the round crosses a multiple of checkpoint.every.
+      if (in_.checkpoint_every > 0 && done / in_.checkpoint_every > before / in_.checkpoint_every) {
+        checkpoint = done;
+        since = exchange_ready;
+        const double go_on = join_at_checkpoint(exchange_ready, done);
+        if (go_on != exchange_ready) {
+          since = exchange_ready = go_on;
+          clock.assign(phase_.plan.local->groups.size(), go_on);
+        }
+      }
+    }
+    finish(exchange_ready, in_.steps * in_.planner.global_batch);
+  }
+
+  const WhatIfInput& in_;
+  Policy policy_;
+  Phase phase_;
+  std::vector<WhatIfEvent> events_;
+  std::vector<bool> used_;
+  std::map<std::string, StepParts> cache_;
+  int joined_ = 0;
+  PolicyOutcome out_;
+};
+
+}  // namespace
+
+WhatIfResult run_what_if(const WhatIfInput& in) {
+  WhatIfResult result;
+  result.steps = in.steps;
+  result.global_batch = in.planner.global_batch;
+  const auto costs = std::make_shared<const BlockCosts>(in.planner.costs);
+  const auto cluster = std::make_shared<const ClusterModel>(in.planner.cluster);
+  for (Policy policy : {Policy::sync, Policy::deadline, Policy::local}) {
+    PolicyOutcome refused;
+    refused.policy = policy;
+    if (policy == Policy::local && in.planner.cluster.ranks.size() > kWhatIfLocalMaxRanks) {
+      refused.refused = "local plans are searched per rank and group, minutes beyond " +
+                        std::to_string(kWhatIfLocalMaxRanks) + " ranks";
+      result.policies.push_back(refused);
+      continue;
+    }
+    Phase start;
+    try {
+      const auto shown = std::find_if(in.plans.begin(), in.plans.end(), [&](const Plan& p) { return policy_of(p) == policy; });
+      start.plan = shown != in.plans.end() ? *shown : plan_for_policy(in.planner, policy, in.local_steps);
+    } catch (const Error& e) {
+      refused.refused = e.what();
+      result.policies.push_back(refused);
+      continue;
+    }
+    start.costs_ptr = costs;
+    start.cluster_ptr = cluster;
+    for (size_t i = 0; i < cluster->ranks.size(); ++i) start.ids.push_back(static_cast<int>(i));
+    const PolicyOutcome plain = Play(in, policy, start, false).run();
+    PolicyOutcome out = Play(in, policy, start, true).run();
+    out.baseline_seconds = plain.seconds;
+    out.lost_seconds = out.seconds - plain.seconds;
+    result.policies.push_back(std::move(out));
+  }
+  return result;
+}
+
+}  // namespace ht::plan

@@ -1,0 +1,144 @@
+// The what-if simulator: how a job planned over a cluster fares, under each sync policy,
+// when a rank stalls, slows down or fails, a link changes, or a device joins.
+//
+// Granularity. One instruction-level simulation (plan/simulator.h) of ONE step per plan
+// and per state of the cluster (each set of slow factors and link changes in force):
+// its step time and every rank's compute are the step parts. The N steps are then played
+// at step granularity against the events, so 4,096 ranks x 1,000 steps cost a few
+// simulations, not 1,000.
+//
+// Per policy (each from its own plan, plan_for_policy, on the same PlannerInput):
+//  - sync: a step ends when every rank's part ends. A stall that begins in a step holds
+//    that step for the whole stall (the rank is in every step); a slow rank's compute is
+//    multiplied by its factor (the step re-simulated); a failure ends the job: it
+//    restarts after kRestartSeconds from the newest checkpoint (checkpoint.every; step 0
+//    without one) on the ranks left, re-planned, and the steps since that checkpoint are
+//    the work lost.
+//  - deadline: a step's budget is (1 + deadline_slack) x the step predicted for the
+//    cluster's state (links included, slow factors and stalls not). A rank whose part
+//    (its compute x factor, plus the step's common tail after the slowest compute: the
+//    reduction) does not arrive by the budget is left out, its samples dropped. The step
+//    closes at its budget while a late rank is still waited for (a slow one always: it
+//    sends; a silent one for kDeadlineWaitedSteps steps, as comm/deadline_reduce does),
+//    else when the last present rank arrives. A stalled rank is caught up when it returns
+//    (the catch-up charged nothing, as the simulator charges CatchUp); a failed one is
+//    left out for good, with no restart. A pipeline deadline plan has no stand-in for a
+//    stage: it waits as sync does.
+//  - local: each group plays its rounds (H_g inner steps of its simulated sub-plan step,
+//    then its part of the round's outer list) on its own clock; a round's end waits for
+//    the exchange of the round before, so for every group to have ended that round. A
+//    stall holds its group only, and the others wait at the round end after the next.
+//    A failure restarts the job as under sync (the groups' outer exchange spans every
+//    rank), re-planned as a local plan.
+//  - link (ranks=A-B): from its time on, the link between ranks A and B has the given
+//    one-way latency and bandwidth both ways, and every step is re-simulated on that
+//    cluster (the all-reduce and pipeline transfers that cross it change).
+//  - join (device=D, a catalogue id): a rank of that device, modelled from its datasheet,
+//    linked to every rank by rank 0's median link. sync and deadline: the job re-plans at the first checkpoint
+//    boundary after the join (a restart: kRestartSeconds, no work lost); without
+//    checkpoint.every it never joins. local: the same, re-planned as a local plan.
+// Events apply to the ranks of the world they were given for; once a failure or a join
+// re-plans, a rank keeps its identity (the events follow it), and a joined rank can be
+// named by no event. A later slow event on a rank replaces the earlier one's factor.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "nn/block_shape.h"
+#include "plan/block_costs.h"
+#include "plan/cluster_model.h"
+#include "plan/local_plan.h"
+#include "plan/plan.h"
+#include "plan/planner.h"
+
+namespace ht::plan {
+
+// Assumed cost of restarting a job after a failure or for a join: the launcher starting
+// the ranks again, reading the checkpoint and planning from the plan file (no probe).
+inline constexpr double kRestartSeconds = 30;
+// Steps a deadline leader still waits for a member it has heard nothing from.
+inline constexpr int kDeadlineWaitedSteps = 2;
+inline constexpr int64_t kDefaultWhatIfSteps = 1000;
+// Local plans are searched per rank and group (plan/local_plan.h): beyond this world the
+// search takes minutes, so what-if refuses local there.
+inline constexpr size_t kWhatIfLocalMaxRanks = kAutoLocalMaxRanks;
+
+enum class WhatIfKind { stall, slow, fail, link, join };
+
+struct WhatIfEvent {
+  WhatIfKind kind = WhatIfKind::stall;
+  std::string spec;    // as given, for messages and the table's notes
+  double at_s = 0;     // seconds of job time
+  int rank = -1;       // stall, slow, fail; link: its first end
+  int peer = -1;       // link: its second end
+  double for_s = 0;    // stall
+  double factor = 1;   // slow: compute x factor
+  double latency_s = 0, bandwidth_bytes_per_s = 0;  // link
+  std::string device;  // join: catalogue id
+};
+
+// Parses one event spec:
+//   stall:rank=R,at=T,for=S  slow:rank=R,at=T,factor=F  fail:rank=R,at=T
+//   link:ranks=A-B,at=T,latency=L,bandwidth=B (L in ms, B in MB/s, 1 MB = 1e6 bytes)
+//   join:device=D,at=T
+// T and S in seconds. Errors (config::ConfigError) name the spec, the field, its value
+// and what was expected.
+WhatIfEvent parse_what_if_event(const std::string& spec);
+
+// Refuses an event naming a rank outside a world of `world_size` ranks, a link from a
+// rank to itself, or a join device the catalogue does not list (config::ConfigError).
+void check_what_if_events(const std::vector<WhatIfEvent>& events, size_t world_size, const Catalogue& catalogue);
+
+// What `hetrain plan` plans from: the config's model (its shapes) over `cluster`.
+PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& model, const ClusterModel& cluster);
+
+// The plan of one sync policy on `in`: sync, the planner's plan; deadline, its
+// data-parallel plan (under strategy auto) made a deadline plan; local, the local plan.
+// Throws ht::Error saying why a policy has no plan (deadline on a hybrid plan, local
+// where a rank cannot hold the whole model, ...).
+Plan plan_for_policy(const PlannerInput& in, config::SyncPolicy policy, int64_t local_steps);
+
+struct WhatIfInput {
+  PlannerInput planner;
+  // Plans already made on `planner` (the one `hetrain plan` shows): a policy with one
+  // here plays it instead of planning again.
+  std::vector<Plan> plans;
+  nn::ModelShape model;               // for a joining device's block costs
+  config::OptimizerConfig optimizer;  // likewise
+  std::string catalogue_path;         // join: the device catalogue
+  int64_t steps = kDefaultWhatIfSteps;
+  int64_t checkpoint_every = 0;       // checkpoint.every; 0: only at the end
+  double deadline_slack = 0.5;
+  int64_t local_steps = 0;            // parallel.local_steps
+  std::vector<WhatIfEvent> events;
+};
+
+struct PolicyOutcome {
+  config::SyncPolicy policy = config::SyncPolicy::sync;
+  std::string refused;          // non-empty: the policy was not simulated, and why
+  double step_seconds = 0;      // the plan's predicted step (local: per job step)
+  double seconds = 0;           // to the N steps, events included
+  double baseline_seconds = 0;  // the same plan without the events
+  double lost_seconds = 0;      // seconds - baseline_seconds
+  double samples_per_s = 0;     // samples trained (dropped ones not) over seconds
+  int64_t samples_dropped = 0;  // deadline: contributions left out
+  int64_t steps_closed_short = 0;  // deadline: steps closed without every rank
+  int64_t work_lost_steps = 0;     // steps redone after restarts
+  double work_lost_seconds = 0;    // the time those steps and the restarts took
+  std::vector<std::string> notes;  // what happened, in order (restarts, joins, ...)
+};
+
+struct WhatIfResult {
+  int64_t steps = 0;
+  int64_t global_batch = 0;
+  std::vector<PolicyOutcome> policies;  // sync, deadline, local
+};
+
+// Plans each policy and plays N steps under the events, and once without them.
+WhatIfResult run_what_if(const WhatIfInput& in);
+
+}  // namespace ht::plan

@@ -1,0 +1,49 @@
+#include "report/what_if_text.h"
+
+#include <cstdio>
+
+#include "core/units.h"
+
+namespace ht::report {
+
+std::string what_if_text(const plan::WhatIfResult& result, const std::vector<plan::WhatIfEvent>& events) {
+  std::string out = "what if, over " + std::to_string(result.steps) + " steps of " +
+                    std::to_string(result.global_batch) + " samples:";
+  for (const plan::WhatIfEvent& e : events) out += " " + e.spec;
+  out += "\n";
+  // Fixed widths: three rows of short figures (the work-lost column last, unpadded).
+  const auto row = [](const std::string& policy, const std::string& step, const std::string& rate,
+                      const std::string& seconds, const std::string& lost, const std::string& dropped,
+                      const std::string& short_steps, const std::string& work) {
+    char line[512];
+    std::snprintf(line, sizeof line, "%-9s %-10s %-11s %-16s %-15s %-16s %-13s %s\n", policy.c_str(), step.c_str(),
+                  rate.c_str(), seconds.c_str(), lost.c_str(), dropped.c_str(), short_steps.c_str(), work.c_str());
+    return std::string(line);
+  };
+  out += row("policy", "step", "samples/s", "time to N steps", "lost to events", "samples dropped", "closed short",
+             "work lost");
+  for (const plan::PolicyOutcome& p : result.policies) {
+    const std::string name = config::to_string(p.policy);
+    if (!p.refused.empty()) {
+      out += row(name, "-", "-", "-", "-", "-", "-", "- (not simulated)");
+      continue;
+    }
+    const bool deadline = p.policy == config::SyncPolicy::deadline;
+    out += row(name, format_seconds(p.step_seconds), number("%.1f", p.samples_per_s), format_seconds(p.seconds),
+               format_seconds(p.lost_seconds), deadline ? std::to_string(p.samples_dropped) : "-",
+               deadline ? std::to_string(p.steps_closed_short) : "-",
+               p.work_lost_steps > 0 || p.work_lost_seconds > 0
+                   ? std::to_string(p.work_lost_steps) + " steps, " + format_seconds(p.work_lost_seconds)
+                   : "0");
+  }
+  for (const plan::PolicyOutcome& p : result.policies) {
+    const std::string name = config::to_string(p.policy);
+    if (!p.refused.empty()) out += "  " + name + ": not simulated: " + p.refused + "\n";
+    for (const std::string& n : p.notes) out += "  " + name + ": " + n + "\n";
+  }
+  out += "  (a restart, after a failure or for a join, is assumed to take " + format_seconds(plan::kRestartSeconds) +
+         "; local drops no samples: a group's steps start from weights a round stale by design)\n";
+  return out;
+}
+
+}  // namespace ht::report
