@@ -406,8 +406,9 @@ class Play {
         bool silent = failed[r];
         double arrival = part;
         if (!silent) {
-          arrival = held_end(idx, t, part, false) - t;
-          silent = arrival > part && arrival > budget;  // stalled past the budget: nothing heard
+          const double end = held_end(idx, t, part, false);  // t + part exactly when no stall holds it
+          arrival = end - t;
+          silent = end > t + part && arrival > budget;  // stalled past the budget: nothing heard
         }
         if (arrival <= budget && !silent) {
           last = std::max(last, arrival);

@@ -237,10 +237,47 @@ def own_ranks():
           r.stderr[-1500:])
 
 
+def what_if(tmp):
+    """--what-if on the 4:2:1:1 cluster: one table with a row per policy, the stall's cost
+    per policy; bad specs refused, naming the spec, the field and what was expected."""
+    r = plan(CNN, "--cluster", RATES_4211, "--what-if", "stall:rank=1,at=5,for=5")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^(sync|deadline|local) +\S.*$", r.stdout, re.M)}
+    print(r.stdout[r.stdout.find("what if"):])
+    check("--what-if stall: exit 0, one table with sync, deadline and local rows",
+          r.returncode == 0 and "what if, over 1000 steps" in r.stdout and sorted(rows) == ["deadline", "local", "sync"],
+          r.stdout[-2000:] + r.stderr[-1500:])
+    cols = {k: re.split(r" {2,}", v) for k, v in rows.items()}
+    scale = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}
+
+    def seconds(policy, col):
+        try:
+            value, unit = cols[policy][col].split(" ")
+            return float(value) * scale[unit]
+        except (KeyError, IndexError, ValueError):
+            return None
+    sync_lost, deadline_lost, deadline_step = seconds("sync", 4), seconds("deadline", 4), seconds("deadline", 1)
+    check("--what-if stall: sync loses the 5 s of the stall (at most a step more)",
+          sync_lost is not None and 5.0 <= sync_lost <= 5.0 + seconds("sync", 1), rows)
+    # deadline waits out its budget (1.5 steps) for the silent rank twice, then closes without it.
+    check("--what-if stall: deadline loses at most 3 half-steps and closes steps short",
+          deadline_lost is not None and 0 <= deadline_lost <= 1.5 * deadline_step
+          and int(cols["deadline"][6]) > 0, rows)
+    bad = [
+        ("stall:rank=1,at=5", "--what-if what-if event stall:rank=1,at=5: missing for"),
+        ("stall:rank=9,at=5,for=5", "rank 9 is not in the cluster; expected 0 to 3"),
+        ("slow:rank=1,at=5,factor=x", "factor=x is not a number"),
+    ]
+    for spec, expected in bad:
+        r = plan(CNN, "--cluster", RATES_4211, "--what-if", spec)
+        check(f"--what-if {spec}: exit 2 naming the problem", r.returncode == 2 and expected in r.stderr
+              and "what if, over" not in r.stdout, r.stderr[-800:])
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="hetrain-plan-")
     bad_clusters(tmp)
     world_above_batch(tmp)
+    what_if(tmp)
     if not have_fashion_mnist():
         return finish(tmp, [f"{FASHION_MNIST} (apt-get install dataset-fashion-mnist)"])
     mixed_gpu_cpu(tmp)
