@@ -66,10 +66,17 @@ struct Phase {
   std::vector<int> ids;
   int version = 0;
 
-  int index_of(int id) const {
-    const auto it = std::find(ids.begin(), ids.end(), id);
-    return it == ids.end() ? -1 : static_cast<int>(it - ids.begin());
+  void set_ids(std::vector<int> v) {
+    ids = std::move(v);
+    where.assign(static_cast<size_t>(*std::max_element(ids.begin(), ids.end())) + 1, -1);
+    for (size_t i = 0; i < ids.size(); ++i) where[static_cast<size_t>(ids[i])] = static_cast<int>(i);
   }
+  int index_of(int id) const {
+    return id >= 0 && static_cast<size_t>(id) < where.size() ? where[static_cast<size_t>(id)] : -1;
+  }
+
+ private:
+  std::vector<int> where;  // [id] -> index in ids, -1: not in this phase
 };
 
 // One step's parts in one state of the cluster. sync and deadline: the step and each
@@ -257,7 +264,7 @@ class Play {
     next.plan = plan_for_policy(pin, policy_, in_.local_steps);
     next.costs_ptr = std::make_shared<const BlockCosts>(costs);
     next.cluster_ptr = std::make_shared<const ClusterModel>(cluster);
-    next.ids = std::move(ids);
+    next.set_ids(std::move(ids));
     next.version = phase_.version + 1;
     phase_ = std::move(next);
   }
@@ -315,7 +322,7 @@ class Play {
     if (keep.size() == phase_.ids.size()) return;
     phase_.cluster_ptr = std::make_shared<const ClusterModel>(cluster_of(phase_.cluster(), keep));
     phase_.costs_ptr = std::make_shared<const BlockCosts>(costs_of(phase_.costs(), keep));
-    phase_.ids = std::move(ids);
+    phase_.set_ids(std::move(ids));
   }
 
   // At a checkpoint boundary (time t, after the step): a pending join restarts the job on
@@ -524,7 +531,9 @@ WhatIfResult run_what_if(const WhatIfInput& in) {
     }
     start.costs_ptr = costs;
     start.cluster_ptr = cluster;
-    for (size_t i = 0; i < cluster->ranks.size(); ++i) start.ids.push_back(static_cast<int>(i));
+    std::vector<int> ids(cluster->ranks.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+    start.set_ids(std::move(ids));
     const PolicyOutcome plain = Play(in, policy, start, false).run();
     PolicyOutcome out = Play(in, policy, start, true).run();
     out.baseline_seconds = plain.seconds;
