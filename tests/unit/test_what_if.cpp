@@ -192,3 +192,36 @@ TEST_CASE("what-if event specs: one-line errors naming the spec, the field, the 
   CHECK(check("join:device=h100,at=1") ==
         "what-if event join:device=h100,at=1: device=h100 is not in the catalogue; expected one of rtx3060, a100-40g");
 }
+
+TEST_CASE("a join re-plans at the next checkpoint boundary, after a restart, with the datasheet device") {
+  WhatIfInput in = four_equal(100, {});
+  in.catalogue_path = default_catalogue_path();
+  const Plan plan = plan_for_policy(in.planner, Policy::sync, 0);
+  const double step = plan.predicted.step_seconds;
+  in.events = {parse_what_if_event("join:device=cpu-16c,at=" + std::to_string(5.5 * step))};
+  // The model's shapes for the joined rank's block costs: the fixture's four blocks.
+  for (size_t b = 0; b < 4; ++b) {
+    ht::nn::BlockShape shape;
+    shape.params = 1000000;
+    shape.flops_per_sample = 1000000000;
+    shape.activation_bytes_per_sample = 1000000;
+    in.model.blocks.push_back(shape);
+  }
+  const PolicyOutcome sync = outcome(run_what_if(in), Policy::sync);
+  REQUIRE(sync.refused.empty());
+  REQUIRE(sync.notes.size() == 1);
+  CHECK(contains(sync.notes[0], "joined at the checkpoint of step 10"));
+  ClusterModel five = in.planner.cluster;
+  const DeviceModel cpu = cluster_from_synth("synth:1xcpu-16c", in.catalogue_path).ranks[0];
+  for (auto& row : five.latency_s) row.push_back(1e-5);
+  for (auto& row : five.bandwidth_bytes_per_s) row.push_back(1e10);
+  five.ranks.push_back(cpu);
+  five.latency_s.push_back({1e-5, 1e-5, 1e-5, 1e-5, 0});
+  five.bandwidth_bytes_per_s.push_back({1e10, 1e10, 1e10, 1e10, 0});
+  PlannerInput bigger = in.planner;
+  bigger.cluster = five;
+  bigger.costs = block_costs(in.model, five, in.optimizer);
+  const double step5 = plan_for_policy(bigger, Policy::sync, 0).predicted.step_seconds;
+  CHECK(sync.seconds == doctest::Approx(10 * step + kRestartSeconds + 90 * step5));
+  CHECK(sync.work_lost_steps == 0);
+}
