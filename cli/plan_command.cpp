@@ -38,6 +38,12 @@ struct PlanArgs {
   int64_t what_if_steps = ht::plan::kDefaultWhatIfSteps;
 };
 
+// The planner's "what-if event SPEC: ..." as the option the user typed: "--what-if SPEC: ...".
+ht::config::ConfigError as_option_error(const ht::config::ConfigError& e) {
+  const std::string what = e.what(), prefix = "what-if event ";
+  return ht::config::ConfigError("--what-if " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
+}
+
 // --what-if specs, parsed before any probe or search; a bad one names the option.
 std::vector<ht::plan::WhatIfEvent> parse_what_if(const std::vector<std::string>& specs) {
   std::vector<ht::plan::WhatIfEvent> events;
@@ -45,7 +51,7 @@ std::vector<ht::plan::WhatIfEvent> parse_what_if(const std::vector<std::string>&
     try {
       events.push_back(ht::plan::parse_what_if_event(spec));
     } catch (const ht::config::ConfigError& e) {
-      throw ht::config::ConfigError(std::string("--what-if ") + e.what());
+      throw as_option_error(e);
     }
   }
   return events;
@@ -58,7 +64,7 @@ void check_what_if(const std::vector<ht::plan::WhatIfEvent>& events, size_t worl
   try {
     ht::plan::check_what_if_events(events, world, joins ? ht::plan::read_catalogue(catalogue_path) : ht::plan::Catalogue{});
   } catch (const ht::config::ConfigError& e) {
-    throw ht::config::ConfigError(std::string("--what-if ") + e.what());
+    throw as_option_error(e);
   }
 }
 
@@ -174,8 +180,8 @@ void register_plan(CLI::App& app) {
     const ht::plan::Plan& plan = planned.plan;
     std::printf("%s", ht::report::format_plan(plan).c_str());
     std::printf("%s", ht::report::local_sync_text(plan).c_str());
-    std::printf("planned in %.3f s (data and model %.3f s, costs and search %.3f s)\n",
-                planned.data_and_model_s + planned.search_s, planned.data_and_model_s,
+    std::printf("planned in %.3f s (model description %.3f s, costs and search %.3f s)\n",
+                planned.model_s + planned.search_s, planned.model_s,
                 planned.search_s);
     if (!args->json.empty()) write(args->json, ht::plan::plan_to_json(plan), "plan");
     if (dump) print_schedule(plan, args->dump);

@@ -3,9 +3,9 @@
 #include <chrono>
 #include <memory>
 
-#include "plan/deadline_plan.h"
 #include "plan/local_plan.h"
 #include "plan/planner.h"
+#include "plan/policy_plan.h"
 #include "probe/probe.h"
 #include "runtime/task.h"
 
@@ -38,28 +38,16 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   // data, so it answers for models larger than this machine's memory.
   const ht::nn::ModelShape model = ht::runtime::describe_model(cfg);
   const auto searching = Clock::now();
-  ht::plan::PlannerInput in;
-  in.costs = ht::plan::block_costs(model, cluster, cfg.train.optimizer);
-  in.cluster = cluster;
-  in.global_batch = cfg.train.batch_size;
-  in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);
-  in.strategy = cfg.parallel.strategy;
-  // deadline supports data-parallel plans and pure pipelines (plan/deadline_plan.h): auto
-  // searches the data-parallel ones, which are those that survive a stalled rank.
-  if (cfg.parallel.sync == ht::config::SyncPolicy::deadline && in.strategy == ht::config::ParallelStrategy::automatic)
-    in.strategy = ht::config::ParallelStrategy::data;
-  in.config_name = cfg.name;
-  in.config_hash = ht::config::plan_hash(cfg);
-  Planned out{ht::plan::make_plan(in), in.costs, 0, 0, std::nullopt};
-  if (cfg.parallel.sync == ht::config::SyncPolicy::deadline) {
-    ht::plan::apply_deadline_sync(out.plan, in.costs, in.cluster);
-    all_ranks = false;  // no rebalancing under deadline: the steps never wait for every rank
-  }
+  ht::plan::PlannerInput in = ht::plan::planner_input_for(cfg, model, cluster);
+  const bool deadline = cfg.parallel.sync == ht::config::SyncPolicy::deadline;
+  Planned out{ht::plan::plan_for_policy(in, deadline ? ht::config::SyncPolicy::deadline : ht::config::SyncPolicy::sync, 0),
+              in.costs, 0, 0, std::nullopt};
+  if (deadline) all_ranks = false;  // no rebalancing under deadline: the steps never wait for every rank
   if (auto local = ht::plan::local_plan_for(in, out.plan, cfg.parallel.sync, cfg.parallel.local_steps)) {
     out.plan = std::move(*local);
     all_ranks = false;  // no rebalancing under local: each group's share is set by the plan
   }
-  out.data_and_model_s = seconds(start, searching);
+  out.model_s = seconds(start, searching);
   out.search_s = seconds(searching, Clock::now());
   if (all_ranks && ht::plan::has_idle_ranks(out.plan)) {
     in.strategy = ht::config::ParallelStrategy::data;

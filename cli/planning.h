@@ -23,9 +23,9 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
 struct Planned {
   ht::plan::Plan plan;
   ht::plan::BlockCosts costs;
-  // data_and_model_s: describing the model from its config (`hetrain plan` prints it as
-  // "data and model"); search_s: the costs and the search.
-  double data_and_model_s = 0, search_s = 0;
+  // model_s: describing the model from its config (`hetrain plan` prints it as
+  // "model description"); search_s: the costs and the search.
+  double model_s = 0, search_s = 0;
   // With all_ranks, when `plan` leaves ranks idle: the best data-parallel plan over every
   // rank, for the running job to try (plan::ShareTuner); empty when none fits.
   std::optional<ht::plan::Plan> all_ranks;

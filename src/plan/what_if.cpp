@@ -15,33 +15,6 @@ namespace ht::plan {
 
 using Policy = config::SyncPolicy;
 
-PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& model, const ClusterModel& cluster) {
-  PlannerInput in;
-  in.costs = block_costs(model, cluster, cfg.train.optimizer);
-  in.cluster = cluster;
-  in.global_batch = cfg.train.batch_size;
-  in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);
-  in.strategy = cfg.parallel.strategy;
-  in.config_name = cfg.name;
-  in.config_hash = config::plan_hash(cfg);
-  return in;
-}
-
-Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps) {
-  if (policy == Policy::deadline) {
-    // deadline supports data-parallel plans and pure pipelines: under auto, the
-    // data-parallel ones, which are those that survive a stalled rank.
-    PlannerInput data = in;
-    if (data.strategy == config::ParallelStrategy::automatic) data.strategy = config::ParallelStrategy::data;
-    Plan p = make_plan(data);
-    apply_deadline_sync(p, data.costs, data.cluster);
-    return p;
-  }
-  Plan p = make_plan(in);
-  if (policy == Policy::local) return *local_plan_for(in, p, Policy::local, local_steps);
-  return p;
-}
-
 namespace {
 
 Policy policy_of(const Plan& plan) {

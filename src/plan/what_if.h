@@ -54,6 +54,7 @@
 #include "plan/local_plan.h"
 #include "plan/plan.h"
 #include "plan/planner.h"
+#include "plan/policy_plan.h"
 
 namespace ht::plan {
 
@@ -93,14 +94,6 @@ WhatIfEvent parse_what_if_event(const std::string& spec);
 // rank to itself, or a join device the catalogue does not list (config::ConfigError).
 void check_what_if_events(const std::vector<WhatIfEvent>& events, size_t world_size, const Catalogue& catalogue);
 
-// What `hetrain plan` plans from: the config's model (its shapes) over `cluster`.
-PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& model, const ClusterModel& cluster);
-
-// The plan of one sync policy on `in`: sync, the planner's plan; deadline, its
-// data-parallel plan (under strategy auto) made a deadline plan; local, the local plan.
-// Throws ht::Error saying why a policy has no plan (deadline on a hybrid plan, local
-// where a rank cannot hold the whole model, ...).
-Plan plan_for_policy(const PlannerInput& in, config::SyncPolicy policy, int64_t local_steps);
 
 struct WhatIfInput {
   PlannerInput planner;

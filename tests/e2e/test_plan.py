@@ -263,7 +263,7 @@ def what_if(tmp):
           deadline_lost is not None and 0 <= deadline_lost <= 1.5 * deadline_step
           and int(cols["deadline"][6]) > 0, rows)
     bad = [
-        ("stall:rank=1,at=5", "--what-if what-if event stall:rank=1,at=5: missing for"),
+        ("stall:rank=1,at=5", "--what-if stall:rank=1,at=5: missing for"),
         ("stall:rank=9,at=5,for=5", "rank 9 is not in the cluster; expected 0 to 3"),
         ("slow:rank=1,at=5,factor=x", "factor=x is not a number"),
     ]
