@@ -1,5 +1,6 @@
 #include "core/units.h"
 
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 
@@ -23,8 +24,9 @@ std::string format_bytes(double bytes) {
 }
 
 std::string format_seconds(double s) {
-  if (s < 1e-3) return number("%.1f µs", s * 1e6);
-  if (s < 1) return number("%.2f ms", s * 1e3);
+  // By magnitude: a negative duration (time gained) reads in the unit of its size.
+  if (std::fabs(s) < 1e-3) return number("%.1f µs", s * 1e6);
+  if (std::fabs(s) < 1) return number("%.2f ms", s * 1e3);
   return number("%.2f s", s);
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/units.h"
 #include "error_message.h"
 #include "plan/plan.h"
 #include "report/plan_svg.h"
@@ -422,4 +423,11 @@ TEST_CASE("plan text: each note kind, and the planner's refusal") {
   CHECK(report::no_plan_text(data) ==
         "planner: global batch 0 is smaller than the 4 data-parallel replicas of strategy 'data' (every replica "
         "needs a sample); raise train.batch_size to at least 4 or use strategy auto or pipeline");
+}
+
+TEST_CASE("durations read in the unit of their size, a negative one (time gained) too") {
+  CHECK(format_seconds(2.5e-4) == "250.0 µs");
+  CHECK(format_seconds(-2.495e-2) == "-24.95 ms");
+  CHECK(format_seconds(0.5) == "500.00 ms");
+  CHECK(format_seconds(-3.0) == "-3.00 s");
 }
