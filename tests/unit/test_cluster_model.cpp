@@ -1,6 +1,7 @@
 // The planner's cluster model: the shipped datasheet catalogue, synthetic specs and
 // their error messages, a large cluster, and a probe fingerprint.
 #include <doctest/doctest.h>
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 
 #include "config/config.h"
 #include "plan/cluster_model.h"
+#include "tests/unit/source_root.h"
 
 using namespace ht;
 using namespace ht::plan;
@@ -16,17 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The repository root, found as test_config.cpp does (meson may compile by a relative path).
-fs::path source_root() {
-  const fs::path file(__FILE__);
-  if (file.is_absolute()) return file.parent_path().parent_path().parent_path();
-  for (fs::path dir = fs::current_path();; dir = dir.parent_path()) {
-    if (fs::exists(dir / "configs/devices.json")) return dir;
-    if (dir == dir.parent_path()) break;
-  }
-  FAIL("cannot find the source tree from " << fs::current_path());
-  return {};
-}
+using ht::test_fixtures::source_root;
 
 std::string catalogue() { return (source_root() / "configs" / "devices.json").string(); }
 

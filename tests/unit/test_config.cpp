@@ -9,26 +9,14 @@
 #include <sstream>
 
 #include "config/config.h"
+#include "tests/unit/source_root.h"
 
 using namespace ht::config;
 namespace fs = std::filesystem;
 
 namespace {
 
-// The repository root. Meson compiles this file by a path relative to the build
-// directory, so look for that directory (the working directory, an ancestor, or a
-// child of one, as for `build-config/tests/unit/unit_tests` run from the root).
-fs::path source_root() {
-  const fs::path file(__FILE__);
-  if (file.is_absolute()) return file.parent_path().parent_path().parent_path();
-  auto found = [](const fs::path& root) { return fs::exists(root / "tests/e2e/bad_configs.json"); };
-  for (fs::path dir = fs::current_path();; dir = dir.parent_path()) {
-    if (found(dir)) return dir;
-    if (dir == dir.parent_path()) break;
-  }
-  FAIL("cannot find the source tree from " << fs::current_path() << " and " << __FILE__);
-  return {};
-}
+using ht::test_fixtures::source_root;
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p);

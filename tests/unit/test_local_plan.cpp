@@ -5,8 +5,8 @@
 
 #include "tests/unit/error_message.h"
 #include "tests/unit/plan_fixtures.h"
+#include "tests/unit/source_root.h"
 
-#include <filesystem>
 #include <numeric>
 #include <nlohmann/json.hpp>
 
@@ -21,19 +21,7 @@ using namespace ht::plan::fixtures;
 
 namespace {
 
-namespace fs = std::filesystem;
-
-// The repository root, found as test_config.cpp does (meson may compile by a relative path).
-fs::path source_root() {
-  const fs::path file(__FILE__);
-  if (file.is_absolute()) return file.parent_path().parent_path().parent_path();
-  for (fs::path dir = fs::current_path();; dir = dir.parent_path()) {
-    if (fs::exists(dir / "configs/devices.json")) return dir;
-    if (dir == dir.parent_path()) break;
-  }
-  FAIL("cannot find the source tree from " << fs::current_path());
-  return {};
-}
+using ht::test_fixtures::source_root;
 
 // 4/2/1/1 speeds; ranks 1-3 under CPU quotas 0.4/0.2/0.2 of a 10 ms period, as
 // tools/hetero-local runs them: each wakes late to every message (plan_costs.h's
