@@ -6,6 +6,7 @@
 #include <set>
 
 #include "config/config.h"
+#include "config/spec_fields.h"
 #include "plan/what_if.h"
 
 namespace ht::plan {
@@ -61,8 +62,7 @@ std::string joined(const std::vector<std::string>& names) {
 WhatIfEvent parse_what_if_event(const std::string& spec) {
   WhatIfEvent e;
   e.spec = spec;
-  const size_t colon = spec.find(':');
-  const std::string kind = spec.substr(0, colon);
+  const std::string kind = spec.substr(0, spec.find(':'));
   const auto k = kinds().find(kind);
   if (k == kinds().end())
     reject(spec, "unknown kind '" + kind +
@@ -70,20 +70,8 @@ WhatIfEvent parse_what_if_event(const std::string& spec) {
   e.kind = k->second.kind;
   const std::vector<std::string>& allowed = k->second.fields;
   std::set<std::string> seen;
-  const std::string fields = colon == std::string::npos ? "" : spec.substr(colon + 1);
-  size_t pos = 0;
-  while (!fields.empty() && pos <= fields.size()) {
-    const size_t comma = std::min(fields.find(',', pos), fields.size());
-    const std::string item = fields.substr(pos, comma - pos);
-    pos = comma + 1;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0)
-      reject(spec, "field '" + item + "' is not key=value; expected the fields of " + kind + " (" + joined(allowed) +
-                       ") as key=value, comma-separated");
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
-      reject(spec, "unknown field '" + key + "' for " + kind + "; expected " + joined(allowed));
-    if (!seen.insert(key).second) reject(spec, "field '" + key + "' is given twice; expected it once");
+  for (const auto& [key, value] : config::spec_fields("what-if event", spec, allowed, joined(allowed))) {
+    seen.insert(key);
     if (key == "rank") {
       e.rank = rank_value(spec, key, value);
     } else if (key == "ranks") {

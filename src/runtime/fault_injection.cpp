@@ -6,6 +6,7 @@
 #include <set>
 
 #include "config/config.h"
+#include "config/spec_fields.h"
 
 namespace ht::runtime {
 
@@ -41,40 +42,28 @@ double real_field(const std::string& spec, const std::string& key, const std::st
 Fault parse_fault(const std::string& spec) {
   Fault f;
   f.spec = spec;
-  const size_t colon = spec.find(':');
-  const std::string kind = spec.substr(0, colon);
+  const std::string kind = spec.substr(0, spec.find(':'));
   if (kind == "stall") f.kind = FaultKind::stall;
   else if (kind == "nan") f.kind = FaultKind::nan;
   else if (kind == "slow") f.kind = FaultKind::slow;
   else if (kind == "scale") f.kind = FaultKind::scale;
   else reject(spec, "unknown kind '" + kind + "'; expected stall, nan, slow or scale (e.g. stall:rank=1,at=10,for=5)");
-  const std::map<FaultKind, std::set<std::string>> allowed = {
-      {FaultKind::stall, {"rank", "at", "for"}},
-      {FaultKind::nan, {"rank", "at", "steps"}},
-      {FaultKind::slow, {"rank", "at", "factor"}},
-      {FaultKind::scale, {"rank", "at", "factor", "steps"}}};
+  const std::map<FaultKind, std::vector<std::string>> allowed = {  // in the order messages list them
+      {FaultKind::stall, {"at", "for", "rank"}},
+      {FaultKind::nan, {"at", "rank", "steps"}},
+      {FaultKind::slow, {"at", "factor", "rank"}},
+      {FaultKind::scale, {"at", "factor", "rank", "steps"}}};
   const std::map<FaultKind, std::set<std::string>> required = {
       {FaultKind::stall, {"rank", "at", "for"}},
       {FaultKind::nan, {"rank", "at"}},
       {FaultKind::slow, {"rank", "at", "factor"}},
       {FaultKind::scale, {"rank", "at", "factor"}}};
+  const std::vector<std::string>& keys = allowed.at(f.kind);
+  std::string keys_text;
+  for (const std::string& k : keys) keys_text += (keys_text.empty() ? "" : ", ") + k;
   std::set<std::string> seen;
-  const std::string fields = colon == std::string::npos ? "" : spec.substr(colon + 1);
-  size_t pos = 0;
-  while (!fields.empty() && pos <= fields.size()) {
-    const size_t comma = std::min(fields.find(',', pos), fields.size());
-    const std::string item = fields.substr(pos, comma - pos);
-    pos = comma + 1;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0)
-      reject(spec, "field '" + item + "' is not key=value; expected fields of " + kind + " as key=value, comma-separated");
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (!allowed.at(f.kind).count(key)) {
-      std::string keys;
-      for (const std::string& k : allowed.at(f.kind)) keys += (keys.empty() ? "" : ", ") + k;
-      reject(spec, "unknown field '" + key + "' for " + kind + "; expected " + keys);
-    }
-    if (!seen.insert(key).second) reject(spec, "field '" + key + "' is given twice; expected it once");
+  for (const auto& [key, value] : config::spec_fields("fault", spec, keys, keys_text)) {
+    seen.insert(key);
     if (key == "rank") {
       const int64_t r = int_field(spec, key, value, 0);
       // Any real job is far smaller; the world's size is checked by check_fault_ranks.
