@@ -57,7 +57,6 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       world_rank_(world.rank()),
       outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
   for (const plan::RankPlan& rp : plan.ranks) weights_.push_back(plan::round_weight(plan, rp.rank));
-  weight_ = static_cast<float>(plan::round_weight(plan, world.rank()));
   outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
   for (const auto& [name, p] : params_) {
     HT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, "local sync: parameter '", name,
@@ -81,15 +80,23 @@ void LocalSync::reset_to_weights() {
   steps_in_round_ = 0;
 }
 
-void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu) {
-  if (mu == 0) {  // plain averaging needs no momentum pass (a throttled rank feels every one)
-    for (int64_t i = 0; i < n; ++i) theta[i] -= lr * d[i];
+namespace {
+
+// One element of the outer step (Nesterov): m = mu m + d; theta -= lr (d + mu m). At
+// mu 0, plain averaging, m is not touched: a throttled rank feels every pass over it.
+inline void outer_step_one(float& theta, float& m, float d, float lr, float mu) {
+  if (mu == 0) {
+    theta -= lr * d;
     return;
   }
-  for (int64_t i = 0; i < n; ++i) {
-    m[i] = mu * m[i] + d[i];
-    theta[i] -= lr * (d[i] + mu * m[i]);
-  }
+  m = mu * m + d;
+  theta -= lr * (d + mu * m);
+}
+
+}  // namespace
+
+void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu) {
+  for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, mu);
 }
 
 void LocalSync::start_exchange() {
@@ -148,6 +155,7 @@ void LocalSync::start_round() {
   // took any), then this round's delta and the new anchor. The passes are memory-bound,
   // and on a throttled rank each costs a good part of an inner step.
   const bool step = sums_ready_;
+  const auto weight = static_cast<float>(weights_[static_cast<size_t>(world_rank_)]);
   for (size_t i = 0; i < params_.size(); ++i) {
     float* th = theta_[i].data();
     float* m = momentum_[i].data();
@@ -155,14 +163,9 @@ void LocalSync::start_round() {
     float* d = delta_[i].data();
     float* y = params_[i].second.data();
     for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
-      if (step && mu_ == 0) {
-        th[k] -= lr_ * d[k];
-      } else if (step) {
-        m[k] = mu_ * m[k] + d[k];
-        th[k] -= lr_ * (d[k] + mu_ * m[k]);
-      }
+      if (step) outer_step_one(th[k], m[k], d[k], lr_, mu_);
       const float delta = a[k] - y[k];  // this round's progress, negated
-      d[k] = weight_ * delta;
+      d[k] = weight * delta;
       a[k] = y[k] = th[k] - delta;
     }
   }

@@ -101,7 +101,6 @@ class LocalSync {
   std::vector<Tensor> theta_, momentum_, anchor_, delta_;
   std::unique_ptr<comm::Communicator> outer_;
   std::vector<double> weights_;  // every rank's part of a round's samples (the exchange's parts)
-  float weight_ = 0;             // this rank's part of a round's samples (plan::round_weight)
   float lr_ = 0, mu_ = 0;
   double timeout_s_ = 0;
   int inner_steps_ = 1;
