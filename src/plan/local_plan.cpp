@@ -70,21 +70,67 @@ std::vector<int> group_ranks(const Plan& plan, int group) {
   return out;
 }
 
-std::vector<int64_t> local_batches(const Plan& plan, int group, int64_t step) {
-  const int64_t h = plan.local->inner_steps, hg = plan.local->group_steps[static_cast<size_t>(group)];
-  const int64_t round = step / h, slot = step % h;
-  auto first_in = [&](int64_t s) { return (s * hg + h - 1) / h; };  // ceil(s H_g / H)
+int64_t group_round_offset(const Plan& plan, int group) {
+  int64_t s = 0;
+  for (int g = 0; g < group; ++g) s += plan.local->round_samples[static_cast<size_t>(g)];
+  return s;
+}
+
+int64_t inner_step_samples(const Plan& plan, int group, int k) {
+  const auto g = static_cast<size_t>(group);
+  const int64_t n = plan.local->round_samples[g], h = plan.local->group_steps[g];
+  HT_CHECK(k >= 0 && k < h, "local plan: inner step ", k, " of group ", group, ", which takes ", h, " a round");
+  return n / h + (k < n % h ? 1 : 0);
+}
+
+std::vector<int64_t> step_shares(const Plan& plan, int group, int64_t count) {
+  const std::vector<int>& replicas = plan.local->groups[static_cast<size_t>(group)];
+  const int64_t nominal = group_samples(plan, group);
   std::vector<int64_t> out;
-  for (int64_t k = first_in(slot); k < first_in(slot + 1); ++k) out.push_back(round * h + group_first_step(plan, group) + k);
+  int64_t cum = 0, given = 0;
+  for (int r : replicas) {
+    cum += plan.layout.samples[static_cast<size_t>(r)];
+    // Integer arithmetic (count x cum fits easily: both are sample counts).
+    const int64_t upto = count * cum / nominal;
+    out.push_back(upto - given);
+    given = upto;
+  }
   return out;
 }
 
-double round_weight(const Plan& plan, int rank) {
-  const int g = group_of_rank(plan, rank);
-  if (g < 0) return 0;
-  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
-  return static_cast<double>(rp.samples) * plan.local->group_steps[static_cast<size_t>(g)] /
-         (static_cast<double>(plan.global_batch) * plan.local->inner_steps);
+void size_group_step(Plan& sub, const Plan& plan, int group, int64_t count) {
+  const std::vector<int>& replicas = plan.local->groups[static_cast<size_t>(group)];
+  HT_CHECK(count >= static_cast<int64_t>(replicas.size()), "local plan: an inner step of ", count,
+           " samples for group ", group, "'s ", replicas.size(), " replicas; expected at least one sample each");
+  HT_CHECK(sub.layout.samples.size() == replicas.size(), "size_group_step: a sub-plan of ",
+           sub.layout.samples.size(), " replicas for group ", group, " of ", replicas.size());
+  const std::vector<int64_t> shares = step_shares(plan, group, count);
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    const auto r = static_cast<size_t>(replicas[i]);
+    const int64_t nominal = plan.layout.samples[r];
+    const int64_t mbs = plan.layout.micro_batches[r];
+    const int64_t largest = (nominal + mbs - 1) / mbs;  // the nominal step's largest micro-batch
+    const int64_t want = std::max<int64_t>(1, (shares[i] + largest - 1) / largest);
+    sub.layout.samples[i] = shares[i];
+    sub.layout.micro_batches[i] = static_cast<int>(std::max<int64_t>(1, std::min(shares[i], want)));
+  }
+  sub.global_batch = count;
+  sync_rank_shares(sub);
+}
+
+std::vector<LocalBatch> local_batches(const Plan& plan, int group, int64_t step) {
+  const int64_t h = plan.local->inner_steps, hg = plan.local->group_steps[static_cast<size_t>(group)];
+  const int64_t round = step / h, slot = step % h;
+  auto first_in = [&](int64_t s) { return (s * hg + h - 1) / h; };  // ceil(s H_g / H)
+  std::vector<LocalBatch> out;
+  int64_t first = round * h * plan.global_batch + group_round_offset(plan, group);
+  const int64_t begin = first_in(slot), end = first_in(slot + 1);
+  for (int64_t k = 0; k < end; ++k) {
+    const int64_t count = inner_step_samples(plan, group, static_cast<int>(k));
+    if (k >= begin) out.push_back({first, count});
+    first += count;
+  }
+  return out;
 }
 
 int64_t batches_in_round(const Plan& plan, int group, int64_t job_steps) {
@@ -94,15 +140,29 @@ int64_t batches_in_round(const Plan& plan, int group, int64_t job_steps) {
   return (job_steps * hg + h - 1) / h;
 }
 
-double partial_round_weight(const Plan& plan, int rank, int64_t job_steps) {
+int64_t samples_in_round(const Plan& plan, int rank, int64_t job_steps) {
   const int g = group_of_rank(plan, rank);
   if (g < 0) return 0;
+  const std::vector<int>& replicas = plan.local->groups[static_cast<size_t>(g)];
+  const int replica = plan.ranks[static_cast<size_t>(rank)].replica;
+  const auto i = static_cast<size_t>(std::find(replicas.begin(), replicas.end(), replica) - replicas.begin());
+  int64_t s = 0;
+  for (int64_t k = 0, n = batches_in_round(plan, g, job_steps); k < n; ++k)
+    s += step_shares(plan, g, inner_step_samples(plan, g, static_cast<int>(k)))[i];
+  return s;
+}
+
+double round_weight(const Plan& plan, int rank) {
+  return static_cast<double>(samples_in_round(plan, rank, plan.local->inner_steps)) /
+         (static_cast<double>(plan.global_batch) * plan.local->inner_steps);
+}
+
+double partial_round_weight(const Plan& plan, int rank, int64_t job_steps) {
+  if (group_of_rank(plan, rank) < 0) return 0;
   int64_t all = 0;
-  for (size_t k = 0; k < plan.local->groups.size(); ++k) all += batches_in_round(plan, static_cast<int>(k), job_steps);
+  for (const RankPlan& rp : plan.ranks) all += samples_in_round(plan, rp.rank, job_steps);
   if (all == 0) return 0;
-  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
-  return static_cast<double>(rp.samples) * static_cast<double>(batches_in_round(plan, g, job_steps)) /
-         (static_cast<double>(plan.global_batch) * static_cast<double>(all));
+  return static_cast<double>(samples_in_round(plan, rank, job_steps)) / static_cast<double>(all);
 }
 
 int group_of_rank(const Plan& plan, int rank) {
@@ -117,12 +177,6 @@ int group_of_rank(const Plan& plan, int rank) {
 int64_t group_samples(const Plan& plan, int group) {
   int64_t s = 0;
   for (int r : plan.local->groups[static_cast<size_t>(group)]) s += plan.layout.samples[static_cast<size_t>(r)];
-  return s;
-}
-
-int64_t group_first_step(const Plan& plan, int group) {
-  int64_t s = 0;
-  for (int g = 0; g < group; ++g) s += plan.local->group_steps[static_cast<size_t>(g)];
   return s;
 }
 
@@ -146,21 +200,79 @@ std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step
   return h;
 }
 
-double round_step_seconds(const std::vector<double>& step_seconds, const std::vector<double>& round_seconds,
-                          int round_steps) {
-  const std::vector<int> h = steps_by_speed(round_steps, step_seconds, round_seconds);
-  double r = 0;
-  for (size_t g = 0; g < h.size(); ++g)
-    r = std::max(r, h[g] * step_seconds[g] + (round_seconds.empty() ? 0.0 : round_seconds[g]));
-  return r / round_steps;
+RoundSplit split_round(int round_steps, int64_t global_batch, const std::vector<GroupCost>& groups) {
+  const size_t n = groups.size();
+  std::vector<double> step(n), fixed(n);
+  for (size_t g = 0; g < n; ++g) {
+    step[g] = groups[g].step_fixed + groups[g].per_sample * static_cast<double>(global_batch);
+    fixed[g] = groups[g].round_fixed;
+  }
+  RoundSplit out;
+  out.steps = steps_by_speed(round_steps, step, fixed);
+  const int64_t total = static_cast<int64_t>(round_steps) * global_batch;
+  // Group g's round: F_g + v_g n_g, F_g its fixed costs (H_g step_fixed + round_fixed).
+  // Equal rounds R with the n_g summing to the total: R = (total + sum F_g / v_g) / sum
+  // 1 / v_g, n_g = (R - F_g) / v_g; a group below its least is held there and the rest
+  // solved again.
+  std::vector<double> f(n), v(n), want(n);
+  std::vector<int64_t> least(n);
+  for (size_t g = 0; g < n; ++g) {
+    f[g] = out.steps[g] * groups[g].step_fixed + groups[g].round_fixed;
+    v[g] = std::max(groups[g].per_sample, 1e-15);  // a group with no cost per sample takes what it is given
+    least[g] = out.steps[g] * std::max<int64_t>(1, groups[g].least_step);
+  }
+  int64_t least_sum = 0;
+  for (int64_t l : least) least_sum += l;
+  HT_CHECK(least_sum <= total, "local plan: a round of ", total, " samples for groups that need at least ",
+           least_sum, "; expected a larger global batch");
+  std::vector<bool> held(n, false);
+  for (bool again = true; again;) {
+    again = false;
+    double rest = static_cast<double>(total), inv = 0, fv = 0;
+    for (size_t g = 0; g < n; ++g)
+      if (held[g]) rest -= static_cast<double>(least[g]);
+      else {
+        inv += 1 / v[g];
+        fv += f[g] / v[g];
+      }
+    const double r = (rest + fv) / inv;
+    for (size_t g = 0; g < n; ++g) {
+      if (held[g]) continue;
+      want[g] = (r - f[g]) / v[g];
+      if (want[g] < static_cast<double>(least[g])) {
+        held[g] = again = true;
+        want[g] = static_cast<double>(least[g]);
+      }
+    }
+  }
+  // Whole samples: each group's floor, the remainder one each to the largest fractions.
+  out.samples.assign(n, 0);
+  int64_t given = 0;
+  std::vector<std::pair<double, size_t>> frac;
+  for (size_t g = 0; g < n; ++g) {
+    out.samples[g] = std::max(least[g], static_cast<int64_t>(std::floor(want[g])));
+    given += out.samples[g];
+    frac.push_back({want[g] - std::floor(want[g]), g});
+  }
+  std::stable_sort(frac.begin(), frac.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t k = 0; given < total; k = (k + 1) % n, ++given) ++out.samples[frac[k].second];
+  while (given > total) {  // floors held up at their least: take back from the one most above its own
+    size_t big = 0;
+    for (size_t g = 1; g < n; ++g)
+      if (out.samples[g] - least[g] > out.samples[big] - least[big]) big = g;
+    --out.samples[big];
+    --given;
+  }
+  for (size_t g = 0; g < n; ++g) out.seconds = std::max(out.seconds, f[g] + v[g] * static_cast<double>(out.samples[g]));
+  return out;
 }
 
-int choose_round_steps(const std::vector<double>& step_seconds, const std::vector<double>& round_seconds, int least) {
-  HT_CHECK(least >= static_cast<int>(step_seconds.size()), "local plan: at least ", least, " steps a round for ",
-           step_seconds.size(), " groups; expected one per group at least");
+int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& groups, int least) {
+  HT_CHECK(least >= static_cast<int>(groups.size()), "local plan: at least ", least, " steps a round for ",
+           groups.size(), " groups; expected one per group at least");
   const int most = std::max(least, kMaxRoundSteps);
   std::vector<double> cost;
-  for (int c = least; c <= most; ++c) cost.push_back(round_step_seconds(step_seconds, round_seconds, c));
+  for (int c = least; c <= most; ++c) cost.push_back(split_round(c, global_batch, groups).seconds / c);
   const double best = *std::min_element(cost.begin(), cost.end());
   int c = least;
   while (cost[static_cast<size_t>(c - least)] > (1 + kNearBestRound) * best) ++c;
@@ -203,6 +315,19 @@ void check_local_plan(const Plan& plan) {
   }
   HT_CHECK(steps == l.inner_steps, "local plan: the groups' inner steps sum to ", steps, " a round but inner_steps is ",
            l.inner_steps, "; expected them equal (a round is inner_steps global batches)");
+  HT_CHECK(l.round_samples.size() == l.groups.size(), "local plan: round_samples has ", l.round_samples.size(),
+           " entries for ", l.groups.size(), " groups; expected one per group");
+  int64_t taken = 0;
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    const int64_t least = static_cast<int64_t>(l.group_steps[g]) * static_cast<int64_t>(l.groups[g].size());
+    HT_CHECK(l.round_samples[g] >= least, "local plan: group ", g, " takes ", l.round_samples[g],
+             " samples a round in ", l.group_steps[g], " inner steps over ", l.groups[g].size(),
+             " replicas; expected at least ", least, " (one sample per replica and step)");
+    taken += l.round_samples[g];
+  }
+  HT_CHECK(taken == static_cast<int64_t>(l.inner_steps) * plan.global_batch, "local plan: the groups take ", taken,
+           " samples a round; expected inner_steps x global batch = ",
+           static_cast<int64_t>(l.inner_steps) * plan.global_batch);
 }
 
 Plan group_plan(const Plan& plan, int group) {
@@ -283,36 +408,70 @@ CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const
   return m;
 }
 
+namespace {
+
+// Each group's costs for the split (predicted at one global batch and at half of it: a
+// fixed part, the optimiser step and the per-call costs, and a part per sample), and
+// its sub-plan predicted at one global batch (`subs`, for the busy fractions).
+std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                                      std::vector<Plan>* subs) {
+    const LocalSync& l = *plan.local;
+  const int64_t batch = plan.global_batch;
+  std::vector<GroupCost> out(l.groups.size());
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
+    const BlockCosts sub_costs = costs_of(costs, ranks);
+    const ClusterModel sub_cluster = cluster_of(cluster, ranks);
+    Plan sub = group_plan(plan, static_cast<int>(g));
+    predict_plan(sub, sub_costs, sub_cluster);
+    const double step = sub.predicted.step_seconds;
+    GroupCost& c = out[g];
+    c.least_step = static_cast<int64_t>(l.groups[g].size());
+    const int64_t half = std::max(c.least_step, batch / 2);
+    if (half < batch) {
+      Plan small = sub;
+      size_group_step(small, plan, static_cast<int>(g), half);
+      predict_plan(small, sub_costs, sub_cluster);
+      c.per_sample = std::max(0.0, (step - small.predicted.step_seconds) / static_cast<double>(batch - half));
+    } else {
+      c.per_sample = step / static_cast<double>(batch);
+    }
+    c.step_fixed = std::max(0.0, step - c.per_sample * static_cast<double>(batch));
+    // Its round also holds its own outer pass (OuterSyncStart on its slowest rank).
+    for (int r : ranks) c.round_fixed = std::max(c.round_fixed, update_seconds(plan, costs, r));
+    if (subs) subs->push_back(std::move(sub));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
+  return costs_and_subs(plan, costs, cluster, nullptr);
+}
+
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
                    int64_t local_steps) {
   LocalSync& l = *plan.local;
   const size_t n = l.groups.size();
-  std::vector<double> step(n);  // each group's inner step, one global batch
-  std::vector<Plan> subs;
-  for (size_t g = 0; g < n; ++g) {
-    const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
-    Plan sub = group_plan(plan, static_cast<int>(g));
-    predict_plan(sub, costs_of(costs, ranks), cluster_of(cluster, ranks));
-    step[g] = sub.predicted.step_seconds;
-    subs.push_back(std::move(sub));
+  const int64_t batch = plan.global_batch;
+  // Until split below, the groups take whole global batches (what group_plan checks and
+  // the exchange's weights start from).
+  if (l.round_samples.size() != n) {
+    l.round_samples.clear();
+    for (int h : l.group_steps) l.round_samples.push_back(h * batch);
   }
+  std::vector<Plan> subs;
+  const std::vector<GroupCost> cost = costs_and_subs(plan, costs, cluster, &subs);
+  std::vector<double> step(n);  // at one global batch
+  for (size_t g = 0; g < n; ++g) step[g] = cost[g].step_fixed + cost[g].per_sample * static_cast<double>(batch);
   const double exchange = exchange_seconds(plan, costs, cluster);
   l.outer_exchange_seconds = exchange;
   // A job step at the groups' summed speed: what a round of H global batches takes per
-  // batch when the H_g split is exact.
+  // batch when the split is exact.
   double rate = 0;
   for (double t : step) rate += 1 / t;
   const double ideal = 1 / rate;
-  // Each group's round also holds its own outer pass (OuterSyncStart on its slowest
-  // rank), which the split of the round's steps and the choice of H allow for.
-  std::vector<double> fixed(n, 0.0);
-  for (size_t g = 0; g < n; ++g)
-    for (int r : group_ranks(plan, static_cast<int>(g))) fixed[g] = std::max(fixed[g], update_seconds(plan, costs, r));
-  auto round_seconds = [&](const std::vector<int>& h) {
-    double r = 0;
-    for (size_t g = 0; g < n; ++g) r = std::max(r, h[g] * step[g]);
-    return r;
-  };
   int h = 0;
   if (local_steps > 0) {
     HT_CHECK(local_steps >= static_cast<int64_t>(n), "parallel.local_steps ", local_steps, " is below the plan's ", n,
@@ -320,19 +479,32 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
     h = static_cast<int>(local_steps);
   } else {
     const int least = std::max(static_cast<int>(n), static_cast<int>(std::ceil(kHideFactor * exchange / ideal)));
-    h = choose_round_steps(step, fixed, least);
+    h = choose_round_steps(batch, cost, least);
   }
+  const RoundSplit split = split_round(h, batch, cost);
   l.inner_steps = h;
-  l.group_steps = steps_by_speed(h, step, fixed);
-  const double round = round_seconds(l.group_steps);
+  l.group_steps = split.steps;
+  l.round_samples = split.samples;
+  // Each group's rounds without its outer pass (OuterSyncStart, simulated below).
+  double round = 0;
+  std::vector<double> inner_round(n);
+  for (size_t g = 0; g < n; ++g) {
+    inner_round[g] = split.steps[g] * cost[g].step_fixed + cost[g].per_sample * static_cast<double>(split.samples[g]);
+    round = std::max(round, inner_round[g] + cost[g].round_fixed);
+  }
   for (size_t g = 0; g < n; ++g) {
     const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
     for (size_t i = 0; i < ranks.size(); ++i)
       plan.ranks[static_cast<size_t>(ranks[i])].busy_fraction =
-          subs[g].ranks[i].busy_fraction * l.group_steps[g] * step[g] / round;
+          subs[g].ranks[i].busy_fraction * inner_round[g] / round;
   }
-  const double inner = round / h;  // a job step: a round's time per global batch
-  // The outer synchronisation's own lists, simulated: what a round adds to its H steps.
+  // A job step: a round's inner steps per global batch, the latest group's round less
+  // the outer pass, which the outer synchronisation's own lists add (simulated).
+  double inner = 0;
+  for (size_t g = 0; g < n; ++g) inner = std::max(inner, inner_round[g] + cost[g].round_fixed);
+  double pass = 0;
+  for (size_t g = 0; g < n; ++g) pass = std::max(pass, cost[g].round_fixed);
+  inner = std::max(0.0, inner - pass) / h;
   const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner));
   const double job_step = inner + outer.step_seconds / h;
   plan.predicted.step_seconds = job_step;

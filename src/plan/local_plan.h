@@ -12,23 +12,23 @@
 // starts a group of its own. So throttled ranks and ranks behind slow links step alone.
 //
 // Steps. A round is H job steps: H global batches of the sample stream, so the samples
-// seen equal sync's for the same train.steps. Every inner step of every group takes one
-// whole global batch (split over the group's ranks by speed), which amortises a step's
-// fixed costs (the optimiser step over the whole model, the per-call costs) as well on
-// a slow group as on a fast one; group g takes H_g of the round's H batches, H_g in
-// proportion to its speed (1 / its predicted step), so the groups end a round together.
-// The groups take the round's batches in group order: group g the H_g from
-// group_first_step(g).
+// seen equal sync's for the same train.steps. The groups take the round's samples in
+// group order, group g a run of n_g of them in H_g inner steps of near-equal size (its
+// sub-plan sized for each: size_group_step). H_g is the count of whole global batches
+// that would end the groups' rounds closest together (steps_by_speed), so a slow group
+// takes few, large steps and amortises a step's fixed costs (the optimiser step over the
+// whole model, the per-call costs) as well as a fast one; n_g then makes the rounds end
+// together exactly, from each group's predicted step as a fixed part plus a part per
+// sample (split_round). Integer H_g alone left the groups' rounds apart by up to a step.
 //
 // H. The outer exchange (the deltas' all-reduce over every rank, plus the outer update)
 // runs while the next round's inner steps do. A round must be at least kHideFactor times
 // the exchange and give every group a step; from that least count up to kMaxRoundSteps,
 // H is the count whose round costs least per job step, each group's round holding its
-// inner steps and its own outer pass (so a short round pays the passes more often, and
-// the integer H_g of some counts leave the groups apart), the smallest within
-// kNearBestRound of that: a group's steps start from weights that lack the others' last
-// round, and that staleness grows with H (the MLP at 0.8/0.4/0.2/0.2 ended within
-// 0.866-0.8705 for H 10 to 32 with the sample-weighted mean, sync 0.877).
+// inner steps and its own outer pass (so a short round pays the passes more often), the
+// smallest within kNearBestRound of that: a group's steps start from weights that lack
+// the others' last round, and that staleness grows with H (the MLP at 0.8/0.4/0.2/0.2
+// ended within 0.866-0.8705 for H 10 to 32 with the sample-weighted mean, sync 0.877).
 // parallel.local_steps overrides it (at least one step per group).
 //
 // Idle ranks. As in a synchronous plan, the slowest ranks may be left out (idle: no
@@ -64,35 +64,76 @@ inline constexpr double kIdleGain = 0.10;
 std::vector<int> group_ranks(const Plan& plan, int group);
 // The group of a world rank (-1: idle).
 int group_of_rank(const Plan& plan, int rank);
-// Samples of group g's inner step (the global batch, over its replicas).
+// Samples of group g's nominal inner step (the global batch, over its replicas).
 int64_t group_samples(const Plan& plan, int group);
-// The first of the round's H global batches that group g takes (groups in order).
-int64_t group_first_step(const Plan& plan, int group);
+// Where group g's run of a round's samples begins, from the round's first: the n_g of
+// the groups before it.
+int64_t group_round_offset(const Plan& plan, int group);
+// The size of group g's k-th inner step of a round (0 <= k < H_g): n_g / H_g, the first
+// n_g mod H_g of them one more.
+int64_t inner_step_samples(const Plan& plan, int group, int k);
+// The shares of group g's replicas (in group order) of an inner step of `count`
+// samples: the nominal shares (layout.samples) scaled by cumulative floor, so that they
+// sum to count and the same count always splits the same way.
+std::vector<int64_t> step_shares(const Plan& plan, int group, int64_t count);
+// Sizes `sub`, group g's synchronous sub-plan (group_plan), for an inner step of `count`
+// samples: the replicas' shares by step_shares, each replica's micro-batches scaled from
+// its nominal ones so that no micro-batch outgrows the nominal step's (the memory the
+// plan fitted), the global batch `count`. Throws ht::Error when count is below the
+// group's replicas.
+void size_group_step(Plan& sub, const Plan& plan, int group, int64_t count);
+
+// A group's predicted costs for the split of a round: an inner step of b samples takes
+// step_fixed + per_sample x b; its round also holds round_fixed (its own outer pass); a
+// step needs at least least_step samples (one per replica).
+struct GroupCost {
+  double step_fixed = 0;
+  double per_sample = 0;
+  double round_fixed = 0;
+  int64_t least_step = 1;
+};
+struct RoundSplit {
+  std::vector<int> steps;        // H_g, summing to the round's steps
+  std::vector<int64_t> samples;  // n_g, summing to the round's samples
+  double seconds = 0;            // the latest group's round
+};
 // H_g for a round of `round_steps` over groups whose inner steps take `step_seconds` and
-// whose round adds `round_seconds` of its own (the outer pass on its slowest rank; empty:
-// none): at least one each, summing to round_steps, the latest group's round as early as
-// it can be. Throws ht::Error when round_steps is below the group count.
+// whose round adds `round_seconds` of its own (empty: none): at least one each, summing
+// to round_steps, the latest group's round as early as it can be in whole steps. Throws
+// ht::Error when round_steps is below the group count.
 std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step_seconds,
                                 const std::vector<double>& round_seconds = {});
-// A round of `round_steps` split by steps_by_speed, per job step: its latest group's
-// inner steps and own outer pass (`round_seconds`, empty: none), over round_steps.
-double round_step_seconds(const std::vector<double>& step_seconds, const std::vector<double>& round_seconds,
-                          int round_steps);
+// A round of `round_steps` job steps (round_steps x global_batch samples): H_g by
+// steps_by_speed over the groups' one-batch steps, then the n_g (integers, at least
+// H_g x least_step each) that end the groups' rounds together as nearly as integers can.
+RoundSplit split_round(int round_steps, int64_t global_batch, const std::vector<GroupCost>& groups);
+// Each group's costs for split_round, from its sub-plan predicted at one global batch
+// and at half of it (the fixed part and the part per sample of a step), and its outer pass.
+std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
 // H as described above, from `least` (which the exchange and the group count set).
-int choose_round_steps(const std::vector<double>& step_seconds, const std::vector<double>& round_seconds, int least);
-// The global batches of the stream (job step numbers) group g takes as its inner steps
-// during job step `step`: its H_g batches of the round, from the round's batch
-// round x H + group_first_step(g) on, spread over the round's H job steps evenly and
-// front-loaded (the k-th in the job step ceil-ish k H / H_g, so a group with one step a
-// round takes it at the round's start and ends with the others). One batch or none,
-// since H_g <= H. Over a round the groups' batches are the round's H, each once.
-std::vector<int64_t> local_batches(const Plan& plan, int group, int64_t step);
-// Rank `rank`'s part of a round's samples (0 when idle): its share of its group's batch
-// times H_g / H. The ranks' parts sum to 1.
+int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& groups, int least);
+
+// One inner step a group takes: its first sample's stream position, counted from the
+// job's first sample, and its size.
+struct LocalBatch {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+// The inner steps group g takes during job step `step`: of its H_g steps of the round,
+// those that local_batches spreads into this job step (evenly over the round's H job
+// steps and front-loaded: the k-th in the job step ceil-ish k H / H_g, so a group with
+// one step a round takes it at the round's start and ends with the others). Over a
+// round the groups' steps cover the round's H x global batch positions, each once.
+std::vector<LocalBatch> local_batches(const Plan& plan, int group, int64_t step);
+// Rank `rank`'s part of a round's samples (0 when idle): its shares of its group's
+// inner steps over H x global batch. The ranks' parts sum to 1.
 double round_weight(const Plan& plan, int rank);
-// The batches group g takes in the first `job_steps` job steps of a round (0..H), as
+// The inner steps group g takes in the first `job_steps` job steps of a round (0..H), as
 // local_batches spreads them: ceil(job_steps x H_g / H).
 int64_t batches_in_round(const Plan& plan, int group, int64_t job_steps);
+// Rank `rank`'s samples in the inner steps its group takes in a round's first
+// `job_steps` job steps (0 when idle).
+int64_t samples_in_round(const Plan& plan, int rank, int64_t job_steps);
 // Rank `rank`'s part of the samples of a round's first `job_steps` job steps (0 when
 // idle or when none were taken): round_weight for a whole round. The parts sum to 1.
 double partial_round_weight(const Plan& plan, int rank, int64_t job_steps);
@@ -102,7 +143,8 @@ double partial_round_weight(const Plan& plan, int rank, int64_t job_steps);
 Plan group_plan(const Plan& plan, int group);
 
 // Checks a local plan's groups against its layout (every replica in exactly one group,
-// one stage, no sharding, H >= 1). Throws ht::Error naming what is wrong.
+// one stage, no sharding, H >= 1, the H_g summing to H and the n_g to H x global batch,
+// each inner step at least one sample per replica). Throws ht::Error naming what is wrong.
 void check_local_plan(const Plan& plan);
 
 struct LocalPlanInput {

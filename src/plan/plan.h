@@ -75,16 +75,17 @@ struct Baseline {
 
 // parallel.sync local (plan/local_plan.h): the replicas fall into groups, each a
 // synchronous data-parallel sub-plan on its own communicator. A round is inner_steps (H)
-// job steps, H global batches of the sample stream; group g takes group_steps[g] (H_g)
-// of them as its inner steps, every inner step one whole global batch split over the
-// group's replicas (so each group's samples sum to global_batch), H_g in proportion to
-// the group's speed so that the groups end a round together (the H_g sum to H). Then the
-// groups' parameter deltas meet in an outer step (Nesterov), exchanged while the next
-// round runs.
+// job steps, the H global batches' samples of the sample stream; group g takes a run of
+// round_samples[g] (n_g) of them in group_steps[g] (H_g) inner steps of near-equal size,
+// n_g in proportion to the group's speed so that the groups end a round together (the
+// n_g sum to H x global batch, the H_g to H; layout.samples hold each group's nominal
+// step of one global batch, split over its replicas). Then the groups' parameter deltas
+// meet in an outer step (Nesterov), exchanged while the next round runs.
 struct LocalSync {
   std::vector<std::vector<int>> groups;  // replica indices of layout.replicas, per group
   int inner_steps = 1;                   // H: job steps (global batches) per round
   std::vector<int> group_steps;          // H_g: inner steps per round, per group; sum H
+  std::vector<int64_t> round_samples;    // n_g: samples per round, per group; sum H x global batch
   double outer_exchange_seconds = 0;     // predicted all-reduce of the deltas, per round
   double sync_step_seconds = 0;          // the best synchronous plan's predicted step
   double gain = 0;                       // predicted samples/s over that plan's

@@ -21,6 +21,7 @@ Json local_json(const LocalSync& l) {
   return {{"groups", l.groups},
           {"inner_steps", l.inner_steps},
           {"group_steps", l.group_steps},
+          {"round_samples", l.round_samples},
           {"outer_exchange_seconds", l.outer_exchange_seconds},
           {"sync_step_seconds", l.sync_step_seconds},
           {"gain", l.gain}};
@@ -34,6 +35,11 @@ LocalSync read_local(const Json& j, const std::string& p) {
   l.inner_steps = static_cast<int>(read_int(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1));
   l.group_steps = list<int>(array(j, p, "group_steps"), key_path(p, "group_steps"),
                             [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 1)); });
+  // A file without it (written before groups took samples by speed) means whole global
+  // batches: H_g of them (plan_from_json fills that in, knowing the batch).
+  if (j.contains("round_samples"))
+    l.round_samples = list<int64_t>(array(j, p, "round_samples"), key_path(p, "round_samples"),
+                                    [](const Json& x, const std::string& q) { return read_int(x, q, 1); });
   l.outer_exchange_seconds = nonneg(j, p, "outer_exchange_seconds");
   l.sync_step_seconds = nonneg(j, p, "sync_step_seconds");
   l.gain = nonneg(j, p, "gain");
@@ -241,6 +247,8 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
     p.strategy = *parse_strategy(read_enum(at(j, "", "strategy"), "strategy", strategy_names()));
     p.sync_policy = *parse_sync_policy(read_enum(at(j, "", "sync_policy"), "sync_policy", sync_policy_names()));
     if (p.sync_policy == SyncPolicy::local) p.local = read_local(at(j, "", "local"), "local");
+    if (p.local && p.local->round_samples.empty())
+      for (int h : p.local->group_steps) p.local->round_samples.push_back(h * p.global_batch);
     p.stage_ranges = read_ranges(array(j, "", "stage_ranges"), "stage_ranges");
     p.layout = read_layout(at(j, "", "layout"), "layout");
     p.ranks = list<RankPlan>(array(j, "", "ranks"), "ranks", read_rank);

@@ -156,7 +156,9 @@ class Play {
       double slowest_round = 0;
       for (int g = 0; g < groups; ++g) {
         const std::vector<int> ranks = group_ranks(plan, g);
-        const Plan sub = group_plan(plan, g);
+        // Its inner steps are sized n_g / H_g (to a sample), not one global batch.
+        Plan sub = group_plan(plan, g);
+        size_group_step(sub, plan, g, inner_step_samples(plan, g, 0));
         const BlockCosts sub_costs = costs_of(phase_.costs(), ranks);
         const ClusterModel sub_cluster = cluster_of(cluster, ranks);
         std::vector<double> sub_factors;

@@ -12,15 +12,16 @@ std::string local_sync_text(const plan::Plan& plan) {
   std::string out = "sync: local (DiLoCo), " + std::to_string(l.groups.size()) + " groups that step on their own:\n";
   for (size_t g = 0; g < l.groups.size(); ++g) {
     std::vector<int64_t> ranks, shares;
-    int64_t total = 0;
     for (int r : l.groups[g]) {
       for (int rank : plan.layout.replicas[static_cast<size_t>(r)]) ranks.push_back(rank);
       shares.push_back(plan.layout.samples[static_cast<size_t>(r)]);
-      total += plan.layout.samples[static_cast<size_t>(r)];
     }
+    const int64_t n = l.round_samples[g], h = l.group_steps[g];
+    const std::string size = n % h == 0 ? std::to_string(n / h) : std::to_string(n / h) + "-" + std::to_string(n / h + 1);
     out += "  group " + std::to_string(g) + ": rank" + (ranks.size() > 1 ? "s " : " ") + join(ranks) + ", " +
-           std::to_string(total) + " samples a step" + (shares.size() > 1 ? " (" + join(shares, "/") + ")" : "") + ", " +
-           std::to_string(l.group_steps[g]) + " of the " + std::to_string(l.inner_steps) + " steps a round\n";
+           std::to_string(n) + " of a round's " + std::to_string(l.inner_steps * plan.global_batch) + " samples in " +
+           std::to_string(h) + " inner step" + (h > 1 ? "s" : "") + " of " + size +
+           (shares.size() > 1 ? " (nominal split " + join(shares, "/") + ")" : "") + "\n";
   }
   char line[400];
   std::snprintf(line, sizeof line,

@@ -137,6 +137,8 @@ void Executor::reshare() {
            "executor: rank ", world_.rank(), " was asked to change its replica, stage, blocks, "
            "recomputation or optimizer shard between steps; only the shares may change");
   take_shares();
+  // Under local a group's inner steps change the group's batch (plan::size_group_step).
+  if (active()) scale_ = 1.0 / static_cast<double>(plan_.global_batch * task_.predictions_per_sample());
 }
 
 Shape Executor::boundary_shape(int mb, bool input) const {

@@ -93,6 +93,7 @@ void Run::write_summary(int64_t start, double wall, const std::vector<double>& s
       summary["groups"] = plan_.local->groups;
       summary["inner_steps"] = local_->inner_steps();
       summary["group_steps"] = plan_.local->group_steps;
+      summary["round_samples"] = plan_.local->round_samples;
       summary["outer_steps"] = local_->outer_steps();
     }
   }

@@ -10,15 +10,22 @@
 namespace ht::runtime::trainer_run {
 
 // Under local, job step `step`: this rank's group takes the inner steps of its round
-// that fall in this step (plan::local_batches: one global batch of the stream or none;
-// over a round the groups' batches are disjoint and cover it).
+// that fall in this step (plan::local_batches: over a round the groups' steps are
+// disjoint runs of the stream that cover it), its sub-plan sized for each
+// (plan::size_group_step: a group's steps differ by a sample at most, but the groups'
+// sizes differ by speed).
 StepResult Run::local_step(int64_t step, float lr, bool trace) {
-  const LocalGroup& g = *local_group_;
+  LocalGroup& g = *local_group_;
   if (g.group < 0) return executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);  // idle
   const auto t0 = Clock::now();
   StepResult r;
-  for (int64_t batch : plan::local_batches(plan_, g.group, step))
-    r = executor_->step(stream_base_ + batch * cfg_.train.batch_size, lr, trace);
+  for (const plan::LocalBatch& b : plan::local_batches(plan_, g.group, step)) {
+    if (b.count != g.plan.global_batch) {
+      plan::size_group_step(g.plan, plan_, g.group, b.count);
+      executor_->reshare();
+    }
+    r = executor_->step(stream_base_ + b.first, lr, trace);
+  }
   r.wall_s = seconds_since(t0);
   return r;
 }

@@ -66,10 +66,12 @@ def main():
     plan = load(planned)
     check("the plan file holds the groups and H", plan["sync_policy"] == "local" and plan["local"]["inner_steps"] == H,
           plan.get("local"))
-    # Three groups: every group's inner step is the whole batch of 128 (ranks 2 and 3
-    # split theirs), and the round's 4 batches go 2/1/1 to the groups.
+    # Three groups, the round's 4 x 128 samples split 250/140/122 in 2/1/1 inner steps:
+    # group 0 takes steps of 125, group 1 one of 140, ranks 2 and 3 one of 122 (61 each
+    # of the nominal 64/64), so every group's sub-plan is resized before its steps.
     plan["local"]["groups"] = [[0], [1], [2, 3]]
     plan["local"]["group_steps"] = [2, 1, 1]
+    plan["local"]["round_samples"] = [250, 140, 122]
     shares = [128, 128, 64, 64]
     plan["layout"]["samples"] = shares
     for r, n in zip(plan["ranks"], shares):

@@ -44,7 +44,7 @@ plan::Plan local_plan() {
     rp.samples = kShares[static_cast<size_t>(r)];
     p.ranks.push_back(rp);
   }
-  p.local = plan::LocalSync{kGroups, kH, {2, 1, 1}};
+  p.local = plan::LocalSync{kGroups, kH, {2, 1, 1}, {2 * 128, 128, 128}};  // whole global batches
   return p;
 }
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/local_plan.h"
+#include "plan/memory_fit.h"
 #include "plan/plan_json.h"
 #include "plan/planner.h"
 #include "report/local_sync_text.h"
@@ -93,9 +94,13 @@ TEST_CASE("local plan: throttled 4/2/1/1 ranks step alone, inner steps follow sp
   CHECK(p.sync_policy == plan::SyncPolicy::local);
   REQUIRE(p.local);
   CHECK(p.local->groups == std::vector<std::vector<int>>{{0}, {1}, {2}, {3}});
-  // Every group's inner step is the whole global batch; the round's H batches go to the
-  // groups in proportion to speed (choose_round_steps, tested below, picks H).
+  // Every group's nominal inner step is the whole global batch; the round's H batches
+  // go to the groups in proportion to speed (choose_round_steps, tested below, picks H),
+  // and the round's samples so that the rounds end together (split_round, tested below).
   for (int g = 0; g < 4; ++g) CHECK(p.layout.samples[static_cast<size_t>(g)] == 128);
+  const RoundSplit split = split_round(p.local->inner_steps, 128, group_costs(p, in.costs, c));
+  CHECK(p.local->group_steps == split.steps);
+  CHECK(p.local->round_samples == split.samples);
   const std::vector<double> step = group_step_seconds(p, in.costs, c);
   check_group_steps(p, step);
   const int h = p.local->inner_steps;
@@ -118,15 +123,16 @@ TEST_CASE("local plan: throttled 4/2/1/1 ranks step alone, inner steps follow sp
     CHECK(group_ranks(p, g) == std::vector<int>{g});
     CHECK(group_of_rank(p, g) == g);
   }
-  CHECK(group_first_step(p, 0) == 0);
-  CHECK(group_first_step(p, 2) == p.local->group_steps[0] + p.local->group_steps[1]);
+  CHECK(group_round_offset(p, 0) == 0);
+  CHECK(group_round_offset(p, 2) == p.local->round_samples[0] + p.local->round_samples[1]);
   double parts = 0;
   for (int r = 0; r < 4; ++r) parts += round_weight(p, r);
   CHECK(parts == doctest::Approx(1));
   const std::string text = report::local_sync_text(p);
   CHECK(text.find("4 groups") != std::string::npos);
-  CHECK(text.find("group 3: rank 3, 128 samples a step, " + std::to_string(p.local->group_steps[3]) + " of the " +
-                  std::to_string(h) + " steps a round") != std::string::npos);
+  const int64_t n3 = p.local->round_samples[3], h3 = p.local->group_steps[3];
+  CHECK(text.find("group 3: rank 3, " + std::to_string(n3) + " of a round's " + std::to_string(h * 128) +
+                  " samples in " + std::to_string(h3) + " inner step") != std::string::npos);
 }
 
 // The fixed cluster file of the e2e tests (speeds 4/2/1/1), its links made 5 ms slow so
@@ -160,17 +166,31 @@ TEST_CASE("local plan: on the fixed 4/2/1/1 cluster file the groups' inner steps
     CHECK(p.local->inner_steps == h);
     check_group_steps(p, group_step_seconds(p, in.costs, c));
   }
-  // Chosen H: an exact split of speeds 4/2/1/1 needs a multiple of 8.
+  // Chosen H: the smallest count whose round per job step is within kNearBestRound of
+  // the cheapest up to kMaxRoundSteps; the rounds end together to within a sample.
   const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
-  CHECK(p.local->inner_steps % 8 == 0);
-  const int q = p.local->inner_steps / 8;
-  CHECK(p.local->group_steps == std::vector<int>{4 * q, 2 * q, q, q});
+  const int h = p.local->inner_steps;
+  const std::vector<GroupCost> gc = group_costs(p, in.costs, c);
+  auto per_step = [&](int n) { return split_round(n, 128, gc).seconds / n; };
+  double best = per_step(4);
+  for (int n = 4; n <= kMaxRoundSteps; ++n) best = std::min(best, per_step(n));
+  CHECK(per_step(h) <= (1 + kNearBestRound) * best);
+  if (h > 4) CHECK(per_step(h - 1) > (1 + kNearBestRound) * best);
+  double latest = 0, earliest = 1e300, largest_sample = 0;
+  for (size_t g = 0; g < 4; ++g) {
+    const double end = p.local->group_steps[g] * gc[g].step_fixed + gc[g].round_fixed +
+                       gc[g].per_sample * static_cast<double>(p.local->round_samples[g]);
+    latest = std::max(latest, end);
+    earliest = std::min(earliest, end);
+    largest_sample = std::max(largest_sample, gc[g].per_sample);
+  }
+  CHECK(latest - earliest <= largest_sample * (1 + 1e-9));
   // Fewer steps a round than groups is refused, naming the setting.
   CHECK(error_of([&] { local_plan_for(in, make_plan(in), config::SyncPolicy::local, 3); })
             .find("parallel.local_steps 3 is below the plan's 4 local groups") != std::string::npos);
 }
 
-TEST_CASE("local plan: in every round the groups take disjoint global batches that cover it, each once") {
+TEST_CASE("local plan: in every round the groups' inner steps are disjoint runs of the stream that cover it") {
   const ClusterModel c = fixed_4_2_1_1();
   const PlannerInput in = input(c, fixed_model(c), 128);
   for (int64_t h : {4, 5, 8, 13}) {
@@ -178,31 +198,86 @@ TEST_CASE("local plan: in every round the groups take disjoint global batches th
     CAPTURE(h);
     const int groups = static_cast<int>(p.local->groups.size());
     for (int64_t round = 0; round < 3; ++round) {
-      std::vector<int> taken(static_cast<size_t>(h), 0);
+      std::vector<std::pair<int64_t, int64_t>> runs;  // (first, count) of every inner step
       std::vector<int> per_group(static_cast<size_t>(groups), 0);
       for (int64_t step = round * h; step < (round + 1) * h; ++step)
         for (int g = 0; g < groups; ++g) {
-          const std::vector<int64_t> b = local_batches(p, g, step);
-          CHECK(b.size() <= 1);  // at most one inner step per job step
-          for (int64_t batch : b) {
-            REQUIRE(batch >= round * h);
-            REQUIRE(batch < (round + 1) * h);
-            ++taken[static_cast<size_t>(batch - round * h)];
+          const std::vector<LocalBatch> b = local_batches(p, g, step);
+          CHECK(b.size() <= 1);  // at most one inner step per job step (H_g <= H)
+          for (const LocalBatch& x : b) {
+            runs.emplace_back(x.first, x.count);
             ++per_group[static_cast<size_t>(g)];
           }
         }
-      CHECK(taken == std::vector<int>(static_cast<size_t>(h), 1));
       CHECK(per_group == p.local->group_steps);
+      std::sort(runs.begin(), runs.end());
+      int64_t next = round * h * 128;  // the runs tile the round's positions exactly
+      for (const auto& [first, count] : runs) {
+        CHECK(first == next);
+        CHECK(count >= 1);
+        next = first + count;
+      }
+      CHECK(next == (round + 1) * h * 128);
     }
-    // A group's batches are consecutive from its first, in step order (what a resume at
-    // any step continues), and a one-step group takes its step at the round's start.
+    // A group's steps are consecutive from its offset, in step order, of the sizes
+    // inner_step_samples gives (what a resume at any step continues), and a one-step
+    // group takes its step at the round's start.
     for (int g = 0; g < groups; ++g) {
-      int64_t next = group_first_step(p, g);
+      int64_t next = group_round_offset(p, g);
+      int k = 0;
       for (int64_t step = 0; step < h; ++step)
-        for (int64_t batch : local_batches(p, g, step)) CHECK(batch == next++);
+        for (const LocalBatch& x : local_batches(p, g, step)) {
+          CHECK(x.first == next);
+          CHECK(x.count == inner_step_samples(p, g, k++));
+          next += x.count;
+        }
+      CHECK(next == group_round_offset(p, g) + p.local->round_samples[static_cast<size_t>(g)]);
       if (p.local->group_steps[static_cast<size_t>(g)] == 1) CHECK(local_batches(p, g, 0).size() == 1);
     }
   }
+}
+
+TEST_CASE("local plan: a group's inner steps split n_g evenly, its replicas' shares by cumulative floor") {
+  const ClusterModel c = cluster({8e12, 8e12, 2e12}, std::vector(3, 64 * kGiB));
+  Plan p = *local_plan_for(input(c, costs(c, 4), 128), make_plan(input(c, costs(c, 4), 128)),
+                           config::SyncPolicy::local, 4);
+  // Hand-set: one group of replicas 0 and 1 (nominal 96/32), one of replica 2.
+  p.local->groups = {{0, 1}, {2}};
+  p.layout.replicas = {{0}, {1}, {2}};
+  p.layout.samples = {96, 32, 128};
+  p.layout.micro_batches = {3, 1, 2};
+  p.local->inner_steps = 4;
+  p.local->group_steps = {3, 1};
+  p.local->round_samples = {400, 112};
+  for (int r = 0; r < 3; ++r) {
+    p.ranks[static_cast<size_t>(r)].replica = r;
+    p.ranks[static_cast<size_t>(r)].stage = 0;
+  }
+  sync_rank_shares(p);
+  check_local_plan(p);
+  // 400 in 3 steps: 134, 133, 133.
+  CHECK(inner_step_samples(p, 0, 0) == 134);
+  CHECK(inner_step_samples(p, 0, 1) == 133);
+  CHECK(inner_step_samples(p, 0, 2) == 133);
+  CHECK(inner_step_samples(p, 1, 0) == 112);
+  // 134 at 96/32 of 128: floor(134 x 96 / 128) = 100, then 134 - 100.
+  CHECK(step_shares(p, 0, 134) == std::vector<int64_t>{100, 34});
+  CHECK(step_shares(p, 0, 133) == std::vector<int64_t>{99, 34});
+  // Rank 0 takes 100 + 99 + 99 of the round's 512: its weight.
+  CHECK(samples_in_round(p, 0, 4) == 298);
+  CHECK(round_weight(p, 0) == doctest::Approx(298.0 / 512));
+  CHECK(round_weight(p, 0) + round_weight(p, 1) + round_weight(p, 2) == doctest::Approx(1));
+  // After 2 job steps group 0 took 2 steps (ceil(2 x 3 / 4)), group 1 its one.
+  CHECK(samples_in_round(p, 1, 2) == 34 + 34);
+  CHECK(partial_round_weight(p, 2, 2) == doctest::Approx(112.0 / (134 + 133 + 112)));
+  // The sub-plan sized for 134: micro-batches no larger than the nominal step's 32.
+  Plan sub = group_plan(p, 0);
+  size_group_step(sub, p, 0, 134);
+  CHECK(sub.global_batch == 134);
+  CHECK(sub.layout.samples == std::vector<int64_t>{100, 34});
+  CHECK(sub.layout.micro_batches == std::vector<int>{4, 2});  // ceil(100 / 32), ceil(34 / 32)
+  CHECK(sub.ranks[0].samples == 100);
+  CHECK(error_of([&] { size_group_step(sub, p, 0, 1); }).find("at least one sample each") != std::string::npos);
 }
 
 TEST_CASE("local plan: ranks on free links form one synchronous group; auto keeps sync there") {
@@ -249,6 +324,7 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   CHECK(back.local->groups == p.local->groups);
   CHECK(back.local->inner_steps == p.local->inner_steps);
   CHECK(back.local->group_steps == p.local->group_steps);
+  CHECK(back.local->round_samples == p.local->round_samples);
   CHECK(back.local->gain == doctest::Approx(p.local->gain));
 
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
@@ -267,16 +343,31 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   j["local"]["group_steps"][0] = j["local"]["group_steps"][0].get<int>() + 1;
   CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("inner steps sum to") != std::string::npos);
   j = nlohmann::ordered_json::parse(text);
+  j["local"]["round_samples"][0] = j["local"]["round_samples"][0].get<int64_t>() + 1;
+  CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("samples a round; expected inner_steps x global batch") !=
+        std::string::npos);
+  j = nlohmann::ordered_json::parse(text);
+  j["local"]["round_samples"][1] = 0;
+  CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("local.round_samples[1]") != std::string::npos);
+  // A file without round_samples means whole global batches.
+  j = nlohmann::ordered_json::parse(text);
+  j["local"].erase("round_samples");
+  const Plan whole = plan_from_json(j.dump(), "plan.json");
+  for (size_t g = 0; g < whole.local->groups.size(); ++g)
+    CHECK(whole.local->round_samples[g] == whole.local->group_steps[g] * 128);
+  j = nlohmann::ordered_json::parse(text);
   j["layout"]["samples"][0] = 127;
   j["ranks"][0]["samples"] = 127;
   CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("group 0's replicas take 127 samples") !=
         std::string::npos);
 }
 
-TEST_CASE("local plan: a rank whose one-sample step outlasts the others' shares is left idle") {
+TEST_CASE("local plan: a rank whose one-sample step outlasts the others' rounds is left idle") {
   ClusterModel c = throttled();
   BlockCosts k = small_model(c);
-  for (double& s : k.seconds_per_sample[3]) s *= 400;  // 19 ms a sample: longer than rank 0's 64
+  // 1.9 s a sample: one step of one sample outlasts kMaxRoundSteps of rank 0's 128-sample
+  // steps (6 ms each at 64), so any round with it is paced by it.
+  for (double& s : k.seconds_per_sample[3]) s *= 40000;
   const PlannerInput in = input(c, k, 128);
   const std::optional<Plan> p = local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
   REQUIRE(p);
@@ -308,10 +399,13 @@ TEST_CASE("local plan: the outer synchronisation is every rank's list, and the s
     }
   }
   // H = 4 cannot hide the exchange: each round pays what its 4 steps do not cover. A
-  // job step is the latest group's round over H.
-  const std::vector<double> step = group_step_seconds(exposed, in.costs, c);
-  double round = 0;
-  for (size_t g = 0; g < step.size(); ++g) round = std::max(round, exposed.local->group_steps[g] * step[g]);
+  // job step is the latest group's round, less the outer pass that the outer lists
+  // add, over H.
+  const std::vector<GroupCost> gc = group_costs(exposed, in.costs, c);
+  const RoundSplit split = split_round(4, 128, gc);
+  double pass = 0;
+  for (const GroupCost& x : gc) pass = std::max(pass, x.round_fixed);
+  const double round = split.seconds - pass;
   const double inner = round / 4;
   const SimResult outer = simulate(outer_sync_schedules(exposed), outer_sync_cost_model(exposed, in.costs, c, inner));
   CHECK(outer.step_seconds >= exposed.local->outer_exchange_seconds - round);
@@ -330,18 +424,37 @@ TEST_CASE("local plan: a group's own outer pass takes its share of the round's s
   CHECK(error_of([] { steps_by_speed(6, {1.0, 1.0}, {0.0}); }).find("1 round costs for 2 groups") != std::string::npos);
 }
 
+TEST_CASE("local plan: split_round ends the groups' rounds together in whole samples") {
+  // Batch 10, 2 steps: H_g 1 and 1. Group 0 a sample a second, group 1 three: the rounds
+  // end together at n_0 = 3 n_1, n_0 + n_1 = 20: 15 and 5, 15 s.
+  RoundSplit r = split_round(2, 10, {{0, 1, 0, 1}, {0, 3, 0, 1}});
+  CHECK(r.steps == std::vector<int>{1, 1});
+  CHECK(r.samples == std::vector<int64_t>{15, 5});
+  CHECK(r.seconds == doctest::Approx(15));
+  // Group 0 also pays 5 s a step: R = (20 + 5) / (1 + 1/2) = 16.67, n = 11.67 and 8.33;
+  // floors 11 and 8, the remaining sample to the larger fraction: 12 and 8, 17 s.
+  r = split_round(2, 10, {{5, 1, 0, 1}, {0, 2, 0, 1}});
+  CHECK(r.samples == std::vector<int64_t>{12, 8});
+  CHECK(r.seconds == doctest::Approx(17));
+  // A group far slower is held at its least (one sample per replica and step).
+  r = split_round(2, 10, {{0, 1, 0, 1}, {0, 1000, 0, 2}});
+  CHECK(r.samples == std::vector<int64_t>{18, 2});
+  CHECK(error_of([] { split_round(2, 1, {{0, 1, 0, 1}, {0, 1, 0, 2}}); }).find("at least 3") != std::string::npos);
+}
+
 TEST_CASE("local plan: H is the cheapest round per job step up to kMaxRoundSteps, the smallest near it") {
-  // Equal groups, no outer pass: every even count splits exactly; the least one wins.
-  CHECK(choose_round_steps({1.0, 1.0}, {}, 2) == 2);
-  CHECK(round_step_seconds({1.0, 1.0}, {}, 3) == doctest::Approx(2.0 / 3));
-  // The second group's round also holds 4 steps' worth of outer work: a round of c steps
-  // costs (c + 4) / 2 at best (c even), so 0.5 + 2 / c per job step, least at 32 (0.5625);
-  // 28 is the smallest count within 2% of it (0.5714; 26 gives 0.5769, odd counts more).
-  CHECK(round_step_seconds({1.0, 1.0}, {0.0, 4.0}, 28) == doctest::Approx(16.0 / 28));
-  CHECK(round_step_seconds({1.0, 1.0}, {0.0, 4.0}, 27) == doctest::Approx(16.0 / 27));
-  CHECK(choose_round_steps({1.0, 1.0}, {0.0, 4.0}, 2) == 28);
+  // Equal groups, no outer pass: every count splits exactly; the least one wins.
+  CHECK(choose_round_steps(1, {{0, 1, 0, 1}, {0, 1, 0, 1}}, 2) == 2);
+  // The second group's round also holds 4 s of outer work, batch 1: a round of c steps
+  // ends at (c + 4) / 2 for c even, so 0.5 + 2 / c per job step, least at 32 (0.5625);
+  // 28 is the smallest count within 2% of it (0.5714; 27 rounds to 16 and 11: 16 / 27 =
+  // 0.5926; 26 gives 0.5769).
+  const std::vector<GroupCost> passes{{0, 1, 0, 1}, {0, 1, 4, 1}};
+  CHECK(split_round(28, 1, passes).seconds == doctest::Approx(16));
+  CHECK(split_round(27, 1, passes).seconds == doctest::Approx(16));
+  CHECK(choose_round_steps(1, passes, 2) == 28);
   // An exchange that needs more than kMaxRoundSteps gets its least count.
-  CHECK(choose_round_steps({1.0, 1.0}, {0.0, 4.0}, kMaxRoundSteps + 8) == kMaxRoundSteps + 8);
-  CHECK(error_of([] { choose_round_steps({1.0, 1.0, 1.0}, {}, 2); }).find("at least 2 steps a round for 3 groups") !=
-        std::string::npos);
+  CHECK(choose_round_steps(1, passes, kMaxRoundSteps + 8) == kMaxRoundSteps + 8);
+  CHECK(error_of([] { choose_round_steps(1, {{0, 1, 0, 1}, {0, 1, 0, 1}, {0, 1, 0, 1}}, 2); })
+            .find("at least 2 steps a round for 3 groups") != std::string::npos);
 }
