@@ -279,6 +279,27 @@ int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& group
   return c;
 }
 
+std::optional<RoundSplit> resplit_from_measured(const Plan& plan, const std::vector<double>& inner_seconds,
+                                                const std::vector<double>& pass_seconds) {
+  const LocalSync& l = *plan.local;
+  const size_t n = l.groups.size();
+  HT_CHECK(inner_seconds.size() == n && pass_seconds.size() == n, "local re-split: ", inner_seconds.size(), " and ",
+           pass_seconds.size(), " measured groups for ", n, "; expected one of each per group");
+  std::vector<GroupCost> measured(n);
+  double latest = 0;
+  for (size_t g = 0; g < n; ++g) {
+    if (!(inner_seconds[g] > 0) || !(pass_seconds[g] >= 0) || !std::isfinite(inner_seconds[g] + pass_seconds[g]))
+      return std::nullopt;  // a group that took no step, or a clock gone wrong: nothing to go by
+    measured[g].per_sample = inner_seconds[g] / static_cast<double>(l.round_samples[g]);
+    measured[g].round_fixed = pass_seconds[g];
+    measured[g].least_step = static_cast<int64_t>(l.groups[g].size());
+    latest = std::max(latest, inner_seconds[g] + pass_seconds[g]);
+  }
+  RoundSplit split = split_round(l.inner_steps, plan.global_batch, measured);
+  if (split.seconds > (1 - kResplitGain) * latest) return std::nullopt;
+  return split;
+}
+
 void check_local_plan(const Plan& plan) {
   HT_CHECK(plan.local, "check_local_plan: the plan has no local groups");
   const LocalSync& l = *plan.local;

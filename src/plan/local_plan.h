@@ -113,6 +113,18 @@ std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, co
 // H as described above, from `least` (which the exchange and the group count set).
 int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& groups, int least);
 
+// Re-splitting from measured rounds (runtime/local_sync.h). A running job measures, per
+// group, the seconds its slowest rank spent in a round's inner steps and in its outer
+// pass (means over kResplitRounds rounds). resplit_from_measured gives the split of the
+// same H that ends the groups' rounds together at those speeds (a group's inner seconds
+// taken in proportion to its samples), when it is predicted to end the latest round
+// kResplitGain sooner than the split the rounds were measured under; otherwise nothing
+// (noise does not move samples back and forth).
+inline constexpr int kResplitRounds = 3;
+inline constexpr double kResplitGain = 0.03;
+std::optional<RoundSplit> resplit_from_measured(const Plan& plan, const std::vector<double>& inner_seconds,
+                                                const std::vector<double>& pass_seconds);
+
 // One inner step a group takes: its first sample's stream position, counted from the
 // job's first sample, and its size.
 struct LocalBatch {

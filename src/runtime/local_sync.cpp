@@ -58,6 +58,9 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
   for (const plan::RankPlan& rp : plan.ranks) weights_.push_back(plan::round_weight(plan, rp.rank));
   outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
+  stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())});
+  window_inner_.assign(plan.local->groups.size(), 0.0);
+  window_pass_.assign(plan.local->groups.size(), 0.0);
   for (const auto& [name, p] : params_) {
     HT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, "local sync: parameter '", name,
              "' is not a dense float32 tensor");
@@ -99,7 +102,7 @@ void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, 
   for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, mu);
 }
 
-void LocalSync::start_exchange() {
+void LocalSync::start_exchange(bool with_stats) {
   if (draining_) {
     HT_CHECK(draining_->drain(timeout()) == comm::WaitStatus::done, "rank ", world_rank_,
              ": the outer exchange's sums did not reach every rank within ", timeout_s_,
@@ -108,6 +111,8 @@ void LocalSync::start_exchange() {
   }
   exchange_ = std::make_unique<comm::OverlappedAllreduce>(*outer_, weights_);
   exchange_->add(delta_);
+  if (with_stats) exchange_->add({stats_});
+  stats_in_flight_ = with_stats;
   while (exchange_->progress()) {
   }
 }
@@ -117,6 +122,57 @@ void LocalSync::finish_exchange() {
            outer_steps_ + 1, " waited more than ", timeout_s_, " s (parallel.peer_timeout_s) for its sums; a rank has stalled");
   draining_ = std::move(exchange_);
   sums_ready_ = true;
+  if (stats_in_flight_) take_stats();
+  stats_in_flight_ = false;
+}
+
+void LocalSync::take_stats() {
+  if (skip_rounds_ > 0) {
+    --skip_rounds_;
+    return;
+  }
+  const float* s = stats_.data();
+  const size_t groups = plan_.local->groups.size();
+  std::vector<double> inner(groups, 0.0), pass(groups, 0.0);
+  for (const plan::RankPlan& rp : plan_.ranks) {
+    const int g = plan::group_of_rank(plan_, rp.rank);
+    if (g < 0) continue;
+    const double in = s[2 * rp.rank], out = s[2 * rp.rank + 1];
+    if (in < 0) return;  // a partial round (after a flush): not comparable
+    inner[static_cast<size_t>(g)] = std::max(inner[static_cast<size_t>(g)], in);
+    pass[static_cast<size_t>(g)] = std::max(pass[static_cast<size_t>(g)], out);
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    window_inner_[g] += inner[g];
+    window_pass_[g] += pass[g];
+  }
+  if (++window_rounds_ < plan::kResplitRounds) return;
+  for (size_t g = 0; g < groups; ++g) {
+    window_inner_[g] /= window_rounds_;
+    window_pass_[g] /= window_rounds_;
+  }
+  pending_ = plan::resplit_from_measured(plan_, window_inner_, window_pass_);
+  window_inner_.assign(groups, 0.0);
+  window_pass_.assign(groups, 0.0);
+  window_rounds_ = 0;
+}
+
+void LocalSync::apply_split(const plan::RoundSplit& split) {
+  plan_.local->group_steps = split.steps;
+  plan_.local->round_samples = split.samples;
+  plan::check_local_plan(plan_);
+  for (size_t r = 0; r < plan_.ranks.size(); ++r) weights_[r] = plan::round_weight(plan_, static_cast<int>(r));
+  // The round whose stats arrive at the next round's end ran under the old split.
+  skip_rounds_ = 1;
+  window_inner_.assign(window_inner_.size(), 0.0);
+  window_pass_.assign(window_pass_.size(), 0.0);
+  window_rounds_ = 0;
+}
+
+std::optional<plan::RoundSplit> LocalSync::take_resplit() {
+  std::optional<plan::RoundSplit> out;
+  out.swap(taken_);
+  return out;
 }
 
 void LocalSync::take_outer_step() {
@@ -128,8 +184,9 @@ void LocalSync::take_outer_step() {
   checksum_.clear();
 }
 
-double LocalSync::after_step(int64_t done) {
+double LocalSync::after_step(int64_t done, double inner_seconds) {
   const auto t0 = std::chrono::steady_clock::now();
+  inner_s_ += inner_seconds;
   if (exchange_)
     while (exchange_->progress()) {
     }
@@ -147,6 +204,11 @@ double LocalSync::after_step(int64_t done) {
         fail("local sync: rank ", world_rank_, " met ", plan::op_name(in.op),
              " in its outer list; expected OuterSyncFinish and OuterSyncStart only");
     }
+  if (pending_) {  // from the next round on, on every rank at once (the same sums decided it)
+    apply_split(*pending_);
+    taken_ = pending_;
+    pending_.reset();
+  }
   return seconds_since(t0);
 }
 
@@ -154,6 +216,7 @@ void LocalSync::start_round() {
   // One pass over the model: the outer step with the sums OuterSyncFinish took (where it
   // took any), then this round's delta and the new anchor. The passes are memory-bound,
   // and on a throttled rank each costs a good part of an inner step.
+  const auto pass_t0 = std::chrono::steady_clock::now();
   const bool step = sums_ready_;
   const auto weight = static_cast<float>(weights_[static_cast<size_t>(world_rank_)]);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -174,7 +237,14 @@ void LocalSync::start_round() {
     ++outer_steps_;
     checksum_.clear();
   }
-  start_exchange();
+  pass_s_ = seconds_since(pass_t0);
+  float* st = stats_.data();
+  std::fill(st, st + stats_.numel(), 0.0f);
+  st[2 * world_rank_] = partial_ ? -1.0f : static_cast<float>(inner_s_);
+  st[2 * world_rank_ + 1] = static_cast<float>(pass_s_);
+  inner_s_ = 0;
+  partial_ = false;
+  start_exchange(true);
 }
 
 void LocalSync::flush() {
@@ -202,7 +272,7 @@ void LocalSync::flush() {
       float* d = delta_[i].data();
       for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) d[k] = partial * (a[k] - y[k]);
     }
-    start_exchange();
+    start_exchange(false);
     finish_exchange();
     take_outer_step();
   }
@@ -217,6 +287,9 @@ void LocalSync::flush() {
     copy_into(anchor_[i], theta_[i]);
   }
   steps_in_round_ = 0;
+  // The round in progress is measured from here: not a whole round's inner steps.
+  inner_s_ = 0;
+  partial_ = true;
 }
 
 std::vector<nn::NamedTensor> LocalSync::outer_state() const {

@@ -25,6 +25,16 @@
 // are made by one owner per part and sent to all (comm/weighted_allreduce.h), so every
 // rank holds bit-identical theta and m.
 //
+// Re-splitting from measurement (plan::resplit_from_measured). Each rank's exchange also
+// carries, in its own two slots of a stats vector, the seconds it spent in the round's
+// inner steps and in its last outer pass; the sums (exact: every other slot is 0) reach
+// every rank bit-identical with the deltas', so every rank takes the same decision from
+// them: the mean of kResplitRounds rounds per group (its slowest rank's), and a split of
+// the round that ends the groups together at the measured speeds where it pays. The new
+// split applies from the next round on every rank at once (take_resplit hands it to the
+// trainer, which steps by it); rounds measured under the old split, and partial rounds
+// after a flush, are not counted.
+//
 // flush() (collective) closes everything at once: it finishes the exchange in flight and
 // steps, exchanges the current partial round's deltas (weighed by the samples each group
 // took in it: plan::partial_round_weight) and steps again, and sets the
@@ -34,12 +44,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "nn/module.h"
+#include "plan/local_plan.h"
 #include "plan/plan.h"
 
 namespace ht::comm {
@@ -73,7 +85,11 @@ class LocalSync {
   // multiple of H (a round's end), runs the outer synchronisation above. Collective at
   // round ends (bounded by parallel.peer_timeout_s).
   // Returns the seconds it took (waiting included).
-  double after_step(int64_t done);
+  // `inner_seconds`: what this rank spent in its group's inner steps in the job step.
+  double after_step(int64_t done, double inner_seconds = 0);
+  // The split the rounds moved to at the last round's end, once (see above); the caller
+  // steps by it from the next job step.
+  std::optional<plan::RoundSplit> take_resplit();
   void flush();  // collective; see above
 
   // Takes the weights as they are now (loaded from a checkpoint) as theta and a.
@@ -91,9 +107,11 @@ class LocalSync {
 
  private:
   void start_round();      // OuterSyncStart: the outer step, the deltas, the new anchor, the exchange
-  void start_exchange();   // this rank's weighted delta into delta_, then the exchange
+  void start_exchange(bool with_stats);  // delta_ (and stats_) into the exchange
   void finish_exchange();  // OuterSyncFinish: waits for the sums (into delta_)
   void take_outer_step();  // the outer step with the sums, where finish_exchange took any
+  void take_stats();       // the round's measured seconds from the exchange's stats sums
+  void apply_split(const plan::RoundSplit& split);
   comm::Timeout timeout() const { return comm::Timeout(timeout_s_); }
 
   plan::Plan plan_;
@@ -112,6 +130,16 @@ class LocalSync {
   plan::Schedule outer_list_;  // plan::outer_sync_schedules: run after each round's last step
   std::unique_ptr<comm::OverlappedAllreduce> exchange_;  // in flight
   std::unique_ptr<comm::OverlappedAllreduce> draining_;  // finished; its sums still going out
+  // Measured rounds (see above).
+  Tensor stats_;                  // (2 x world): inner seconds, pass seconds, per rank
+  bool stats_in_flight_ = false;  // the exchange in flight carries stats_
+  double inner_s_ = 0;            // this rank's inner steps in the round so far
+  double pass_s_ = 0;             // its last outer pass
+  bool partial_ = false;          // the round in progress began at a flush
+  int skip_rounds_ = 0;           // stats to come that were measured under an old split
+  std::vector<double> window_inner_, window_pass_;  // per group, summed over window_rounds_
+  int window_rounds_ = 0;
+  std::optional<plan::RoundSplit> pending_, taken_;  // decided; applied, not yet handed over
 };
 
 // Throws when two ranks report different outer checksums (one per world rank), naming

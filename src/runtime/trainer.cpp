@@ -181,9 +181,10 @@ StepResult Run::take_step(Loop& loop, float lr, bool trace) {
                               : executor_->step(stream_base_ + loop.step * cfg_.train.batch_size, lr, trace);
   if (r.deadline) loop.step = take_deadline(r, loop);
   if (local_) {  // the outer exchange's time is communication of this step
-    const double outer_s = local_->after_step(loop.step + 1);
+    const double outer_s = local_->after_step(loop.step + 1, local_group_->group >= 0 ? r.wall_s : 0);
     r.comm_s += outer_s;
     r.wall_s += outer_s;
+    if (const std::optional<plan::RoundSplit> s = local_->take_resplit()) take_local_resplit(*s, loop);
   }
   return r;
 }

@@ -97,6 +97,7 @@ class Run {
   StepResult local_step(int64_t step, float lr, bool trace);
   std::vector<nn::NamedTensor> local_inner_state();
   bool local_meets(int64_t done) const;
+  void take_local_resplit(const plan::RoundSplit& split, Loop& loop);
   void start_deadline(int64_t start, report::Progress& progress);
   int64_t take_deadline(StepResult& r, Loop& loop);
   void write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,

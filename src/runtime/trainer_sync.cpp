@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/wall_time.h"
 #include "plan/local_plan.h"
 #include "runtime/trainer_run.h"
@@ -42,6 +44,29 @@ std::vector<nn::NamedTensor> Run::local_inner_state() {
 bool Run::local_meets(int64_t done) const {
   return (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) ||
          (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || done == total_steps_;
+}
+
+// Under local, after the round end where every rank moved to `split` (LocalSync's
+// re-split from measured rounds): the plan steps by it from the next job step, and rank
+// 0 records it.
+void Run::take_local_resplit(const plan::RoundSplit& split, Loop& loop) {
+  const std::vector<int64_t> before = plan_.local->round_samples;
+  plan_.local->group_steps = split.steps;
+  plan_.local->round_samples = split.samples;
+  plan::check_local_plan(plan_);
+  if (!root_) return;
+  const nlohmann::json record{{"type", "local_resplit"},
+                              {"step", loop.step + 1},
+                              {"round_samples_before", before},
+                              {"round_samples", split.samples},
+                              {"group_steps", split.steps},
+                              {"predicted_round_s", split.seconds}};
+  loop.metrics->write(record.dump());
+  std::string line = "local: the groups' rounds re-split from their measured speed at step " +
+                     std::to_string(loop.step + 1) + ": samples a round";
+  for (size_t g = 0; g < before.size(); ++g)
+    line += (g ? ", " : " ") + std::to_string(before[g]) + " -> " + std::to_string(split.samples[g]);
+  loop.progress.note(line);
 }
 
 // parallel.sync deadline: the stage's reduction closes at its budget (runtime/deadline_sync.h).

@@ -95,6 +95,24 @@ def main():
               h["__metadata__"].get("sync_policy") == "local" and int(h["__metadata__"].get("outer_steps", 0)) > 0,
               h.get("__metadata__"))
 
+    # The same plan with rank 0's compute made 4 times as slow (--inject): its group
+    # paces every round, and the rounds' measured times re-split the samples so that it,
+    # planned with the most, ends with fewer than rank 1, alone in its group on an equal
+    # core (so the injected factor decides the order whatever the load; the two-rank
+    # group's time depends on how its all-reduce shares the cores, so it is not compared).
+    slow_dir = os.path.join(scratch, "slow0")
+    s = mpirun(HETRAIN, 4, ["train", cfg, "--plan", planned, "--run-dir", slow_dir, "--steps", "60",
+                            "--inject", "slow:rank=0,at=1,factor=4"], timeout=300)
+    check("4 ranks train with rank 0 slowed 4x", s.returncode == 0, s.stderr[-3000:])
+    if s.returncode == 0:
+        splits = [r for r in records(slow_dir) if r["type"] == "local_resplit"]
+        last = splits[-1]["round_samples"] if splits else []
+        check("the rounds re-split from measurement: rank 0's group ends with fewer samples than rank 1's",
+              bool(splits) and sum(last) == 4 * 128 and last[0] < 250 and last[0] < last[1],
+              [(r["step"], r["round_samples_before"], r["round_samples"]) for r in splits])
+        check("the re-split is said in the progress output", "re-split from their measured speed" in s.stdout,
+              s.stdout[-2000:])
+
     # The first two ranks of the fixed cluster: a plan that does not depend on this host's load.
     two = load(CLUSTER)
     two["world_size"] = 2

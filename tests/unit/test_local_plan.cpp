@@ -458,3 +458,38 @@ TEST_CASE("local plan: H is the cheapest round per job step up to kMaxRoundSteps
   CHECK(error_of([] { choose_round_steps(1, {{0, 1, 0, 1}, {0, 1, 0, 1}, {0, 1, 0, 1}}, 2); })
             .find("at least 2 steps a round for 3 groups") != std::string::npos);
 }
+
+TEST_CASE("local plan: a re-split from measured rounds moves samples from a group measured slow") {
+  const ClusterModel c = fixed_4_2_1_1();
+  const PlannerInput in = input(c, fixed_model(c), 128);
+  const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 8);
+  const std::vector<int64_t>& n = p.local->round_samples;
+  // Rounds that ended together: nothing to gain.
+  CHECK(!resplit_from_measured(p, {1.0, 1.0, 1.0, 1.0}, {0.0, 0.0, 0.0, 0.0}));
+  CHECK(!resplit_from_measured(p, {1.0, 1.0, 1.0, 1.02}, {0.0, 0.0, 0.0, 0.0}));  // within kResplitGain
+  // Group 3 took twice as long as the others: at its measured speed it gets half its
+  // samples' worth, the others share the rest in proportion to theirs, all rounds at R
+  // with n'_g = R n_g / inner_g summing to 1,024.
+  const std::optional<RoundSplit> r = resplit_from_measured(p, {1.0, 1.0, 1.0, 2.0}, {0.0, 0.0, 0.0, 0.0});
+  REQUIRE(r);
+  const double speed = static_cast<double>(n[0] + n[1] + n[2]) + static_cast<double>(n[3]) / 2;
+  const double round = 1024 / speed;
+  int64_t sum = 0;
+  for (size_t g = 0; g < 4; ++g) {
+    const double want = round * static_cast<double>(n[g]) / (g == 3 ? 2.0 : 1.0);
+    CHECK(std::abs(static_cast<double>(r->samples[g]) - want) <= 1.0);
+    sum += r->samples[g];
+  }
+  CHECK(sum == 1024);
+  CHECK(std::accumulate(r->steps.begin(), r->steps.end(), 0) == 8);
+  CHECK(r->seconds < 2.0 * (1 - kResplitGain));
+  // A group's outer pass counts: measured 0.5 s of pass on group 0 moves samples off it.
+  const std::optional<RoundSplit> q = resplit_from_measured(p, {1.0, 1.0, 1.0, 1.0}, {0.5, 0.0, 0.0, 0.0});
+  REQUIRE(q);
+  CHECK(q->samples[0] < n[0]);
+  // Nothing measured (a group without a step), or a clock gone wrong: no re-split.
+  CHECK(!resplit_from_measured(p, {1.0, 0.0, 1.0, 2.0}, {0.0, 0.0, 0.0, 0.0}));
+  CHECK(!resplit_from_measured(p, {1.0, 1.0, 1.0, 2.0}, {0.0, -1.0, 0.0, 0.0}));
+  CHECK(error_of([&] { resplit_from_measured(p, {1.0}, {0.0}); }).find("1 and 1 measured groups for 4") !=
+        std::string::npos);
+}
