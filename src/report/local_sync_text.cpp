@@ -9,7 +9,8 @@ namespace ht::report {
 std::string local_sync_text(const plan::Plan& plan) {
   if (!plan.local) return "";
   const plan::LocalSync& l = *plan.local;
-  std::string out = "sync: local (DiLoCo), " + std::to_string(l.groups.size()) + " groups that step on their own:\n";
+  std::string out = "sync: local (DiLoCo), " + std::to_string(l.groups.size()) +
+                    (l.groups.size() == 1 ? " group" : " groups that step on their own") + ":\n";
   for (size_t g = 0; g < l.groups.size(); ++g) {
     std::vector<int64_t> ranks, shares;
     for (int r : l.groups[g]) {
