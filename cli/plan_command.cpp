@@ -22,6 +22,7 @@
 #include "report/plan_svg.h"
 #include "report/plan_table.h"
 #include "report/trace.h"
+#include "report/what_if_svg.h"
 #include "report/what_if_text.h"
 #include "runtime/atomic_file.h"
 #include "runtime/task.h"
@@ -72,10 +73,13 @@ std::string catalogue_path(const std::string& arg) {
   return arg.empty() ? ht::plan::default_catalogue_path() : arg;
 }
 
+void write(const std::string& path, const std::string& text, const char* what);
+
 // Each sync policy's plan over the same planner input as the plan shown, played over
-// --what-if-steps steps under the events, as one table.
+// --what-if-steps steps under the events, as one table; with `svg`, the picture of it.
 void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster, const ht::plan::Plan& shown,
-                   const std::string& catalogue, std::vector<ht::plan::WhatIfEvent> events, int64_t steps) {
+                   const std::string& catalogue, std::vector<ht::plan::WhatIfEvent> events, int64_t steps,
+                   const std::string& svg) {
   ht::plan::WhatIfInput in;
   in.model = ht::runtime::describe_model(cfg);
   in.planner = ht::plan::planner_input_for(cfg, in.model, cluster);
@@ -93,6 +97,11 @@ void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& 
   std::printf("%s", ht::report::what_if_text(result, in.events).c_str());
   std::printf("what-if simulated in %.3f s (each policy planned, re-planned after failures and joins, and played)\n",
               took);
+  if (!svg.empty())
+    write(svg,
+          ht::report::what_if_to_svg(result, in.events,
+                                     cfg.name + ": what if, over " + std::to_string(steps) + " steps, per sync policy"),
+          "what-if timeline");
 }
 
 // --dump RANK names a rank of the planned world; a negative one is refused before the
@@ -147,7 +156,9 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--catalogue", args->catalogue, "Device catalogue for synth: clusters")
       ->default_str("configs/devices.json of this build");
   cmd->add_option("--json", args->json, "Write the plan here (for `hetrain train --plan`)");
-  cmd->add_option("--svg", args->svg, "Draw the plan here: per-rank timeline and memory bars");
+  cmd->add_option("--svg", args->svg,
+                  "Draw the plan here: per-rank timeline and memory bars (with --what-if: the job as each policy "
+                  "played it, the events marked)");
   cmd->add_option("--trace", args->trace, "Write the predicted timeline here (Chrome trace JSON)");
   args->dump_option = cmd->add_option(
       "--dump", args->dump,
@@ -185,13 +196,11 @@ void register_plan(CLI::App& app) {
                 planned.search_s);
     if (!args->json.empty()) write(args->json, ht::plan::plan_to_json(plan), "plan");
     if (dump) print_schedule(plan, args->dump);
-    if (!events.empty()) {
-      print_what_if(cfg, cluster, plan, args->catalogue, std::move(events), args->what_if_steps);
-      if (!args->svg.empty()) std::printf("(the plan picture shows the plan's step; it does not draw the events)\n");
-    }
-    if (args->svg.empty() && args->trace.empty()) return;
+    const bool what_if = !events.empty();
+    if (what_if) print_what_if(cfg, cluster, plan, args->catalogue, std::move(events), args->what_if_steps, args->svg);
+    if ((args->svg.empty() || what_if) && args->trace.empty()) return;
     const ht::plan::SimResult sim = ht::plan::simulate_plan(plan, planned.costs, cluster);
-    if (!args->svg.empty()) write(args->svg, ht::report::plan_to_svg(plan, sim.timeline), "plan picture");
+    if (!args->svg.empty() && !what_if) write(args->svg, ht::report::plan_to_svg(plan, sim.timeline), "plan picture");
     if (!args->trace.empty())
       write(args->trace,
             ht::report::to_chrome_trace(sim.timeline, "hetrain plan " + cfg.name + " (predicted)"),

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/units.h"
@@ -60,6 +62,7 @@ struct StepParts {
   std::vector<double> busy;
   double tail = 0;  // step - the largest compute: what follows it (the reduction)
   std::vector<double> group_steps;
+  std::vector<double> plain_group_steps;  // without the slow factors
   double round_extra = 0;
 };
 
@@ -75,6 +78,9 @@ SimResult simulate_with(const Plan& plan, const BlockCosts& costs, const Cluster
   return simulate(plan_schedules(plan), cm);
 }
 
+// Equal but for rounding: spans that abut, a round that ended when the exchange was ready.
+bool same_time(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({1.0, std::abs(a), std::abs(b)}); }
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
@@ -84,7 +90,7 @@ double median(std::vector<double> v) {
 class Play {
  public:
   Play(const WhatIfInput& in, Policy policy, const Phase& start, bool with_events)
-      : in_(in), policy_(policy), phase_(start) {
+      : in_(in), policy_(policy), phase_(start), record_(with_events) {
     if (with_events) events_ = in.events;
     used_.assign(events_.size(), false);
   }
@@ -92,6 +98,12 @@ class Play {
   PolicyOutcome run() {
     out_.policy = policy_;
     out_.step_seconds = phase_.plan.predicted.step_seconds;
+    if (record_) {
+      if (policy_ == Policy::local && phase_.plan.local)
+        for (size_t g = 0; g < phase_.plan.local->groups.size(); ++g) lane_name(static_cast<int>(g));
+      else
+        out_.lanes = {"job"};
+    }
     try {
       if (policy_ == Policy::local) run_local();
       else if (policy_ == Policy::deadline && phase_.plan.stage_ranges.size() == 1) run_deadline();
@@ -104,6 +116,40 @@ class Play {
 
  private:
   bool in_force(const WhatIfEvent& e, double t) const { return e.at_s <= t; }
+
+  void lane_name(int lane) {
+    while (out_.lanes.size() <= static_cast<size_t>(lane)) out_.lanes.push_back("group " + std::to_string(out_.lanes.size()));
+  }
+
+  // A span of the timeline; one that continues its lane's last span of the same kind
+  // extends it (a thousand plain steps are one span).
+  void span(int lane, double start, double end, WhatIfSpanKind kind) {
+    if (!record_ || !(end > start) || same_time(start, end)) return;
+    if (policy_ == Policy::local) lane_name(lane);
+    if (last_.size() <= static_cast<size_t>(lane)) last_.resize(static_cast<size_t>(lane) + 1, -1);
+    int& at = last_[static_cast<size_t>(lane)];
+    if (at >= 0) {
+      WhatIfSpan& s = out_.timeline[static_cast<size_t>(at)];
+      if (s.kind == kind && same_time(s.end, start)) {
+        s.end = std::max(s.end, end);
+        return;
+      }
+    }
+    out_.timeline.push_back({start, end, lane, kind});
+    at = static_cast<int>(out_.timeline.size()) - 1;
+  }
+
+  // A span on every lane; `lost` spans lie over what was drawn, not after it.
+  void span_all(double start, double end, WhatIfSpanKind kind) {
+    if (!record_) return;
+    for (size_t lane = 0; lane < out_.lanes.size(); ++lane) {
+      if (kind == WhatIfSpanKind::lost) {
+        if (end > start && !same_time(start, end)) out_.timeline.push_back({start, end, static_cast<int>(lane), kind});
+      } else {
+        span(static_cast<int>(lane), start, end, kind);
+      }
+    }
+  }
 
   std::string state_key(double t) const {
     std::string k = std::to_string(phase_.version) + ":";
@@ -165,6 +211,7 @@ class Play {
         for (int r : ranks) sub_factors.push_back(factors[static_cast<size_t>(r)]);
         p.group_steps.push_back(simulate_with(sub, sub_costs, sub_cluster, sub_factors).step_seconds);
         const double plain = simulate_with(sub, sub_costs, sub_cluster, {}).step_seconds;
+        p.plain_group_steps.push_back(plain);
         slowest_round = std::max(slowest_round, plain * plan.local->group_steps[static_cast<size_t>(g)]);
       }
       double job_step = plan.predicted.step_seconds;
@@ -310,6 +357,7 @@ class Play {
     out_.notes.push_back(events_[static_cast<size_t>(j)].spec + ": joined at the checkpoint of step " +
                          std::to_string(done) + " (" + format_seconds(t) + "), re-planned: step " +
                          format_seconds(phase_.plan.predicted.step_seconds));
+    span_all(t, t + kRestartSeconds, WhatIfSpanKind::restart);
     return t + kRestartSeconds;
   }
 
@@ -325,6 +373,8 @@ class Play {
     out_.work_lost_seconds += at - since + kRestartSeconds;
     const int64_t lost = done - checkpoint;
     done = checkpoint;
+    span_all(since, at, WhatIfSpanKind::lost);
+    span_all(at, at + kRestartSeconds, WhatIfSpanKind::restart);
     replan_without(failed);
     out_.notes.push_back(e.spec + ": restart from the checkpoint of step " + std::to_string(checkpoint) + " (" +
                          std::to_string(lost) + " steps lost) on " + std::to_string(phase_.ids.size()) +
@@ -348,9 +398,12 @@ class Play {
       for (size_t r = 0; r < phase_.ids.size(); ++r)
         if (active(static_cast<int>(r))) end = std::max(end, held_end(static_cast<int>(r), t, step));
       if (const int f = failure_before(end); f >= 0) {
+        span(0, t, std::max(t, events_[static_cast<size_t>(f)].at_s), WhatIfSpanKind::work);  // then lost
         t = since = restart(f, t, since, done, checkpoint);
         continue;
       }
+      span(0, t, t + step, WhatIfSpanKind::work);
+      span(0, t + step, end, WhatIfSpanKind::held);
       t = end;
       ++done;
       if (checkpoint_at(done)) {
@@ -361,15 +414,40 @@ class Play {
     finish(t, in_.steps * in_.planner.global_batch);
   }
 
+  // The budget as comm/deadline_reduce's leader sets it (what_if.h): the plan's until
+  // kDeadlineMinMeasured steps have closed, then (1 + slack) x the window's median latest
+  // arrival. `window`: (step, latest arrival after its start) of the last closed steps.
+  double adapted_budget(const std::deque<std::pair<int64_t, double>>& window, double first) const {
+    if (window.size() < static_cast<size_t>(kDeadlineMinMeasured)) return first;
+    std::vector<double> v;
+    for (const auto& w : window) v.push_back(w.second);
+    return median(std::move(v)) * (1 + in_.deadline_slack);
+  }
+
   void run_deadline() {
     double t = 0;
     int64_t done = 0, dropped = 0;
     std::vector<int> missed(phase_.ids.size(), 0);
     std::vector<bool> failed(phase_.ids.size(), false);
+    std::deque<std::pair<int64_t, double>> window;
+    // A stalled rank's part of the step it stopped in, sent when it resumes: (step, when,
+    // its arrival after that step's start); counted if the step is still in the window.
+    std::vector<std::tuple<int64_t, double, double>> returning;
+    double budget = phase_.plan.predicted.step_seconds * (1 + in_.deadline_slack);
     while (done < in_.steps) {
       const StepParts& p = parts(t);
       const std::vector<double> factors = factors_at(t);
-      const double budget = p.step * (1 + in_.deadline_slack);
+      for (auto it = returning.begin(); it != returning.end();) {
+        const auto [step, when, arrival] = *it;
+        if (when > t) {
+          ++it;
+          continue;
+        }
+        for (auto& w : window)
+          if (w.first == step) w.second = std::max(w.second, arrival);
+        it = returning.erase(it);
+      }
+      budget = adapted_budget(window, budget);
       for (size_t i = 0; i < events_.size(); ++i) {
         const WhatIfEvent& e = events_[i];
         if (used_[i] || e.kind != WhatIfKind::fail || e.at_s >= t + budget) continue;
@@ -380,7 +458,7 @@ class Play {
         out_.notes.push_back(e.spec + ": left out from step " + std::to_string(done) + " on, no restart");
       }
       bool waited = false, any_missing = false;
-      double last = 0;
+      double last = 0, latest = 0;  // latest: the arrivals the budget adapts to, late ones included
       for (size_t r = 0; r < phase_.ids.size(); ++r) {
         const int idx = static_cast<int>(r);
         if (!active(idx)) continue;
@@ -391,7 +469,9 @@ class Play {
           const double end = held_end(idx, t, part, false);  // t + part exactly when no stall holds it
           arrival = end - t;
           silent = end > t + part && arrival > budget;  // stalled past the budget: nothing heard
+          if (silent && missed[r] == 0) returning.emplace_back(done, end, arrival);  // one send, on resuming
         }
+        if (!silent) latest = std::max(latest, arrival);
         if (arrival <= budget && !silent) {
           last = std::max(last, arrival);
           missed[r] = 0;
@@ -407,12 +487,19 @@ class Play {
       for (size_t i = 0; i < events_.size(); ++i)
         if (events_[i].kind == WhatIfKind::stall && events_[i].at_s + events_[i].for_s <= t + close) used_[i] = true;
       if (any_missing) ++out_.steps_closed_short;
+      span(0, t, t + close, any_missing ? WhatIfSpanKind::short_step : WhatIfSpanKind::work);
+      window.emplace_back(done, latest);
+      while (window.size() > static_cast<size_t>(kDeadlineMedianOf) + 1) window.pop_front();
       t += close;
       ++done;
       if (checkpoint_at(done)) {
         if (join_by(t) >= 0 && done < in_.steps) drop_failed(failed);
         const double went_on = join_at_checkpoint(t, done);
-        if (went_on != t) missed.assign(phase_.ids.size(), 0), failed.assign(phase_.ids.size(), false);
+        if (went_on != t) {  // a new job: its leader measures afresh from the new plan's step
+          missed.assign(phase_.ids.size(), 0), failed.assign(phase_.ids.size(), false);
+          window.clear(), returning.clear();
+          budget = phase_.plan.predicted.step_seconds * (1 + in_.deadline_slack);
+        }
         t = went_on;
       }
     }
@@ -425,16 +512,35 @@ class Play {
     int64_t done = 0, checkpoint = 0;
     double since = 0, exchange_ready = 0;  // the end of the previous round on every group
     std::vector<double> clock(phase_.plan.local->groups.size(), 0.0);
+    // Per group, of its previous round: late by an event (held in it, or in an earlier
+    // round and not waited for since: a group held by less than a round stays behind the
+    // others by the hold, unseen, until they wait for it), and the samples it took.
+    std::vector<bool> late(clock.size(), false), waited_for(clock.size(), false);
+    std::vector<int64_t> round_samples(clock.size(), 0);
+    // The late rounds that ended after a group's end of its next round (`ends`): waited for.
+    const auto count_waits = [&](const std::vector<double>& ends, const std::vector<double>& ready_at) {
+      waited_for.assign(ready_at.size(), false);
+      for (size_t h = 0; h < ready_at.size(); ++h) {
+        if (!late[h]) continue;
+        waited_for[h] = std::any_of(ends.begin(), ends.end(),
+                                    [&](double e) { return e < ready_at[h] && !same_time(e, ready_at[h]); });
+        if (waited_for[h]) out_.samples_waited_for += round_samples[h], ++out_.rounds_waited_for;
+      }
+    };
     while (done < in_.steps) {
       const Plan& plan = phase_.plan;
       const int64_t round = std::min<int64_t>(plan.local->inner_steps, in_.steps - done);
-      std::vector<double> next(clock.size());
+      std::vector<double> next(clock.size()), ends(clock.size()), works(clock.size());
+      std::vector<bool> held_now(clock.size(), false);
+      std::vector<int64_t> samples_now(clock.size(), 0);
       int failed = -1;
       double fail_from = 0;
       for (size_t g = 0; g < clock.size(); ++g) {
         const StepParts& p = parts(clock[g]);
-        const double work =
-            static_cast<double>(batches_in_round(plan, static_cast<int>(g), round)) * p.group_steps[g];
+        const int64_t batches = batches_in_round(plan, static_cast<int>(g), round);
+        const double work = static_cast<double>(batches) * p.group_steps[g];
+        // Each inner step is one whole global batch (plan.h's LocalSync).
+        samples_now[g] = batches * plan.global_batch;
         double end = clock[g] + work;
         for (int r : group_ranks(plan, static_cast<int>(g))) end = std::max(end, held_end(r, clock[g], work));
         if (const int f = failure_before(end); f >= 0 && (failed < 0 || events_[static_cast<size_t>(f)].at_s <
@@ -442,15 +548,38 @@ class Play {
           failed = f;
           fail_from = clock[g];
         }
+        held_now[g] = (end > clock[g] + work && !same_time(end, clock[g] + work)) ||
+                      (batches > 0 && p.group_steps[g] > p.plain_group_steps[g] &&
+                       !same_time(p.group_steps[g], p.plain_group_steps[g]));
+        ends[g] = end;
+        works[g] = clock[g] + work;
         next[g] = std::max(end, exchange_ready) + p.round_extra;
       }
       if (failed >= 0) {
+        const double at = std::max(events_[static_cast<size_t>(failed)].at_s, fail_from);
+        for (size_t g = 0; g < clock.size(); ++g) span(static_cast<int>(g), clock[g], at, WhatIfSpanKind::work);
         const double go_on = restart(failed, fail_from, since, done, checkpoint);
         since = exchange_ready = go_on;
         clock.assign(phase_.plan.local->groups.size(), go_on);
+        late.assign(clock.size(), false);
+        round_samples.assign(clock.size(), 0);
         continue;
       }
+      count_waits(ends, clock);
+      // The inner steps, the hold, the wait, the outer pass. A wait for a group late by an
+      // event is drawn as one; the waits of the plan's own imbalance are part of its rounds.
+      const bool event_wait = std::find(waited_for.begin(), waited_for.end(), true) != waited_for.end();
+      for (size_t g = 0; g < clock.size(); ++g) {
+        const int lane = static_cast<int>(g);
+        const double ready = std::max(ends[g], exchange_ready);
+        span(lane, clock[g], works[g], WhatIfSpanKind::work);
+        span(lane, works[g], ends[g], WhatIfSpanKind::held);
+        span(lane, ends[g], ready, event_wait ? WhatIfSpanKind::waiting : WhatIfSpanKind::work);
+        span(lane, ready, next[g], WhatIfSpanKind::work);
+      }
+      for (size_t g = 0; g < clock.size(); ++g) late[g] = held_now[g] || (late[g] && !waited_for[g]);
       clock = next;
+      round_samples = samples_now;
       exchange_ready = *std::max_element(clock.begin(), clock.end());
       const int64_t before = done;
       done += round;
@@ -462,9 +591,17 @@ class Play {
         if (go_on != exchange_ready) {
           since = exchange_ready = go_on;
           clock.assign(phase_.plan.local->groups.size(), go_on);
+          late.assign(clock.size(), false);
+          round_samples.assign(clock.size(), 0);
         }
       }
     }
+    // The final flush waits for every group's last round.
+    count_waits(clock, clock);
+    if (out_.rounds_waited_for > 0)
+      out_.notes.push_back(std::to_string(out_.rounds_waited_for) + " group rounds held by an event were waited for at " +
+                           "the exchange (" + std::to_string(out_.samples_waited_for) +
+                           " samples, applied late in time, not in rounds)");
     finish(exchange_ready, in_.steps * in_.planner.global_batch);
   }
 
@@ -475,6 +612,8 @@ class Play {
   std::vector<bool> used_;
   std::map<std::string, StepParts> cache_;
   int joined_ = 0;
+  bool record_ = false;   // the timeline: only for the play with the events
+  std::vector<int> last_;  // per lane, its last span in out_.timeline (-1: none)
   PolicyOutcome out_;
 };
 

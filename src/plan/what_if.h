@@ -14,8 +14,14 @@
 //    restarts after kRestartSeconds from the newest checkpoint (checkpoint.every; step 0
 //    without one) on the ranks left, re-planned, and the steps since that checkpoint are
 //    the work lost.
-//  - deadline: a step's budget is (1 + deadline_slack) x the step predicted for the
-//    cluster's state (links included, slow factors and stalls not). A rank whose part
+//  - deadline: a step's budget adapts as comm/deadline_reduce's leader adapts it: the
+//    plan's predicted step x (1 + deadline_slack) until kDeadlineMinMeasured steps have
+//    closed, then (1 + deadline_slack) x the median (the upper one of an even count) of
+//    the latest arrival of the last kDeadlineMedianOf + 1 closed steps; a step's latest
+//    arrival is the latest part of any rank heard from, late ones included (a slow rank
+//    sends after the close; a stalled one sends when it resumes, counted when that step is
+//    still in the window). So a slow rank's late parts raise the budget until it arrives
+//    in time. A rank whose part
 //    (its compute x factor, plus the step's common tail after the slowest compute: the
 //    reduction) does not arrive by the budget is left out, its samples dropped. The step
 //    closes at its budget while a late rank is still waited for (a slow one always: it
@@ -29,7 +35,13 @@
 //    the exchange of the round before, so for every group to have ended that round. A
 //    stall holds its group only, and the others wait at the round end after the next.
 //    A failure restarts the job as under sync (the groups' outer exchange spans every
-//    rank), re-planned as a local plan.
+//    rank), re-planned as a local plan. No sample is dropped and none is staler than the
+//    one round the design delays every group's progress: runtime/local_sync's exchange
+//    finishes (blocking, within parallel.peer_timeout_s) before a round's outer step, so a
+//    late group is waited for rather than left out. What the outcome counts instead are the
+//    samples waited for: those of a round held by an event (a stall in it, or a slow
+//    factor on its group) that ended after another group had ended its next round, so
+//    that group waited at the exchange for it (or at the job's final flush).
 //  - link (ranks=A-B): from its time on, the link between ranks A and B has the given
 //    one-way latency and bandwidth both ways, and every step is re-simulated on that
 //    cluster (the all-reduce and pipeline transfers that cross it change).
@@ -63,6 +75,10 @@ namespace ht::plan {
 inline constexpr double kRestartSeconds = 30;
 // Steps a deadline leader still waits for a member it has heard nothing from.
 inline constexpr int kDeadlineWaitedSteps = 2;
+// comm/deadline_reduce's budget: the median over the last kDeadlineMedianOf + 1 closed
+// steps' latest arrivals, once kDeadlineMinMeasured have closed.
+inline constexpr int kDeadlineMedianOf = 9;
+inline constexpr int kDeadlineMinMeasured = 3;
 inline constexpr int64_t kDefaultWhatIfSteps = 1000;
 // Local plans are searched per rank and group (plan/local_plan.h): beyond this world the
 // search takes minutes, so what-if refuses local there.
@@ -110,6 +126,24 @@ struct WhatIfInput {
   std::vector<WhatIfEvent> events;
 };
 
+// The played job's timeline, for the picture (report/what_if_svg.h): spans on lanes (sync
+// and deadline: one, the job; local: one per group), consecutive spans of one kind on a
+// lane merged, so that its size follows what happened, not the steps or the ranks.
+enum class WhatIfSpanKind {
+  work,     // steps (or rounds) as planned, slow factors and link changes included
+  held,     // a step or round held past its length by a stall
+  waiting,  // local: a group waiting at the exchange for a group late by an event
+  short_step,  // deadline: steps closed without every rank
+  restart,  // the restart after a failure or for a join (kRestartSeconds)
+  lost,     // work redone after a failure (drawn over the spans it covers)
+};
+
+struct WhatIfSpan {
+  double start = 0, end = 0;
+  int lane = 0;
+  WhatIfSpanKind kind = WhatIfSpanKind::work;
+};
+
 struct PolicyOutcome {
   config::SyncPolicy policy = config::SyncPolicy::sync;
   std::string refused;          // non-empty: the policy was not simulated, and why
@@ -119,10 +153,14 @@ struct PolicyOutcome {
   double lost_seconds = 0;      // seconds - baseline_seconds
   double samples_per_s = 0;     // samples trained (dropped ones not) over seconds
   int64_t samples_dropped = 0;  // deadline: contributions left out
+  int64_t samples_waited_for = 0;  // local: see above
+  int64_t rounds_waited_for = 0;   // local: the rounds those samples were taken in
   int64_t steps_closed_short = 0;  // deadline: steps closed without every rank
   int64_t work_lost_steps = 0;     // steps redone after restarts
   double work_lost_seconds = 0;    // the time those steps and the restarts took
   std::vector<std::string> notes;  // what happened, in order (restarts, joins, ...)
+  std::vector<std::string> lanes;  // the timeline's lanes, named
+  std::vector<WhatIfSpan> timeline;  // in time order per lane
 };
 
 struct WhatIfResult {

@@ -20,7 +20,7 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
                   rate.c_str(), seconds.c_str(), lost.c_str(), dropped.c_str(), short_steps.c_str(), work.c_str());
     return std::string(line);
   };
-  out += row("policy", "step", "samples/s", "time to N steps", "lost to events", "samples dropped", "closed short",
+  out += row("policy", "step", "samples/s", "time to N steps", "lost to events", "dropped/waited", "closed short",
              "work lost");
   for (const plan::PolicyOutcome& p : result.policies) {
     const std::string name = config::to_string(p.policy);
@@ -29,8 +29,11 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
       continue;
     }
     const bool deadline = p.policy == config::SyncPolicy::deadline;
+    const std::string dropped = deadline                                  ? std::to_string(p.samples_dropped)
+                                : p.policy == config::SyncPolicy::local ? std::to_string(p.samples_waited_for) + " w"
+                                                                          : "-";
     out += row(name, format_seconds(p.step_seconds), number("%.1f", p.samples_per_s), format_seconds(p.seconds),
-               format_seconds(p.lost_seconds), deadline ? std::to_string(p.samples_dropped) : "-",
+               format_seconds(p.lost_seconds), dropped,
                deadline ? std::to_string(p.steps_closed_short) : "-",
                p.work_lost_steps > 0 || p.work_lost_seconds > 0
                    ? std::to_string(p.work_lost_steps) + " steps, " + format_seconds(p.work_lost_seconds)
@@ -42,7 +45,9 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
     for (const std::string& n : p.notes) out += "  " + name + ": " + n + "\n";
   }
   out += "  (a restart, after a failure or for a join, is assumed to take " + format_seconds(plan::kRestartSeconds) +
-         "; local drops no samples: a group's steps start from weights a round stale by design)\n";
+         "; dropped/waited: deadline's samples left out; local drops none and applies none staler than the "
+         "round its design delays every group's progress: its exchange waits, and 'N w' counts the samples of rounds "
+         "held by an event that another group waited for)\n";
   return out;
 }
 

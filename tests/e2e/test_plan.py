@@ -262,6 +262,7 @@ def what_if(tmp):
     check("--what-if stall: deadline loses at most 3 half-steps and closes steps short",
           deadline_lost is not None and 0 <= deadline_lost <= 1.5 * deadline_step
           and int(cols["deadline"][6]) > 0, rows)
+    what_if_svg(tmp)
     bad = [
         ("stall:rank=1,at=5", "--what-if stall:rank=1,at=5: missing for"),
         ("stall:rank=9,at=5,for=5", "rank 9 is not in the cluster; expected 0 to 3"),
@@ -271,6 +272,44 @@ def what_if(tmp):
         r = plan(CNN, "--cluster", RATES_4211, "--what-if", spec)
         check(f"--what-if {spec}: exit 2 naming the problem", r.returncode == 2 and expected in r.stderr
               and "what if, over" not in r.stdout, r.stderr[-800:])
+
+
+def what_if_svg(tmp):
+    """--what-if with --svg: the played jobs' picture, each event's mark at its time's x on
+    the axis from 0 to the longest job (the table's largest time to N steps; x = 190 + 760
+    t / end, report/what_if_svg.h); a path that cannot be written is refused by name."""
+    svg = os.path.join(tmp, "what-if.svg")
+    events = ["stall:rank=1,at=5,for=5", "slow:rank=3,at=40,factor=2", "fail:rank=2,at=90",
+              "link:ranks=0-1,at=120,latency=2,bandwidth=100"]
+    r = plan(CNN, "--cluster", RATES_4211, "--svg", svg, *[a for e in events for a in ("--what-if", e)])
+    check("--what-if --svg: exit 0, the picture written", r.returncode == 0 and os.path.exists(svg)
+          and f"what-if timeline written to {svg}" in r.stdout, r.stdout[-1500:] + r.stderr[-1500:])
+    if r.returncode != 0 or not os.path.exists(svg):
+        return
+    scale = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}
+    ends = []
+    table = r.stdout[r.stdout.find("what if, over"):]
+    for m in re.finditer(r"^(sync|deadline|local) +\S.*$", table, re.M):
+        cols = re.split(r" {2,}", m.group(0))
+        value, unit = cols[3].split(" ")
+        ends.append(float(value) * scale[unit])
+    end = max(ends)
+    text = open(svg).read()
+    marks = {int(m.group(2)): (m.group(1), float(m.group(3))) for m in
+             re.finditer(r'<line class="event-mark (\w+)" data-event="(\d+)" x1="([0-9.]+)"', text)}
+    expected = {i: (e.split(":")[0], 190 + 760 * float(re.search(r"at=([0-9.]+)", e).group(1)) / end)
+                for i, e in enumerate(events)}
+    # The table's times have 2 decimals (5 significant digits): x moves by far less than 0.05 px.
+    check("--what-if --svg: every event marked, of its kind, at its time's x",
+          sorted(marks) == sorted(expected) and all(marks[i][0] == expected[i][0]
+                                                    and abs(marks[i][1] - expected[i][1]) < 0.05 for i in expected),
+          f"marks {marks}, expected {expected}")
+    check("--what-if --svg: a band per policy and a legend",
+          all(f'data-policy="{p}"' in text for p in ("sync", "deadline", "local")) and 'class="legend"' in text, text[:800])
+    bad = os.path.join(tmp, "no-such-dir", "x.svg")
+    r = plan(CNN, "--cluster", RATES_4211, "--svg", bad, "--what-if", events[0])
+    check("--what-if --svg into a missing directory: nonzero exit naming the file",
+          r.returncode != 0 and f"cannot write what-if timeline {bad}" in r.stderr, r.stderr[-800:])
 
 
 def main():
