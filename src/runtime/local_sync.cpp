@@ -58,6 +58,7 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
   for (const plan::RankPlan& rp : plan.ranks) weights_.push_back(plan::round_weight(plan, rp.rank));
   outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
+  resplit_ = cfg.rebalance_every > 0;
   stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())});
   window_inner_.assign(plan.local->groups.size(), 0.0);
   window_pass_.assign(plan.local->groups.size(), 0.0);
@@ -244,7 +245,7 @@ void LocalSync::start_round() {
   st[2 * world_rank_ + 1] = static_cast<float>(pass_s_);
   inner_s_ = 0;
   partial_ = false;
-  start_exchange(true);
+  start_exchange(resplit_);
 }
 
 void LocalSync::flush() {

@@ -33,7 +33,9 @@
 // the round that ends the groups together at the measured speeds where it pays. The new
 // split applies from the next round on every rank at once (take_resplit hands it to the
 // trainer, which steps by it); rounds measured under the old split, and partial rounds
-// after a flush, are not counted.
+// after a flush, are not counted. Only with parallel.rebalance_every above 0 (the
+// setting that lets a synchronous job rebalance; 0 keeps the plan's split, and a run's
+// trajectory with it).
 //
 // flush() (collective) closes everything at once: it finishes the exchange in flight and
 // steps, exchanges the current partial round's deltas (weighed by the samples each group
@@ -131,6 +133,7 @@ class LocalSync {
   std::unique_ptr<comm::OverlappedAllreduce> exchange_;  // in flight
   std::unique_ptr<comm::OverlappedAllreduce> draining_;  // finished; its sums still going out
   // Measured rounds (see above).
+  bool resplit_ = false;          // parallel.rebalance_every > 0: the exchange carries stats_
   Tensor stats_;                  // (2 x world): inner seconds, pass seconds, per rank
   bool stats_in_flight_ = false;  // the exchange in flight carries stats_
   double inner_s_ = 0;            // this rank's inner steps in the round so far

@@ -100,8 +100,15 @@ def main():
     # planned with the most, ends with fewer than rank 1, alone in its group on an equal
     # core (so the injected factor decides the order whatever the load; the two-rank
     # group's time depends on how its all-reduce shares the cores, so it is not compared).
+    # (parallel.rebalance_every above 0 lets the rounds re-split; the other runs here
+    # keep the plan's split at 0.)
+    resplit_cfg = load(cfg)
+    resplit_cfg["parallel"]["rebalance_every"] = 10
+    resplit_path = os.path.join(scratch, "mlp-resplit.json")
+    with open(resplit_path, "w") as f:
+        json.dump(resplit_cfg, f)
     slow_dir = os.path.join(scratch, "slow0")
-    s = mpirun(HETRAIN, 4, ["train", cfg, "--plan", planned, "--run-dir", slow_dir, "--steps", "60",
+    s = mpirun(HETRAIN, 4, ["train", resplit_path, "--plan", planned, "--run-dir", slow_dir, "--steps", "60",
                             "--inject", "slow:rank=0,at=1,factor=4"], timeout=300)
     check("4 ranks train with rank 0 slowed 4x", s.returncode == 0, s.stderr[-3000:])
     if s.returncode == 0:
@@ -112,6 +119,8 @@ def main():
               [(r["step"], r["round_samples_before"], r["round_samples"]) for r in splits])
         check("the re-split is said in the progress output", "re-split from their measured speed" in s.stdout,
               s.stdout[-2000:])
+    check("with parallel.rebalance_every 0 the rounds keep the plan's split",
+          not [r for r in records(run_dir) if r["type"] == "local_resplit"], run_dir)
 
     # The first two ranks of the fixed cluster: a plan that does not depend on this host's load.
     two = load(CLUSTER)
