@@ -503,6 +503,13 @@ class Play {
         t = went_on;
       }
     }
+    // The job's end is collective (comm/deadline_reduce's finish hears from every member):
+    // a rank still stopped then is waited for, and caught up at no charge.
+    for (const WhatIfEvent& e : events_) {
+      const int r = phase_.index_of(e.rank);
+      if (e.kind == WhatIfKind::stall && e.at_s < t && r >= 0 && active(r) && !failed[static_cast<size_t>(r)])
+        t = std::max(t, e.at_s + e.for_s);
+    }
     out_.samples_dropped = dropped;
     finish(t, in_.steps * in_.planner.global_batch - dropped);
   }

@@ -21,7 +21,8 @@
 //    arrival is the latest part of any rank heard from, late ones included (a slow rank
 //    sends after the close; a stalled one sends when it resumes, counted when that step is
 //    still in the window). So a slow rank's late parts raise the budget until it arrives
-//    in time. A rank whose part
+//    in time. The job's end waits for a rank still stopped then (its finish is collective).
+//    A rank whose part
 //    (its compute x factor, plus the step's common tail after the slowest compute: the
 //    reduction) does not arrive by the budget is left out, its samples dropped. The step
 //    closes at its budget while a late rank is still waited for (a slow one always: it

@@ -490,3 +490,12 @@ TEST_CASE("what-if picture: spans narrower than a pixel are drawn as a few, at m
   // Each width is written to 2 decimals: off by at most 0.005 px each.
   CHECK(std::abs(covered - ht::report::kWhatIfPlotWidth) <= 0.005 * static_cast<double>(n) + 1e-6);
 }
+
+TEST_CASE("deadline: a stall that outlasts the job holds its end, which hears from every rank") {
+  WhatIfInput in = four_equal(20, {});
+  const double step = plan_for_policy(in.planner, Policy::deadline, 0).predicted.step_seconds;
+  in.events = {parse_what_if_event("stall:rank=1,at=" + std::to_string(5.5 * step) + ",for=" + std::to_string(100 * step))};
+  const PolicyOutcome deadline = outcome(run_what_if(in), Policy::deadline);
+  REQUIRE(deadline.refused.empty());
+  CHECK(deadline.seconds == doctest::Approx(in.events[0].at_s + in.events[0].for_s));
+}
