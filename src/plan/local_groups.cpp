@@ -3,6 +3,7 @@
 // sets H, the H_g and the prediction.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -22,36 +23,42 @@ std::vector<int64_t> shares_by_speed(int64_t samples, const std::vector<double>&
   return split_batch(samples, caps);
 }
 
-// A data-parallel plan over `ranks` (world ranks of `data`) alone, renumbered, taking
-// `samples` split by the ranks' speeds; each rank keeps its replica's micro-batches
-// and recomputation from `data`.
-Plan sub_plan(const Plan& data, const BlockCosts& sub_costs, const std::vector<int>& ranks,
-              const std::vector<int64_t>& shares) {
-  Plan p;
-  p.config_name = data.config_name;
-  p.config_hash = data.config_hash;
-  p.cluster_source = data.cluster_source;
-  p.world_size = static_cast<int>(ranks.size());
-  p.blocks = data.blocks;
+// The data-parallel plan of `data` with only `ranks` (world ranks) in it, one replica
+// each, taking `shares`, the other ranks idle: a group's synchronous step, priced on the
+// world's cluster and tiers as they are (a group's own renumbered cluster would copy its
+// link matrices, hundreds of MB at thousands of ranks). Each rank keeps its replica's
+// micro-batches and recomputation from `data`.
+Plan group_only(const Plan& data, const BlockCosts& costs, const std::vector<int>& ranks,
+                const std::vector<int64_t>& shares) {
+  Plan p = data;
   p.global_batch = std::accumulate(shares.begin(), shares.end(), int64_t{0});
   p.strategy = Strategy::data;
-  p.stage_ranges = data.stage_ranges;
+  p.layout = PipelineLayout{};
+  p.layout.reduce_owner = -1;
   const bool recompute = !data.layout.recompute.empty();
+  for (RankPlan& rp : p.ranks) {
+    rp.replica = rp.stage = -1;
+    rp.samples = 0;
+    rp.memory = {};
+    rp.busy_fraction = 0;
+  }
   for (size_t i = 0; i < ranks.size(); ++i) {
-    RankPlan rp = data.ranks[static_cast<size_t>(ranks[i])];
-    const auto r = static_cast<size_t>(rp.replica);
-    p.layout.replicas.push_back({static_cast<int>(i)});
+    const RankPlan& old = data.ranks[static_cast<size_t>(ranks[i])];
+    const auto r = static_cast<size_t>(old.replica);
+    p.layout.replicas.push_back({ranks[i]});
     p.layout.samples.push_back(shares[i]);
     p.layout.micro_batches.push_back(static_cast<int>(std::min<int64_t>(data.layout.micro_batches[r], shares[i])));
     if (recompute) p.layout.recompute.push_back(data.layout.recompute[r]);
-    rp.rank = static_cast<int>(i);
+    RankPlan& rp = p.ranks[static_cast<size_t>(ranks[i])];
     rp.replica = static_cast<int>(i);
     rp.stage = 0;
     rp.optimizer_shard = 1;
-    p.ranks.push_back(rp);
   }
   sync_rank_shares(p);
-  for (RankPlan& rp : p.ranks) rp.memory = rank_memory(p, sub_costs, rp);
+  for (const int r : ranks) {
+    RankPlan& rp = p.ranks[static_cast<size_t>(r)];
+    rp.memory = rank_memory(p, costs, rp);
+  }
   return p;
 }
 
@@ -62,14 +69,11 @@ std::vector<double> speeds_of(const BlockCosts& costs, const std::vector<int>& r
 }
 
 // Predicted samples/s of `ranks` as one synchronous group taking `samples` a step.
-double group_throughput(const LocalPlanInput& in, const std::vector<int>& ranks, int64_t samples) {
+double group_throughput(const LocalPlanInput& in, const LinkTiers& tiers, const std::vector<int>& ranks,
+                        int64_t samples) {
   if (samples < static_cast<int64_t>(ranks.size())) return 0;
-  const BlockCosts costs = costs_of(in.costs, ranks);
-  const ClusterModel cluster = cluster_of(in.cluster, ranks);
-  std::vector<int> local(ranks.size());
-  std::iota(local.begin(), local.end(), 0);
-  Plan p = sub_plan(in.data_plan, costs, ranks, shares_by_speed(samples, speeds_of(costs, local)));
-  predict_plan(p, costs, cluster);
+  Plan p = group_only(in.data_plan, in.costs, ranks, shares_by_speed(samples, speeds_of(in.costs, ranks)));
+  predict_plan(p, in.costs, in.cluster, {}, &tiers);
   return p.predicted.samples_per_s;
 }
 
@@ -82,8 +86,9 @@ int64_t nominal_share(const LocalPlanInput& in, const std::vector<int>& ranks, d
 
 
 // The local plan over the fastest `used` ranks (`order`: every rank, fastest first), the
-// others idle.
-LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order) {
+// others idle. `classes`: cost_classes of every rank; `tiers`: the cluster's link tiers.
+LocalPlanResult local_plan_over(const LocalPlanInput& in, const LinkTiers& tiers, const std::vector<int>& classes,
+                                std::vector<int> order) {
   LocalPlanResult out;
   const Plan& data = in.data_plan;
   if (data.stage_ranges.size() != 1 || data.world_size != static_cast<int>(in.cluster.ranks.size()) ||
@@ -105,27 +110,63 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, std::vector<int> order
   }
   double total_speed = 0;
   for (int r : order) total_speed += replica_samples_per_s(in.costs, r);
+  // Ranks are taken fastest first, a class's run of them at once: ranks of one class
+  // (cost_classes) see the same links and costs, so each would make the choice the first
+  // made. The run joins the existing group that keeps kGroupEfficiency of the two sides'
+  // summed throughputs with all of it (and is fastest so), else forms a group of its
+  // own if that keeps kGroupEfficiency of its ranks alone, else each of its ranks steps
+  // alone. A run of one rank is the rank-by-rank search: a rank joins the best group that
+  // it keeps efficient, or steps alone.
   std::vector<std::vector<int>> groups;
-  std::vector<double> throughput;  // per group, at its nominal share
-  for (int r : order) {
-    const double alone = group_throughput(in, {r}, nominal_share(in, {r}, total_speed));
+  std::vector<double> throughput;                 // per group, at its nominal share
+  std::vector<std::map<int, size_t>> made_of;     // per group: ranks per class
+  for (size_t begin = 0; begin < order.size();) {
+    size_t end = begin + 1;
+    while (end < order.size() && classes[static_cast<size_t>(order[end])] == classes[static_cast<size_t>(order[begin])])
+      ++end;
+    const std::vector<int> run(order.begin() + static_cast<long>(begin), order.begin() + static_cast<long>(end));
+    begin = end;
+    const double alone = group_throughput(in, tiers, {run[0]}, nominal_share(in, {run[0]}, total_speed));
+    const double run_alone = static_cast<double>(run.size()) * alone;
     int best = -1;
     double best_tput = 0;
+    // Groups of the same classes in the same counts (the ranks of a class that each
+    // stepped alone) joined by the run predict the same: once each.
+    std::map<std::map<int, size_t>, double> joined_tput;
     for (size_t g = 0; g < groups.size(); ++g) {
-      std::vector<int> joined = groups[g];
-      joined.push_back(r);
-      const double t = group_throughput(in, joined, nominal_share(in, joined, total_speed));
-      if (t >= kGroupEfficiency * (throughput[g] + alone) && t > best_tput) {
+      auto [known, fresh] = joined_tput.try_emplace(made_of[g], 0.0);
+      if (fresh) {
+        std::vector<int> joined = groups[g];
+        joined.insert(joined.end(), run.begin(), run.end());
+        known->second = group_throughput(in, tiers, joined, nominal_share(in, joined, total_speed));
+      }
+      const double t = known->second;
+      if (t >= kGroupEfficiency * (throughput[g] + run_alone) && t > best_tput) {
         best = static_cast<int>(g);
         best_tput = t;
       }
     }
+    const int klass = classes[static_cast<size_t>(run[0])];
     if (best >= 0) {
-      groups[static_cast<size_t>(best)].push_back(r);
+      auto& g = groups[static_cast<size_t>(best)];
+      g.insert(g.end(), run.begin(), run.end());
       throughput[static_cast<size_t>(best)] = best_tput;
-    } else {
+      made_of[static_cast<size_t>(best)][klass] += run.size();
+      continue;
+    }
+    if (run.size() > 1) {
+      const double t = group_throughput(in, tiers, run, nominal_share(in, run, total_speed));
+      if (t >= kGroupEfficiency * run_alone) {
+        groups.push_back(run);
+        throughput.push_back(t);
+        made_of.push_back({{klass, run.size()}});
+        continue;
+      }
+    }
+    for (int r : run) {
       groups.push_back({r});
       throughput.push_back(alone);
+      made_of.push_back({{klass, 1}});
     }
   }
   Plan p = data;
@@ -188,12 +229,22 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in) {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return replica_samples_per_s(in.costs, a) > replica_samples_per_s(in.costs, b);
   });
+  const LinkTiers tiers = link_tiers(in.cluster);
+  const std::vector<int> classes = cost_classes(in.cluster, in.costs, tiers);
   // As the synchronous planner does: every rank, unless fewer (the fastest ones, at least
   // two) are predicted kIdleGain faster. A rank whose one-sample step outlasts the
-  // others' whole share holds every round back, whatever share it gets.
+  // others' whole share holds every round back, whatever share it gets. Ranks of one
+  // class are used or left idle together: the counts tried end at a class boundary of
+  // the speed order.
+  std::vector<size_t> counts;
+  for (size_t used = order.size(); used >= 2; --used)
+    if (used == order.size() ||
+        classes[static_cast<size_t>(order[used])] != classes[static_cast<size_t>(order[used - 1])])
+      counts.push_back(used);
   LocalPlanResult best;
-  for (size_t used = order.size(); used >= 2; --used) {
-    LocalPlanResult r = local_plan_over(in, std::vector<int>(order.begin(), order.begin() + static_cast<long>(used)));
+  for (size_t used : counts) {
+    LocalPlanResult r =
+        local_plan_over(in, tiers, classes, std::vector<int>(order.begin(), order.begin() + static_cast<long>(used)));
     if (!r.plan) {
       if (!best.plan && best.problem.empty()) best.problem = r.problem;
       continue;

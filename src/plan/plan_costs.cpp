@@ -21,21 +21,23 @@ double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
 
 // Stage s's all-reduce under the layout's reduce_parts, or its optimiser shards.
 AllreduceRounds stage_reduce_rounds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs,
-                                    const ClusterModel& cluster, size_t s) {
+                                    const ClusterModel& cluster, size_t s, const LinkTiers* tiers) {
   std::vector<int> group;
   for (const auto& replica : layout.replicas) group.push_back(replica[s]);
   const auto [begin, end] = plan.stage_ranges[s];
   const double params = stage_footprint(costs, begin, end).params;
-  return weighted_allreduce_rounds(cluster, group, stage_reduce_parts(plan, layout, s), params * kGradBytesPerParam);
+  return weighted_allreduce_rounds(cluster, group, stage_reduce_parts(plan, layout, s), params * kGradBytesPerParam,
+                                   tiers);
 }
 
 double stage_reduce_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs,
-                            const ClusterModel& cluster, size_t s) {
+                            const ClusterModel& cluster, size_t s, const LinkTiers* tiers) {
   std::vector<int> group;
   for (const auto& replica : layout.replicas) group.push_back(replica[s]);
   const auto [begin, end] = plan.stage_ranges[s];
   const double params = stage_footprint(costs, begin, end).params;
-  return weighted_allreduce_seconds(cluster, group, stage_reduce_parts(plan, layout, s), params * kGradBytesPerParam);
+  return weighted_allreduce_seconds(cluster, group, stage_reduce_parts(plan, layout, s), params * kGradBytesPerParam,
+                                    tiers);
 }
 
 // One round's link time (latency and the slowest member's transfer), the owners' longest
@@ -44,9 +46,114 @@ struct AllreduceTerms {
   double round = 0, owner_wake = 0, any_wake = 0;
 };
 AllreduceTerms allreduce_terms(const ClusterModel& cluster, const std::vector<int>& group,
-                               const std::vector<double>& parts, double bytes);
+                               const std::vector<double>& parts, double bytes, const LinkTiers* tiers);
 
 }  // namespace
+
+LinkTiers link_tiers(const ClusterModel& cluster) {
+  std::vector<int> all(cluster.ranks.size());
+  std::iota(all.begin(), all.end(), 0);
+  return link_tiers(cluster, all);
+}
+
+LinkTiers link_tiers(const ClusterModel& cluster, const std::vector<int>& ranks) {
+  const size_t m = ranks.size();
+  const auto& lat = cluster.latency_s;
+  const auto& bw = cluster.bandwidth_bytes_per_s;
+  HT_CHECK(lat.size() == cluster.ranks.size() && bw.size() == cluster.ranks.size(), "link_tiers: ",
+           cluster.ranks.size(), " ranks but link matrices of ", lat.size(), " and ", bw.size(),
+           " rows; expected one row per rank");
+  LinkTiers t;
+  t.tier.assign(m, -1);
+  // Symmetric matrices make a rank's column its row, so that comparing rows is enough;
+  // checked in tiles, since a column is a strided read.
+  constexpr size_t kTile = 64;
+  bool symmetric = true;
+  for (size_t a0 = 0; a0 < m && symmetric; a0 += kTile)
+    for (size_t b0 = a0; b0 < m && symmetric; b0 += kTile)
+      for (size_t a = a0; a < std::min(m, a0 + kTile); ++a) {
+        const auto ra = static_cast<size_t>(ranks[a]);
+        for (size_t b = std::max(b0, a + 1); b < std::min(m, b0 + kTile); ++b) {
+          const auto rb = static_cast<size_t>(ranks[b]);
+          if (lat[ra][rb] != lat[rb][ra] || bw[ra][rb] != bw[rb][ra]) symmetric = false;
+        }
+      }
+  std::vector<size_t> first_at;  // [tier] the position of its first rank
+  auto same_row = [&](size_t p, size_t f) {
+    const auto rp = static_cast<size_t>(ranks[p]), rf = static_cast<size_t>(ranks[f]);
+    const std::vector<double>&lp = lat[rp], &lf = lat[rf], &bp = bw[rp], &bf = bw[rf];
+    for (size_t q = 0; q < m; ++q) {
+      if (q == p || q == f) continue;
+      const auto rq = static_cast<size_t>(ranks[q]);
+      if (lp[rq] != lf[rq] || bp[rq] != bf[rq]) return false;
+    }
+    return true;
+  };
+  for (size_t p = 0; p < m; ++p) {
+    for (size_t k = 0; symmetric && k < first_at.size(); ++k)
+      if (same_row(p, first_at[k])) {
+        t.tier[p] = static_cast<int>(k);
+        if (t.second[k] < 0) t.second[k] = ranks[p];
+        break;
+      }
+    if (t.tier[p] >= 0) continue;
+    t.tier[p] = static_cast<int>(first_at.size());
+    first_at.push_back(p);
+    t.first.push_back(ranks[p]);
+    t.second.push_back(-1);
+  }
+  return t;
+}
+
+namespace {
+
+// Whether ranks a and b are alike as devices, in their DeviceModel and profile rows:
+// device_classes of the two alone, where their links tell nothing.
+bool alike_devices(const ClusterModel& c, int a, int b) {
+  ClusterModel two;
+  two.ranks = {c.ranks[static_cast<size_t>(a)], c.ranks[static_cast<size_t>(b)]};
+  two.latency_s = {{0, 1}, {1, 0}};
+  two.bandwidth_bytes_per_s = {{0, 1}, {1, 0}};
+  auto rows = [&](const std::vector<std::vector<double>>& t) {  // an absent row as an empty one
+    auto row = [&](int r) {
+      return static_cast<size_t>(r) < t.size() ? t[static_cast<size_t>(r)] : std::vector<double>{};
+    };
+    return std::vector<std::vector<double>>{row(a), row(b)};
+  };
+  two.block_seconds = rows(c.block_seconds);
+  two.block_step_seconds = rows(c.block_step_seconds);
+  two.block_call_seconds = rows(c.block_call_seconds);
+  return device_classes(two).size() == 1;
+}
+
+}  // namespace
+
+std::vector<int> cost_classes(const ClusterModel& cluster, const BlockCosts& costs, const LinkTiers& tiers) {
+  const size_t n = cluster.ranks.size();
+  HT_CHECK(tiers.tier.size() == n && costs.seconds_per_sample.size() == n, "cost_classes: ", n,
+           " ranks, link tiers of ", tiers.tier.size(), " and block costs of ", costs.seconds_per_sample.size(),
+           "; expected one each per rank");
+  auto same_costs = [&](size_t a, size_t b) {
+    return costs.seconds_per_sample[a] == costs.seconds_per_sample[b] && costs.call_seconds[a] == costs.call_seconds[b] &&
+           costs.step_seconds[a] == costs.step_seconds[b] &&
+           comm_overhead_seconds(costs, a) == comm_overhead_seconds(costs, b);
+  };
+  std::vector<int> out(n, -1), first;  // first: [class] its lowest rank
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t k = 0; k < first.size(); ++k) {
+      const auto f = static_cast<size_t>(first[k]);
+      if (tiers.tier[f] == tiers.tier[r] && same_costs(f, r) && alike_devices(cluster, first[k], static_cast<int>(r))) {
+        out[r] = static_cast<int>(k);
+        break;
+      }
+    }
+    if (out[r] < 0) {
+      out[r] = static_cast<int>(first.size());
+      first.push_back(static_cast<int>(r));
+    }
+  }
+  return out;
+}
 
 double wake_seconds(const DeviceModel& d) {
   if (d.cpu_quota <= 0 || d.cpu_quota >= 1) return 0;
@@ -54,45 +161,92 @@ double wake_seconds(const DeviceModel& d) {
 }
 
 double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
-                                  const std::vector<double>& parts, double bytes) {
-  const AllreduceTerms t = allreduce_terms(cluster, group, parts, bytes);
+                                  const std::vector<double>& parts, double bytes, const LinkTiers* tiers) {
+  const AllreduceTerms t = allreduce_terms(cluster, group, parts, bytes, tiers);
   return 2 * t.round + t.owner_wake + t.any_wake;
 }
 
 AllreduceRounds weighted_allreduce_rounds(const ClusterModel& cluster, const std::vector<int>& group,
-                                          const std::vector<double>& parts, double bytes) {
-  const AllreduceTerms t = allreduce_terms(cluster, group, parts, bytes);
+                                          const std::vector<double>& parts, double bytes, const LinkTiers* tiers) {
+  const AllreduceTerms t = allreduce_terms(cluster, group, parts, bytes, tiers);
   return {t.round + t.owner_wake, t.round + t.any_wake};
 }
 
 namespace {
 
+// Member i exchanges with every other member when it owns a part, else with the owners
+// only (two non-owners never talk); it moves max(1 - f_i, (n - 1) f_i) x bytes over the
+// slowest of those links, and the round takes the worst latency among them. Members of
+// one tier with the same ownership see the same links, so the slowest link and worst
+// latency are found per (tier, owner or not) from the members' counts per tier, and
+// only the bytes moved are per member.
 AllreduceTerms allreduce_terms(const ClusterModel& cluster, const std::vector<int>& group,
-                               const std::vector<double>& parts, double bytes) {
+                               const std::vector<double>& parts, double bytes, const LinkTiers* tiers) {
   const size_t n = group.size();
   if (n <= 1) return {};
-  double latency = 0, round = 0, owner_wake = 0, any_wake = 0;
+  HT_CHECK(!tiers || tiers->tier.size() == cluster.ranks.size(), "weighted all-reduce: link tiers of ",
+           tiers ? tiers->tier.size() : 0, " ranks for a cluster of ", cluster.ranks.size(),
+           "; expected the tiers of this cluster");
+  LinkTiers own;
+  if (!tiers) own = link_tiers(cluster, group);
+  const LinkTiers& t = tiers ? *tiers : own;
+  std::vector<int> local(t.first.size(), -1);  // [tier] its index among the group's tiers
+  std::vector<int> ids;                        // [group tier] the tier
+  std::vector<size_t> members, owners;         // [group tier]
+  std::vector<size_t> tier_of(n);              // [member] its group tier
+  double owner_wake = 0, any_wake = 0;
   for (size_t i = 0; i < n; ++i) {
+    const int id = t.tier[tiers ? static_cast<size_t>(group[i]) : i];
+    int& u = local[static_cast<size_t>(id)];
+    if (u < 0) {
+      u = static_cast<int>(ids.size());
+      ids.push_back(id);
+      members.push_back(0);
+      owners.push_back(0);
+    }
+    tier_of[i] = static_cast<size_t>(u);
+    ++members[tier_of[i]];
     const double wake = wake_seconds(cluster.ranks[static_cast<size_t>(group[i])]);
     any_wake = std::max(any_wake, wake);
-    if (parts[i] > 0) owner_wake = std::max(owner_wake, wake);
-    double slowest_bw = 0;
-    for (size_t j = 0; j < n; ++j) {
-      if (i == j || (parts[i] <= 0 && parts[j] <= 0)) continue;  // two non-owners never talk
-      const auto a = static_cast<size_t>(group[i]), b = static_cast<size_t>(group[j]);
-      latency = std::max(latency, cluster.latency_s[a][b]);
-      const double bw = cluster.bandwidth_bytes_per_s[a][b];
-      if (slowest_bw == 0 || bw < slowest_bw) slowest_bw = bw;
+    if (parts[i] > 0) {
+      ++owners[tier_of[i]];
+      owner_wake = std::max(owner_wake, wake);
     }
+  }
+  const size_t k = ids.size();
+  std::vector<char> seen(2 * k, 0);  // [2 u + owner]
+  for (size_t i = 0; i < n; ++i) seen[2 * tier_of[i] + (parts[i] > 0 ? 1 : 0)] = 1;
+  std::vector<double> slowest_bw(2 * k, 0);
+  double latency = 0;
+  for (size_t u = 0; u < k; ++u)
+    for (size_t owner = 0; owner < 2; ++owner) {
+      if (!seen[2 * u + owner]) continue;
+      double& slowest = slowest_bw[2 * u + owner];
+      for (size_t v = 0; v < k; ++v) {
+        const size_t partners = (owner ? members[v] : owners[v]) - (owner && v == u ? 1 : 0);
+        if (partners == 0) continue;
+        // Constant over the two tiers (within one: between two of its ranks).
+        const auto a = static_cast<size_t>(t.first[static_cast<size_t>(ids[u])]);
+        const auto b = static_cast<size_t>(v != u ? t.first[static_cast<size_t>(ids[v])]
+                                                  : t.second[static_cast<size_t>(ids[u])]);
+        latency = std::max(latency, cluster.latency_s[a][b]);
+        const double bw = cluster.bandwidth_bytes_per_s[a][b];
+        if (bw > 0 && (slowest == 0 || bw < slowest)) slowest = bw;
+      }
+    }
+  double round = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double slowest = slowest_bw[2 * tier_of[i] + (parts[i] > 0 ? 1 : 0)];
     const double moved = std::max(1 - parts[i], static_cast<double>(n - 1) * parts[i]) * bytes;
-    if (slowest_bw > 0) round = std::max(round, moved / slowest_bw);
+    if (slowest > 0) round = std::max(round, moved / slowest);
   }
   return {latency + round, owner_wake, any_wake};
 }
 
 }  // namespace
 
-ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
+ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                                   const LinkTiers* tiers) {
   const PipelineLayout& l = plan.layout;
   ReduceChoice out;
   if (l.replicas.size() < 2) return out;
@@ -108,8 +262,8 @@ ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, co
     const double incoming = peers * stage_footprint(costs, begin, end).params * kGradBytesPerParam;
     // A sharded stage reduces by its shards either way.
     fits = fits && (!optimizer_shards(plan, s).empty() || rp.memory.total() + incoming <= rp.device.memory_bytes);
-    out.by_share_seconds += stage_reduce_seconds(plan, by_share, costs, cluster, s);
-    out.hub_seconds += stage_reduce_seconds(plan, hub, costs, cluster, s);
+    out.by_share_seconds += stage_reduce_seconds(plan, by_share, costs, cluster, s, tiers);
+    out.hub_seconds += stage_reduce_seconds(plan, hub, costs, cluster, s, tiers);
   }
   if (!fits) out.hub_seconds = 0;
   else if (out.hub_seconds < out.by_share_seconds) out.owner = hub.reduce_owner;
@@ -117,7 +271,7 @@ ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, co
 }
 
 PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
-                              const ClusterModel& cluster) {
+                              const ClusterModel& cluster, const LinkTiers* tiers) {
   const size_t n = plan.ranks.size();
   HT_CHECK(costs.seconds_per_sample.size() == n && cluster.ranks.size() == n,
            "plan_cost_table: the plan has ", n, " ranks, the costs ",
@@ -160,9 +314,10 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
   for (size_t s = 0; s < stages; ++s) {
     // A sharded stage's round 2 carries the updated weights: GatherWeights, after the step.
     if (optimizer_shards(plan, s).empty()) {
-      t.reduce_seconds[s] = stage_reduce_seconds(plan, plan.layout, costs, cluster, s);
+      t.reduce_seconds[s] = stage_reduce_seconds(plan, plan.layout, costs, cluster, s, tiers);
     } else {
-      std::tie(t.reduce_seconds[s], t.gather_seconds[s]) = stage_reduce_rounds(plan, plan.layout, costs, cluster, s);
+      std::tie(t.reduce_seconds[s], t.gather_seconds[s]) =
+          stage_reduce_rounds(plan, plan.layout, costs, cluster, s, tiers);
     }
   }
   return t;
@@ -190,8 +345,7 @@ CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable>
       default: fail("plan cost model: ", op_name(in.op), " is not compute");
     }
   };
-  auto links = std::make_shared<const ClusterModel>(cluster);
-  m.message_seconds = [links](int src, int dst, int64_t bytes) {
+  m.message_seconds = [links = &cluster](int src, int dst, int64_t bytes) {
     return message_seconds(*links, src, dst, static_cast<double>(bytes));
   };
   m.reduce_seconds = [table](int, int stage) { return table->reduce_seconds[static_cast<size_t>(stage)]; };

@@ -24,6 +24,31 @@ inline constexpr double kForwardFraction = 1.0 / 3.0;
 // all-reduce of the CNN's gradients with two ranks at 0.2 took 6.1 ms, this gives 6.4.
 double wake_seconds(const DeviceModel& d);
 
+// Link tiers of a cluster: ranks whose links are interchangeable, the same latency and
+// bandwidth to and from every third rank and the same both ways between the two (the
+// link part of device_classes, cluster_model.h). The link matrices are then constant over
+// every pair of tiers and within a tier, so the all-reduce below prices a group tier by
+// tier: O(members + tiers^2), where pricing every pair was O(members^2) (at 4,096 ranks
+// most of the planner's time). Tiers are numbered in the order of their lowest rank.
+// Found in O(ranks^2 x tiers) over contiguous rows once the matrices are seen to be
+// symmetric; a cluster whose matrices are not symmetric gets a tier per rank.
+struct LinkTiers {
+  std::vector<int> tier;    // [position]: of rank ranks[position] (of every rank: position = rank)
+  std::vector<int> first;   // [tier] its lowest world rank
+  std::vector<int> second;  // [tier] its next world rank, -1 when it has one rank
+};
+LinkTiers link_tiers(const ClusterModel& cluster);
+// The tiers of `ranks` alone (world ranks), their links to one another only.
+LinkTiers link_tiers(const ClusterModel& cluster, const std::vector<int>& ranks);
+
+// Ranks the planner may swap for one another without changing a figure: the classes of
+// device_classes (cluster_model.h), found as the same link tier and alike devices (their
+// DeviceModel and profile rows; device_classes compares every pair's links column by
+// column, seconds at 4,096 ranks), split further where the block costs differ (a
+// calibrated communication overhead). [rank] -> class, numbered in the order of their
+// lowest rank.
+std::vector<int> cost_classes(const ClusterModel& cluster, const BlockCosts& costs, const LinkTiers& tiers);
+
 // The executor's all-reduce (comm/weighted_allreduce.h) of `bytes` over `group` (world
 // ranks), member i owning the fraction `parts[i]`: two rounds, each as long as its
 // slowest member, who sends and receives max(1 - f_i, (n - 1) f_i) x bytes over its
@@ -34,14 +59,18 @@ double wake_seconds(const DeviceModel& d);
 // waits for it to wake; it does wake late for the sums, and its next step starts that
 // much later. Measured under the 4-rank quotas (CNN, 64/34/15/15): the 0.8 rank's
 // ReduceGrads waits 5-7 ms a step with parts by share, 2-3 ms with that rank owning
-// every part. 0 for n <= 1.
+// every part. 0 for n <= 1. A link of bandwidth 0 (none measured) adds its latency only.
+// `tiers`: link_tiers of the whole cluster, where the caller has them; without them the
+// group's own are found (O(members^2) compares, once per call).
 double weighted_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
-                                  const std::vector<double>& parts, double bytes);
+                                  const std::vector<double>& parts, double bytes,
+                                  const LinkTiers* tiers = nullptr);
 // The same, round by round: round 1 (sums to the owners, with the owners' wake) and round
 // 2 (the owners' parts to every member, with every member's wake). Their sum is the above.
 using AllreduceRounds = std::pair<double, double>;
 AllreduceRounds weighted_allreduce_rounds(const ClusterModel& cluster, const std::vector<int>& group,
-                                          const std::vector<double>& parts, double bytes);
+                                          const std::vector<double>& parts, double bytes,
+                                          const LinkTiers* tiers = nullptr);
 
 // The PipelineLayout::reduce_owner that makes the plan's ReduceGrads cheapest: the
 // largest replica as the hub, when that is predicted faster than parts by share and its
@@ -51,7 +80,8 @@ struct ReduceChoice {
   int owner = -1;
   double by_share_seconds = 0, hub_seconds = 0;
 };
-ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
+ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                                   const LinkTiers* tiers = nullptr);
 
 // Per-rank figures of a plan that both the cost model and the estimate use.
 struct PlanCostTable {
@@ -67,8 +97,10 @@ struct PlanCostTable {
   std::vector<double> checkpoint_bytes;          // [rank] per micro-batch (largest)
 };
 PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
-                              const ClusterModel& cluster);
+                              const ClusterModel& cluster, const LinkTiers* tiers = nullptr);
 
+// The model reads `cluster`, which must outlive it (a copy of the link matrices was most
+// of the planner's time at 4,096 ranks, where they hold 268 MB).
 CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable> table,
                           const ClusterModel& cluster);
 

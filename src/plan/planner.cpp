@@ -94,9 +94,10 @@ Plan skeleton(const PlannerInput& in, std::vector<std::vector<int>> replicas,
 
 // Fills the layout's cost estimates (they order each rank's communication, see
 // build_1f1b) and the prediction, by simulating the schedules when `simulate_it`.
+// `tiers`: link_tiers(cluster) where the caller has them (see plan_costs.h).
 double finish(Plan& p, const BlockCosts& costs, const ClusterModel& cluster, bool simulate_it,
-              const std::vector<double>& reduce_seconds = {}) {
-  PlanCostTable costed = plan_cost_table(p, costs, cluster);
+              const std::vector<double>& reduce_seconds = {}, const LinkTiers* tiers = nullptr) {
+  PlanCostTable costed = plan_cost_table(p, costs, cluster, tiers);
   for (size_t s = 0; s < reduce_seconds.size() && s < costed.reduce_seconds.size(); ++s)
     if (reduce_seconds[s] >= 0) costed.reduce_seconds[s] = reduce_seconds[s];
   const auto table = std::make_shared<const PlanCostTable>(std::move(costed));
@@ -172,7 +173,7 @@ void keep_best(std::vector<Candidate>& kept) {
 }
 
 // Layout `stages` x R over `order` (ranks, grouped R at a time: group g -> stage g).
-Candidate build(const PlannerInput& in, int stages, const std::vector<int>& order,
+Candidate build(const PlannerInput& in, const LinkTiers& tiers, int stages, const std::vector<int>& order,
                 int micro_batches) {
   Candidate c;
   c.stages = stages;
@@ -249,8 +250,8 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
     c.problem.shortfall = std::move(*shortfall);
     return c;
   }
-  p.layout.reduce_owner = cheapest_reduce_owner(p, in.costs, in.cluster).owner;
-  c.estimate = finish(p, in.costs, in.cluster, false);
+  p.layout.reduce_owner = cheapest_reduce_owner(p, in.costs, in.cluster, &tiers).owner;
+  c.estimate = finish(p, in.costs, in.cluster, false, {}, &tiers);
   // The hub holds every sum, so it can step the optimiser for all and send the weights
   // instead (the same traffic): the others skip the step and keep no state. A slow
   // rank's step then costs it nothing, and the hub's memory does not change.
@@ -260,7 +261,7 @@ Candidate build(const PlannerInput& in, int stages, const std::vector<int>& orde
     Plan h = p;
     set_hub_steps_optimizer(h, true);
     for (RankPlan& rp : h.ranks) rp.memory = rank_memory(h, in.costs, rp);
-    if (const double e = finish(h, in.costs, in.cluster, false); e < c.estimate) {
+    if (const double e = finish(h, in.costs, in.cluster, false, {}, &tiers); e < c.estimate) {
       c.estimate = e;
       p = std::move(h);
     }
@@ -320,31 +321,12 @@ std::vector<std::pair<int, int>> layout_shapes(const PlannerInput& in, const std
   return out;
 }
 
-// Each rank's device class (cluster_model.h), split further where the block costs differ
-// (a calibrated communication overhead), and rank 0 alone: it also holds the whole
-// model in a pipeline, so it is never like another.
-std::vector<int> class_of_rank(const PlannerInput& in) {
-  std::vector<int> klass(in.cluster.ranks.size(), 0);
-  int next = 1;  // 0 is rank 0's
-  const auto& c = in.costs;
-  auto same_costs = [&](size_t a, size_t b) {
-    return c.seconds_per_sample[a] == c.seconds_per_sample[b] && c.call_seconds[a] == c.call_seconds[b] &&
-           c.step_seconds[a] == c.step_seconds[b] && comm_overhead_seconds(c, a) == comm_overhead_seconds(c, b);
-  };
-  for (const std::vector<int>& members : device_classes(in.cluster)) {
-    std::vector<int> reps;  // one rank per cost-identical subset
-    for (int r : members) {
-      if (r == 0) continue;
-      const auto k = static_cast<size_t>(r);
-      auto it = std::find_if(reps.begin(), reps.end(), [&](int p) { return same_costs(static_cast<size_t>(p), k); });
-      if (it == reps.end()) {
-        reps.push_back(r);
-        klass[k] = next++;
-      } else {
-        klass[k] = klass[static_cast<size_t>(*it)];
-      }
-    }
-  }
+// Each rank's class (plan_costs.h's cost_classes) and rank 0 alone: it also holds the
+// whole model in a pipeline, so it is never like another.
+std::vector<int> class_of_rank(const PlannerInput& in, const LinkTiers& tiers) {
+  std::vector<int> klass = cost_classes(in.cluster, in.costs, tiers);
+  for (int& k : klass) ++k;
+  if (!klass.empty()) klass[0] = 0;
   return klass;
 }
 
@@ -379,7 +361,7 @@ std::vector<std::vector<int>> group_orders(const PlannerInput& in, const std::ve
 
 // Equal shares, uniform layers, rank-order placement, no strategies: DDP with one stage,
 // DeepSpeed's pipeline default with more.
-Plan equal_plan(const PlannerInput& in, int stages, int micro_batches) {
+Plan equal_plan(const PlannerInput& in, const LinkTiers& tiers, int stages, int micro_batches) {
   const int world = static_cast<int>(in.cluster.ranks.size());
   // Every replica needs a sample: past the batch the last ranks in rank order stay idle.
   const int replicas = static_cast<int>(std::min<int64_t>(world / stages, in.global_batch));
@@ -401,7 +383,7 @@ Plan equal_plan(const PlannerInput& in, int stages, int micro_batches) {
     if (rp.memory.total() > rp.device.memory_bytes) p.baseline.shortfalls.push_back(shortfall_of(rp));
   }
   p.baseline.fits = p.baseline.shortfalls.empty();
-  finish(p, in.costs, in.cluster, true);
+  finish(p, in.costs, in.cluster, true, {}, &tiers);
   return p;
 }
 
@@ -417,8 +399,8 @@ void set_baseline(Plan& plan, const Plan& equal) {
 }  // namespace
 
 void predict_plan(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
-                  const std::vector<double>& reduce_seconds) {
-  finish(plan, costs, cluster, true, reduce_seconds);
+                  const std::vector<double>& reduce_seconds, const LinkTiers* tiers) {
+  finish(plan, costs, cluster, true, reduce_seconds, tiers);
 }
 
 SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
@@ -439,8 +421,10 @@ Plan make_plan(const PlannerInput& in) {
                      in.cluster.source, config::to_string(in.strategy), {{1, world, world, std::move(problem)}});
   }
 
+  // Found once: every candidate's all-reduce is priced by them (plan_costs.h).
+  const LinkTiers tiers = link_tiers(in.cluster);
   if (in.strategy == Asked::equal) {
-    Plan p = equal_plan(in, 1, base_m);
+    Plan p = equal_plan(in, tiers, 1, base_m);
     if (!p.baseline.fits) {
       LayoutProblem problem;
       problem.shortfall = p.baseline.shortfalls[0];
@@ -455,7 +439,7 @@ Plan make_plan(const PlannerInput& in) {
   }
 
   const std::vector<int> sorted = by_speed(in);
-  const std::vector<int> klass = class_of_rank(in);
+  const std::vector<int> klass = class_of_rank(in, tiers);
   std::vector<Outcome> outcomes;  // every candidate, in search order
   std::vector<Candidate> kept;    // the plans that may yet be simulated (see keep_best)
   for (const auto& [used, stages] : layout_shapes(in, sorted)) {
@@ -478,7 +462,7 @@ Plan make_plan(const PlannerInput& in) {
         // micro-batches of one sample; only its stage split would count more activations
         // in flight than the pipeline holds.
         if (i > 0 && ms[i - 1] >= in.global_batch - (replicas - 1)) break;
-        Candidate c = build(in, stages, order, ms[i]);
+        Candidate c = build(in, tiers, stages, order, ms[i]);
         c.seq = static_cast<int>(outcomes.size());
         outcomes.push_back({c.used, c.stages, c.plan.has_value(), c.estimate, c.problem});
         if (c.plan) {
@@ -508,7 +492,7 @@ Plan make_plan(const PlannerInput& in) {
   for (size_t i = 0; i < kept.size(); ++i) {
     Candidate* c = &kept[i];
     if (i >= kSimulatedCandidates && best_using.count(c->used)) continue;
-    finish(*c->plan, in.costs, in.cluster, true);
+    finish(*c->plan, in.costs, in.cluster, true, {}, &tiers);
     c->estimate = outcomes[static_cast<size_t>(c->seq)].estimate = c->plan->predicted.step_seconds;
     Candidate*& b = best_using[c->used];
     if (!b || c->estimate < b->estimate) b = c;
@@ -522,18 +506,18 @@ Plan make_plan(const PlannerInput& in) {
 
   const int stages = static_cast<int>(plan.stage_ranges.size());
   std::optional<Plan> uniform;  // DeepSpeed's default for the chosen shape
-  if (stages > 1) uniform = equal_plan(in, stages, std::max(base_m, stages));
+  if (stages > 1) uniform = equal_plan(in, tiers, stages, std::max(base_m, stages));
   // DDP when the batch covers the world, else the plan's shape laid out uniformly.
-  set_baseline(plan, in.global_batch >= world ? equal_plan(in, 1, base_m)
+  set_baseline(plan, in.global_batch >= world ? equal_plan(in, tiers, 1, base_m)
                      : uniform                ? *uniform
-                                              : equal_plan(in, 1, base_m));
+                                              : equal_plan(in, tiers, 1, base_m));
 
   mark_slow_links(plan, in.cluster);
   plan.notes.push_back(work_note(plan, in.costs));
   if (plan.layout.reduce_owner >= 0) {
     Plan every = plan;  // every rank stepping its own optimiser: the hub's choice was made so
     set_hub_steps_optimizer(every, false);
-    const ReduceChoice r = cheapest_reduce_owner(every, in.costs, in.cluster);
+    const ReduceChoice r = cheapest_reduce_owner(every, in.costs, in.cluster, &tiers);
     const auto& owners = plan.layout.replicas[static_cast<size_t>(plan.layout.reduce_owner)];
     PlanNote reduce;
     reduce.kind = NoteKind::hub_reduces;
@@ -543,7 +527,7 @@ Plan make_plan(const PlannerInput& in) {
     plan.notes.push_back(reduce);
     if (hub_steps_optimizer(plan)) {
       for (RankPlan& rp : every.ranks) rp.memory = rank_memory(every, in.costs, rp);
-      finish(every, in.costs, in.cluster, true);
+      finish(every, in.costs, in.cluster, true, {}, &tiers);
       PlanNote step;
       step.kind = NoteKind::hub_steps_optimizer;
       step.ranks = owners;

@@ -25,9 +25,9 @@
 // Device classes (cluster_model.h) keep the search small on big clusters: the shapes tried
 // depend on the classes' speed steps and on S <= blocks, not on the world size; orders
 // that put the same classes in the same places are tried once; and only the plans that
-// may still be simulated are kept while searching. Evaluating one candidate still
-// costs time and memory in proportion to its ranks (and its all-reduce model to the
-// square of its replicas).
+// may still be simulated are kept while searching. Evaluating one candidate costs time
+// and memory in proportion to its ranks (its all-reduce is priced per link tier,
+// plan_costs.h).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +40,8 @@
 #include "plan/simulator.h"
 
 namespace ht::plan {
+
+struct LinkTiers;  // plan_costs.h
 
 struct PlannerInput {
   BlockCosts costs;
@@ -62,8 +64,9 @@ Plan make_plan(const PlannerInput& in);
 // Fills the plan's prediction (step, samples/s, bubble, every rank's busy fraction) and
 // the layout's cost estimates that order each rank's communication, by simulating it.
 // `reduce_seconds[stage]`, where given and >= 0, replaces the modelled ReduceGrads.
+// `tiers`: link_tiers(cluster) where the caller has them (plan_costs.h).
 void predict_plan(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
-                  const std::vector<double>& reduce_seconds = {});
+                  const std::vector<double>& reduce_seconds = {}, const LinkTiers* tiers = nullptr);
 
 // The plan's predicted step on its schedules (what `hetrain plan` shows and draws).
 SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);

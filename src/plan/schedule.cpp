@@ -620,6 +620,10 @@ std::vector<size_t> sweep(const std::vector<Schedule>& all,
 
   std::vector<size_t> pos(n, 0);
   auto at = [&](int r) -> const Instruction* { return pos[r] < all[r].size() ? &all[r][pos[r]] : nullptr; };
+  // Per collective, how many of its holders (in rank order) were found waiting at it: a
+  // rank at a collective stays there until it fires, so none is looked at twice (looking
+  // at every holder for every arrival was quadratic, seconds at 4,096 replicas).
+  std::map<std::pair<Op, int>, size_t> waiting;
   SweepEvent e;
   for (bool progress = true; progress;) {
     progress = false;
@@ -634,12 +638,13 @@ std::vector<size_t> sweep(const std::vector<Schedule>& all,
           e.at = {{r, pos[r]}, {in->peer, pos[in->peer]}};
         } else if (is_collective(in->op)) {
           const std::vector<int>& g = group.at({in->op, in->stage});
-          bool all_there = true;
-          for (int m : g) {
-            const Instruction* o = at(m);
-            all_there = all_there && o && o->op == in->op && o->stage == in->stage;
+          size_t& there = waiting[{in->op, in->stage}];
+          for (const Instruction* o = nullptr; there < g.size(); ++there) {
+            o = at(g[there]);
+            if (!o || o->op != in->op || o->stage != in->stage) break;
           }
-          if (!all_there) break;
+          if (there < g.size()) break;
+          there = 0;  // fired: the next of this kind starts again
           e.kind = SweepEvent::Kind::collective;
           for (int m : g) e.at.emplace_back(m, pos[m]);
         } else if (in->op == Op::await_weights) {

@@ -1,0 +1,125 @@
+// The planner at scale (issue 23): the all-reduce priced per link tier against the pairwise
+// form it replaced, the tiers themselves, and the local group search by device class on
+// thousands of ranks.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+
+#include "plan/local_plan.h"
+#include "plan/plan_costs.h"
+#include "plan/planner.h"
+#include "tests/unit/plan_fixtures.h"
+
+using namespace ht;
+using namespace ht::plan;
+using namespace ht::plan::fixtures;
+
+namespace {
+
+// The pairwise form the tiers replaced (every member against every other, O(n^2)), as a
+// reference: the tiered form must give the same bits.
+double pairwise_allreduce_seconds(const ClusterModel& cluster, const std::vector<int>& group,
+                                  const std::vector<double>& parts, double bytes) {
+  const size_t n = group.size();
+  if (n <= 1) return 0;
+  double latency = 0, round = 0, owner_wake = 0, any_wake = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double wake = wake_seconds(cluster.ranks[static_cast<size_t>(group[i])]);
+    any_wake = std::max(any_wake, wake);
+    if (parts[i] > 0) owner_wake = std::max(owner_wake, wake);
+    double slowest_bw = 0;
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j || (parts[i] <= 0 && parts[j] <= 0)) continue;
+      const auto a = static_cast<size_t>(group[i]), b = static_cast<size_t>(group[j]);
+      latency = std::max(latency, cluster.latency_s[a][b]);
+      const double bw = cluster.bandwidth_bytes_per_s[a][b];
+      if (slowest_bw == 0 || bw < slowest_bw) slowest_bw = bw;
+    }
+    const double moved = std::max(1 - parts[i], static_cast<double>(n - 1) * parts[i]) * bytes;
+    if (slowest_bw > 0) round = std::max(round, moved / slowest_bw);
+  }
+  return 2 * (latency + round) + owner_wake + any_wake;
+}
+
+// n ranks on `sites` sites: links within a site and between two sites drawn once from a
+// few figures, so that ranks of a site share a tier; some ranks throttled.
+ClusterModel random_cluster(std::mt19937& rng, size_t n, size_t sites) {
+  ClusterModel c = cluster(std::vector<double>(n, 1e12), std::vector<double>(n, 64 * kGiB));
+  std::uniform_int_distribution<size_t> pick_site(0, sites - 1);
+  std::uniform_real_distribution<double> unit(0, 1);
+  std::vector<size_t> site(n);
+  for (size_t& s : site) s = pick_site(rng);
+  std::vector<std::vector<double>> lat(sites, std::vector<double>(sites)), bw = lat;
+  for (size_t a = 0; a < sites; ++a)
+    for (size_t b = a; b < sites; ++b) {
+      lat[a][b] = lat[b][a] = (a == b ? 1e-6 : 1e-3) * (1 + unit(rng));
+      bw[a][b] = bw[b][a] = (a == b ? 1e10 : 1e8) * (1 + unit(rng));
+    }
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j)
+      if (i != j) {
+        c.latency_s[i][j] = lat[site[i]][site[j]];
+        c.bandwidth_bytes_per_s[i][j] = bw[site[i]][site[j]];
+      }
+  for (DeviceModel& d : c.ranks)
+    if (unit(rng) < 0.3) {
+      d.cpu_quota = unit(rng);
+      d.cpu_quota_period_s = 0.01;
+    }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("plan costs: the all-reduce priced per link tier is the pairwise form's, bit for bit") {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<double> unit(0, 1);
+  int compared = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t n = 1 + trial % 9;
+    const ClusterModel c = random_cluster(rng, n, 1 + static_cast<size_t>(trial) % 3);
+    const LinkTiers world = link_tiers(c);
+    // A group of some of the ranks, in a shuffled order.
+    std::vector<int> group(n);
+    std::iota(group.begin(), group.end(), 0);
+    std::shuffle(group.begin(), group.end(), rng);
+    group.resize(1 + static_cast<size_t>(trial) % n);
+    // Parts: by share, one hub, or some owners and some not.
+    std::vector<double> parts(group.size());
+    for (double& p : parts) p = trial % 3 == 0 ? 1.0 / static_cast<double>(parts.size()) : unit(rng) < 0.5 ? 0 : unit(rng);
+    if (trial % 3 == 1) std::fill(parts.begin(), parts.end(), 0), parts[0] = 1;
+    CAPTURE(trial);
+    const double expected = pairwise_allreduce_seconds(c, group, parts, 4e6);
+    CHECK(weighted_allreduce_seconds(c, group, parts, 4e6) == expected);           // the group's own tiers
+    CHECK(weighted_allreduce_seconds(c, group, parts, 4e6, &world) == expected);   // the cluster's
+    ++compared;
+  }
+  CHECK(compared == 300);
+}
+
+TEST_CASE("plan costs: link tiers are the ranks of one site; an asymmetric matrix gets a tier per rank") {
+  // Ranks 0-5 on one site, 6-9 on another behind a slower link; rank 3 alone behind its own.
+  ClusterModel c = cluster(std::vector<double>(10, 1e12), std::vector<double>(10, 64 * kGiB), 1e-6, 1e10);
+  for (size_t i = 0; i < 10; ++i)
+    for (size_t j = 0; j < 10; ++j)
+      if (i != j && (i >= 6) != (j >= 6)) c.latency_s[i][j] = 1e-3;
+  for (size_t i = 0; i < 10; ++i)
+    if (i != 3) c.bandwidth_bytes_per_s[i][3] = c.bandwidth_bytes_per_s[3][i] = 1e8;
+  const LinkTiers t = link_tiers(c);
+  CHECK(t.tier == std::vector<int>{0, 0, 0, 1, 0, 0, 2, 2, 2, 2});
+  CHECK(t.first == std::vector<int>{0, 3, 6});
+  CHECK(t.second == std::vector<int>{1, -1, 7});
+  // Of some ranks alone, their links to one another only: two ranks are always alike;
+  // rank 3 differs from 0 and 1 in its links to them.
+  CHECK(link_tiers(c, {3, 6}).tier == std::vector<int>{0, 0});
+  CHECK(link_tiers(c, {3, 0, 1}).tier == std::vector<int>{0, 1, 1});
+  CHECK(link_tiers(c, {0, 6, 1, 7}).tier == std::vector<int>{0, 1, 0, 1});
+  c.latency_s[1][2] = 5e-6;  // one way only
+  const LinkTiers own = link_tiers(c);
+  CHECK(own.tier == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  CHECK(weighted_allreduce_seconds(c, {0, 1, 2, 6}, {0.25, 0.25, 0.25, 0.25}, 1e6, &own) ==
+        pairwise_allreduce_seconds(c, {0, 1, 2, 6}, {0.25, 0.25, 0.25, 0.25}, 1e6));
+}
