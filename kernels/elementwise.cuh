@@ -1,4 +1,4 @@
-// Launchers of the elementwise family: fill, strided copy, unary ops and their
+// Launchers of the elementwise family: fill, axpy, strided copy, unary ops and their
 // gradients, broadcasting binary ops and where. Host-side declarations only, so that
 // g++-compiled code may include this header (through kernels.h).
 #pragma once
@@ -10,6 +10,8 @@
 namespace ht::kernels {
 
 void fill(float* y, float value, int64_t n, cudaStream_t stream);
+// y[i] += alpha * x[i]; with alpha == 1 exactly y[i] + x[i], as on the CPU.
+void axpy(float alpha, const float* x, float* y, int64_t n, cudaStream_t stream);
 // 4-byte elements (float32 or int32); up to 8 dimensions after merging dense ones.
 void copy(const void* src, const Strides& src_strides, void* dst, const Strides& dst_strides,
           const Shape& shape, cudaStream_t stream);

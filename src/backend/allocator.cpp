@@ -25,10 +25,13 @@ void* Allocator::allocate(size_t bytes, const char* what) {
   size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (staging_depth > 0) {
-    void* p = raw_alloc_(size);
+    void* p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
     if (!p)
-      fail_as<OutOfMemory>(what, ": out of host memory staging ", size, " bytes");
-    staged_.insert(p);
+      fail_as<OutOfMemory>(what, ": out of host memory staging ", size, " bytes for ", device_,
+                           " with ", staged_live_, " staging bytes in use");
+    staged_.emplace(p, size);
+    staged_live_ += size;
+    if (staged_live_ > staged_peak_) staged_peak_ = staged_live_;
     return p;
   }
   if (cap_ && live_ + size > cap_)
@@ -63,9 +66,15 @@ void Allocator::deallocate(void* p, size_t bytes) {
   if (!p) return;
   size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  if (!staged_.empty() && staged_.erase(p)) {
-    raw_free_(p);
-    return;
+  if (!staged_.empty()) {
+    auto it = staged_.find(p);
+    if (it != staged_.end()) {
+      staged_live_ -= it->second;
+      staged_.erase(it);
+      if (staging_free_) staging_free_(p);
+      else raw_free_(p);
+      return;
+    }
   }
   live_ -= size;
   cache_[size].push_back(p);
@@ -82,6 +91,16 @@ size_t Allocator::cap() const { std::lock_guard<std::mutex> l(mu_); return cap_;
 size_t Allocator::live_bytes() const { std::lock_guard<std::mutex> l(mu_); return live_; }
 size_t Allocator::peak_bytes() const { std::lock_guard<std::mutex> l(mu_); return peak_; }
 void Allocator::reset_peak() { std::lock_guard<std::mutex> l(mu_); peak_ = live_; }
+
+void Allocator::set_host_staging(std::function<void*(size_t)> alloc,
+                                 std::function<void(void*)> free) {
+  std::lock_guard<std::mutex> l(mu_);
+  staging_alloc_ = std::move(alloc);
+  staging_free_ = std::move(free);
+}
+
+size_t Allocator::staged_bytes() const { std::lock_guard<std::mutex> l(mu_); return staged_live_; }
+size_t Allocator::staged_peak_bytes() const { std::lock_guard<std::mutex> l(mu_); return staged_peak_; }
 
 bool Allocator::staged(const void* p) const {
   std::lock_guard<std::mutex> l(mu_);

@@ -12,7 +12,6 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace ht {
@@ -29,11 +28,15 @@ class Allocator {
   void* allocate(size_t bytes, const char* what);
   void deallocate(void* p, size_t bytes);
 
-  // While one lives on this thread, this thread's allocations are host staging: outside
-  // the cap and the counts. Checkpoints (and a relayout's optimiser state in transit) are
-  // read and assembled in host memory, which an emulated device cap does not stand for
-  // (on a GPU they never touch device memory); so are the probe's benchmark tensors and
-  // the blocks of the model a rank does not compute with (Tensor::rehome).
+  // While one lives on this thread, this thread's allocations are host staging: host
+  // memory outside the cap and the live/peak counts, counted apart (staged_bytes).
+  // Checkpoints (and a relayout's optimiser state in transit) are read and assembled in
+  // host memory, which an emulated device cap does not stand for; so are the probe's
+  // benchmark tensors and the blocks of the model a rank does not compute with
+  // (Tensor::rehome). A device allocator's staging blocks come from the hook that
+  // set_host_staging installs (the CUDA backend's is pinned, mapped host memory, which
+  // its copies and kernels reach directly); without one, from the raw allocation (the
+  // CPU's memory is host memory already).
   class HostStaging {
    public:
     HostStaging();
@@ -43,6 +46,11 @@ class Allocator {
   };
 
   bool staged(const void* p) const;  // whether p came from allocate under HostStaging
+  // Where host staging blocks come from instead of the raw allocation (see HostStaging);
+  // `alloc` returns null when the host is out of memory. Set before the first allocation.
+  void set_host_staging(std::function<void*(size_t)> alloc, std::function<void(void*)> free);
+  size_t staged_bytes() const;       // host staging bytes live now
+  size_t staged_peak_bytes() const;  // the most live at once
   void set_cap(size_t bytes);  // 0 removes the cap
   size_t cap() const;
   size_t live_bytes() const;
@@ -58,8 +66,10 @@ class Allocator {
   std::function<void(void*)> raw_free_;
   mutable std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> cache_;  // rounded size -> free blocks
-  std::unordered_set<void*> staged_;  // host staging blocks, freed straight back
-  size_t cap_ = 0, live_ = 0, peak_ = 0, cached_ = 0;
+  std::function<void*(size_t)> staging_alloc_;  // empty: raw_alloc_
+  std::function<void(void*)> staging_free_;
+  std::unordered_map<void*, size_t> staged_;  // host staging blocks (rounded sizes), freed straight back
+  size_t cap_ = 0, live_ = 0, peak_ = 0, cached_ = 0, staged_live_ = 0, staged_peak_ = 0;
 };
 
 }  // namespace ht

@@ -21,7 +21,8 @@ enum class OpKind {
   fill, copy, unary, unary_backward, binary, where, reduce, max_backward, gemm, softmax, softmax_backward,
   cross_entropy, cross_entropy_backward, layernorm, layernorm_backward, embedding,
   embedding_backward, im2col, col2im, maxpool2d, maxpool2d_backward, dropout_mask, adamw, sgd,
-  count_
+  conv2d, conv2d_backward_data, conv2d_backward_filter, causal_attention,
+  causal_attention_backward, adamw_multi, sgd_multi, axpy, count_
 };
 const char* op_kind_name(OpKind k);
 
@@ -139,10 +140,43 @@ class Backend {
   virtual void im2col(const float* x, float* cols, const Window2d& g) = 0;
   // gx += col2im(gcols); gx is not cleared first.
   virtual void col2im(const float* gcols, float* gx, const Window2d& g) = 0;
+
+  // ---- convolution: x (N, C, H, W), w (out_ch, C, kh, kw), y (N, out_ch, out_h, out_w),
+  // all contiguous; no bias (the op adds it). Any scratch comes from allocator().
+  virtual void conv2d(const float* x, const float* w, float* y, const Window2d& g,
+                      int64_t out_ch) = 0;
+  // gx (overwritten) = the input gradient of y = conv2d(x, w) for output gradient gy.
+  virtual void conv2d_backward_data(const float* gy, const float* w, float* gx,
+                                    const Window2d& g, int64_t out_ch) = 0;
+  // gw (overwritten) = the weight gradient, summed over the batch.
+  virtual void conv2d_backward_filter(const float* x, const float* gy, float* gw,
+                                      const Window2d& g, int64_t out_ch) = 0;
+
+  // ---- max pooling; windows start at (yo * stride, xo * stride) and g.pad is not applied.
+  // argmax receives each maximum's index within its (n, c) plane, the first in window
+  // order on ties; it may be null, and then the backward is given x and y instead.
   virtual void maxpool2d(const float* x, float* y, int32_t* argmax, const Window2d& g) = 0;
-  // gx (cleared by the callee) receives gy routed through argmax.
-  virtual void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
-                                  const Window2d& g) = 0;
+  // gx (cleared by the callee) receives gy routed to each window's maximum: through argmax
+  // where it is not null, else found from x and y.
+  virtual void maxpool2d_backward(const float* x, const float* y, const float* gy,
+                                  const int32_t* argmax, float* gx, const Window2d& g) = 0;
+  // Whether the op should keep argmax for the backward (true) or x and y (false: the
+  // device's pooling, cuDNN's, routes the gradient from them and has no argmax).
+  virtual bool maxpool2d_keeps_argmax() const { return true; }
+
+  // ---- causal self-attention over contiguous (bh, t, d) q, k, v and o, one (batch, head)
+  // pair per leading index: o[i] = sum_{j <= i} softmax_j(scale * q[i] . k[j]) v[j], and
+  // lse (bh, t) the natural-log sum of exp of each row's scaled scores.
+  virtual void causal_attention(const float* q, const float* k, const float* v, float* o,
+                                float* lse, int64_t bh, int64_t t, int64_t d, float scale) = 0;
+  // Overwrites gq, gk and gv from the output gradient go, given the forward's o and lse.
+  virtual void causal_attention_backward(const float* q, const float* k, const float* v,
+                                         const float* o, const float* lse, const float* go,
+                                         float* gq, float* gk, float* gv, int64_t bh, int64_t t,
+                                         int64_t d, float scale) = 0;
+  // The largest head size d the fused attention takes (0: any); the op composes attention
+  // from gemm and softmax for larger heads.
+  virtual int64_t attention_max_head() const { return 0; }
 
   // mask[i] = (u(seed, offset + i) >= p) / (1 - p), u a counter-based uniform in [0, 1)
   // that every backend computes identically.
@@ -153,6 +187,25 @@ class Backend {
                      const AdamWArgs& a) = 0;
   virtual void sgd(float* param, const float* grad, float* momentum_buf, int64_t n,
                    const SgdArgs& a) = 0;
+  // The same updates over `count` tensors with one set of arguments: each element gets
+  // exactly the arithmetic of adamw / sgd on its own tensor. The pointer arrays and sizes
+  // are host memory, read before the call returns. These defaults call adamw / sgd once
+  // per tensor; a device where a launch costs more than a small tensor's update overrides
+  // them with one launch for all. momentum_bufs may be null when a.momentum is 0.
+  virtual void adamw_multi(float* const* params, const float* const* grads, float* const* ms,
+                           float* const* vs, const int64_t* sizes, int count,
+                           const AdamWArgs& a) {
+    for (int i = 0; i < count; ++i) adamw(params[i], grads[i], ms[i], vs[i], sizes[i], a);
+  }
+  virtual void sgd_multi(float* const* params, const float* const* grads,
+                         float* const* momentum_bufs, const int64_t* sizes, int count,
+                         const SgdArgs& a) {
+    for (int i = 0; i < count; ++i)
+      sgd(params[i], grads[i], momentum_bufs ? momentum_bufs[i] : nullptr, sizes[i], a);
+  }
+
+  // y[i] += alpha * x[i]; with alpha == 1 exactly y[i] + x[i] (the all-reduce's sums).
+  virtual void axpy(float alpha, const float* x, float* y, int64_t n) = 0;
 
  protected:
   explicit Backend(Allocator* allocator) : allocator_(allocator) {}

@@ -20,50 +20,6 @@ Window2d window_of(const Tensor& x, int64_t kh, int64_t kw, int64_t stride, int6
   return g;
 }
 
-// gemm over the batch: C[i] = op(A[i]) @ op(B[i]) with per-operand batch strides.
-void batched_gemm(Backend& be, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                  const float* a, int64_t sa, const float* b, int64_t sb, float* c, int64_t sc,
-                  int64_t batch, float beta) {
-  GemmArgs g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.beta = beta;
-  g.a = a;
-  g.lda = ta ? m : k;
-  g.stride_a = sa;
-  g.b = b;
-  g.ldb = tb ? k : n;
-  g.stride_b = sb;
-  g.c = c;
-  g.ldc = n;
-  g.stride_c = sc;
-  g.batch = batch;
-  be.gemm(g);
-}
-
-// The columns of a convolution are unfolded a chunk of samples at a time, each chunk's
-// columns within kColumnsBudget bytes (one sample at least): im2col's output is then
-// still in this core's cache when the gemm reads it, and the scratch no longer grows with
-// the batch. The CNN's second convolution unfolds 221 KiB a sample (14 MiB at 64
-// samples); a training step of the CNN at 64 samples took 32.3 ms unfolding whole
-// batches and 28.1 ms in chunks (medians of 6 interleaved runs of tools/bench-engine),
-// with budgets from 256 KiB to 2 MiB alike, and its peak memory fell from 43 to 34 MiB.
-constexpr int64_t kColumnsBudget = 512 << 10;
-
-int64_t samples_per_chunk(const Window2d& g, int64_t cols_per_sample) {
-  return std::clamp<int64_t>(kColumnsBudget / (cols_per_sample * 4), 1, std::max<int64_t>(g.n, 1));
-}
-
-// Samples [s, s + chunk) of g, clipped to the batch.
-Window2d chunk_of(const Window2d& g, int64_t s, int64_t chunk) {
-  Window2d part = g;
-  part.n = std::min(chunk, g.n - s);
-  return part;
-}
-
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride,
@@ -82,20 +38,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
     HT_CHECK(bias.shape() == Shape{out_ch}, "conv2d: bias ", to_string(bias.shape()),
              "; expected shape [", out_ch, "]");
   }
-  int64_t oh = g.out_h(), ow = g.out_w(), ck = g.c * g.kh * g.kw, hw = oh * ow;
+  // The backend unfolds and multiplies (the CPU, in chunks of samples) or calls its own
+  // convolution (cuDNN on a GPU).
   Backend& be = x.backend();
   Tensor xc = contiguous(x), wc = contiguous(weight);
-  Tensor out = Tensor::empty({g.n, out_ch, oh, ow}, DType::f32, be, "conv2d");
-  const int64_t chunk = samples_per_chunk(g, ck * hw), in_size = g.c * g.h * g.w;
-  {
-    Tensor cols = Tensor::empty({chunk, ck, hw}, DType::f32, be, "conv2d");
-    for (int64_t s = 0; s < g.n; s += chunk) {
-      const Window2d part = chunk_of(g, s, chunk);
-      be.im2col(xc.data() + s * in_size, cols.data(), part);
-      batched_gemm(be, false, false, out_ch, hw, ck, wc.data(), 0, cols.data(), ck * hw,
-                   out.data() + s * out_ch * hw, out_ch * hw, part.n, 0.f);
-    }
-  }
+  Tensor out = Tensor::empty({g.n, out_ch, g.out_h(), g.out_w()}, DType::f32, be, "conv2d");
+  be.conv2d(xc.data(), wc.data(), out.data(), g, out_ch);
   if (bias.defined()) {
     Tensor bc = contiguous(bias);
     be.binary(BinaryOp::add, out.data(), out.strides(), bc.data(), {0, 1, 0, 0}, out.data(),
@@ -106,34 +54,17 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
     // them in backward costs one pass over memory.
     Tensor kx = xc.detach(), kw = wc.detach();
     record(out, "conv2d", {&x, &weight, &bias},
-           [kx, kw, g, out_ch, ck, hw, chunk, in_size](const Tensor& gy_in, const Node& n) {
+           [kx, kw, g, out_ch](const Tensor& gy_in, const Node& n) {
              Tensor gy = contiguous(gy_in);
              Backend& b = gy.backend();
              std::vector<Tensor> grads(3);
-             Tensor cols, gcols;
              if (n.needs(1)) {
-               cols = Tensor::empty({chunk, ck, hw}, DType::f32, b, "conv2d_backward");
                grads[1] = Tensor::empty(kw.shape(), DType::f32, b, "conv2d_backward");
+               b.conv2d_backward_filter(kx.data(), gy.data(), grads[1].data(), g, out_ch);
              }
              if (n.needs(0)) {
-               gcols = Tensor::empty({chunk, ck, hw}, DType::f32, b, "conv2d_backward");
-               grads[0] = Tensor::zeros(kx.shape(), b);
-             }
-             for (int64_t s = 0; s < g.n && (cols.defined() || gcols.defined()); s += chunk) {
-               const Window2d part = chunk_of(g, s, chunk);
-               const float* gys = gy.data() + s * out_ch * hw;
-               if (cols.defined()) {  // gw = sum over samples of gy_i cols_i^T
-                 b.im2col(kx.data() + s * in_size, cols.data(), part);
-                 for (int64_t i = 0; i < part.n; ++i)
-                   batched_gemm(b, false, true, out_ch, ck, hw, gys + i * out_ch * hw, 0,
-                                cols.data() + i * ck * hw, 0, grads[1].data(), 0, 1,
-                                s + i == 0 ? 0.f : 1.f);
-               }
-               if (gcols.defined()) {
-                 batched_gemm(b, true, false, ck, hw, out_ch, kw.data(), 0, gys, out_ch * hw,
-                              gcols.data(), ck * hw, part.n, 0.f);
-                 b.col2im(gcols.data(), grads[0].data() + s * in_size, part);
-               }
+               grads[0] = Tensor::empty(kx.shape(), DType::f32, b, "conv2d_backward");
+               b.conv2d_backward_data(gy.data(), kw.data(), grads[0].data(), g, out_ch);
              }
              if (n.needs(2)) grads[2] = sum(gy, {0, 2, 3});
              return grads;
@@ -149,14 +80,21 @@ Tensor maxpool2d(const Tensor& x, int64_t kernel, int64_t stride) {
   Tensor xc = contiguous(x);
   Shape shape{g.n, g.c, g.out_h(), g.out_w()};
   Tensor out = Tensor::empty(shape, DType::f32, be, "maxpool2d");
-  Tensor argmax = Tensor::empty(shape, DType::i32, be, "maxpool2d");
-  be.maxpool2d(xc.data(), out.data(), argmax.data_i32(), g);
+  // The CPU routes the gradient through the argmax it records; cuDNN's pooling has none
+  // and finds each maximum again from the input and the output, which it then keeps.
+  const bool by_argmax = be.maxpool2d_keeps_argmax();
+  Tensor argmax = by_argmax ? Tensor::empty(shape, DType::i32, be, "maxpool2d") : Tensor();
+  be.maxpool2d(xc.data(), out.data(), by_argmax ? argmax.data_i32() : nullptr, g);
   if (any_requires_grad({&x})) {
-    Shape in_shape = x.shape();
-    record(out, "maxpool2d", {&x}, [argmax, in_shape, g](const Tensor& gy_in, const Node&) {
+    Tensor kx = by_argmax ? Tensor() : xc.detach(), ky = by_argmax ? Tensor() : out.detach();
+    record(out, "maxpool2d", {&x}, [argmax, kx, ky, g](const Tensor& gy_in, const Node&) {
       Tensor gy = contiguous(gy_in);
-      Tensor gx = Tensor::empty(in_shape, DType::f32, gy.backend(), "maxpool2d_backward");
-      gy.backend().maxpool2d_backward(gy.data(), argmax.data_i32(), gx.data(), g);
+      Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, DType::f32, gy.backend(),
+                                "maxpool2d_backward");
+      gy.backend().maxpool2d_backward(kx.defined() ? kx.data() : nullptr,
+                                      ky.defined() ? ky.data() : nullptr, gy.data(),
+                                      argmax.defined() ? argmax.data_i32() : nullptr,
+                                      gx.data(), g);
       return std::vector<Tensor>{gx};
     });
   }

@@ -164,6 +164,13 @@ std::vector<OpCase> build() {
   add_case({"maxpool2d", {real({2, 2, 4, 4})},
             [](const std::vector<Tensor>& x) { return maxpool2d(x[0], 2, 2); },
             [](const std::vector<Values>& v) { return ref::maxpool2d(v[0], 2, 2, 4, 4, 2, 2); }});
+  // Overlapping windows: an input pixel under several windows sums their gradients.
+  add_case({"maxpool2d_overlapping", {real({2, 3, 7, 6})},
+            [](const std::vector<Tensor>& x) { return maxpool2d(x[0], 3, 2); },
+            [](const std::vector<Values>& v) { return ref::maxpool2d(v[0], 2, 3, 7, 6, 3, 2); }});
+  add_case({"conv2d_wide_window", {real({2, 4, 7, 7}), real({5, 4, 5, 5}), real({5})},
+            [](const std::vector<Tensor>& x) { return conv2d(x[0], x[1], x[2], 1, 2); },
+            [](const std::vector<Values>& v) { return ref::conv2d(v[0], v[1], v[2], 2, 4, 7, 7, 5, 5, 1, 2); }});
 
   // ---- randomness, selection, joins and views
   add_case({"dropout", {real({3, 8})},
@@ -218,6 +225,11 @@ std::vector<OpCase> build() {
   add_case({"causal_attention", {real({1, 2, 4, 3}), real({1, 2, 4, 3}), real({1, 2, 4, 3})},
             [](const std::vector<Tensor>& x) { return causal_attention(x[0], x[1], x[2]); },
             [](const std::vector<Values>& v) { return ref::causal_attention(v[0], v[1], v[2], 2, 4, 3); }});
+  // More keys than one warp's tile of the fused GPU kernel, and a head size that is not
+  // a multiple of its lanes.
+  add_case({"causal_attention_long", {real({1, 2, 37, 5}), real({1, 2, 37, 5}), real({1, 2, 37, 5})},
+            [](const std::vector<Tensor>& x) { return causal_attention(x[0], x[1], x[2]); },
+            [](const std::vector<Values>& v) { return ref::causal_attention(v[0], v[1], v[2], 2, 37, 5); }});
   return cases;
 }
 

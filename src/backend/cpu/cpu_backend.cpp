@@ -23,7 +23,9 @@ const char* op_kind_name(OpKind k) {
       "fill", "copy", "unary", "unary_backward", "binary", "where", "reduce", "max_backward",
       "gemm", "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward",
       "layernorm", "layernorm_backward", "embedding", "embedding_backward", "im2col", "col2im",
-      "maxpool2d", "maxpool2d_backward", "dropout_mask", "adamw", "sgd"};
+      "maxpool2d", "maxpool2d_backward", "dropout_mask", "adamw", "sgd", "conv2d",
+      "conv2d_backward_data", "conv2d_backward_filter", "causal_attention",
+      "causal_attention_backward", "adamw_multi", "sgd_multi", "axpy"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(OpKind::count_));
   return names[static_cast<int>(k)];
 }

@@ -59,14 +59,27 @@ class CpuBackend final : public Backend {
   void im2col(const float* x, float* cols, const Window2d& g) override;
   void col2im(const float* gcols, float* gx, const Window2d& g) override;
   void maxpool2d(const float* x, float* y, int32_t* argmax, const Window2d& g) override;
-  void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
-                          const Window2d& g) override;
+  void maxpool2d_backward(const float* x, const float* y, const float* gy,
+                          const int32_t* argmax, float* gx, const Window2d& g) override;
+  void conv2d(const float* x, const float* w, float* y, const Window2d& g,
+              int64_t out_ch) override;
+  void conv2d_backward_data(const float* gy, const float* w, float* gx, const Window2d& g,
+                            int64_t out_ch) override;
+  void conv2d_backward_filter(const float* x, const float* gy, float* gw, const Window2d& g,
+                              int64_t out_ch) override;
+  void causal_attention(const float* q, const float* k, const float* v, float* o, float* lse,
+                        int64_t bh, int64_t t, int64_t d, float scale) override;
+  void causal_attention_backward(const float* q, const float* k, const float* v,
+                                 const float* o, const float* lse, const float* go, float* gq,
+                                 float* gk, float* gv, int64_t bh, int64_t t, int64_t d,
+                                 float scale) override;
   void dropout_mask(float* mask, int64_t n, float p, uint64_t seed, uint64_t offset) override;
 
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n,
              const AdamWArgs& a) override;
   void sgd(float* param, const float* grad, float* momentum_buf, int64_t n,
            const SgdArgs& a) override;
+  void axpy(float alpha, const float* x, float* y, int64_t n) override;
 };
 
 }  // namespace ht

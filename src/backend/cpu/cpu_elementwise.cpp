@@ -142,4 +142,16 @@ void CpuBackend::dropout_mask(float* mask, int64_t n, float p, uint64_t seed, ui
   });
 }
 
+void CpuBackend::axpy(float alpha, const float* x, float* y, int64_t n) {
+  cpu::parallel_range(n, 1, [&](int64_t b, int64_t e) {
+    if (alpha == 1.f) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) y[i] += x[i];
+    } else {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) y[i] += alpha * x[i];
+    }
+  });
+}
+
 }  // namespace ht

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_math.h"
 #include "backend/cpu/strided_loop.h"
 #include "core/error.h"
 
@@ -231,6 +232,99 @@ void CpuBackend::layernorm_backward(const float* x, const float* gamma, const fl
     ggamma[i] = sg;
     gbeta[i] = sb;
   }
+}
+
+// ---- causal attention, composed from this backend's gemm, scale and softmax
+
+namespace {
+
+// The primitives and arguments ops/ composes attention with (matmul, mul, where with
+// -inf, softmax), so that the op's results on the CPU are those of the composition.
+struct AttentionGemms {
+  Backend& be;
+  int64_t bh, t, d;
+  // c (bh, m, n) = op(a) @ op(b), row-major (t or d wide) operands.
+  void run(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+           int64_t sa, const float* b, int64_t ldb, int64_t sb, float* c) const {
+    GemmArgs g;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = a;
+    g.lda = lda;
+    g.stride_a = sa;
+    g.b = b;
+    g.ldb = ldb;
+    g.stride_b = sb;
+    g.c = c;
+    g.ldc = n;
+    g.stride_c = m * n;
+    g.batch = bh;
+    be.gemm(g);
+  }
+  // p (bh, t, t) = softmax over j <= i of scale * q k^T; s is scratch of the same size.
+  void probabilities(const float* q, const float* k, float scale, float* s, float* p) const {
+    run(false, true, t, t, d, q, d, t * d, k, d, t * d, s);
+    be.unary(UnaryOp::mul_scalar, s, s, bh * t * t, scale);
+    mask(s, -std::numeric_limits<float>::infinity());
+    be.softmax(s, p, bh * t, t, false);
+  }
+  void mask(float* s, float value) const {
+    cpu::parallel_range(bh * t, t, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t i = r % t;
+        for (int64_t j = i + 1; j < t; ++j) s[r * t + j] = value;
+      }
+    });
+  }
+};
+
+}  // namespace
+
+void CpuBackend::causal_attention(const float* q, const float* k, const float* v, float* o,
+                                  float* lse, int64_t bh, int64_t t, int64_t d, float scale) {
+  if (bh == 0 || t == 0) return;
+  const AttentionGemms mm{*this, bh, t, d};
+  cpu::Scratch s(allocator(), static_cast<size_t>(bh * t * t), "causal_attention");
+  cpu::Scratch p(allocator(), static_cast<size_t>(bh * t * t), "causal_attention");
+  mm.probabilities(q, k, scale, s.get(), p.get());
+  mm.run(false, false, t, d, t, p.get(), t, t * t, v, d, t * d, o);
+  cpu::parallel_range(bh * t, t, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* row = s.get() + r * t;
+      const int64_t n = r % t + 1;  // the unmasked scores
+      const float m = row_max(row, n);
+      float sum = 0.f;
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(row[j] - m);
+      lse[r] = m + std::log(sum);
+    }
+  });
+}
+
+// The composition's backward, as autograd runs it: gv = p^T go, gp = go v^T, the softmax
+// backward, the mask's zeros, the scale, then gq = gs k and gk = gs^T q. p is recomputed
+// exactly as the forward computed it; o and lse are not needed.
+void CpuBackend::causal_attention_backward(const float* q, const float* k, const float* v,
+                                           const float*, const float*, const float* go,
+                                           float* gq, float* gk, float* gv, int64_t bh,
+                                           int64_t t, int64_t d, float scale) {
+  if (bh == 0 || t == 0) return;
+  const AttentionGemms mm{*this, bh, t, d};
+  const size_t tt = static_cast<size_t>(bh * t * t);
+  cpu::Scratch s(allocator(), tt, "causal_attention_backward");
+  cpu::Scratch p(allocator(), tt, "causal_attention_backward");
+  mm.probabilities(q, k, scale, s.get(), p.get());
+  float* gp = s.get();  // the scores are not needed again
+  mm.run(false, true, t, t, d, go, d, t * d, v, d, t * d, gp);
+  mm.run(true, false, t, d, t, p.get(), t, t * t, go, d, t * d, gv);
+  cpu::Scratch gs(allocator(), tt, "causal_attention_backward");
+  softmax_backward(p.get(), gp, gs.get(), bh * t, t, false);
+  mm.mask(gs.get(), 0.f);
+  unary(UnaryOp::mul_scalar, gs.get(), gs.get(), bh * t * t, scale);
+  mm.run(false, false, t, d, t, gs.get(), t, t * t, k, d, t * d, gq);
+  mm.run(true, false, t, d, t, gs.get(), t, t * t, q, d, t * d, gk);
 }
 
 }  // namespace ht

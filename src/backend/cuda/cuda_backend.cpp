@@ -30,6 +30,12 @@ CudaBackend::CudaBackend(int device, DeviceParts parts)
       device_allocator_(std::move(parts.allocator)),
       pinned_(make_pinned_allocator(name_ + " pinned host")) {
   activate();
+  // Host staging (Allocator::HostStaging) on this device is pinned, mapped host memory:
+  // with unified addressing its pointers are valid in kernels and copies alike.
+  const std::string staging_name = name_ + " host staging";
+  device_allocator_->set_host_staging(
+      [staging_name](size_t bytes) { return pinned_alloc(bytes, staging_name); },
+      [staging_name](void* p) { pinned_free(p, staging_name); });
   // Non-blocking streams: the legacy default stream, which other libraries may use,
   // would otherwise serialise with both.
   HT_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
@@ -48,6 +54,8 @@ CudaBackend::CudaBackend(int device, DeviceParts parts)
   // fp32 products in fp32: TF32 tensor cores would round the inputs to 10 mantissa bits,
   // far outside the 1e-5 the consistency harness allows against the CPU.
   HT_CUDA(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+  HT_CUDA(cudnnCreate(&dnn_));
+  HT_CUDA(cudnnSetStream(dnn_, compute_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -57,6 +65,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(copy_);
   if (blas_) cublasDestroy(blas_);
+  if (dnn_) cudnnDestroy(dnn_);
   for (size_t i = 0; i < staging_.size(); ++i) {
     pinned_->deallocate(staging_[i], kStagingChunk);
     cudaEventDestroy(staging_done_[i]);
@@ -91,7 +100,7 @@ void CudaBackend::copy_from_host(void* dst, const void* host_src, size_t bytes) 
     // The chunk's previous transfer must have read it before the host overwrites it.
     HT_CUDA(cudaEventSynchronize(staging_done_[chunk]));
     std::memcpy(staging_[chunk], src + done, n);
-    HT_CUDA(cudaMemcpyAsync(out + done, staging_[chunk], n, cudaMemcpyHostToDevice, copy_));
+    HT_CUDA(cudaMemcpyAsync(out + done, staging_[chunk], n, cudaMemcpyDefault, copy_));
     HT_CUDA(cudaEventRecord(staging_done_[chunk], copy_));
   }
   // The source is in the staging buffers now, so the call may return before the
@@ -114,7 +123,7 @@ void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
     for (size_t done = 0; done < bytes; done += kStagingChunk, chunk ^= 1) {
       size_t n = std::min(kStagingChunk, bytes - done);
       HT_CUDA(cudaEventSynchronize(staging_done_[chunk]));
-      HT_CUDA(cudaMemcpyAsync(staging_[chunk], in + done, n, cudaMemcpyDeviceToHost, copy_));
+      HT_CUDA(cudaMemcpyAsync(staging_[chunk], in + done, n, cudaMemcpyDefault, copy_));
       HT_CUDA(cudaEventRecord(staging_done_[chunk], copy_));
       if (pending) {
         HT_CUDA(cudaEventSynchronize(staging_done_[chunk ^ 1]));

@@ -1,9 +1,10 @@
 // The CUDA backend: one GPU behind the Backend interface. Products go to cuBLAS; every
 // other primitive to a launcher of kernels/ (ht::kernels, same name and parameters plus
 // the stream). Device code lives in kernels/; this is the host side, compiled by the host
-// compiler against the CUDA runtime, cuBLAS and cuDNN. A convolution reaches the backend
-// as im2col and gemm (ops/conv_ops.cpp), in the CPU's column chunks; cuDNN's convolutions
-// and pooling are a later step, and cuDNN serves only its error checks so far.
+// compiler against the CUDA runtime, cuBLAS and cuDNN. Convolutions and max pooling go to
+// cuDNN (with fixed, deterministic algorithms and fp32 FMA math), causal attention to the
+// fused kernel of kernels/attention.cu, and the optimisers' multi-tensor updates to one
+// launch for all parameters.
 //
 // Ordering. Every kernel and cuBLAS call goes to one compute stream, so work runs in
 // the order it was issued, and a block the caching allocator hands out again after a free
@@ -21,6 +22,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <cudnn.h>
 
 #include <array>
 #include <memory>
@@ -92,13 +94,33 @@ class CudaBackend final : public Backend {
   void im2col(const float* x, float* cols, const Window2d& g) override;
   void col2im(const float* gcols, float* gx, const Window2d& g) override;
   void maxpool2d(const float* x, float* y, int32_t* argmax, const Window2d& g) override;
-  void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
-                          const Window2d& g) override;
+  void maxpool2d_backward(const float* x, const float* y, const float* gy,
+                          const int32_t* argmax, float* gx, const Window2d& g) override;
+  bool maxpool2d_keeps_argmax() const override { return false; }
+  void conv2d(const float* x, const float* w, float* y, const Window2d& g,
+              int64_t out_ch) override;
+  void conv2d_backward_data(const float* gy, const float* w, float* gx, const Window2d& g,
+                            int64_t out_ch) override;
+  void conv2d_backward_filter(const float* x, const float* gy, float* gw, const Window2d& g,
+                              int64_t out_ch) override;
+  void causal_attention(const float* q, const float* k, const float* v, float* o, float* lse,
+                        int64_t bh, int64_t t, int64_t d, float scale) override;
+  void causal_attention_backward(const float* q, const float* k, const float* v,
+                                 const float* o, const float* lse, const float* go, float* gq,
+                                 float* gk, float* gv, int64_t bh, int64_t t, int64_t d,
+                                 float scale) override;
+  int64_t attention_max_head() const override;
   void dropout_mask(float* mask, int64_t n, float p, uint64_t seed, uint64_t offset) override;
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n,
              const AdamWArgs& a) override;
   void sgd(float* param, const float* grad, float* momentum_buf, int64_t n,
            const SgdArgs& a) override;
+  void adamw_multi(float* const* params, const float* const* grads, float* const* ms,
+                   float* const* vs, const int64_t* sizes, int count,
+                   const AdamWArgs& a) override;
+  void sgd_multi(float* const* params, const float* const* grads, float* const* momentum_bufs,
+                 const int64_t* sizes, int count, const SgdArgs& a) override;
+  void axpy(float alpha, const float* x, float* y, int64_t n) override;
 
  private:
   struct DeviceParts {
@@ -125,6 +147,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Allocator> pinned_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;  // convolutions and pooling, on the compute stream
 
   // Staging for copies: two pinned chunks, so that the host fills (or drains) one while
   // the DMA engine moves the other; each chunk's event says when its last transfer ended.

@@ -77,20 +77,25 @@ std::unique_ptr<Allocator> make_device_allocator(std::shared_ptr<DeviceMemory> m
       [memory](void* p) { memory->release(p); });
 }
 
+void* pinned_alloc(size_t bytes, const std::string& name) {
+  void* p = nullptr;
+  cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return nullptr;  // the Allocator reports it, naming the request and the bytes in use
+  }
+  check(e, "cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped)", name);
+  return p;
+}
+
+void pinned_free(void* p, const std::string& name) {
+  report_free_failure(cudaFreeHost(p), "cudaFreeHost(p)", name);
+}
+
 std::unique_ptr<Allocator> make_pinned_allocator(const std::string& name) {
   return std::make_unique<Allocator>(
-      name,
-      [name](size_t bytes) -> void* {
-        void* p = nullptr;
-        cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
-        if (e == cudaErrorMemoryAllocation) {
-          cudaGetLastError();
-          return nullptr;  // the Allocator reports it, naming the request and the bytes in use
-        }
-        check(e, "cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped)", name);
-        return p;
-      },
-      [name](void* p) { report_free_failure(cudaFreeHost(p), "cudaFreeHost(p)", name); });
+      name, [name](size_t bytes) { return pinned_alloc(bytes, name); },
+      [name](void* p) { pinned_free(p, name); });
 }
 
 }  // namespace ht::cuda

@@ -50,6 +50,12 @@ class DeviceMemory {
 std::unique_ptr<Allocator> make_device_allocator(std::shared_ptr<DeviceMemory> memory,
                                                  const std::string& name);
 
+// Pinned host memory (cudaHostAlloc, portable and mapped) without an Allocator: null when
+// the host is out of memory, any other failure throws naming `name`. The CUDA backend's
+// host staging hook (Allocator::set_host_staging) and the pinned Allocator below use it.
+void* pinned_alloc(size_t bytes, const std::string& name);
+void pinned_free(void* p, const std::string& name);
+
 // An Allocator of pinned host memory (cudaHostAlloc, portable across devices and mapped
 // into the device's address space): accounted and cached like device memory, never capped.
 std::unique_ptr<Allocator> make_pinned_allocator(const std::string& name);
