@@ -25,8 +25,11 @@ class AdamW : public Optimizer {
 
  protected:
   void update(size_t index, const Tensor& param, const Tensor& grad, int64_t updates) override;
+  void update_group(const std::vector<size_t>& indices, const std::vector<Tensor>& grads,
+                    int64_t updates) override;
 
  private:
+  AdamWArgs args(int64_t updates) const;
   AdamWOptions options_;
 };
 

@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
@@ -26,11 +27,12 @@ void check_range(const char* what, const char* name, float value, float lo, floa
 namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Counters travel as int32 tensors, the integer dtype checkpoints already carry.
+// Counters travel as int32 tensors, the integer dtype checkpoints already carry; they
+// live in host memory, where the checkpoint writer and load_state read them.
 Tensor counter_tensor(const char* what, const std::string& name, int64_t value) {
   HT_CHECK(value <= std::numeric_limits<int32_t>::max(), what, ": state '", name, "' = ", value,
            " does not fit the int32 checkpoint counter; expected at most 2^31 - 1");
-  return Tensor::from_ints({static_cast<int32_t>(value)}, {1});
+  return Tensor::from_ints({static_cast<int32_t>(value)}, {1}, cpu_backend());
 }
 }  // namespace
 
@@ -86,9 +88,22 @@ void Optimizer::step() {
              "; expected both on one device");
     grads[i] = contiguous(g);
   }
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (grads[i].defined()) update(i, params_[i].second, grads[i], ++updates_[i]);
+  // Groups in parameter order, one per backend and update count (usually one group).
+  std::vector<std::pair<std::pair<const Backend*, int64_t>, std::vector<size_t>>> groups;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const std::pair<const Backend*, int64_t> key{&params_[i].second.backend(), ++updates_[i]};
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
+    it->second.push_back(i);
+  }
+  for (const auto& [key, indices] : groups) update_group(indices, grads, key.second);
   ++step_count_;
+}
+
+void Optimizer::update_group(const std::vector<size_t>& indices, const std::vector<Tensor>& grads,
+                             int64_t updates) {
+  for (size_t i : indices) update(i, params_[i].second, grads[i], updates);
 }
 
 void Optimizer::zero_grad() {

@@ -51,6 +51,12 @@ class Optimizer {
   // backend, and `updates` counts this one (1 on the first update of that parameter).
   virtual void update(size_t index, const Tensor& param, const Tensor& grad,
                       int64_t updates) = 0;
+  // Applies the update to params()[i] with grads[i] for every i in `indices`: parameters
+  // on one backend with the same update count, so one set of arguments serves them all.
+  // This default calls update() per parameter; an optimiser overrides it with the
+  // backend's multi-tensor update (one launch for all on a GPU).
+  virtual void update_group(const std::vector<size_t>& indices, const std::vector<Tensor>& grads,
+                            int64_t updates);
 
   // slot(index, k) is the k-th buffer (in constructor order) of params()[index].
   const Tensor& slot(size_t index, size_t k) const { return slots_[index][k]; }

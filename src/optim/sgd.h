@@ -24,8 +24,11 @@ class SGD : public Optimizer {
 
  protected:
   void update(size_t index, const Tensor& param, const Tensor& grad, int64_t updates) override;
+  void update_group(const std::vector<size_t>& indices, const std::vector<Tensor>& grads,
+                    int64_t updates) override;
 
  private:
+  SgdArgs args(int64_t updates) const;
   SgdOptions options_;
 };
 
