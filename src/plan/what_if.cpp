@@ -434,6 +434,14 @@ class Play {
     // its arrival after that step's start); counted if the step is still in the window.
     std::vector<std::tuple<int64_t, double, double>> returning;
     double budget = phase_.plan.predicted.step_seconds * (1 + in_.deadline_slack);
+    // The reduction's leader: term % size, rank 0 first; a member that hears nothing from
+    // it within its patience moves to the next.
+    const auto first_active = [&] {
+      for (size_t r = 0; r < phase_.ids.size(); ++r)
+        if (active(static_cast<int>(r))) return static_cast<int>(r);
+      return 0;
+    };
+    int leader = first_active();
     while (done < in_.steps) {
       const StepParts& p = parts(t);
       const std::vector<double> factors = factors_at(t);
@@ -457,7 +465,7 @@ class Play {
         failed[static_cast<size_t>(r)] = true;
         out_.notes.push_back(e.spec + ": left out from step " + std::to_string(done) + " on, no restart");
       }
-      bool waited = false, any_missing = false;
+      bool waited = false, any_missing = false, leader_silent = false;
       double last = 0, latest = 0;  // latest: the arrivals the budget adapts to, late ones included
       for (size_t r = 0; r < phase_.ids.size(); ++r) {
         const int idx = static_cast<int>(r);
@@ -478,12 +486,33 @@ class Play {
           continue;
         }
         any_missing = true;
+        leader_silent = leader_silent || (silent && idx == leader);
         dropped += phase_.plan.ranks[r].samples;
         waited = waited || !silent || missed[r] < kDeadlineWaitedSteps;
         missed[r] = silent ? missed[r] + 1 : 0;
       }
+      double close = waited ? budget : last;
+      if (leader_silent) {
+        // The members wait their patience after sending, then the next rank leads from
+        // then on: it waits a budget for the silent one (new to its count), and measures
+        // its own window afresh.
+        const int next = [&] {
+          for (size_t k = 1; k <= phase_.ids.size(); ++k) {
+            const auto r = (static_cast<size_t>(leader) + k) % phase_.ids.size();
+            if (active(static_cast<int>(r)) && !failed[r]) return static_cast<int>(r);
+          }
+          return leader;
+        }();
+        const auto n = static_cast<size_t>(next);
+        const double sent = p.busy[n] * factors[n] + p.tail;
+        close = sent + kDeadlinePatienceBudgets * budget + kDeadlinePatienceSeconds + budget;
+        out_.notes.push_back("the leader (rank " + std::to_string(phase_.ids[static_cast<size_t>(leader)]) +
+                             ") fell silent at step " + std::to_string(done) + ": rank " +
+                             std::to_string(phase_.ids[n]) + " leads from then on");
+        leader = next;
+        window.clear(), returning.clear();
+      }
       // Stalls that ended by this step's close are spent: the rank is caught up.
-      const double close = waited ? budget : last;
       for (size_t i = 0; i < events_.size(); ++i)
         if (events_[i].kind == WhatIfKind::stall && events_[i].at_s + events_[i].for_s <= t + close) used_[i] = true;
       if (any_missing) ++out_.steps_closed_short;
@@ -497,6 +526,7 @@ class Play {
         const double went_on = join_at_checkpoint(t, done);
         if (went_on != t) {  // a new job: its leader measures afresh from the new plan's step
           missed.assign(phase_.ids.size(), 0), failed.assign(phase_.ids.size(), false);
+          leader = first_active();
           window.clear(), returning.clear();
           budget = phase_.plan.predicted.step_seconds * (1 + in_.deadline_slack);
         }

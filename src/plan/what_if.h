@@ -22,6 +22,9 @@
 //    sends after the close; a stalled one sends when it resumes, counted when that step is
 //    still in the window). So a slow rank's late parts raise the budget until it arrives
 //    in time. The job's end waits for a rank still stopped then (its finish is collective).
+//    A silent leader (rank 0 first) costs its step the members' patience (2 budgets and
+//    20 ms after they sent) and a budget of the next rank, which leads from then on with
+//    its window measured afresh.
 //    A rank whose part
 //    (its compute x factor, plus the step's common tail after the slowest compute: the
 //    reduction) does not arrive by the budget is left out, its samples dropped. The step
@@ -80,6 +83,8 @@ inline constexpr int kDeadlineWaitedSteps = 2;
 // steps' latest arrivals, once kDeadlineMinMeasured have closed.
 inline constexpr int kDeadlineMedianOf = 9;
 inline constexpr int kDeadlineMinMeasured = 3;
+// A deadline member's patience with a silent leader: this many budgets and seconds.
+inline constexpr double kDeadlinePatienceBudgets = 2, kDeadlinePatienceSeconds = 0.02;
 inline constexpr int64_t kDefaultWhatIfSteps = 1000;
 // Local plans are searched per rank and group (plan/local_plan.h): beyond this world the
 // search takes minutes, so what-if refuses local there.

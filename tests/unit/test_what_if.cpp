@@ -499,3 +499,28 @@ TEST_CASE("deadline: a stall that outlasts the job holds its end, which hears fr
   REQUIRE(deadline.refused.empty());
   CHECK(deadline.seconds == doctest::Approx(in.events[0].at_s + in.events[0].for_s));
 }
+
+TEST_CASE("deadline: a stalled leader costs its step the members' patience and the next leader's budget") {
+  WhatIfInput in = four_equal(100, {});
+  const double step = plan_for_policy(in.planner, Policy::deadline, 0).predicted.step_seconds;
+  // Step 10: the members send at one step, wait 2 budgets (1.5 steps each) and 20 ms, then
+  // rank 1 leads and waits a budget for rank 0; step 11 it waits a budget again
+  // (kDeadlineWaitedSteps), then closes without it at each step's end: 4.5 + 0.5 steps
+  // and the 20 ms more than the plain run. The stall ends as step 30 begins (then at
+  // 35 steps and 20 ms), so its return is waited for no longer than any step.
+  const double at = 10.5 * step, lost = 5 * step + kDeadlinePatienceSeconds;
+  in.events = {parse_what_if_event("stall:rank=0,at=" + std::to_string(at) + ",for=" +
+                                   std::to_string(30 * step + lost - at))};
+  const PolicyOutcome deadline = outcome(run_what_if(in), Policy::deadline);
+  REQUIRE(deadline.refused.empty());
+  CHECK(deadline.lost_seconds == doctest::Approx(lost));
+  REQUIRE(!deadline.notes.empty());
+  CHECK(contains(deadline.notes[0], "the leader (rank 0) fell silent at step 10: rank 1 leads from then on"));
+  // A member's stall costs no patience: kDeadlineWaitedSteps half-steps.
+  const double member_lost = kDeadlineWaitedSteps * 0.5 * step;
+  in.events = {parse_what_if_event("stall:rank=2,at=" + std::to_string(at) + ",for=" +
+                                   std::to_string(30 * step + member_lost - at))};
+  const PolicyOutcome member = outcome(run_what_if(in), Policy::deadline);
+  CHECK(member.lost_seconds == doctest::Approx(member_lost));
+  CHECK(member.notes.empty());
+}
