@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "comm/comm_internal.h"
 #include "comm/doorbell.h"
@@ -10,7 +11,33 @@
 
 namespace ht::comm {
 
+HostBuffer::HostBuffer(Backend& be, int64_t floats)
+    : alloc_(&be.allocator()), bytes_(static_cast<size_t>(floats) * sizeof(float)) {
+  Allocator::HostStaging staging;
+  p_ = static_cast<float*>(alloc_->allocate(bytes_, "allreduce_sum_weighted staging"));
+}
+
+HostBuffer::~HostBuffer() {
+  if (p_) alloc_->deallocate(p_, bytes_);
+}
+
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept
+    : alloc_(std::exchange(o.alloc_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
+      p_(std::exchange(o.p_, nullptr)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) alloc_->deallocate(p_, bytes_);
+    alloc_ = std::exchange(o.alloc_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    p_ = std::exchange(o.p_, nullptr);
+  }
+  return *this;
+}
+
 namespace {
+
+bool on_host(const Tensor& t) { return t.backend().kind() == DeviceKind::cpu; }
 
 // One tag per tensor and round, so no receive depends on the order of another's.
 constexpr int kTagBase = 1000;
@@ -32,13 +59,22 @@ std::vector<int64_t> part_offsets(int64_t n, const std::vector<double>& weights)
 
 // One tensor between its add and its end: its parts, what the peers sent for this rank's
 // part, and the requests of the round it is in.
+//
+// A tensor off the CPU is staged: MPI is not assumed to reach device memory, so the
+// tensor's parts travel through host buffers of its backend's host staging (pinned and
+// mapped on a GPU). Round 1 sends from a host copy of the tensor, round 2 receives into
+// that copy and uploads the peers' parts when they are in; the sums run on the device
+// (Backend::axpy, which reads the mapped incoming buffers in place). A CPU tensor is sent
+// from and received into its own memory, and summed by the CPU's axpy.
 struct OverlappedAllreduce::Pending {
   Tensor tensor;
   int tag = 0;
   std::vector<int64_t> offsets;
+  bool staged = false;  // the tensor is off the CPU
+  HostBuffer host;      // staged: the tensor's host copy
   // [peer] round 1, for this rank's part; not zeroed (the receive fills it), since a
   // hub's are every peer's whole gradients, each step.
-  std::vector<std::unique_ptr<float[]>> incoming;
+  std::vector<HostBuffer> incoming;
   std::vector<PeerRequest> requests;
   // Round 1 in flight; summed, round 2 not yet asked for (scatter_only); round 2 in flight.
   enum { collecting, scattered, spreading } state = collecting;
@@ -80,7 +116,13 @@ void OverlappedAllreduce::add(std::vector<Tensor> tensors) {
     x->tensor = t;
     x->tag = tag(index, 0);
     x->offsets = part_offsets(t.numel(), weights_);
+    x->staged = !on_host(t);
     float* data = t.data();
+    if (x->staged) {  // round 1 sends from a host copy
+      x->host = HostBuffer(t.backend(), t.numel());
+      t.backend().copy_to_host(x->host.get(), data, static_cast<size_t>(t.numel()) * 4);
+      data = x->host.get();
+    }
     const auto& off = x->offsets;
     const int64_t mine = off[me + 1] - off[me];
     x->incoming.resize(static_cast<size_t>(p));
@@ -90,7 +132,7 @@ void OverlappedAllreduce::add(std::vector<Tensor> tensors) {
       if (len > 0) x->requests.push_back({comm_.isend_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x->tag), j});
       if (mine > 0) {
         auto& buf = x->incoming[static_cast<size_t>(j)];
-        buf = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(mine));
+        buf = HostBuffer(t.backend(), mine);
         x->requests.push_back({comm_.irecv_bytes(buf.get(), static_cast<size_t>(mine) * 4, j, x->tag), j});
       }
     }
@@ -110,38 +152,56 @@ bool OverlappedAllreduce::progress() {
     const auto& off = x->offsets;
     float* part = x->tensor.data() + off[me];
     const int64_t mine = off[me + 1] - off[me];
+    Backend& be = x->tensor.backend();
     for (int j = 0; j < p; ++j)  // in rank order, so every owner adds in the same order
-      if (j != me && mine > 0) {
-        const float* in = x->incoming[static_cast<size_t>(j)].get();
-        for (int64_t i = 0; i < mine; ++i) part[i] += in[i];
-      }
+      if (j != me && mine > 0) be.axpy(1.f, x->incoming[static_cast<size_t>(j)].get(), part, mine);
+    // A device reads the incoming buffers until its sums are done.
+    if (x->staged) be.synchronize();
     x->incoming.clear();
     if (scatter_only_) x->state = Pending::scattered;
     else spread(*x);
   }
-  std::erase_if(pending_, [](const std::unique_ptr<Pending>& x) {
-    return x->state == Pending::spreading && x->requests.empty();
+  std::erase_if(pending_, [me](const std::unique_ptr<Pending>& x) {
+    const bool done = x->state == Pending::spreading && x->requests.empty();
+    if (done && x->staged) upload_peer_parts(*x, me);
+    return done;
   });
   for (auto& o : outgoing_) moved = std::erase_if(o.sends, [](PeerRequest& r) { return r.request.test(); }) > 0 || moved;
   std::erase_if(outgoing_, [](const Outgoing& o) { return o.sends.empty(); });
   return moved;
 }
 
-// The part goes out from a copy, so the tensor is final once this rank's receives are.
+// A staged tensor's round 2 is in its host copy: the peers' parts go up to the device.
+void OverlappedAllreduce::upload_peer_parts(Pending& x, int me) {
+  const auto& off = x.offsets;
+  Backend& be = x.tensor.backend();
+  for (size_t j = 0; j + 1 < off.size(); ++j)
+    if (static_cast<int>(j) != me && off[j + 1] > off[j])
+      be.copy_from_host(x.tensor.data() + off[j], x.host.get() + off[j],
+                        static_cast<size_t>(off[j + 1] - off[j]) * 4);
+}
+
+// The part goes out from a copy, so the tensor is final once this rank's receives are
+// (a staged tensor's once they are uploaded, see upload_peer_parts).
 void OverlappedAllreduce::spread(Pending& x) {
   const int p = comm_.size(), me = comm_.rank();
   const auto& off = x.offsets;
-  float* data = x.tensor.data();
+  Backend& be = x.tensor.backend();
+  x.staged = !on_host(x.tensor);  // gather may have brought a source of another backend
+  if (x.staged && !x.host.get()) x.host = HostBuffer(be, x.tensor.numel());
+  float* data = x.staged ? x.host.get() : x.tensor.data();
   const int64_t mine = off[me + 1] - off[me];
   Outgoing* out = nullptr;
   if (mine > 0) {
     out = &outgoing_.emplace_back();
-    out->data.assign(data + off[me], data + off[me + 1]);
+    out->data = HostBuffer(be, mine);
+    if (x.staged) be.copy_to_host(out->data.get(), x.tensor.data() + off[me], static_cast<size_t>(mine) * 4);
+    else std::copy(data + off[me], data + off[me + 1], out->data.get());
   }
   for (int j = 0; j < p; ++j) {
     if (j == me) continue;
     const int64_t len = off[j + 1] - off[j];
-    if (out) out->sends.push_back({comm_.isend_bytes(out->data.data(), static_cast<size_t>(mine) * 4, j, x.tag + 1), j});
+    if (out) out->sends.push_back({comm_.isend_bytes(out->data.get(), static_cast<size_t>(mine) * 4, j, x.tag + 1), j});
     if (len > 0) x.requests.push_back({comm_.irecv_bytes(data + off[j], static_cast<size_t>(len) * 4, j, x.tag + 1), j});
   }
   x.state = Pending::spreading;

@@ -19,6 +19,23 @@
 
 namespace ht::comm {
 
+// A host buffer of floats from a backend's host staging (Allocator::HostStaging): pinned,
+// mapped host memory on a GPU, plain host memory on the CPU. Moves, never copies.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(Backend& be, int64_t floats);
+  ~HostBuffer();
+  HostBuffer(HostBuffer&& o) noexcept;
+  HostBuffer& operator=(HostBuffer&& o) noexcept;
+  float* get() const { return p_; }
+
+ private:
+  Allocator* alloc_ = nullptr;
+  size_t bytes_ = 0;
+  float* p_ = nullptr;
+};
+
 // [offsets[j], offsets[j + 1]) is rank j's part of an n-element tensor under `weights`
 // (in proportion to them, rounded; every rank computes the same cuts).
 std::vector<int64_t> part_offsets(int64_t n, const std::vector<double>& weights);
@@ -40,7 +57,8 @@ class OverlappedAllreduce {
   // Every member passes the same weights, one per rank of `comm`, each >= 0, not all 0.
   OverlappedAllreduce(Communicator& comm, std::vector<double> weights, bool scatter_only = false);
   ~OverlappedAllreduce();
-  // Contiguous float32 tensors on the CPU, reduced in place.
+  // Contiguous float32 tensors on any backend, reduced in place (see Pending for how a
+  // device's tensors are staged).
   void add(std::vector<Tensor> tensors);
   bool progress();  // whether any message completed
   size_t added() const { return added_; }  // tensors added so far
@@ -49,7 +67,7 @@ class OverlappedAllreduce {
   // still be in flight (from copies). On timed_out the tensors are in an unspecified state.
   WaitStatus finish(Timeout timeout);
   // Scatter_only, after finish: round 2 from `sources`, one per tensor added, in order,
-  // each of its tensor's size (contiguous float32 on the CPU).
+  // each of its tensor's size (contiguous float32 on any backend).
   void gather(std::vector<Tensor> sources);
   // Scatter_only, after finish, instead of gather: where every rank reads the owners'
   // weights in place (shared memory), round 2 has nothing to carry.
@@ -67,11 +85,12 @@ class OverlappedAllreduce {
     int peer;
   };
   struct Outgoing {  // one tensor's summed part, on its way to every peer
-    std::vector<float> data;
+    HostBuffer data;
     std::vector<PeerRequest> sends;
   };
   WaitStatus poll(Timeout timeout, bool sends);
   void spread(Pending& x);  // starts round 2 of x from its tensor's part
+  static void upload_peer_parts(Pending& x, int me);
   Communicator& comm_;
   std::vector<double> weights_;
   bool scatter_only_;
@@ -81,7 +100,7 @@ class OverlappedAllreduce {
 };
 
 // Collective over `comm`: every rank passes the same number of float32 tensors of the
-// same sizes (contiguous, on the CPU) and the same weights, one per rank, each >= 0
+// same sizes (contiguous, on any backend) and the same weights, one per rank, each >= 0
 // and not all 0.
 // In place; on timed_out the tensors are in an unspecified state.
 WaitStatus allreduce_sum_weighted(Communicator& comm, std::vector<Tensor>& tensors,

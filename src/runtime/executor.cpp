@@ -373,7 +373,12 @@ std::string Executor::parameter_checksum() const {
   uint32_t crc = 0;
   for (const auto& [name, t] : params_) {
     const Tensor dense = contiguous(t.detach());
-    crc = crc32_update(crc, dense.data(), static_cast<size_t>(dense.numel()) * 4);
+    if (dense.backend().kind() == DeviceKind::cpu) {
+      crc = crc32_update(crc, dense.data(), static_cast<size_t>(dense.numel()) * 4);
+    } else {  // a device's memory is read through a staged host copy
+      const std::vector<float> host = dense.to_vector();
+      crc = crc32_update(crc, host.data(), host.size() * 4);
+    }
   }
   return crc32_hex(crc);
 }
