@@ -1,7 +1,6 @@
 // Launchers of fused causal self-attention (flash-style): the T x T scores are never
 // stored; each query row keeps a running max and sum (online softmax) over key tiles.
-// No Backend virtual calls these yet: the ops compose attention from gemm, where and
-// softmax. Layouts: q, k, v, o, gq, gk, gv are contiguous (bh, t, d), one (batch, head)
+// The CUDA backend's causal_attention and causal_attention_backward call these. Layouts: q, k, v, o, gq, gk, gv are contiguous (bh, t, d), one (batch, head)
 // pair per leading index; lse and delta are (bh, t).
 #pragma once
 
