@@ -202,14 +202,40 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, const LinkTiers& tiers
     l.groups.push_back(members);
   }
   sync_rank_shares(p);
+  // A group's share is the whole global batch, more than the rank's data-parallel share:
+  // a rank that cannot hold it in its micro-batches gets the least count that fits (as
+  // the synchronous planner's memory strategy 2), found once per class and share.
+  std::map<std::pair<int, int64_t>, int> fitted;  // (class, share) -> micro-batches
   for (RankPlan& rp : p.ranks) {
     if (rp.replica < 0) continue;
     rp.memory = rank_memory(p, in.costs, rp);
-    if (rp.memory.total() > rp.device.memory_bytes) {
+    if (rp.memory.total() <= rp.device.memory_bytes) continue;
+    auto [known, fresh] = fitted.try_emplace({classes[static_cast<size_t>(rp.rank)], rp.samples}, 0);
+    if (fresh) {
+      RankPlan trial = rp;
+      auto fits = [&](int m) {
+        trial.micro_batches = m;
+        trial.micro_batch_size = (trial.samples + m - 1) / m;
+        return rank_memory(p, in.costs, trial).total() <= trial.device.memory_bytes;
+      };
+      int lo = rp.micro_batches, hi = static_cast<int>(rp.samples);  // lo does not fit
+      if (fits(hi)) {
+        while (hi - lo > 1) {
+          const int mid = lo + (hi - lo) / 2;
+          (fits(mid) ? hi : lo) = mid;
+        }
+        known->second = hi;
+      }
+    }
+    if (known->second == 0) {
       out.problem = "rank " + std::to_string(rp.rank) + " (" + rp.device.label() + ") cannot hold its local share of " +
-                    std::to_string(rp.samples) + " samples";
+                    std::to_string(rp.samples) + " samples, even one at a time";
       return out;
     }
+    p.layout.micro_batches[static_cast<size_t>(rp.replica)] = known->second;
+    rp.micro_batches = known->second;
+    rp.micro_batch_size = (rp.samples + known->second - 1) / known->second;
+    rp.memory = rank_memory(p, in.costs, rp);
   }
   l.inner_steps = static_cast<int>(l.groups.size());  // until predict_local chooses H and the H_g
   l.group_steps.assign(l.groups.size(), 1);
@@ -267,8 +293,6 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
       return r.replica < 0 || r.busy_fraction < kStarvedBusy;
     });
     if (!starved) return std::nullopt;
-    // The group search tries each rank in each group so far, predicting a sub-plan each
-    // time: at 1,024 ranks it ran for minutes. Asked for, local still searches.
     if (in.cluster.ranks.size() > kAutoLocalMaxRanks) return std::nullopt;
   }
   LocalPlanInput li;

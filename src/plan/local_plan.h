@@ -183,7 +183,7 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in);
 // ranks, and local is predicted kLocalMinGain faster. Otherwise nothing: the
 // synchronous plan stands.
 inline constexpr double kStarvedBusy = 0.5;
-inline constexpr size_t kAutoLocalMaxRanks = 64;  // auto considers local up to this world
+inline constexpr size_t kAutoLocalMaxRanks = SIZE_MAX;  // auto considers local at any world size
 inline constexpr double kLocalMinGain = 0.10;
 std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan,
                                    std::optional<config::SyncPolicy> asked, int64_t local_steps);
