@@ -21,7 +21,7 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
   opts.quick = true;
   opts.model = cfg;
   opts.build_model = [](const ht::config::Config& c) {
-    return ht::runtime::make_task(c)->build_model(c.train.seed);
+    return ht::runtime::make_task(c, ht::cpu_backend())->build_model(c.train.seed);
   };
   ht::plan::ClusterModel c = ht::plan::cluster_from_probe(ht::probe::run_probe(world, opts));
   c.source = "quick probe of this job (" + std::to_string(c.ranks.size()) + " ranks)";

@@ -29,7 +29,7 @@ void register_probe(CLI::App& app) {
     opts.quick = args->quick;
     if (!args->model.empty()) opts.model = ht::config::load_config(args->model);
     opts.build_model = [](const ht::config::Config& c) {
-      return ht::runtime::make_task(c)->build_model(c.train.seed);
+      return ht::runtime::make_task(c, ht::cpu_backend())->build_model(c.train.seed);
     };
     ht::comm::Communicator& world = ht::comm::world();
     ht::probe::ClusterFingerprint c = ht::probe::run_probe(world, opts);

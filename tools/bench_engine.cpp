@@ -50,13 +50,13 @@ struct Workload {
 Tensor random_images(Rng& rng, Shape shape) {
   std::vector<float> v(numel(shape));
   for (float& x : v) x = rng.normal();
-  return Tensor::from_vector(v, shape);
+  return Tensor::from_vector(v, shape, cpu_backend());
 }
 
 Tensor random_ints(Rng& rng, Shape shape, int32_t bound) {
   std::vector<int32_t> v(numel(shape));
   for (int32_t& x : v) x = static_cast<int32_t>(rng.below(bound));
-  return Tensor::from_ints(v, shape);
+  return Tensor::from_ints(v, shape, cpu_backend());
 }
 
 std::vector<Workload> workloads(const std::vector<std::string>& names) {
@@ -82,7 +82,7 @@ std::vector<Workload> workloads(const std::vector<std::string>& names) {
 // The executor's data source: the workload's one batch at every stream position.
 class FixedBatchTask final : public runtime::Task {
  public:
-  explicit FixedBatchTask(const Workload& w) : w_(w) {}
+  explicit FixedBatchTask(const Workload& w) : Task(w.input.backend()), w_(w) {}
   nn::Sequential build_model(uint64_t) const override { return w_.build(); }
   int64_t train_size() const override { return w_.input.shape()[0]; }
   int64_t predictions_per_sample() const override { return w_.predictions_per_sample; }

@@ -14,6 +14,7 @@
 
 #include "config/json_schema.h"
 #include "core/crc32.h"
+#include "core/device_request.h"
 #include "core/enum_names.h"
 
 namespace ht::config {
@@ -301,6 +302,7 @@ Config parse_config(const std::string& json_text, const std::string& source_path
   c.name = std::filesystem::path(source_path).stem().string();
   if (c.name.empty()) c.name = "config";
   expect_object(doc, "(top level)", "an object with sections model, data, train");
+  // "device" is a top-level string, not a section: it says where the whole run computes.
   walk(doc, "",
        {{"description", {}, [](const Json& v, const std::string& p) {
            if (!v.is_string()) fail_at(p, show(v) + " is not a string; expected free text");
@@ -312,7 +314,13 @@ Config parse_config(const std::string& json_text, const std::string& source_path
         section("parallel", read_parallel, c.parallel),
         section("guard", read_guard, c.guard),
         section("run", read_run, c.run),
-        section("emulate", read_emulate, c.emulate)});
+        section("emulate", read_emulate, c.emulate),
+        {"device", {}, [&](const Json& v, const std::string& p) {
+           const std::string d = v.is_string() ? v.get<std::string>() : std::string();
+           if (!v.is_string() || !try_parse_device(d))
+             fail_at(p, show(v) + " is not a device; expected " + kDeviceForms);
+           c.device = d;
+         }}});
   if (!doc.contains("model"))
     fail_missing("model", "a section like {\"type\": \"mlp\"} (mlp, cnn or gpt)");
   if (!doc.contains("data"))
@@ -418,7 +426,8 @@ std::string to_json(const Config& c) {
              {"window", c.guard.window},
              {"quarantine_after", c.guard.quarantine_after},
              {"quarantine_steps", c.guard.quarantine_steps}}},
-           {"run", {{"dir", c.run.dir}}}};
+           {"run", {{"dir", c.run.dir}}},
+           {"device", c.device}};
   if (c.parallel.sync) doc["parallel"]["sync"] = to_string(*c.parallel.sync);  // absent: the planner's choice
   if (!c.emulate.ranks.empty()) {
     Json ranks = Json::array();

@@ -173,6 +173,10 @@ struct Config {
   GuardConfig guard;
   RunConfig run;
   EmulateConfig emulate;
+  // The device the run computes on: "cpu", "cuda" (the GPU of the process's MPI local
+  // rank), "cuda:N" or "auto" (a GPU where one is usable, else the CPU); the forms are
+  // core/device_request.h's, and backend/cuda/device_select.h chooses from them.
+  std::string device = "cpu";
 };
 
 // Reads and validates. Throws ConfigError naming the JSON path on any problem.

@@ -1,5 +1,6 @@
 // Batch tensors for lists of samples (as the samplers produce them), and sequential
-// evaluation iterators over a whole split.
+// evaluation iterators over a whole split. Each is made on the backend given (the
+// task's device): the samples are gathered on the host and copied there once.
 #pragma once
 
 #include <cstdint>
@@ -27,28 +28,27 @@ struct TextBatch {
 
 // Gathers samples `indices` (e.g. ShuffledSampler output) into one batch.
 ImageBatch make_image_batch(const ImageDataset& ds, std::span<const int64_t> indices,
-                            Backend& be = cpu_backend());
+                            Backend& be);
 
 // Windows of context + 1 tokens starting at `starts` (e.g. WindowSampler output); the
 // targets are the inputs shifted by one token.
 TextBatch make_text_batch(std::span<const uint8_t> tokens, std::span<const int64_t> starts,
-                          int64_t context, Backend& be = cpu_backend());
+                          int64_t context, Backend& be);
 
 // The same for the contiguous stream positions [first_position, first_position + count)
 // of `sampler` (a consumer's slice of a global batch).
 ImageBatch make_image_batch(const ImageDataset& ds, Sampler& sampler, int64_t first_position,
-                            int64_t count, Backend& be = cpu_backend());
+                            int64_t count, Backend& be);
 TextBatch make_text_batch(std::span<const uint8_t> tokens, Sampler& sampler,
                           int64_t first_position, int64_t count, int64_t context,
-                          Backend& be = cpu_backend());
+                          Backend& be);
 
 // In-order evaluation over a dataset in chunks of `batch_size`, covering the first
 // min(N, max_samples) samples (max_samples = 0: all N). The last chunk may be short.
 // Holds a reference: `ds` must outlive the iterator.
 class ImageEvalIterator {
  public:
-  ImageEvalIterator(const ImageDataset& ds, int64_t batch_size, int64_t max_samples = 0,
-                    Backend& be = cpu_backend());
+  ImageEvalIterator(const ImageDataset& ds, int64_t batch_size, int64_t max_samples, Backend& be);
   // Fills `out` with the next chunk; false once the split is exhausted.
   bool next(ImageBatch& out);
   void reset() { pos_ = 0; }
@@ -68,7 +68,7 @@ class ImageEvalIterator {
 class TextEvalIterator {
  public:
   TextEvalIterator(std::span<const uint8_t> tokens, int64_t context, int64_t batch_size,
-                   int64_t max_samples = 0, Backend& be = cpu_backend());
+                   int64_t max_samples, Backend& be);
   bool next(TextBatch& out);
   void reset() { pos_ = 0; }
   int64_t total() const { return total_; }  // windows

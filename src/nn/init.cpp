@@ -6,7 +6,7 @@ namespace ht::nn {
 
 namespace {
 Tensor parameter_from(const std::vector<float>& values, const Shape& shape) {
-  Tensor t = Tensor::from_vector(values, shape);
+  Tensor t = Tensor::from_vector(values, shape, cpu_backend());
   t.set_requires_grad(true);
   return t;
 }

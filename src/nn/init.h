@@ -15,7 +15,10 @@ enum class Init {
 
 inline constexpr float kGptInitStd = 0.02f;
 
-// Leaf tensors that require a gradient.
+// Leaf tensors that require a gradient, made in host memory (the CPU backend, by name):
+// the values are drawn on the host, every rank builds the whole model from one seed,
+// and each rank moves the blocks it computes with onto its device (Tensor::rehome, in
+// the executor), so a model larger than one device is still built identically.
 Tensor uniform_parameter(const Shape& shape, float bound, Rng& rng);  // U(-bound, bound)
 Tensor normal_parameter(const Shape& shape, float stddev, Rng& rng);  // N(0, stddev^2)
 Tensor constant_parameter(const Shape& shape, float value);

@@ -56,7 +56,7 @@ double run_for(double budget, int64_t min_calls, const std::function<void()>& fn
 Tensor random_tensor(const Shape& shape, Rng& rng) {
   std::vector<float> v(numel(shape));
   for (float& x : v) x = rng.normal();
-  return Tensor::from_vector(v, shape);
+  return Tensor::from_vector(v, shape, cpu_backend());
 }
 
 }  // namespace
@@ -70,7 +70,7 @@ DeviceRates measure_device(double seconds) {
   r.sgemm_size = 1024;
   int64_t n = r.sgemm_size;
   Tensor a = random_tensor({n, n}, rng), b = random_tensor({n, n}, rng);
-  Tensor c = Tensor::empty({n, n});
+  Tensor c = Tensor::empty({n, n}, DType::f32, cpu_backend());
   GemmArgs g;
   g.m = g.n = g.k = n;
   g.a = a.data();
@@ -109,14 +109,14 @@ std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t sma
       shape.insert(shape.begin(), batch);
       // Token ids of 0 are valid for any vocabulary; values do not change the timing.
       Tensor x = block.input_dtype() == DType::i32
-                     ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape)
+                     ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape, cpu_backend())
                      : random_tensor(shape, rng);
       // Training passes the gradient back through every block but the model's first
       // (whose input is the data): leaving it out timed the MLP's step 20% short.
       if (i > 0 && x.dtype() == DType::f32) x.set_requires_grad();
       return [&block, x] {
         Tensor y = block.forward(x);
-        y.backward(Tensor::full(y.shape(), 1.f));
+        y.backward(Tensor::full(y.shape(), 1.f, cpu_backend()));
         x.zero_grad();  // as in training, each call's input gradient is a new tensor
       };
     };

@@ -128,11 +128,11 @@ Checkpoint read_unprefixed(const std::string& path) {
     if (e.dtype == DType::f32) {
       std::vector<float> v(count);
       if (count) std::memcpy(v.data(), src, count * sizeof(float));
-      ck.tensors.emplace(e.name, Tensor::from_vector(v, e.shape));
+      ck.tensors.emplace(e.name, Tensor::from_vector(v, e.shape, cpu_backend()));
     } else {
       std::vector<int32_t> v(count);
       if (count) std::memcpy(v.data(), src, count * sizeof(int32_t));
-      ck.tensors.emplace(e.name, Tensor::from_ints(v, e.shape));
+      ck.tensors.emplace(e.name, Tensor::from_ints(v, e.shape, cpu_backend()));
     }
   }
   h.metadata.erase(kFormatKey);

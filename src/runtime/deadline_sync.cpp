@@ -62,14 +62,14 @@ void DeadlineSync::load(const comm::ReplicaState& s) {
   for (const auto& [name, t] : optimizer_.state()) {
     if (t.dtype() == DType::f32) {
       const float* at = floats(t.numel());
-      state.emplace_back(name, Tensor::from_vector(std::vector<float>(at, at + t.numel()), t.shape()));
+      state.emplace_back(name, Tensor::from_vector(std::vector<float>(at, at + t.numel()), t.shape(), t.backend()));
     } else {
       std::vector<int32_t> v;
       for (int64_t k = 0; k < t.numel(); ++k, ++i) {
         HT_CHECK(i < s.ints.size(), "deadline catch-up: the state's counters end early at '", name, "'");
         v.push_back(static_cast<int32_t>(s.ints[i]));
       }
-      state.emplace_back(name, Tensor::from_ints(v, t.shape()));
+      state.emplace_back(name, Tensor::from_ints(v, t.shape(), t.backend()));
     }
   }
   optimizer_.load_state(state);

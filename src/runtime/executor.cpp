@@ -72,7 +72,7 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
                                    static_cast<size_t>(rank_plan_.block_end));
   // The model may sit in host staging (see Run in trainer.cpp): this rank computes with
   // its stage's blocks, so those go onto its device, under its memory cap.
-  for (const auto& [name, p] : params_) p.rehome(false);
+  for (const auto& [name, p] : params_) p.rehome(task_.device(), false);
   block_params_ = {0};
   for (int b = rank_plan_.block_begin; b < rank_plan_.block_end; ++b)
     block_params_.push_back(block_params_.back() + model.block(static_cast<size_t>(b)).named_parameters().size());
@@ -278,7 +278,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         break;
       case plan::Op::recv_activation: {
         comm = true;
-        Tensor x = Tensor::empty(boundary_shape(in.micro_batch, true));
+        Tensor x = Tensor::empty(boundary_shape(in.micro_batch, true), DType::f32, task_.device(), "activation");
         wait(world_.recv(x, in.peer, kTagActivation, peer_timeout_));
         live_[in.micro_batch].stage_input = x.set_requires_grad();
         break;
@@ -290,7 +290,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         break;
       case plan::Op::recv_grad: {
         comm = true;
-        Tensor g = Tensor::empty(boundary_shape(in.micro_batch, false));
+        Tensor g = Tensor::empty(boundary_shape(in.micro_batch, false), DType::f32, task_.device(), "gradient");
         wait(world_.recv(g, in.peer, kTagGrad, peer_timeout_));
         live_.at(in.micro_batch).grad_output = g;
         break;

@@ -105,7 +105,7 @@ std::vector<Tensor> Executor::final_grads(size_t begin, size_t end) {
     const Tensor& p = params_[i].second;
     Tensor g = p.grad();
     if (!g.defined()) {
-      g = Tensor::zeros(p.shape());
+      g = Tensor::zeros(p.shape(), p.backend());
     } else if (!g.is_contiguous()) {
       g = clone(g);
     }
@@ -136,7 +136,7 @@ void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
       p.set_grad(grads[k]);
     }
   }
-  Tensor c = Tensor::zeros({1 + members});
+  Tensor c = Tensor::zeros({1 + members}, cpu_backend());  // host: written through data() here
   c.data()[0] = v == Verdict::kept ? static_cast<float>(samples) : 0.f;
   c.data()[1 + me] = static_cast<float>(static_cast<int>(v));
   counts_.push_back(c);
@@ -214,7 +214,7 @@ void Executor::optimizer_step(float lr) {
     // This rank's sum of squares, summed over the stage's parts when sharded and over
     // the stages: every rank clips by the whole model's norm.
     auto sum_over = [this](comm::Communicator& group, double local) {
-      std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1})};
+      std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1}, cpu_backend())};
       if (group.allreduce_sum(t, peer_timeout_) != comm::WaitStatus::done)
         fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world_.rank(), {}, "the gradient norm's sum", peer_timeout_));
       return static_cast<double>(t[0].item());

@@ -8,8 +8,9 @@
 
 namespace ht::runtime {
 
-ImageTask::ImageTask(const config::Config& cfg)
-    : cfg_(cfg),
+ImageTask::ImageTask(const config::Config& cfg, Backend& device)
+    : Task(device),
+      cfg_(cfg),
       data_(data::load_fashion_mnist(cfg.data.dir)),
       sampler_(data_.train.size(), cfg.train.seed) {}
 
@@ -18,12 +19,13 @@ nn::Sequential ImageTask::build_model(uint64_t seed) const {
 }
 
 Batch ImageTask::train_batch(int64_t first, int64_t count) {
-  data::ImageBatch b = data::make_image_batch(data_.train, sampler_, first, count);
+  data::ImageBatch b = data::make_image_batch(data_.train, sampler_, first, count, device());
   return {b.inputs, b.labels};
 }
 
 EvalResult ImageTask::evaluate(const nn::Sequential& model) const {
-  data::ImageEvalIterator it(data_.test, cfg_.train.eval_batch_size, cfg_.train.eval_max_samples);
+  data::ImageEvalIterator it(data_.test, cfg_.train.eval_batch_size, cfg_.train.eval_max_samples,
+                           device());
   data::ImageBatch b;
   double loss = 0, correct = 0, seen = 0;
   while (it.next(b)) {

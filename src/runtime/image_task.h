@@ -8,7 +8,7 @@ namespace ht::runtime {
 
 class ImageTask final : public Task {
  public:
-  explicit ImageTask(const config::Config& cfg);
+  ImageTask(const config::Config& cfg, Backend& device);
 
   nn::Sequential build_model(uint64_t seed) const override;
   int64_t train_size() const override { return data_.train.size(); }

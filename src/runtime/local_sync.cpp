@@ -59,14 +59,14 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
   for (const plan::RankPlan& rp : plan.ranks) weights_.push_back(plan::round_weight(plan, rp.rank));
   outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
   resplit_ = cfg.rebalance_every > 0;
-  stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())});
+  stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())}, cpu_backend());  // host: seconds written through data()
   window_inner_.assign(plan.local->groups.size(), 0.0);
   window_pass_.assign(plan.local->groups.size(), 0.0);
   for (const auto& [name, p] : params_) {
     HT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, "local sync: parameter '", name,
              "' is not a dense float32 tensor");
-    momentum_.push_back(Tensor::zeros(p.shape()));
-    delta_.push_back(Tensor::zeros(p.shape()));
+    momentum_.push_back(Tensor::zeros(p.shape(), p.backend()));
+    delta_.push_back(Tensor::zeros(p.shape(), p.backend()));
   }
   reset_to_weights();
 }

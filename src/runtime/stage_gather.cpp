@@ -135,7 +135,7 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
         offsets.push_back(static_cast<int32_t>(o & 0xffffffffu));
         offsets.push_back(static_cast<int32_t>(o >> 32));
       }
-      world.send(Tensor::from_ints(offsets, {static_cast<int64_t>(offsets.size())}), r.rank, kTagGather,
+      world.send(Tensor::from_ints(offsets, {static_cast<int64_t>(offsets.size())}, cpu_backend()), r.rank, kTagGather,
                  peer_timeout, kWhat);
     } else if (me == r.rank) {
       receive_all(params, world, source, peer_timeout, kWhat);
@@ -146,7 +146,7 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
       }
       receive_all(state, world, source, peer_timeout, kWhat);
       next->load_optimizer_state(state);
-      std::vector<nn::NamedTensor> offsets{{"random offsets", Tensor::empty({2 * static_cast<int64_t>(model.size())}, DType::i32)}};
+      std::vector<nn::NamedTensor> offsets{{"random offsets", Tensor::empty({2 * static_cast<int64_t>(model.size())}, DType::i32, cpu_backend())}};
       receive_all(offsets, world, source, peer_timeout, kWhat);
       const std::vector<int32_t> o = offsets[0].second.to_ints();
       for (size_t b = 0; b < model.size(); ++b)

@@ -93,9 +93,9 @@ nn::ModelShape describe_model(const config::Config& cfg) {
   return describe_mlp(mlp_spec(m));
 }
 
-std::unique_ptr<Task> make_task(const config::Config& cfg) {
-  if (cfg.data.dataset == "text") return std::make_unique<TextTask>(cfg);
-  return std::make_unique<ImageTask>(cfg);
+std::unique_ptr<Task> make_task(const config::Config& cfg, Backend& device) {
+  if (cfg.data.dataset == "text") return std::make_unique<TextTask>(cfg, device);
+  return std::make_unique<ImageTask>(cfg, device);
 }
 
 Tensor summed_loss(const Tensor& logits, const Tensor& targets) {

@@ -28,6 +28,9 @@ class Task {
  public:
   virtual ~Task() = default;
 
+  // The device the task's batches are made on: the run's device, given at make_task.
+  Backend& device() const { return device_; }
+
   virtual nn::Sequential build_model(uint64_t seed) const = 0;
   // Training samples in one epoch (turns train.epochs into steps).
   virtual int64_t train_size() const = 0;
@@ -38,6 +41,12 @@ class Task {
   virtual Batch train_batch(int64_t first, int64_t count) = 0;
   // The held-out set (capped by train.eval_max_samples), in eval_batch_size chunks.
   virtual EvalResult evaluate(const nn::Sequential& model) const = 0;
+
+ protected:
+  explicit Task(Backend& device) : device_(device) {}
+
+ private:
+  Backend& device_;
 };
 
 // The config's model (MLP, CNN or GPT) with fresh weights from `seed`, built without
@@ -50,8 +59,9 @@ nn::Sequential build_model(const config::Config& cfg, uint64_t seed);
 // Throws ht::Error where build_model would (an image pooled below 2x2, say).
 nn::ModelShape describe_model(const config::Config& cfg);
 
-// Loads the data named by the config and returns the matching task.
-std::unique_ptr<Task> make_task(const config::Config& cfg);
+// Loads the data named by the config and returns the matching task, whose batches are
+// made on `device` (the run's device; the CPU where only the model is wanted).
+std::unique_ptr<Task> make_task(const config::Config& cfg, Backend& device);
 
 // Cross-entropy summed over every prediction in the batch: logits (..., C) against
 // int32 targets of the leading shape. Summing (not averaging) lets unequal shares of

@@ -8,8 +8,9 @@
 
 namespace ht::runtime {
 
-TextTask::TextTask(const config::Config& cfg)
-    : cfg_(cfg),
+TextTask::TextTask(const config::Config& cfg, Backend& device)
+    : Task(device),
+      cfg_(cfg),
       corpus_(data::load_text_corpus(cfg.data.paths, cfg.data.skip_suffixes,
                                      cfg.data.validation_fraction, cfg.model.context + 1)),
       sampler_(static_cast<int64_t>(corpus_.train.size()), cfg.model.context + 1,
@@ -24,13 +25,14 @@ int64_t TextTask::train_size() const {
 }
 
 Batch TextTask::train_batch(int64_t first, int64_t count) {
-  data::TextBatch b = data::make_text_batch(corpus_.train, sampler_, first, count, cfg_.model.context);
+  data::TextBatch b = data::make_text_batch(corpus_.train, sampler_, first, count, cfg_.model.context,
+                                           device());
   return {b.inputs, b.targets};
 }
 
 EvalResult TextTask::evaluate(const nn::Sequential& model) const {
   data::TextEvalIterator it(corpus_.validation, cfg_.model.context, cfg_.train.eval_batch_size,
-                            cfg_.train.eval_max_samples);
+                            cfg_.train.eval_max_samples, device());
   data::TextBatch b;
   double nats = 0, tokens = 0;
   while (it.next(b)) {

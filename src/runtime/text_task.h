@@ -9,7 +9,7 @@ namespace ht::runtime {
 // Next-byte prediction on a text corpus with the GPT.
 class TextTask final : public Task {
  public:
-  explicit TextTask(const config::Config& cfg);
+  TextTask(const config::Config& cfg, Backend& device);
 
   nn::Sequential build_model(uint64_t seed) const override;
   // One epoch: as many windows as fit in the training split end to end.

@@ -6,6 +6,8 @@
 #include <csignal>
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda/device_select.h"
+#include "backend/registry.h"
 #include "comm/communicator.h"
 #include "comm/emulation.h"
 #include "core/threads.h"
@@ -64,7 +66,7 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
       opts_(opts),
       world_(comm::world()),
       root_(world_.rank() == 0),
-      task_(make_task(cfg_)),
+      task_(make_task(cfg_, run_device())),
       dir_(root_ ? std::optional<RunDir>(RunDir::open(cfg_.run.dir, opts.resume)) : std::nullopt),
       model_(build_in_host_staging(*task_, cfg_.train.seed)),
       plan_(plan ? std::move(*plan)
@@ -92,7 +94,7 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
   // the others hold only their stage there (the executor moved it), the rest of the
   // model staying in host memory.
   if (root_)
-    for (const auto& [name, p] : model_.named_parameters()) p.rehome(false);
+    for (const auto& [name, p] : model_.named_parameters()) p.rehome(task_->device(), false);
   // An idle rank keeps the whole model's outer weights all the same (rank 0 may be idle).
   if (local_group_)
     local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),
@@ -271,9 +273,17 @@ void apply_overrides(config::Config& cfg, const TrainOptions& opts) {
   if (opts.run_dir) cfg.run.dir = *opts.run_dir;
 }
 
+std::string select_run_device(const config::Config& cfg, int local_rank) {
+  SelectedDevice d = select_device(cfg.device, local_rank);
+  set_run_device(*d.backend);
+  return d.note;
+}
+
 TrainSummary train(config::Config cfg, const TrainOptions& opts,
                    std::optional<plan::Plan> plan) {
   apply_overrides(cfg, opts);
+  // Before anything is made: the task, the model and the optimiser are made on it.
+  select_run_device(cfg, comm::world().local_rank());
   HT_CHECK(plan || comm::world().size() == 1, "train: ", comm::world().size(),
            " ranks need a plan; expected one from `hetrain plan` or the planner");
   set_thread_count(resolve_thread_count(0, comm::world().local_size()));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/graph.h"
+#include "backend/registry.h"
 #include "core/threads.h"
 #include "data/image_dataset.h"
 #include "runtime/checkpoint.h"
@@ -146,7 +147,7 @@ int64_t Run::restore(report::Progress& progress) {
     Allocator::HostStaging staging;
     for (auto& [name, t] : weights)
       for (const auto& [shared, p] : executor_->parameters())
-        if (name == shared) t = Tensor::empty(t.shape(), t.dtype());
+        if (name == shared) t = Tensor::empty(t.shape(), t.dtype(), t.backend());
   }
   load_into(prefixed("model.", weights), *loaded, "model.");
   load_stage(*loaded, *executor_);
@@ -173,10 +174,13 @@ int64_t Run::restore(report::Progress& progress) {
 
 std::string evaluate_checkpoint(const config::Config& cfg, const std::string& path) {
   set_thread_count(resolve_thread_count());
+  const std::string note = select_run_device(cfg, 0);  // one process: local rank 0
+  if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   Checkpoint ckpt = read_checkpoint(path);
-  std::unique_ptr<Task> task = make_task(cfg);
+  std::unique_ptr<Task> task = make_task(cfg, run_device());
   nn::Sequential model = task->build_model(cfg.train.seed);
   load_into(prefixed("model.", model.named_parameters()), ckpt, "model.");
+  for (const auto& [name, p] : model.named_parameters()) p.rehome(task->device(), false);
   model.set_training(false);
   NoGradGuard no_grad;
   EvalResult r = task->evaluate(model);

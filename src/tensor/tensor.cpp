@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "backend/registry.h"
 #include "core/error.h"
 
 namespace ht {
@@ -79,18 +80,26 @@ int32_t* Tensor::data_i32() const {
   return static_cast<int32_t*>(impl_->storage->data) + impl_->offset;
 }
 
-void Tensor::rehome(bool host_staging) const {
-  if (backend().allocator().staged(impl_->storage->data) == host_staging) return;
+void Tensor::rehome(Backend& device, bool host_staging) const {
+  if (&device == &backend() && backend().allocator().staged(impl_->storage->data) == host_staging)
+    return;
   Tensor moved;
   {
     std::optional<Allocator::HostStaging> staging;
     if (host_staging) staging.emplace();
-    moved = empty(shape(), dtype(), backend(), "parameter");
+    moved = empty(shape(), dtype(), device, "parameter");
   }
-  backend().copy(raw(), strides(), moved.raw(), moved.strides(), shape());
+  if (&device == &backend()) {
+    backend().copy(raw(), strides(), moved.raw(), moved.strides(), shape());
+  } else {
+    const Tensor dense = is_contiguous() ? *this : dense_copy();
+    copy_between(device, moved.raw(), backend(), dense.raw(),
+                 static_cast<size_t>(numel()) * dtype_size(dtype()));
+  }
   impl_->storage = moved.impl_->storage;
   impl_->strides = moved.impl_->strides;
   impl_->offset = 0;
+  if (impl_->grad) Tensor(impl_->grad).rehome(device, host_staging);
 }
 
 void* Tensor::raw() const {

@@ -50,15 +50,13 @@ class Tensor {
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // ---- creation
-  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Backend& be = cpu_backend(),
-                      const char* what = "tensor");
-  static Tensor zeros(const Shape& shape, Backend& be = cpu_backend());
-  static Tensor full(const Shape& shape, float value, Backend& be = cpu_backend());
-  static Tensor from_vector(const std::vector<float>& values, const Shape& shape,
-                            Backend& be = cpu_backend());
-  static Tensor from_ints(const std::vector<int32_t>& values, const Shape& shape,
-                          Backend& be = cpu_backend());
+  // ---- creation. Every factory takes the backend the tensor lives on: there is no
+  // default device (backend/registry.h has the run's device for the place a run starts).
+  static Tensor empty(const Shape& shape, DType dtype, Backend& be, const char* what = "tensor");
+  static Tensor zeros(const Shape& shape, Backend& be);
+  static Tensor full(const Shape& shape, float value, Backend& be);
+  static Tensor from_vector(const std::vector<float>& values, const Shape& shape, Backend& be);
+  static Tensor from_ints(const std::vector<int32_t>& values, const Shape& shape, Backend& be);
 
   // ---- metadata
   bool defined() const { return impl_ != nullptr; }
@@ -74,12 +72,13 @@ class Tensor {
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
-  // Moves this tensor's values, in place for every handle of it, into a dense buffer of
-  // host staging (Allocator::HostStaging: outside the device's cap and counts) or of the
-  // device's own memory; nothing happens where they already are (views made before keep
-  // the old buffer). A model is built in host staging and each rank moves the blocks it
-  // computes with onto its device.
-  void rehome(bool host_staging) const;
+  // Moves this tensor's values, in place for every handle of it, onto `device` (another
+  // backend, or the same one) into a dense buffer of host staging (Allocator::HostStaging:
+  // outside the device's cap and counts) or of the device's own memory; nothing happens
+  // where they already are (views made before keep the old buffer). An accumulated
+  // gradient moves with it. A model is built in host memory and each rank moves the
+  // blocks it computes with onto its device.
+  void rehome(Backend& device, bool host_staging) const;
   // Likewise into numel() elements at `at`, host memory that `keeper` keeps alive (and
   // the allocator does not count), copying the values there with `copy`, else taking
   // the values already there. Ranks of one host hand tensors over this way, mapping the
@@ -93,6 +92,14 @@ class Tensor {
   // A fresh dense tensor holding this view's values, outside autograd (ops' clone() is
   // the recorded one).
   Tensor dense_copy() const;
+
+  // A copy of this tensor's values on `device`, recorded for autograd: its backward
+  // copies the gradient back to this tensor's device. On this tensor's own device it is
+  // this tensor (no copy, the graph unchanged). Host to device and back go through the
+  // device's copies from and to the host, GPU to GPU through the peer copy
+  // (backend/registry.h). Defined in autograd/tensor_to.cpp, beside the other members
+  // that record.
+  Tensor to(Backend& device) const;
 
   // ---- host transfer (copies; works on any view)
   std::vector<float> to_vector() const;

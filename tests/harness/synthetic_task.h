@@ -24,7 +24,8 @@ struct SyntheticData {
 class SyntheticMlpTask : public runtime::Task {
  public:
   // widths: input, the hidden layers, classes.
-  SyntheticMlpTask(std::vector<int64_t> widths, SyntheticData data) : widths_(std::move(widths)), data_(data) {}
+  SyntheticMlpTask(std::vector<int64_t> widths, SyntheticData data)
+      : Task(cpu_backend()), widths_(std::move(widths)), data_(data) {}
 
   nn::Sequential build_model(uint64_t seed) const override {
     models::MlpSpec spec;
@@ -47,7 +48,7 @@ class SyntheticMlpTask : public runtime::Task {
       }
       y.push_back(static_cast<int32_t>((i * data_.label_stride) % classes));
     }
-    return {Tensor::from_vector(x, {count, in}), Tensor::from_ints(y, {count})};
+    return {Tensor::from_vector(x, {count, in}, cpu_backend()), Tensor::from_ints(y, {count}, cpu_backend())};
   }
   runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
 

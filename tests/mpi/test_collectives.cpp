@@ -28,7 +28,7 @@ std::vector<Tensor> make_buckets(const std::vector<int64_t>& sizes, int rank) {
   for (size_t b = 0; b < sizes.size(); ++b) {
     std::vector<float> v(static_cast<size_t>(sizes[b]));
     for (int64_t i = 0; i < sizes[b]; ++i) v[static_cast<size_t>(i)] = value(i, b, rank);
-    out.push_back(Tensor::from_vector(v, {sizes[b]}));
+    out.push_back(Tensor::from_vector(v, {sizes[b]}, cpu_backend()));
   }
   return out;
 }
@@ -61,13 +61,13 @@ TEST_CASE("collectives: allreduce_sum over several buckets of 1 to 1e6 elements 
     CHECK(wrong_sums(buckets, w.size()) == 0);
   }
   SUBCASE("a strided bucket") {
-    Tensor base = Tensor::full({4, 5}, static_cast<float>(w.rank() + 1));
+    Tensor base = Tensor::full({4, 5}, static_cast<float>(w.rank() + 1), cpu_backend());
     std::vector<Tensor> buckets{transpose(base, 0, 1)};
     REQUIRE(w.allreduce_sum(buckets, kLong) == WaitStatus::done);
     CHECK(base.to_vector() ==
           std::vector<float>(20, static_cast<float>(w.size() * (w.size() + 1) / 2)));
   }
-  std::vector<Tensor> ints{Tensor::from_ints({1}, {1})};
+  std::vector<Tensor> ints{Tensor::from_ints({1}, {1}, cpu_backend())};
   CHECK_THROWS_WITH_AS(w.allreduce_sum(ints, kLong),
                        doctest::Contains("bucket 0 of shape [1] is int32; expected float32"),
                        Error);
@@ -146,7 +146,7 @@ TEST_CASE("collectives: split forms groups by color, ordered by key") {
   std::vector<std::string> want;
   for (int r : members) want.push_back(std::to_string(r));
   CHECK(sub->allgather(std::to_string(w.rank()), kLong, "the test items") == want);
-  std::vector<Tensor> one{Tensor::full({2}, static_cast<float>(w.rank()))};
+  std::vector<Tensor> one{Tensor::full({2}, static_cast<float>(w.rank()), cpu_backend())};
   REQUIRE(sub->allreduce_sum(one, kLong) == WaitStatus::done);
   float sum = 0;
   for (int r : members) sum += static_cast<float>(r);
@@ -183,7 +183,7 @@ TEST_CASE("collectives: a barrier that one member skips times out, and its group
     CHECK_THROWS_WITH_AS(
         sub->barrier(kLong),
         doctest::Contains("barrier: this communicator is unusable since barrier timed out"), Error);
-    std::vector<Tensor> b{Tensor::zeros({1})};
+    std::vector<Tensor> b{Tensor::zeros({1}, cpu_backend())};
     CHECK_THROWS_WITH_AS(sub->allreduce_sum(b, kLong),
                          doctest::Contains("allreduce_sum: this communicator is unusable"), Error);
   } else if (w.rank() >= 2) {
@@ -191,7 +191,7 @@ TEST_CASE("collectives: a barrier that one member skips times out, and its group
   }
   // Rank 1 never enters its group's barrier. The world still works.
   CHECK(w.barrier(kLong) == WaitStatus::done);
-  std::vector<Tensor> b{Tensor::full({1}, 1.f)};
+  std::vector<Tensor> b{Tensor::full({1}, 1.f, cpu_backend())};
   CHECK(w.allreduce_sum(b, kLong) == WaitStatus::done);
   CHECK(b[0].to_vector() == std::vector<float>{static_cast<float>(w.size())});
 }
@@ -257,7 +257,7 @@ TEST_CASE("weighted all-reduce: scatter_only sums each rank's part, then gather 
       wrong += v[static_cast<size_t>(i)] != want;
       if (owned) mine[static_cast<size_t>(i)] = 2 * v[static_cast<size_t>(i)];  // "the update"
     }
-    weights_out.push_back(Tensor::from_vector(mine, {sizes[b]}));
+    weights_out.push_back(Tensor::from_vector(mine, {sizes[b]}, cpu_backend()));
   }
   CHECK(wrong == 0);
   // Round 2 spreads every owner's updated part: all ranks end with twice the sums.
@@ -283,7 +283,7 @@ TEST_CASE("shared memory: one rank's memory is every rank's, or nobody's, with t
   // The owner's tensor moves in; the others take what is there, and write their own slot.
   std::vector<float> v(kFloats);
   for (size_t i = 0; i < kFloats; ++i) v[i] = me == owner ? static_cast<float>(i) : -1.f;
-  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(kFloats)});
+  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(kFloats)}, cpu_backend());
   const Tensor view = t;  // a handle made before: it follows, as the parameters' holders do
   t.move_to(memory.get(), memory, me == owner);
   REQUIRE(world.barrier(kLong) == WaitStatus::done);

@@ -100,7 +100,7 @@ void run_stall(int stalled, int64_t max_staleness) {
       released = true;
     }
     before[s] = weights;
-    std::vector<Tensor> grads{Tensor::from_vector(contribution(me, s, weights), {kN})};
+    std::vector<Tensor> grads{Tensor::from_vector(contribution(me, s, weights), {kN}, cpu_backend())};
     const DeadlineOutcome o = reduce.reduce(grads, kShares[static_cast<size_t>(me)], 0.0, Clock::now());
     for (const StepRecord& r : o.missed) records.push_back(r);
     if (o.ended) break;

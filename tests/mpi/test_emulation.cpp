@@ -119,7 +119,7 @@ TEST_CASE("emulation: collectives complete no earlier than their model") {
   CHECK(barrier_took >= barrier_model);
 
   const double allreduce_model = 2.0 * static_cast<double>(p - 1) * hop;
-  std::vector<Tensor> b{Tensor::full({16}, 1.f)};
+  std::vector<Tensor> b{Tensor::full({16}, 1.f, cpu_backend())};
   t0 = Clock::now();
   REQUIRE(w.allreduce_sum(b, kLong) == WaitStatus::done);
   const double allreduce_took = seconds_since(t0);

@@ -260,7 +260,7 @@ class StepChecker {
   // Collective over the world.
   void after_step(const plan::Plan& p, const runtime::Executor& ex, nn::Sequential& model, double loss_sum) {
     comm::Communicator& world = comm::world();
-    std::vector<Tensor> total{Tensor::from_vector({static_cast<float>(loss_sum)}, {1})};
+    std::vector<Tensor> total{Tensor::from_vector({static_cast<float>(loss_sum)}, {1}, cpu_backend())};
     REQUIRE(world.allreduce_sum(total, mpi_test::kLong) == comm::WaitStatus::done);
     const std::vector<std::string> checksums = world.allgather(ex.parameter_checksum(), mpi_test::kLong, "the replicas' checksums");
     CHECK_NOTHROW(runtime::check_replicas_identical(p, checksums, step_ + 1));
@@ -458,7 +458,7 @@ TEST_CASE("executor: a sharded stage's whole optimizer state of the wrong shape 
   runtime::Executor ex(p, model, task, world, train_config(), mpi_test::kLong);
   std::vector<nn::NamedTensor> whole = optim::make_optimizer(train_config().optimizer, ex.parameters())->state();
   const std::string name = whole[0].first;
-  whole[0].second = Tensor::zeros({3});
+  whole[0].second = Tensor::zeros({3}, cpu_backend());
   try {
     ex.load_optimizer_state(whole);
     FAIL("expected an error");

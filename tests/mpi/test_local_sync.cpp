@@ -73,7 +73,7 @@ TEST_CASE("local sync: the outer step takes the sample-weighted mean of the grou
   for (size_t t = 0; t < kSizes.size(); ++t) {
     std::vector<float> v(static_cast<size_t>(kSizes[t]));
     for (int64_t i = 0; i < kSizes[t]; ++i) v[static_cast<size_t>(i)] = static_cast<float>(initial(t, i));
-    params.emplace_back("w" + std::to_string(t), Tensor::from_vector(v, {kSizes[t]}));
+    params.emplace_back("w" + std::to_string(t), Tensor::from_vector(v, {kSizes[t]}, cpu_backend()));
   }
   runtime::LocalSync sync(plan, params, world, cfg);
   CHECK(sync.inner_steps() == kH);

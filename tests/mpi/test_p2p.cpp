@@ -51,21 +51,21 @@ TEST_CASE("p2p: tensors travel; a shape mismatch names both shapes and consumes 
   const int peer = w.rank() ^ 1;
   if (peer < w.size()) {
     if (w.rank() % 2 == 0) {
-      Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+      Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, cpu_backend());
       w.send(t, peer, 30, kLong, "the test tensor");
       w.send(transpose(t, 0, 1), peer, 30, kLong, "the test tensor");  // a strided view goes out dense
-      w.send(Tensor::full({1000, 100}, static_cast<float>(w.rank())), peer, 30, kLong, "the test tensor");
+      w.send(Tensor::full({1000, 100}, static_cast<float>(w.rank()), cpu_backend()), peer, 30, kLong, "the test tensor");
     } else {
-      Tensor wrong = Tensor::zeros({3, 2});
+      Tensor wrong = Tensor::zeros({3, 2}, cpu_backend());
       const std::string both =
           "recv: tensor from rank " + std::to_string(peer) +
           " tag 30 is [2, 3] float32 (24 bytes); `into` is [3, 2] float32 (24 bytes)";
       CHECK_THROWS_WITH_AS(w.recv(wrong, peer, 30, kLong), doctest::Contains(both.c_str()), Error);
-      Tensor right = Tensor::zeros({3, 2});
+      Tensor right = Tensor::zeros({3, 2}, cpu_backend());
       REQUIRE(w.recv(right, peer, 30, kLong) == WaitStatus::done);
       CHECK(right.to_vector() == std::vector<float>{1, 4, 2, 5, 3, 6});
       // Received into a strided view of a larger tensor.
-      Tensor base = Tensor::zeros({100, 1000});
+      Tensor base = Tensor::zeros({100, 1000}, cpu_backend());
       Tensor view = transpose(base, 0, 1);
       REQUIRE(w.recv(view, peer, 30, kLong) == WaitStatus::done);
       CHECK(base.to_vector() == std::vector<float>(100000, static_cast<float>(peer)));

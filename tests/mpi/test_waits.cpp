@@ -103,7 +103,7 @@ TEST_CASE("waits: a send to a stopped rank raises PeerTimeout naming it, and sta
 
 TEST_CASE("waits: an allreduce and a barrier with a stopped rank time out") {
   with_rank_stopped(1, [](Communicator& g) {
-    std::vector<Tensor> b{Tensor::full({16}, 1.f)};
+    std::vector<Tensor> b{Tensor::full({16}, 1.f, cpu_backend())};
     const auto t0 = Clock::now();
     CHECK(g.allreduce_sum(b, kShort) == WaitStatus::timed_out);
     CHECK(seconds_since(t0) >= kShort.count());

@@ -302,10 +302,10 @@ std::string plan_facts_seed() {
 
 std::string checkpoint_seed(const std::string& scratch) {
   runtime::write_checkpoint(scratch,
-                            {{"model.w", Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3})},
-                             {"model.ids", Tensor::from_ints({7, 8}, {2})},
-                             {"model.empty", Tensor::from_vector({}, {0, 4})},
-                             {"optim.m", Tensor::from_vector({0.5f, -0.5f}, {2})}},
+                            {{"model.w", Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, cpu_backend())},
+                             {"model.ids", Tensor::from_ints({7, 8}, {2}, cpu_backend())},
+                             {"model.empty", Tensor::from_vector({}, {0, 4}, cpu_backend())},
+                             {"optim.m", Tensor::from_vector({0.5f, -0.5f}, {2}, cpu_backend())}},
                             {{"step", "10"}, {"sample_position", "640"}, {"note", "caf\xc3\xa9"}});
   return slurp(scratch);
 }

@@ -40,11 +40,11 @@ Tensor sample_batch(const nn::Block& block, int64_t batch, Rng& rng, int64_t voc
   if (block.input_dtype() == DType::i32) {
     std::vector<int32_t> ids(static_cast<size_t>(numel(shape)));
     for (int32_t& id : ids) id = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
-    return Tensor::from_ints(ids, shape);
+    return Tensor::from_ints(ids, shape, cpu_backend());
   }
   std::vector<float> v(static_cast<size_t>(numel(shape)));
   for (float& x : v) x = rng.uniform(-1.f, 1.f);
-  return Tensor::from_vector(v, shape);
+  return Tensor::from_vector(v, shape, cpu_backend());
 }
 
 struct Figures {
@@ -255,12 +255,12 @@ TEST_CASE("blocks: models produce the stated shapes and every parameter gets a g
   SUBCASE("mlp, flat and image input") {
     nn::Sequential m = models::build_mlp({}, 5);
     CHECK(m.param_count() == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10);
-    Tensor flat = Tensor::full({3, 784}, 0.5f);
+    Tensor flat = Tensor::full({3, 784}, 0.5f, cpu_backend());
     CHECK(m.forward(flat).shape() == Shape{3, 10});
-    Tensor images = Tensor::full({3, 1, 28, 28}, 0.5f);
+    Tensor images = Tensor::full({3, 1, 28, 28}, 0.5f, cpu_backend());
     Tensor logits = m.forward(images);
     REQUIRE(logits.shape() == Shape{3, 10});
-    cross_entropy(logits, Tensor::from_ints({1, 2, 3}, {3})).backward();
+    cross_entropy(logits, Tensor::from_ints({1, 2, 3}, {3}, cpu_backend())).backward();
     check_every_parameter_has_a_gradient(m);
   }
   SUBCASE("cnn") {
@@ -270,7 +270,7 @@ TEST_CASE("blocks: models produce the stated shapes and every parameter gets a g
     CHECK(m.block(2).sample_input_shape() == Shape{64, 7, 7});
     Tensor logits = m.forward(sample_batch(m.block(0), 2, rng));
     REQUIRE(logits.shape() == Shape{2, 10});
-    cross_entropy(logits, Tensor::from_ints({0, 9}, {2})).backward();
+    cross_entropy(logits, Tensor::from_ints({0, 9}, {2}, cpu_backend())).backward();
     check_every_parameter_has_a_gradient(m);
   }
   SUBCASE("gpt, full context and shorter") {
@@ -311,37 +311,37 @@ TEST_CASE("blocks: builders are deterministic in the seed; dropout only in train
 
 TEST_CASE("blocks: bad input raises an error naming the block and the shapes") {
   nn::Sequential mlp = models::build_mlp({}, 1);
-  std::string e = error_of([&] { mlp.forward(Tensor::zeros({2, 783})); });
+  std::string e = error_of([&] { mlp.forward(Tensor::zeros({2, 783}, cpu_backend())); });
   CHECK(contains(e, "dense_relu block"));
   CHECK(contains(e, "[2, 783]"));
   CHECK(contains(e, "(B, 784)"));
-  e = error_of([&] { mlp.forward(Tensor::from_ints({1, 2}, {1, 2})); });
+  e = error_of([&] { mlp.forward(Tensor::from_ints({1, 2}, {1, 2}, cpu_backend())); });
   CHECK(contains(e, "int32"));
   CHECK(contains(e, "float32"));
 
   nn::Sequential cnn = models::build_cnn({}, 1);
-  e = error_of([&] { cnn.forward(Tensor::zeros({2, 3, 28, 28})); });
+  e = error_of([&] { cnn.forward(Tensor::zeros({2, 3, 28, 28}, cpu_backend())); });
   CHECK(contains(e, "conv_relu_pool block"));
   CHECK(contains(e, "[2, 3, 28, 28]"));
   CHECK(contains(e, "(B, 1, 28, 28)"));
-  e = error_of([&] { cnn.forward_range(Tensor::zeros({2, 64, 7, 8}), 2, 4); });
+  e = error_of([&] { cnn.forward_range(Tensor::zeros({2, 64, 7, 8}, cpu_backend()), 2, 4); });
   CHECK(contains(e, "dense_relu block"));
   CHECK(contains(e, "[2, 64, 7, 8]"));
 
   nn::Sequential gpt = models::build_gpt({}, 1);
-  e = error_of([&] { gpt.forward(Tensor::zeros({2, 16})); });
+  e = error_of([&] { gpt.forward(Tensor::zeros({2, 16}, cpu_backend())); });
   CHECK(contains(e, "token_embedding block"));
   CHECK(contains(e, "float32"));
   CHECK(contains(e, "int32"));
-  e = error_of([&] { gpt.forward(Tensor::from_ints(std::vector<int32_t>(2 * 129, 0), {2, 129})); });
+  e = error_of([&] { gpt.forward(Tensor::from_ints(std::vector<int32_t>(2 * 129, 0), {2, 129}, cpu_backend())); });
   CHECK(contains(e, "[2, 129]"));
   CHECK(contains(e, "T <= 128"));
-  e = error_of([&] { gpt.forward_range(Tensor::zeros({2, 16, 64}), 1, 2); });
+  e = error_of([&] { gpt.forward_range(Tensor::zeros({2, 16, 64}, cpu_backend()), 1, 2); });
   CHECK(contains(e, "transformer block"));
   CHECK(contains(e, "[2, 16, 64]"));
   CHECK(contains(e, "(B, T, 128)"));
-  e = error_of([&] { gpt.forward_range(Tensor::zeros({2, 16, 127}), 5, 6); });
+  e = error_of([&] { gpt.forward_range(Tensor::zeros({2, 16, 127}, cpu_backend()), 5, 6); });
   CHECK(contains(e, "lm_head block"));
-  e = error_of([&] { gpt.forward(Tensor::from_ints({0, 96}, {1, 2})); });
+  e = error_of([&] { gpt.forward(Tensor::from_ints({0, 96}, {1, 2}, cpu_backend())); });
   CHECK(contains(e, "id 96"));  // an out-of-vocabulary id, named by value (by the op)
 }

@@ -49,8 +49,8 @@ std::vector<float> iota(int n, float from = 0.f) {
 }
 
 std::vector<nn::NamedTensor> small_model(float from = 0.f) {
-  return {{"w", Tensor::from_vector(iota(6, from), {2, 3})},
-          {"ids", Tensor::from_ints({1, 2, 3}, {3})}};
+  return {{"w", Tensor::from_vector(iota(6, from), {2, 3}, cpu_backend())},
+          {"ids", Tensor::from_ints({1, 2, 3}, {3}, cpu_backend())}};
 }
 
 // A safetensors file from raw header text and data, for malformed-header cases.
@@ -75,13 +75,13 @@ uint64_t header_length(const std::string& file) {
 TEST_CASE("checkpoint: f32 and i32 tensors of several shapes and metadata round-trip") {
   TempDir tmp;
   const std::string path = tmp / "a.safetensors";
-  Tensor cube = Tensor::from_vector(iota(24, -5.f), {2, 3, 4});
+  Tensor cube = Tensor::from_vector(iota(24, -5.f), {2, 3, 4}, cpu_backend());
   std::vector<nn::NamedTensor> tensors = {
-      {"layers.0.weight", Tensor::from_vector(iota(6, 0.5f), {2, 3})},
-      {"labels", Tensor::from_ints({-7, 0, 2147483647, 3}, {4})},
-      {"scalar", Tensor::from_vector({3.25f}, {})},
-      {"empty", Tensor::from_vector({}, {0, 3})},
-      {"empty_ids", Tensor::from_ints({}, {0})},
+      {"layers.0.weight", Tensor::from_vector(iota(6, 0.5f), {2, 3}, cpu_backend())},
+      {"labels", Tensor::from_ints({-7, 0, 2147483647, 3}, {4}, cpu_backend())},
+      {"scalar", Tensor::from_vector({3.25f}, {}, cpu_backend())},
+      {"empty", Tensor::from_vector({}, {0, 3}, cpu_backend())},
+      {"empty_ids", Tensor::from_ints({}, {0}, cpu_backend())},
       {"transposed", transpose(cube, 0, 2)},  // a strided view is stored densely
   };
   std::map<std::string, std::string> meta = {
@@ -146,7 +146,7 @@ TEST_CASE("checkpoint: f32 and i32 tensors of several shapes and metadata round-
 TEST_CASE("checkpoint: bad writes are refused before any file is created") {
   TempDir tmp;
   const std::string path = tmp / "bad.safetensors";
-  Tensor t = Tensor::from_vector({1.f}, {1});
+  Tensor t = Tensor::from_vector({1.f}, {1}, cpu_backend());
   CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"a", t}, {"a", t}}, {}),
                        contains("duplicate tensor name 'a'"), Error);
   CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"a", t}}, {{"hetrain.crc32", "0"}}),
@@ -161,10 +161,10 @@ TEST_CASE("checkpoint: bad writes are refused before any file is created") {
 TEST_CASE("checkpoint: a non-finite value is never written; the error names the tensor and where") {
   TempDir tmp;
   const std::string path = tmp / "poisoned.safetensors";
-  const Tensor good = Tensor::from_vector({1.f, 2.f}, {2});
+  const Tensor good = Tensor::from_vector({1.f, 2.f}, {2}, cpu_backend());
   for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
     CAPTURE(bad);
-    const Tensor t = Tensor::from_vector({0.5f, 1.5f, bad}, {3});
+    const Tensor t = Tensor::from_vector({0.5f, 1.5f, bad}, {3}, cpu_backend());
     CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"model.w", good}, {"optim.m", t}}, {}),
                          contains("not writing checkpoint " + path + ": tensor 'optim.m' holds " +
                                   (std::isnan(bad) ? std::string(std::signbit(bad) ? "-nan" : "nan")
@@ -364,7 +364,7 @@ TEST_CASE("checkpoint: a full disk (EFBIG) leaves the previous checkpoints byte-
   dir.save(20, small_model(20.f));
   const std::string before10 = slurp(dir.path_for(10)), before20 = slurp(dir.path_for(20));
   // 64 Ki floats = 256 KiB, well past the limit below.
-  std::vector<nn::NamedTensor> big = {{"w", Tensor::from_vector(iota(65536), {256, 256})}};
+  std::vector<nn::NamedTensor> big = {{"w", Tensor::from_vector(iota(65536), {256, 256}, cpu_backend())}};
 
   // Writes past the soft limit fail with EFBIG instead of raising SIGXFSZ (which would
   // kill the test). Both are restored before any check can fail.
@@ -453,14 +453,14 @@ TEST_CASE("checkpoint: load_into copies in place and names every mismatch") {
   TempDir tmp;
   const std::string path = tmp / "ckpt-00000010.safetensors";
   write_checkpoint(path,
-                   {{"model.w", Tensor::from_vector(iota(6, 1.f), {2, 3})},
-                    {"model.ids", Tensor::from_ints({7, 8}, {2})},
-                    {"optim.m", Tensor::from_vector(iota(6), {2, 3})}},
+                   {{"model.w", Tensor::from_vector(iota(6, 1.f), {2, 3}, cpu_backend())},
+                    {"model.ids", Tensor::from_ints({7, 8}, {2}, cpu_backend())},
+                    {"optim.m", Tensor::from_vector(iota(6), {2, 3}, cpu_backend())}},
                    {});
   Checkpoint c = read_checkpoint(path);
 
-  Tensor w = Tensor::zeros({2, 3});
-  Tensor ids = Tensor::from_ints({0, 0}, {2});
+  Tensor w = Tensor::zeros({2, 3}, cpu_backend());
+  Tensor ids = Tensor::from_ints({0, 0}, {2}, cpu_backend());
   float* storage = w.data();
   load_into({{"model.w", w}, {"model.ids", ids}}, c, "model.");  // optim.* is not the model's
   CHECK(w.data() == storage);  // same storage: the parameter keeps its identity
@@ -468,20 +468,20 @@ TEST_CASE("checkpoint: load_into copies in place and names every mismatch") {
   CHECK(ids.to_ints() == std::vector<int32_t>{7, 8});
 
   // A strided view receives the values through its strides.
-  Tensor base = Tensor::zeros({3, 2});
+  Tensor base = Tensor::zeros({3, 2}, cpu_backend());
   load_into({{"model.w", transpose(base, 0, 1)}, {"model.ids", ids}}, c, "model.");
   CHECK(base.to_vector() == std::vector<float>{1, 4, 2, 5, 3, 6});
 
   const std::string head = "checkpoint ckpt-00000010.safetensors does not match the model: ";
-  Tensor untouched = Tensor::zeros({3, 2});
+  Tensor untouched = Tensor::zeros({3, 2}, cpu_backend());
   CHECK_THROWS_WITH_AS(load_into({{"model.w", untouched}, {"model.ids", ids}}, c, "model."),
                        contains(head + "tensor 'model.w' has shape [2, 3] in the checkpoint and [3, 2] in the model"),
                        Error);
   CHECK(untouched.to_vector() == std::vector<float>(6, 0.f));  // nothing copied on failure
-  CHECK_THROWS_WITH_AS(load_into({{"model.w", w}, {"model.ids", Tensor::zeros({2})}}, c, "model."),
+  CHECK_THROWS_WITH_AS(load_into({{"model.w", w}, {"model.ids", Tensor::zeros({2}, cpu_backend())}}, c, "model."),
                        contains("tensor 'model.ids' is int32 in the checkpoint and float32 in the model"),
                        Error);
-  CHECK_THROWS_WITH_AS(load_into({{"model.w", w}, {"model.ids", ids}, {"model.b", Tensor::zeros({3})}}, c, "model."),
+  CHECK_THROWS_WITH_AS(load_into({{"model.w", w}, {"model.ids", ids}, {"model.b", Tensor::zeros({3}, cpu_backend())}}, c, "model."),
                        contains("tensor 'model.b' of shape [3] is missing from the checkpoint"), Error);
   CHECK_THROWS_WITH_AS(load_into({{"model.w", w}}, c, "model."),
                        contains("tensor 'model.ids' of shape [2] is in the checkpoint but not in the model"),

@@ -30,17 +30,17 @@ TEST_CASE("comm local: world() without mpirun is one rank") {
 
 TEST_CASE("comm local: tensors sent to self come back") {
   Communicator& w = world();
-  Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, cpu_backend());
   w.send(t, 0, 5, 1s, "the test tensor");
-  Tensor into = Tensor::zeros({2, 3});
+  Tensor into = Tensor::zeros({2, 3}, cpu_backend());
   REQUIRE(w.recv(into, 0, 5, 1s) == WaitStatus::done);
   CHECK(into.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6});
 
   // A strided view goes out dense; int32 keeps its dtype.
   w.send(transpose(t, 0, 1), 0, 5, 1s, "the test tensor");
-  w.send(Tensor::from_ints({7, 8}, {2}), 0, 6, 1s, "the test tensor");
-  Tensor tt = Tensor::zeros({3, 2});
-  Tensor ids = Tensor::from_ints({0, 0}, {2});
+  w.send(Tensor::from_ints({7, 8}, {2}, cpu_backend()), 0, 6, 1s, "the test tensor");
+  Tensor tt = Tensor::zeros({3, 2}, cpu_backend());
+  Tensor ids = Tensor::from_ints({0, 0}, {2}, cpu_backend());
   REQUIRE(w.recv(ids, 0, 6, 1s) == WaitStatus::done);
   REQUIRE(w.recv(tt, 0, 5, 1s) == WaitStatus::done);
   CHECK(tt.to_vector() == std::vector<float>{1, 4, 2, 5, 3, 6});
@@ -96,12 +96,12 @@ TEST_CASE("comm local: bad arguments name the op and the value") {
                        doctest::Contains("(-4 as signed) is invalid"), Error);
   CHECK_THROWS_WITH_AS(w.recv_bytes(&v, sizeof v, 0, 0, -1s),
                        doctest::Contains("timeout -1 s is invalid"), Error);
-  CHECK_THROWS_WITH_AS(w.send(Tensor::zeros({2}), 3, 0, 1s, "the test tensor"),
+  CHECK_THROWS_WITH_AS(w.send(Tensor::zeros({2}, cpu_backend()), 3, 0, 1s, "the test tensor"),
                        doctest::Contains("isend: destination rank 3"), Error);
 
   // A tensor of another shape: both shapes in the message, and the queue stays usable.
-  w.send(Tensor::zeros({2, 3}), 0, 11, 1s, "the test tensor");
-  Tensor wrong = Tensor::zeros({3, 2});
+  w.send(Tensor::zeros({2, 3}, cpu_backend()), 0, 11, 1s, "the test tensor");
+  Tensor wrong = Tensor::zeros({3, 2}, cpu_backend());
   CHECK_THROWS_WITH_AS(
       w.recv(wrong, 0, 11, 1s),
       doctest::Contains("tensor from rank 0 tag 11 is [2, 3] float32 (24 bytes); `into` is "
@@ -115,7 +115,7 @@ TEST_CASE("comm local: bad arguments name the op and the value") {
                        doctest::Contains("has 8 bytes; expected 4"), Error);
   CHECK(w.recv_bytes(&v, sizeof v, 0, 12, 1s) == WaitStatus::done);
 
-  std::vector<Tensor> ints{Tensor::from_ints({1}, {1})};
+  std::vector<Tensor> ints{Tensor::from_ints({1}, {1}, cpu_backend())};
   CHECK_THROWS_WITH_AS(w.allreduce_sum(ints, 1s),
                        doctest::Contains("allreduce_sum: bucket 0 of shape [1] is int32"), Error);
   CHECK_THROWS_WITH_AS(w.set_link_emulation({{}, {}}),
@@ -126,7 +126,7 @@ TEST_CASE("comm local: bad arguments name the op and the value") {
 
 TEST_CASE("comm local: collectives over one rank and split") {
   Communicator& w = world();
-  std::vector<Tensor> buckets{Tensor::full({3}, 2.f), Tensor::full({1}, -1.f)};
+  std::vector<Tensor> buckets{Tensor::full({3}, 2.f, cpu_backend()), Tensor::full({1}, -1.f, cpu_backend())};
   CHECK(w.allreduce_sum(buckets, 1s) == WaitStatus::done);
   CHECK(buckets[0].to_vector() == std::vector<float>{2, 2, 2});
   auto sub = w.split(0, 0, 1s, "the test groups");
@@ -145,7 +145,7 @@ TEST_CASE("comm local: every wait refuses a negative timeout by name, before it 
   CHECK_THROWS_WITH_AS(w.broadcast("", 0, -1s, "x"), doctest::Contains("broadcast: timeout -1 s is invalid"), Error);
   int v = 0;
   CHECK_THROWS_WITH_AS(w.send_bytes(&v, sizeof v, 0, 3, -1s, "x"), doctest::Contains("send_bytes: timeout -1 s"), Error);
-  CHECK_THROWS_WITH_AS(w.send(Tensor::zeros({1}), 0, 3, -1s, "x"), doctest::Contains("send: timeout -1 s"), Error);
+  CHECK_THROWS_WITH_AS(w.send(Tensor::zeros({1}, cpu_backend()), 0, 3, -1s, "x"), doctest::Contains("send: timeout -1 s"), Error);
   CHECK(w.recv_bytes(&v, sizeof v, 0, 3, 0.01s) == WaitStatus::timed_out);  // nothing was sent
 }
 

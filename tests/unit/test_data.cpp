@@ -120,7 +120,7 @@ TEST_CASE("data: synthetic gzipped IDX files load with the right shapes and norm
   CHECK(normalized(0) == doctest::Approx(-0.2860f / 0.3530f));
 
   const std::vector<int64_t> idx{2, 0};
-  const ImageBatch b = make_image_batch(fm.train, idx);
+  const ImageBatch b = make_image_batch(fm.train, idx, cpu_backend());
   CHECK(b.inputs.shape() == Shape{2, 1, 28, 28});
   CHECK(b.inputs.dtype() == DType::f32);
   CHECK(b.labels.shape() == Shape{2});
@@ -129,7 +129,7 @@ TEST_CASE("data: synthetic gzipped IDX files load with the right shapes and norm
   const auto x = b.inputs.to_vector();
   CHECK(x[0] == fm.train.image(2)[0]);
   CHECK(x[784 + 5] == fm.train.image(0)[5]);
-  CHECK_THROWS_WITH_AS(make_image_batch(fm.train, std::vector<int64_t>{3}),
+  CHECK_THROWS_WITH_AS(make_image_batch(fm.train, std::vector<int64_t>{3}, cpu_backend()),
                        doctest::Contains("sample index 3"), Error);
 }
 
@@ -317,17 +317,17 @@ TEST_CASE("data: text corpus reads files and directories in order and splits the
 TEST_CASE("data: text batches shift targets by one; evaluation uses stride-context windows") {
   const auto tokens = encode("abcdefghijk");  // 11 tokens
   const std::vector<int64_t> starts{0, 7};
-  const TextBatch b = make_text_batch(tokens, starts, 3);
+  const TextBatch b = make_text_batch(tokens, starts, 3, cpu_backend());
   CHECK(b.inputs.shape() == Shape{2, 3});
   CHECK(b.targets.shape() == Shape{2, 3});
   CHECK(b.inputs.dtype() == DType::i32);
   CHECK(decode(b.inputs.to_ints()) == "abchij");
   CHECK(decode(b.targets.to_ints()) == "bcdijk");
-  CHECK_THROWS_WITH_AS(make_text_batch(tokens, std::vector<int64_t>{8}, 3),
+  CHECK_THROWS_WITH_AS(make_text_batch(tokens, std::vector<int64_t>{8}, 3, cpu_backend()),
                        doctest::Contains("window start 8 at position 0 is out of range"), Error);
 
   // 11 tokens, context 3: windows at 0, 3, 6 (the one at 9 would need token 12).
-  TextEvalIterator it(tokens, 3, 2);
+  TextEvalIterator it(tokens, 3, 2, 0, cpu_backend());
   CHECK(it.total() == 3);
   TextBatch e;
   REQUIRE(it.next(e));
@@ -337,9 +337,9 @@ TEST_CASE("data: text batches shift targets by one; evaluation uses stride-conte
   CHECK(e.size() == 1);
   CHECK(decode(e.targets.to_ints()) == "hij");
   CHECK(!it.next(e));
-  CHECK(TextEvalIterator(tokens, 3, 2, 2).total() == 2);
-  CHECK(TextEvalIterator(encode("abcd"), 3, 2).total() == 1);
-  CHECK_THROWS_AS(TextEvalIterator(encode("abc"), 3, 2), Error);
+  CHECK(TextEvalIterator(tokens, 3, 2, 2, cpu_backend()).total() == 2);
+  CHECK(TextEvalIterator(encode("abcd"), 3, 2, 0, cpu_backend()).total() == 1);
+  CHECK_THROWS_AS(TextEvalIterator(encode("abc"), 3, 2, 0, cpu_backend()), Error);
 }
 
 TEST_CASE("data: image evaluation iterates the split in order, capped at max_samples") {
@@ -349,7 +349,7 @@ TEST_CASE("data: image evaluation iterates the split in order, capped at max_sam
   const ImageDataset ds = load_fashion_mnist_split(d.file("i.gz"), d.file("l.gz"));
   std::vector<int32_t> seen;
   std::vector<int64_t> sizes;
-  ImageEvalIterator it(ds, 3);
+  ImageEvalIterator it(ds, 3, 0, cpu_backend());
   ImageBatch b;
   while (it.next(b)) {
     sizes.push_back(b.size());
@@ -357,7 +357,7 @@ TEST_CASE("data: image evaluation iterates the split in order, capped at max_sam
   }
   CHECK(sizes == std::vector<int64_t>{3, 3, 1});
   CHECK(seen == ds.labels);
-  ImageEvalIterator capped(ds, 4, 5);
+  ImageEvalIterator capped(ds, 4, 5, cpu_backend());
   CHECK(capped.total() == 5);
   REQUIRE(capped.next(b));
   REQUIRE(capped.next(b));
@@ -415,7 +415,7 @@ TEST_CASE("data: WindowSampler starts are in range and counter-based") {
   // Text batches straight from sampler positions.
   const auto tokens = encode("hello world");
   WindowSampler ws(static_cast<int64_t>(tokens.size()), 4, 9);
-  const TextBatch b = make_text_batch(tokens, ws, 10, 6, 3);
+  const TextBatch b = make_text_batch(tokens, ws, 10, 6, 3, cpu_backend());
   CHECK(b.inputs.shape() == Shape{6, 3});
   const auto x = b.inputs.to_ints();
   const auto y = b.targets.to_ints();

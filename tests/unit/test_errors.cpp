@@ -7,7 +7,7 @@
 using namespace ht;
 
 namespace {
-Tensor f32(Shape s) { return Tensor::zeros(s); }
+Tensor f32(Shape s) { return Tensor::zeros(s, cpu_backend()); }
 }  // namespace
 
 TEST_CASE("errors: shape mismatches name the op and both shapes") {
@@ -32,7 +32,7 @@ TEST_CASE("errors: shape mismatches name the op and both shapes") {
 }
 
 TEST_CASE("errors: wrong dtypes name the argument and the expected dtype") {
-  Tensor ids = Tensor::from_ints({0, 1}, {2});
+  Tensor ids = Tensor::from_ints({0, 1}, {2}, cpu_backend());
   CHECK_THROWS_WITH_AS(matmul(ids, f32({2, 2})),
                        doctest::Contains("matmul: a of shape [2] is int32; expected float32"), Error);
   CHECK_THROWS_WITH_AS(embedding(f32({4, 3}), f32({2})),
@@ -44,15 +44,15 @@ TEST_CASE("errors: wrong dtypes name the argument and the expected dtype") {
 }
 
 TEST_CASE("errors: out-of-range indices name the value, its position and the range") {
-  CHECK_THROWS_WITH_AS(embedding(f32({4, 3}), Tensor::from_ints({1, 4}, {2})),
+  CHECK_THROWS_WITH_AS(embedding(f32({4, 3}), Tensor::from_ints({1, 4}, {2}, cpu_backend())),
                        doctest::Contains("embedding: id 4 at position 1 is out of range; expected 0 <= id < 4"),
                        Error);
-  CHECK_THROWS_WITH_AS(embedding(f32({4, 3}), Tensor::from_ints({-1}, {1})),
+  CHECK_THROWS_WITH_AS(embedding(f32({4, 3}), Tensor::from_ints({-1}, {1}, cpu_backend())),
                        doctest::Contains("id -1"), Error);
-  CHECK_THROWS_WITH_AS(cross_entropy(f32({2, 3}), Tensor::from_ints({0, 3}, {2})),
+  CHECK_THROWS_WITH_AS(cross_entropy(f32({2, 3}), Tensor::from_ints({0, 3}, {2}, cpu_backend())),
                        doctest::Contains("cross_entropy: label 3 at row 1 is out of range; expected 0 <= label < 3"),
                        Error);
-  CHECK_THROWS_WITH_AS(cross_entropy(f32({2, 3}), Tensor::from_ints({0, 1, 2}, {3})),
+  CHECK_THROWS_WITH_AS(cross_entropy(f32({2, 3}), Tensor::from_ints({0, 1, 2}, {3}, cpu_backend())),
                        doctest::Contains("expected labels of shape [2]"), Error);
   CHECK_THROWS_WITH_AS(dropout(f32({2}), 1.0f, 1, 0), doctest::Contains("expected 0 <= p < 1"), Error);
 }
@@ -60,8 +60,8 @@ TEST_CASE("errors: out-of-range indices name the value, its position and the ran
 TEST_CASE("errors: a memory cap turns an oversized activation into OutOfMemory, not a crash") {
   Allocator& a = cpu_backend().allocator();
   a.set_cap(a.live_bytes() + (1 << 20));
-  Tensor x = Tensor::zeros({64, 64});
-  CHECK_THROWS_AS(matmul(reshape(Tensor::zeros({512, 64}), {512, 64}), Tensor::zeros({64, 1024})),
+  Tensor x = Tensor::zeros({64, 64}, cpu_backend());
+  CHECK_THROWS_AS(matmul(reshape(Tensor::zeros({512, 64}, cpu_backend()), {512, 64}), Tensor::zeros({64, 1024}, cpu_backend())),
                   OutOfMemory);
   CHECK(matmul(x, x).shape() == Shape{64, 64});  // the engine still works afterwards
   a.set_cap(0);

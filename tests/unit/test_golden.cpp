@@ -72,7 +72,7 @@ Fixture read_fixture(const std::string& name) {
       std::string_view(bytes).substr(head, n), bytes.size() - head - n);
   const char* data = bytes.data() + head + n;
   for (const auto& e : h.entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype);
+    Tensor t = Tensor::empty(e.shape, e.dtype, cpu_backend());
     std::memcpy(t.raw(), data + e.begin, e.end - e.begin);
     f.tensors.emplace(e.name, t);
   }
@@ -88,7 +88,7 @@ Fixture read_fixture(const std::string& name) {
 class FixtureTask : public runtime::Task {
  public:
   explicit FixtureTask(const Fixture& f)
-      : f_(f), inputs_(f.at("batch.inputs")), targets_(f.at("batch.targets")) {}
+      : Task(cpu_backend()), f_(f), inputs_(f.at("batch.inputs")), targets_(f.at("batch.targets")) {}
 
   nn::Sequential build_model(uint64_t) const override { return golden::build_model(f_.cfg); }
   int64_t train_size() const override { return inputs_.shape()[0]; }
@@ -211,7 +211,7 @@ void check_against_pytorch(const std::string& fixture_name) {
       // Divided element-wise: a multiply by the reciprocal would round twice.
       std::vector<float> m = state.at(name + ".exp_avg").to_vector();
       for (float& x : m) x /= one_minus_beta1;
-      const double e = relative_error(Tensor::from_vector(m, p.shape()), f.at("grad." + name));
+      const double e = relative_error(Tensor::from_vector(m, p.shape(), cpu_backend()), f.at("grad." + name));
       worst.see(e, name);
       INFO(f.path, ": gradient of '", name, "' has relative error ", e);
       CHECK(e <= kLossGradLimit);

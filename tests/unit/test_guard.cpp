@@ -109,7 +109,7 @@ TEST_CASE("guard: quarantine after quarantine_after offences within the window, 
 
 TEST_CASE("guard: the sum over kept samples is rescaled to their mean") {
   // Contributions pre-scaled by 1 / 40; 30 of the 40 samples kept.
-  const Tensor t = Tensor::from_vector({3.f / 40, -6.f / 40, 0.f}, {3});
+  const Tensor t = Tensor::from_vector({3.f / 40, -6.f / 40, 0.f}, {3}, cpu_backend());
   rescale_to_kept({t}, 40, 30);
   const std::vector<float> v = t.to_vector();
   // Three roundings (of 3/40, of the factor 4/3, of the product), each within u
@@ -117,7 +117,7 @@ TEST_CASE("guard: the sum over kept samples is rescaled to their mean") {
   CHECK(std::fabs(v[0] - 0.1f) <= 3 * (std::nextafter(0.1f, 1.f) - 0.1f));
   CHECK(std::fabs(v[1] + 0.2f) <= 3 * (std::nextafter(0.2f, 1.f) - 0.2f));
   CHECK(v[2] == 0.f);
-  const Tensor same = Tensor::from_vector({1.f, 2.f}, {2});
+  const Tensor same = Tensor::from_vector({1.f, 2.f}, {2}, cpu_backend());
   rescale_to_kept({same}, 40, 40);  // all kept: untouched, bit for bit
   rescale_to_kept({same}, 40, 0);   // none kept: nothing to average
   CHECK(same.to_vector() == std::vector<float>{1.f, 2.f});

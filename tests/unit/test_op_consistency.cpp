@@ -88,23 +88,23 @@ TEST_CASE("conv2d: a batch unfolded in chunks gives its samples' outputs and sum
     for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
     for (size_t i = 0; i < ws.size(); ++i) ws[i] = std::cos(0.91f * static_cast<float>(i)) / k;
     for (size_t i = 0; i < gs.size(); ++i) gs[i] = std::sin(1.3f * static_cast<float>(i) + 0.5f);
-    Tensor x = Tensor::from_vector(xs, {n, 1, 32, 32}).set_requires_grad();
-    Tensor w = Tensor::from_vector(ws, {2, 1, k, k}).set_requires_grad();
-    Tensor b = Tensor::from_vector({0.1f, -0.2f}, {2}).set_requires_grad();
+    Tensor x = Tensor::from_vector(xs, {n, 1, 32, 32}, cpu_backend()).set_requires_grad();
+    Tensor w = Tensor::from_vector(ws, {2, 1, k, k}, cpu_backend()).set_requires_grad();
+    Tensor b = Tensor::from_vector({0.1f, -0.2f}, {2}, cpu_backend()).set_requires_grad();
     Tensor y = conv2d(x, w, b, 1, pad);
-    sum(mul(y, Tensor::from_vector(gs, {n, 2, 32, 32}))).backward();
+    sum(mul(y, Tensor::from_vector(gs, {n, 2, 32, 32}, cpu_backend()))).backward();
     const std::vector<float> y_all = y.to_vector(), gx_all = x.grad().to_vector();
     const std::vector<float> gw_all = w.grad().to_vector(), gb_all = b.grad().to_vector();
     std::vector<double> gw(ws.size()), gb(2);
     for (int64_t s = 0; s < n; ++s) {
       CAPTURE(s);
-      Tensor xi = Tensor::from_vector({xs.begin() + s * size, xs.begin() + (s + 1) * size}, {1, 1, 32, 32})
+      Tensor xi = Tensor::from_vector({xs.begin() + s * size, xs.begin() + (s + 1) * size}, {1, 1, 32, 32}, cpu_backend())
                       .set_requires_grad();
       w.zero_grad();
       b.zero_grad();
       Tensor yi = conv2d(xi, w, b, 1, pad);
       sum(mul(yi, Tensor::from_vector({gs.begin() + s * 2 * size, gs.begin() + (s + 1) * 2 * size},
-                                      {1, 2, 32, 32})))
+                                      {1, 2, 32, 32}, cpu_backend())))
           .backward();
       const std::vector<float> yv = yi.to_vector(), gxv = xi.grad().to_vector();
       for (int64_t i = 0; i < 2 * size; ++i) REQUIRE(y_all[s * 2 * size + i] == yv[i]);

@@ -28,7 +28,7 @@ const std::vector<std::vector<double>> kGrads = {
     {0.5, -0.25, 1.0, -2.0}, {0.25, 0.75, -0.5, 1.5}, {-1.0, 0.125, 0.25, 0.5}};
 
 Tensor tensor_of(const std::vector<double>& v, const Shape& shape) {
-  return Tensor::from_vector(std::vector<float>(v.begin(), v.end()), shape);
+  return Tensor::from_vector(std::vector<float>(v.begin(), v.end()), shape, cpu_backend());
 }
 
 Tensor make_param(const std::vector<double>& v = kInit) {
@@ -167,7 +167,7 @@ TEST_CASE("optim/sgd steps a gradient from a real backward pass") {
 }
 
 TEST_CASE("optim/clip_grad_norm scales by max_norm / (norm + 1e-6)") {
-  Tensor a = make_param(), b = Tensor::zeros({3}).set_requires_grad(), c = make_param();
+  Tensor a = make_param(), b = Tensor::zeros({3}, cpu_backend()).set_requires_grad(), c = make_param();
   a.set_grad(tensor_of({3.0, 0.0, 0.0, 4.0}, {2, 2}));
   // A strided gradient (every other element of `base`): clipping must give b a
   // scaled dense copy and leave `base` alone.
@@ -245,7 +245,7 @@ TEST_CASE("optim/state round trip restores an optimiser mid-way") {
 }
 
 TEST_CASE("optim/state names and load_state mismatches") {
-  Tensor w = make_param(), b = Tensor::zeros({3}).set_requires_grad();
+  Tensor w = make_param(), b = Tensor::zeros({3}, cpu_backend()).set_requires_grad();
   AdamW opt({{"fc.weight", w}, {"fc.bias", b}});
   std::vector<std::string> names;
   for (const auto& [n, t] : opt.state()) names.push_back(n);
@@ -259,13 +259,13 @@ TEST_CASE("optim/state names and load_state mismatches") {
       if (n == name) x = t;
     return s;
   };
-  CHECK(contains(error_of([&] { opt.load_state(with("fc.bias.exp_avg", Tensor::zeros({4}))); }),
+  CHECK(contains(error_of([&] { opt.load_state(with("fc.bias.exp_avg", Tensor::zeros({4}, cpu_backend()))); }),
                  "AdamW: load_state: 'fc.bias.exp_avg' has shape [4]; expected [3]"));
   CHECK(contains(
-      error_of([&] { opt.load_state(with("fc.weight.step", Tensor::zeros({1}))); }),
+      error_of([&] { opt.load_state(with("fc.weight.step", Tensor::zeros({1}, cpu_backend()))); }),
       "AdamW: load_state: 'fc.weight.step' is float32; expected int32"));
   CHECK(contains(error_of([&] {
-                   opt.load_state(with("step", Tensor::from_ints({-3}, {1})));
+                   opt.load_state(with("step", Tensor::from_ints({-3}, {1}, cpu_backend())));
                  }),
                  "counter 'step' is -3"));
 
@@ -275,20 +275,20 @@ TEST_CASE("optim/state names and load_state mismatches") {
                  "AdamW: load_state: no tensor named 'fc.weight.exp_avg_sq'"));
 
   auto extra = opt.state();
-  extra.emplace_back("fc.weight.momentum_buffer", Tensor::zeros({2, 2}));
+  extra.emplace_back("fc.weight.momentum_buffer", Tensor::zeros({2, 2}, cpu_backend()));
   CHECK(contains(error_of([&] { opt.load_state(extra); }),
                  "unexpected tensor 'fc.weight.momentum_buffer'"));
 
   // SGD state does not load into AdamW.
-  SGD sgd({{"fc.weight", make_param()}, {"fc.bias", Tensor::zeros({3})}},
+  SGD sgd({{"fc.weight", make_param()}, {"fc.bias", Tensor::zeros({3}, cpu_backend())}},
           {.lr = 0.1f, .momentum = 0.9f});
   CHECK(contains(error_of([&] { opt.load_state(sgd.state()); }),
                  "no tensor named 'fc.weight.exp_avg'"));
 
   // A load that fails late (a bad last entry) changes nothing.
-  auto late = with("step", Tensor::from_ints({7}, {1}));
-  late[0].second = Tensor::full({2, 2}, 1.f);
-  late[5].second = Tensor::zeros({2});
+  auto late = with("step", Tensor::from_ints({7}, {1}, cpu_backend()));
+  late[0].second = Tensor::full({2, 2}, 1.f, cpu_backend());
+  late[5].second = Tensor::zeros({2}, cpu_backend());
   CHECK(contains(error_of([&] { opt.load_state(late); }), "'fc.bias.step' has shape [2]"));
   check_close(opt.state()[0].second, {0.0, 0.0, 0.0, 0.0});
   CHECK(opt.step_count() == 0);

@@ -21,7 +21,7 @@ std::vector<float> iota(int n) {
 }  // namespace
 
 TEST_CASE("tensor: views share storage and follow their strides") {
-  Tensor x = Tensor::from_vector(iota(24), {2, 3, 4});
+  Tensor x = Tensor::from_vector(iota(24), {2, 3, 4}, cpu_backend());
   Tensor t = transpose(x, 0, 2);  // (4, 3, 2)
   CHECK(t.same_storage(x));
   CHECK(t.shape() == Shape{4, 3, 2});
@@ -36,7 +36,7 @@ TEST_CASE("tensor: views share storage and follow their strides") {
   CHECK(s.offset() == 1);
   CHECK(s.to_vector() == std::vector<float>{1, 2, 5, 6, 9, 10, 13, 14, 17, 18, 21, 22});
 
-  Tensor e = expand(Tensor::from_vector({1, 2, 3}, {3, 1}), {2, 3, 4});
+  Tensor e = expand(Tensor::from_vector({1, 2, 3}, {3, 1}, cpu_backend()), {2, 3, 4});
   CHECK(e.strides() == Strides{0, 1, 0});
   CHECK(e.to_vector()[5] == 2.f);
 
@@ -54,11 +54,11 @@ TEST_CASE("tensor: views share storage and follow their strides") {
 }
 
 TEST_CASE("tensor: permute round-trips and int32 tensors keep their values") {
-  Tensor x = Tensor::from_vector(iota(24), {2, 3, 4});
+  Tensor x = Tensor::from_vector(iota(24), {2, 3, 4}, cpu_backend());
   Tensor p = permute(permute(x, {1, 2, 0}), {2, 0, 1});
   CHECK(p.shape() == x.shape());
   CHECK(p.to_vector() == x.to_vector());
-  Tensor ids = Tensor::from_ints({3, -1, 7}, {3});
+  Tensor ids = Tensor::from_ints({3, -1, 7}, {3}, cpu_backend());
   CHECK(ids.dtype() == DType::i32);
   CHECK(ids.to_ints() == std::vector<int32_t>{3, -1, 7});
 }
@@ -68,15 +68,15 @@ TEST_CASE("allocator: live and peak bytes, reuse, and the cap") {
   size_t base = a.live_bytes();
   a.reset_peak();
   {
-    Tensor x = Tensor::zeros({1000});  // 4000 bytes, rounded to 4032
+    Tensor x = Tensor::zeros({1000}, cpu_backend());  // 4000 bytes, rounded to 4032
     CHECK(a.live_bytes() == base + 4032);
-    Tensor y = Tensor::zeros({1000});
+    Tensor y = Tensor::zeros({1000}, cpu_backend());
     CHECK(a.peak_bytes() >= base + 2 * 4032);
   }
   CHECK(a.live_bytes() == base);
 
   a.set_cap(base + 20000);
-  Tensor ok = Tensor::zeros({1000});
+  Tensor ok = Tensor::zeros({1000}, cpu_backend());
   try {
     Tensor too_big = Tensor::zeros({4000}, cpu_backend());
     FAIL("expected OutOfMemory");
@@ -87,7 +87,7 @@ TEST_CASE("allocator: live and peak bytes, reuse, and the cap") {
     CHECK(m.find("cap of") != std::string::npos);
   }
   try {
-    Tensor x = Tensor::full({2000}, 1.f);
+    Tensor x = Tensor::full({2000}, 1.f, cpu_backend());
     (void)add(x, x);  // the op's output no longer fits
     FAIL("expected OutOfMemory");
   } catch (const OutOfMemory& e) {
@@ -105,11 +105,11 @@ TEST_CASE("allocator: host staging is outside the cap and the counts") {
     Tensor staged;
     {
       Allocator::HostStaging staging;
-      staged = Tensor::full({100000}, 2.f);  // 400 KB, far past the cap
+      staged = Tensor::full({100000}, 2.f, cpu_backend());  // 400 KB, far past the cap
     }
     CHECK(a.live_bytes() == base);
     CHECK(staged.to_vector()[99999] == 2.f);
-    CHECK_THROWS_AS(Tensor::zeros({100000}), OutOfMemory);  // the guard has ended
+    CHECK_THROWS_AS(Tensor::zeros({100000}, cpu_backend()), OutOfMemory);  // the guard has ended
   }
   CHECK(a.live_bytes() == base);
   a.set_cap(0);
@@ -145,28 +145,28 @@ TEST_CASE("allocator: freed blocks are reused; staged blocks go straight back") 
 TEST_CASE("tensor: rehome moves the values between host staging and the device, for every handle") {
   Allocator& a = cpu_backend().allocator();
   const size_t base = a.live_bytes();
-  Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, cpu_backend());
   const Tensor alias = t;  // another handle of the same tensor
   CHECK(a.live_bytes() == base + 64);  // 24 bytes, rounded to 64
-  t.rehome(true);
+  t.rehome(cpu_backend(), true);
   CHECK(a.live_bytes() == base);  // out of the device's counts
   CHECK(a.staged(t.raw()));
   CHECK(alias.same_storage(t));
   CHECK(alias.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6});
-  t.rehome(true);  // already there: nothing happens
+  t.rehome(cpu_backend(), true);  // already there: nothing happens
   CHECK(a.staged(t.raw()));
   a.set_cap(base + 64);  // room for exactly these bytes
-  t.rehome(false);
+  t.rehome(cpu_backend(), false);
   CHECK(a.live_bytes() == base + 64);
   CHECK_FALSE(a.staged(alias.raw()));
   CHECK(alias.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6});
-  CHECK_THROWS_AS(Tensor::zeros({16}), OutOfMemory);  // the cap is full
+  CHECK_THROWS_AS(Tensor::zeros({16}, cpu_backend()), OutOfMemory);  // the cap is full
   {
     const Tensor view = permute(t, {1, 0});  // a view made after shares the new storage
     CHECK(view.same_storage(alias));
   }
-  t.rehome(true);
-  CHECK_NOTHROW(Tensor::zeros({16}));  // the device has its room back
+  t.rehome(cpu_backend(), true);
+  CHECK_NOTHROW(Tensor::zeros({16}, cpu_backend()));  // the device has its room back
   a.set_cap(0);
 }
 
@@ -179,7 +179,7 @@ TEST_CASE("tensor: move_to puts the values in memory that another keeps, for eve
       released = true;
       delete[] p;
     });
-    Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {3, 2});
+    Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {3, 2}, cpu_backend());
     const Tensor alias = t;
     t.move_to(memory.get(), memory, true);
     CHECK(a.live_bytes() == base);  // the allocator's block went back
@@ -189,11 +189,11 @@ TEST_CASE("tensor: move_to puts the values in memory that another keeps, for eve
     memory.get()[0] = -1;  // what another process writes, every handle sees
     CHECK(alias.to_vector() == std::vector<float>{-1, 2, 3, 4, 5, 6});
     // Without copying, the tensor takes what the memory holds.
-    Tensor u = Tensor::zeros({2});
+    Tensor u = Tensor::zeros({2}, cpu_backend());
     u.move_to(memory.get() + 6, memory, false);
     CHECK(u.to_vector() == std::vector<float>{7, 7});
     // A strided view copies densely.
-    Tensor w = permute(Tensor::from_vector({1, 2, 3, 4}, {2, 2}), {1, 0});
+    Tensor w = permute(Tensor::from_vector({1, 2, 3, 4}, {2, 2}, cpu_backend()), {1, 0});
     w.move_to(memory.get() + 2, memory, true);
     CHECK(w.is_contiguous());
     CHECK(std::vector<float>(memory.get() + 2, memory.get() + 6) == std::vector<float>{1, 3, 2, 4});

@@ -1,20 +1,18 @@
 #include "backend/cuda/device_select.h"
 
-#include <charconv>
-
+#include "backend/registry.h"
 #include "core/error.h"
 
 #ifdef HETRAIN_HAVE_CUDA_BACKEND
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
 #endif
 
 namespace ht {
 
 namespace {
-
-constexpr const char* kForms = "expected \"cpu\", \"cuda\", \"cuda:N\" (N a GPU index) or \"auto\"";
 
 std::string quoted(std::string_view s) {
   std::string q(1, '"');
@@ -29,32 +27,6 @@ std::string gpu_range(int count) {
 }
 
 }  // namespace
-
-DeviceRequest parse_device(std::string_view text) {
-  DeviceRequest r;
-  r.text = std::string(text);
-  if (text == "cpu") return r;
-  if (text == "auto") {
-    r.kind = DeviceRequest::Kind::automatic;
-    return r;
-  }
-  if (text == "cuda") {
-    r.kind = DeviceRequest::Kind::cuda;
-    return r;
-  }
-  if (text.starts_with("cuda:")) {
-    std::string_view digits = text.substr(5);
-    int index = -1;
-    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
-    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || index < 0)
-      fail("device ", quoted(text), ": the GPU index ", quoted(digits),
-           " is not a whole number from 0; ", kForms);
-    r.kind = DeviceRequest::Kind::cuda;
-    r.index = index;
-    return r;
-  }
-  fail("device ", quoted(text), " is not a device; ", kForms);
-}
 
 DeviceChoice choose_device(const DeviceRequest& req, int local_rank, const GpuAvailability& gpus) {
   HT_CHECK(local_rank >= 0, "device ", quoted(req.text), ": the local rank ", local_rank,
@@ -107,10 +79,34 @@ GpuAvailability query_gpus() {
   return g;
 }
 
+#ifdef HETRAIN_HAVE_CUDA_BACKEND
+namespace {
+
+// GPU to GPU without the host. The source's work is finished first (its values are
+// computed); the copy runs on the destination's compute stream, after the work already
+// issued there (the caching allocator may hand out a block that work still reads), and
+// is waited for, so that the source block may be freed and reused at once.
+bool cuda_peer_copy(Backend& dst_be, void* dst, Backend& src_be, const void* src, size_t bytes) {
+  auto* d = dynamic_cast<cuda::CudaBackend*>(&dst_be);
+  auto* s = dynamic_cast<cuda::CudaBackend*>(&src_be);
+  if (d == nullptr || s == nullptr) return false;
+  s->synchronize();
+  const std::string where = s->device_name() + " to " + d->device_name();
+  HT_CUDA_ON(where, cudaMemcpyPeerAsync(dst, d->device(), src, s->device(), bytes, d->compute_stream()));
+  HT_CUDA_ON(where, cudaStreamSynchronize(d->compute_stream()));
+  return true;
+}
+
+}  // namespace
+#endif
+
 Backend& backend_for(const DeviceChoice& choice) {
   if (choice.kind == DeviceKind::cpu) return cpu_backend();
 #ifdef HETRAIN_HAVE_CUDA_BACKEND
-  return cuda::cuda_backend(choice.index);
+  Backend& be = cuda::cuda_backend(choice.index);
+  register_backend(DeviceKind::cuda, choice.index, be);
+  set_peer_copy(cuda_peer_copy);
+  return be;
 #else
   fail("cuda:", choice.index, ": this build of hetrain has no CUDA backend; expected a choice "
        "made by choose_device");

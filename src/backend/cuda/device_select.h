@@ -15,18 +15,9 @@
 #include <string_view>
 
 #include "backend/backend.h"
+#include "core/device_request.h"  // DeviceRequest, parse_device: the forms a config accepts
 
 namespace ht {
-
-struct DeviceRequest {
-  enum class Kind { cpu, cuda, automatic };
-  Kind kind = Kind::cpu;
-  int index = -1;  // cuda:N; -1 picks by local rank
-  std::string text;  // as written, for messages
-};
-
-// Throws ht::Error naming the text and the accepted forms.
-DeviceRequest parse_device(std::string_view text);
 
 // What the machine offers: how many GPUs, or why none is usable.
 struct GpuAvailability {
@@ -47,7 +38,9 @@ struct DeviceChoice {
 DeviceChoice choose_device(const DeviceRequest& request, int local_rank,
                            const GpuAvailability& gpus);
 
-// The backend of a choice: cpu_backend() or the process's CUDA backend for that GPU.
+// The backend of a choice: cpu_backend() or the process's CUDA backend for that GPU,
+// which it registers (backend/registry.h) at (cuda, index), together with the copy
+// between two GPUs.
 Backend& backend_for(const DeviceChoice& choice);
 
 struct SelectedDevice {
