@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "backend/cuda/device_select.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "config/config.h"
@@ -16,7 +17,7 @@ namespace hetrain_cli {
 void register_probe(CLI::App& app) {
   struct Args {
     bool quick = false;
-    std::string json, model;
+    std::string json, model, device = "cpu";
   };
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("probe", "Fingerprint each rank's hardware, device rates and links");
@@ -24,14 +25,22 @@ void register_probe(CLI::App& app) {
   cmd->add_option("--json", args->json, "Write the cluster fingerprint here (for `hetrain plan --cluster`)");
   cmd->add_option("--model", args->model,
                   "Config whose model blocks are profiled on each rank; its emulate section applies");
+  cmd->add_option("--device", args->device,
+                  "What each rank probes and trains on: cpu, cuda (the GPU of its local rank), cuda:N or auto")
+      ->capture_default_str();
   cmd->callback([args] {
+    ht::comm::Communicator& world = ht::comm::world();
+    const ht::DeviceChoice device = ht::choose_device(ht::parse_device(args->device), world.local_rank(),
+                                                      ht::query_gpus());
+    if (!device.note.empty()) std::fprintf(stderr, "rank %d: %s\n", world.rank(), device.note.c_str());
     ht::probe::ProbeOptions opts;
     opts.quick = args->quick;
+    opts.backend = &ht::backend_for(device);
+    if (device.kind == ht::DeviceKind::cuda) opts.gpu_index = device.index;
     if (!args->model.empty()) opts.model = ht::config::load_config(args->model);
     opts.build_model = [](const ht::config::Config& c) {
       return ht::runtime::make_task(c, ht::cpu_backend())->build_model(c.train.seed);
     };
-    ht::comm::Communicator& world = ht::comm::world();
     ht::probe::ClusterFingerprint c = ht::probe::run_probe(world, opts);
     if (world.rank() != 0) return;
     std::printf("%s", ht::probe::format_cluster(c).c_str());

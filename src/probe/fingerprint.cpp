@@ -53,6 +53,13 @@ Json rank_json(const RankFingerprint& r) {
           {"memory_cap_bytes", r.memory_cap},
           {"blocks", blocks},
           {"emulation", r.emulation}};
+  // A GPU rank's own rates; written only where measured, so CPU ranks read as before.
+  if (r.rates.gpu_index >= 0) {
+    Json& d = j["device"];
+    d["gpu_index"] = r.rates.gpu_index;
+    d["bf16_gemm_gflops"] = r.rates.bf16_gemm_gflops;
+    d["launch_overhead_s"] = r.rates.launch_overhead_s;
+  }
   if (r.cpu_quota.fraction > 0)
     j["cpu_quota"] = {{"fraction", r.cpu_quota.fraction}, {"period_s", r.cpu_quota.period_s}};
   return j;
@@ -116,6 +123,24 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   r.rates.sgemm_gflops = positive(d, dp, "sgemm_gflops");
   r.rates.sgemm_size = read_int(require(d, dp, "sgemm_size", "an integer"), key_path(dp, "sgemm_size"), 1);
   r.rates.memory_bandwidth_gb_s = positive(d, dp, "memory_bandwidth_gb_s");
+  // The GPU rates: all three or none (files from before them, and CPU ranks, have none).
+  const bool has_gpu_rates = d.contains("gpu_index") || d.contains("bf16_gemm_gflops") || d.contains("launch_overhead_s");
+  if (has_gpu_rates) {
+    const std::string ip = key_path(dp, "gpu_index");
+    if (r.device != DeviceKind::cuda)
+      fail_at(key_path(dp, "kind"), show(d["kind"]) + " has GPU rates (gpu_index, bf16_gemm_gflops, "
+              "launch_overhead_s); expected them only with kind \"cuda\"");
+    const auto gpus_seen = static_cast<int64_t>(r.host.gpus.size());
+    const Json& index = require(d, dp, "gpu_index", "the index of the rank's GPU in host.gpus");
+    if (gpus_seen == 0) fail_at(ip, show(index) + " names a GPU but host.gpus is empty; expected a GPU the host lists");
+    const int64_t gpu = read_int(index, ip, 0);
+    if (gpu >= gpus_seen)
+      fail_at(ip, std::to_string(gpu) + " is not a GPU of host.gpus; expected 0 to " + std::to_string(gpus_seen - 1));
+    r.rates.gpu_index = static_cast<int>(gpu);
+    r.rates.bf16_gemm_gflops = read_double(require(d, dp, "bf16_gemm_gflops", "GFLOP/s (0 below sm_80)"),
+                                           key_path(dp, "bf16_gemm_gflops"), Range::at_least(0));
+    r.rates.launch_overhead_s = positive(d, dp, "launch_overhead_s");
+  }
   r.memory_cap = read_uint(require(j, path, "memory_cap_bytes", "bytes (0 = none)"), key_path(path, "memory_cap_bytes"));
   const std::string bp = key_path(path, "blocks");
   const Json& blocks = require(j, path, "blocks", "an array");

@@ -53,10 +53,10 @@ double run_for(double budget, int64_t min_calls, const std::function<void()>& fn
   return run_for(budget, min_calls, std::vector<std::function<void()>>{fn})[0];
 }
 
-Tensor random_tensor(const Shape& shape, Rng& rng) {
+Tensor random_tensor(const Shape& shape, Rng& rng, Backend& be) {
   std::vector<float> v(numel(shape));
   for (float& x : v) x = rng.normal();
-  return Tensor::from_vector(v, shape, cpu_backend());
+  return Tensor::from_vector(v, shape, be);
 }
 
 }  // namespace
@@ -69,8 +69,8 @@ DeviceRates measure_device(double seconds) {
   // call overhead more than the arithmetic units.
   r.sgemm_size = 1024;
   int64_t n = r.sgemm_size;
-  Tensor a = random_tensor({n, n}, rng), b = random_tensor({n, n}, rng);
-  Tensor c = Tensor::empty({n, n}, DType::f32, cpu_backend());
+  Tensor a = random_tensor({n, n}, rng, be), b = random_tensor({n, n}, rng, be);
+  Tensor c = Tensor::empty({n, n}, DType::f32, be);
   GemmArgs g;
   g.m = g.n = g.k = n;
   g.a = a.data();
@@ -97,9 +97,14 @@ DeviceRates measure_device(double seconds) {
 
 std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t small, int64_t large,
                                         double seconds_per_block,
-                                        const config::OptimizerConfig& opt) {
+                                        const config::OptimizerConfig& opt, Backend& be) {
   HT_CHECK(small >= 1 && large >= small, "profile_blocks: batches ", small, " and ", large,
            "; expected 1 <= small <= large");
+  for (size_t i = 0; i < model.size(); ++i)
+    for (const auto& [name, p] : model.block(i).named_parameters())
+      HT_CHECK(&p.backend() == &be, "probe: block ", i, " (", model.block(i).kind(), ") parameter '", name,
+               "' lives on ", p.backend().name(), " but the blocks are profiled on ", be.name(),
+               "; expected the model built on the device it is profiled on");
   std::vector<BlockTiming> out;
   Rng rng(12);
   for (size_t i = 0; i < model.size(); ++i) {
@@ -109,15 +114,16 @@ std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t sma
       shape.insert(shape.begin(), batch);
       // Token ids of 0 are valid for any vocabulary; values do not change the timing.
       Tensor x = block.input_dtype() == DType::i32
-                     ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape, cpu_backend())
-                     : random_tensor(shape, rng);
+                     ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape, be)
+                     : random_tensor(shape, rng, be);
       // Training passes the gradient back through every block but the model's first
       // (whose input is the data): leaving it out timed the MLP's step 20% short.
       if (i > 0 && x.dtype() == DType::f32) x.set_requires_grad();
-      return [&block, x] {
+      return [&block, &be, x] {
         Tensor y = block.forward(x);
-        y.backward(Tensor::full(y.shape(), 1.f, cpu_backend()));
+        y.backward(Tensor::full(y.shape(), 1.f, be));
         x.zero_grad();  // as in training, each call's input gradient is a new tensor
+        be.synchronize();
       };
     };
     const std::vector<double> at = run_for(seconds_per_block, 2, {call_at(small), call_at(large)});
@@ -138,7 +144,10 @@ std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t sma
     }
     if (auto params = block.named_parameters(); !params.empty()) {
       auto optimizer = optim::make_optimizer(opt, std::move(params));
-      t.optimizer_step_s = run_for(seconds_per_block / 4, 2, [&] { optimizer->step(); });
+      t.optimizer_step_s = run_for(seconds_per_block / 4, 2, [&] {
+        optimizer->step();
+        be.synchronize();
+      });
     }
     block.zero_grad();
     out.push_back(t);

@@ -13,11 +13,20 @@
 namespace ht::probe {
 
 struct DeviceRates {
-  double sgemm_gflops = 0;          // n x n x n single-precision products
+  // n x n x n single-precision products through the rank's Backend::gemm: OpenBLAS on a
+  // CPU; on a GPU cuBLAS as the engine calls it (fp32 math, no TF32).
+  double sgemm_gflops = 0;
   int64_t sgemm_size = 0;
-  double memory_bandwidth_gb_s = 0;  // triad a = b + s * c over arrays beyond the caches
+  // CPU: triad a = b + s * c over arrays beyond the caches. GPU: the backend's add of two
+  // device arrays into a third (three arrays streamed), the path elementwise ops take.
+  double memory_bandwidth_gb_s = 0;
+  // GPU ranks only; 0 = not measured (a CPU rank, or a file from before GPU rates).
+  int gpu_index = -1;              // the GPU it trains on: an index into host.gpus
+  double bf16_gemm_gflops = 0;     // cuBLAS bf16 x bf16 -> fp32 at sgemm_size; 0 below sm_80
+  double launch_overhead_s = 0;    // seconds per launch, back to back, of a one-element kernel
 };
 
+// The CPU's rates (the backend's gemm on this host, the triad).
 DeviceRates measure_device(double seconds_per_benchmark);
 
 struct BlockTiming {
@@ -39,8 +48,12 @@ struct BlockTiming {
 // at its own batch (no fixed part where the line would cross zero above no samples);
 // then `opt` stepping its parameters: a small model's optimiser state sits in cache, so
 // bytes over memory bandwidth would overstate that step several times.
+// Every block runs on `be`, where its parameters must already live (an error names the
+// first that does not); each timed call ends with be.synchronize(), so a GPU's calls are
+// timed to their end, not to their launch.
 std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t small, int64_t large,
                                         double seconds_per_block,
-                                        const config::OptimizerConfig& opt);
+                                        const config::OptimizerConfig& opt,
+                                        Backend& be = cpu_backend());
 
 }  // namespace ht::probe

@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
-
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "comm/emulation.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "probe/gpu_rates.h"
 
 namespace ht::probe {
 
@@ -73,16 +74,27 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
   me.threads = resolve_thread_count(0, comm.local_size());
   set_thread_count(me.threads);
   me.host = read_host_info();
-  me.memory_cap = cpu_backend().allocator().cap();
+  Backend& be = opts.backend ? *opts.backend : cpu_backend();
+  me.device = be.kind();
+  me.memory_cap = be.allocator().cap();
+  const bool gpu = me.device == DeviceKind::cuda;
+  HT_CHECK(!gpu || opts.gpu_index >= 0, "probe: a CUDA backend (", be.name(), ") without its GPU's index");
   // An emulated memory cap stands for what training may hold. The benchmarks' tensors
   // (matrices of 1024^2, the whole model with one block's gradients and optimiser state
   // at up to 512 samples) are freed before training starts, so they sit outside it: under
   // a 22 MiB cap, a 2.9M-parameter MLP that a two-stage pipeline fits failed its probe.
-  Allocator::HostStaging outside_the_cap;
-  me.rates = measure_device(opts.quick ? 0.6 : 2.0);
+  // A GPU's benchmark buffers are its own (gpu_rates.cpp); its profile's tensors must be in
+  // device memory to time the device, so they count.
+  std::optional<Allocator::HostStaging> outside_the_cap;
+  if (!gpu) outside_the_cap.emplace();
+  me.rates = gpu ? measure_gpu(be, opts.gpu_index, opts.quick ? 0.6 : 2.0) : measure_device(opts.quick ? 0.6 : 2.0);
   if (opts.model) {
     HT_CHECK(opts.build_model, "probe: a model to profile was given without a way to build it");
     nn::Sequential model = opts.build_model(*opts.model);
+    // Built in host memory, as training builds it; a GPU rank times its blocks where it
+    // will train them.
+    if (gpu)
+      for (const auto& [name, p] : model.named_parameters()) p.rehome(be, false);
     // Per-sample cost depends on the batch (fixed costs per call, caches): time blocks
     // from half to twice the share of the global batch that the ranks' sgemm rates
     // would give this one. Timed over an equal share to all of the batch, a 0.2-quota
@@ -97,7 +109,7 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
     const int64_t small = std::clamp<int64_t>(std::llround(share / 2), 1, 256);
     me.blocks = profile_blocks(model, small,
                                std::clamp<int64_t>(std::llround(std::min(2 * share, batch)), small, 512),
-                               opts.quick ? 0.2 : 1.0, opts.model->train.optimizer);
+                               opts.quick ? 0.2 : 1.0, opts.model->train.optimizer, be);
   }
 
   ClusterFingerprint c;
@@ -140,6 +152,13 @@ std::string format_cluster(const ClusterFingerprint& c) {
         if (r.rank == 0) out << "gpus: " << r.host.gpu_note << "\n";
         continue;
       }
+      if (r.rates.gpu_index >= 0)
+        out << "rank " << r.rank << " trains on gpu " << r.rates.gpu_index << ": fp32 GEMM "
+            << fmt("%.1f", r.rates.sgemm_gflops / 1e3) << " TFLOP/s (n = " << r.rates.sgemm_size << "), bf16 GEMM "
+            << (r.rates.bf16_gemm_gflops > 0 ? fmt("%.1f TFLOP/s", r.rates.bf16_gemm_gflops / 1e3)
+                                             : std::string("not measured (below sm_80)"))
+            << ", memory " << fmt("%.0f GB/s", r.rates.memory_bandwidth_gb_s) << ", launch "
+            << fmt("%.2f us", r.rates.launch_overhead_s * 1e6) << "\n";
       for (const GpuInfo& g : r.host.gpus)
         out << "rank " << r.rank << " gpu " << g.index << ": " << g.name << ", sm_" << g.compute_major
             << g.compute_minor << ", " << g.sm_count << " SMs, "

@@ -25,6 +25,11 @@ struct ProbeOptions {
   // model builders sit above the probe (runtime::make_task).
   std::function<nn::Sequential(const config::Config&)> build_model;
   double peer_timeout_s = kProbePeerTimeoutS;  // the bound on each exchange between the ranks
+  // The device this rank trains on, chosen by the caller (backend/cuda/device_select.h
+  // sits above the probe): null is the CPU. With a CUDA backend, `gpu_index` is its GPU,
+  // and the rank's rates are that GPU's (gpu_rates.h); `model` must then be built on it.
+  Backend* backend = nullptr;
+  int gpu_index = -1;
 };
 
 // Collective: every rank of `comm` calls it and gets the whole cluster's fingerprint.
