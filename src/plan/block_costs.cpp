@@ -71,10 +71,13 @@ BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
         row[b] = kTrainFlopsPerForwardFlop * c.flops[b] / rate;
       c.source[r] = kSourceModelled;
     }
-    // Calls the profile did not time get the engine's figure.
+    // Calls the profile did not time get the device's figure (a probed GPU's launches),
+    // else the engine's.
+    const DeviceModel& dev = cluster.ranks[r];
     c.call_seconds[r].resize(blocks, 0);
     for (double& call : c.call_seconds[r])
-      if (call <= 0) call = cluster.ranks[r].kind == DeviceKind::cuda ? kCallSecondsCuda : kCallSecondsCpu;
+      if (call <= 0)
+        call = dev.call_seconds > 0 ? dev.call_seconds : dev.kind == DeviceKind::cuda ? kCallSecondsCuda : kCallSecondsCpu;
     // Blocks the profile did not time (older files) get the bandwidth model.
     const double bw = cluster.ranks[r].memory_bandwidth;
     c.step_seconds[r].resize(blocks, 0);

@@ -1,6 +1,7 @@
 #include "plan/cluster_model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -172,7 +173,32 @@ void bound_link_outliers(std::vector<std::vector<double>>& m, bool higher_is_wor
 
 }  // namespace
 
-ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
+namespace {
+
+std::string letters_and_digits(const std::string& s) {
+  std::string out;
+  for (char ch : s)
+    if (std::isalnum(static_cast<unsigned char>(ch))) out += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+}  // namespace
+
+const CatalogueDevice* match_catalogue(const Catalogue& catalogue, const std::string& gpu_name,
+                                       double memory_bytes) {
+  const std::string name = letters_and_digits(gpu_name);
+  const CatalogueDevice* best = nullptr;
+  for (const CatalogueDevice& d : catalogue.devices) {
+    if (d.kind != DeviceKind::cuda) continue;
+    const std::string family = letters_and_digits(d.id.substr(0, d.id.find('-')));
+    if (family.empty() || name.find(family) == std::string::npos) continue;
+    if (!best || std::abs(d.memory_gb * kGiB - memory_bytes) < std::abs(best->memory_gb * kGiB - memory_bytes))
+      best = &d;
+  }
+  return best;
+}
+
+ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catalogue* catalogue) {
   ClusterModel c;
   c.source = "probe";
   // Ranks on one host share its RAM; giving each the whole host would over-commit it.
@@ -188,10 +214,21 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp) {
     d.cpu_quota = r.cpu_quota.fraction;
     d.cpu_quota_period_s = r.cpu_quota.period_s;
     const auto& gpus = r.host.gpus;
+    const bool gpu_rates = r.rates.gpu_index >= 0 && static_cast<size_t>(r.rates.gpu_index) < gpus.size();
     if (r.device == DeviceKind::cuda && !gpus.empty()) {
-      const auto& g = gpus[static_cast<size_t>(r.local_rank) % gpus.size()];
+      // Files from before GPU rates name no GPU: one GPU per local rank, as "cuda" picks.
+      const auto& g = gpus[gpu_rates ? static_cast<size_t>(r.rates.gpu_index)
+                                     : static_cast<size_t>(r.local_rank) % gpus.size()];
       d.id = g.name;
       d.memory_bytes = static_cast<double>(g.memory_total);
+      if (gpu_rates) {
+        if (g.memory_free > 0) d.memory_bytes = static_cast<double>(g.memory_free);
+        d.call_seconds = kLaunchesPerBlockCall * r.rates.launch_overhead_s;
+      } else if (const CatalogueDevice* sheet = catalogue ? match_catalogue(*catalogue, g.name, d.memory_bytes) : nullptr) {
+        d.flops = sheet->fp32_tflops * 1e12 * sheet->efficiency;
+        d.memory_bandwidth = sheet->memory_bandwidth_gb_s * 1e9;
+        d.measured = false;
+      }
     } else {
       d.id = r.host.cpu_model.empty() ? to_string(r.device) : r.host.cpu_model;
       d.memory_bytes = static_cast<double>(r.host.memory_total) / ranks_on_host[r.host.host];
@@ -296,7 +333,8 @@ namespace {
 bool same_device(const DeviceModel& a, const DeviceModel& b) {
   return a.id == b.id && a.name == b.name && a.kind == b.kind && a.flops == b.flops &&
          a.memory_bytes == b.memory_bytes && a.memory_bandwidth == b.memory_bandwidth &&
-         a.measured == b.measured && a.cpu_quota == b.cpu_quota && a.cpu_quota_period_s == b.cpu_quota_period_s;
+         a.measured == b.measured && a.cpu_quota == b.cpu_quota && a.cpu_quota_period_s == b.cpu_quota_period_s &&
+         a.call_seconds == b.call_seconds;
 }
 
 // Row `a` and row `b` of a per-rank table agree (both absent counts as agreeing).
@@ -347,7 +385,13 @@ ClusterModel load_cluster_model(const std::string& arg, const std::string& catal
                                 "; expected a spec with the job's world size");
     return c;
   }
-  ClusterModel c = cluster_from_probe(probe::read_cluster(arg, world_size));
+  const probe::ClusterFingerprint fp = probe::read_cluster(arg, world_size);
+  // The catalogue only for cuda ranks without GPU rates, so that a probe file plans where
+  // no catalogue is installed.
+  std::optional<Catalogue> catalogue;
+  for (const auto& r : fp.ranks)
+    if (r.device == DeviceKind::cuda && r.rates.gpu_index < 0 && !catalogue) catalogue = read_catalogue(catalogue_path);
+  ClusterModel c = cluster_from_probe(fp, catalogue ? &*catalogue : nullptr);
   c.source = "probe " + arg;
   return c;
 }

@@ -24,6 +24,10 @@ struct DeviceModel {
   bool measured = false;        // from a probe, not a datasheet
   // A cgroup CPU limit the probe found: this fraction of a core per period (0 = none).
   double cpu_quota = 0, cpu_quota_period_s = 0;
+  // Fixed seconds of one block's forward + backward call, for blocks the profile did not
+  // time: a probed GPU's kLaunchesPerBlockCall launches at its measured launch overhead;
+  // 0 = the engine's figure for the kind (block_costs.h).
+  double call_seconds = 0;
 
   // What tables and messages call the device: the id, or the name where there is none.
   const std::string& label() const { return id.empty() ? name : id; }
@@ -78,11 +82,30 @@ Catalogue read_catalogue(const std::string& path);
 // 43.9 of a 44 MiB cap ran out of memory by a few KiB in its first step.
 inline constexpr double kUsableMemory = 0.98;
 
-// Measured figures as they are, except two. A device's memory is kUsableMemory of it. And
-// single link pairs far worse than both ranks' typical (median) links are bounded by the
-// slower rank's typical link: with 4 ranks throttled on 2 cores, one ping-pong can catch
-// both ends descheduled and read 1 ms where every other pair of those ranks reads 1 us.
-ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp);
+// Kernel launches in one block's forward + backward call on a GPU, for the fixed part of a
+// call the profile did not time: a dense block with its activation launches about 8 (a
+// product and a bias add forward, two products, a bias reduction and the activation's
+// backward), a transformer block several times more. 12 at 5 us a launch was the 60 us
+// guess of block_costs.h; the count stays an estimate, the launch overhead is measured.
+inline constexpr double kLaunchesPerBlockCall = 12;
+
+// Measured figures as they are, except three. A device's memory is kUsableMemory of it: a
+// GPU rank with probed rates (rates.gpu_index set) has its GPU's free memory as its own
+// process saw it (after its CUDA context), others their GPU's or host's total or the
+// engine's cap. A cuda rank from a file without GPU rates recorded its host's CPU rates:
+// with `catalogue`, a datasheet entry matching its GPU (match_catalogue) gives its flops
+// and bandwidth as a synthetic cluster's, without, the recorded figures stand. And single
+// link pairs far worse than both ranks' typical (median) links are bounded by the slower
+// rank's typical link: with 4 ranks throttled on 2 cores, one ping-pong can catch both
+// ends descheduled and read 1 ms where every other pair of those ranks reads 1 us.
+ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catalogue* catalogue = nullptr);
+
+// The catalogue's cuda entry for a GPU the runtime names (cudaDeviceProp::name, e.g.
+// "NVIDIA A100-SXM4-80GB"): entries whose id's family (the id up to its first '-', e.g.
+// "a100") appears in the name, letters and digits only, case ignored; of those, the one
+// whose memory is nearest `memory_bytes`. Null when none matches.
+const CatalogueDevice* match_catalogue(const Catalogue& catalogue, const std::string& gpu_name,
+                                       double memory_bytes);
 
 // "synth:COUNTxID,COUNTxID,...[@LINKCLASS]": ranks in spec order, every pair joined by
 // one link class ("pcie" when none is given). flops = fp32 peak x efficiency.
