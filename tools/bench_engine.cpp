@@ -9,6 +9,13 @@
 //
 // Both take the same fixed batch every step (no data loading, as in the PyTorch script),
 // AdamW with PyTorch's defaults (lr 1e-3, weight decay 0.01), no clipping.
+//
+// --device cuda runs both on the GPU: the model is built in host memory and moved, the
+// batch made there, and each timed step ends with the backend's synchronize(). Besides
+// samples/s it reports tokens/s and the model FLOP utilisation (3 x the forward FLOPs of
+// nn::cost_model a sample, over the step's time) against the GPU's bf16 dense peak from
+// the catalogue and against its GEMM rates measured here (probe/gpu_rates.h); the step
+// itself runs in fp32. Where no GPU is usable it exits 77 (skipped) with a line saying why.
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
 
@@ -22,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/device_select.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -30,6 +38,10 @@
 #include "models/models.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "plan/cluster_model.h"
+#include "probe/gpu_query.h"
+#include "probe/gpu_rates.h"
+#include "probe/microbench.h"
 #include "runtime/executor.h"
 #include "runtime/task.h"
 
@@ -47,36 +59,63 @@ struct Workload {
   int64_t predictions_per_sample = 1;
 };
 
-Tensor random_images(Rng& rng, Shape shape) {
+Tensor random_images(Rng& rng, Shape shape, Backend& be) {
   std::vector<float> v(numel(shape));
   for (float& x : v) x = rng.normal();
-  return Tensor::from_vector(v, shape, cpu_backend());
+  return Tensor::from_vector(v, shape, be);
 }
 
-Tensor random_ints(Rng& rng, Shape shape, int32_t bound) {
+Tensor random_ints(Rng& rng, Shape shape, int32_t bound, Backend& be) {
   std::vector<int32_t> v(numel(shape));
   for (int32_t& x : v) x = static_cast<int32_t>(rng.below(bound));
-  return Tensor::from_ints(v, shape, cpu_backend());
+  return Tensor::from_ints(v, shape, be);
 }
 
-std::vector<Workload> workloads(const std::vector<std::string>& names) {
+// GPT-2 small's shape (124M parameters with its 50,257-token vocabulary, untied here), at
+// a batch that keeps a large GPU's arithmetic units busy: tools/bench_engine_torch.py's
+// gpt-large is the same model.
+models::GptSpec gpt_large() {
+  models::GptSpec g;
+  g.vocab = 50257;
+  g.context = 1024;
+  g.layers = 12;
+  g.heads = 12;
+  g.d_model = 768;
+  return g;
+}
+constexpr int64_t kGptLargeBatch = 8;
+
+// The batches are made on `be`, where both paths compute.
+std::vector<Workload> workloads(const std::vector<std::string>& names, Backend& be) {
   Rng rng(7);
   std::vector<Workload> out;
   for (const std::string& n : names) {
     if (n == "mlp")
       out.push_back({n, "784-512-512-10 ReLU, batch 256", [] { return models::build_mlp({}, 1); },
-                     random_images(rng, {256, 784}), random_ints(rng, {256}, 10), 1});
+                     random_images(rng, {256, 784}, be), random_ints(rng, {256}, 10, be), 1});
     else if (n == "cnn")
       out.push_back({n, "2x(conv3x3+ReLU+pool) 32/64, fc 128, batch 64", [] { return models::build_cnn({}, 1); },
-                     random_images(rng, {64, 1, 28, 28}), random_ints(rng, {64}, 10), 1});
+                     random_images(rng, {64, 1, 28, 28}, be), random_ints(rng, {64}, 10, be), 1});
     else if (n == "gpt")
       out.push_back({n, "4 layers, 4 heads, d 128, T 128, V 96, untied head, batch 16",
-                     [] { return models::build_gpt({}, 1); }, random_ints(rng, {16, 128}, 96),
-                     random_ints(rng, {16, 128}, 96), 128});
-    else
-      throw CLI::ValidationError("--models", "unknown model '" + n + "'; expected mlp, cnn or gpt");
+                     [] { return models::build_gpt({}, 1); }, random_ints(rng, {16, 128}, 96, be),
+                     random_ints(rng, {16, 128}, 96, be), 128});
+    else if (n == "gpt-large") {
+      const models::GptSpec g = gpt_large();
+      out.push_back({n, "12 layers, 12 heads, d 768, T 1024, V 50257, untied head, batch 8",
+                     [g] { return models::build_gpt(g, 1); }, random_ints(rng, {kGptLargeBatch, g.context}, 50257, be),
+                     random_ints(rng, {kGptLargeBatch, g.context}, 50257, be), g.context});
+    } else
+      throw CLI::ValidationError("--models", "unknown model '" + n + "'; expected mlp, cnn, gpt or gpt-large");
   }
   return out;
+}
+
+// Forward FLOPs of one sample (nn::cost_model's count), for the utilisation figures.
+double forward_flops_per_sample(const nn::Sequential& model) {
+  double f = 0;
+  for (const nn::BlockShape& b : nn::shape_of(model).blocks) f += static_cast<double>(b.flops_per_sample);
+  return f;
 }
 
 // The executor's data source: the workload's one batch at every stream position.
@@ -133,8 +172,8 @@ void timed(Timing& t, const std::function<void()>& one_step) {
 
 // The engine memory a path adds over what is live before it: set up in `setup`, then one
 // step (its peak; the rest repeat it).
-double peak_mib_of(const std::function<void()>& setup, const std::function<void()>& one_step) {
-  Allocator& alloc = cpu_backend().allocator();
+double peak_mib_of(Backend& be, const std::function<void()>& setup, const std::function<void()>& one_step) {
+  Allocator& alloc = be.allocator();
   const size_t before = alloc.live_bytes();
   alloc.reset_peak();
   setup();
@@ -146,6 +185,7 @@ double peak_mib_of(const std::function<void()>& setup, const std::function<void(
 // steps of each: both see the same seconds of this host, whose speed drifts.
 std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
   const int64_t batch = w.input.shape()[0];
+  Backend& be = w.input.backend();
   Timing training, plain;
   // The training path: the executor over the plan of one rank, fed by a task.
   FixedBatchTask task(w);
@@ -153,8 +193,12 @@ std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
   plan::Plan plan;
   std::unique_ptr<runtime::Executor> ex;
   int64_t position = 0;
-  auto training_step = [&] { ex->step(position++ * batch, kLr, false); };
-  training.peak_mib = peak_mib_of([&] {
+  // Each step ends when the device is done with it, not when its last launch returns.
+  auto training_step = [&] {
+    ex->step(position++ * batch, kLr, false);
+    be.synchronize();
+  };
+  training.peak_mib = peak_mib_of(be, [&] {
     exec_model = task.build_model(1);
     plan = runtime::single_process_plan(static_cast<int>(exec_model.size()), batch, 1);
     config::TrainConfig train;
@@ -174,9 +218,11 @@ std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
     opt->zero_grad();
     loss.backward();
     opt->step();
+    be.synchronize();
   };
-  plain.peak_mib = peak_mib_of([&] {
+  plain.peak_mib = peak_mib_of(be, [&] {
     model = w.build();
+    for (const auto& [name, p] : model.named_parameters()) p.rehome(be, false);
     optim::AdamWOptions o;
     o.lr = kLr;
     o.weight_decay = kWeightDecay;
@@ -203,14 +249,33 @@ std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
 int main(int argc, char** argv) {
   CLI::App app{"Time one training step of the reference models: the executor's training path and the plain model path"};
   int steps = 20, warmup = 3, threads = 1;
-  std::string json_path, models_arg = "mlp,cnn,gpt";
+  std::string json_path, models_arg = "mlp,cnn,gpt", device_text = "cpu";
   app.add_option("--steps", steps, "Timed steps per model and path")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Untimed steps of each path first (the first also gives the peak memory)")
       ->check(CLI::Range(1, 1000000));
   app.add_option("--threads", threads, "Compute threads")->check(CLI::PositiveNumber);
-  app.add_option("--models", models_arg, "Comma-separated subset of mlp,cnn,gpt");
+  app.add_option("--models", models_arg, "Comma-separated subset of mlp,cnn,gpt,gpt-large");
   app.add_option("--json", json_path, "Write the figures to this file");
+  app.add_option("--device", device_text, "cpu, cuda (GPU 0), cuda:N or auto")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+
+  DeviceChoice device;
+  try {
+    const DeviceRequest request = parse_device(device_text);
+    const GpuAvailability gpus = query_gpus();
+    if (request.kind == DeviceRequest::Kind::cuda && (!gpus.backend_built || gpus.count == 0)) {
+      std::printf("bench_engine: --device %s: no GPU (%s); skipped\n", device_text.c_str(),
+                  gpus.backend_built ? gpus.why_none.c_str() : "this build has no CUDA backend");
+      return 77;
+    }
+    device = choose_device(request, 0, gpus);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_engine: --device: %s\n", e.what());
+    return 2;
+  }
+  if (!device.note.empty()) std::printf("%s\n", device.note.c_str());
+  Backend& be = backend_for(device);
+  const bool gpu = device.kind == DeviceKind::cuda;
 
   set_thread_count(threads);
   std::vector<std::string> names;
@@ -222,31 +287,73 @@ int main(int argc, char** argv) {
   }
   std::vector<Workload> ws;
   try {
-    ws = workloads(names);
+    ws = workloads(names, be);
   } catch (const CLI::Error& e) {
     return app.exit(e);
   }
 
-  nlohmann::json report = {{"threads", threads}, {"steps", steps}, {"models", nlohmann::json::object()}};
-  std::printf("%-5s %-13s %10s %10s %12s %11s %12s  %s\n", "model", "path", "median ms", "min ms", "samples/s",
-              "peak MiB", "faults/step", "workload");
+  nlohmann::json report = {{"threads", threads}, {"steps", steps}, {"device", be.name()},
+                            {"models", nlohmann::json::object()}};
+  // The rates the utilisation is measured against: on a GPU, its GEMMs as the probe times
+  // them and the catalogue's bf16 dense peak for its name; on the CPU, the probe's sgemm.
+  double fp32_gemm = 0, bf16_gemm = 0, bf16_peak = 0;
+  std::string peak_source = "no catalogue entry";
+  if (gpu) {
+    const probe::DeviceRates r = probe::measure_gpu(be, device.index, 2.0);
+    fp32_gemm = r.sgemm_gflops * 1e9;
+    bf16_gemm = r.bf16_gemm_gflops * 1e9;
+    std::string note;
+    const std::vector<probe::GpuInfo> gpus = probe::query_gpus(note);
+    for (const probe::GpuInfo& g : gpus) {
+      if (g.index != device.index) continue;
+      report["gpu"] = g.name;
+      const plan::Catalogue cat = plan::read_catalogue(plan::default_catalogue_path());
+      if (const plan::CatalogueDevice* d = plan::match_catalogue(cat, g.name, static_cast<double>(g.memory_total))) {
+        bf16_peak = d->bf16_tflops * 1e12;
+        peak_source = "catalogue " + d->id;
+      }
+    }
+    std::printf("%s: fp32 GEMM %.1f TFLOP/s, bf16 GEMM %.1f TFLOP/s (measured, n = %lld); bf16 dense peak %.1f TFLOP/s (%s)\n",
+                be.name().c_str(), fp32_gemm / 1e12, bf16_gemm / 1e12, static_cast<long long>(r.sgemm_size),
+                bf16_peak / 1e12, peak_source.c_str());
+  } else {
+    fp32_gemm = probe::measure_device(1.0).sgemm_gflops * 1e9;
+    std::printf("cpu: fp32 GEMM %.1f GFLOP/s (measured, n = 1024)\n", fp32_gemm / 1e9);
+  }
+  report["rates"] = {{"fp32_gemm_flops", fp32_gemm}, {"bf16_gemm_flops", bf16_gemm}, {"bf16_peak_flops", bf16_peak},
+                     {"bf16_peak_source", peak_source}, {"step_precision", "fp32"}};
+  auto share = [](double flops, double rate) { return rate > 0 ? flops / rate : 0.0; };
+  std::printf("%-9s %-13s %10s %10s %11s %11s %8s %8s %8s %9s %11s  %s\n", "model", "path", "median ms", "min ms",
+              "samples/s", "tokens/s", "MFU pk", "MFU bf16", "MFU fp32", "peak MiB", "faults/step", "workload");
   for (const Workload& w : ws) {
     const double batch = static_cast<double>(w.input.shape()[0]);
+    const double tokens = batch * static_cast<double>(w.predictions_per_sample);
+    const double step_flops = 3 * forward_flops_per_sample(w.build()) * batch;
     const auto [training, plain] = time_both(w, warmup, steps);
-    nlohmann::json entry = {{"workload", w.description}};
+    nlohmann::json entry = {{"workload", w.description}, {"flops_per_step", step_flops}};
     for (const auto& [path, t] : {std::pair{"training", &training}, std::pair{"model", &plain}}) {
       const double median = t->median_ms();
-      std::printf("%-5s %-13s %10.2f %10.2f %12.0f %11.1f %12.1f  %s\n", w.name.c_str(),
+      const double achieved = step_flops / (median / 1e3);
+      const double mfu_peak = share(achieved, bf16_peak), mfu_bf16 = share(achieved, bf16_gemm),
+                   mfu_fp32 = share(achieved, fp32_gemm);
+      std::printf("%-9s %-13s %10.2f %10.2f %11.0f %11.0f %7.1f%% %7.1f%% %7.1f%% %9.1f %11.1f  %s\n", w.name.c_str(),
                   std::string(path) == "training" ? "training path" : "model path", median, t->min_ms(),
-                  batch / median * 1e3, t->peak_mib, t->faults_per_step(), w.description.c_str());
+                  batch / median * 1e3, tokens / median * 1e3, 100 * mfu_peak, 100 * mfu_bf16, 100 * mfu_fp32,
+                  t->peak_mib, t->faults_per_step(), w.description.c_str());
       entry[path] = {{"median_ms", median},
                      {"min_ms", t->min_ms()},
                      {"samples_per_s", batch / median * 1e3},
+                     {"tokens_per_s", tokens / median * 1e3},
+                     {"mfu_vs_bf16_peak", mfu_peak},
+                     {"mfu_vs_measured_bf16_gemm", mfu_bf16},
+                     {"mfu_vs_measured_fp32_gemm", mfu_fp32},
                      {"peak_mib", t->peak_mib},
                      {"minor_faults_per_step", t->faults_per_step()}};
     }
     report["models"][w.name] = entry;
   }
+  std::printf("MFU = 3 x forward FLOPs x batch / step time; pk: against the bf16 dense peak, bf16 and fp32: "
+              "against the GEMM rates measured above (0 where not known). The step runs in fp32.\n");
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     f << report.dump(2) << "\n";
