@@ -1,4 +1,4 @@
-// A probe file's content of two ranks, one with a CPU quota and one with a GPU, with one
+// A probe file's content of two ranks, one with a CPU quota and one on a GPU, with one
 // block's timings: the seed of the probe-format tests and of the cluster reader's fuzz corpus.
 #pragma once
 
@@ -29,6 +29,10 @@ inline probe::ClusterFingerprint two_rank_probe() {
       g.memory_free = 140ull << 30;
       g.host_to_device_gb_s = 50.5;
       r.host.gpus.push_back(g);
+      r.device = DeviceKind::cuda;  // with the rates a GPU rank's probe writes
+      r.rates.gpu_index = 0;
+      r.rates.bf16_gemm_gflops = 700000;
+      r.rates.launch_overhead_s = 4e-6;
     }
     c.ranks.push_back(r);
   }
