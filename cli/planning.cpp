@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 
+#include "backend/registry.h"
 #include "plan/local_plan.h"
 #include "plan/planner.h"
 #include "plan/policy_plan.h"
@@ -20,6 +21,9 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
   ht::probe::ProbeOptions opts;
   opts.quick = true;
   opts.model = cfg;
+  // Each rank probes the device it trains on (train selects it first; plan leaves the CPU).
+  opts.backend = &ht::run_device();
+  if (opts.backend->kind() == ht::DeviceKind::cuda) opts.gpu_index = ht::device_of(*opts.backend).second;
   opts.build_model = [](const ht::config::Config& c) {
     return ht::runtime::make_task(c, ht::cpu_backend())->build_model(c.train.seed);
   };
