@@ -45,15 +45,15 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 // Kept per sample, in floats (T = context, C = dim, H = heads):
 //   ln1: its input x (TC) + mean, 1/std (2T)
 //   qkv matmul: ln1's output (TC)
-//   attention: the qkv buffer (3TC; q, k and v are views of it, kept by both
-//     matmuls) and the softmax output (H*T*T; kept by softmax and by att @ v)
+//   attention (one backend primitive, ops/attention_ops.cpp): dense copies of q, k
+//     and v (3TC; they are strided views of the qkv buffer, which is not kept), its
+//     output (TC) and each row's log-sum-exp (HT); the T x T scores are recomputed in
+//     the backward pass, not kept
 //   proj matmul: the merged heads (TC, a copy)
 //   ln2: its input, the first residual sum (TC) + mean, 1/std (2T)
 //   fc1 matmul: ln2's output (TC); GELU: its input (4TC); fc2 matmul: GELU's output (4TC)
 //   [dropout: two masks, 2TC, when p > 0 and training]
-// = 16TC + 4T + HT^2 [+ 2TC]. Scores, masked scores, attention output and the
-// residual branches' outputs are not kept. The T x T causal mask that `where` keeps
-// does not grow with the batch and is not counted.
+// = 17TC + 4T + HT [+ 2TC]. The residual branches' outputs are not kept.
 BlockShape TransformerBlock::describe(int64_t dim, int64_t heads, int64_t context, float dropout) {
   HT_CHECK(heads > 0 && dim % heads == 0, "TransformerBlock: ", heads, " heads for model width ",
            dim, "; expected a positive divisor of ", dim);
@@ -78,10 +78,11 @@ BlockShape TransformerBlock::describe(int64_t dim, int64_t heads, int64_t contex
   s.flops_per_sample = ln_flops + qkv_flops + attention_flops + proj_flops + mlp_flops + residual_flops;
 
   const int64_t ln = cost::layernorm_saved_bytes(t, c);  // input, mean, 1/std
-  const int64_t attention = tc          // qkv's input (ln1's output)
-                            + 3 * tc    // the qkv buffer behind q, k, v
-                            + h * t * t  // softmax output
-                            + tc;       // merged heads (proj's input)
+  const int64_t attention = tc        // qkv's input (ln1's output)
+                            + 3 * tc  // dense q, k, v
+                            + tc      // the attention's output
+                            + h * t   // its rows' log-sum-exps
+                            + tc;     // merged heads (proj's input)
   const int64_t mlp = tc + hidden * t + hidden * t;  // fc1's input, GELU input, GELU output
   const int64_t masks = drops ? 2 * tc : 0;
   s.activation_bytes_per_sample = 2 * ln + (attention + mlp + masks) * cost::kFloatBytes;

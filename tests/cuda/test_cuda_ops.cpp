@@ -2,7 +2,8 @@
 // against the double-precision reference, and its gradients against finite differences;
 // plus the paths the harness does not reach (an empty GEMM sum, the device's input checks),
 // and the primitives behind conv2d, maxpool2d, attention, the optimisers and the
-// all-reduce called directly against the CPU's, and host staging's pinned memory.
+// all-reduce called directly against the CPU's, host staging's pinned memory, and the
+// weighted all-reduce of GPU tensors on two in-process ranks (tests/harness/pair_comm.h).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "tests/harness/consistency.h"
+#include "tests/harness/pair_comm.h"
 
 using namespace ht;
 using namespace ht::harness;
@@ -101,7 +103,8 @@ struct Pair {
       : gpu(Tensor::from_vector(v, s, ht::cuda::cuda_backend(0))),
         cpu(Tensor::from_vector(v, s, cpu_backend())) {}
   Pair(const Shape& s, float fill)
-      : gpu(Tensor::full(s, fill, ht::cuda::cuda_backend(0))), cpu(Tensor::full(s, fill, cpu_backend())) {}
+      : gpu(Tensor::full(s, fill, ht::cuda::cuda_backend(0))),
+        cpu(Tensor::full(s, fill, cpu_backend())) {}
   double error() const { return error_vs(gpu, cpu); }
 };
 
@@ -167,7 +170,8 @@ TEST_CASE("cuda ops: max pooling through cuDNN and through the argmax kernels ma
   Pair y2(ys, 9.f), gx2(xs, 9.f);
   Tensor gpu_argmax = Tensor::empty(ys, DType::i32, gpu());
   gpu().maxpool2d(x.gpu.data(), y2.gpu.data(), gpu_argmax.data_i32(), g);
-  gpu().maxpool2d_backward(nullptr, nullptr, gy.gpu.data(), gpu_argmax.data_i32(), gx2.gpu.data(), g);
+  gpu().maxpool2d_backward(nullptr, nullptr, gy.gpu.data(), gpu_argmax.data_i32(),
+                           gx2.gpu.data(), g);
   CHECK(y2.gpu.to_vector() == y.cpu.to_vector());
   CHECK(gx2.gpu.to_vector() == gx.cpu.to_vector());
   CHECK(!gpu().maxpool2d_keeps_argmax());
@@ -288,4 +292,27 @@ TEST_CASE("cuda memory: host staging on the GPU is pinned host memory, counted a
   gpu().synchronize();
   t = Tensor();
   CHECK(a.staged_bytes() == before);
+}
+
+TEST_CASE("cuda ops: the weighted all-reduce of GPU tensors, staged through pinned host "
+          "buffers and summed on the device, gives the CPU's sums exactly") {
+  std::vector<Tensor> ga, gb, ca, cb;
+  // The last spans the backend's 4 MiB staging chunks.
+  for (int64_t n : {int64_t{1}, int64_t{10}, int64_t{3000}, (int64_t{1} << 20) + 7}) {
+    std::vector<float> a = random_values(static_cast<size_t>(n), 90);
+    std::vector<float> b = random_values(static_cast<size_t>(n), 91);
+    ga.push_back(Tensor::from_vector(a, {n}, gpu()));
+    gb.push_back(Tensor::from_vector(b, {n}, gpu()));
+    ca.push_back(Tensor::from_vector(a, {n}, cpu_backend()));
+    cb.push_back(Tensor::from_vector(b, {n}, cpu_backend()));
+  }
+  const size_t staged = gpu().allocator().staged_bytes();
+  pair_allreduce(ga, gb);
+  pair_allreduce(ca, cb);
+  for (size_t t = 0; t < ga.size(); ++t) {
+    CAPTURE(t);
+    CHECK(ga[t].to_vector() == ca[t].to_vector());
+    CHECK(gb[t].to_vector() == ca[t].to_vector());
+  }
+  CHECK(gpu().allocator().staged_bytes() == staged);  // every staging buffer returned
 }

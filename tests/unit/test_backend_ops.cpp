@@ -1,7 +1,8 @@
 // The CPU backend's composed primitives (attention, convolution, pooling without argmax,
-// the multi-tensor updates, axpy) against what they compose, and the allocator's host
-// staging hook. The harness (test_op_consistency) checks the ops built on them against
-// double-precision references and finite differences.
+// the multi-tensor updates, axpy) against what they compose, the allocator's host staging
+// hook, and the weighted all-reduce's sums through axpy on two in-process ranks. The
+// harness (test_op_consistency) checks the ops built on them against double-precision
+// references and finite differences.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "backend/allocator.h"
 #include "backend/backend.h"
 #include "ops/ops.h"
+#include "tests/harness/pair_comm.h"
 
 using namespace ht;
 
@@ -41,8 +43,9 @@ Tensor composed(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 }  // namespace
 
-TEST_CASE("backend: the CPU's causal attention is the composition, bit for bit, with its "
-          "row log-sum-exps") {
+TEST_CASE(
+    "backend: the CPU's causal attention is the composition, bit for bit, with its "
+    "row log-sum-exps") {
   Backend& be = cpu_backend();
   const Shape shape{2, 3, 7, 5};
   const size_t n = 2 * 3 * 7 * 5;
@@ -77,7 +80,8 @@ TEST_CASE("backend: the CPU's causal attention is the composition, bit for bit, 
       std::vector<double> row;
       for (int64_t j = 0; j <= i; ++j) {
         double dot = 0;
-        for (int64_t e = 0; e < d; ++e) dot += double{q[(h * t + i) * d + e]} * k[(h * t + j) * d + e];
+        for (int64_t e = 0; e < d; ++e)
+          dot += double{q[(h * t + i) * d + e]} * k[(h * t + j) * d + e];
         row.push_back(dot * scale);
         m = std::max(m, row.back());
       }
@@ -86,8 +90,9 @@ TEST_CASE("backend: the CPU's causal attention is the composition, bit for bit, 
     }
 }
 
-TEST_CASE("backend: CPU max pooling without argmax gives the argmax path's output and "
-          "gradient exactly, ties going to the first maximum") {
+TEST_CASE(
+    "backend: CPU max pooling without argmax gives the argmax path's output and "
+    "gradient exactly, ties going to the first maximum") {
   Backend& be = cpu_backend();
   const Window2d g{2, 3, 7, 6, 3, 3, 2, 0};  // overlapping 3x3 windows, stride 2
   const int64_t in = 2 * 3 * 7 * 6, out = 2 * 3 * g.out_h() * g.out_w();
@@ -123,7 +128,8 @@ TEST_CASE("backend: the CPU's convolution primitives match a direct convolution"
   const int64_t oc = 4, oh = g.out_h(), ow = g.out_w();
   std::vector<float> x = random_values(3 * 2 * 6 * 5, 1), w = random_values(oc * 2 * 3 * 2, 2);
   std::vector<float> gy = random_values(static_cast<size_t>(3 * oc * oh * ow), 3);
-  Tensor tx = Tensor::from_vector(x, {3, 2, 6, 5}, be), tw = Tensor::from_vector(w, {oc, 2, 3, 2}, be);
+  Tensor tx = Tensor::from_vector(x, {3, 2, 6, 5}, be),
+         tw = Tensor::from_vector(w, {oc, 2, 3, 2}, be);
   Tensor tgy = Tensor::from_vector(gy, {3, oc, oh, ow}, be);
   Tensor y = Tensor::empty({3, oc, oh, ow}, DType::f32, be);
   Tensor gx = Tensor::full({3, 2, 6, 5}, 7.f, be), gw = Tensor::full({oc, 2, 3, 2}, 7.f, be);
@@ -131,8 +137,12 @@ TEST_CASE("backend: the CPU's convolution primitives match a direct convolution"
   be.conv2d_backward_data(tgy.data(), tw.data(), gx.data(), g, oc);  // overwrites the 7s
   be.conv2d_backward_filter(tx.data(), tgy.data(), gw.data(), g, oc);
   std::vector<double> ry(y.numel()), rgx(gx.numel()), rgw(gw.numel());
-  auto xi = [&](int64_t n, int64_t c, int64_t i, int64_t j) { return ((n * 2 + c) * 6 + i) * 5 + j; };
-  auto wi = [&](int64_t o, int64_t c, int64_t a, int64_t b) { return ((o * 2 + c) * 3 + a) * 2 + b; };
+  auto xi = [&](int64_t n, int64_t c, int64_t i, int64_t j) {
+    return ((n * 2 + c) * 6 + i) * 5 + j;
+  };
+  auto wi = [&](int64_t o, int64_t c, int64_t a, int64_t b) {
+    return ((o * 2 + c) * 3 + a) * 2 + b;
+  };
   for (int64_t n = 0; n < 3; ++n)
     for (int64_t o = 0; o < oc; ++o)
       for (int64_t yo = 0; yo < oh; ++yo)
@@ -165,7 +175,8 @@ TEST_CASE("backend: the default multi-tensor updates are the per-tensor updates,
   auto make = [&](uint32_t seed) {
     std::vector<Tensor> out;
     for (size_t i = 0; i < sizes.size(); ++i)
-      out.push_back(Tensor::from_vector(random_values(static_cast<size_t>(sizes[i]), seed + i), {sizes[i]}, be));
+      out.push_back(Tensor::from_vector(random_values(static_cast<size_t>(sizes[i]), seed + i),
+                                        {sizes[i]}, be));
     return out;
   };
   auto ptrs = [](std::vector<Tensor>& ts) {
@@ -213,9 +224,21 @@ TEST_CASE("backend: axpy adds exactly x + y at alpha 1, and alpha * x otherwise"
 TEST_CASE("allocator: host staging blocks come from the hook, counted apart from the cap") {
   int hook_allocs = 0, hook_frees = 0, raw_allocs = 0;
   Allocator a(
-      "test", [&](size_t n) { ++raw_allocs; return std::malloc(n); }, [](void* p) { std::free(p); });
-  a.set_host_staging([&](size_t n) { ++hook_allocs; return std::malloc(n); },
-                     [&](void* p) { ++hook_frees; std::free(p); });
+      "test",
+      [&](size_t n) {
+        ++raw_allocs;
+        return std::malloc(n);
+      },
+      [](void* p) { std::free(p); });
+  a.set_host_staging(
+      [&](size_t n) {
+        ++hook_allocs;
+        return std::malloc(n);
+      },
+      [&](void* p) {
+        ++hook_frees;
+        std::free(p);
+      });
   a.set_cap(1024);
   void* dev = a.allocate(512, "device");
   void* host = nullptr;
@@ -235,4 +258,24 @@ TEST_CASE("allocator: host staging blocks come from the hook, counted apart from
   CHECK(a.staged_peak_bytes() == 4096);
   a.deallocate(dev, 512);
   CHECK(hook_frees == 1);  // a device block goes to the cache, not to the hook
+}
+
+TEST_CASE("weighted all-reduce: two ranks end with the exact sums through the CPU's axpy") {
+  Backend& be = cpu_backend();
+  std::vector<Tensor> a, b;
+  std::vector<std::vector<float>> va, vb;
+  for (int64_t n : {1, 10, 1000}) {
+    va.push_back(random_values(static_cast<size_t>(n), 70 + static_cast<uint32_t>(n)));
+    vb.push_back(random_values(static_cast<size_t>(n), 80 + static_cast<uint32_t>(n)));
+    a.push_back(Tensor::from_vector(va.back(), {n}, be));
+    b.push_back(Tensor::from_vector(vb.back(), {n}, be));
+  }
+  harness::pair_allreduce(a, b);
+  for (size_t t = 0; t < a.size(); ++t) {
+    CAPTURE(t);
+    std::vector<float> want(va[t].size());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = va[t][i] + vb[t][i];
+    CHECK(a[t].to_vector() == want);
+    CHECK(b[t].to_vector() == want);
+  }
 }
