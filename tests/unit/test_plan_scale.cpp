@@ -123,3 +123,62 @@ TEST_CASE("plan costs: link tiers are the ranks of one site; an asymmetric matri
   CHECK(weighted_allreduce_seconds(c, {0, 1, 2, 6}, {0.25, 0.25, 0.25, 0.25}, 1e6, &own) ==
         pairwise_allreduce_seconds(c, {0, 1, 2, 6}, {0.25, 0.25, 0.25, 0.25}, 1e6));
 }
+
+namespace {
+
+// `per` ranks each of four classes, fastest first: A (8 TFLOP/s) and B (4) unthrottled,
+// C (2) and D (1) under a CPU quota of 0.2 (each wakes 3.2 ms late to every message,
+// plan_costs.h's wake_seconds); every link free. The MLP's size: 2 blocks of 3.3e5
+// parameters, 47 us per sample and block at 8 TFLOP/s.
+ClusterModel four_classes(size_t per) {
+  std::vector<double> flops;
+  for (double f : {8e12, 4e12, 2e12, 1e12}) flops.insert(flops.end(), per, f);
+  ClusterModel c = cluster(flops, std::vector<double>(4 * per, 64 * kGiB));
+  for (size_t r = 0; r < 4 * per; ++r) c.ranks[r].id = c.ranks[r].name = std::string(1, static_cast<char>('A' + r / per));
+  for (size_t r = 2 * per; r < 4 * per; ++r) {
+    c.ranks[r].cpu_quota = 0.2;
+    c.ranks[r].cpu_quota_period_s = 0.01;
+  }
+  return c;
+}
+
+BlockCosts mlp(const ClusterModel& c) {
+  BlockCosts k = costs(c, 2);
+  for (size_t b = 0; b < 2; ++b) {
+    k.params[b] = 3.3e5;
+    k.state_bytes[b] = 3.3e5 * 16;
+  }
+  for (size_t r = 0; r < c.ranks.size(); ++r)
+    for (double& s : k.seconds_per_sample[r]) s = 47e-6 * 8e12 / c.ranks[r].flops;
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("local plan at scale: 4,096 ranks of 4 classes, free links join, throttled ranks step alone") {
+  // A and B on free links without a quota: their all-reduce costs nothing, so B's run
+  // joins A's group. C and D wake 3.2 ms late to each of the all-reduce's messages, more
+  // than a rank's share of the batch takes, so no group with them keeps
+  // kGroupEfficiency: each of their ranks steps alone (as rank by rank on 4 ranks, in
+  // test_local_plan.cpp's throttled cluster).
+  const size_t per = 1024;
+  const ClusterModel c = four_classes(per);
+  // A batch that gives each A rank 34 samples: the integer split of a group's share
+  // then paces it within 3% of the ranks alone (at 2 samples a rank, 4 against 5 did not
+  // keep kGroupEfficiency).
+  const PlannerInput in = input(c, mlp(c), 65536);
+  const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
+  check_plan(p);
+  REQUIRE(p.local);
+  const auto& groups = p.local->groups;
+  REQUIRE(groups.size() == 1 + 2 * per);
+  CHECK(groups[0].size() == 2 * per);  // the first 2,048 replicas: A's and B's ranks
+  for (size_t g = 0; g < groups.size(); ++g) CHECK(group_ranks(p, static_cast<int>(g)).size() == (g == 0 ? 2 * per : 1));
+  std::vector<int> first = group_ranks(p, 0);
+  std::sort(first.begin(), first.end());
+  std::vector<int> ab(2 * per);
+  std::iota(ab.begin(), ab.end(), 0);
+  CHECK(first == ab);
+  for (size_t g = 1; g < groups.size(); ++g) CHECK(group_ranks(p, static_cast<int>(g))[0] == static_cast<int>(2 * per + g - 1));
+  for (const RankPlan& r : p.ranks) CHECK(r.replica >= 0);  // none idle
+}
