@@ -169,6 +169,13 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, const LinkTiers& tiers
       made_of.push_back({{klass, 1}});
     }
   }
+  // Auto's bound (see local_plan_for): more groups than kMaxRoundSteps need a round
+  // longer than any the accuracy was measured at, before predicting anything.
+  if (in.most_groups > 0 && groups.size() > in.most_groups) {
+    out.problem = std::to_string(groups.size()) + " groups, more than the " + std::to_string(in.most_groups) +
+                  " inner steps a round can give one each";
+    return out;
+  }
   Plan p = data;
   p.sync_policy = SyncPolicy::local;
   p.strategy = Strategy::data;
@@ -300,6 +307,9 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
   li.cluster = in.cluster;
   li.sync_step_seconds = sync_plan.predicted.step_seconds;
   li.local_steps = local_steps;
+  // Auto takes local only where a round needs at most kMaxRoundSteps steps: every group
+  // needs a step a round, and longer rounds grow the staleness past what was measured.
+  if (!wanted) li.most_groups = kMaxRoundSteps;
   PlannerInput data = in;
   data.strategy = config::ParallelStrategy::data;
   data.hub_may_step_optimizer = false;
@@ -319,7 +329,8 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
              "; expected every rank to hold the whole model (use sync for pipelines)");
     return r.plan;
   }
-  if (!r.plan || r.plan->local->gain < 1 + kLocalMinGain) return std::nullopt;
+  if (!r.plan || r.plan->local->gain < 1 + kLocalMinGain || r.plan->local->inner_steps > kMaxRoundSteps)
+    return std::nullopt;
   return r.plan;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -146,10 +147,31 @@ int64_t samples_in_round(const Plan& plan, int rank, int64_t job_steps) {
   const std::vector<int>& replicas = plan.local->groups[static_cast<size_t>(g)];
   const int replica = plan.ranks[static_cast<size_t>(rank)].replica;
   const auto i = static_cast<size_t>(std::find(replicas.begin(), replicas.end(), replica) - replicas.begin());
+  // The group's steps have two sizes (inner_step_samples): the first n_g mod H_g one
+  // more than the rest.
+  const int64_t n = plan.local->round_samples[static_cast<size_t>(g)], h = plan.local->group_steps[static_cast<size_t>(g)];
+  const int64_t taken = batches_in_round(plan, g, job_steps), larger = std::min(taken, n % h);
   int64_t s = 0;
-  for (int64_t k = 0, n = batches_in_round(plan, g, job_steps); k < n; ++k)
-    s += step_shares(plan, g, inner_step_samples(plan, g, static_cast<int>(k)))[i];
+  if (larger > 0) s += larger * step_shares(plan, g, n / h + 1)[i];
+  if (taken > larger) s += (taken - larger) * step_shares(plan, g, n / h)[i];
   return s;
+}
+
+std::vector<double> round_weights(const Plan& plan) {
+  std::vector<double> out(plan.ranks.size(), 0.0);
+  const LocalSync& l = *plan.local;
+  const double total = static_cast<double>(plan.global_batch) * l.inner_steps;
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    const int64_t n = l.round_samples[g], h = l.group_steps[g];
+    const std::vector<int64_t> small = step_shares(plan, static_cast<int>(g), n / h);
+    const std::vector<int64_t> large = step_shares(plan, static_cast<int>(g), n / h + 1);
+    for (size_t i = 0; i < l.groups[g].size(); ++i) {
+      const int rank = plan.layout.replicas[static_cast<size_t>(l.groups[g][i])][0];
+      out[static_cast<size_t>(rank)] =
+          static_cast<double>((n % h) * large[i] + (h - n % h) * small[i]) / total;
+    }
+  }
+  return out;
 }
 
 double round_weight(const Plan& plan, int rank) {
@@ -353,6 +375,10 @@ void check_local_plan(const Plan& plan) {
 
 Plan group_plan(const Plan& plan, int group) {
   check_local_plan(plan);
+  return group_plan_unchecked(plan, group);
+}
+
+Plan group_plan_unchecked(const Plan& plan, int group) {
   Plan p;
   p.config_name = plan.config_name;
   p.config_hash = plan.config_hash;
@@ -386,15 +412,12 @@ namespace {
 
 // Every rank's share of each parameter's delta (its samples / global batch), and the
 // delta exchange's predicted seconds over every rank.
-double exchange_seconds(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
+double exchange_seconds(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
+                        const LinkTiers* tiers = nullptr) {
   if (plan.local->groups.size() < 2) return 0;
   std::vector<int> all;
-  std::vector<double> parts;
-  for (const RankPlan& rp : plan.ranks) {  // idle ranks too: they take the sums
-    all.push_back(rp.rank);
-    parts.push_back(round_weight(plan, rp.rank));
-  }
-  return weighted_allreduce_seconds(cluster, all, parts, total_params(costs) * kGradBytesPerParam);
+  for (const RankPlan& rp : plan.ranks) all.push_back(rp.rank);  // idle ranks too: they take the sums
+  return weighted_allreduce_seconds(cluster, all, round_weights(plan), total_params(costs) * kGradBytesPerParam, tiers);
 }
 
 double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
@@ -415,8 +438,8 @@ std::vector<Schedule> outer_sync_schedules(const Plan& plan) {
 }
 
 CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
-                                double inner_step_seconds) {
-  const double exchange = exchange_seconds(plan, costs, cluster);
+                                double inner_step_seconds, const LinkTiers* tiers) {
+  const double exchange = exchange_seconds(plan, costs, cluster, tiers);
   const double hidden = plan.local->inner_steps * inner_step_seconds;
   CostModel m;
   std::vector<double> update;
@@ -435,15 +458,36 @@ namespace {
 // fixed part, the optimiser step and the per-call costs, and a part per sample), and
 // its sub-plan predicted at one global batch (`subs`, for the busy fractions).
 std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
-                                      std::vector<Plan>* subs) {
-    const LocalSync& l = *plan.local;
+                                      std::vector<std::vector<double>>* busy, const LinkTiers* tiers) {
+  const LocalSync& l = *plan.local;
   const int64_t batch = plan.global_batch;
+  // Groups of the same classes of ranks, with the same nominal shares, cost the same:
+  // each such kind is predicted once (4,096 one-rank groups are a few kinds).
+  const LinkTiers own = tiers ? LinkTiers{} : link_tiers(cluster);
+  const std::vector<int> kind_of_rank = cost_classes(cluster, costs, tiers ? *tiers : own);
+  std::map<std::vector<int64_t>, size_t> seen;  // a group's kind -> the first group of it
   std::vector<GroupCost> out(l.groups.size());
+  if (busy) busy->assign(l.groups.size(), {});
   for (size_t g = 0; g < l.groups.size(); ++g) {
     const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
+    std::vector<int64_t> kind;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const auto r = static_cast<size_t>(l.groups[g][i]);
+      kind.push_back(kind_of_rank[static_cast<size_t>(ranks[i])]);
+      kind.push_back(plan.layout.samples[r]);
+      kind.push_back(plan.layout.micro_batches[r]);
+      if (!plan.layout.recompute.empty())
+        for (bool b : plan.layout.recompute[r]) kind.push_back(b ? 1 : 0);
+    }
+    if (const auto it = seen.find(kind); it != seen.end()) {
+      out[g] = out[it->second];
+      if (busy) (*busy)[g] = (*busy)[it->second];
+      continue;
+    }
+    seen.emplace(std::move(kind), g);
     const BlockCosts sub_costs = costs_of(costs, ranks);
     const ClusterModel sub_cluster = cluster_of(cluster, ranks);
-    Plan sub = group_plan(plan, static_cast<int>(g));
+    Plan sub = group_plan_unchecked(plan, static_cast<int>(g));
     predict_plan(sub, sub_costs, sub_cluster);
     const double step = sub.predicted.step_seconds;
     GroupCost& c = out[g];
@@ -460,7 +504,8 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
     c.step_fixed = std::max(0.0, step - c.per_sample * static_cast<double>(batch));
     // Its round also holds its own outer pass (OuterSyncStart on its slowest rank).
     for (int r : ranks) c.round_fixed = std::max(c.round_fixed, update_seconds(plan, costs, r));
-    if (subs) subs->push_back(std::move(sub));
+    if (busy)
+      for (const RankPlan& rp : sub.ranks) (*busy)[g].push_back(rp.busy_fraction);
   }
   return out;
 }
@@ -468,7 +513,8 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
 }  // namespace
 
 std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
-  return costs_and_subs(plan, costs, cluster, nullptr);
+  check_local_plan(plan);
+  return costs_and_subs(plan, costs, cluster, nullptr, nullptr);
 }
 
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
@@ -482,11 +528,13 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
     l.round_samples.clear();
     for (int h : l.group_steps) l.round_samples.push_back(h * batch);
   }
-  std::vector<Plan> subs;
-  const std::vector<GroupCost> cost = costs_and_subs(plan, costs, cluster, &subs);
+  check_local_plan(plan);
+  const LinkTiers tiers = link_tiers(cluster);
+  std::vector<std::vector<double>> busy;  // each group's ranks' busy fractions at one batch
+  const std::vector<GroupCost> cost = costs_and_subs(plan, costs, cluster, &busy, &tiers);
   std::vector<double> step(n);  // at one global batch
   for (size_t g = 0; g < n; ++g) step[g] = cost[g].step_fixed + cost[g].per_sample * static_cast<double>(batch);
-  const double exchange = exchange_seconds(plan, costs, cluster);
+  const double exchange = exchange_seconds(plan, costs, cluster, &tiers);
   l.outer_exchange_seconds = exchange;
   // A job step at the groups' summed speed: what a round of H global batches takes per
   // batch when the split is exact.
@@ -517,7 +565,7 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
     const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
     for (size_t i = 0; i < ranks.size(); ++i)
       plan.ranks[static_cast<size_t>(ranks[i])].busy_fraction =
-          subs[g].ranks[i].busy_fraction * inner_round[g] / round;
+          busy[g][i] * inner_round[g] / round;
   }
   // A job step: a round's inner steps per global batch, the latest group's round less
   // the outer pass, which the outer synchronisation's own lists add (simulated).
@@ -526,7 +574,7 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   double pass = 0;
   for (size_t g = 0; g < n; ++g) pass = std::max(pass, cost[g].round_fixed);
   inner = std::max(0.0, inner - pass) / h;
-  const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner));
+  const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner, &tiers));
   const double job_step = inner + outer.step_seconds / h;
   plan.predicted.step_seconds = job_step;
   plan.predicted.samples_per_s = static_cast<double>(plan.global_batch) / job_step;

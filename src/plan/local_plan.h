@@ -140,6 +140,8 @@ std::vector<LocalBatch> local_batches(const Plan& plan, int group, int64_t step)
 // Rank `rank`'s part of a round's samples (0 when idle): its shares of its group's
 // inner steps over H x global batch. The ranks' parts sum to 1.
 double round_weight(const Plan& plan, int rank);
+// round_weight of every world rank, in one pass.
+std::vector<double> round_weights(const Plan& plan);
 // The inner steps group g takes in the first `job_steps` job steps of a round (0..H), as
 // local_batches spreads them: ceil(job_steps x H_g / H).
 int64_t batches_in_round(const Plan& plan, int group, int64_t job_steps);
@@ -151,8 +153,10 @@ int64_t samples_in_round(const Plan& plan, int rank, int64_t job_steps);
 double partial_round_weight(const Plan& plan, int rank, int64_t job_steps);
 
 // Group g's synchronous sub-plan: its replicas only, ranks renumbered 0.. in
-// group_ranks order, global batch = the group's samples.
+// group_ranks order, global batch = the group's samples. group_plan checks the plan
+// first (check_local_plan); group_plan_unchecked is for a caller that has.
 Plan group_plan(const Plan& plan, int group);
+Plan group_plan_unchecked(const Plan& plan, int group);
 
 // Checks a local plan's groups against its layout (every replica in exactly one group,
 // one stage, no sharding, H >= 1, the H_g summing to H and the n_g to H x global batch,
@@ -167,6 +171,7 @@ struct LocalPlanInput {
   // The best synchronous plan, for the gain.
   double sync_step_seconds = 0;
   int64_t local_steps = 0;  // parallel.local_steps; 0: chosen
+  size_t most_groups = 0;   // more groups than this: no plan (auto's kMaxRoundSteps); 0: any
 };
 
 // The local plan, or why there is none (a rank that cannot hold the whole model, ...).
@@ -180,7 +185,8 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in);
 // the local plan (throws ht::Error saying why when there is none). Not given, under
 // strategy auto: the local plan when the synchronous plan `sync_plan` leaves a rank
 // idle or starved (busy below kStarvedBusy), the world has at most kAutoLocalMaxRanks
-// ranks, and local is predicted kLocalMinGain faster. Otherwise nothing: the
+// ranks, the round needs at most kMaxRoundSteps steps (no more groups than that), and
+// local is predicted kLocalMinGain faster. Otherwise nothing: the
 // synchronous plan stands.
 inline constexpr double kStarvedBusy = 0.5;
 inline constexpr size_t kAutoLocalMaxRanks = SIZE_MAX;  // auto considers local at any world size
@@ -202,8 +208,9 @@ std::vector<Schedule> outer_sync_schedules(const Plan& plan);
 // What the simulator charges for them: OuterSyncStart the outer update's work on the
 // rank (kOuterBytesPerParam per parameter through its memory), OuterSyncFinish the part
 // of the exchange that a round of `inner_step_seconds` x H does not hide.
+// `tiers`: link_tiers of the cluster where the caller has them (found otherwise).
 CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
-                                double inner_step_seconds);
+                                double inner_step_seconds, const LinkTiers* tiers = nullptr);
 
 // The costs and cluster of `ranks` alone, in that order (for a group's sub-plan).
 BlockCosts costs_of(const BlockCosts& costs, const std::vector<int>& ranks);

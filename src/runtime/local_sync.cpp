@@ -56,7 +56,7 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       inner_steps_(plan.local->inner_steps),
       world_rank_(world.rank()),
       outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
-  for (const plan::RankPlan& rp : plan.ranks) weights_.push_back(plan::round_weight(plan, rp.rank));
+  weights_ = plan::round_weights(plan);
   outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
   resplit_ = cfg.rebalance_every > 0;
   stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())}, cpu_backend());  // host: seconds written through data()
@@ -162,7 +162,7 @@ void LocalSync::apply_split(const plan::RoundSplit& split) {
   plan_.local->group_steps = split.steps;
   plan_.local->round_samples = split.samples;
   plan::check_local_plan(plan_);
-  for (size_t r = 0; r < plan_.ranks.size(); ++r) weights_[r] = plan::round_weight(plan_, static_cast<int>(r));
+  weights_ = plan::round_weights(plan_);
   // The round whose stats arrive at the next round's end ran under the old split.
   skip_rounds_ = 1;
   window_inner_.assign(window_inner_.size(), 0.0);
