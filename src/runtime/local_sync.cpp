@@ -192,13 +192,22 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
     while (exchange_->progress()) {
     }
   ++steps_in_round_;
-  if (done % inner_steps_ != 0) return seconds_since(t0);
+  if (done % inner_steps_ != 0) {
+    outer_work_s_ += seconds_since(t0);  // moving the exchange along: this round's work
+    return seconds_since(t0);
+  }
   steps_in_round_ = 0;
+  double waited = 0;  // for the exchange's sums: another rank's lateness, not this one's work
   for (const plan::Instruction& in : outer_list_) switch (in.op) {
       case plan::Op::outer_sync_finish:
-        if (exchange_) finish_exchange();
+        if (exchange_) {
+          const auto tf = std::chrono::steady_clock::now();
+          finish_exchange();
+          waited = seconds_since(tf);
+        }
         break;
       case plan::Op::outer_sync_start:
+        outer_work_s_ += seconds_since(t0) - waited;
         start_round();
         break;
       default:
@@ -210,6 +219,7 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
     taken_ = pending_;
     pending_.reset();
   }
+  outer_work_s_ += seconds_since(stats_at_);  // the exchange's start: the next round's work
   return seconds_since(t0);
 }
 
@@ -238,12 +248,15 @@ void LocalSync::start_round() {
     ++outer_steps_;
     checksum_.clear();
   }
-  pass_s_ = seconds_since(pass_t0);
+  // The round's outer work: the exchange moved along between steps, this round end's own
+  // part before the pass (the wait for the sums left out), and the pass.
+  outer_work_s_ += seconds_since(pass_t0);
   float* st = stats_.data();
   std::fill(st, st + stats_.numel(), 0.0f);
   st[2 * world_rank_] = partial_ ? -1.0f : static_cast<float>(inner_s_);
-  st[2 * world_rank_ + 1] = static_cast<float>(pass_s_);
-  inner_s_ = 0;
+  st[2 * world_rank_ + 1] = static_cast<float>(outer_work_s_);
+  inner_s_ = outer_work_s_ = 0;
+  stats_at_ = std::chrono::steady_clock::now();
   partial_ = false;
   start_exchange(resplit_);
 }
@@ -289,7 +302,7 @@ void LocalSync::flush() {
   }
   steps_in_round_ = 0;
   // The round in progress is measured from here: not a whole round's inner steps.
-  inner_s_ = 0;
+  inner_s_ = outer_work_s_ = 0;
   partial_ = true;
 }
 

@@ -27,7 +27,8 @@
 //
 // Re-splitting from measurement (plan::resplit_from_measured). Each rank's exchange also
 // carries, in its own two slots of a stats vector, the seconds it spent in the round's
-// inner steps and in its last outer pass; the sums (exact: every other slot is 0) reach
+// inner steps and in its outer work (the pass, and moving the exchange along between
+// steps, which on a throttled rank costs more than the pass; not the wait for the sums); the sums (exact: every other slot is 0) reach
 // every rank bit-identical with the deltas', so every rank takes the same decision from
 // them: the mean of kResplitRounds rounds per group (its slowest rank's), and a split of
 // the round that ends the groups together at the measured speeds where it pays. The new
@@ -44,6 +45,7 @@
 // model; a checkpoint holds theta as the model and m as "outer.momentum.<name>".
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -137,7 +139,8 @@ class LocalSync {
   Tensor stats_;                  // (2 x world): inner seconds, pass seconds, per rank
   bool stats_in_flight_ = false;  // the exchange in flight carries stats_
   double inner_s_ = 0;            // this rank's inner steps in the round so far
-  double pass_s_ = 0;             // its last outer pass
+  double outer_work_s_ = 0;       // its outer work in the round so far (see after_step)
+  std::chrono::steady_clock::time_point stats_at_ = std::chrono::steady_clock::now();
   bool partial_ = false;          // the round in progress began at a flush
   int skip_rounds_ = 0;           // stats to come that were measured under an old split
   std::vector<double> window_inner_, window_pass_;  // per group, summed over window_rounds_
