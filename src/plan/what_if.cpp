@@ -200,17 +200,36 @@ class Play {
     if (policy_ == Policy::local) {
       const int groups = static_cast<int>(plan.local->groups.size());
       double slowest_round = 0;
+      // Groups of the same classes of ranks, slow factors, shares and step size play
+      // alike: each such kind is simulated once (thousands of one-rank groups are a few).
+      const std::vector<int> kind_of_rank = cost_classes(cluster, phase_.costs(), link_tiers(cluster));
+      std::map<std::vector<double>, std::pair<double, double>> kinds;
+      check_local_plan(plan);
       for (int g = 0; g < groups; ++g) {
         const std::vector<int> ranks = group_ranks(plan, g);
         // Its inner steps are sized n_g / H_g (to a sample), not one global batch.
-        Plan sub = group_plan(plan, g);
-        size_group_step(sub, plan, g, inner_step_samples(plan, g, 0));
-        const BlockCosts sub_costs = costs_of(phase_.costs(), ranks);
-        const ClusterModel sub_cluster = cluster_of(cluster, ranks);
-        std::vector<double> sub_factors;
-        for (int r : ranks) sub_factors.push_back(factors[static_cast<size_t>(r)]);
-        p.group_steps.push_back(simulate_with(sub, sub_costs, sub_cluster, sub_factors).step_seconds);
-        const double plain = simulate_with(sub, sub_costs, sub_cluster, {}).step_seconds;
+        const int64_t size = inner_step_samples(plan, g, 0);
+        std::vector<double> kind{static_cast<double>(size)};
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          const auto r = static_cast<size_t>(plan.local->groups[static_cast<size_t>(g)][i]);
+          kind.insert(kind.end(), {static_cast<double>(kind_of_rank[static_cast<size_t>(ranks[i])]),
+                                   factors[static_cast<size_t>(ranks[i])], static_cast<double>(plan.layout.samples[r]),
+                                   static_cast<double>(plan.layout.micro_batches[r])});
+        }
+        auto it = kinds.find(kind);
+        if (it == kinds.end()) {
+          Plan sub = group_plan_unchecked(plan, g);
+          size_group_step(sub, plan, g, size);
+          const BlockCosts sub_costs = costs_of(phase_.costs(), ranks);
+          const ClusterModel sub_cluster = cluster_of(cluster, ranks);
+          std::vector<double> sub_factors;
+          for (int r : ranks) sub_factors.push_back(factors[static_cast<size_t>(r)]);
+          it = kinds.emplace(kind, std::pair{simulate_with(sub, sub_costs, sub_cluster, sub_factors).step_seconds,
+                                             simulate_with(sub, sub_costs, sub_cluster, {}).step_seconds})
+                   .first;
+        }
+        p.group_steps.push_back(it->second.first);
+        const double plain = it->second.second;
         p.plain_group_steps.push_back(plain);
         slowest_round = std::max(slowest_round, plain * plan.local->group_steps[static_cast<size_t>(g)]);
       }
@@ -576,8 +595,10 @@ class Play {
         const StepParts& p = parts(clock[g]);
         const int64_t batches = batches_in_round(plan, static_cast<int>(g), round);
         const double work = static_cast<double>(batches) * p.group_steps[g];
-        // Each inner step is one whole global batch (plan.h's LocalSync).
-        samples_now[g] = batches * plan.global_batch;
+        // The samples of those inner steps: the first n_g mod H_g one more (inner_step_samples).
+        const int64_t n = plan.local->round_samples[g], h = plan.local->group_steps[g];
+        const int64_t larger = std::min(batches, n % h);
+        samples_now[g] = larger * (n / h + 1) + (batches - larger) * (n / h);
         double end = clock[g] + work;
         for (int r : group_ranks(plan, static_cast<int>(g))) end = std::max(end, held_end(r, clock[g], work));
         if (const int f = failure_before(end); f >= 0 && (failed < 0 || events_[static_cast<size_t>(f)].at_s <
