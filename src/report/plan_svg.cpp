@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "report/svg_text.h"
 
 namespace ht::report {
 
@@ -37,23 +38,6 @@ constexpr Swatch kMemoryKinds[] = {{"params", "parameters", "#54A24B"},
                                    {"activations", "activations", "#72B7B2"}};
 constexpr const char* kOverColour = "#D62728";
 
-// Fixed precision keeps the bytes deterministic and the file small.
-std::string px(double v) { return number("%.2f", v); }
-
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 struct TimeUnit {
   double scale;

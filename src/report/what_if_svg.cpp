@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "report/svg_text.h"
 
 namespace ht::report {
 
@@ -43,22 +44,6 @@ constexpr Swatch kEvents[] = {{"stall", "stall", "#C0392B"},
 const Swatch& span_swatch(WhatIfSpanKind k) { return kSpans[static_cast<size_t>(k)]; }
 const Swatch& event_swatch(WhatIfKind k) { return kEvents[static_cast<size_t>(k)]; }
 
-std::string px(double v) { return number("%.2f", v); }
-
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 std::string text(double x, double y, const std::string& body, const std::string& extra = "") {
   return "<text x=\"" + px(x) + "\" y=\"" + px(y) + "\"" + extra + ">" + xml_escape(body) + "</text>\n";
