@@ -38,19 +38,6 @@ ClusterModel throttled() {
   return c;
 }
 
-// The MLP's size: 2 blocks of 3.3e5 parameters, 47 us per sample each on rank 0 (its
-// 64 samples take 6 ms, as the MLP's do at quota 0.8).
-BlockCosts small_model(const ClusterModel& c) {
-  BlockCosts k = costs(c, 2);
-  for (size_t b = 0; b < 2; ++b) {
-    k.params[b] = 3.3e5;
-    k.state_bytes[b] = 3.3e5 * 16;
-  }
-  for (size_t r = 0; r < c.ranks.size(); ++r)
-    for (double& s : k.seconds_per_sample[r]) s = 47e-6 * 8e12 / c.ranks[r].flops;
-  return k;
-}
-
 }  // namespace
 
 // Each group's inner step predicted on its own, one global batch.
@@ -85,7 +72,7 @@ void check_group_steps(const Plan& p, const std::vector<double>& step) {
 
 TEST_CASE("local plan: throttled 4/2/1/1 ranks step alone, inner steps follow speed, gain over sync") {
   const ClusterModel c = throttled();
-  const PlannerInput in = input(c, small_model(c), 128);
+  const PlannerInput in = input(c, mlp_costs(c), 128);
   const Plan sync = make_plan(in);
   const std::optional<Plan> chosen = local_plan_for(in, sync, std::nullopt, 0);
   REQUIRE(chosen);  // auto takes local: the synchronous plan leaves ranks idle or starved
@@ -145,9 +132,9 @@ ClusterModel fixed_4_2_1_1() {
   return c;
 }
 
-// small_model's costs at the file's speeds: 47 us per sample and block on rank 0.
+// mlp_costs at the file's speeds: 47 us per sample and block on rank 0.
 BlockCosts fixed_model(const ClusterModel& c) {
-  BlockCosts k = small_model(c);
+  BlockCosts k = mlp_costs(c);
   for (size_t r = 0; r < c.ranks.size(); ++r)
     for (double& s : k.seconds_per_sample[r]) s = 47e-6 * c.ranks[0].flops / c.ranks[r].flops;
   return k;
@@ -298,7 +285,7 @@ TEST_CASE("local plan: ranks on free links form one synchronous group; auto keep
 
 TEST_CASE("local plan: parallel.local_steps sets H; a slower link needs a larger H") {
   ClusterModel c = throttled();
-  const PlannerInput in = input(c, small_model(c), 128);
+  const PlannerInput in = input(c, mlp_costs(c), 128);
   const Plan sync = make_plan(in);
   CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 7)->local->inner_steps == 7);
   CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 7)->local->group_steps.size() == 4);
@@ -307,7 +294,7 @@ TEST_CASE("local plan: parallel.local_steps sets H; a slower link needs a larger
     c.latency_s[r][3] = c.latency_s[3][r] = r == 3 ? 0 : 0.05;
     c.bandwidth_bytes_per_s[r][3] = c.bandwidth_bytes_per_s[3][r] = r == 3 ? 0 : 50e6 / 8;
   }
-  const PlannerInput slow = input(c, small_model(c), 128);
+  const PlannerInput slow = input(c, mlp_costs(c), 128);
   const std::optional<Plan> p = local_plan_for(slow, make_plan(slow), config::SyncPolicy::local, 0);
   REQUIRE(p);
   CHECK(p->local->inner_steps > h);
@@ -316,7 +303,7 @@ TEST_CASE("local plan: parallel.local_steps sets H; a slower link needs a larger
 
 TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent ones") {
   const ClusterModel c = throttled();
-  const PlannerInput in = input(c, small_model(c), 128);
+  const PlannerInput in = input(c, mlp_costs(c), 128);
   const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
   const std::string text = plan_to_json(p);
   const Plan back = plan_from_json(text, "plan.json");
@@ -364,7 +351,7 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
 
 TEST_CASE("local plan: a rank whose one-sample step outlasts the others' rounds is left idle") {
   ClusterModel c = throttled();
-  BlockCosts k = small_model(c);
+  BlockCosts k = mlp_costs(c);
   // 1.9 s a sample: one step of one sample outlasts kMaxRoundSteps of rank 0's 128-sample
   // steps (6 ms each at 64), so any round with it is paced by it.
   for (double& s : k.seconds_per_sample[3]) s *= 40000;
@@ -385,7 +372,7 @@ TEST_CASE("local plan: the outer synchronisation is every rank's list, and the s
     c.latency_s[r][3] = c.latency_s[3][r] = r == 3 ? 0 : 0.05;
     c.bandwidth_bytes_per_s[r][3] = c.bandwidth_bytes_per_s[3][r] = r == 3 ? 0 : 50e6 / 8;
   }
-  const PlannerInput in = input(c, small_model(c), 128);
+  const PlannerInput in = input(c, mlp_costs(c), 128);
   const Plan sync = make_plan(in);
   const Plan hidden = *local_plan_for(in, sync, config::SyncPolicy::local, 0);
   const Plan exposed = *local_plan_for(in, sync, config::SyncPolicy::local, 4);  // the least: one step a group

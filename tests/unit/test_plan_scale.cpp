@@ -142,17 +142,6 @@ ClusterModel four_classes(size_t per) {
   return c;
 }
 
-BlockCosts mlp(const ClusterModel& c) {
-  BlockCosts k = costs(c, 2);
-  for (size_t b = 0; b < 2; ++b) {
-    k.params[b] = 3.3e5;
-    k.state_bytes[b] = 3.3e5 * 16;
-  }
-  for (size_t r = 0; r < c.ranks.size(); ++r)
-    for (double& s : k.seconds_per_sample[r]) s = 47e-6 * 8e12 / c.ranks[r].flops;
-  return k;
-}
-
 }  // namespace
 
 TEST_CASE("local plan at scale: 4,096 ranks of 4 classes, free links join, throttled ranks step alone") {
@@ -166,7 +155,7 @@ TEST_CASE("local plan at scale: 4,096 ranks of 4 classes, free links join, throt
   // A batch that gives each A rank 34 samples: the integer split of a group's share
   // then paces it within 3% of the ranks alone (at 2 samples a rank, 4 against 5 did not
   // keep kGroupEfficiency).
-  const PlannerInput in = input(c, mlp(c), 65536);
+  const PlannerInput in = input(c, mlp_costs(c), 65536);
   const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
   check_plan(p);
   REQUIRE(p.local);
