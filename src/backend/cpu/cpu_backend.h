@@ -82,4 +82,12 @@ class CpuBackend final : public Backend {
   void axpy(float alpha, const float* x, float* y, int64_t n) override;
 };
 
+namespace cpu {
+// gemm over a batch through `be`: C[i] = op(A[i]) @ op(B[i]), row-major operands of their
+// natural leading dimensions, per-operand batch strides (cpu_window.cpp; the convolution
+// and attention compositions both use it).
+void batched_gemm(Backend& be, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t sa,
+                  const float* b, int64_t sb, float* c, int64_t sc, int64_t batch, float beta = 0.f);
+}  // namespace cpu
+
 }  // namespace ht

@@ -243,30 +243,14 @@ namespace {
 struct AttentionGemms {
   Backend& be;
   int64_t bh, t, d;
-  // c (bh, m, n) = op(a) @ op(b), row-major (t or d wide) operands.
-  void run(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-           int64_t sa, const float* b, int64_t ldb, int64_t sb, float* c) const {
-    GemmArgs g;
-    g.trans_a = ta;
-    g.trans_b = tb;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.a = a;
-    g.lda = lda;
-    g.stride_a = sa;
-    g.b = b;
-    g.ldb = ldb;
-    g.stride_b = sb;
-    g.c = c;
-    g.ldc = n;
-    g.stride_c = m * n;
-    g.batch = bh;
-    be.gemm(g);
+  // c (bh, m, n) = op(a) @ op(b), row-major operands of their natural widths.
+  void run(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t sa, const float* b,
+           int64_t sb, float* c) const {
+    cpu::batched_gemm(be, ta, tb, m, n, k, a, sa, b, sb, c, m * n, bh);
   }
   // p (bh, t, t) = softmax over j <= i of scale * q k^T; s is scratch of the same size.
   void probabilities(const float* q, const float* k, float scale, float* s, float* p) const {
-    run(false, true, t, t, d, q, d, t * d, k, d, t * d, s);
+    run(false, true, t, t, d, q, t * d, k, t * d, s);
     be.unary(UnaryOp::mul_scalar, s, s, bh * t * t, scale);
     mask(s, -std::numeric_limits<float>::infinity());
     be.softmax(s, p, bh * t, t, false);
@@ -290,7 +274,7 @@ void CpuBackend::causal_attention(const float* q, const float* k, const float* v
   cpu::Scratch s(allocator(), static_cast<size_t>(bh * t * t), "causal_attention");
   cpu::Scratch p(allocator(), static_cast<size_t>(bh * t * t), "causal_attention");
   mm.probabilities(q, k, scale, s.get(), p.get());
-  mm.run(false, false, t, d, t, p.get(), t, t * t, v, d, t * d, o);
+  mm.run(false, false, t, d, t, p.get(), t * t, v, t * d, o);
   cpu::parallel_range(bh * t, t, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const float* row = s.get() + r * t;
@@ -317,14 +301,14 @@ void CpuBackend::causal_attention_backward(const float* q, const float* k, const
   cpu::Scratch p(allocator(), tt, "causal_attention_backward");
   mm.probabilities(q, k, scale, s.get(), p.get());
   float* gp = s.get();  // the scores are not needed again
-  mm.run(false, true, t, t, d, go, d, t * d, v, d, t * d, gp);
-  mm.run(true, false, t, d, t, p.get(), t, t * t, go, d, t * d, gv);
+  mm.run(false, true, t, t, d, go, t * d, v, t * d, gp);
+  mm.run(true, false, t, d, t, p.get(), t * t, go, t * d, gv);
   cpu::Scratch gs(allocator(), tt, "causal_attention_backward");
   softmax_backward(p.get(), gp, gs.get(), bh * t, t, false);
   mm.mask(gs.get(), 0.f);
   unary(UnaryOp::mul_scalar, gs.get(), gs.get(), bh * t * t, scale);
-  mm.run(false, false, t, d, t, gs.get(), t, t * t, k, d, t * d, gq);
-  mm.run(true, false, t, d, t, gs.get(), t, t * t, q, d, t * d, gk);
+  mm.run(false, false, t, d, t, gs.get(), t * t, k, t * d, gq);
+  mm.run(true, false, t, d, t, gs.get(), t * t, q, t * d, gk);
 }
 
 }  // namespace ht

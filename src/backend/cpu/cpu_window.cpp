@@ -178,12 +178,8 @@ void CpuBackend::maxpool2d_backward(const float* x, const float*, const float* g
 
 // ---- convolution as im2col and gemm
 
-namespace {
-
-// gemm over the batch: C[i] = op(A[i]) @ op(B[i]) with per-operand batch strides.
-void batched_gemm(Backend& be, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                  const float* a, int64_t sa, const float* b, int64_t sb, float* c, int64_t sc,
-                  int64_t batch, float beta) {
+void cpu::batched_gemm(Backend& be, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t sa,
+                       const float* b, int64_t sb, float* c, int64_t sc, int64_t batch, float beta) {
   GemmArgs g;
   g.trans_a = ta;
   g.trans_b = tb;
@@ -203,6 +199,8 @@ void batched_gemm(Backend& be, bool ta, bool tb, int64_t m, int64_t n, int64_t k
   g.batch = batch;
   be.gemm(g);
 }
+
+namespace {
 
 // The columns of a convolution are unfolded a chunk of samples at a time, each chunk's
 // columns within kColumnsBudget bytes (one sample at least): im2col's output is then
@@ -243,7 +241,7 @@ void CpuBackend::conv2d(const float* x, const float* w, float* y, const Window2d
   for (int64_t s = 0; s < g.n; s += cs.chunk) {
     const Window2d part = chunk_of(g, s, cs.chunk);
     im2col(x + s * cs.in_size, cols.get(), part);
-    batched_gemm(*this, false, false, out_ch, cs.hw, cs.ck, w, 0, cols.get(), cs.ck * cs.hw,
+    cpu::batched_gemm(*this, false, false, out_ch, cs.hw, cs.ck, w, 0, cols.get(), cs.ck * cs.hw,
                  y + s * out_ch * cs.hw, out_ch * cs.hw, part.n, 0.f);
   }
 }
@@ -257,7 +255,7 @@ void CpuBackend::conv2d_backward_data(const float* gy, const float* w, float* gx
                      "conv2d_backward");
   for (int64_t s = 0; s < g.n; s += cs.chunk) {
     const Window2d part = chunk_of(g, s, cs.chunk);
-    batched_gemm(*this, true, false, cs.ck, cs.hw, out_ch, w, 0, gy + s * out_ch * cs.hw,
+    cpu::batched_gemm(*this, true, false, cs.ck, cs.hw, out_ch, w, 0, gy + s * out_ch * cs.hw,
                  out_ch * cs.hw, gcols.get(), cs.ck * cs.hw, part.n, 0.f);
     col2im(gcols.get(), gx + s * cs.in_size, part);
   }
@@ -277,7 +275,7 @@ void CpuBackend::conv2d_backward_filter(const float* x, const float* gy, float* 
     const Window2d part = chunk_of(g, s, cs.chunk);
     im2col(x + s * cs.in_size, cols.get(), part);
     for (int64_t i = 0; i < part.n; ++i)
-      batched_gemm(*this, false, true, out_ch, cs.ck, cs.hw, gy + (s + i) * out_ch * cs.hw, 0,
+      cpu::batched_gemm(*this, false, true, out_ch, cs.ck, cs.hw, gy + (s + i) * out_ch * cs.hw, 0,
                    cols.get() + i * cs.ck * cs.hw, 0, gw, 0, 1, s + i == 0 ? 0.f : 1.f);
   }
 }
