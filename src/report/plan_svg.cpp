@@ -23,11 +23,6 @@ constexpr double kPlotWidth = kPlotRight - kPlotLeft;
 // Below this lane height a label would overlap its neighbours'.
 constexpr double kMinLabelledLane = 8;
 
-struct Swatch {
-  const char* cls;
-  const char* label;
-  const char* colour;
-};
 constexpr Swatch kActivities[] = {{"compute", "compute", "#4C78A8"},
                                   {"comm", "communication", "#F58518"},
                                   {"idle", "idle (waiting for a peer)", "#D9D9D9"}};

@@ -1,4 +1,4 @@
-// Text helpers of the SVG writers (plan_svg, what_if_svg).
+// What the SVG writers (plan_svg, what_if_svg) share: legend entries and text helpers.
 #pragma once
 
 #include <string>
@@ -6,6 +6,13 @@
 #include "core/units.h"
 
 namespace ht::report {
+
+// A legend entry: the CSS class of its shapes, its label and its colour.
+struct Swatch {
+  const char* cls;
+  const char* label;
+  const char* colour;
+};
 
 // A coordinate: fixed precision keeps the bytes deterministic and the file small.
 inline std::string px(double v) { return number("%.2f", v); }

@@ -21,11 +21,6 @@ constexpr double kEventRow = 14;   // one row of event labels per event (up to k
 constexpr size_t kEventRows = 12;  // more events share rows: labels may overlap, marks do not move
 constexpr double kBandGap = 26;    // room for a band's name above it
 
-struct Swatch {
-  const char* cls;
-  const char* label;
-  const char* colour;
-};
 
 // Indexed by WhatIfSpanKind.
 constexpr Swatch kSpans[] = {{"work", "steps as planned", "#4C78A8"},
