@@ -13,13 +13,18 @@ double optimizer_state_bytes_per_param(const config::OptimizerConfig& opt) {
   fail("block_costs: unknown optimizer type '", opt.type, "'; expected adamw or sgd");
 }
 
+double gemm_rate(const DeviceModel& dev, std::string_view precision) {
+  if (precision == "bf16" && dev.kind == DeviceKind::cuda && dev.bf16_flops > 0) return dev.bf16_flops;
+  return dev.flops;
+}
+
 BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
-                       const config::OptimizerConfig& opt) {
-  return block_costs(nn::shape_of(model), cluster, opt);
+                       const config::OptimizerConfig& opt, std::string_view precision) {
+  return block_costs(nn::shape_of(model), cluster, opt, precision);
 }
 
 BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
-                       const config::OptimizerConfig& opt) {
+                       const config::OptimizerConfig& opt, std::string_view precision) {
   const size_t blocks = model.size();
   const size_t ranks = cluster.ranks.size();
   HT_CHECK(cluster.block_seconds.size() <= ranks, "block_costs: the measured profile has ",
@@ -62,7 +67,7 @@ BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
       if (r < cluster.block_call_seconds.size() && cluster.block_call_seconds[r].size() == blocks)
         c.call_seconds[r] = cluster.block_call_seconds[r];
     } else {
-      const double rate = cluster.ranks[r].flops;
+      const double rate = gemm_rate(cluster.ranks[r], precision);
       HT_CHECK(std::isfinite(rate) && rate > 0, "block_costs: rank ", r, " (",
                cluster.ranks[r].id, ") has flops ", rate, "; expected positive and finite");
       auto& row = c.seconds_per_sample[r];

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/config.h"
@@ -72,11 +73,21 @@ double optimizer_state_bytes_per_param(const config::OptimizerConfig& opt);
 // planned as its built Blocks would be. Errors (ht::Error): a measured row whose block
 // count differs from the model's (naming both counts); a modelled rank whose flops is
 // not positive; more profile rows than ranks.
+// `precision` is train.precision: under "bf16" a modelled GPU rank runs at gemm_rate.
 BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
-                       const config::OptimizerConfig& opt);
+                       const config::OptimizerConfig& opt, std::string_view precision = "fp32");
 // The same for a built model: block_costs(nn::shape_of(model), ...).
 BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
-                       const config::OptimizerConfig& opt);
+                       const config::OptimizerConfig& opt, std::string_view precision = "fp32");
+
+// The FLOP/s a rank's modelled blocks run at under train.precision `precision`: its
+// bf16_flops for a GPU rank under "bf16" that has one (the probed bf16 GEMM, or the
+// datasheet's bf16 peak x efficiency), else its fp32 flops. A block's FLOPs are its
+// products' (nn/cost_model.h), which bf16 runs on tensor cores; the rest of a step stays
+// fp32 and is not in the FLOPs, and the fused attention kernel, fp32 in every mode, is
+// priced at this rate too (an optimistic share of a long-context transformer block). A
+// measured profile is fp32's (the probe times fp32) and stands as measured.
+double gemm_rate(const DeviceModel& dev, std::string_view precision);
 
 // Samples per second of one replica holding the whole model on `rank`:
 // 1 / sum of the rank's seconds_per_sample.

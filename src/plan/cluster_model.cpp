@@ -198,6 +198,12 @@ const CatalogueDevice* match_catalogue(const Catalogue& catalogue, const std::st
   return best;
 }
 
+double bf16_gemm_flops(double probed_gflops, const CatalogueDevice* sheet) {
+  if (probed_gflops > 0) return probed_gflops * 1e9;
+  if (sheet && sheet->kind == DeviceKind::cuda) return sheet->bf16_tflops * 1e12 * sheet->efficiency;
+  return 0;
+}
+
 ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catalogue* catalogue) {
   ClusterModel c;
   c.source = "probe";
@@ -229,6 +235,8 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catal
         d.memory_bandwidth = sheet->memory_bandwidth_gb_s * 1e9;
         d.measured = false;
       }
+      d.bf16_flops = bf16_gemm_flops(gpu_rates ? r.rates.bf16_gemm_gflops : 0,
+                                     catalogue ? match_catalogue(*catalogue, g.name, static_cast<double>(g.memory_total)) : nullptr);
     } else {
       d.id = r.host.cpu_model.empty() ? to_string(r.device) : r.host.cpu_model;
       d.memory_bytes = static_cast<double>(r.host.memory_total) / ranks_on_host[r.host.host];
@@ -317,8 +325,9 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
     if (dev == cat.devices.end())
       spec_error(spec, std::to_string(count) + "x" + id, "names an unknown device \"" + id + "\"" + hint(id, device_ids) +
                                                            "; known devices: " + join(device_ids));
-    const DeviceModel m{dev->id, dev->name, dev->kind, dev->fp32_tflops * 1e12 * dev->efficiency,
-                        dev->memory_gb * kGiB, dev->memory_bandwidth_gb_s * 1e9, false};
+    DeviceModel m{dev->id, dev->name, dev->kind, dev->fp32_tflops * 1e12 * dev->efficiency,
+                  dev->memory_gb * kGiB, dev->memory_bandwidth_gb_s * 1e9, false};
+    m.bf16_flops = bf16_gemm_flops(0, &*dev);
     c.ranks.insert(c.ranks.end(), static_cast<size_t>(count), m);
   }
   const size_t n = c.ranks.size();
@@ -334,7 +343,7 @@ bool same_device(const DeviceModel& a, const DeviceModel& b) {
   return a.id == b.id && a.name == b.name && a.kind == b.kind && a.flops == b.flops &&
          a.memory_bytes == b.memory_bytes && a.memory_bandwidth == b.memory_bandwidth &&
          a.measured == b.measured && a.cpu_quota == b.cpu_quota && a.cpu_quota_period_s == b.cpu_quota_period_s &&
-         a.call_seconds == b.call_seconds;
+         a.call_seconds == b.call_seconds && a.bf16_flops == b.bf16_flops;
 }
 
 // Row `a` and row `b` of a per-rank table agree (both absent counts as agreeing).

@@ -28,6 +28,9 @@ struct DeviceModel {
   // time: a probed GPU's kLaunchesPerBlockCall launches at its measured launch overhead;
   // 0 = the engine's figure for the kind (block_costs.h).
   double call_seconds = 0;
+  // Effective FLOP/s of its products under train.precision bf16 (block_costs.h's gemm_rate); 0:
+  // none (a CPU, a GPU below sm_80, no figure), and bf16 plans it at `flops`.
+  double bf16_flops = 0;
 
   // What tables and messages call the device: the id, or the name where there is none.
   const std::string& label() const { return id.empty() ? name : id; }
@@ -98,6 +101,11 @@ inline constexpr double kLaunchesPerBlockCall = 12;
 // link pairs far worse than both ranks' typical (median) links are bounded by the slower
 // rank's typical link: with 4 ranks throttled on 2 cores, one ping-pong can catch both
 // ends descheduled and read 1 ms where every other pair of those ranks reads 1 us.
+// The rate a GPU rank's bf16 products run at: the probed bf16 GEMM (`probed_gflops`, the
+// cluster file's bf16_gemm_gflops; 0: not measured or below sm_80), else the datasheet's
+// bf16 dense peak x its efficiency (`sheet`, may be null); 0 where neither gives one.
+double bf16_gemm_flops(double probed_gflops, const CatalogueDevice* sheet);
+
 ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catalogue* catalogue = nullptr);
 
 // The catalogue's cuda entry for a GPU the runtime names (cudaDeviceProp::name, e.g.
