@@ -85,10 +85,162 @@ int64_t nominal_share(const LocalPlanInput& in, const std::vector<int>& ranks, d
 }
 
 
+// The local plan of `groups` (world ranks; every other rank idle): each group's inner
+// step one whole global batch split over its ranks by speed, micro-batches fitted,
+// predicted by predict_local. `classes`: cost_classes of every rank.
+LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>& classes,
+                               const std::vector<std::vector<int>>& groups) {
+  LocalPlanResult out;
+  const Plan& data = in.data_plan;
+  Plan p = data;
+  p.sync_policy = SyncPolicy::local;
+  p.strategy = Strategy::data;
+  p.layout = PipelineLayout{};
+  p.layout.reduce_owner = -1;
+  for (RankPlan& rp : p.ranks) {  // idle unless a group takes it
+    rp.replica = rp.stage = -1;
+    rp.samples = 0;
+    rp.memory = {};
+    rp.busy_fraction = 0;
+  }
+  LocalSync l;
+  int replica = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    // Every group's inner step is one whole global batch, split over its ranks by speed.
+    const std::vector<int64_t> shares = shares_by_speed(data.global_batch, speeds_of(in.costs, groups[g]));
+    std::vector<int> members;
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      const int rank = groups[g][i];
+      const auto old = static_cast<size_t>(data.ranks[static_cast<size_t>(rank)].replica);
+      p.layout.replicas.push_back({rank});
+      p.layout.samples.push_back(shares[i]);
+      p.layout.micro_batches.push_back(static_cast<int>(std::min<int64_t>(data.layout.micro_batches[old], shares[i])));
+      if (!data.layout.recompute.empty()) p.layout.recompute.push_back(data.layout.recompute[old]);
+      RankPlan& rp = p.ranks[static_cast<size_t>(rank)];
+      rp.replica = replica;
+      rp.stage = 0;
+      rp.optimizer_shard = 1;
+      members.push_back(replica++);
+    }
+    l.groups.push_back(members);
+  }
+  sync_rank_shares(p);
+  // A group's share is the whole global batch, more than the rank's data-parallel share:
+  // a rank that cannot hold it in its micro-batches gets the least count that fits (as
+  // the synchronous planner's memory strategy 2), found once per class and share.
+  std::map<std::pair<int, int64_t>, int> fitted;  // (class, share) -> micro-batches
+  for (RankPlan& rp : p.ranks) {
+    if (rp.replica < 0) continue;
+    rp.memory = rank_memory(p, in.costs, rp);
+    if (rp.memory.total() <= rp.device.memory_bytes) continue;
+    auto [known, fresh] = fitted.try_emplace({classes[static_cast<size_t>(rp.rank)], rp.samples}, 0);
+    if (fresh) {
+      RankPlan trial = rp;
+      auto fits = [&](int m) {
+        trial.micro_batches = m;
+        trial.micro_batch_size = (trial.samples + m - 1) / m;
+        return rank_memory(p, in.costs, trial).total() <= trial.device.memory_bytes;
+      };
+      int lo = rp.micro_batches, hi = static_cast<int>(rp.samples);  // lo does not fit
+      if (fits(hi)) {
+        while (hi - lo > 1) {
+          const int mid = lo + (hi - lo) / 2;
+          (fits(mid) ? hi : lo) = mid;
+        }
+        known->second = hi;
+      }
+    }
+    if (known->second == 0) {
+      out.problem = "rank " + std::to_string(rp.rank) + " (" + rp.device.label() + ") cannot hold its local share of " +
+                    std::to_string(rp.samples) + " samples, even one at a time";
+      return out;
+    }
+    p.layout.micro_batches[static_cast<size_t>(rp.replica)] = known->second;
+    rp.micro_batches = known->second;
+    rp.micro_batch_size = (rp.samples + known->second - 1) / known->second;
+    rp.memory = rank_memory(p, in.costs, rp);
+  }
+  l.inner_steps = static_cast<int>(l.groups.size());  // until predict_local chooses H and the H_g
+  l.group_steps.assign(l.groups.size(), 1);
+  p.local = l;
+  // A parallel.local_steps below the groups is refused here (not worked round by leaving
+  // ranks idle): the setting is what is wrong.
+  predict_local(p, in.costs, in.cluster, in.sync_step_seconds, in.local_steps);
+  out.plan = std::move(p);
+  return out;
+}
+
+// Synchronous groups of one class each (`order`'s ranks, fastest first): every class's
+// ranks, in order, cut into min(k, its ranks) runs of near-equal size (the first ones a
+// rank larger). Classes appear in the order of their first rank in `order`.
+std::vector<std::vector<int>> class_groups(const std::vector<int>& classes, const std::vector<int>& order, size_t k) {
+  std::vector<int> seen;
+  std::map<int, std::vector<int>> members;
+  for (int r : order) {
+    auto [it, fresh] = members.try_emplace(classes[static_cast<size_t>(r)]);
+    if (fresh) seen.push_back(it->first);
+    it->second.push_back(r);
+  }
+  std::vector<std::vector<int>> groups;
+  for (int c : seen) {
+    const std::vector<int>& m = members[c];
+    const size_t parts = std::min(k, m.size());
+    for (size_t i = 0, at = 0; i < parts; ++i) {
+      const size_t size = m.size() / parts + (i < m.size() % parts ? 1 : 0);
+      groups.emplace_back(m.begin() + static_cast<long>(at), m.begin() + static_cast<long>(at + size));
+      at += size;
+    }
+  }
+  return groups;
+}
+
+// Within auto's bounds (bounded_local_plan): the class groups of k = 1, 2, 4, ... runs a
+// class while they are at most in.most_groups (and at most parallel.local_steps, when
+// set), each predicted; of those whose H is at most kMaxRoundSteps, the fastest, fewer
+// groups preferred unless more are kIdleGain faster (a round's staleness grows with its
+// groups' steps). `searched`: what the group search found, for the problem.
+LocalPlanResult class_groups_plan(const LocalPlanInput& in, const std::vector<int>& classes,
+                                  const std::vector<int>& order, const std::string& searched) {
+  LocalPlanResult best;
+  const size_t cap = in.local_steps > 0 ? std::min(in.most_groups, static_cast<size_t>(in.local_steps)) : in.most_groups;
+  size_t tried = 0, least_h = 0, least_h_groups = 0;
+  for (size_t k = 1;; k *= 2) {
+    const std::vector<std::vector<int>> groups = class_groups(classes, order, k);
+    if (groups.size() > cap || (k > 1 && groups.size() == tried)) break;
+    tried = groups.size();
+    LocalPlanResult r = plan_of_groups(in, classes, groups);
+    if (!r.plan) {
+      if (best.problem.empty()) best.problem = r.problem;
+      continue;
+    }
+    const auto h = static_cast<size_t>(r.plan->local->inner_steps);
+    if (least_h == 0 || h < least_h) least_h = h, least_h_groups = groups.size();
+    if (h > static_cast<size_t>(kMaxRoundSteps)) continue;
+    if (!best.plan || r.plan->predicted.step_seconds < (1 - kIdleGain) * best.plan->predicted.step_seconds)
+      best = std::move(r);
+  }
+  if (best.plan) return best;
+  const size_t kinds = class_groups(classes, order, 1).size();
+  std::string why = searched + "; as synchronous groups of one class each, ";
+  if (kinds > cap)
+    why += std::to_string(kinds) + " classes of ranks (device and link tier), more than the " + std::to_string(cap) +
+           " groups a round can give a step each";
+  else if (least_h > 0)
+    why += "a round needs at least " + std::to_string(least_h) + " inner steps (at " + std::to_string(least_h_groups) +
+           (least_h_groups == 1 ? " group), more than kMaxRoundSteps " : " groups), more than kMaxRoundSteps ") +
+           std::to_string(kMaxRoundSteps);
+  else
+    why += best.problem;
+  best.problem = why;
+  return best;
+}
+
 // The local plan over the fastest `used` ranks (`order`: every rank, fastest first), the
 // others idle. `classes`: cost_classes of every rank; `tiers`: the cluster's link tiers.
+// `bounded`: where the search gives more than in.most_groups groups, or its plan's round
+// needs more than kMaxRoundSteps steps, class_groups_plan instead.
 LocalPlanResult local_plan_over(const LocalPlanInput& in, const LinkTiers& tiers, const std::vector<int>& classes,
-                                std::vector<int> order) {
+                                std::vector<int> order, bool bounded = false) {
   LocalPlanResult out;
   const Plan& data = in.data_plan;
   if (data.stage_ranges.size() != 1 || data.world_size != static_cast<int>(in.cluster.ranks.size()) ||
@@ -174,89 +326,20 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, const LinkTiers& tiers
   if (in.most_groups > 0 && groups.size() > in.most_groups) {
     out.problem = std::to_string(groups.size()) + " groups, more than the " + std::to_string(in.most_groups) +
                   " inner steps a round can give one each";
+    if (bounded) return class_groups_plan(in, classes, order, "the group search gives " + out.problem);
     return out;
   }
-  Plan p = data;
-  p.sync_policy = SyncPolicy::local;
-  p.strategy = Strategy::data;
-  p.layout = PipelineLayout{};
-  p.layout.reduce_owner = -1;
-  for (RankPlan& rp : p.ranks) {  // idle unless a group takes it
-    rp.replica = rp.stage = -1;
-    rp.samples = 0;
-    rp.memory = {};
-    rp.busy_fraction = 0;
-  }
-  LocalSync l;
-  int replica = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    // Every group's inner step is one whole global batch, split over its ranks by speed.
-    const std::vector<int64_t> shares = shares_by_speed(data.global_batch, speeds_of(in.costs, groups[g]));
-    std::vector<int> members;
-    for (size_t i = 0; i < groups[g].size(); ++i) {
-      const int rank = groups[g][i];
-      const auto old = static_cast<size_t>(data.ranks[static_cast<size_t>(rank)].replica);
-      p.layout.replicas.push_back({rank});
-      p.layout.samples.push_back(shares[i]);
-      p.layout.micro_batches.push_back(static_cast<int>(std::min<int64_t>(data.layout.micro_batches[old], shares[i])));
-      if (!data.layout.recompute.empty()) p.layout.recompute.push_back(data.layout.recompute[old]);
-      RankPlan& rp = p.ranks[static_cast<size_t>(rank)];
-      rp.replica = replica;
-      rp.stage = 0;
-      rp.optimizer_shard = 1;
-      members.push_back(replica++);
-    }
-    l.groups.push_back(members);
-  }
-  sync_rank_shares(p);
-  // A group's share is the whole global batch, more than the rank's data-parallel share:
-  // a rank that cannot hold it in its micro-batches gets the least count that fits (as
-  // the synchronous planner's memory strategy 2), found once per class and share.
-  std::map<std::pair<int, int64_t>, int> fitted;  // (class, share) -> micro-batches
-  for (RankPlan& rp : p.ranks) {
-    if (rp.replica < 0) continue;
-    rp.memory = rank_memory(p, in.costs, rp);
-    if (rp.memory.total() <= rp.device.memory_bytes) continue;
-    auto [known, fresh] = fitted.try_emplace({classes[static_cast<size_t>(rp.rank)], rp.samples}, 0);
-    if (fresh) {
-      RankPlan trial = rp;
-      auto fits = [&](int m) {
-        trial.micro_batches = m;
-        trial.micro_batch_size = (trial.samples + m - 1) / m;
-        return rank_memory(p, in.costs, trial).total() <= trial.device.memory_bytes;
-      };
-      int lo = rp.micro_batches, hi = static_cast<int>(rp.samples);  // lo does not fit
-      if (fits(hi)) {
-        while (hi - lo > 1) {
-          const int mid = lo + (hi - lo) / 2;
-          (fits(mid) ? hi : lo) = mid;
-        }
-        known->second = hi;
-      }
-    }
-    if (known->second == 0) {
-      out.problem = "rank " + std::to_string(rp.rank) + " (" + rp.device.label() + ") cannot hold its local share of " +
-                    std::to_string(rp.samples) + " samples, even one at a time";
-      return out;
-    }
-    p.layout.micro_batches[static_cast<size_t>(rp.replica)] = known->second;
-    rp.micro_batches = known->second;
-    rp.micro_batch_size = (rp.samples + known->second - 1) / known->second;
-    rp.memory = rank_memory(p, in.costs, rp);
-  }
-  l.inner_steps = static_cast<int>(l.groups.size());  // until predict_local chooses H and the H_g
-  l.group_steps.assign(l.groups.size(), 1);
-  p.local = l;
-  // A parallel.local_steps below the groups is refused here (not worked round by leaving
-  // ranks idle): the setting is what is wrong.
-  predict_local(p, in.costs, in.cluster, in.sync_step_seconds, in.local_steps);
-  out.plan = std::move(p);
+  out = plan_of_groups(in, classes, groups);
+  if (bounded && out.plan && out.plan->local->inner_steps > kMaxRoundSteps)
+    return class_groups_plan(in, classes, order,
+                             "the group search's " + std::to_string(groups.size()) + " groups need rounds of " +
+                                 std::to_string(out.plan->local->inner_steps) + " steps, more than kMaxRoundSteps " +
+                                 std::to_string(kMaxRoundSteps));
   return out;
 }
 
-}  // namespace
-
-LocalPlanResult make_local_plan(const LocalPlanInput& in) {
+// make_local_plan, with `bounded` passed on to local_plan_over.
+LocalPlanResult local_plan_of(const LocalPlanInput& in, bool bounded) {
   std::vector<int> order(in.data_plan.ranks.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -277,7 +360,8 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in) {
   LocalPlanResult best;
   for (size_t used : counts) {
     LocalPlanResult r =
-        local_plan_over(in, tiers, classes, std::vector<int>(order.begin(), order.begin() + static_cast<long>(used)));
+        local_plan_over(in, tiers, classes, std::vector<int>(order.begin(), order.begin() + static_cast<long>(used)),
+                        bounded);
     if (!r.plan) {
       if (!best.plan && best.problem.empty()) best.problem = r.problem;
       continue;
@@ -287,6 +371,10 @@ LocalPlanResult make_local_plan(const LocalPlanInput& in) {
   }
   return best;
 }
+
+}  // namespace
+
+LocalPlanResult make_local_plan(const LocalPlanInput& in) { return local_plan_of(in, false); }
 
 std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan,
                                    std::optional<config::SyncPolicy> asked, int64_t local_steps) {
@@ -332,6 +420,36 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
   if (!r.plan || r.plan->local->gain < 1 + kLocalMinGain || r.plan->local->inner_steps > kMaxRoundSteps)
     return std::nullopt;
   return r.plan;
+}
+
+LocalPlanResult bounded_local_plan(const PlannerInput& in, const Plan& sync_plan, int64_t local_steps) {
+  LocalPlanResult r;
+  if (in.strategy != config::ParallelStrategy::automatic && in.strategy != config::ParallelStrategy::data) {
+    r.problem = std::string("parallel.strategy ") + config::to_string(in.strategy) +
+                ": local groups are data-parallel replicas of the whole model; expected strategy auto or data";
+    return r;
+  }
+  if (local_steps > kMaxRoundSteps) {
+    r.problem = "parallel.local_steps " + std::to_string(local_steps) + " is above kMaxRoundSteps " +
+                std::to_string(kMaxRoundSteps) + ", the longest round auto takes";
+    return r;
+  }
+  LocalPlanInput li;
+  li.costs = in.costs;
+  li.cluster = in.cluster;
+  li.sync_step_seconds = sync_plan.predicted.step_seconds;
+  li.local_steps = local_steps;
+  li.most_groups = kMaxRoundSteps;
+  PlannerInput data = in;
+  data.strategy = config::ParallelStrategy::data;
+  data.hub_may_step_optimizer = false;
+  try {
+    li.data_plan = make_plan(data);
+  } catch (const Error& e) {
+    r.problem = e.what();
+    return r;
+  }
+  return local_plan_of(li, true);
 }
 
 }  // namespace ht::plan

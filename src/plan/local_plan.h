@@ -216,4 +216,17 @@ CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const
 BlockCosts costs_of(const BlockCosts& costs, const std::vector<int>& ranks);
 ClusterModel cluster_of(const ClusterModel& cluster, const std::vector<int>& ranks);
 
+// The local plan auto's bounds accept, whatever its gain: at most kMaxRoundSteps groups and
+// a round of at most kMaxRoundSteps steps (parallel.local_steps included). What the what-if
+// simulator plays for local (plan_for_policy), so that its rounds are ones a job would run.
+// Where the group search gives more groups than that (ranks that each step alone, their
+// links too slow to share a step), or their round needs more steps, the groups are
+// synchronous groups of one class each (cost_classes: one device and link tier): every
+// class's ranks cut into k near-equal runs for the same k = 1, 2, 4, ... while the groups
+// number at most kMaxRoundSteps; of those whose H is within it, the fastest, fewer groups
+// preferred unless more are predicted kIdleGain faster. No plan: `problem` says why in one
+// line (more classes than kMaxRoundSteps, every round too long, a rank that cannot hold
+// the model, ...).
+LocalPlanResult bounded_local_plan(const PlannerInput& in, const Plan& sync_plan, int64_t local_steps);
+
 }  // namespace ht::plan

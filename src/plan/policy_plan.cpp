@@ -1,5 +1,6 @@
 #include "plan/policy_plan.h"
 
+#include "core/error.h"
 #include "plan/block_costs.h"
 #include "plan/deadline_plan.h"
 #include "plan/local_plan.h"
@@ -31,7 +32,13 @@ Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps)
     return p;
   }
   Plan p = make_plan(in);
-  if (policy == Policy::local) return *local_plan_for(in, p, Policy::local, local_steps);
+  if (policy == Policy::local) {
+    // Within auto's bounds (a round of at most kMaxRoundSteps steps), so that what-if plays
+    // rounds a job would run, not thousands of one-rank groups in a round as long.
+    LocalPlanResult local = bounded_local_plan(in, p, local_steps);
+    HT_CHECK(local.plan, "no local plan within a round of ", kMaxRoundSteps, " steps: ", local.problem);
+    return std::move(*local.plan);
+  }
   return p;
 }
 

@@ -17,9 +17,10 @@ namespace ht::plan {
 PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& model, const ClusterModel& cluster);
 
 // The plan of one sync policy on `in`: sync, the planner's plan; deadline, its
-// data-parallel plan (under strategy auto) made a deadline plan; local, the local plan.
-// Throws ht::Error saying why a policy has no plan (deadline on a hybrid plan, local
-// where a rank cannot hold the whole model, ...).
+// data-parallel plan (under strategy auto) made a deadline plan; local, the local plan
+// within auto's bounds (bounded_local_plan, plan/local_plan.h). Throws ht::Error saying
+// why a policy has no plan (deadline on a hybrid plan, local where a rank cannot hold the
+// whole model or no round of at most kMaxRoundSteps steps serves, ...).
 Plan plan_for_policy(const PlannerInput& in, config::SyncPolicy policy, int64_t local_steps);
 
 }  // namespace ht::plan

@@ -78,6 +78,34 @@ SimResult simulate_with(const Plan& plan, const BlockCosts& costs, const Cluster
   return simulate(plan_schedules(plan), cm);
 }
 
+// A local plan's groups and H in words: groups of the same make-up (ranks per device)
+// counted together, in the order of their first group, idle ranks last.
+std::string local_shape(const Plan& plan) {
+  std::vector<std::pair<std::string, int>> kinds;  // make-up, groups
+  for (int g = 0; g < static_cast<int>(plan.local->groups.size()); ++g) {
+    std::vector<std::pair<std::string, int>> devices;  // label, ranks; in group order
+    for (int r : group_ranks(plan, g)) {
+      const std::string& label = plan.ranks[static_cast<size_t>(r)].device.label();
+      auto it = std::find_if(devices.begin(), devices.end(), [&](const auto& d) { return d.first == label; });
+      if (it == devices.end()) devices.emplace_back(label, 1);
+      else ++it->second;
+    }
+    std::string makeup;
+    for (const auto& [label, n] : devices) makeup += (makeup.empty() ? "" : " + ") + std::to_string(n) + " " + label;
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == makeup; });
+    if (it == kinds.end()) kinds.emplace_back(makeup, 1);
+    else ++it->second;
+  }
+  const size_t groups = plan.local->groups.size();
+  std::string out = std::to_string(groups) + (groups == 1 ? " group (" : " groups (");
+  for (size_t k = 0; k < kinds.size() && k < 4; ++k)
+    out += (k ? ", " : "") + (kinds[k].second > 1 ? std::to_string(kinds[k].second) + " x " : "") + kinds[k].first;
+  if (kinds.size() > 4) out += ", " + std::to_string(kinds.size() - 4) + " more kinds";
+  const auto idle = std::count_if(plan.ranks.begin(), plan.ranks.end(), [](const RankPlan& r) { return r.replica < 0; });
+  if (idle > 0) out += "; " + std::to_string(idle) + " ranks idle";
+  return out + "), H " + std::to_string(plan.local->inner_steps);
+}
+
 // Equal but for rounding: spans that abut, a round that ended when the exchange was ready.
 bool same_time(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({1.0, std::abs(a), std::abs(b)}); }
 
@@ -98,6 +126,11 @@ class Play {
   PolicyOutcome run() {
     out_.policy = policy_;
     out_.step_seconds = phase_.plan.predicted.step_seconds;
+    if (policy_ == Policy::local && phase_.plan.local) {
+      out_.groups = static_cast<int>(phase_.plan.local->groups.size());
+      out_.inner_steps = phase_.plan.local->inner_steps;
+      out_.plan_shape = local_shape(phase_.plan);
+    }
     if (record_) {
       if (policy_ == Policy::local && phase_.plan.local)
         for (size_t g = 0; g < phase_.plan.local->groups.size(); ++g) lane_name(static_cast<int>(g));

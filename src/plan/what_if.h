@@ -34,8 +34,11 @@
 //    (the catch-up charged nothing, as the simulator charges CatchUp); a failed one is
 //    left out for good, with no restart. A pipeline deadline plan has no stand-in for a
 //    stage: it waits as sync does.
-//  - local: each group plays its rounds (H_g inner steps of its simulated sub-plan step,
-//    then its part of the round's outer list) on its own clock; a round's end waits for
+//  - local: the plan is one auto's bounds accept (bounded_local_plan: at most
+//    kMaxRoundSteps groups and steps a round; groups of one class each where the search
+//    leaves too many ranks alone), or the policy is refused saying why. Each group plays
+//    its rounds (H_g inner steps of its simulated sub-plan step, then its part of the
+//    round's outer list) on its own clock; a round's end waits for
 //    the exchange of the round before, so for every group to have ended that round. A
 //    stall holds its group only, and the others wait at the round end after the next.
 //    A failure restarts the job as under sync (the groups' outer exchange spans every
@@ -164,6 +167,10 @@ struct PolicyOutcome {
   int64_t steps_closed_short = 0;  // deadline: steps closed without every rank
   int64_t work_lost_steps = 0;     // steps redone after restarts
   double work_lost_seconds = 0;    // the time those steps and the restarts took
+  // local: the played plan's groups and H (its first plan's, before any re-plan), and
+  // them in words ("32 groups (16 x 128 rtx3090, 16 x 128 rtx3060), H 32").
+  int groups = 0, inner_steps = 0;
+  std::string plan_shape;
   std::vector<std::string> notes;  // what happened, in order (restarts, joins, ...)
   std::vector<std::string> lanes;  // the timeline's lanes, named
   std::vector<WhatIfSpan> timeline;  // in time order per lane

@@ -42,6 +42,7 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
   for (const plan::PolicyOutcome& p : result.policies) {
     const std::string name = config::to_string(p.policy);
     if (!p.refused.empty()) out += "  " + name + ": not simulated: " + p.refused + "\n";
+    if (!p.plan_shape.empty()) out += "  " + name + ": plays " + p.plan_shape + "\n";
     for (const std::string& n : p.notes) out += "  " + name + ": " + n + "\n";
   }
   out += "  (a restart, after a failure or for a join, is assumed to take " + format_seconds(plan::kRestartSeconds) +

@@ -524,3 +524,88 @@ TEST_CASE("deadline: a stalled leader costs its step the members' patience and t
   CHECK(member.lost_seconds == doctest::Approx(member_lost));
   CHECK(member.notes.empty());
 }
+
+namespace {
+
+// `n` ranks of one kind under a CPU quota of 0.2 (each wakes 3.2 ms late to every message,
+// plan_costs.h's wake_seconds) on free links, the MLP's costs, `per` samples a rank.
+WhatIfInput throttled(size_t n, int64_t per, int64_t steps) {
+  ClusterModel c = fx::cluster(std::vector<double>(n, 2e12), std::vector<double>(n, 64 * fx::kGiB));
+  for (DeviceModel& d : c.ranks) {
+    d.id = d.name = "C";
+    d.cpu_quota = 0.2;
+    d.cpu_quota_period_s = 0.01;
+  }
+  WhatIfInput in;
+  in.planner = fx::input(c, fx::mlp_costs(c), static_cast<int64_t>(n) * per);
+  in.steps = steps;
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("what-if's local at 64 throttled ranks: synchronous groups of the class, at most kMaxRoundSteps, not 64 alone") {
+  const WhatIfInput in = throttled(64, 2, 200);
+  const Plan sync = make_plan(in.planner);
+  // The group search leaves each rank alone (its share takes less than the all-reduce's
+  // wakes), so the asked local plan has 64 groups and a round of at least 64 steps.
+  const Plan asked = *local_plan_for(in.planner, sync, Policy::local, 0);
+  REQUIRE(asked.local->groups.size() == 64);
+  CHECK(asked.local->inner_steps >= 64);
+  const LocalPlanResult bounded = bounded_local_plan(in.planner, sync, 0);
+  REQUIRE(bounded.plan);
+  const Plan& p = *bounded.plan;
+  check_local_plan(p);
+  const size_t groups = p.local->groups.size();
+  CHECK(groups >= 1);
+  CHECK(groups <= static_cast<size_t>(kMaxRoundSteps));
+  CHECK(p.local->inner_steps <= kMaxRoundSteps);
+  // k runs of the one class for a power of two k: 64 / k ranks each, every rank in one.
+  CHECK(64 % groups == 0);
+  std::vector<int> seen;
+  for (int g = 0; g < static_cast<int>(groups); ++g) {
+    const std::vector<int> ranks = group_ranks(p, g);
+    CHECK(ranks.size() == 64 / groups);
+    seen.insert(seen.end(), ranks.begin(), ranks.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<int> all(64);
+  for (int r = 0; r < 64; ++r) all[static_cast<size_t>(r)] = r;
+  CHECK(seen == all);
+  // The what-if plays it, and says what it played.
+  const PolicyOutcome local = outcome(run_what_if(in), Policy::local);
+  REQUIRE(local.refused.empty());
+  CHECK(local.groups == static_cast<int>(groups));
+  CHECK(local.inner_steps == p.local->inner_steps);
+  const std::string each = std::to_string(64 / groups) + " C";
+  CHECK(local.plan_shape == std::to_string(groups) + (groups == 1 ? " group (" + each : " groups (" + std::to_string(groups) + " x " + each) +
+                                "), H " + std::to_string(p.local->inner_steps));
+  CHECK(local.step_seconds == doctest::Approx(p.predicted.step_seconds));
+}
+
+TEST_CASE("what-if's local is refused, with the reason, where every round needs more than kMaxRoundSteps steps") {
+  // Two ranks of two kinds behind a 1 MB/s link: the outer exchange of the MLP's 2.6 MB
+  // takes seconds against inner steps of milliseconds, so every round needs hundreds.
+  const ClusterModel c = fx::cluster({8e12, 4e12}, {64 * fx::kGiB, 64 * fx::kGiB}, 1e-3, 1e6);
+  WhatIfInput in;
+  in.planner = fx::input(c, fx::mlp_costs(c), 128);
+  in.steps = 100;
+  const Plan sync = make_plan(in.planner);
+  const Plan asked = *local_plan_for(in.planner, sync, Policy::local, 0);
+  REQUIRE(asked.local->groups.size() == 2);
+  const int h = asked.local->inner_steps;
+  CHECK(h > kMaxRoundSteps);
+  const std::string why = "the group search's 2 groups need rounds of " + std::to_string(h) +
+                          " steps, more than kMaxRoundSteps 32; as synchronous groups of one class each, a round "
+                          "needs at least " + std::to_string(h) + " inner steps (at 2 groups), more than kMaxRoundSteps 32";
+  const LocalPlanResult bounded = bounded_local_plan(in.planner, sync, 0);
+  CHECK_FALSE(bounded.plan);
+  CHECK(bounded.problem == why);
+  const PolicyOutcome local = outcome(run_what_if(in), Policy::local);
+  CHECK(local.refused == "no local plan within a round of 32 steps: " + why);
+  CHECK(local.plan_shape.empty());
+  // parallel.local_steps above the bound is refused by name.
+  const PlannerInput many = throttled(64, 2, 1).planner;
+  CHECK(bounded_local_plan(many, make_plan(many), 40).problem ==
+        "parallel.local_steps 40 is above kMaxRoundSteps 32, the longest round auto takes");
+}
