@@ -12,6 +12,7 @@
 #include "core/host_device.h"  // counter_uniform, which dropout_mask must produce
 #include "core/shape.h"
 #include "backend/allocator.h"
+#include "backend/precision.h"
 
 namespace ht {
 
@@ -83,6 +84,24 @@ class Backend {
   virtual MemoryInfo memory_info() const = 0;
   virtual bool supports(OpKind op) const = 0;
 
+  // ---- the arithmetic of products (backend/precision.h). The mode is the backend's, set
+  // once where a run starts (the executor sets it from train.precision), so that ops and
+  // models issue the same calls in every mode: gemm reads it, every other primitive
+  // computes in fp32 whatever it is. Empty where the backend computes in `p`; otherwise
+  // why not, naming the device (the CPU backend: fp32 only).
+  virtual std::string precision_refusal(Precision p) const {
+    return p == Precision::fp32 ? std::string()
+                                : name() + " computes in fp32 only (no " + precision_name(p) +
+                                      " products)";
+  }
+  // Throws ht::Error with precision_refusal's reason when the backend cannot compute in `p`.
+  void set_precision(Precision p) {
+    const std::string why = precision_refusal(p);
+    if (!why.empty()) fail("precision ", precision_name(p), " on ", name(), ": ", why);
+    precision_ = p;
+  }
+  Precision precision() const { return precision_; }
+
   // ---- data movement (4-byte elements: float32 or int32)
   virtual void fill(float* y, float value, int64_t n) = 0;
   // dst[i] = src[i] over `shape` with each side's element strides.
@@ -108,6 +127,7 @@ class Backend {
   virtual void max_backward(const float* gy, const int32_t* argmax, float* gx, int64_t outer,
                             int64_t n, int64_t inner) = 0;
 
+  // In the backend's precision(): fp32, or bf16 operands with fp32 accumulation and C.
   virtual void gemm(const GemmArgs& args) = 0;
 
   // ---- row-wise ops over contiguous (rows, n)
@@ -210,6 +230,7 @@ class Backend {
  protected:
   explicit Backend(Allocator* allocator) : allocator_(allocator) {}
   Allocator* allocator_;
+  Precision precision_ = Precision::fp32;
 };
 
 Backend& cpu_backend();

@@ -27,6 +27,8 @@ const std::vector<std::string> kModelTypes{"mlp", "cnn", "gpt"};
 const std::vector<std::string> kDatasets{"fashion_mnist", "text"};
 const std::vector<std::string> kOptimizers{"adamw", "sgd"};
 const std::vector<std::string> kSchedules{"constant", "cosine"};
+// backend/precision.h's names (config/ sits below backend/; a unit case compares the lists).
+const std::vector<std::string> kPrecisions{"fp32", "bf16", "fp16"};
 constexpr int64_t kImageSide = 28;  // Fashion-MNIST; each cnn stage halves it
 
 // Reads the discriminator `key` of obj first, so the walk can tell keys of another
@@ -168,7 +170,10 @@ void read_train(const Json& j, const std::string& path, TrainConfig& t) {
         int_field("eval_every", {}, t.eval_every, 0),
         int_field("eval_batch_size", {}, t.eval_batch_size, 1),
         int_field("eval_max_samples", {}, t.eval_max_samples, 0),
-        int_field("log_every", {}, t.log_every, 1)});
+        int_field("log_every", {}, t.log_every, 1),
+        {"precision", {}, [&](const Json& v, const std::string& p) {
+           t.precision = read_enum(v, p, kPrecisions);
+         }}});
   if (!j.contains("optimizer"))
     fail_missing(key_path(path, "optimizer"),
                  "an object with \"lr\", e.g. {\"type\": \"adamw\", \"lr\": 0.001}");
@@ -408,6 +413,7 @@ std::string to_json(const Config& c) {
   train["eval_batch_size"] = c.train.eval_batch_size;
   train["eval_max_samples"] = c.train.eval_max_samples;
   train["log_every"] = c.train.log_every;
+  train["precision"] = c.train.precision;
   Json doc{{"model", model},
            {"data", data},
            {"train", train},

@@ -75,6 +75,10 @@ struct TrainConfig {
   int64_t eval_batch_size = 1000;
   int64_t eval_max_samples = 0;  // 0 = the whole evaluation set
   int64_t log_every = 50;      // steps between metrics records and log lines
+  // The products' arithmetic: "fp32" | "bf16" (bf16 tensor cores, fp32 accumulation and
+  // master weights; a CUDA device of sm_80+) | "fp16" (refused: not built). Checked
+  // against the run's device when it is selected (backend/cuda/device_select.h).
+  std::string precision = "fp32";
 };
 
 struct CheckpointConfig {

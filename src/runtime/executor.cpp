@@ -55,6 +55,13 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
            " ranks but this job has ", world.size(), "; plan again for this job");
   HT_CHECK(plan.blocks == static_cast<int>(model.size()), "the plan splits ", plan.blocks,
            " blocks but the config's model has ", model.size());
+  // train.precision from here on, not from device selection, so that the quick probe
+  // before the plan times fp32 products. select_device has refused a reduced precision
+  // on a CPU that was asked for by name; a CPU that device "auto" fell back to computes
+  // in fp32 (its note said so).
+  Backend& device = task_.device();
+  device.set_precision(device.kind() == DeviceKind::cpu ? Precision::fp32
+                                                        : parse_precision(train.precision));
   take_shares();
   stage_ = rank_plan_.stage;
   replica_ = rank_plan_.replica;

@@ -274,7 +274,7 @@ void apply_overrides(config::Config& cfg, const TrainOptions& opts) {
 }
 
 std::string select_run_device(const config::Config& cfg, int local_rank) {
-  SelectedDevice d = select_device(cfg.device, local_rank);
+  SelectedDevice d = select_device(cfg.device, local_rank, cfg.train.precision);
   set_run_device(*d.backend);
   return d.note;
 }

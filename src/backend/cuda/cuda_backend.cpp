@@ -30,6 +30,13 @@ CudaBackend::CudaBackend(int device, DeviceParts parts)
       device_allocator_(std::move(parts.allocator)),
       pinned_(make_pinned_allocator(name_ + " pinned host")) {
   activate();
+  HT_CUDA(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, device_));
+  HT_CUDA(cudaDeviceGetAttribute(&cc_minor_, cudaDevAttrComputeCapabilityMinor, device_));
+  {
+    cudaDeviceProp prop{};
+    HT_CUDA(cudaGetDeviceProperties(&prop, device_));
+    product_ = prop.name;
+  }
   // Host staging (Allocator::HostStaging) on this device is pinned, mapped host memory:
   // with unified addressing its pointers are valid in kernels and copies alike.
   const std::string staging_name = name_ + " host staging";
@@ -209,10 +216,41 @@ void CudaBackend::gemm(const GemmArgs& g) {
     ldb = std::max(ldb, 1);
   }
   activate();
-  HT_CUDA(cublasSgemmStridedBatched(
-      blas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
-      k, &g.alpha, g.b, ldb, g.stride_b, g.a, lda, g.stride_a, &g.beta, g.c, ldc, g.stride_c,
-      batch));
+  const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (precision_ == Precision::bf16) {
+    // bf16 autocast on the fp32 tensors themselves: CUBLAS_COMPUTE_32F_FAST_16BF lets
+    // cuBLAS round A and B to bf16 inside its tensor-core kernels, accumulating and
+    // writing C in fp32. Explicit bf16 copies of the operands would cost a conversion
+    // kernel per operand per call (4 bytes read and 2 written per element, plus the
+    // allocator's blocks) and, since weights change every step and activations every
+    // call, could not be cached; whether they would still be faster for the largest
+    // products is unmeasured. The master weights, gradients and C stay fp32.
+    HT_CUDA(cublasGemmStridedBatchedEx(blas_, op_b, op_a, n, m, k, &g.alpha, g.b, CUDA_R_32F, ldb,
+                                       g.stride_b, g.a, CUDA_R_32F, lda, g.stride_a, &g.beta, g.c,
+                                       CUDA_R_32F, ldc, g.stride_c, batch,
+                                       CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  HT_CUDA(cublasSgemmStridedBatched(blas_, op_b, op_a, n, m, k, &g.alpha, g.b, ldb, g.stride_b,
+                                    g.a, lda, g.stride_a, &g.beta, g.c, ldc, g.stride_c, batch));
+}
+
+std::string CudaBackend::precision_refusal(Precision p) const {
+  const std::string gpu = product_ + " (" + name_ + ", sm_" + std::to_string(cc_major_) +
+                          std::to_string(cc_minor_) + ")";
+  switch (p) {
+    case Precision::fp32: return {};
+    case Precision::bf16:
+      if (cc_major_ >= 8) return {};
+      return "bf16 products need bf16 tensor cores, compute capability 8.0 or later (sm_80+); " +
+             gpu + " has compute capability " + std::to_string(cc_major_) + "." +
+             std::to_string(cc_minor_);
+    case Precision::fp16:
+      return "fp16 with a dynamic loss scale is not built (runtime/loss_scale.h holds the "
+             "scale; the executor does not apply it); expected fp32, or bf16 on sm_80+";
+  }
+  return "unknown precision";
 }
 
 CudaBackend& cuda_backend(int device) {

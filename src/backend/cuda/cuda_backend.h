@@ -6,6 +6,10 @@
 // fused kernel of kernels/attention.cu, and the optimisers' multi-tensor updates to one
 // launch for all parameters.
 //
+// Precision. gemm honours the backend's precision() (bf16: operands rounded to bf16 on
+// tensor cores, fp32 accumulation and storage, see gemm in cuda_backend.cpp); cuDNN's
+// convolutions and every kernel compute in fp32 whatever it is.
+//
 // Ordering. Every kernel and cuBLAS call goes to one compute stream, so work runs in
 // the order it was issued, and a block the caching allocator hands out again after a free
 // is written only after the work that read it. Copies run on a copy stream that waits for
@@ -58,6 +62,12 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   MemoryInfo memory_info() const override;
   bool supports(OpKind) const override { return true; }
+  // fp32 anywhere; bf16 on sm_80 and later (bf16 tensor cores); fp16 is not built.
+  std::string precision_refusal(Precision p) const override;
+  // The GPU's product name ("NVIDIA A100-SXM4-80GB") and compute capability (8, 0).
+  const std::string& product_name() const { return product_; }
+  int capability_major() const { return cc_major_; }
+  int capability_minor() const { return cc_minor_; }
 
   void fill(float* y, float value, int64_t n) override;
   void copy(const void* src, const Strides& src_strides, void* dst, const Strides& dst_strides,
@@ -142,6 +152,8 @@ class CudaBackend final : public Backend {
 
   int device_;
   std::string name_;
+  std::string product_;
+  int cc_major_ = 0, cc_minor_ = 0;
   std::shared_ptr<DeviceMemory> memory_;
   std::unique_ptr<Allocator> device_allocator_;
   std::unique_ptr<Allocator> pinned_;

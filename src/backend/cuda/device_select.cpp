@@ -113,11 +113,36 @@ Backend& backend_for(const DeviceChoice& choice) {
 #endif
 }
 
-SelectedDevice select_device(std::string_view text, int local_rank) {
+PrecisionChoice choose_precision(Precision requested, const DeviceRequest& req,
+                                 DeviceKind chosen, std::string_view gpu_refusal) {
+  PrecisionChoice c;
+  if (requested == Precision::fp32) return c;
+  const std::string name = precision_name(requested);
+  const std::string needs = requested == Precision::bf16 ? "a CUDA device (sm_80+)" : "a CUDA device";
+  if (chosen == DeviceKind::cpu) {
+    if (req.kind == DeviceRequest::Kind::automatic) {
+      c.note = "train.precision " + name + ": device \"auto\" chose the CPU, which computes in "
+               "fp32 only; training in fp32";
+      return c;
+    }
+    fail("train.precision ", name, " needs ", needs, "; this run's device is cpu");
+  }
+  if (!gpu_refusal.empty()) fail("train.precision ", name, ": ", gpu_refusal);
+  c.precision = requested;
+  return c;
+}
+
+SelectedDevice select_device(std::string_view text, int local_rank, std::string_view precision) {
   DeviceRequest req = parse_device(text);
+  const Precision wanted = parse_precision(precision);
   GpuAvailability gpus = req.kind == DeviceRequest::Kind::cpu ? GpuAvailability{} : query_gpus();
   DeviceChoice choice = choose_device(req, local_rank, gpus);
-  return {&backend_for(choice), choice.note};
+  Backend& be = backend_for(choice);
+  PrecisionChoice p = choose_precision(wanted, req, choice.kind,
+                                       choice.kind == DeviceKind::cpu ? std::string() : be.precision_refusal(wanted));
+  std::string note = choice.note;
+  if (!p.note.empty()) note += (note.empty() ? "" : "; ") + p.note;
+  return {&be, note, p.precision};
 }
 
 }  // namespace ht

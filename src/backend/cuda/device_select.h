@@ -43,11 +43,27 @@ DeviceChoice choose_device(const DeviceRequest& request, int local_rank,
 // between two GPUs.
 Backend& backend_for(const DeviceChoice& choice);
 
-struct SelectedDevice {
-  Backend* backend = nullptr;
+// train.precision against the chosen device. fp32 is taken anywhere. On the CPU a reduced
+// precision is refused (one line naming the precision and the device), except that a
+// device "auto" which fell back to the CPU falls back to fp32 with a note saying why. On a
+// GPU, `gpu_refusal` is the backend's precision_refusal (empty: accepted): bf16 below
+// sm_80 names the GPU and its capability, fp16 is not built. Pure, for tests on any machine.
+struct PrecisionChoice {
+  Precision precision = Precision::fp32;
   std::string note;
 };
-// parse_device, query_gpus, choose_device and backend_for in one.
-SelectedDevice select_device(std::string_view text, int local_rank);
+PrecisionChoice choose_precision(Precision requested, const DeviceRequest& request,
+                                 DeviceKind chosen, std::string_view gpu_refusal);
+
+struct SelectedDevice {
+  Backend* backend = nullptr;
+  std::string note;  // device and precision notes, "; "-joined; empty when neither has one
+  Precision precision = Precision::fp32;  // what the run computes in (choose_precision)
+};
+// parse_device, query_gpus, choose_device, backend_for and choose_precision in one. The
+// backend's own precision is left as it is: the executor sets it for the steps
+// (runtime/executor.cpp), so the probe before them times fp32 products.
+SelectedDevice select_device(std::string_view text, int local_rank,
+                             std::string_view precision = "fp32");
 
 }  // namespace ht
