@@ -14,8 +14,10 @@
 // batch made there, and each timed step ends with the backend's synchronize(). Besides
 // samples/s it reports tokens/s and the model FLOP utilisation (3 x the forward FLOPs of
 // nn::cost_model a sample, over the step's time) against the GPU's bf16 dense peak from
-// the catalogue and against its GEMM rates measured here (probe/gpu_rates.h); the step
-// itself runs in fp32. Where no GPU is usable it exits 77 (skipped) with a line saying why.
+// the catalogue and against its GEMM rates measured here (probe/gpu_rates.h, in fp32 mode
+// before any step). --precision bf16 runs both paths' products on bf16 tensor cores
+// (train.precision bf16; sm_80+), everything else in fp32; the default is fp32. Where no
+// GPU is usable it exits 77 (skipped) with a line saying why.
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
 
@@ -183,7 +185,7 @@ double peak_mib_of(Backend& be, const std::function<void()>& setup, const std::f
 
 // The two paths step by step in turn (which goes first alternates), after `warmup` untimed
 // steps of each: both see the same seconds of this host, whose speed drifts.
-std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
+std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps, Precision precision) {
   const int64_t batch = w.input.shape()[0];
   Backend& be = w.input.backend();
   Timing training, plain;
@@ -205,6 +207,7 @@ std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
     train.batch_size = batch;
     train.optimizer.lr = kLr;
     train.optimizer.weight_decay = kWeightDecay;
+    train.precision = precision_name(precision);  // the executor sets the backend's mode
     // One process: its plan waits on no peer, so the bound is the config's default.
     ex = std::make_unique<runtime::Executor>(plan, exec_model, task, comm::world(), train,
                                              comm::Timeout(config::ParallelConfig{}.peer_timeout_s));
@@ -221,6 +224,7 @@ std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
     be.synchronize();
   };
   plain.peak_mib = peak_mib_of(be, [&] {
+    be.set_precision(precision);  // as the executor did: the model path in the same mode
     model = w.build();
     for (const auto& [name, p] : model.named_parameters()) p.rehome(be, false);
     optim::AdamWOptions o;
@@ -249,7 +253,7 @@ std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps) {
 int main(int argc, char** argv) {
   CLI::App app{"Time one training step of the reference models: the executor's training path and the plain model path"};
   int steps = 20, warmup = 3, threads = 1;
-  std::string json_path, models_arg = "mlp,cnn,gpt", device_text = "cpu";
+  std::string json_path, models_arg = "mlp,cnn,gpt", device_text = "cpu", precision_text = "fp32";
   app.add_option("--steps", steps, "Timed steps per model and path")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Untimed steps of each path first (the first also gives the peak memory)")
       ->check(CLI::Range(1, 1000000));
@@ -257,11 +261,16 @@ int main(int argc, char** argv) {
   app.add_option("--models", models_arg, "Comma-separated subset of mlp,cnn,gpt,gpt-large");
   app.add_option("--json", json_path, "Write the figures to this file");
   app.add_option("--device", device_text, "cpu, cuda (GPU 0), cuda:N or auto")->capture_default_str();
+  app.add_option("--precision", precision_text,
+                 "fp32, or bf16 (products on bf16 tensor cores, sm_80+) as train.precision")
+      ->check(CLI::IsMember(precision_names()))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   DeviceChoice device;
+  DeviceRequest request;
   try {
-    const DeviceRequest request = parse_device(device_text);
+    request = parse_device(device_text);
     const GpuAvailability gpus = query_gpus();
     if (request.kind == DeviceRequest::Kind::cuda && (!gpus.backend_built || gpus.count == 0)) {
       std::printf("bench_engine: --device %s: no GPU (%s); skipped\n", device_text.c_str(),
@@ -276,6 +285,17 @@ int main(int argc, char** argv) {
   if (!device.note.empty()) std::printf("%s\n", device.note.c_str());
   Backend& be = backend_for(device);
   const bool gpu = device.kind == DeviceKind::cuda;
+  Precision precision = Precision::fp32;
+  try {
+    const Precision wanted = parse_precision(precision_text);
+    const PrecisionChoice p = choose_precision(wanted, request, device.kind,
+                                               gpu ? be.precision_refusal(wanted) : std::string());
+    if (!p.note.empty()) std::printf("%s\n", p.note.c_str());
+    precision = p.precision;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_engine: --precision: %s\n", e.what());
+    return 2;
+  }
 
   set_thread_count(threads);
   std::vector<std::string> names;
@@ -321,7 +341,7 @@ int main(int argc, char** argv) {
     std::printf("cpu: fp32 GEMM %.1f GFLOP/s (measured, n = 1024)\n", fp32_gemm / 1e9);
   }
   report["rates"] = {{"fp32_gemm_flops", fp32_gemm}, {"bf16_gemm_flops", bf16_gemm}, {"bf16_peak_flops", bf16_peak},
-                     {"bf16_peak_source", peak_source}, {"step_precision", "fp32"}};
+                     {"bf16_peak_source", peak_source}, {"step_precision", precision_name(precision)}};
   auto share = [](double flops, double rate) { return rate > 0 ? flops / rate : 0.0; };
   std::printf("%-9s %-13s %10s %10s %11s %11s %8s %8s %8s %9s %11s  %s\n", "model", "path", "median ms", "min ms",
               "samples/s", "tokens/s", "MFU pk", "MFU bf16", "MFU fp32", "peak MiB", "faults/step", "workload");
@@ -329,7 +349,7 @@ int main(int argc, char** argv) {
     const double batch = static_cast<double>(w.input.shape()[0]);
     const double tokens = batch * static_cast<double>(w.predictions_per_sample);
     const double step_flops = 3 * forward_flops_per_sample(w.build()) * batch;
-    const auto [training, plain] = time_both(w, warmup, steps);
+    const auto [training, plain] = time_both(w, warmup, steps, precision);
     nlohmann::json entry = {{"workload", w.description}, {"flops_per_step", step_flops}};
     for (const auto& [path, t] : {std::pair{"training", &training}, std::pair{"model", &plain}}) {
       const double median = t->median_ms();
@@ -353,7 +373,10 @@ int main(int argc, char** argv) {
     report["models"][w.name] = entry;
   }
   std::printf("MFU = 3 x forward FLOPs x batch / step time; pk: against the bf16 dense peak, bf16 and fp32: "
-              "against the GEMM rates measured above (0 where not known). The step runs in fp32.\n");
+              "against the GEMM rates measured above (0 where not known). The step runs in %s%s.\n",
+              precision_name(precision),
+              precision == Precision::bf16 ? " (products on bf16 tensor cores, fp32 accumulation, "
+                                             "weights and every other op)" : "");
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     f << report.dump(2) << "\n";
