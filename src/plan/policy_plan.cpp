@@ -11,7 +11,7 @@ using Policy = config::SyncPolicy;
 
 PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& model, const ClusterModel& cluster) {
   PlannerInput in;
-  in.costs = block_costs(model, cluster, cfg.train.optimizer);
+  in.costs = block_costs(model, cluster, cfg.train.optimizer, cfg.train.precision);
   in.cluster = cluster;
   in.global_batch = cfg.train.batch_size;
   in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);

@@ -16,6 +16,7 @@
 #include "plan/block_costs.h"
 #include "plan/cluster_model.h"
 #include "plan/planner.h"
+#include "plan/policy_plan.h"
 #include "probe/fingerprint.h"
 #include "runtime/loss_scale.h"
 #include "tensor/tensor.h"
@@ -291,8 +292,7 @@ TEST_CASE("precision: under bf16 the planner prices a GPU rank's products at its
   // the optimiser steps (bounded by 64 micro-batches' calls).
   plan::ClusterModel one = c;
   one.ranks.resize(1);
-  one.latency_s = {{0}};
-  one.bandwidth_bytes_per_s = {{0}};
+  one.links = plan::Links::uniform(1, 0, 0);
   auto step = [&](const char* precision) {
     const plan::BlockCosts k = plan::block_costs(model, one, config::OptimizerConfig{}, precision);
     return plan::make_plan(plan::fixtures::input(one, k, 64, "data")).predicted.step_seconds;
@@ -305,6 +305,13 @@ TEST_CASE("precision: under bf16 the planner prices a GPU rank's products at its
   CHECK(s16 >= products16);
   CHECK(s16 <= products16 + fixed_bound);
   CHECK(s32 / s16 > 13.0);  // 14 less what the fixed part takes off
+
+  // The planner's input takes the config's train.precision.
+  config::Config cfg = config::parse_config(config_with_precision("\"bf16\""), "p.json");
+  const plan::PlannerInput in16 = plan::planner_input_for(cfg, model, one);
+  cfg.train.precision = "fp32";
+  const plan::PlannerInput in32 = plan::planner_input_for(cfg, model, one);
+  CHECK(in32.costs.seconds_per_sample[0][0] / in16.costs.seconds_per_sample[0][0] == doctest::Approx(14.0));
 
   // Without a probed bf16 figure, the datasheet's bf16 peak x the catalogue's efficiency.
   const std::string catalogue = (test_fixtures::source_root() / "configs" / "devices.json").string();
