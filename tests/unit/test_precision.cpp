@@ -290,9 +290,13 @@ TEST_CASE("precision: under bf16 the planner prices a GPU rank's products at its
   // The H200 alone, 64 samples: the step is the products (64 x 2 x 3e10 / rate) plus a
   // fixed part the precision does not change, at most the calls of every micro-batch and
   // the optimiser steps (bounded by 64 micro-batches' calls).
-  plan::ClusterModel one = c;
-  one.ranks.resize(1);
-  one.links = plan::Links::uniform(1, 0, 0);
+  nlohmann::json alone = cluster_file();
+  alone["world_size"] = 1;
+  alone["ranks"] = {alone["ranks"][0]};
+  alone["links"] = {{"latency_s", {{0}}}, {"bandwidth_bytes_per_s", {{0}}}};
+  const std::string alone_path = dir / "alone.json";
+  std::ofstream(alone_path) << alone.dump(2);
+  const plan::ClusterModel one = plan::load_cluster_model(alone_path, "/nonexistent/devices.json", 1);
   auto step = [&](const char* precision) {
     const plan::BlockCosts k = plan::block_costs(model, one, config::OptimizerConfig{}, precision);
     return plan::make_plan(plan::fixtures::input(one, k, 64, "data")).predicted.step_seconds;
