@@ -14,9 +14,11 @@
 // (mul_scalar and a sum), and reads one float per gradient back to the host.
 //
 // Not wired: the executor does not use it, and train.precision "fp16" is refused as not
-// built (backend/cuda/device_select.h). Wiring it needs the bad-node guard
-// (runtime/guard.h) to tell an overflow of the scale, which every replica sees at once and
-// skips, from a bad contribution, which it leaves out.
+// built (the CUDA backend's precision_refusal). After an overflow every replica must skip
+// the step and halve its scale together, whereas the bad-node guard (runtime/guard.h)
+// treats a non-finite gradient as a bad contribution, leaving that replica out and
+// counting it towards quarantine; wiring it needs the replicas to agree on the overflow
+// before the guard judges.
 #pragma once
 
 #include <cstdint>
