@@ -4,11 +4,13 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <utility>
 
 #include "config/json_schema.h"
 #include "core/error.h"
@@ -22,8 +24,8 @@ namespace {
 
 // Memory capacities are sold in GiB while the datasheet says "GB".
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// The link matrix is dense (n^2 doubles twice), so a typo like 80000xrtx3060 would
-// ask for gigabytes; 4,096 ranks (~270 MB of matrix) is beyond any cluster we plan.
+// A typo like 80000xrtx3060 would plan for minutes; 4,096 ranks is beyond any cluster
+// we plan.
 constexpr int64_t kMaxSynthRanks = 4096;
 constexpr const char* kDefaultLink = "pcie";
 
@@ -248,10 +250,10 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catal
     c.ranks.push_back(d);
     any_blocks = any_blocks || !r.blocks.empty();
   }
-  c.latency_s = fp.links.latency_s;
-  c.bandwidth_bytes_per_s = fp.links.bandwidth_bytes_per_s;
-  bound_link_outliers(c.latency_s, true);
-  bound_link_outliers(c.bandwidth_bytes_per_s, false);
+  std::vector<std::vector<double>> latency = fp.links.latency_s, bandwidth = fp.links.bandwidth_bytes_per_s;
+  bound_link_outliers(latency, true);
+  bound_link_outliers(bandwidth, false);
+  c.links = Links::from_matrices(std::move(latency), std::move(bandwidth));
   if (any_blocks)
     for (const auto& r : fp.ranks) {
       std::vector<double> row, step, call;
@@ -331,9 +333,7 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
     c.ranks.insert(c.ranks.end(), static_cast<size_t>(count), m);
   }
   const size_t n = c.ranks.size();
-  c.latency_s.assign(n, std::vector<double>(n, lc->latency_s));
-  c.bandwidth_bytes_per_s.assign(n, std::vector<double>(n, lc->bandwidth_bytes_per_s));
-  for (size_t i = 0; i < n; ++i) c.latency_s[i][i] = c.bandwidth_bytes_per_s[i][i] = 0;
+  c.links = Links::uniform(n, lc->latency_s, lc->bandwidth_bytes_per_s);
   return c;
 }
 
@@ -353,30 +353,181 @@ bool same_row(const std::vector<std::vector<double>>& t, size_t a, size_t b) {
   return t[a] == t[b];
 }
 
-bool same_links(const std::vector<std::vector<double>>& m, size_t a, size_t b) {
-  if (m[a][b] != m[b][a]) return false;
-  for (size_t x = 0; x < m.size(); ++x)
-    if (x != a && x != b && (m[a][x] != m[b][x] || m[x][a] != m[x][b])) return false;
+// Pairwise, for links that are not symmetric (where link tiers compare no two ranks).
+bool same_links(const Links& l, size_t a, size_t b) {
+  if (l.latency(a, b) != l.latency(b, a) || l.bandwidth(a, b) != l.bandwidth(b, a)) return false;
+  for (size_t x = 0; x < l.size(); ++x)
+    if (x != a && x != b &&
+        (l.latency(a, x) != l.latency(b, x) || l.latency(x, a) != l.latency(x, b) ||
+         l.bandwidth(a, x) != l.bandwidth(b, x) || l.bandwidth(x, a) != l.bandwidth(x, b)))
+      return false;
   return true;
 }
 
-bool interchangeable(const ClusterModel& c, size_t a, size_t b) {
+// `tier`: Links::tiers of every rank (empty: compared pairwise).
+bool interchangeable(const ClusterModel& c, const std::vector<int>& tier, size_t a, size_t b) {
   return same_device(c.ranks[a], c.ranks[b]) && same_row(c.block_seconds, a, b) &&
          same_row(c.block_step_seconds, a, b) && same_row(c.block_call_seconds, a, b) &&
-         same_links(c.latency_s, a, b) && same_links(c.bandwidth_bytes_per_s, a, b);
+         (tier.empty() ? same_links(c.links, a, b) : tier[a] == tier[b]);
 }
 
 }  // namespace
 
+Links Links::uniform(size_t ranks, double latency_s, double bandwidth_bytes_per_s) {
+  Links l;
+  l.site_.assign(ranks, 0);
+  l.lat_ = {{latency_s}};
+  l.bw_ = {{bandwidth_bytes_per_s}};
+  return l;
+}
+
+Links Links::from_matrices(std::vector<std::vector<double>> latency_s,
+                           std::vector<std::vector<double>> bandwidth_bytes_per_s) {
+  const size_t n = latency_s.size();
+  std::vector<size_t> site(n);
+  for (size_t i = 0; i < n; ++i) site[i] = i;
+  return by_site(std::move(site), std::move(latency_s), std::move(bandwidth_bytes_per_s));
+}
+
+Links Links::by_site(std::vector<size_t> site, std::vector<std::vector<double>> latency_s,
+                     std::vector<std::vector<double>> bandwidth_bytes_per_s) {
+  const size_t n = latency_s.size();
+  HT_CHECK(bandwidth_bytes_per_s.size() == n, "link tables: latency of ", n, " rows, bandwidth of ",
+           bandwidth_bytes_per_s.size(), "; expected one row per site in each");
+  for (size_t i = 0; i < n; ++i)
+    HT_CHECK(latency_s[i].size() == n && bandwidth_bytes_per_s[i].size() == n, "link tables: row ", i, " has ",
+             latency_s[i].size(), " latencies and ", bandwidth_bytes_per_s[i].size(), " bandwidths; expected ", n,
+             " of each (square tables)");
+  for (size_t r = 0; r < site.size(); ++r)
+    HT_CHECK(site[r] < n, "link tables: rank ", r, " is on site ", site[r], "; expected a site below ", n);
+  Links l;
+  l.site_ = std::move(site);
+  l.lat_ = std::move(latency_s);
+  l.bw_ = std::move(bandwidth_bytes_per_s);
+  return l;
+}
+
+size_t Links::own_site(size_t rank) {
+  const size_t s = site_[rank];
+  if (std::count(site_.begin(), site_.end(), s) == 1) return s;
+  const size_t t = lat_.size();
+  for (auto* table : {&lat_, &bw_}) {
+    for (auto& row : *table) row.push_back(row[s]);  // [u][t] = [u][s]; [s][t] = [s][s]
+    table->push_back((*table)[s]);                   // [t][u] = [s][u]; [t][s] = [s][s]
+  }
+  site_[rank] = t;
+  return t;
+}
+
+void Links::set_latency(size_t i, size_t j, double latency_s) {
+  HT_CHECK(i != j && i < size() && j < size(), "links: latency from rank ", i, " to rank ", j, " of ", size(),
+           "; expected two different ranks of the cluster");
+  const size_t a = own_site(i), b = own_site(j);
+  lat_[a][b] = latency_s;
+}
+
+void Links::set_bandwidth(size_t i, size_t j, double bandwidth_bytes_per_s) {
+  HT_CHECK(i != j && i < size() && j < size(), "links: bandwidth from rank ", i, " to rank ", j, " of ", size(),
+           "; expected two different ranks of the cluster");
+  const size_t a = own_site(i), b = own_site(j);
+  bw_[a][b] = bandwidth_bytes_per_s;
+}
+
+void Links::add_rank(double latency_s, double bandwidth_bytes_per_s) {
+  const size_t t = lat_.size();
+  for (auto [table, v] : {std::pair{&lat_, latency_s}, std::pair{&bw_, bandwidth_bytes_per_s}}) {
+    for (auto& row : *table) row.push_back(v);
+    table->emplace_back(t + 1, v);
+  }
+  site_.push_back(t);
+}
+
+Links Links::of(const std::vector<int>& ranks) const {
+  Links l;
+  std::vector<size_t> local(lat_.size(), SIZE_MAX), used;  // [site] its new number; [new] the site
+  for (int r : ranks) {
+    size_t& u = local[site_.at(static_cast<size_t>(r))];
+    if (u == SIZE_MAX) {
+      u = used.size();
+      used.push_back(site_[static_cast<size_t>(r)]);
+    }
+    l.site_.push_back(u);
+  }
+  for (auto [to, from] : {std::pair{&l.lat_, &lat_}, std::pair{&l.bw_, &bw_}}) {
+    to->assign(used.size(), std::vector<double>(used.size()));
+    for (size_t a = 0; a < used.size(); ++a)
+      for (size_t b = 0; b < used.size(); ++b) (*to)[a][b] = (*from)[used[a]][used[b]];
+  }
+  return l;
+}
+
+std::vector<int> Links::tiers(const std::vector<int>& ranks) const {
+  const size_t m = ranks.size();
+  std::vector<size_t> local(lat_.size(), SIZE_MAX), used;  // [site] its number among ranks'; [number] the site
+  std::vector<std::vector<size_t>> reps;                   // [number] its first three positions
+  std::vector<size_t> number_of(m);                        // [position] its site's number
+  for (size_t p = 0; p < m; ++p) {
+    const size_t s = site_.at(static_cast<size_t>(ranks[p]));
+    if (local[s] == SIZE_MAX) {
+      local[s] = used.size();
+      used.push_back(s);
+      reps.emplace_back();
+    }
+    number_of[p] = local[s];
+    if (reps[local[s]].size() < 3) reps[local[s]].push_back(p);
+  }
+  for (size_t a = 0; a < used.size(); ++a)
+    for (size_t b = a + 1; b < used.size(); ++b)
+      if (lat_[used[a]][used[b]] != lat_[used[b]][used[a]] || bw_[used[a]][used[b]] != bw_[used[b]][used[a]]) return {};
+  // The representatives' tiers, rank by rank as over every pair: a position joins the
+  // tier of the first earlier one whose links to every other representative are its own.
+  std::vector<size_t> rep;
+  for (const auto& r : reps) rep.insert(rep.end(), r.begin(), r.end());
+  std::sort(rep.begin(), rep.end());
+  const auto site_at = [&](size_t p) { return used[number_of[p]]; };
+  const auto same_row = [&](size_t p, size_t f) {
+    const size_t sp = site_at(p), sf = site_at(f);
+    for (size_t q : rep) {
+      if (q == p || q == f) continue;
+      const size_t sq = site_at(q);
+      if (lat_[sp][sq] != lat_[sf][sq] || bw_[sp][sq] != bw_[sf][sq]) return false;
+    }
+    return true;
+  };
+  std::vector<size_t> firsts;                               // [representative tier] its first position
+  std::vector<int> tier_of_number(used.size(), -1);         // [number] its representatives' tier
+  for (size_t p : rep) {
+    int& t = tier_of_number[number_of[p]];
+    if (t >= 0) continue;  // a site's ranks are alike: its first representative decided
+    for (size_t k = 0; k < firsts.size() && t < 0; ++k)
+      if (same_row(p, firsts[k])) t = static_cast<int>(k);
+    if (t < 0) {
+      t = static_cast<int>(firsts.size());
+      firsts.push_back(p);
+    }
+  }
+  // Numbered in the order of their first position.
+  std::vector<int> renumber(firsts.size(), -1), out(m);
+  int next = 0;
+  for (size_t p = 0; p < m; ++p) {
+    int& r = renumber[static_cast<size_t>(tier_of_number[number_of[p]])];
+    if (r < 0) r = next++;
+    out[p] = r;
+  }
+  return out;
+}
+
 std::vector<std::vector<int>> device_classes(const ClusterModel& cluster) {
   const size_t n = cluster.ranks.size();
-  HT_CHECK(cluster.latency_s.size() == n && cluster.bandwidth_bytes_per_s.size() == n,
-           "device_classes: ", n, " ranks but link matrices of ", cluster.latency_s.size(), " and ",
-           cluster.bandwidth_bytes_per_s.size(), " rows; expected one row per rank");
+  HT_CHECK(cluster.links.size() == n, "device_classes: ", n, " ranks but links of ", cluster.links.size(),
+           "; expected the links of every rank");
+  std::vector<int> all(n);
+  for (size_t r = 0; r < n; ++r) all[r] = static_cast<int>(r);
+  const std::vector<int> tier = cluster.links.tiers(all);
   std::vector<std::vector<int>> classes;
   for (size_t r = 0; r < n; ++r) {
     auto it = std::find_if(classes.begin(), classes.end(), [&](const std::vector<int>& k) {
-      return interchangeable(cluster, static_cast<size_t>(k.front()), r);
+      return interchangeable(cluster, tier, static_cast<size_t>(k.front()), r);
     });
     if (it == classes.end()) classes.push_back({static_cast<int>(r)});
     else it->push_back(static_cast<int>(r));

@@ -1,10 +1,11 @@
-// The planner's view of a cluster: per-rank speed and memory plus the link matrix, in
+// The planner's view of a cluster: per-rank speed and memory plus the links, in
 // SI units. It comes either from a probe file (measured; what real runs are planned
 // from) or from a synthetic spec over the datasheet catalogue configs/devices.json
 // (for planning clusters one does not have). The planner sees no difference between
 // the two except `measured`, so the same plan code serves both.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,10 +37,58 @@ struct DeviceModel {
   const std::string& label() const { return id.empty() ? name : id; }
 };
 
+// The links of a cluster's ranks, one way: latency (s) and bandwidth (bytes/s), 0 from a
+// rank to itself. Held by site: every rank has a site id, and the links between two ranks
+// are their sites' entry in a table [site][site] (two ranks of one site: [s][s]), so that
+// a cluster with structure costs O(ranks + sites^2): a synthetic one is one site (one link
+// class for every pair: 4,096 ranks in a few bytes, where dense matrices would be 268 MB). A probe
+// file's measured pairs are a site per rank, the table its matrices (dense, O(ranks^2);
+// probe files hold at most a few hundred ranks). Setting one pair moves its two ranks to
+// sites of their own (their other links copied), so every edit stays exact.
+class Links {
+ public:
+  Links() = default;
+  // `ranks` ranks, every pair joined by the same link.
+  static Links uniform(size_t ranks, double latency_s, double bandwidth_bytes_per_s);
+  // Dense [i][j] matrices (square, of one size): a site per rank.
+  static Links from_matrices(std::vector<std::vector<double>> latency_s,
+                             std::vector<std::vector<double>> bandwidth_bytes_per_s);
+  // [rank] its site, and the tables [site][site] (square, covering every site named).
+  static Links by_site(std::vector<size_t> site, std::vector<std::vector<double>> latency_s,
+                       std::vector<std::vector<double>> bandwidth_bytes_per_s);
+
+  size_t size() const { return site_.size(); }
+  double latency(size_t i, size_t j) const { return i == j ? 0 : lat_[site_[i]][site_[j]]; }
+  double bandwidth(size_t i, size_t j) const { return i == j ? 0 : bw_[site_[i]][site_[j]]; }
+  // One way, i to j (i != j).
+  void set_latency(size_t i, size_t j, double latency_s);
+  void set_bandwidth(size_t i, size_t j, double bandwidth_bytes_per_s);
+  // A new last rank, linked to and from every other rank by these figures.
+  void add_rank(double latency_s, double bandwidth_bytes_per_s);
+  // The links among `ranks` alone, in that order.
+  Links of(const std::vector<int>& ranks) const;
+
+  // [rank] its site, and the number of sites (some possibly without a rank).
+  const std::vector<size_t>& sites() const { return site_; }
+  size_t site_count() const { return lat_.size(); }
+  // Link tiers of `ranks` (positions into it): ranks whose links are interchangeable, the
+  // same latency and bandwidth to and from every third rank of `ranks` and the same both
+  // ways between the two, numbered in the order of their first position; empty when the
+  // links among `ranks` are not symmetric (then no two ranks are compared alike). Found
+  // over sites: two ranks of one site are always alike, and two sites compare as up to
+  // three ranks of each would (whether a site holds a third rank beside the two is all its
+  // size tells): O(ranks + sites^2 x tiers).
+  std::vector<int> tiers(const std::vector<int>& ranks) const;
+
+ private:
+  size_t own_site(size_t rank);  // moves `rank` to a site of its own, its links as they were
+  std::vector<size_t> site_;
+  std::vector<std::vector<double>> lat_, bw_;  // [site][site]
+};
+
 struct ClusterModel {
   std::vector<DeviceModel> ranks;
-  std::vector<std::vector<double>> latency_s;              // [i][j], one way; 0 on the diagonal
-  std::vector<std::vector<double>> bandwidth_bytes_per_s;  // [i][j]; 0 on the diagonal
+  Links links;
   std::string source;  // "probe FILE" or the "synth:..." spec
   // Optional: [rank][block] measured forward + backward seconds per sample from
   // `probe --model`; empty otherwise.
@@ -125,7 +174,9 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
 // DeviceModel field, in its profile rows (block_seconds, block_step_seconds,
 // block_call_seconds) and in its links: the same latency and bandwidth to and from every
 // third rank, and the same both ways between the two (their link tier). Classes are
-// listed in the order of their lowest rank, ranks ascending; O(ranks^2 x classes).
+// listed in the order of their lowest rank, ranks ascending. O(ranks x classes) over the
+// link tiers (Links::tiers) where the links are symmetric; pairwise otherwise,
+// O(ranks^2 x classes).
 std::vector<std::vector<int>> device_classes(const ClusterModel& cluster);
 
 // "synth:..." or the path of a `hetrain probe --json` file. With `world_size`, a

@@ -25,8 +25,8 @@ std::vector<int64_t> shares_by_speed(int64_t samples, const std::vector<double>&
 
 // The data-parallel plan of `data` with only `ranks` (world ranks) in it, one replica
 // each, taking `shares`, the other ranks idle: a group's synchronous step, priced on the
-// world's cluster and tiers as they are (a group's own renumbered cluster would copy its
-// link matrices, hundreds of MB at thousands of ranks). Each rank keeps its replica's
+// world's cluster and tiers as they are (a group's own renumbered cluster would find its
+// tiers again, and copy a probe file's dense links). Each rank keeps its replica's
 // micro-batches and recomputation from `data`.
 Plan group_only(const Plan& data, const BlockCosts& costs, const std::vector<int>& ranks,
                 const std::vector<int64_t>& shares) {

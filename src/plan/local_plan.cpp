@@ -45,16 +45,10 @@ BlockCosts costs_of(const BlockCosts& costs, const std::vector<int>& ranks) {
 ClusterModel cluster_of(const ClusterModel& cluster, const std::vector<int>& ranks) {
   ClusterModel out;
   out.source = cluster.source;
+  out.links = cluster.links.of(ranks);
   for (int a : ranks) {
     const auto i = static_cast<size_t>(a);
     out.ranks.push_back(cluster.ranks[i]);
-    std::vector<double> lat, bw;
-    for (int b : ranks) {
-      lat.push_back(cluster.latency_s[i][static_cast<size_t>(b)]);
-      bw.push_back(cluster.bandwidth_bytes_per_s[i][static_cast<size_t>(b)]);
-    }
-    out.latency_s.push_back(lat);
-    out.bandwidth_bytes_per_s.push_back(bw);
     if (i < cluster.block_seconds.size()) out.block_seconds.push_back(cluster.block_seconds[i]);
     if (i < cluster.block_step_seconds.size()) out.block_step_seconds.push_back(cluster.block_step_seconds[i]);
     if (i < cluster.block_call_seconds.size()) out.block_call_seconds.push_back(cluster.block_call_seconds[i]);

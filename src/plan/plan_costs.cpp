@@ -14,8 +14,9 @@ namespace {
 // A message waits for its receiver to wake as well as for the link.
 double message_seconds(const ClusterModel& c, int src, int dst, double bytes) {
   if (src == dst) return 0;
-  const double bw = c.bandwidth_bytes_per_s[src][dst];
-  return c.latency_s[src][dst] + (bw > 0 ? bytes / bw : 0) +
+  const auto s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
+  const double bw = c.links.bandwidth(s, d);
+  return c.links.latency(s, d) + (bw > 0 ? bytes / bw : 0) +
          wake_seconds(c.ranks[static_cast<size_t>(dst)]);
 }
 
@@ -58,49 +59,22 @@ LinkTiers link_tiers(const ClusterModel& cluster) {
 
 LinkTiers link_tiers(const ClusterModel& cluster, const std::vector<int>& ranks) {
   const size_t m = ranks.size();
-  const auto& lat = cluster.latency_s;
-  const auto& bw = cluster.bandwidth_bytes_per_s;
-  HT_CHECK(lat.size() == cluster.ranks.size() && bw.size() == cluster.ranks.size(), "link_tiers: ",
-           cluster.ranks.size(), " ranks but link matrices of ", lat.size(), " and ", bw.size(),
-           " rows; expected one row per rank");
+  HT_CHECK(cluster.links.size() == cluster.ranks.size(), "link_tiers: ", cluster.ranks.size(),
+           " ranks but links of ", cluster.links.size(), "; expected the links of every rank");
   LinkTiers t;
-  t.tier.assign(m, -1);
-  // Symmetric matrices make a rank's column its row, so that comparing rows is enough;
-  // checked in tiles, since a column is a strided read.
-  constexpr size_t kTile = 64;
-  bool symmetric = true;
-  for (size_t a0 = 0; a0 < m && symmetric; a0 += kTile)
-    for (size_t b0 = a0; b0 < m && symmetric; b0 += kTile)
-      for (size_t a = a0; a < std::min(m, a0 + kTile); ++a) {
-        const auto ra = static_cast<size_t>(ranks[a]);
-        for (size_t b = std::max(b0, a + 1); b < std::min(m, b0 + kTile); ++b) {
-          const auto rb = static_cast<size_t>(ranks[b]);
-          if (lat[ra][rb] != lat[rb][ra] || bw[ra][rb] != bw[rb][ra]) symmetric = false;
-        }
-      }
-  std::vector<size_t> first_at;  // [tier] the position of its first rank
-  auto same_row = [&](size_t p, size_t f) {
-    const auto rp = static_cast<size_t>(ranks[p]), rf = static_cast<size_t>(ranks[f]);
-    const std::vector<double>&lp = lat[rp], &lf = lat[rf], &bp = bw[rp], &bf = bw[rf];
-    for (size_t q = 0; q < m; ++q) {
-      if (q == p || q == f) continue;
-      const auto rq = static_cast<size_t>(ranks[q]);
-      if (lp[rq] != lf[rq] || bp[rq] != bf[rq]) return false;
-    }
-    return true;
-  };
+  t.tier = cluster.links.tiers(ranks);
+  if (t.tier.size() != m) {  // not symmetric: a tier per rank
+    t.tier.resize(m);
+    std::iota(t.tier.begin(), t.tier.end(), 0);
+  }
   for (size_t p = 0; p < m; ++p) {
-    for (size_t k = 0; symmetric && k < first_at.size(); ++k)
-      if (same_row(p, first_at[k])) {
-        t.tier[p] = static_cast<int>(k);
-        if (t.second[k] < 0) t.second[k] = ranks[p];
-        break;
-      }
-    if (t.tier[p] >= 0) continue;
-    t.tier[p] = static_cast<int>(first_at.size());
-    first_at.push_back(p);
-    t.first.push_back(ranks[p]);
-    t.second.push_back(-1);
+    const auto k = static_cast<size_t>(t.tier[p]);
+    if (k == t.first.size()) {
+      t.first.push_back(ranks[p]);
+      t.second.push_back(-1);
+    } else if (t.second[k] < 0) {
+      t.second[k] = ranks[p];
+    }
   }
   return t;
 }
@@ -112,8 +86,7 @@ namespace {
 bool alike_devices(const ClusterModel& c, int a, int b) {
   ClusterModel two;
   two.ranks = {c.ranks[static_cast<size_t>(a)], c.ranks[static_cast<size_t>(b)]};
-  two.latency_s = {{0, 1}, {1, 0}};
-  two.bandwidth_bytes_per_s = {{0, 1}, {1, 0}};
+  two.links = Links::uniform(2, 1, 1);
   auto rows = [&](const std::vector<std::vector<double>>& t) {  // an absent row as an empty one
     auto row = [&](int r) {
       return static_cast<size_t>(r) < t.size() ? t[static_cast<size_t>(r)] : std::vector<double>{};
@@ -229,8 +202,8 @@ AllreduceTerms allreduce_terms(const ClusterModel& cluster, const std::vector<in
         const auto a = static_cast<size_t>(t.first[static_cast<size_t>(ids[u])]);
         const auto b = static_cast<size_t>(v != u ? t.first[static_cast<size_t>(ids[v])]
                                                   : t.second[static_cast<size_t>(ids[u])]);
-        latency = std::max(latency, cluster.latency_s[a][b]);
-        const double bw = cluster.bandwidth_bytes_per_s[a][b];
+        latency = std::max(latency, cluster.links.latency(a, b));
+        const double bw = cluster.links.bandwidth(a, b);
         if (bw > 0 && (slowest == 0 || bw < slowest)) slowest = bw;
       }
     }

@@ -26,12 +26,13 @@ double wake_seconds(const DeviceModel& d);
 
 // Link tiers of a cluster: ranks whose links are interchangeable, the same latency and
 // bandwidth to and from every third rank and the same both ways between the two (the
-// link part of device_classes, cluster_model.h). The link matrices are then constant over
+// link part of device_classes, cluster_model.h). The links are then constant over
 // every pair of tiers and within a tier, so the all-reduce below prices a group tier by
 // tier: O(members + tiers^2), where pricing every pair was O(members^2) (at 4,096 ranks
 // most of the planner's time). Tiers are numbered in the order of their lowest rank.
-// Found in O(ranks^2 x tiers) over contiguous rows once the matrices are seen to be
-// symmetric; a cluster whose matrices are not symmetric gets a tier per rank.
+// Found over the links' sites (Links::tiers): O(ranks + sites^2 x tiers), one site for a
+// synthetic cluster, a site per rank for a probe file's; a cluster whose links are not
+// symmetric gets a tier per rank.
 struct LinkTiers {
   std::vector<int> tier;    // [position]: of rank ranks[position] (of every rank: position = rank)
   std::vector<int> first;   // [tier] its lowest world rank
@@ -43,8 +44,7 @@ LinkTiers link_tiers(const ClusterModel& cluster, const std::vector<int>& ranks)
 
 // Ranks the planner may swap for one another without changing a figure: the classes of
 // device_classes (cluster_model.h), found as the same link tier and alike devices (their
-// DeviceModel and profile rows; device_classes compares every pair's links column by
-// column, seconds at 4,096 ranks), split further where the block costs differ (a
+// DeviceModel and profile rows), split further where the block costs differ (a
 // calibrated communication overhead). [rank] -> class, numbered in the order of their
 // lowest rank.
 std::vector<int> cost_classes(const ClusterModel& cluster, const BlockCosts& costs, const LinkTiers& tiers);
@@ -99,8 +99,8 @@ struct PlanCostTable {
 PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
                               const ClusterModel& cluster, const LinkTiers* tiers = nullptr);
 
-// The model reads `cluster`, which must outlive it (a copy of the link matrices was most
-// of the planner's time at 4,096 ranks, where they hold 268 MB).
+// The model reads `cluster`, which must outlive it (a probe file's cluster holds dense
+// link matrices, not worth a copy per model).
 CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable> table,
                           const ClusterModel& cluster);
 

@@ -12,15 +12,23 @@ namespace ht::plan {
 
 void mark_slow_links(Plan& p, const ClusterModel& c) {
   const size_t n = c.ranks.size();
-  if (n < 3 || c.latency_s.size() != n) return;
+  if (n < 3 || c.links.size() != n) return;
   std::vector<double> typical(n);
+  // Ranks of one site see the same links to every other rank: one median per site.
+  std::vector<int> done(c.links.site_count(), -1);  // [site] a rank whose median is known
   for (size_t i = 0; i < n; ++i) {
+    int& known = done[c.links.sites()[i]];
+    if (known >= 0) {
+      typical[i] = typical[static_cast<size_t>(known)];
+      continue;
+    }
     std::vector<double> t;
     for (size_t j = 0; j < n; ++j)
-      if (j != i && c.bandwidth_bytes_per_s[i][j] > 0)
-        t.push_back(c.latency_s[i][j] + kSlowLinkProbeBytes / c.bandwidth_bytes_per_s[i][j]);
+      if (j != i && c.links.bandwidth(i, j) > 0)
+        t.push_back(c.links.latency(i, j) + kSlowLinkProbeBytes / c.links.bandwidth(i, j));
     if (t.empty()) return;
     typical[i] = median(std::move(t));
+    known = static_cast<int>(i);
   }
   const double cluster_typical = median(typical);
   if (!(cluster_typical > 0)) return;  // free links: nothing is slower than free by a factor

@@ -33,7 +33,7 @@ Policy policy_of(const Plan& plan) {
 // events were given for (joined ranks get ids from that world's size up).
 struct Phase {
   Plan plan;
-  // Shared: at thousands of ranks a cluster's link matrices are hundreds of MB.
+  // Shared: a probe file's cluster holds its links as dense matrices.
   std::shared_ptr<const BlockCosts> costs_ptr;
   std::shared_ptr<const ClusterModel> cluster_ptr;
   const BlockCosts& costs() const { return *costs_ptr; }
@@ -204,8 +204,10 @@ class Play {
       const int a = phase_.index_of(e.rank), b = phase_.index_of(e.peer);
       if (a < 0 || b < 0) continue;
       const auto i = static_cast<size_t>(a), j = static_cast<size_t>(b);
-      c.latency_s[i][j] = c.latency_s[j][i] = e.latency_s;
-      c.bandwidth_bytes_per_s[i][j] = c.bandwidth_bytes_per_s[j][i] = e.bandwidth_bytes_per_s;
+      c.links.set_latency(i, j, e.latency_s);
+      c.links.set_latency(j, i, e.latency_s);
+      c.links.set_bandwidth(i, j, e.bandwidth_bytes_per_s);
+      c.links.set_bandwidth(j, i, e.bandwidth_bytes_per_s);
     }
     return c;
   }
@@ -364,17 +366,10 @@ class Play {
     ClusterModel c = phase_.cluster();
     const DeviceModel device = cluster_from_synth("synth:1x" + e.device, in_.catalogue_path).ranks.at(0);
     std::vector<double> lat, bw;
-    for (size_t j = 1; j < c.ranks.size(); ++j) lat.push_back(c.latency_s[0][j]), bw.push_back(c.bandwidth_bytes_per_s[0][j]);
+    for (size_t j = 1; j < c.ranks.size(); ++j) lat.push_back(c.links.latency(0, j)), bw.push_back(c.links.bandwidth(0, j));
     const double latency = lat.empty() ? 0 : median(lat), bandwidth = bw.empty() ? 1e9 : median(bw);
-    for (size_t i = 0; i < c.ranks.size(); ++i) {
-      c.latency_s[i].push_back(latency);
-      c.bandwidth_bytes_per_s[i].push_back(bandwidth);
-    }
     c.ranks.push_back(device);
-    c.latency_s.emplace_back(c.ranks.size(), latency);
-    c.bandwidth_bytes_per_s.emplace_back(c.ranks.size(), bandwidth);
-    c.latency_s.back().back() = 0;
-    c.bandwidth_bytes_per_s.back().back() = 0;
+    c.links.add_rank(latency, bandwidth);
     // The joined rank is modelled from its datasheet (no profile row of its own).
     for (auto* rows : {&c.block_seconds, &c.block_step_seconds, &c.block_call_seconds})
       if (!rows->empty()) rows->resize(c.ranks.size());

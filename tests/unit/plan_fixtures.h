@@ -27,11 +27,19 @@ inline ClusterModel cluster(const std::vector<double>& flops, const std::vector<
     d.memory_bytes = memory[i];
     c.ranks.push_back(d);  // memory_bandwidth 0: optimiser steps and loads cost nothing
   }
-  c.latency_s.assign(n, std::vector<double>(n, latency));
-  c.bandwidth_bytes_per_s.assign(n, std::vector<double>(n, bandwidth));
-  for (size_t i = 0; i < n; ++i) c.latency_s[i][i] = c.bandwidth_bytes_per_s[i][i] = 0;
+  c.links = Links::uniform(n, latency, bandwidth);
   c.source = "hand-built";
   return c;
+}
+
+// The link between ranks i and j (i != j), both ways.
+inline void set_latency(ClusterModel& c, size_t i, size_t j, double latency) {
+  c.links.set_latency(i, j, latency);
+  c.links.set_latency(j, i, latency);
+}
+inline void set_bandwidth(ClusterModel& c, size_t i, size_t j, double bandwidth) {
+  c.links.set_bandwidth(i, j, bandwidth);
+  c.links.set_bandwidth(j, i, bandwidth);
 }
 
 // `blocks` identical blocks: 1e6 params, 1e9 FLOPs, 1 MB of activations and 64 KB in and

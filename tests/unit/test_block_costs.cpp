@@ -30,8 +30,7 @@ ClusterModel two_ranks() {
   slow.flops = 5e10;
   slow.memory_bytes = 1e9;
   c.ranks = {fast, slow};
-  c.latency_s = {{0, 1e-5}, {1e-5, 0}};
-  c.bandwidth_bytes_per_s = {{0, 1e9}, {1e9, 0}};
+  c.links = plan::Links::uniform(2, 1e-5, 1e9);
   c.source = "hand-built";
   return c;
 }

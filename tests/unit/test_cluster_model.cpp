@@ -83,13 +83,13 @@ TEST_CASE("cluster: synth spec gives ranks in order with one link class") {
   CHECK(c.block_seconds.empty());
   for (size_t i = 0; i < 6; ++i)
     for (size_t j = 0; j < 6; ++j) {
-      CHECK(c.latency_s[i][j] == doctest::Approx(i == j ? 0 : 50e-6));
-      CHECK(c.bandwidth_bytes_per_s[i][j] == doctest::Approx(i == j ? 0 : 1.2e9));
+      CHECK(c.links.latency(i, j) == doctest::Approx(i == j ? 0 : 50e-6));
+      CHECK(c.links.bandwidth(i, j) == doctest::Approx(i == j ? 0 : 1.2e9));
     }
   // No @: every pair is pcie.
   ClusterModel d = cluster_from_synth("synth:1xrtx4090,1xh100", catalogue());
-  CHECK(d.latency_s[0][1] == doctest::Approx(5e-6));
-  CHECK(d.bandwidth_bytes_per_s[1][0] == doctest::Approx(25e9));
+  CHECK(d.links.latency(0, 1) == doctest::Approx(5e-6));
+  CHECK(d.links.bandwidth(1, 0) == doctest::Approx(25e9));
   // load_cluster_model dispatches on the prefix and checks the world size.
   CHECK(load_cluster_model("synth:4xcpu-8c", catalogue(), 4).ranks.size() == 4);
   CHECK(error_of([] { load_cluster_model("synth:4xcpu-8c", catalogue(), 3); }).find("has 4 ranks but this job has 3") !=
@@ -191,8 +191,8 @@ TEST_CASE("cluster: a 1,024-rank synthetic cluster keeps the spec's order") {
   CHECK(c.ranks[255].id == "rtx3060");
   CHECK(c.ranks[256].id == "rtx4090");
   CHECK(c.ranks[1023].id == "v100-32g");
-  REQUIRE(c.latency_s.size() == 1024);
-  CHECK(c.latency_s[0][1023] == c.latency_s[1023][0]);
+  REQUIRE(c.links.size() == 1024);
+  CHECK(c.links.latency(0, 1023) == c.links.latency(1023, 0));
 }
 
 TEST_CASE("cluster: from a probe fingerprint") {
@@ -226,9 +226,61 @@ TEST_CASE("cluster: from a probe fingerprint") {
   // Host a's 64 GiB is shared by its two ranks; rank 2's engine cap wins.
   CHECK(c.ranks[1].memory_bytes == doctest::Approx(kUsableMemory * 32.0 * gib));
   CHECK(c.ranks[2].memory_bytes == doctest::Approx(kUsableMemory * 2.0 * gib));
-  CHECK(c.latency_s[0][2] == doctest::Approx(5e-5));
-  CHECK(c.bandwidth_bytes_per_s[1][0] == doctest::Approx(1e10));
+  CHECK(c.links.latency(0, 2) == doctest::Approx(5e-5));
+  CHECK(c.links.bandwidth(1, 0) == doctest::Approx(1e10));
   REQUIRE(c.block_seconds.size() == 3);
   CHECK(c.block_seconds[0] == std::vector<double>{1e-4, 2e-4});
   CHECK(c.block_seconds[2][1] == doctest::Approx(4e-3));
+}
+
+TEST_CASE("links by site: one site for a uniform cluster; setting a pair gives its two ranks sites of their own") {
+  Links l = Links::uniform(5, 1e-5, 1e9);
+  CHECK(l.size() == 5);
+  CHECK(l.site_count() == 1);
+  for (size_t i = 0; i < 5; ++i)
+    for (size_t j = 0; j < 5; ++j) CHECK(l.latency(i, j) == (i == j ? 0 : 1e-5));
+  l.set_latency(1, 3, 2e-3);  // one way
+  CHECK(l.site_count() == 3);
+  for (size_t i = 0; i < 5; ++i)
+    for (size_t j = 0; j < 5; ++j) {
+      CAPTURE(i);
+      CAPTURE(j);
+      CHECK(l.latency(i, j) == (i == j ? 0 : i == 1 && j == 3 ? 2e-3 : 1e-5));
+      CHECK(l.bandwidth(i, j) == (i == j ? 0 : 1e9));
+    }
+  // 1 and 3 differ from the others (and 1 -> 3 is one way): no two ranks compare alike;
+  // 0, 2 and 4 alone are one tier.
+  CHECK(l.tiers({0, 1, 2, 3, 4}).empty());
+  CHECK(l.tiers({0, 2, 4}) == std::vector<int>{0, 0, 0});
+  l.set_latency(3, 1, 2e-3);
+  CHECK(l.tiers({0, 1, 2, 3, 4}) == std::vector<int>{0, 1, 0, 1, 0});
+  // The links of some ranks, renumbered in their order; a joined rank linked to all.
+  const Links sub = l.of({3, 0, 1});
+  CHECK(sub.size() == 3);
+  CHECK(sub.latency(0, 2) == 2e-3);
+  CHECK(sub.latency(1, 2) == 1e-5);
+  CHECK(sub.site_count() == 3);
+  l.add_rank(5e-2, 1e6);
+  CHECK(l.size() == 6);
+  CHECK(l.latency(5, 0) == 5e-2);
+  CHECK(l.bandwidth(2, 5) == 1e6);
+  CHECK(l.latency(5, 5) == 0);
+  CHECK(l.latency(1, 3) == 2e-3);
+}
+
+TEST_CASE("links by site: tables that do not cover the sites named are refused by name") {
+  const auto message = [](const std::function<void()>& f) {  // the ht::Error's message, or ""
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(message([] { Links::by_site({0, 2}, {{0, 1}, {1, 0}}, {{0, 1}, {1, 0}}); }) ==
+        "link tables: rank 1 is on site 2; expected a site below 2");
+  CHECK(message([] { Links::from_matrices({{0, 1}, {1, 0}}, {{0, 1}}); }) ==
+        "link tables: latency of 2 rows, bandwidth of 1; expected one row per site in each");
+  CHECK(message([] { Links::uniform(2, 1, 1).set_latency(1, 1, 0); }) ==
+        "links: latency from rank 1 to rank 1 of 2; expected two different ranks of the cluster");
 }

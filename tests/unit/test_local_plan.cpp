@@ -127,8 +127,9 @@ TEST_CASE("local plan: throttled 4/2/1/1 ranks step alone, inner steps follow sp
 ClusterModel fixed_4_2_1_1() {
   ClusterModel c = load_cluster_model((source_root() / "tests/e2e/clusters/cpu_4_2_1_1.json").string(),
                                       (source_root() / "configs/devices.json").string());
-  for (auto& row : c.latency_s)
-    for (double& l : row) l = l > 0 ? 5e-3 : 0;
+  for (size_t i = 0; i < c.ranks.size(); ++i)
+    for (size_t j = 0; j < c.ranks.size(); ++j)
+      if (i != j && c.links.latency(i, j) > 0) c.links.set_latency(i, j, 5e-3);
   return c;
 }
 
@@ -290,9 +291,9 @@ TEST_CASE("local plan: parallel.local_steps sets H; a slower link needs a larger
   CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 7)->local->inner_steps == 7);
   CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 7)->local->group_steps.size() == 4);
   const int h = local_plan_for(in, sync, config::SyncPolicy::local, 0)->local->inner_steps;
-  for (size_t r = 0; r < 4; ++r) {  // rank 3 behind 50 ms and 50 Mbit/s
-    c.latency_s[r][3] = c.latency_s[3][r] = r == 3 ? 0 : 0.05;
-    c.bandwidth_bytes_per_s[r][3] = c.bandwidth_bytes_per_s[3][r] = r == 3 ? 0 : 50e6 / 8;
+  for (size_t r = 0; r < 3; ++r) {  // rank 3 behind 50 ms and 50 Mbit/s
+    set_latency(c, r, 3, 0.05);
+    set_bandwidth(c, r, 3, 50e6 / 8);
   }
   const PlannerInput slow = input(c, mlp_costs(c), 128);
   const std::optional<Plan> p = local_plan_for(slow, make_plan(slow), config::SyncPolicy::local, 0);
@@ -368,9 +369,9 @@ TEST_CASE("local plan: a rank whose one-sample step outlasts the others' rounds 
 
 TEST_CASE("local plan: the outer synchronisation is every rank's list, and the simulator charges it") {
   ClusterModel c = throttled();
-  for (size_t r = 0; r < 4; ++r) {  // rank 3 behind 50 ms and 50 Mbit/s
-    c.latency_s[r][3] = c.latency_s[3][r] = r == 3 ? 0 : 0.05;
-    c.bandwidth_bytes_per_s[r][3] = c.bandwidth_bytes_per_s[3][r] = r == 3 ? 0 : 50e6 / 8;
+  for (size_t r = 0; r < 3; ++r) {  // rank 3 behind 50 ms and 50 Mbit/s
+    set_latency(c, r, 3, 0.05);
+    set_bandwidth(c, r, 3, 50e6 / 8);
   }
   const PlannerInput in = input(c, mlp_costs(c), 128);
   const Plan sync = make_plan(in);

@@ -319,7 +319,7 @@ TEST_CASE("planner: bad inputs get errors naming the numbers") {
 TEST_CASE("planner: a rank far slower on every link is marked for the slow-link policy") {
   ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB), 1e-5, 1e10);
   for (size_t j = 0; j < 4; ++j)
-    if (j != 3) c.latency_s[3][j] = c.latency_s[j][3] = 5e-3;
+    if (j != 3) set_latency(c, 3, j, 5e-3);
   const Plan p = make_plan(input(c, costs(c, 4), 64));
   for (const RankPlan& r : p.ranks) CHECK(r.slow_link == (r.rank == 3));
   // 1 MiB at 10 GB/s plus 5 ms against the others' 10 us: 49x.
@@ -531,7 +531,7 @@ TEST_CASE("plan costs: the two-round all-reduce model, by hand") {
         doctest::Approx(2 * (1e-5 + 6e-3)));
   // Slowest link of the group sets the round; one rank has nothing to reduce with.
   ClusterModel slow = c;
-  slow.bandwidth_bytes_per_s[2][3] = slow.bandwidth_bytes_per_s[3][2] = 1e8;
+  set_bandwidth(slow, 2, 3, 1e8);
   CHECK(weighted_allreduce_seconds(slow, {0, 2, 3}, {1.0 / 3, 1.0 / 3, 1.0 / 3}, 3e6) ==
         doctest::Approx(2 * (1e-5 + 2e6 / 1e8)));
   CHECK(weighted_allreduce_seconds(c, {1}, {1.0}, 4e6) == 0);
@@ -556,8 +556,8 @@ TEST_CASE("plan costs: the two-round all-reduce model, by hand") {
   // Members that own nothing never message each other: their link does not count (a
   // probe's ping-pong between two throttled ranks measures their wake as latency).
   ClusterModel apart = c;
-  apart.latency_s[2][3] = apart.latency_s[3][2] = 5e-3;
-  apart.bandwidth_bytes_per_s[2][3] = apart.bandwidth_bytes_per_s[3][2] = 1e6;
+  set_latency(apart, 2, 3, 5e-3);
+  set_bandwidth(apart, 2, 3, 1e6);
   CHECK(weighted_allreduce_seconds(apart, {0, 1, 2, 3}, {1, 0, 0, 0}, 4e6) == doctest::Approx(2 * (1e-5 + 12e-3)));
   CHECK(weighted_allreduce_seconds(apart, {0, 1, 2, 3}, {0.25, 0.25, 0.25, 0.25}, 4e6) ==
         doctest::Approx(2 * (5e-3 + 3e6 / 1e6)));
@@ -749,7 +749,7 @@ TEST_CASE("device classes: like devices on like links, a slow link or a profile 
   CHECK(device_classes(c) == std::vector<std::vector<int>>{{0, 1, 3}, {2, 4}});
   ClusterModel slow = c;  // rank 3 on a slower link to everyone
   for (size_t x = 0; x < 5; ++x)
-    if (x != 3) slow.bandwidth_bytes_per_s[3][x] = slow.bandwidth_bytes_per_s[x][3] = 1e9;
+    if (x != 3) set_bandwidth(slow, 3, x, 1e9);
   CHECK(device_classes(slow) == std::vector<std::vector<int>>{{0, 1}, {2, 4}, {3}});
   ClusterModel profiled = c;  // rank 4 measured
   profiled.block_seconds.assign(5, {});

@@ -418,9 +418,7 @@ TEST_CASE("plan costs: a sharded stage's all-reduce splits into ReduceGrads and 
   // round: round 1 waits for the owners' wake (none), round 2 for every member's.
   ClusterModel c;
   c.ranks.resize(4);
-  c.latency_s.assign(4, std::vector<double>(4, 1e-5));
-  c.bandwidth_bytes_per_s.assign(4, std::vector<double>(4, 1e9));
-  for (int i = 0; i < 4; ++i) c.latency_s[i][i] = c.bandwidth_bytes_per_s[i][i] = 0;
+  c.links = Links::uniform(4, 1e-5, 1e9);
   c.ranks[2].cpu_quota = 0.2;
   c.ranks[2].cpu_quota_period_s = 0.01;
   const std::vector<int> group = {0, 1, 2, 3};

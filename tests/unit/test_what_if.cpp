@@ -143,8 +143,8 @@ TEST_CASE("a link event re-simulates the step on the changed cluster from its ti
   const PolicyOutcome sync = outcome(run_what_if(in), Policy::sync);
   const Plan plan = plan_for_policy(in.planner, Policy::sync, 0);
   ClusterModel changed = in.planner.cluster;
-  changed.latency_s[0][1] = changed.latency_s[1][0] = 0.020;
-  changed.bandwidth_bytes_per_s[0][1] = changed.bandwidth_bytes_per_s[1][0] = 1e6;
+  fx::set_latency(changed, 0, 1, 0.020);
+  fx::set_bandwidth(changed, 0, 1, 1e6);
   const double slow_step = simulate_plan(plan, in.planner.costs, changed).step_seconds;
   CHECK(slow_step > plan.predicted.step_seconds);
   CHECK(sync.seconds == doctest::Approx(40 * slow_step));
@@ -228,11 +228,8 @@ TEST_CASE("a join re-plans at the next checkpoint boundary, after a restart, wit
   CHECK(contains(sync.notes[0], "joined at the checkpoint of step 10"));
   ClusterModel five = in.planner.cluster;
   const DeviceModel cpu = cluster_from_synth("synth:1xcpu-16c", in.catalogue_path).ranks[0];
-  for (auto& row : five.latency_s) row.push_back(1e-5);
-  for (auto& row : five.bandwidth_bytes_per_s) row.push_back(1e10);
   five.ranks.push_back(cpu);
-  five.latency_s.push_back({1e-5, 1e-5, 1e-5, 1e-5, 0});
-  five.bandwidth_bytes_per_s.push_back({1e10, 1e10, 1e10, 1e10, 0});
+  five.links.add_rank(1e-5, 1e10);
   PlannerInput bigger = in.planner;
   bigger.cluster = five;
   bigger.costs = block_costs(in.model, five, in.optimizer);
@@ -250,8 +247,8 @@ TEST_CASE("deadline's budget follows the median of the last steps' arrivals, as 
   REQUIRE(deadline.refused.empty());
   const Plan plan = plan_for_policy(in.planner, Policy::deadline, 0);
   ClusterModel changed = in.planner.cluster;
-  changed.latency_s[0][1] = changed.latency_s[1][0] = 0.040;
-  changed.bandwidth_bytes_per_s[0][1] = changed.bandwidth_bytes_per_s[1][0] = 1e6;
+  fx::set_latency(changed, 0, 1, 0.040);
+  fx::set_bandwidth(changed, 0, 1, 1e6);
   const double slow = simulate_plan(plan, in.planner.costs, changed).step_seconds;
   const double first = plan.predicted.step_seconds * (1 + in.deadline_slack);
   REQUIRE(slow > first);
@@ -268,8 +265,9 @@ namespace {
 WhatIfInput four_groups(int64_t steps) {
   ClusterModel c = load_cluster_model((source_root() / "tests/e2e/clusters/cpu_4_2_1_1.json").string(),
                                       (source_root() / "configs/devices.json").string());
-  for (auto& row : c.latency_s)
-    for (double& l : row) l = l > 0 ? 5e-3 : 0;
+  for (size_t i = 0; i < c.ranks.size(); ++i)
+    for (size_t j = 0; j < c.ranks.size(); ++j)
+      if (i != j && c.links.latency(i, j) > 0) c.links.set_latency(i, j, 5e-3);
   BlockCosts k = fx::costs(c, 2);
   for (size_t b = 0; b < 2; ++b) k.params[b] = 3.3e5, k.state_bytes[b] = 3.3e5 * 16;
   for (size_t r = 0; r < c.ranks.size(); ++r)
