@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -93,6 +94,23 @@ std::vector<int64_t> step_shares(const Plan& plan, int group, int64_t count) {
   return out;
 }
 
+int64_t fitting_micro_batch(const Plan& plan, int replica) {
+  const auto r = static_cast<size_t>(replica);
+  const int64_t nominal = plan.layout.samples[r], mbs = plan.layout.micro_batches[r];
+  const int64_t largest = (nominal + mbs - 1) / mbs;
+  int64_t most = std::numeric_limits<int64_t>::max();
+  for (const RankPlan& rp : plan.ranks) {
+    if (rp.replica != replica) continue;
+    // Activations grow with the micro-batch (stage_memory), nothing else does.
+    if (rp.micro_batch_size < 1 || rp.memory.activations <= 0 || rp.device.memory_bytes <= 0) return largest;
+    const double per_sample = rp.memory.activations / static_cast<double>(rp.micro_batch_size);
+    const double room = rp.device.memory_bytes - rp.memory.total();
+    const auto extra = room > 0 ? static_cast<int64_t>(std::min(room / per_sample, 1e15)) : 0;
+    most = std::min(most, rp.micro_batch_size + extra);
+  }
+  return most == std::numeric_limits<int64_t>::max() ? largest : std::max(largest, most);
+}
+
 void size_group_step(Plan& sub, const Plan& plan, int group, int64_t count) {
   const std::vector<int>& replicas = plan.local->groups[static_cast<size_t>(group)];
   HT_CHECK(count >= static_cast<int64_t>(replicas.size()), "local plan: an inner step of ", count,
@@ -102,9 +120,7 @@ void size_group_step(Plan& sub, const Plan& plan, int group, int64_t count) {
   const std::vector<int64_t> shares = step_shares(plan, group, count);
   for (size_t i = 0; i < replicas.size(); ++i) {
     const auto r = static_cast<size_t>(replicas[i]);
-    const int64_t nominal = plan.layout.samples[r];
-    const int64_t mbs = plan.layout.micro_batches[r];
-    const int64_t largest = (nominal + mbs - 1) / mbs;  // the nominal step's largest micro-batch
+    const int64_t largest = fitting_micro_batch(plan, static_cast<int>(r));
     const int64_t want = std::max<int64_t>(1, (shares[i] + largest - 1) / largest);
     sub.layout.samples[i] = shares[i];
     sub.layout.micro_batches[i] = static_cast<int>(std::max<int64_t>(1, std::min(shares[i], want)));

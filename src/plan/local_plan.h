@@ -76,11 +76,16 @@ int64_t inner_step_samples(const Plan& plan, int group, int k);
 // samples: the nominal shares (layout.samples) scaled by cumulative floor, so that they
 // sum to count and the same count always splits the same way.
 std::vector<int64_t> step_shares(const Plan& plan, int group, int64_t count);
+// The largest micro-batch replica `replica` of `plan` can take: the nominal step's
+// largest, or more where every rank of the replica has the memory for it (its
+// predicted use with activations grown in proportion to the micro-batch, against its
+// device's memory). Splitting a step just over the nominal batch into two micro-batches
+// of half the size cost the MLP's throttled ranks a tenth of their inner steps.
+int64_t fitting_micro_batch(const Plan& plan, int replica);
 // Sizes `sub`, group g's synchronous sub-plan (group_plan), for an inner step of `count`
-// samples: the replicas' shares by step_shares, each replica's micro-batches scaled from
-// its nominal ones so that no micro-batch outgrows the nominal step's (the memory the
-// plan fitted), the global batch `count`. Throws ht::Error when count is below the
-// group's replicas.
+// samples: the replicas' shares by step_shares, each replica in the fewest micro-batches
+// of at most fitting_micro_batch, the global batch `count`. Throws ht::Error when count
+// is below the group's replicas.
 void size_group_step(Plan& sub, const Plan& plan, int group, int64_t count);
 
 // A group's predicted costs for the split of a round: an inner step of b samples takes

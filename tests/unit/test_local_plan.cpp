@@ -258,13 +258,31 @@ TEST_CASE("local plan: a group's inner steps split n_g evenly, its replicas' sha
   // After 2 job steps group 0 took 2 steps (ceil(2 x 3 / 4)), group 1 its one.
   CHECK(samples_in_round(p, 1, 2) == 34 + 34);
   CHECK(partial_round_weight(p, 2, 2) == doctest::Approx(112.0 / (134 + 133 + 112)));
-  // The sub-plan sized for 134: micro-batches no larger than the nominal step's 32.
+  // The sub-plan sized for 134. Without memory figures, micro-batches no larger than the
+  // nominal step's 32.
+  for (RankPlan& rp : p.ranks) rp.memory = {};
   Plan sub = group_plan(p, 0);
   size_group_step(sub, p, 0, 134);
   CHECK(sub.global_batch == 134);
   CHECK(sub.layout.samples == std::vector<int64_t>{100, 34});
   CHECK(sub.layout.micro_batches == std::vector<int>{4, 2});  // ceil(100 / 32), ceil(34 / 32)
   CHECK(sub.ranks[0].samples == 100);
+  // With them, as large as the memory holds: rank 0's micro-batch of 32 holds 32 MB of
+  // activations beside 10 MB of weights and state, on 50 MB: 8 MB more is 8 samples, 40
+  // a micro-batch; rank 1 has room for its whole share.
+  p.ranks[0].micro_batch_size = 32;
+  p.ranks[0].memory = {4e6, 4e6, 2e6, 32e6};
+  p.ranks[0].device.memory_bytes = 50e6;
+  p.ranks[1].micro_batch_size = 32;
+  p.ranks[1].memory = {4e6, 4e6, 2e6, 32e6};
+  p.ranks[1].device.memory_bytes = 1e12;
+  CHECK(fitting_micro_batch(p, 0) == 40);
+  CHECK(fitting_micro_batch(p, 1) > 134);
+  size_group_step(sub, p, 0, 134);
+  CHECK(sub.layout.micro_batches == std::vector<int>{3, 1});  // ceil(100 / 40), 34 in one
+  // A rank already over its memory keeps the nominal micro-batch, never a smaller one.
+  p.ranks[0].device.memory_bytes = 30e6;
+  CHECK(fitting_micro_batch(p, 0) == 32);
   CHECK(error_of([&] { size_group_step(sub, p, 0, 1); }).find("at least one sample each") != std::string::npos);
 }
 
