@@ -185,6 +185,7 @@ void Executor::forward(int mb, bool keep_graph) {
       const Tensor in = keep_graph && b > begin ? h.detach().set_requires_grad() : h;
       h = model_.block(b).forward(in);
       if (keep_graph) m.segments.emplace_back(in, h);
+      if (poll_) poll_();
     }
     if (last_) {
       Tensor loss = summed_loss(h, m.targets);
@@ -227,6 +228,7 @@ void Executor::backward(int mb) {
       add_to_reduce(block_params_[i], block_params_[i + 1]);
       reduce_->progress();
     }
+    if (poll_) poll_();
   }
   m.segments.clear();
   if (!first_) {

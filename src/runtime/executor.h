@@ -105,6 +105,9 @@ class Executor {
   // --inject's faults for this rank (the caller keeps it, and calls begin_step before
   // each step); null: none.
   void inject(const FaultInjector* faults) { faults_ = faults; }
+  // Called between a step's instructions and between its blocks' forward and backward
+  // calls: under local, the outer exchange moves along there (runtime/local_sync.h).
+  void set_poll(std::function<void()> poll) { poll_ = std::move(poll); }
   // The bad-node guard's settings (config.guard; the defaults until called). Its history
   // and quarantines start afresh.
   void set_guard(const config::GuardConfig& guard);
@@ -193,6 +196,7 @@ class Executor {
   std::map<int, MicroBatch> live_;   // micro-batches between their Forward and Backward
   double loss_sum_ = 0;
   const FaultInjector* faults_ = nullptr;
+  std::function<void()> poll_;
   // The bad-node guard (runtime/guard.h). In a pipeline each stage's replicas judge their
   // own part of the gradient, so one stage may leave out a replica that another keeps,
   // and a stage without replicas skips its own update alone; a NaN sent back across a

@@ -185,9 +185,20 @@ void LocalSync::take_outer_step() {
   checksum_.clear();
 }
 
+void LocalSync::poll() {
+  if (!exchange_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (exchange_->progress()) {
+  }
+  const double s = seconds_since(t0);
+  outer_work_s_ += s;
+  polled_s_ += s;
+}
+
 double LocalSync::after_step(int64_t done, double inner_seconds) {
   const auto t0 = std::chrono::steady_clock::now();
-  inner_s_ += inner_seconds;
+  inner_s_ += std::max(0.0, inner_seconds - polled_s_);
+  polled_s_ = 0;
   if (exchange_)
     while (exchange_->progress()) {
     }

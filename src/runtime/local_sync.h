@@ -94,6 +94,11 @@ class LocalSync {
   // The split the rounds moved to at the last round's end, once (see above); the caller
   // steps by it from the next job step.
   std::optional<plan::RoundSplit> take_resplit();
+  // Moves the exchange in flight along, between the blocks of an inner step
+  // (Executor::set_poll): a throttled rank takes a couple of inner steps a round, and
+  // with the exchange moved only between them its peers waited on its part of the sums
+  // at their round's end. Its time is outer work, not the inner step's.
+  void poll();
   void flush();  // collective; see above
 
   // Takes the weights as they are now (loaded from a checkpoint) as theta and a.
@@ -140,6 +145,7 @@ class LocalSync {
   bool stats_in_flight_ = false;  // the exchange in flight carries stats_
   double inner_s_ = 0;            // this rank's inner steps in the round so far
   double outer_work_s_ = 0;       // its outer work in the round so far (see after_step)
+  double polled_s_ = 0;           // poll()'s part of it inside the job step in progress
   std::chrono::steady_clock::time_point stats_at_ = std::chrono::steady_clock::now();
   bool partial_ = false;          // the round in progress began at a flush
   int skip_rounds_ = 0;           // stats to come that were measured under an old split

@@ -96,9 +96,11 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
   if (root_)
     for (const auto& [name, p] : model_.named_parameters()) p.rehome(task_->device(), false);
   // An idle rank keeps the whole model's outer weights all the same (rank 0 may be idle).
-  if (local_group_)
+  if (local_group_) {
     local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),
                                          world_, cfg_.parallel);
+    executor_->set_poll([this] { local_->poll(); });
+  }
   total_steps_ = resolve_steps(cfg_.train, task_->train_size());
   const auto& s = cfg_.train.schedule;
   schedule_ = {s.type, cfg_.train.optimizer.lr, s.warmup_steps, s.min_lr, total_steps_};
