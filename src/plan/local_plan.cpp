@@ -425,9 +425,11 @@ namespace {
 double exchange_seconds(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                         const LinkTiers* tiers = nullptr) {
   if (plan.local->groups.size() < 2) return 0;
-  std::vector<int> all;
-  for (const RankPlan& rp : plan.ranks) all.push_back(rp.rank);  // idle ranks too: they take the sums
-  return weighted_allreduce_seconds(cluster, all, round_weights(plan), total_params(costs) * kGradBytesPerParam, tiers);
+  const std::vector<int> members = outer_members(plan);
+  const std::vector<double> all = round_weights(plan);
+  std::vector<double> weights;
+  for (int r : members) weights.push_back(all[static_cast<size_t>(r)]);
+  return weighted_allreduce_seconds(cluster, members, weights, total_params(costs) * kGradBytesPerParam, tiers);
 }
 
 double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
@@ -437,12 +439,20 @@ double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
 
 }  // namespace
 
+std::vector<int> outer_members(const Plan& plan) {
+  HT_CHECK(plan.local, "outer_members: the plan is not local");
+  std::vector<int> out;
+  for (const RankPlan& rp : plan.ranks)
+    if (rp.rank == 0 || group_of_rank(plan, rp.rank) >= 0) out.push_back(rp.rank);
+  return out;
+}
+
 std::vector<Schedule> outer_sync_schedules(const Plan& plan) {
   HT_CHECK(plan.local, "outer_sync_schedules: the plan is not local");
   std::vector<Schedule> out(plan.ranks.size());
-  for (Schedule& s : out) {
-    s.push_back(Instruction{Op::outer_sync_finish});
-    s.push_back(Instruction{Op::outer_sync_start});
+  for (int r : outer_members(plan)) {
+    out[static_cast<size_t>(r)].push_back(Instruction{Op::outer_sync_finish});
+    out[static_cast<size_t>(r)].push_back(Instruction{Op::outer_sync_start});
   }
   return out;
 }

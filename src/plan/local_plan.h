@@ -205,9 +205,14 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
                    int64_t local_steps);
 
+// The ranks of the outer exchange, ascending: every rank of a group, and rank 0, which
+// evaluates and checkpoints the outer weights, idle or not. Another idle rank holds no
+// outer weights: taking the sums every round would tie the rounds to its links (a rank
+// left idle behind a 6 MB/s link made the others' rounds wait on 2.7 MB through it).
+std::vector<int> outer_members(const Plan& plan);
 // Every world rank's outer synchronisation, run after each round's last inner step:
 // OuterSyncFinish (the exchange started a round before) then OuterSyncStart (this
-// round's). Idle ranks hold it too: they take the outer weights.
+// round's); the outer_members only (other idle ranks: an empty list).
 std::vector<Schedule> outer_sync_schedules(const Plan& plan);
 
 // What the simulator charges for them: OuterSyncStart the outer update's work on the

@@ -1,5 +1,6 @@
 #include "runtime/local_sync.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "comm/weighted_allreduce.h"
@@ -18,6 +19,14 @@ Tensor dense_copy(const Tensor& t) { return clone(t.detach()); }
 
 void copy_into(const Tensor& dst, const Tensor& src) {
   std::copy(src.data(), src.data() + src.numel(), dst.data());
+}
+
+// The outer exchange's parts: each member's part of a round's samples, in member order.
+std::vector<double> member_weights(const plan::Plan& plan) {
+  const std::vector<double> all = plan::round_weights(plan);
+  std::vector<double> out;
+  for (int r : plan::outer_members(plan)) out.push_back(all[static_cast<size_t>(r)]);
+  return out;
 }
 
 }  // namespace
@@ -56,8 +65,10 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       inner_steps_(plan.local->inner_steps),
       world_rank_(world.rank()),
       outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
-  weights_ = plan::round_weights(plan);
-  outer_ = world.split(0, world.rank(), timeout(), "the outer exchange");
+  const std::vector<int> members = plan::outer_members(plan);
+  member_ = std::find(members.begin(), members.end(), world_rank_) != members.end();
+  weights_ = member_weights(plan);
+  outer_ = world.split(member_ ? 0 : 1, world.rank(), timeout(), "the outer exchange");
   resplit_ = cfg.rebalance_every > 0;
   stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())}, cpu_backend());  // host: seconds written through data()
   window_inner_.assign(plan.local->groups.size(), 0.0);
@@ -162,7 +173,7 @@ void LocalSync::apply_split(const plan::RoundSplit& split) {
   plan_.local->group_steps = split.steps;
   plan_.local->round_samples = split.samples;
   plan::check_local_plan(plan_);
-  weights_ = plan::round_weights(plan_);
+  weights_ = member_weights(plan_);
   // The round whose stats arrive at the next round's end ran under the old split.
   skip_rounds_ = 1;
   window_inner_.assign(window_inner_.size(), 0.0);
@@ -196,6 +207,7 @@ void LocalSync::poll() {
 }
 
 double LocalSync::after_step(int64_t done, double inner_seconds) {
+  if (!member_) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   inner_s_ += std::max(0.0, inner_seconds - polled_s_);
   polled_s_ = 0;
@@ -273,6 +285,7 @@ void LocalSync::start_round() {
 }
 
 void LocalSync::flush() {
+  if (!member_) return;
   if (exchange_) {
     finish_exchange();
     take_outer_step();
@@ -334,7 +347,7 @@ void LocalSync::load_outer_state(const Checkpoint& c) {
 }
 
 const std::string& LocalSync::outer_checksum() {
-  if (checksum_.empty()) {
+  if (member_ && checksum_.empty()) {
     uint32_t crc = 0;
     for (const Tensor& t : theta_) crc = crc32_update(crc, t.data(), static_cast<size_t>(t.numel()) * 4);
     checksum_ = crc32_hex(crc);
@@ -345,7 +358,8 @@ const std::string& LocalSync::outer_checksum() {
 void check_outer_identical(const std::vector<std::string>& checksums, int64_t step) {
   if (!checksums.empty() && checksums[0].empty()) return;  // not compared at this log step
   for (size_t r = 1; r < checksums.size(); ++r)
-    HT_CHECK(checksums[r] == checksums[0], "outer weights diverged by step ", step, ": checksum ", checksums[0],
+    // Empty: a rank that holds no outer weights (idle, outside the exchange).
+    HT_CHECK(checksums[r].empty() || checksums[r] == checksums[0], "outer weights diverged by step ", step, ": checksum ", checksums[0],
              " on rank 0 but ", checksums[r], " on rank ", r,
              "; expected bit-identical outer weights on every rank (a lost outer exchange)");
 }

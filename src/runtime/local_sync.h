@@ -23,7 +23,8 @@
 // So a group never waits on another beyond one round: its own progress of the last
 // round stands until the average of everyone's replaces it one round later. The sums
 // are made by one owner per part and sent to all (comm/weighted_allreduce.h), so every
-// rank holds bit-identical theta and m.
+// member of the exchange holds bit-identical theta and m (plan::outer_members: the
+// groups' ranks and rank 0; another idle rank takes no part and holds no outer weights).
 //
 // Re-splitting from measurement (plan::resplit_from_measured). Each rank's exchange also
 // carries, in its own two slots of a stats vector, the seconds it spent in the round's
@@ -136,6 +137,7 @@ class LocalSync {
   bool sums_ready_ = false;  // delta_ holds sums the outer step has not taken yet
   std::string checksum_;     // of theta_; empty: not computed since theta_ last changed
   int world_rank_ = 0;
+  bool member_ = true;  // of the outer exchange (plan::outer_members): holds the outer weights
   plan::Schedule outer_list_;  // plan::outer_sync_schedules: run after each round's last step
   std::unique_ptr<comm::OverlappedAllreduce> exchange_;  // in flight
   std::unique_ptr<comm::OverlappedAllreduce> draining_;  // finished; its sums still going out
@@ -154,8 +156,9 @@ class LocalSync {
   std::optional<plan::RoundSplit> pending_, taken_;  // decided; applied, not yet handed over
 };
 
-// Throws when two ranks report different outer checksums (one per world rank), naming
-// both ranks and the step: under local every rank must hold bit-identical outer weights.
+// Throws when two ranks report different outer checksums (one per world rank; empty
+// for a rank that holds no outer weights), naming both ranks and the step: under local
+// every member of the outer exchange must hold bit-identical outer weights.
 void check_outer_identical(const std::vector<std::string>& checksums, int64_t step);
 
 }  // namespace ht::runtime

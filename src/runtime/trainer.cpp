@@ -95,7 +95,7 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
   // model staying in host memory.
   if (root_)
     for (const auto& [name, p] : model_.named_parameters()) p.rehome(task_->device(), false);
-  // An idle rank keeps the whole model's outer weights all the same (rank 0 may be idle).
+  // Rank 0 keeps the whole model's outer weights even when idle: it evaluates and checkpoints.
   if (local_group_) {
     local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),
                                          world_, cfg_.parallel);

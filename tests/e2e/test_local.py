@@ -154,8 +154,9 @@ def main():
     check("the resumed model is trained (test accuracy above 60%)", accuracy > 0.6, accuracy)
 
     # Rank 3 four hundred times slower than rank 0: its one-sample step outlasts the
-    # others' whole shares, so the local plan leaves it idle; it still holds the outer
-    # weights (every rank's checksum is compared at each log step).
+    # others' whole shares, so the local plan leaves it idle, outside the outer exchange
+    # (plan::outer_members): the others' rounds do not wait on it, and its checksum is
+    # left out of the comparison at log steps while theirs are compared.
     slow = load(CLUSTER)
     slow["ranks"][3]["device"]["sgemm_gflops"] = 0.02
     slow_path = os.path.join(scratch, "cluster_slow3.json")

@@ -7,6 +7,7 @@
 #include "tests/unit/plan_fixtures.h"
 #include "tests/unit/source_root.h"
 
+#include <algorithm>
 #include <numeric>
 #include <nlohmann/json.hpp>
 
@@ -309,13 +310,11 @@ TEST_CASE("local plan: parallel.local_steps sets H; a slower link needs a larger
   CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 7)->local->inner_steps == 7);
   CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 7)->local->group_steps.size() == 4);
   const int h = local_plan_for(in, sync, config::SyncPolicy::local, 0)->local->inner_steps;
-  for (size_t r = 0; r < 3; ++r) {  // rank 3 behind 50 ms and 50 Mbit/s
-    set_latency(c, r, 3, 0.05);
-    set_bandwidth(c, r, 3, 50e6 / 8);
-  }
+  c.links = Links::uniform(4, 0.01, 12.5e6);  // every link at 10 ms and 100 Mbit/s
   const PlannerInput slow = input(c, mlp_costs(c), 128);
   const std::optional<Plan> p = local_plan_for(slow, make_plan(slow), config::SyncPolicy::local, 0);
   REQUIRE(p);
+  CHECK(p->local->groups.size() == 4);
   CHECK(p->local->inner_steps > h);
   CHECK(p->local->inner_steps * p->predicted.step_seconds >= kHideFactor * p->local->outer_exchange_seconds * 0.999);
 }
@@ -385,12 +384,37 @@ TEST_CASE("local plan: a rank whose one-sample step outlasts the others' rounds 
   CHECK(p->layout.samples == std::vector<int64_t>{128, 128, 128});  // each group's step: the whole batch
 }
 
-TEST_CASE("local plan: the outer synchronisation is every rank's list, and the simulator charges it") {
+TEST_CASE("local plan: a rank behind a link too slow to hide is left idle, outside the outer exchange") {
   ClusterModel c = throttled();
+  const PlannerInput fast = input(c, mlp_costs(c), 128);
+  const Plan without = *local_plan_for(fast, make_plan(fast), config::SyncPolicy::local, 0);
   for (size_t r = 0; r < 3; ++r) {  // rank 3 behind 50 ms and 50 Mbit/s
     set_latency(c, r, 3, 0.05);
     set_bandwidth(c, r, 3, 50e6 / 8);
   }
+  const PlannerInput in = input(c, mlp_costs(c), 128);
+  const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
+  // Hiding its 2.7 MB exchange would need rounds of hundreds of steps: it adds a
+  // quarter of rank 0's speed and is left idle, and, holding no outer weights, it is no
+  // part of the exchange either, so the others' rounds are those of the fast links.
+  CHECK(group_of_rank(p, 3) == -1);
+  CHECK(outer_members(p) == std::vector<int>{0, 1, 2});
+  CHECK(p.local->inner_steps <= kMaxRoundSteps);
+  CHECK(p.local->outer_exchange_seconds < 0.05);
+  const std::vector<Schedule> lists = outer_sync_schedules(p);
+  REQUIRE(lists.size() == 4);
+  CHECK(lists[3].empty());
+  for (int r : {0, 1, 2}) CHECK(lists[static_cast<size_t>(r)].size() == 2);
+  CHECK(without.local->groups.size() == 4);
+  // Rank 0 idle is still a member: it evaluates and checkpoints the outer weights.
+  Plan idle0 = without;
+  idle0.local->groups = {{1}, {2}, {3}};
+  CHECK(outer_members(idle0) == std::vector<int>{0, 1, 2, 3});
+}
+
+TEST_CASE("local plan: the outer synchronisation is every member's list, and the simulator charges it") {
+  ClusterModel c = throttled();
+  c.links = Links::uniform(4, 0.01, 12.5e6);  // every link at 10 ms and 100 Mbit/s
   const PlannerInput in = input(c, mlp_costs(c), 128);
   const Plan sync = make_plan(in);
   const Plan hidden = *local_plan_for(in, sync, config::SyncPolicy::local, 0);
@@ -398,12 +422,19 @@ TEST_CASE("local plan: the outer synchronisation is every rank's list, and the s
   for (const Plan* p : {&hidden, &exposed}) {
     const std::vector<Schedule> lists = outer_sync_schedules(*p);
     REQUIRE(lists.size() == 4);
-    for (const Schedule& s : lists) {
+    const std::vector<int> members = outer_members(*p);
+    for (int r = 0; r < 4; ++r) {
+      const Schedule& s = lists[static_cast<size_t>(r)];
+      if (std::find(members.begin(), members.end(), r) == members.end()) {
+        CHECK(s.empty());  // idle (H 4 is too few to hide all four ranks' exchange)
+        continue;
+      }
       REQUIRE(s.size() == 2);
       CHECK(s[0].op == Op::outer_sync_finish);
       CHECK(s[1].op == Op::outer_sync_start);
     }
   }
+  CHECK(hidden.local->groups.size() == 4);
   // H = 4 cannot hide the exchange: each round pays what its 4 steps do not cover. A
   // job step is the latest group's round, less the outer pass that the outer lists
   // add, over H.
