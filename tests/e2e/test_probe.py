@@ -91,10 +91,11 @@ def shares_cover_batch(plan, batch):
     layout = plan["layout"]
     if plan.get("sync_policy") != "local":
         return sum(layout["samples"]) == batch
-    group_of = {r: g for g, ranks in enumerate(plan["local"]["groups"]) for r in ranks}
+    # A group lists replica indices (positions in layout.replicas), not ranks.
+    group_of = {k: g for g, replicas in enumerate(plan["local"]["groups"]) for k in replicas}
     sums = {}
-    for replica, samples in zip(layout["replicas"], layout["samples"]):
-        g = group_of.get(replica[0])
+    for k, samples in enumerate(layout["samples"]):
+        g = group_of.get(k)
         sums[g] = sums.get(g, 0) + samples
     return None not in sums and all(v == batch for v in sums.values())
 
