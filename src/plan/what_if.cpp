@@ -714,12 +714,6 @@ WhatIfResult run_what_if(const WhatIfInput& in) {
   for (Policy policy : {Policy::sync, Policy::deadline, Policy::local}) {
     PolicyOutcome refused;
     refused.policy = policy;
-    if (policy == Policy::local && in.planner.cluster.ranks.size() > kWhatIfLocalMaxRanks) {
-      refused.refused = "local plans are searched per rank and group, minutes beyond " +
-                        std::to_string(kWhatIfLocalMaxRanks) + " ranks";
-      result.policies.push_back(refused);
-      continue;
-    }
     Phase start;
     try {
       const auto shown = std::find_if(in.plans.begin(), in.plans.end(), [&](const Plan& p) { return policy_of(p) == policy; });

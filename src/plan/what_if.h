@@ -89,9 +89,6 @@ inline constexpr int kDeadlineMinMeasured = 3;
 // A deadline member's patience with a silent leader: this many budgets and seconds.
 inline constexpr double kDeadlinePatienceBudgets = 2, kDeadlinePatienceSeconds = 0.02;
 inline constexpr int64_t kDefaultWhatIfSteps = 1000;
-// Local plans are searched per rank and group (plan/local_plan.h): beyond this world the
-// search takes minutes, so what-if refuses local there.
-inline constexpr size_t kWhatIfLocalMaxRanks = kAutoLocalMaxRanks;
 
 enum class WhatIfKind { stall, slow, fail, link, join };
 
