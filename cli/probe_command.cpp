@@ -30,8 +30,11 @@ void register_probe(CLI::App& app) {
       ->capture_default_str();
   cmd->callback([args] {
     ht::comm::Communicator& world = ht::comm::world();
-    const ht::DeviceChoice device = ht::choose_device(ht::parse_device(args->device), world.local_rank(),
-                                                      ht::query_gpus());
+    // A CPU probe asks for no GPU: querying them would load the CUDA backend module.
+    const ht::DeviceRequest request = ht::parse_device(args->device);
+    const ht::DeviceChoice device = ht::choose_device(
+        request, world.local_rank(),
+        request.kind == ht::DeviceRequest::Kind::cpu ? ht::GpuAvailability{} : ht::query_gpus());
     if (!device.note.empty()) std::fprintf(stderr, "rank %d: %s\n", world.rank(), device.note.c_str());
     ht::probe::ProbeOptions opts;
     opts.quick = args->quick;

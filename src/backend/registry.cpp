@@ -1,9 +1,18 @@
 #include "backend/registry.h"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
+#include "backend/cuda/cuda_module.h"
 #include "core/error.h"
+
+// The module's entry point where the program links the module in; weak, so that hetrain,
+// which does not, leaves it null and loads the module instead.
+extern "C" const ht::cuda::ModuleApi* hetrain_cuda_module() __attribute__((weak));
 
 namespace ht {
 
@@ -154,6 +163,108 @@ void copy_between(Backend& dst_be, void* dst, Backend& src_be, const void* src, 
   std::vector<unsigned char> host(bytes);
   src_be.copy_to_host(host.data(), src, bytes);
   dst_be.copy_from_host(dst, host.data(), bytes);
+}
+
+namespace {
+
+const cuda::ModuleApi* checked(const cuda::ModuleApi* api, const std::string& where, std::string& why) {
+  if (api == nullptr) {
+    why = where + ": its entry point hetrain_cuda_module() returned null; expected the module's table";
+    return nullptr;
+  }
+  if (api->abi != cuda::kModuleAbi) {
+    why = where + " is a CUDA module of interface version " + std::to_string(api->abi) +
+          "; this hetrain expects version " + std::to_string(cuda::kModuleAbi) +
+          " (the module and the executable come from different builds; rebuild both from one tree)";
+    return nullptr;
+  }
+  return api;
+}
+
+struct ModuleState {
+  std::mutex mu;
+  bool tried = false;
+  const cuda::ModuleApi* api = nullptr;
+  std::string why;
+};
+
+ModuleState& module_state() {
+  static ModuleState s;
+  return s;
+}
+
+}  // namespace
+
+std::string cuda_module_path() {
+  const char* env = std::getenv(cuda::kModuleEnv);
+  if (env != nullptr && env[0] != '\0') return env;
+  std::string exe(4096, '\0');
+  const ssize_t n = readlink("/proc/self/exe", exe.data(), exe.size());
+  if (n <= 0 || static_cast<size_t>(n) >= exe.size()) return cuda::kModuleFile;
+  exe.resize(static_cast<size_t>(n));
+  const size_t slash = exe.rfind('/');
+  return (slash == std::string::npos ? std::string() : exe.substr(0, slash + 1)) + cuda::kModuleFile;
+}
+
+const cuda::ModuleApi* open_cuda_module(const std::string& path, std::string& why) {
+  // RTLD_NOW: a symbol the executable does not provide is named here, not at a first call
+  // in the middle of a run. RTLD_LOCAL: the module's symbols stay its own.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* e = dlerror();
+    why = "the CUDA backend module " + path + " could not be loaded: " + (e ? e : "unknown dlopen error") +
+          "; expected " + cuda::kModuleFile + " of this build beside the hetrain executable, or its path in " +
+          cuda::kModuleEnv;
+    return nullptr;
+  }
+  dlerror();
+  void* entry = dlsym(handle, "hetrain_cuda_module");
+  if (entry == nullptr) {
+    const char* e = dlerror();
+    why = path + " has no entry point hetrain_cuda_module (" + (e ? e : "dlsym found null") +
+          "); expected hetrain's CUDA backend module, " + cuda::kModuleFile;
+    dlclose(handle);
+    return nullptr;
+  }
+  using Entry = const cuda::ModuleApi* (*)();
+  const cuda::ModuleApi* api = checked(reinterpret_cast<Entry>(entry)(), path, why);
+  // A refused module is closed; an accepted one stays loaded, as its backends live to the
+  // process's end.
+  if (api == nullptr) dlclose(handle);
+  return api;
+}
+
+const cuda::ModuleApi* cuda_module(std::string& why) {
+  ModuleState& s = module_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.tried) {
+    s.tried = true;
+#ifdef HETRAIN_HAVE_CUDA_BACKEND
+    if (hetrain_cuda_module != nullptr)
+      s.api = checked(hetrain_cuda_module(), "the CUDA backend linked into this program", s.why);
+    else
+      s.api = open_cuda_module(cuda_module_path(), s.why);
+#else
+    s.why = "this build of hetrain has no CUDA backend (configured without nvcc, cuBLAS and cuDNN, or with "
+            "-Dcuda=disabled)";
+#endif
+  }
+  if (s.api == nullptr) why = s.why;
+  return s.api;
+}
+
+const cuda::ModuleApi* loaded_cuda_module(std::string& why) {
+  ModuleState& s = module_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.api != nullptr) return s.api;
+#ifdef HETRAIN_HAVE_CUDA_BACKEND
+  why = s.tried ? s.why
+                : std::string("not listed: this process asked for no GPU, and hetrain loads its CUDA "
+                              "backend (") + cuda::kModuleFile + ") only for one";
+#else
+  why = "no GPU support in this build (CUDA not found at configure time)";
+#endif
+  return nullptr;
 }
 
 }  // namespace ht

@@ -18,6 +18,10 @@
 
 namespace ht {
 
+namespace cuda {
+struct ModuleApi;  // backend/cuda/cuda_module.h
+}
+
 // Makes `backend` the one found at (kind, index). Registering a second backend at a
 // taken place throws; registering the same one again does nothing.
 void register_backend(DeviceKind kind, int index, Backend& backend);
@@ -49,5 +53,24 @@ void copy_between(Backend& dst_backend, void* dst, Backend& src_backend, const v
 using PeerCopy = std::function<bool(Backend& dst_backend, void* dst, Backend& src_backend,
                                     const void* src, size_t bytes)>;
 void set_peer_copy(PeerCopy copy);
+
+// The CUDA backend module (backend/cuda/cuda_module.h), loaded the first time a GPU is
+// asked for and kept to the process's end: the module linked into the program where it is
+// (the cuda test suite), else hetrain-cuda.so from $HETRAIN_CUDA_MODULE when set, else from
+// the directory of the running executable (/proc/self/exe). Null where it cannot be had,
+// with `why` set: the build has no CUDA backend, or the file, dlerror() and what was
+// expected. Thread-safe; the first call's answer is every call's.
+const cuda::ModuleApi* cuda_module(std::string& why);
+// The module where an earlier cuda_module() loaded it, else null with `why` set (no CUDA
+// backend in the build, the load's error, or that no GPU was asked for yet), without
+// loading it: for what only reports GPUs (the probe's host facts), which a CPU rank should
+// not pay the module's memory for.
+const cuda::ModuleApi* loaded_cuda_module(std::string& why);
+// The file cuda_module() would load ($HETRAIN_CUDA_MODULE, else beside the executable).
+std::string cuda_module_path();
+// dlopen()s the module at `path` and checks its entry point and version, uncached: the
+// loading behind cuda_module(), for tests of its errors. Null with `why` set on failure;
+// a module once opened stays loaded.
+const cuda::ModuleApi* open_cuda_module(const std::string& path, std::string& why);
 
 }  // namespace ht

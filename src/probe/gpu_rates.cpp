@@ -1,153 +1,28 @@
 #include "probe/gpu_rates.h"
 
+#include <string>
+
+#include "backend/registry.h"
 #include "core/error.h"
 
-#ifdef HETRAIN_HAVE_CUDA
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-
-#include <algorithm>
-#include <chrono>
-#include <functional>
-#include <string>
-#include <vector>
-
-#include "core/stats.h"
-#include "core/wall_time.h"
-#endif
-
 namespace ht::probe {
-
-#ifdef HETRAIN_HAVE_CUDA
-namespace {
-
-void check(cudaError_t e, const char* call) {
-  if (e != cudaSuccess) fail("probe: ", call, " failed: ", cudaGetErrorString(e), "; expected a usable GPU");
-}
-
-void check(cublasStatus_t s, const char* call) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    fail("probe: ", call, " failed: ", cublasGetStatusString(s), "; expected a usable GPU and cuBLAS");
-}
-
-// A device buffer freed on scope exit.
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) { check(cudaMalloc(&p, bytes), "cudaMalloc for a benchmark buffer"); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  float* f() const { return static_cast<float*>(p); }
-};
-
-// Median seconds of one `fn`, from rounds of `calls` calls each ended by `sync`, for about
-// `budget` seconds (at least 3 rounds) after one untimed round. A round of several calls
-// keeps the synchronisation's own cost small beside short kernels.
-double per_call(double budget, int calls, const std::function<void()>& fn, const std::function<void()>& sync) {
-  for (int i = 0; i < calls; ++i) fn();
-  sync();
-  std::vector<double> rounds;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (rounds.size() < 3 || seconds_since(t0) < budget) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) fn();
-    sync();
-    rounds.push_back(seconds_since(start) / calls);
-  }
-  return median(std::move(rounds));
-}
-
-}  // namespace
 
 DeviceRates measure_gpu(Backend& be, int device, double seconds) {
   HT_CHECK(be.kind() == DeviceKind::cuda, "probe: measure_gpu was given the ", be.name(),
            " backend; expected a CUDA backend");
-  check(cudaSetDevice(device), "cudaSetDevice");
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  std::string why;
+  const cuda::ModuleApi* api = cuda_module(why);
+  if (api == nullptr)
+    fail("probe: GPU ", device, " on ", be.name(), ": ", why, "; expected the CUDA backend to probe a GPU");
+  const cuda::GpuTimings t = api->time_gpu(be, device, seconds);
   DeviceRates r;
   r.gpu_index = device;
-  const auto sync = [&] { be.synchronize(); };
-  const double share = seconds / 4;
-
-  // fp32 product through the backend, 3 x 64 MiB.
-  const int64_t n = kGpuGemmSize;
-  r.sgemm_size = n;
-  {
-    const size_t bytes = static_cast<size_t>(n * n) * sizeof(float);
-    DeviceBuffer a(bytes), b(bytes), c(bytes);
-    // Values of a normal scale; zeros could let a library skip work, denormals slow it.
-    be.fill(a.f(), 0.5f, n * n);
-    be.fill(b.f(), 0.25f, n * n);
-    GemmArgs g;
-    g.m = g.n = g.k = n;
-    g.a = a.f();
-    g.lda = n;
-    g.b = b.f();
-    g.ldb = n;
-    g.c = c.f();
-    g.ldc = n;
-    r.sgemm_gflops = 2.0 * n * n * n / per_call(share, 4, [&] { be.gemm(g); }, sync) / 1e9;
-  }
-
-  // Memory bandwidth: c = a + b over 3 arrays of 256 MiB (far beyond any L2), or an
-  // eighth of the free memory each on a small GPU.
-  {
-    size_t free_b = 0, total_b = 0;
-    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    const size_t len = std::min<size_t>(size_t{64} << 20, free_b / 8 / sizeof(float));
-    DeviceBuffer a(len * sizeof(float)), b(len * sizeof(float)), c(len * sizeof(float));
-    be.fill(a.f(), 1.f, static_cast<int64_t>(len));
-    be.fill(b.f(), 2.f, static_cast<int64_t>(len));
-    const Shape shape{static_cast<int64_t>(len)};
-    const Strides dense{1};
-    const double s = per_call(share, 10, [&] { be.binary(BinaryOp::add, a.f(), dense, b.f(), dense, c.f(), shape); },
-                              sync);
-    r.memory_bandwidth_gb_s = 3.0 * static_cast<double>(len * sizeof(float)) / s / 1e9;
-  }
-
-  // Launch overhead: one-element fills back to back, the engine's dispatch and the
-  // launch itself; the GPU finishes each long before the next is issued.
-  {
-    DeviceBuffer one(sizeof(float));
-    r.launch_overhead_s = per_call(share, 1000, [&] { be.fill(one.f(), 0.f, 1); }, sync);
-  }
-
-  // bf16 product with fp32 accumulation, where tensor cores run it (sm_80 and later).
-  if (prop.major >= 8) {
-    cublasHandle_t h = nullptr;
-    check(cublasCreate(&h), "cublasCreate");
-    struct Handle {
-      cublasHandle_t h;
-      ~Handle() { cublasDestroy(h); }
-    } keep{h};
-    const size_t bytes = static_cast<size_t>(n * n) * 2;
-    DeviceBuffer a(bytes), b(bytes), c(bytes);
-    // Bytes of 0x3c make every bf16 0x3c3c (about 0.0115): normal values.
-    check(cudaMemset(a.p, 0x3c, bytes), "cudaMemset");
-    check(cudaMemset(b.p, 0x3c, bytes), "cudaMemset");
-    const float alpha = 1.f, beta = 0.f;
-    const int ni = static_cast<int>(n);
-    cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-    const double s = per_call(share, 4, [&] {
-      if (status == CUBLAS_STATUS_SUCCESS)
-        status = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &alpha, a.p, CUDA_R_16BF, ni, b.p,
-                              CUDA_R_16BF, ni, &beta, c.p, CUDA_R_16BF, ni, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT);
-    }, [] { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the bf16 product"); });
-    check(status, "cublasGemmEx (bf16)");
-    r.bf16_gemm_gflops = 2.0 * n * n * n / s / 1e9;
-  }
+  r.sgemm_size = t.sgemm_size;
+  r.sgemm_gflops = t.sgemm_gflops;
+  r.memory_bandwidth_gb_s = t.memory_bandwidth_gb_s;
+  r.launch_overhead_s = t.launch_overhead_s;
+  r.bf16_gemm_gflops = t.bf16_gemm_gflops;
   return r;
 }
-
-#else
-
-DeviceRates measure_gpu(Backend& be, int device, double) {
-  fail("probe: GPU ", device, " on ", be.name(), ": this build has no CUDA (configured without it); "
-       "expected a build with the CUDA backend to probe a GPU");
-}
-
-#endif
 
 }  // namespace ht::probe

@@ -12,10 +12,10 @@ using namespace ht;
 namespace {
 
 GpuAvailability no_driver() {
-  return {true, 0, "cudaGetDeviceCount: CUDA driver version is insufficient for CUDA runtime version"};
+  return {true, 0, "cudaGetDeviceCount: CUDA driver version is insufficient for CUDA runtime version", ""};
 }
-GpuAvailability gpus(int count) { return {true, count, ""}; }
-GpuAvailability not_built() { return {false, 0, ""}; }
+GpuAvailability gpus(int count) { return {true, count, "", ""}; }
+GpuAvailability not_built() { return {false, 0, "", ""}; }
 
 std::string error_of(const DeviceRequest& req, int local_rank, const GpuAvailability& g) {
   try {

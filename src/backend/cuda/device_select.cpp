@@ -1,14 +1,8 @@
 #include "backend/cuda/device_select.h"
 
+#include "backend/cuda/cuda_module.h"
 #include "backend/registry.h"
 #include "core/error.h"
-
-#ifdef HETRAIN_HAVE_CUDA_BACKEND
-#include <cuda_runtime_api.h>
-
-#include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
-#endif
 
 namespace ht {
 
@@ -33,15 +27,17 @@ DeviceChoice choose_device(const DeviceRequest& req, int local_rank, const GpuAv
            " is negative; expected the process's rank among the ranks of its node, from 0");
   DeviceChoice c;
   if (req.kind == DeviceRequest::Kind::cpu) return c;
-  const bool usable = gpus.backend_built && gpus.count > 0;
+  const bool usable = gpus.backend_built && gpus.module_error.empty() && gpus.count > 0;
   const std::string reason =
       !gpus.backend_built ? std::string("this build of hetrain has no CUDA backend (configured "
                                         "without nvcc, cuBLAS and cuDNN, or with -Dcuda=disabled)")
-                          : "no usable GPU on this machine (" + gpus.why_none + ")";
+      : !gpus.module_error.empty() ? gpus.module_error
+                                   : "no usable GPU on this machine (" + gpus.why_none + ")";
   if (req.kind == DeviceRequest::Kind::automatic && !usable) {
     c.note = "device \"auto\": " + reason + "; training on the CPU";
     return c;
   }
+  if (!gpus.module_error.empty()) fail("device ", quoted(req.text), ": ", reason);
   if (!usable)
     fail("device ", quoted(req.text), ": ", reason, "; expected a machine with an NVIDIA GPU "
          "and its driver (nvidia-smi lists it), or device \"cpu\" or \"auto\"");
@@ -64,53 +60,27 @@ GpuAvailability query_gpus() {
   GpuAvailability g;
 #ifdef HETRAIN_HAVE_CUDA_BACKEND
   g.backend_built = true;
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    // cudaErrorInsufficientDriver where no driver is loaded, cudaErrorNoDevice where it
-    // sees no GPU: both mean no usable GPU, not a failure.
-    cudaGetLastError();
-    g.why_none = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+  std::string why;
+  const cuda::ModuleApi* api = cuda_module(why);
+  if (api == nullptr) {
+    g.module_error = why;
+    g.why_none = why;
     return g;
   }
-  g.count = count;
-  if (count == 0) g.why_none = "cudaGetDeviceCount: 0 devices";
+  g.count = api->device_count(g.why_none);
 #endif
   return g;
 }
 
-#ifdef HETRAIN_HAVE_CUDA_BACKEND
-namespace {
-
-// GPU to GPU without the host. The source's work is finished first (its values are
-// computed); the copy runs on the destination's compute stream, after the work already
-// issued there (the caching allocator may hand out a block that work still reads), and
-// is waited for, so that the source block may be freed and reused at once.
-bool cuda_peer_copy(Backend& dst_be, void* dst, Backend& src_be, const void* src, size_t bytes) {
-  auto* d = dynamic_cast<cuda::CudaBackend*>(&dst_be);
-  auto* s = dynamic_cast<cuda::CudaBackend*>(&src_be);
-  if (d == nullptr || s == nullptr) return false;
-  s->synchronize();
-  const std::string where = s->device_name() + " to " + d->device_name();
-  HT_CUDA_ON(where, cudaMemcpyPeerAsync(dst, d->device(), src, s->device(), bytes, d->compute_stream()));
-  HT_CUDA_ON(where, cudaStreamSynchronize(d->compute_stream()));
-  return true;
-}
-
-}  // namespace
-#endif
-
 Backend& backend_for(const DeviceChoice& choice) {
   if (choice.kind == DeviceKind::cpu) return cpu_backend();
-#ifdef HETRAIN_HAVE_CUDA_BACKEND
-  Backend& be = cuda::cuda_backend(choice.index);
+  std::string why;
+  const cuda::ModuleApi* api = cuda_module(why);
+  if (api == nullptr) fail("cuda:", choice.index, ": ", why, "; expected a choice made by choose_device");
+  Backend& be = api->backend(choice.index);
   register_backend(DeviceKind::cuda, choice.index, be);
-  set_peer_copy(cuda_peer_copy);
+  set_peer_copy(api->peer_copy);
   return be;
-#else
-  fail("cuda:", choice.index, ": this build of hetrain has no CUDA backend; expected a choice "
-       "made by choose_device");
-#endif
 }
 
 PrecisionChoice choose_precision(Precision requested, const DeviceRequest& req,

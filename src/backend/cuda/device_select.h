@@ -2,9 +2,10 @@
 // MPI local rank (the caller reads it from the launcher; backend/ does not).
 //
 //   "cpu"     the CPU backend
-//   "cuda:N"  GPU N; an error where there is no such GPU or the build has no CUDA backend
+//   "cuda:N"  GPU N; an error where there is no such GPU, the build has no CUDA backend or
+//             its module (hetrain-cuda.so) does not load
 //   "cuda"    GPU (local rank mod the GPUs seen): one GPU per rank of a node
-//   "auto"    "cuda" where a GPU is usable, else the CPU, with a note saying so
+//   "auto"    "cuda" where a GPU is usable, else the CPU, with a note saying why
 //
 // The choice (choose_device) is a pure function of the request and of what the machine
 // has, so that its messages are tested on any machine; select_device adds the query of
@@ -24,7 +25,12 @@ struct GpuAvailability {
   bool backend_built = false;  // this build has the CUDA backend
   int count = 0;
   std::string why_none;  // set when count == 0: the runtime's reason
+  // Set where the build has the backend but its module (hetrain-cuda.so) failed to load:
+  // the file, dlerror() and what was expected. count is then 0.
+  std::string module_error;
 };
+// Loads the CUDA backend module (backend/registry.h, cuda_module) where the build has it,
+// and asks it for the GPUs.
 GpuAvailability query_gpus();
 
 struct DeviceChoice {
