@@ -217,9 +217,10 @@ def quotas(tmp):
     else the host runs, and is not checked."""
     out = os.path.join(tmp, "cluster.json")
     want = [0.8, 0.4, 0.2, 0.2]
-    # A CUDA build's process holds about 225 MB before any work (the dynamic loader
-    # relocates cuBLAS at start, GPU or not; docs/cuda.md), so no cap is below 512 MiB.
-    r = subprocess.run([HETERO, "--quota", ",".join(map(str, want)), "--mem", "1G,768M,512M,512M", "--",
+    # A one-rank CPU probe of the MLP peaks at about 254 MiB resident, in a CUDA build as
+    # in a CPU one (the CUDA backend module is loaded only for a GPU; docs/cuda.md), so no
+    # cap is below 384 MiB.
+    r = subprocess.run([HETERO, "--quota", ",".join(map(str, want)), "--mem", "1G,512M,384M,384M", "--",
                         HETRAIN, "probe", "--quick", "--json", out] + (["--model", MLP] if have_fashion_mnist() else []),
                        capture_output=True, text=True, env=ENV, timeout=300)
     ok = r.returncode == 0
@@ -233,7 +234,7 @@ def quotas(tmp):
     check("hetero-local: each rank's CPU quota as configured, period 10 ms",
           all(f is not None and abs(f - w) < 1e-9 and abs(p - 0.01) < 1e-12 for (f, p), w in zip(got, want)), str(got))
     check("hetero-local: each rank's memory cap as configured",
-          [x["memory_cap_bytes"] for x in c["ranks"]] == [1 << 30, 768 << 20, 512 << 20, 512 << 20],
+          [x["memory_cap_bytes"] for x in c["ranks"]] == [1 << 30, 512 << 20, 384 << 20, 384 << 20],
           str([x["memory_cap_bytes"] for x in c["ranks"]]))
     check("hetero-local: the probe labels the quotas",
           all(any("CPU quota" in n for n in x["emulation"]) for x in c["ranks"]), str([x["emulation"] for x in c["ranks"]]))
