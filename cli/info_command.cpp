@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "core/threads.h"
@@ -33,12 +34,20 @@ void register_info(CLI::App& app) {
   cmd->add_flag("--json", *json_out, "Print machine-readable JSON");
   cmd->callback([json_out] {
     int threads = ht::resolve_thread_count(0, ht::comm::world().local_size());
+    // The CUDA backend is a module loaded where a GPU is asked for (registry.h): info
+    // names it without loading it, which would cost every `hetrain info` its libraries.
+#ifdef HETRAIN_HAVE_CUDA_BACKEND
+    const bool cuda_built = true;
+#else
+    const bool cuda_built = false;
+#endif
     nlohmann::json info = {
         {"version", HETRAIN_VERSION},
         {"threads", threads},
-        {"cuda_backend", false},
+        {"cuda_backend", cuda_built},
         {"backends", {describe(ht::cpu_backend())}},
     };
+    if (cuda_built) info["cuda_module"] = ht::cuda_module_path();
     if (*json_out) {
       std::printf("%s\n", info.dump(2).c_str());
       return;
@@ -46,7 +55,12 @@ void register_info(CLI::App& app) {
     std::printf("hetrain %s\n", HETRAIN_VERSION);
     std::printf("threads        %d (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or cores per rank)\n",
                 threads);
-    std::printf("cuda backend   not built (CPU only)\n");
+    if (cuda_built)
+      std::printf("cuda backend   built: %s, loaded where a GPU is asked for (device cuda, cuda:N or auto; "
+                  "probe --device)\n",
+                  info["cuda_module"].get<std::string>().c_str());
+    else
+      std::printf("cuda backend   not built (CPU only)\n");
     for (const auto& be : info["backends"]) {
       std::printf("backend %-6s memory %.1f GiB total, %.1f GiB available, %zu ops\n",
                   be["name"].get<std::string>().c_str(),

@@ -26,6 +26,12 @@ d = json.loads(sys.stdin.read())
 cpu = [b for b in d["backends"] if b["name"] == "cpu"][0]
 assert d["threads"] >= 1 and "gemm" in cpu["supported_ops"] and cpu["memory_total_bytes"] > 0
 ' <<<"$out"
+check "info --json names the CUDA module where the build has one, a file beside hetrain" python3 -c '
+import json, os, sys
+d = json.loads(sys.stdin.read())
+assert d["cuda_backend"] in (True, False)
+assert (not d["cuda_backend"] and "cuda_module" not in d) or os.path.isfile(d["cuda_module"]), d
+' <<<"$out"
 
 err=$("$hetrain" no-such-verb 2>&1); rc=$?
 check "unknown subcommand exits nonzero" test $rc -ne 0
