@@ -359,8 +359,8 @@ void check_outer_identical(const std::vector<std::string>& checksums, int64_t st
   if (!checksums.empty() && checksums[0].empty()) return;  // not compared at this log step
   for (size_t r = 1; r < checksums.size(); ++r)
     // Empty: a rank that holds no outer weights (idle, outside the exchange).
-    HT_CHECK(checksums[r].empty() || checksums[r] == checksums[0], "outer weights diverged by step ", step, ": checksum ", checksums[0],
-             " on rank 0 but ", checksums[r], " on rank ", r,
+    HT_CHECK(checksums[r].empty() || checksums[r] == checksums[0], "outer weights diverged by step ", step,
+             ": checksum ", checksums[0], " on rank 0 but ", checksums[r], " on rank ", r,
              "; expected bit-identical outer weights on every rank (a lost outer exchange)");
 }
 
