@@ -9,14 +9,14 @@ namespace ht {
 const char* const kDeviceForms =
     "\"cpu\", \"cuda\", \"cuda:N\" (N a GPU index from 0) or \"auto\"";
 
-namespace {
-
-std::string quoted(std::string_view s) {
+std::string quoted(std::string_view text) {
   std::string q(1, '"');
-  q.append(s);
+  q.append(text);
   q += '"';
   return q;
 }
+
+namespace {
 
 // The index of "cuda:N", or -1 where N is not a whole number from 0.
 int cuda_index(std::string_view digits) {

@@ -19,6 +19,9 @@ struct DeviceRequest {
 // The accepted forms, for messages: "\"cpu\", \"cuda\", ... or \"auto\"".
 extern const char* const kDeviceForms;
 
+// `text` in double quotes, as the device messages name what was written.
+std::string quoted(std::string_view text);
+
 // nullopt where `text` is none of the forms.
 std::optional<DeviceRequest> try_parse_device(std::string_view text);
 // Throws ht::Error naming the text and the accepted forms.

@@ -8,13 +8,6 @@ namespace ht {
 
 namespace {
 
-std::string quoted(std::string_view s) {
-  std::string q(1, '"');
-  q.append(s);
-  q += '"';
-  return q;
-}
-
 std::string gpu_range(int count) {
   return count == 1 ? "1 GPU (cuda:0)"
                     : std::to_string(count) + " GPUs (cuda:0 to cuda:" + std::to_string(count - 1) + ")";
