@@ -48,6 +48,19 @@ struct GemmArgs {
   float* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
   int64_t batch = 1;
+
+  // c = a b of n x n row-major matrices, as the probes time it.
+  static GemmArgs square(const float* a, const float* b, float* c, int64_t n) {
+    GemmArgs g;
+    g.m = g.n = g.k = n;
+    g.a = a;
+    g.lda = n;
+    g.b = b;
+    g.ldb = n;
+    g.c = c;
+    g.ldc = n;
+    return g;
+  }
 };
 
 // One 2-d convolution or pooling window geometry over NCHW images.

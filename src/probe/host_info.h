@@ -5,16 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_module.h"
+
 namespace ht::probe {
 
-struct GpuInfo {
-  int index = 0;
-  std::string name;
-  int compute_major = 0, compute_minor = 0;
-  int sm_count = 0;
-  uint64_t memory_total = 0, memory_free = 0;
-  double host_to_device_gb_s = 0, device_to_host_gb_s = 0;  // pinned 64 MiB copies
-};
+// One visible GPU: the CUDA module lists them in this form.
+using GpuInfo = cuda::GpuFacts;
 
 struct HostInfo {
   std::string host;

@@ -71,14 +71,7 @@ DeviceRates measure_device(double seconds) {
   int64_t n = r.sgemm_size;
   Tensor a = random_tensor({n, n}, rng, be), b = random_tensor({n, n}, rng, be);
   Tensor c = Tensor::empty({n, n}, DType::f32, be);
-  GemmArgs g;
-  g.m = g.n = g.k = n;
-  g.a = a.data();
-  g.lda = n;
-  g.b = b.data();
-  g.ldb = n;
-  g.c = c.data();
-  g.ldc = n;
+  const GemmArgs g = GemmArgs::square(a.data(), b.data(), c.data(), n);
   r.sgemm_gflops = 2.0 * n * n * n / run_for(seconds / 2, 3, [&] { be.gemm(g); }) / 1e9;
 
   // 3 x 32 MiB: far beyond any last-level cache.

@@ -31,7 +31,7 @@ inline constexpr const char* kModuleFile = "hetrain-cuda.so";
 // The environment variable naming another path for it.
 inline constexpr const char* kModuleEnv = "HETRAIN_CUDA_MODULE";
 
-// One visible GPU, as the probe lists it (probe::GpuInfo).
+// One visible GPU, as the probe lists it (probe::GpuInfo is this type).
 struct GpuFacts {
   int index = 0;
   std::string name;

@@ -134,14 +134,7 @@ GpuTimings time_gpu(Backend& be, int device, double seconds) {
     // Values of a normal scale; zeros could let a library skip work, denormals slow it.
     be.fill(a.f(), 0.5f, n * n);
     be.fill(b.f(), 0.25f, n * n);
-    GemmArgs g;
-    g.m = g.n = g.k = n;
-    g.a = a.f();
-    g.lda = n;
-    g.b = b.f();
-    g.ldb = n;
-    g.c = c.f();
-    g.ldc = n;
+    const GemmArgs g = GemmArgs::square(a.f(), b.f(), c.f(), n);
     r.sgemm_gflops = 2.0 * n * n * n / per_call(share, 4, [&] { be.gemm(g); }, sync) / 1e9;
   }
 
