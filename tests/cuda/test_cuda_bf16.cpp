@@ -118,7 +118,7 @@ const Product kProducts[] = {
 
 TEST_CASE("cuda bf16: gemm and batched gemm round their operands to bf16 and sum in fp32") {
   if (!has_bf16()) {
-    MESSAGE("skipped: " << gpu().product_name() << " has compute capability "
+    MESSAGE("not checked (bf16 needs sm_80): " << gpu().product_name() << " has compute capability "
                         << gpu().capability_major() << "." << gpu().capability_minor());
     return;
   }
@@ -145,7 +145,7 @@ TEST_CASE("cuda bf16: gemm and batched gemm round their operands to bf16 and sum
 
 TEST_CASE("cuda bf16: every op case within 1e-2 of the CPU in bf16") {
   if (!has_bf16()) {
-    MESSAGE("skipped: " << gpu().product_name() << " has no bf16 tensor cores");
+    MESSAGE("not checked: " << gpu().product_name() << " has no bf16 tensor cores (sm_80)");
     return;
   }
   Bf16Mode mode;
