@@ -437,6 +437,52 @@ double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
   return bw > 0 ? total_params(costs) * kOuterBytesPerParam / bw : 0;
 }
 
+// Whether each rank's own cores carry its part of the outer exchange: a CPU rank whose
+// links to every other member run at host-memory speed (kHostCopyBandwidth and up). Over
+// shared memory there is no engine apart from the cores the inner steps run on: the
+// rank copies the messages itself (the receiver's single copy), sums the part it owns,
+// and its progress calls between blocks take turns with the blocks. The MLP on four CPU
+// ranks of one host at 0.8/0.4/0.2/0.2 measured 12 to 27 ms of outer work a round (the
+// runtime's own figure, which the re-split reads) against a 1.2 ms pass and a 7.2 ms
+// predicted exchange; planned with the pass alone its rounds were too short (H 17,
+// where 24 and 32 ran 8 to 19% faster at the same accuracy). Over a slower link the
+// exchange's time is the wire's, and a GPU rank's exchange runs beside its kernels.
+// Per site, from one or two member ranks of it (ranks of a site share their links):
+// O(members + sites^2).
+std::vector<char> carries_exchange(const Plan& plan, const ClusterModel& cluster) {
+  std::vector<char> out(plan.ranks.size(), 0);
+  const std::vector<int> members = outer_members(plan);
+  if (members.size() < 2 || cluster.links.size() != plan.ranks.size() || cluster.ranks.size() != plan.ranks.size())
+    return out;
+  const Links& links = cluster.links;
+  const size_t sites = links.site_count();
+  std::vector<int> first(sites, -1), second(sites, -1);
+  for (int r : members) {
+    const size_t s = links.sites()[static_cast<size_t>(r)];
+    if (first[s] < 0) first[s] = r;
+    else if (second[s] < 0) second[s] = r;
+  }
+  std::vector<double> slowest(sites, std::numeric_limits<double>::infinity());
+  for (size_t s = 0; s < sites; ++s) {
+    if (first[s] < 0) continue;
+    if (second[s] >= 0)
+      slowest[s] = links.bandwidth(static_cast<size_t>(first[s]), static_cast<size_t>(second[s]));
+    for (size_t t = 0; t < sites; ++t)
+      if (t != s && first[t] >= 0)
+        slowest[s] = std::min(slowest[s], links.bandwidth(static_cast<size_t>(first[s]), static_cast<size_t>(first[t])));
+  }
+  for (int r : members)
+    out[static_cast<size_t>(r)] = cluster.ranks[static_cast<size_t>(r)].kind == DeviceKind::cpu &&
+                                  slowest[links.sites()[static_cast<size_t>(r)]] >= kHostCopyBandwidth;
+  return out;
+}
+
+// A member's own outer work a round: its pass, and the exchange where it carries it.
+double outer_work_seconds(const Plan& plan, const BlockCosts& costs, int rank, double exchange,
+                          const std::vector<char>& carries) {
+  return update_seconds(plan, costs, rank) + (carries[static_cast<size_t>(rank)] ? exchange : 0.0);
+}
+
 }  // namespace
 
 std::vector<int> outer_members(const Plan& plan) {
@@ -463,7 +509,8 @@ CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const
   const double hidden = plan.local->inner_steps * inner_step_seconds;
   CostModel m;
   std::vector<double> update;
-  for (const RankPlan& rp : plan.ranks) update.push_back(update_seconds(plan, costs, rp.rank));
+  const std::vector<char> carries = carries_exchange(plan, cluster);
+  for (const RankPlan& rp : plan.ranks) update.push_back(outer_work_seconds(plan, costs, rp.rank, exchange, carries));
   m.compute_seconds = [update](int rank, const Instruction& in) {
     HT_CHECK(in.op == Op::outer_sync_start, "outer sync cost model: ", op_name(in.op), " is not compute");
     return update[static_cast<size_t>(rank)];
@@ -478,13 +525,15 @@ namespace {
 // fixed part, the optimiser step and the per-call costs, and a part per sample), and
 // its sub-plan predicted at one global batch (`subs`, for the busy fractions).
 std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
-                                      std::vector<std::vector<double>>* busy, const LinkTiers* tiers) {
+                                      std::vector<std::vector<double>>* busy, const LinkTiers* tiers,
+                                      double exchange) {
   const LocalSync& l = *plan.local;
   const int64_t batch = plan.global_batch;
   // Groups of the same classes of ranks, with the same nominal shares, cost the same:
   // each such kind is predicted once (4,096 one-rank groups are a few kinds).
   const LinkTiers own = tiers ? LinkTiers{} : link_tiers(cluster);
   const std::vector<int> kind_of_rank = cost_classes(cluster, costs, tiers ? *tiers : own);
+  const std::vector<char> carries = carries_exchange(plan, cluster);
   std::map<std::vector<int64_t>, size_t> seen;  // a group's kind -> the first group of it
   std::vector<GroupCost> out(l.groups.size());
   if (busy) busy->assign(l.groups.size(), {});
@@ -522,8 +571,8 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
       c.per_sample = step / static_cast<double>(batch);
     }
     c.step_fixed = std::max(0.0, step - c.per_sample * static_cast<double>(batch));
-    // Its round also holds its own outer pass (OuterSyncStart on its slowest rank).
-    for (int r : ranks) c.round_fixed = std::max(c.round_fixed, update_seconds(plan, costs, r));
+    // Its round also holds its own outer work (OuterSyncStart on its slowest rank).
+    for (int r : ranks) c.round_fixed = std::max(c.round_fixed, outer_work_seconds(plan, costs, r, exchange, carries));
     if (busy)
       for (const RankPlan& rp : sub.ranks) (*busy)[g].push_back(rp.busy_fraction);
   }
@@ -534,7 +583,7 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
 
 std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
   check_local_plan(plan);
-  return costs_and_subs(plan, costs, cluster, nullptr, nullptr);
+  return costs_and_subs(plan, costs, cluster, nullptr, nullptr, exchange_seconds(plan, costs, cluster));
 }
 
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
@@ -551,10 +600,10 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   check_local_plan(plan);
   const LinkTiers tiers = link_tiers(cluster);
   std::vector<std::vector<double>> busy;  // each group's ranks' busy fractions at one batch
-  const std::vector<GroupCost> cost = costs_and_subs(plan, costs, cluster, &busy, &tiers);
+  const double exchange = exchange_seconds(plan, costs, cluster, &tiers);
+  const std::vector<GroupCost> cost = costs_and_subs(plan, costs, cluster, &busy, &tiers, exchange);
   std::vector<double> step(n);  // at one global batch
   for (size_t g = 0; g < n; ++g) step[g] = cost[g].step_fixed + cost[g].per_sample * static_cast<double>(batch);
-  const double exchange = exchange_seconds(plan, costs, cluster, &tiers);
   l.outer_exchange_seconds = exchange;
   // A job step at the groups' summed speed: what a round of H global batches takes per
   // batch when the split is exact.

@@ -53,6 +53,11 @@ namespace ht::plan {
 
 inline constexpr double kGroupEfficiency = 0.9;
 inline constexpr double kHideFactor = 1.0;
+// A CPU member whose links to every other member run at least this fast (bytes/s) moves
+// its part of the outer exchange with its own cores, so its round holds the exchange as
+// well as its pass (see carries_exchange in local_plan.cpp): above any 1 GbE link
+// (125 MB/s), below the 1 to 5 GB/s the probe measures between ranks of one host.
+inline constexpr double kHostCopyBandwidth = 250e6;
 // The largest H the planner chooses (when the exchange needs no more), and how close to
 // the cheapest round per job step a smaller H may be and still be taken.
 inline constexpr int kMaxRoundSteps = 32;

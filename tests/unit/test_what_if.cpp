@@ -314,7 +314,7 @@ TEST_CASE("local drops no sample: a group held longer than a round is waited for
   REQUIRE(local.refused.empty());
   CHECK(local.samples_dropped == 0);
   CHECK(local.rounds_waited_for == 1);
-  CHECK(local.samples_waited_for == batches_in_round(r.plan, 1, 8) * in.planner.global_batch);
+  CHECK(local.samples_waited_for == r.plan.local->round_samples[1]);
   // The stall's cost is at most S, less at most the one round the others run on during
   // it (the exchange they wait at is the held round's, one round later).
   CHECK(local.lost_seconds <= S * (1 + 1e-9));
@@ -330,11 +330,15 @@ TEST_CASE("local: a group held less than a round stays behind unseen until the f
   REQUIRE(r.plan.local->groups.size() == 4);
   const double round = r.plan.predicted.step_seconds * r.plan.local->inner_steps;
   in.events = {parse_what_if_event("stall:rank=1,at=" + std::to_string(2 * round + 0.1 * r.length[1]) + ",for=" +
-                                   std::to_string(0.4 * round))};
+                                   std::to_string(0.4 * r.length[1]))};
   const PolicyOutcome local = outcome(run_what_if(in), Policy::local);
   REQUIRE(local.refused.empty());
   CHECK(local.rounds_waited_for == 1);
-  CHECK(local.samples_waited_for == batches_in_round(r.plan, 1, 3) * in.planner.global_batch);
+  // Group 1's samples of those batches (its steps are n_1 / H_1 samples, not one global batch).
+  int64_t partial = 0;
+  for (int rank : group_ranks(r.plan, 1)) partial += samples_in_round(r.plan, rank, 3);
+  CHECK(partial >= batches_in_round(r.plan, 1, 3));
+  CHECK(local.samples_waited_for == partial);
   // Without the event nothing is waited for.
   in.events.clear();
   const PolicyOutcome plain = outcome(run_what_if(in), Policy::local);
