@@ -25,7 +25,8 @@
 // runs while the next round's inner steps do. A round must be at least kHideFactor times
 // the exchange and give every group a step; from that least count up to kMaxRoundSteps,
 // H is the count whose round costs least per job step, each group's round holding its
-// inner steps and its own outer pass (so a short round pays the passes more often), the
+// inner steps and its own outer work (its pass, and on a CPU rank of one host the exchange;
+// kHostCopyBandwidth), so a short round pays that more often, the
 // smallest within kNearBestRound of that: a group's steps start from weights that lack
 // the others' last round, and that staleness grows with H (the MLP at 0.8/0.4/0.2/0.2
 // ended within 0.866-0.8705 for H 10 to 32 with the sample-weighted mean, sync 0.877).
@@ -94,7 +95,7 @@ int64_t fitting_micro_batch(const Plan& plan, int replica);
 void size_group_step(Plan& sub, const Plan& plan, int group, int64_t count);
 
 // A group's predicted costs for the split of a round: an inner step of b samples takes
-// step_fixed + per_sample x b; its round also holds round_fixed (its own outer pass); a
+// step_fixed + per_sample x b; its round also holds round_fixed (its own outer work); a
 // step needs at least least_step samples (one per replica).
 struct GroupCost {
   double step_fixed = 0;
@@ -118,7 +119,7 @@ std::vector<int> steps_by_speed(int round_steps, const std::vector<double>& step
 // H_g x least_step each) that end the groups' rounds together as nearly as integers can.
 RoundSplit split_round(int round_steps, int64_t global_batch, const std::vector<GroupCost>& groups);
 // Each group's costs for split_round, from its sub-plan predicted at one global batch
-// and at half of it (the fixed part and the part per sample of a step), and its outer pass.
+// and at half of it (the fixed part and the part per sample of a step), and its outer work.
 std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
 // H as described above, from `least` (which the exchange and the group count set).
 int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& groups, int least);
