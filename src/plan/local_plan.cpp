@@ -441,12 +441,10 @@ double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
 // links to every other member run at host-memory speed (kHostCopyBandwidth and up). Over
 // shared memory there is no engine apart from the cores the inner steps run on: the
 // rank copies the messages itself (the receiver's single copy), sums the part it owns,
-// and its progress calls between blocks take turns with the blocks. The MLP on four CPU
-// ranks of one host at 0.8/0.4/0.2/0.2 measured 12 to 27 ms of outer work a round (the
-// runtime's own figure, which the re-split reads) against a 1.2 ms pass and a 7.2 ms
-// predicted exchange; planned with the pass alone its rounds were too short (H 17,
-// where 24 and 32 ran 8 to 19% faster at the same accuracy). Over a slower link the
-// exchange's time is the wire's, and a GPU rank's exchange runs beside its kernels.
+// and its progress calls between blocks take turns with the blocks; priced as the pass
+// alone, such ranks' rounds were planned far shorter than the outer work the runtime
+// measures (docs/architecture.md, local's H). Over a slower link the exchange's time is
+// the wire's, and a GPU rank's exchange runs beside its kernels.
 // Per site, from one or two member ranks of it (ranks of a site share their links):
 // O(members + sites^2).
 std::vector<char> carries_exchange(const Plan& plan, const ClusterModel& cluster) {
