@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/cpu/blas_kernels.h"
 #include "backend/registry.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
@@ -45,6 +46,8 @@ void register_info(CLI::App& app) {
         {"version", HETRAIN_VERSION},
         {"threads", threads},
         {"cuda_backend", cuda_built},
+        {"blas_kernels", ht::blas_core_name()},
+        {"blas_kernels_text", ht::blas_kernels_text()},
         {"backends", {describe(ht::cpu_backend())}},
     };
     if (cuda_built) info["cuda_module"] = ht::cuda_module_path();
@@ -55,6 +58,7 @@ void register_info(CLI::App& app) {
     std::printf("hetrain %s\n", HETRAIN_VERSION);
     std::printf("threads        %d (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or cores per rank)\n",
                 threads);
+    std::printf("blas kernels   %s\n", info["blas_kernels_text"].get<std::string>().c_str());
     if (cuda_built)
       std::printf("cuda backend   built: %s, loaded where a GPU is asked for (device cuda, cuda:N or auto; "
                   "probe --device)\n",

@@ -9,6 +9,7 @@
 #include <exception>
 #include <string>
 
+#include "backend/cpu/blas_kernels.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "config/config.h"
@@ -41,6 +42,7 @@ int finish(int status, const char* kind, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ht::prefer_blas_kernels(argv);  // before anything else: it may re-execute the binary
   CLI::App app{"hetrain: train neural networks across heterogeneous hardware", "hetrain"};
   app.set_version_flag("--version", std::string("hetrain ") + HETRAIN_VERSION);
   app.require_subcommand(0, 1);

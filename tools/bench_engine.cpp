@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/blas_kernels.h"
 #include "backend/cuda/device_select.h"
 #include "comm/communicator.h"
 #include "config/config.h"
@@ -251,6 +252,7 @@ std::pair<Timing, Timing> time_both(const Workload& w, int warmup, int steps, Pr
 }  // namespace
 
 int main(int argc, char** argv) {
+  ht::prefer_blas_kernels(argv);  // the kernels hetrain runs on (blas_kernels.h)
   CLI::App app{"Time one training step of the reference models: the executor's training path and the plain model path"};
   int steps = 20, warmup = 3, threads = 1;
   std::string json_path, models_arg = "mlp,cnn,gpt", device_text = "cpu", precision_text = "fp32";
@@ -338,7 +340,7 @@ int main(int argc, char** argv) {
                 bf16_peak / 1e12, peak_source.c_str());
   } else {
     fp32_gemm = probe::measure_device(1.0).sgemm_gflops * 1e9;
-    std::printf("cpu: fp32 GEMM %.1f GFLOP/s (measured, n = 1024)\n", fp32_gemm / 1e9);
+    std::printf("cpu: fp32 GEMM %.1f GFLOP/s (measured, n = 1024; %s)\n", fp32_gemm / 1e9, ht::blas_kernels_text().c_str());
   }
   report["rates"] = {{"fp32_gemm_flops", fp32_gemm}, {"bf16_gemm_flops", bf16_gemm}, {"bf16_peak_flops", bf16_peak},
                      {"bf16_peak_source", peak_source}, {"step_precision", precision_name(precision)}};

@@ -33,6 +33,31 @@ assert d["cuda_backend"] in (True, False)
 assert (not d["cuda_backend"] and "cuda_module" not in d) or os.path.isfile(d["cuda_module"]), d
 ' <<<"$out"
 
+# The products never run on a kernel set without the AVX2 the CPU has (blas_kernels.h):
+# where OpenBLAS fell back (an unknown CPU model), hetrain re-executed itself with
+# OPENBLAS_CORETYPE set; a user's own OPENBLAS_CORETYPE stands.
+blas_check='
+import json, os, sys
+d = json.loads(sys.stdin.read())
+flags = set()
+for line in open("/proc/cpuinfo"):
+    if line.startswith("flags"):
+        flags = set(line.split(":", 1)[1].split())
+        break
+avx512 = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= flags
+avx2 = {"avx2", "fma"} <= flags
+level = {"SkylakeX": 2, "Cooperlake": 2, "SapphireRapids": 2, "Haswell": 1, "Zen": 1, "Excavator": 1}.get(d["blas_kernels"], 0)
+want = sys.argv[1]
+if want:
+    assert d["blas_kernels"] == want, d
+else:
+    assert level > 0 or not (avx2 or avx512), ("a kernel set without AVX2 on a CPU with it", d["blas_kernels"], d["blas_kernels_text"])
+'
+out=$(env -u OPENBLAS_CORETYPE -u HETRAIN_BLAS_FALLBACK "$hetrain" info --json); rc=$?
+check "info --json names OpenBLAS's kernels, with AVX2 on a CPU that has it" python3 -c "$blas_check" "" <<<"$out"
+out=$(OPENBLAS_CORETYPE=Prescott "$hetrain" info --json); rc=$?
+check "a user's OPENBLAS_CORETYPE is kept" python3 -c "$blas_check" Prescott <<<"$out"
+
 err=$("$hetrain" no-such-verb 2>&1); rc=$?
 check "unknown subcommand exits nonzero" test $rc -ne 0
 check "unknown subcommand is named" grep -q 'no-such-verb' <<<"$err"
