@@ -82,8 +82,10 @@ void Run::write_summary(int64_t start, double wall, const std::vector<double>& s
     summary["shared_weights"] = executor_->shares_weights();  // rank 0's stage
     // Over windows of 10 steps: under a CPU quota one step runs in a burst and the next
     // waits out the period, so single steps scatter in two groups and their median (7.0
-    // ms for the MLP's 0.8 rank) missed its mean (6.4 ms).
-    summary["measured_step_s"] = median_window_mean(step_walls, 10);
+    // ms for the MLP's 0.8 rank) missed its mean (6.4 ms). Under local, whole rounds
+    // (step_window).
+    summary["measured_step_s"] =
+        median_window_mean(step_walls, step_window(local_ ? static_cast<size_t>(local_->inner_steps()) : 1));
     if (executor_->deadline()) {
       summary["sync_policy"] = "deadline";
       summary["deadline"] = json::parse(deadline_log_.summary());

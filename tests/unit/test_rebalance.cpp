@@ -403,3 +403,18 @@ TEST_CASE("stats: a run's step is the median of its windows' means, not of its s
   CHECK(median_window_mean({1, 2, 6}, 10) == doctest::Approx(3));
   CHECK(median_window_mean({}, 10) == 0);
 }
+
+TEST_CASE("stats: under local a run's step is taken over whole rounds, each with its round end") {
+  // Rounds of 25 steps of 4 ms, the last of each 30 ms longer (the outer exchange's wait
+  // and the pass): 5.2 ms a step. Windows of 10 steps miss the round end 6 times in 10.
+  std::vector<double> steps;
+  for (int i = 0; i < 250; ++i) steps.push_back(i % 25 == 24 ? 34.0 : 4.0);
+  CHECK(median_window_mean(steps, 10) == doctest::Approx(4.0));
+  CHECK(step_window(25) == 25);
+  CHECK(median_window_mean(steps, step_window(25)) == doctest::Approx(5.2));
+  // Short rounds: whole rounds of at least 10 steps; no rounds (sync): 10.
+  CHECK(step_window(3) == 12);
+  CHECK(step_window(10) == 10);
+  CHECK(step_window(1) == 10);
+  CHECK(step_window(0) == 10);
+}
