@@ -147,6 +147,12 @@ TrainSummary Run::run() {
     const bool interrupted = multi() && !executor_->deadline() ? stop_all : static_cast<bool>(g_interrupted);
     const bool stop = interrupted || stop_after;
     if (stop && !last && executor_->deadline()) finish_deadline(loop);
+    if (last) {
+      // The training's end: the final outer step under local (the checkpoint's and the
+      // evaluation's flush then finds nothing left), not the checkpoint or evaluation.
+      if (local_) local_->flush();
+      loop.trained_s = seconds_since(loop.t0);
+    }
     // A catch-up may have moved past a checkpoint step: the step applied saves it instead.
     if ((cfg_.checkpoint.every > 0 && done / cfg_.checkpoint.every > asked / cfg_.checkpoint.every) || last || stop)
       save(done, progress);
@@ -256,7 +262,7 @@ TrainSummary Run::finish(Loop& loop) {
   if (root_) {
     loop.metrics->write(eval_record(total_steps_, *final_eval));
     loop.progress.note("final (step " + std::to_string(total_steps_) + "): " + final_eval->line);
-    write_summary(loop.start, wall, loop.step_walls, *final_eval);
+    write_summary(loop.start, wall, loop.trained_s, loop.step_walls, *final_eval);
   }
   return {total_steps_, wall, cfg_.run.dir};
 }

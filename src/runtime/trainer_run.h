@@ -76,6 +76,9 @@ class Run {
     std::vector<double> step_walls;   // since the shares last changed
     std::deque<PendingLog> pending_logs;
     const int64_t traced;  // the step whose timeline is written: past the warm-up
+    // Since t0, when the last step was done (under local with its final outer step),
+    // before the final checkpoint and evaluation; 0 until then.
+    double trained_s = 0;
   };
 
   // trainer.cpp: the loop's parts, in the order it runs them.
@@ -124,7 +127,7 @@ class Run {
 
   // trainer_summary.cpp
   void write_timeline(const StepResult& step);
-  void write_summary(int64_t start, double wall, const std::vector<double>& step_walls,
+  void write_summary(int64_t start, double wall, double trained, const std::vector<double>& step_walls,
                      const EvalResult& final_eval);
 
   config::Config cfg_;

@@ -54,7 +54,7 @@ void Run::write_timeline(const StepResult& step) {
 }
 
 
-void Run::write_summary(int64_t start, double wall, const std::vector<double>& step_walls,
+void Run::write_summary(int64_t start, double wall, double trained, const std::vector<double>& step_walls,
                         const EvalResult& final_eval) {
   json summary = {{"config", cfg_.name},
                   {"steps", total_steps_},
@@ -62,6 +62,7 @@ void Run::write_summary(int64_t start, double wall, const std::vector<double>& s
                   {"steps_this_run", total_steps_ - start},
                   {"resumed_from_step", opts_.resume ? json(start) : json(nullptr)},
                   {"wall_s", wall},
+                  {"train_s", trained},
                   {"mean_samples_per_s",
                    static_cast<double>((total_steps_ - start) * cfg_.train.batch_size) / wall},
                   {"final", json::object()}};
