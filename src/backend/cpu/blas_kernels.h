@@ -44,8 +44,8 @@ std::string blas_core_name();
 // or the exec failed (the products then run on OpenBLAS's choice).
 void prefer_blas_kernels(char** argv);
 
-// The kernels in words, for `hetrain info` and the probe: the set, and where hetrain set
-// it, what OpenBLAS had chosen.
+// The kernels in words, for `hetrain info` and bench_engine: the set, and where hetrain
+// set it, what OpenBLAS had chosen.
 std::string blas_kernels_text();
 
 }  // namespace ht
