@@ -37,7 +37,7 @@ assert (not d["cuda_backend"] and "cuda_module" not in d) or os.path.isfile(d["c
 # where OpenBLAS fell back (an unknown CPU model), hetrain re-executed itself with
 # OPENBLAS_CORETYPE set; a user's own OPENBLAS_CORETYPE stands.
 blas_check='
-import json, os, sys
+import json, sys
 d = json.loads(sys.stdin.read())
 flags = set()
 for line in open("/proc/cpuinfo"):
