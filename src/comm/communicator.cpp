@@ -139,15 +139,15 @@ Deadline deadline_from(Timeout timeout, const char* op) {
 void backoff_sleep(int& polls, std::chrono::microseconds& pause, Deadline deadline, uint32_t heard) {
   // Most messages on one host land within microseconds: poll a few times before sleeping.
   constexpr int kSpinPolls = 64;
-  constexpr std::chrono::microseconds kMinPause{20}, kMaxPause{1000};
   if (++polls <= kSpinPolls) return;
+  const BackoffPauses limits = backoff_pauses();
   auto p = pause;
   if (deadline) {
     auto left = *deadline - Clock::now();
     if (left <= Clock::duration::zero()) return;
     p = std::min(p, std::chrono::ceil<std::chrono::microseconds>(left));
   }
-  pause = sleep_unless_rung(heard, p) ? kMinPause : std::min(pause * 2, kMaxPause);
+  pause = sleep_unless_rung(heard, p) ? limits.min : std::clamp(pause * 2, limits.min, limits.max);
 }
 
 void check_peer(int peer, int size, const char* op, const char* role) {

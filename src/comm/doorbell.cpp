@@ -12,6 +12,8 @@
 #include <ctime>
 #include <thread>
 
+#include "core/error.h"
+
 namespace ht::comm {
 
 namespace {
@@ -21,6 +23,8 @@ constexpr size_t kStride = 64;  // see bytes_for
 long futex(uint32_t* word, int op, uint32_t value, const timespec* timeout) {
   return syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
 }
+
+std::atomic<int64_t> min_pause_us{BackoffPauses{}.min.count()}, max_pause_us{BackoffPauses{}.max.count()};
 
 std::unique_ptr<Doorbell>& the_bell() {
   static std::unique_ptr<Doorbell> bell;
@@ -79,6 +83,17 @@ bool sleep_unless_rung(uint32_t heard, std::chrono::microseconds pause) {
   if (const Doorbell* bell = process_doorbell()) return bell->sleep(heard, pause);
   std::this_thread::sleep_for(pause);
   return false;
+}
+
+BackoffPauses backoff_pauses() {
+  return {std::chrono::microseconds(min_pause_us.load()), std::chrono::microseconds(max_pause_us.load())};
+}
+
+void set_backoff_pauses(BackoffPauses pauses) {
+  HT_CHECK(pauses.min.count() >= 1 && pauses.max >= pauses.min, "backoff pauses ", pauses.min.count(), " to ",
+           pauses.max.count(), " us; expected 1 us <= min <= max");
+  min_pause_us.store(pauses.min.count());
+  max_pause_us.store(pauses.max.count());
 }
 
 }  // namespace ht::comm

@@ -6,9 +6,9 @@
 // off to sleeps of up to 1 ms (a spinning rank would burn the CPU quota, or the core, that
 // a computing rank beside it needs). A message that lands during a sleep waits for its
 // end, and a timed sleep here ends late: a message sent 20 ms into a wait was taken a
-// median 1.6-2.1 ms after it was sent, against 0.14 ms with the doorbell (mpi test
-// "doorbell: a message ends ..."). A data-parallel step hands over twice (the gradients
-// to the reducing rank, the weights back).
+// median 1.6-2.1 ms after it was sent, against 0.14 ms with the doorbell. A
+// data-parallel step hands over twice (the gradients to the reducing rank, the weights
+// back). The mpi test "doorbell: a message ends ..." checks the wake-up with sleeps of 2 s.
 //
 // How: the ranks of one host share a page of POSIX shared memory, one 32-bit counter per
 // rank. A rank that posts a send, or completes a receive (which its sender may be waiting
@@ -68,5 +68,16 @@ void ring_doorbell(int world_rank);
 // it (a plain sleep without one). True when rung.
 uint32_t doorbell_heard();
 bool sleep_unless_rung(uint32_t heard, std::chrono::microseconds pause);
+
+// The polled waits' sleeps: from `min`, doubling to `max` (20 us to 1 ms), for this
+// process. The mpi tests lengthen them to seconds around a wait, so that a ring the
+// doorbell missed shows as the rest of a long sleep, where a scheduler's delay under load
+// could hide the millisecond a short one costs.
+struct BackoffPauses {
+  std::chrono::microseconds min{20}, max{1000};
+};
+BackoffPauses backoff_pauses();
+// Throws unless 1 us <= min <= max.
+void set_backoff_pauses(BackoffPauses pauses);
 
 }  // namespace ht::comm

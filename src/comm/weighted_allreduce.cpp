@@ -252,7 +252,7 @@ WaitStatus OverlappedAllreduce::drain(Timeout timeout) { return poll(timeout, tr
 // Waiting on requests one by one can deadlock: a receive is matched only while its own
 // request is tested (probe-based receives), so two ranks each waiting on a large send to
 // the other would never match. So every request is polled in turn, backing off from
-// polling to sleeps of up to 1 ms, so a throttled rank keeps its quota; a ring of the
+// polling to sleeps of up to 1 ms (backoff_pauses), so a throttled rank keeps its quota; a ring of the
 // doorbell (doorbell.h) ends a sleep at once.
 WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
   const Deadline deadline = deadline_from(timeout, "OverlappedAllreduce");
@@ -264,8 +264,9 @@ WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
     if (std::all_of(pending_.begin(), pending_.end(), summed) && (!sends || outgoing_.empty()))
       return WaitStatus::done;
     if (deadline && Clock::now() > *deadline) return WaitStatus::timed_out;
+    const BackoffPauses limits = backoff_pauses();
     if (moved) pause = std::chrono::microseconds(0);
-    else pause = std::min(std::chrono::microseconds(1000), std::max(std::chrono::microseconds(20), pause * 2));
+    else pause = std::clamp(pause * 2, limits.min, limits.max);
     if (pause.count() > 0 && sleep_unless_rung(heard, pause)) pause = std::chrono::microseconds(0);
   }
 }
