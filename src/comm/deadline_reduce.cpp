@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <thread>
 
 #include "core/error.h"
@@ -89,10 +90,16 @@ uint64_t mix_step_hash(uint64_t previous, int64_t step, int64_t term, int leader
   return h;
 }
 
+// A received message keeps its bytes and reads its floats in place: a gradient or a sum
+// is the whole model's, and every copy of it costs a throttled rank a good part of a
+// millisecond (the header is 72 bytes and the ints 8 each, so the floats stay aligned).
 struct DeadlineReduce::Message {
   Header header;
   std::vector<int64_t> ints;
-  std::vector<float> floats;
+  std::shared_ptr<const std::vector<char>> bytes;
+  const float* float_data = nullptr;
+  size_t n_floats = 0;
+  std::span<const float> floats() const { return {float_data, n_floats}; }
 
   static std::shared_ptr<std::vector<char>> encode(const Header& h, const std::vector<int64_t>& ints,
                                                    const float* floats, size_t n_floats) {
@@ -106,7 +113,8 @@ struct DeadlineReduce::Message {
     if (n_floats > 0) std::memcpy(p + sizeof hh + ints.size() * 8, floats, n_floats * 4);
     return out;
   }
-  static Message decode(const std::vector<char>& bytes, int from) {
+  static Message decode(std::shared_ptr<const std::vector<char>> received, int from) {
+    const std::vector<char>& bytes = *received;
     Message m;
     HT_CHECK(bytes.size() >= sizeof(Header), "deadline reduce: a message of ", bytes.size(), " bytes from rank ",
              from, "; expected at least its ", sizeof(Header), "-byte header");
@@ -115,9 +123,11 @@ struct DeadlineReduce::Message {
     HT_CHECK(bytes.size() == sizeof(Header) + ni * 8 + nf * 4, "deadline reduce: a message of ", bytes.size(),
              " bytes from rank ", from, " whose header announces ", ni, " ints and ", nf, " floats");
     m.ints.resize(ni);
-    m.floats.resize(nf);
     if (ni) std::memcpy(m.ints.data(), bytes.data() + sizeof(Header), ni * 8);
-    if (nf) std::memcpy(m.floats.data(), bytes.data() + sizeof(Header) + ni * 8, nf * 4);
+    static_assert(sizeof(Header) % alignof(float) == 0);
+    m.float_data = reinterpret_cast<const float*>(bytes.data() + sizeof(Header) + ni * 8);
+    m.n_floats = nf;
+    m.bytes = std::move(received);
     return m;
   }
 };
@@ -229,10 +239,12 @@ void DeadlineReduce::send_catch_up(int dst, int64_t since, bool final) {
 }
 
 void DeadlineReduce::send_contribution() {
+  // One in flight (to a leader that stalled) must stay as it was: a new term's send
+  // goes from a copy. The first send, the usual case, goes from the encoded bytes.
+  if (contribution_.use_count() > 1) contribution_ = std::make_shared<std::vector<char>>(*contribution_);
   auto* h = reinterpret_cast<Header*>(contribution_->data());
   h->term = term_;
-  // A copy per send: the one in flight to a stalled leader must stay as it was.
-  send(leader(), std::make_shared<std::vector<char>>(*contribution_));
+  send(leader(), contribution_);
 }
 
 void DeadlineReduce::adopt_term(int64_t term) {
@@ -261,7 +273,7 @@ bool DeadlineReduce::poll() {
     Request& r = receives_[static_cast<size_t>(p)];
     if (!r.test()) continue;
     any = true;
-    Message m = Message::decode(*inbox_[static_cast<size_t>(p)], p);
+    Message m = Message::decode(std::move(inbox_[static_cast<size_t>(p)]), p);
     post_receive(p);
     handle(p, m);
   }
@@ -283,7 +295,7 @@ void DeadlineReduce::handle(int from, const Message& m) {
     case notice: return;
     case contribution:
       if (leader() != rank_) return;
-      if (auto a = arrivals_.find(h.step); a != arrivals_.end() && !m.floats.empty())
+      if (auto a = arrivals_.find(h.step); a != arrivals_.end() && m.n_floats > 0)
         a->second.second = std::max(a->second.second, std::chrono::duration<double>(Clock::now() - a->second.first).count());
       arrived_[{h.step, from}] = std::make_unique<Pending>(Pending{from, m});
       return;
@@ -395,26 +407,30 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
   int64_t fresh_samples = own ? mine.samples : 0;
   for (int j = 0; j < size_; ++j) {
     const auto k = static_cast<size_t>(j);
-    const std::vector<float>* g = nullptr;
+    std::span<const float> g;
+    bool given = false;
     Contribution c{j, 0, 0};
     if (j == rank_ && own) {
-      g = &sum;
+      g = sum;
+      given = true;
       c.samples = mine.samples;
     } else if (fresh[k]) {
-      g = &fresh[k]->message.floats;
+      g = fresh[k]->message.floats();
+      given = true;
       c.samples = fresh[k]->message.header.samples;
       loss += fresh[k]->message.header.loss;
       fresh_samples += c.samples;
     } else if (stale[k]) {
-      g = &stale[k]->message.floats;
+      g = stale[k]->message.floats();
+      given = true;
       c.samples = stale[k]->message.header.samples;
       c.staleness = s - stale[k]->message.header.step;
       ++record.staleness_applied;
     }
-    if (!g || (g->empty() && c.samples == 0)) continue;  // present, with nothing to add
-    HT_CHECK(g->size() == total.size(), "deadline reduce: rank ", j, " contributed ", g->size(),
+    if (!given || (g.empty() && c.samples == 0)) continue;  // present, with nothing to add
+    HT_CHECK(g.size() == total.size(), "deadline reduce: rank ", j, " contributed ", g.size(),
              " gradient values to step ", s, "; expected ", total.size());
-    for (size_t i = 0; i < total.size(); ++i) total[i] += (*g)[i];
+    for (size_t i = 0; i < total.size(); ++i) total[i] += g[i];
     record.samples += c.samples;
     record.contributors.push_back(c);
   }
@@ -474,7 +490,7 @@ void DeadlineReduce::take_catch_up() {
     if (r.step >= step_) missed_.push_back(r);
     remember(r);
   }
-  state.floats = m.floats;
+  state.floats.assign(m.floats().begin(), m.floats().end());
   load_(state);
   step_ = m.header.step;
   hash_ = m.header.hash;
@@ -498,14 +514,22 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
     HT_CHECK(g.dtype() == DType::f32 && g.is_contiguous(), "deadline reduce: gradients must be contiguous float32");
     n += static_cast<size_t>(g.numel());
   }
-  std::vector<float> mine(n);
-  {
+  // The gradients stay as they are until the step's sum replaces them at the end, so the
+  // contribution is encoded from them directly, and a rank that leads reads its own from
+  // them; the sum comes back as a received result (read in place) or as the one this
+  // rank made.
+  const auto own_gradient = [&] {
+    std::vector<float> v(n);
     size_t at = 0;
     for (const Tensor& g : grads) {
-      std::memcpy(mine.data() + at, g.data(), static_cast<size_t>(g.numel()) * 4);
+      std::memcpy(v.data() + at, g.data(), static_cast<size_t>(g.numel()) * 4);
       at += static_cast<size_t>(g.numel());
     }
-  }
+    return v;
+  };
+  Message result;           // the leader's, when another rank closed the step
+  std::vector<float> made;  // the sum, when this rank closed it
+  bool led = false;
   DeadlineOutcome out;
   out.caught_up = caught_up_early_;
   caught_up_early_ = false;
@@ -518,7 +542,16 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
   h.samples = samples;
   h.hash = my_base;
   h.loss = loss_sum;
-  contribution_ = Message::encode(h, {}, mine.data(), mine.size());
+  h.n_floats = static_cast<int64_t>(n);
+  contribution_ = std::make_shared<std::vector<char>>(sizeof h + n * 4);
+  {
+    std::memcpy(contribution_->data(), &h, sizeof h);
+    size_t at = sizeof h;
+    for (const Tensor& g : grads) {
+      std::memcpy(contribution_->data() + at, g.data(), static_cast<size_t>(g.numel()) * 4);
+      at += static_cast<size_t>(g.numel()) * 4;
+    }
+  }
   int64_t sent_term = -1;  // the term whose leader has this rank's contribution
   const int64_t entry_term = term_;
   auto wait_until = Clock::now();
@@ -548,11 +581,11 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       if (m.header.step == step_ && m.header.hash == hash_) {
         size_t at = 0;
         out.record = take_record(m.ints, at);
-        HT_CHECK(m.floats.size() == n, "deadline reduce: a result of ", m.floats.size(), " values from rank ", from,
+        HT_CHECK(m.n_floats == n, "deadline reduce: a result of ", m.n_floats, " values from rank ", from,
                  "; expected ", n);
         last_budget_ = m.header.budget;
         out.budget_s = m.header.budget;
-        mine = m.floats;
+        result = m;
         apply_record(out.record);
         applied = true;
         break;
@@ -570,7 +603,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       if (own_is_current()) {
         record.contributors.push_back({rank_, samples, 0});
         record.loss_sum = loss_sum;
-        sum = mine;
+        sum = own_gradient();
       } else {
         sum.assign(n, 0.0f);
       }
@@ -580,7 +613,8 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       if (lead_step(sum, opened, record)) {
         out.record = record;
         out.budget_s = last_budget_;
-        mine.swap(sum);
+        made.swap(sum);
+        led = true;
         break;
       }
       sent_term = -1;  // replaced while leading: contribute to the new leader
@@ -601,10 +635,11 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
     }
     if (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  const float* total = led ? made.data() : result.float_data;
   size_t at = 0;
   for (Tensor& g : grads) {
     const auto k = static_cast<size_t>(g.numel());
-    std::memcpy(g.data(), mine.data() + at, k * 4);
+    std::memcpy(g.data(), total + at, k * 4);
     at += k;
   }
   out.missed = std::move(missed_);
