@@ -45,9 +45,10 @@ Deadline deadline_from(Timeout timeout, const char* op);
 
 // Calls `done` until it returns true (done) or the deadline passes (timed_out); `done`
 // is always called at least once. Spins briefly, then sleeps 20 us doubling to 1 ms
-// (backoff_pauses) between polls: waiting ranks would otherwise take the core that a computing rank on
-// the same machine needs (OpenMPI's own waits spin). A ring of the doorbell (a peer on
-// this host sent or received something) ends a sleep early and starts the backoff over.
+// (backoff_pauses) between polls: waiting ranks would otherwise take the core that a
+// computing rank on the same machine needs (OpenMPI's own waits spin). A ring of the
+// doorbell (a peer on this host sent or received something) ends a sleep early and
+// starts the backoff over.
 template <class Done>
 WaitStatus poll_until(Done&& done, Deadline deadline);
 

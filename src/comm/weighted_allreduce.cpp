@@ -252,8 +252,8 @@ WaitStatus OverlappedAllreduce::drain(Timeout timeout) { return poll(timeout, tr
 // Waiting on requests one by one can deadlock: a receive is matched only while its own
 // request is tested (probe-based receives), so two ranks each waiting on a large send to
 // the other would never match. So every request is polled in turn, backing off from
-// polling to sleeps of up to 1 ms (backoff_pauses), so a throttled rank keeps its quota; a ring of the
-// doorbell (doorbell.h) ends a sleep at once.
+// polling to sleeps of up to 1 ms (backoff_pauses), so a throttled rank keeps its
+// quota; a ring of the doorbell (doorbell.h) ends a sleep at once.
 WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
   const Deadline deadline = deadline_from(timeout, "OverlappedAllreduce");
   auto pause = std::chrono::microseconds(0);
