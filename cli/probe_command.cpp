@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/device_select.h"
 #include "cli/commands.h"
@@ -26,12 +28,25 @@ void register_probe(CLI::App& app) {
   cmd->add_option("--model", args->model,
                   "Config whose model blocks are profiled on each rank; its emulate section applies");
   cmd->add_option("--device", args->device,
-                  "What each rank probes and trains on: cpu, cuda (the GPU of its local rank), cuda:N or auto")
+                  "What each rank probes and trains on: cpu, cuda (the GPU of its local rank), cuda:N or auto; "
+                  "or one per world rank, comma-separated (cuda,cpu,cpu: a job of GPU and CPU ranks)")
       ->capture_default_str();
   cmd->callback([args] {
     ht::comm::Communicator& world = ht::comm::world();
+    std::vector<std::string> devices;
+    for (size_t at = 0;;) {
+      const size_t comma = args->device.find(',', at);
+      devices.push_back(args->device.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    if (devices.size() > 1 && static_cast<int>(devices.size()) != world.size())
+      throw ht::config::ConfigError("probe --device \"" + args->device + "\": " + std::to_string(devices.size()) +
+                                    " devices for " + std::to_string(world.size()) +
+                                    " ranks; expected one per world rank, comma-separated, or one for every rank");
     // A CPU probe asks for no GPU: querying them would load the CUDA backend module.
-    const ht::DeviceRequest request = ht::parse_device(args->device);
+    const ht::DeviceRequest request =
+        ht::parse_device(devices.size() > 1 ? devices[static_cast<size_t>(world.rank())] : devices[0]);
     const ht::DeviceChoice device = ht::choose_device(
         request, world.local_rank(),
         request.kind == ht::DeviceRequest::Kind::cpu ? ht::GpuAvailability{} : ht::query_gpus());

@@ -163,7 +163,8 @@ void register_train(CLI::App& app) {
     ht::comm::Communicator& world = ht::comm::world();
     // The device first, before the data, the probe or the run directory: a config asking
     // for a GPU this machine lacks fails here, and "auto" says what it chose.
-    const std::string device_note = ht::runtime::select_run_device(cfg, world.local_rank());
+    const std::string device_note =
+        ht::runtime::select_run_device(cfg, world.rank(), world.size(), world.local_rank());
     if (!device_note.empty() && !args->quiet) {
       if (world.size() > 1) std::printf("rank %d: ", world.rank());
       std::printf("%s\n", device_note.c_str());

@@ -299,6 +299,17 @@ const char* to_string(SyncPolicy s) { return enum_name(s, kSyncPolicyNames); }
 std::vector<std::string> sync_policy_names() { return enum_names(kSyncPolicyNames); }
 std::optional<SyncPolicy> parse_sync_policy(std::string_view s) { return enum_from_name(s, kSyncPolicyNames); }
 
+std::string device_of_rank(const Config& c, int rank, int world_size) {
+  if (c.rank_devices.empty()) return c.device;
+  if (static_cast<int>(c.rank_devices.size()) != world_size)
+    throw ConfigError("device: a list of " + std::to_string(c.rank_devices.size()) + " device" +
+                      (c.rank_devices.size() == 1 ? "" : "s") + " for a job of " + std::to_string(world_size) +
+                      " rank" + (world_size == 1 ? "" : "s") +
+                      "; expected one per world rank, in rank order, or one device (a string) for every rank");
+  HT_CHECK(rank >= 0 && rank < world_size, "device_of_rank: rank ", rank, " of ", world_size);
+  return c.rank_devices[static_cast<size_t>(rank)];
+}
+
 Config parse_config(const std::string& json_text, const std::string& source_path) {
   const std::string source = source_path.empty() ? "<config>" : source_path;
   const Json doc = parse_document(json_text, source);
@@ -307,7 +318,8 @@ Config parse_config(const std::string& json_text, const std::string& source_path
   c.name = std::filesystem::path(source_path).stem().string();
   if (c.name.empty()) c.name = "config";
   expect_object(doc, "(top level)", "an object with sections model, data, train");
-  // "device" is a top-level string, not a section: it says where the whole run computes.
+  // "device" is a top-level string (or a list, one per world rank), not a section: it says
+  // where the run computes.
   walk(doc, "",
        {{"description", {}, [](const Json& v, const std::string& p) {
            if (!v.is_string()) fail_at(p, show(v) + " is not a string; expected free text");
@@ -321,6 +333,18 @@ Config parse_config(const std::string& json_text, const std::string& source_path
         section("run", read_run, c.run),
         section("emulate", read_emulate, c.emulate),
         {"device", {}, [&](const Json& v, const std::string& p) {
+           if (v.is_array()) {  // one per world rank
+             if (v.empty())
+               fail_at(p, "[] is an empty list; expected one device per world rank, such as [\"cuda\", \"cpu\"], "
+                          "or one device for every rank");
+             for (size_t i = 0; i < v.size(); ++i) {
+               const std::string d = v[i].is_string() ? v[i].get<std::string>() : std::string();
+               if (!v[i].is_string() || !try_parse_device(d))
+                 fail_at(index_path(p, i), show(v[i]) + " is not a device; expected " + kDeviceForms);
+               c.rank_devices.push_back(d);
+             }
+             return;
+           }
            const std::string d = v.is_string() ? v.get<std::string>() : std::string();
            if (!v.is_string() || !try_parse_device(d))
              fail_at(p, show(v) + " is not a device; expected " + kDeviceForms);
@@ -433,7 +457,7 @@ std::string to_json(const Config& c) {
              {"quarantine_after", c.guard.quarantine_after},
              {"quarantine_steps", c.guard.quarantine_steps}}},
            {"run", {{"dir", c.run.dir}}},
-           {"device", c.device}};
+           {"device", c.rank_devices.empty() ? Json(c.device) : Json(c.rank_devices)}};
   if (c.parallel.sync) doc["parallel"]["sync"] = to_string(*c.parallel.sync);  // absent: the planner's choice
   if (!c.emulate.ranks.empty()) {
     Json ranks = Json::array();

@@ -181,7 +181,15 @@ struct Config {
   // rank), "cuda:N" or "auto" (a GPU where one is usable, else the CPU); the forms are
   // core/device_request.h's, and backend/cuda/device_select.h chooses from them.
   std::string device = "cpu";
+  // A list instead (`"device": ["cuda", "cpu", "cpu"]`): one device per world rank, in
+  // world rank order, for a job of GPU and CPU ranks. Empty: `device` for every rank.
+  std::vector<std::string> rank_devices;
 };
+
+// The device text of world rank `rank` in a job of `world_size` ranks: the config's list
+// entry where it lists one per rank, else its one device. Throws ConfigError (at
+// "device") where the list's length is not the world size.
+std::string device_of_rank(const Config& c, int rank, int world_size);
 
 // Reads and validates. Throws ConfigError naming the JSON path on any problem.
 Config load_config(const std::string& path);

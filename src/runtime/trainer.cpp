@@ -281,8 +281,8 @@ void apply_overrides(config::Config& cfg, const TrainOptions& opts) {
   if (opts.run_dir) cfg.run.dir = *opts.run_dir;
 }
 
-std::string select_run_device(const config::Config& cfg, int local_rank) {
-  SelectedDevice d = select_device(cfg.device, local_rank, cfg.train.precision);
+std::string select_run_device(const config::Config& cfg, int world_rank, int world_size, int local_rank) {
+  SelectedDevice d = select_device(config::device_of_rank(cfg, world_rank, world_size), local_rank, cfg.train.precision);
   set_run_device(*d.backend);
   return d.note;
 }
@@ -291,7 +291,7 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
                    std::optional<plan::Plan> plan) {
   apply_overrides(cfg, opts);
   // Before anything is made: the task, the model and the optimiser are made on it.
-  select_run_device(cfg, comm::world().local_rank());
+  select_run_device(cfg, comm::world().rank(), comm::world().size(), comm::world().local_rank());
   HT_CHECK(plan || comm::world().size() == 1, "train: ", comm::world().size(),
            " ranks need a plan; expected one from `hetrain plan` or the planner");
   set_thread_count(resolve_thread_count(0, comm::world().local_size()));

@@ -53,13 +53,14 @@ struct TrainSummary {
 // Applies the overrides to the config (validating them like the config itself).
 void apply_overrides(config::Config& cfg, const TrainOptions& opts);
 
-// Chooses this process's device from the config's "device" and its MPI local rank
+// Chooses this process's device from the config's "device" (its entry for `world_rank`
+// where it lists one per rank: config::device_of_rank) and its MPI local rank
 // (backend/cuda/device_select.h) and makes it the run's device (backend/registry.h).
 // Returns the note the choice leaves ("auto" fell back to the CPU, or which GPU "cuda"
 // took), empty where there is none. Throws ht::Error, before any work, where the config
 // asks for a GPU that this machine or build does not have. train() calls it too; calling
 // it again with the same config changes nothing.
-std::string select_run_device(const config::Config& cfg, int local_rank);
+std::string select_run_device(const config::Config& cfg, int world_rank, int world_size, int local_rank);
 
 // Collective under MPI: every rank calls it with the same config and plan. Without a
 // plan (one process only) the whole model trains in train.micro_batches micro-batches.

@@ -174,7 +174,9 @@ int64_t Run::restore(report::Progress& progress) {
 
 std::string evaluate_checkpoint(const config::Config& cfg, const std::string& path) {
   set_thread_count(resolve_thread_count());
-  const std::string note = select_run_device(cfg, 0);  // one process: local rank 0
+  // One process, on rank 0's device where the config lists one per rank.
+  const std::string note = select_run_device(
+      cfg, 0, cfg.rank_devices.empty() ? 1 : static_cast<int>(cfg.rank_devices.size()), 0);
   if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   Checkpoint ckpt = read_checkpoint(path);
   std::unique_ptr<Task> task = make_task(cfg, run_device());

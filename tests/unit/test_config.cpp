@@ -97,6 +97,31 @@ TEST_CASE("config: to_json round-trips and holds only the keys that apply") {
   CHECK(gpt.find("\"weight_decay\": 0.01") != std::string::npos);
 }
 
+TEST_CASE("config: a device per world rank") {
+  const std::string base = R"({"model": {"type": "mlp"}, "data": {"dataset": "fashion_mnist"},
+      "train": {"steps": 10, "optimizer": {"lr": 0.001}}, )";
+  const Config one = parse_config(base + R"("device": "auto"})", "one.json");
+  CHECK(one.rank_devices.empty());
+  CHECK(device_of_rank(one, 0, 1) == "auto");
+  CHECK(device_of_rank(one, 2, 3) == "auto");  // one device: every rank's
+  const Config mixed = parse_config(base + R"("device": ["cuda:0", "cpu", "auto"]})", "mixed.json");
+  CHECK(mixed.rank_devices == std::vector<std::string>{"cuda:0", "cpu", "auto"});
+  CHECK(device_of_rank(mixed, 0, 3) == "cuda:0");
+  CHECK(device_of_rank(mixed, 1, 3) == "cpu");
+  CHECK(device_of_rank(mixed, 2, 3) == "auto");
+  CHECK_THROWS_WITH_AS(device_of_rank(mixed, 0, 2),
+                       "device: a list of 3 devices for a job of 2 ranks; expected one per world rank, in rank "
+                       "order, or one device (a string) for every rank",
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(device_of_rank(parse_config(base + R"("device": ["cpu"]})", "l.json"), 0, 4),
+                       doctest::Contains("a list of 1 device for a job of 4 ranks"), ConfigError);
+  // The resolved config (a run directory's config.json) keeps the list.
+  const auto j = nlohmann::json::parse(to_json(mixed));
+  CHECK(j["device"] == nlohmann::json::array({"cuda:0", "cpu", "auto"}));
+  CHECK(parse_config(to_json(mixed), "back.json").rank_devices == mixed.rank_devices);
+  CHECK(nlohmann::json::parse(to_json(one))["device"] == "auto");
+}
+
 TEST_CASE("config: defaults are filled in") {
   const Config c = parse_config(kMinimal, "some/dir/minimal.json");
   CHECK(c.source_path == "some/dir/minimal.json");
