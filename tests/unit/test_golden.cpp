@@ -9,6 +9,11 @@
 // only rounding). Limits: 1e-5 on the loss and the gradients, 1e-4 on the parameters.
 // The reference is float64, so these errors are hetrain's float32 rounding alone; AdamW
 // divides by sqrt(v) and so magnifies it in the parameters, hence their looser limit.
+//
+// The device: the CPU, or what HETRAIN_GOLDEN_DEVICE names ("cuda", "cuda:N"), as
+// tools/gpu-check runs these cases on a GPU. The limits are the same there: the CUDA
+// backend keeps TF32 off (cuBLAS and cuDNN in FMA math), so a GPU's products round as
+// float32 does, in another order.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -21,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/device_select.h"
 #include "comm/local_communicator.h"
 #include "config/config.h"
 #include "nn/layernorm.h"
@@ -37,6 +43,17 @@ namespace {
 
 constexpr double kLossGradLimit = 1e-5;
 constexpr double kParamLimit = 1e-4;
+
+// The fixtures' device (see the top); a name that cannot be met fails the first case
+// with device selection's message.
+Backend& golden_device() {
+  static Backend* device = [] {
+    const char* e = std::getenv("HETRAIN_GOLDEN_DEVICE");
+    if (!e || !*e || std::string(e) == "cpu") return &cpu_backend();
+    return select_device(e, 0).backend;
+  }();
+  return *device;
+}
 
 struct Fixture {
   std::string path;
@@ -88,7 +105,7 @@ Fixture read_fixture(const std::string& name) {
 class FixtureTask : public runtime::Task {
  public:
   explicit FixtureTask(const Fixture& f)
-      : Task(cpu_backend()), f_(f), inputs_(f.at("batch.inputs")), targets_(f.at("batch.targets")) {}
+      : Task(golden_device()), f_(f), inputs_(f.at("batch.inputs")), targets_(f.at("batch.targets")) {}
 
   nn::Sequential build_model(uint64_t) const override { return golden::build_model(f_.cfg); }
   int64_t train_size() const override { return inputs_.shape()[0]; }
@@ -98,8 +115,8 @@ class FixtureTask : public runtime::Task {
   runtime::Batch train_batch(int64_t first, int64_t count) override {
     HT_CHECK(first >= 0 && first + count <= train_size(), "golden fixture ", f_.path,
              " holds ", train_size(), " samples; asked for [", first, ", ", first + count, ")");
-    return {contiguous(slice(inputs_, 0, first, first + count)),
-            contiguous(slice(targets_, 0, first, first + count))};
+    return {contiguous(slice(inputs_, 0, first, first + count)).to(device()),
+            contiguous(slice(targets_, 0, first, first + count)).to(device())};
   }
   runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
 
@@ -292,11 +309,13 @@ void check_op(const Fixture& f, const std::string& what, const Tensor& got, cons
 // over the range where its definition shows.
 TEST_CASE("golden: GELU, LayerNorm and cross-entropy match PyTorch over wide input ranges") {
   const Fixture f = read_fixture("ops");
+  Backend& dev = golden_device();
+  const auto on_device = [&](const std::string& name) { return f.at(name).to(dev); };
   {
-    Tensor x = f.at("gelu.x").detach().set_requires_grad();
+    Tensor x = on_device("gelu.x").detach().set_requires_grad();
     Tensor y = gelu(x);
     check_op(f, "gelu over [-8, 8]", y, "gelu.y");
-    y.backward(f.at("gelu.gy"));
+    y.backward(on_device("gelu.gy"));
     check_op(f, "gelu's input gradient", x.grad(), "gelu.gx");
   }
   {
@@ -307,17 +326,18 @@ TEST_CASE("golden: GELU, LayerNorm and cross-entropy match PyTorch over wide inp
     std::memcpy(params[0].second.data(), gamma.data(), static_cast<size_t>(gamma.numel()) * sizeof(float));
     std::memcpy(params[1].second.data(), f.at("layernorm.beta").data(),
                 static_cast<size_t>(gamma.numel()) * sizeof(float));
-    Tensor x = f.at("layernorm.x").detach().set_requires_grad();
+    for (const auto& [name, p] : params) p.rehome(dev, false);
+    Tensor x = on_device("layernorm.x").detach().set_requires_grad();
     Tensor y = ln.forward(x);
     check_op(f, "layernorm on rows of std 1e-3 to 100", y, "layernorm.y");
-    y.backward(f.at("layernorm.gy"));
+    y.backward(on_device("layernorm.gy"));
     check_op(f, "layernorm's input gradient", x.grad(), "layernorm.gx");
     check_op(f, "layernorm's weight gradient", params[0].second.grad(), "layernorm.ggamma");
     check_op(f, "layernorm's bias gradient", params[1].second.grad(), "layernorm.gbeta");
   }
   {
-    Tensor logits = f.at("cross_entropy.logits").detach().set_requires_grad();
-    const Tensor& labels = f.at("cross_entropy.labels");
+    Tensor logits = on_device("cross_entropy.logits").detach().set_requires_grad();
+    const Tensor labels = on_device("cross_entropy.labels");
     // As the executor forms the loss: summed, then scaled by 1 / predictions.
     Tensor loss = mul(runtime::summed_loss(logits, labels), 1.f / static_cast<float>(labels.numel()));
     check_op(f, "cross-entropy with logits up to ~60", loss, "cross_entropy.loss");
