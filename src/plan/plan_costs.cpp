@@ -218,6 +218,22 @@ AllreduceTerms allreduce_terms(const ClusterModel& cluster, const std::vector<in
 
 }  // namespace
 
+double deadline_copy_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs, size_t s) {
+  const size_t n = layout.replicas.size();
+  if (n < 2) return 0;
+  const auto [begin, end] = plan.stage_ranges[s];
+  const double bytes = stage_footprint(costs, begin, end).params * kGradBytesPerParam;
+  const size_t leader = layout.reduce_owner >= 0 ? static_cast<size_t>(layout.reduce_owner) : 0;
+  auto seconds = [&](size_t replica, double passes) {
+    const double bw = plan.ranks[static_cast<size_t>(layout.replicas[replica][s])].device.memory_bandwidth;
+    return bw > 0 ? passes * bytes / bw : 0.0;
+  };
+  double member = 0;
+  for (size_t k = 0; k < n; ++k)
+    if (k != leader) member = std::max(member, seconds(k, 2 * 2));
+  return member + seconds(leader, 5 + 3 * static_cast<double>(n));
+}
+
 ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                                    const LinkTiers* tiers) {
   const PipelineLayout& l = plan.layout;
@@ -288,6 +304,7 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
     // A sharded stage's round 2 carries the updated weights: GatherWeights, after the step.
     if (optimizer_shards(plan, s).empty()) {
       t.reduce_seconds[s] = stage_reduce_seconds(plan, plan.layout, costs, cluster, s, tiers);
+      if (plan.sync_policy == SyncPolicy::deadline) t.reduce_seconds[s] += deadline_copy_seconds(plan, plan.layout, costs, s);
     } else {
       std::tie(t.reduce_seconds[s], t.gather_seconds[s]) =
           stage_reduce_rounds(plan, plan.layout, costs, cluster, s, tiers);

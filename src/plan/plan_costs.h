@@ -83,6 +83,17 @@ struct ReduceChoice {
 ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                                    const LinkTiers* tiers = nullptr);
 
+// comm/deadline_reduce's copies of stage `s`'s gradient on a step's critical path, at each
+// rank's memory bandwidth (0: not counted), for a parallel.sync deadline plan: the
+// slowest member's two (its gradient into the message before it sends, the received sum
+// back into its gradients after: a read and a write of the gradient bytes each), and the
+// leader's between the last arrival and its sends (its own gradient gathered, the sum
+// zeroed, each of the n contributions read into it, the sum encoded: 5 + 3n). The leader
+// is the replica of layout.reduce_owner (apply_deadline_sync sets 0). A throttled rank
+// copies at its quota's share of the memory bandwidth, so these copies, not the
+// transfers, are most of a small model's reduction there.
+double deadline_copy_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs, size_t s);
+
 // Per-rank figures of a plan that both the cost model and the estimate use.
 struct PlanCostTable {
   std::vector<double> stage_seconds_per_sample;  // [rank] forward + backward of its blocks

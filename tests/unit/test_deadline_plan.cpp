@@ -8,6 +8,8 @@
 #include "tests/unit/plan_fixtures.h"
 
 #include "plan/deadline_plan.h"
+#include "plan/plan_costs.h"
+#include "plan/stage_memory.h"
 #include "plan/plan_json.h"
 #include "plan/planner.h"
 #include "plan/simulator.h"
@@ -95,4 +97,37 @@ TEST_CASE("deadline plan: rank 0's replica comes first, its share with it (it ev
   CHECK(p.layout.samples[0] == share0);
   for (const RankPlan& r : p.ranks) CHECK(p.layout.samples[static_cast<size_t>(r.replica)] == r.samples);
   CHECK(check_schedules(plan_schedules(p)).ok);
+}
+
+TEST_CASE("deadline plan: the reduction is charged its copies at each rank's memory bandwidth") {
+  ClusterModel c = cluster({8e12, 4e12, 2e12, 2e12}, std::vector(4, 64 * kGiB), 1e-5, 1e10);
+  const std::vector<double> bw{8e9, 4e9, 2e9, 2e9};
+  for (size_t r = 0; r < 4; ++r) c.ranks[r].memory_bandwidth = bw[r];
+  const PlannerInput in = input(c, costs(c, 4), 128, "data");
+  Plan p = make_plan(in);
+  apply_deadline_sync(p, in.costs, in.cluster);
+  REQUIRE(p.layout.replicas.size() == 4);
+  REQUIRE(p.layout.reduce_owner == 0);
+  // By hand: B gradient bytes; the slowest member (2 GB/s) reads and writes them twice,
+  // the leader (rank 0's replica, 8 GB/s) 5 + 3 x 4 times.
+  const auto [begin, end] = p.stage_ranges[0];
+  const double bytes = stage_footprint(in.costs, begin, end).params * kGradBytesPerParam;
+  REQUIRE(bytes > 0);
+  double slowest_member = 0;
+  for (size_t k = 1; k < 4; ++k)
+    slowest_member = std::max(slowest_member, 4 * bytes / bw[static_cast<size_t>(p.layout.replicas[k][0])]);
+  const double want = slowest_member + 17 * bytes / 8e9;
+  CHECK(deadline_copy_seconds(p, p.layout, in.costs, 0) == doctest::Approx(want).epsilon(1e-12));
+  // In the cost table on top of the transfers, under deadline only.
+  Plan sync = p;
+  sync.sync_policy = plan::SyncPolicy::synchronous;
+  const double with = plan_cost_table(p, in.costs, in.cluster).reduce_seconds[0];
+  const double without = plan_cost_table(sync, in.costs, in.cluster).reduce_seconds[0];
+  CHECK(with - without == doctest::Approx(want).epsilon(1e-9));
+  // No bandwidth measured: nothing charged.
+  ClusterModel unmeasured = in.cluster;
+  for (DeviceModel& d : unmeasured.ranks) d.memory_bandwidth = 0;
+  Plan q = make_plan(input(unmeasured, costs(unmeasured, 4), 128, "data"));
+  apply_deadline_sync(q, in.costs, unmeasured);
+  CHECK(deadline_copy_seconds(q, q.layout, in.costs, 0) == 0);
 }
