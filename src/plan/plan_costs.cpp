@@ -218,20 +218,36 @@ AllreduceTerms allreduce_terms(const ClusterModel& cluster, const std::vector<in
 
 }  // namespace
 
+namespace {
+
+// `passes` reads and writes of stage s's gradient bytes at replica k's memory bandwidth.
+double gradient_passes_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs, size_t s,
+                               size_t k, double passes) {
+  const auto [begin, end] = plan.stage_ranges[s];
+  const double bytes = stage_footprint(costs, begin, end).params * kGradBytesPerParam;
+  const double bw = plan.ranks[static_cast<size_t>(layout.replicas[k][s])].device.memory_bandwidth;
+  return bw > 0 ? passes * bytes / bw : 0.0;
+}
+
+size_t deadline_leader(const PipelineLayout& layout) {
+  return layout.reduce_owner >= 0 ? static_cast<size_t>(layout.reduce_owner) : 0;
+}
+
+}  // namespace
+
+double deadline_member_copy_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs, size_t s,
+                                    size_t k) {
+  if (layout.replicas.size() < 2 || k == deadline_leader(layout)) return 0;
+  return gradient_passes_seconds(plan, layout, costs, s, k, 2 * 2);
+}
+
 double deadline_copy_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs, size_t s) {
   const size_t n = layout.replicas.size();
   if (n < 2) return 0;
-  const auto [begin, end] = plan.stage_ranges[s];
-  const double bytes = stage_footprint(costs, begin, end).params * kGradBytesPerParam;
-  const size_t leader = layout.reduce_owner >= 0 ? static_cast<size_t>(layout.reduce_owner) : 0;
-  auto seconds = [&](size_t replica, double passes) {
-    const double bw = plan.ranks[static_cast<size_t>(layout.replicas[replica][s])].device.memory_bandwidth;
-    return bw > 0 ? passes * bytes / bw : 0.0;
-  };
   double member = 0;
-  for (size_t k = 0; k < n; ++k)
-    if (k != leader) member = std::max(member, seconds(k, 2 * 2));
-  return member + seconds(leader, 5 + 3 * static_cast<double>(n));
+  for (size_t k = 0; k < n; ++k) member = std::max(member, deadline_member_copy_seconds(plan, layout, costs, s, k));
+  return member +
+         gradient_passes_seconds(plan, layout, costs, s, deadline_leader(layout), 5 + 3 * static_cast<double>(n));
 }
 
 ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,

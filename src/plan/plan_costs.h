@@ -93,6 +93,10 @@ ReduceChoice cheapest_reduce_owner(const Plan& plan, const BlockCosts& costs, co
 // copies at its quota's share of the memory bandwidth, so these copies, not the
 // transfers, are most of a small model's reduction there.
 double deadline_copy_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs, size_t s);
+// One member's two of them (replica `k`; 0 for the leader's): the what-if charges each
+// present member its own, so a stopped member's copies leave the steps it misses.
+double deadline_member_copy_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs, size_t s,
+                                    size_t k);
 
 // Per-rank figures of a plan that both the cost model and the estimate use.
 struct PlanCostTable {

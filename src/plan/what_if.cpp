@@ -61,6 +61,9 @@ struct StepParts {
   double step = 0;
   std::vector<double> busy;
   double tail = 0;  // step - the largest compute: what follows it (the reduction)
+  // deadline: each rank's own copies of the gradient (plan::deadline_member_copy_seconds),
+  // taken out of `tail`, so that a rank's arrival is its compute, its copies and the tail.
+  std::vector<double> copy;
   std::vector<double> group_steps;
   std::vector<double> plain_group_steps;  // without the slow factors
   double round_extra = 0;
@@ -280,6 +283,15 @@ class Play {
       p.step = sim.step_seconds;
       p.busy = sim.busy_seconds;
       p.tail = p.step - *std::max_element(p.busy.begin(), p.busy.end());
+      p.copy.assign(plan.ranks.size(), 0.0);
+      double slowest_copy = 0;
+      for (size_t r = 0; r < plan.ranks.size(); ++r)
+        if (plan.ranks[r].replica >= 0) {
+          p.copy[r] = deadline_member_copy_seconds(plan, plan.layout, phase_.costs(), 0,
+                                                   static_cast<size_t>(plan.ranks[r].replica));
+          slowest_copy = std::max(slowest_copy, p.copy[r]);
+        }
+      p.tail = std::max(0.0, p.tail - slowest_copy);
     } else {
       p.step = simulate_with(plan, phase_.costs(), cluster, factors).step_seconds;
     }
@@ -517,7 +529,7 @@ class Play {
       for (size_t r = 0; r < phase_.ids.size(); ++r) {
         const int idx = static_cast<int>(r);
         if (!active(idx)) continue;
-        const double part = p.busy[r] * factors[r] + p.tail;
+        const double part = p.busy[r] * factors[r] + p.copy[r] + p.tail;
         bool silent = failed[r];
         double arrival = part;
         if (!silent) {
@@ -551,7 +563,7 @@ class Play {
           return leader;
         }();
         const auto n = static_cast<size_t>(next);
-        const double sent = p.busy[n] * factors[n] + p.tail;
+        const double sent = p.busy[n] * factors[n] + p.copy[n] + p.tail;
         close = sent + kDeadlinePatienceBudgets * budget + kDeadlinePatienceSeconds + budget;
         out_.notes.push_back("the leader (rank " + std::to_string(phase_.ids[static_cast<size_t>(leader)]) +
                              ") fell silent at step " + std::to_string(done) + ": rank " +

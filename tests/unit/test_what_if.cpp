@@ -9,6 +9,8 @@
 #include "config/config.h"
 #include "error_message.h"
 #include "plan/local_plan.h"
+#include "plan/plan_costs.h"
+#include "plan/stage_memory.h"
 #include "plan/simulator.h"
 #include "plan/what_if.h"
 #include "plan_fixtures.h"
@@ -610,4 +612,36 @@ TEST_CASE("what-if's local is refused, with the reason, where every round needs 
   const PlannerInput many = throttled(64, 2, 1).planner;
   CHECK(bounded_local_plan(many, make_plan(many), 40).problem ==
         "parallel.local_steps 40 is above kMaxRoundSteps 32, the longest round auto takes");
+}
+
+TEST_CASE("deadline: a stopped member's own copies of the gradient leave the steps it misses") {
+  // Rank 3 copies slowly (its memory bandwidth), so its two copies a step are a good part
+  // of every step's reduction; while it is stopped the others' steps close without them.
+  WhatIfInput in = four_equal(300, {"stall:rank=3,at=2,for=5"});
+  const double fast = 1e12;
+  for (size_t r = 0; r < 4; ++r) in.planner.cluster.ranks[r].memory_bandwidth = fast;
+  Plan probe = plan_for_policy(in.planner, Policy::deadline, 0);
+  const auto [begin, end] = probe.stage_ranges[0];
+  const double bytes = ht::plan::stage_footprint(in.planner.costs, begin, end).params * kGradBytesPerParam;
+  REQUIRE(bytes > 0);
+  // Its copies: about half the step it had with fast copies.
+  in.planner.cluster.ranks[3].memory_bandwidth = 4 * bytes / (0.5 * probe.predicted.step_seconds);
+  const Plan plan = plan_for_policy(in.planner, Policy::deadline, 0);
+  const double copy = deadline_member_copy_seconds(plan, plan.layout, in.planner.costs, 0,
+                                                   static_cast<size_t>(plan.ranks[3].replica));
+  REQUIRE(copy > 0.3 * plan.predicted.step_seconds);
+  const PolicyOutcome d = outcome(run_what_if(in), Policy::deadline);
+  REQUIRE(d.refused.empty());
+  const double step = d.step_seconds, S = 5;
+  // Charged its copies while stopped, the others would close about S / step steps short;
+  // without them each step is shorter by about `copy`, and never shorter than a rank's
+  // compute.
+  const SimResult sim = simulate_plan(plan, in.planner.costs, in.planner.cluster);
+  const double busy = *std::max_element(sim.busy_seconds.begin(), sim.busy_seconds.begin() + 3);
+  CAPTURE(step);
+  CAPTURE(copy);
+  CAPTURE(busy);
+  CHECK(static_cast<double>(d.steps_closed_short) > S / step + 2);
+  CHECK(static_cast<double>(d.steps_closed_short) > S / (step - copy) - kDeadlineWaitedSteps - 1);
+  CHECK(static_cast<double>(d.steps_closed_short) <= S / busy + kDeadlineWaitedSteps + 2);
 }
