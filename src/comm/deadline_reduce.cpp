@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <span>
-#include <thread>
 
+#include "comm/doorbell.h"
 #include "core/error.h"
 
 namespace ht::comm {
@@ -26,6 +26,9 @@ constexpr int kSendTo = 4;
 constexpr size_t kHistory = 100000;
 // Full steps in the running median that adapts the budget.
 constexpr size_t kMedianOf = 9;
+// The waits' sleep between polls; a peer's message on this host ends it at once (the
+// doorbell, comm/doorbell.h).
+constexpr std::chrono::microseconds kPollSleep{200};
 
 enum Kind : int64_t { contribution = 1, result, catch_up_request, catch_up, notice, done, done_ok, fin };
 
@@ -359,6 +362,7 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
   std::vector<const Pending*> stale(static_cast<size_t>(size_), nullptr);
   bool all_in = false;
   for (;;) {
+    const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
     if (leader() != rank_) return false;
     // Sort what arrived: this step's on this chain, late ones, and out-of-step senders.
@@ -393,7 +397,7 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
         all_in = false;
     if (all_in || Clock::now() >= close_at) break;
     if (Clock::now() >= give_up) fail_wait("closing step " + std::to_string(s));
-    if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (!any) sleep_unless_rung(heard, kPollSleep);
   }
   // Close: the sum in rank order, this rank's own gradient at its place.
   record.step = s;
@@ -633,7 +637,8 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       suspect_leader();
       continue;
     }
-    if (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const uint32_t heard = doorbell_heard();
+    if (!poll()) sleep_unless_rung(heard, kPollSleep);
   }
   const float* total = led ? made.data() : result.float_data;
   size_t at = 0;
@@ -659,6 +664,7 @@ std::vector<StepRecord> DeadlineReduce::finish() {
     wait_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(patience()));
   };
   while (!agreed) {
+    const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
     if (Clock::now() >= give_up) fail_wait("agreeing on the final step");
     if (leader() == rank_) {
@@ -703,13 +709,14 @@ std::vector<StepRecord> DeadlineReduce::finish() {
         continue;
       }
     }
-    if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (!any) sleep_unless_rung(heard, kPollSleep);
   }
   // Drain: once this rank's sends are through, it says so; it keeps receiving until every
   // peer has said so, so that no send to it is left without a receive.
   bool fin_sent = false;
   int64_t reported_term = term_;
   for (;;) {
+    const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
     if (Clock::now() >= give_up) fail_wait("draining the last messages");
     // A later term's leader (one that suspected the last before its answer came) is still
@@ -735,7 +742,7 @@ std::vector<StepRecord> DeadlineReduce::finish() {
     for (int j = 0; j < size_; ++j)
       if (j != rank_ && !fin_[static_cast<size_t>(j)]) all = false;
     if (all) break;
-    if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (!any) sleep_unless_rung(heard, kPollSleep);
   }
   for (Request& r : receives_) r = Request();  // cancels the receives left posted
   std::vector<StepRecord> out = std::move(missed_);

@@ -31,8 +31,9 @@
 // on the leader's chain. Messages for a closed step are consumed and discarded; every
 // message carries its step and term, so none is mistaken for a later step's.
 //
-// Waits poll with a short sleep between tests (ranks share cores here). Every wait is
-// bounded by peer_timeout_s, past which the job fails naming what it waited for.
+// Waits poll with a short sleep between tests (ranks share cores here), which a peer's
+// message on this host ends at once (the doorbell). Every wait is bounded by
+// peer_timeout_s, past which the job fails naming what it waited for.
 #pragma once
 
 #include <chrono>
