@@ -216,10 +216,6 @@ AllreduceTerms allreduce_terms(const ClusterModel& cluster, const std::vector<in
   return {latency + round, owner_wake, any_wake};
 }
 
-}  // namespace
-
-namespace {
-
 // `passes` reads and writes of stage s's gradient bytes at replica k's memory bandwidth.
 double gradient_passes_seconds(const Plan& plan, const PipelineLayout& layout, const BlockCosts& costs, size_t s,
                                size_t k, double passes) {
