@@ -81,6 +81,14 @@ StepRecord take_record(const std::vector<int64_t>& in, size_t& at) {
   return r;
 }
 
+// The gradients end to end at `dst` (each one contiguous float32: reduce checks them).
+void gather(const std::vector<Tensor>& grads, float* dst) {
+  for (const Tensor& g : grads) {
+    std::memcpy(dst, g.data(), static_cast<size_t>(g.numel()) * 4);
+    dst += g.numel();
+  }
+}
+
 }  // namespace
 
 uint64_t mix_step_hash(uint64_t previous, int64_t step, int64_t term, int leader,
@@ -524,11 +532,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
   // rank made.
   const auto own_gradient = [&] {
     std::vector<float> v(n);
-    size_t at = 0;
-    for (const Tensor& g : grads) {
-      std::memcpy(v.data() + at, g.data(), static_cast<size_t>(g.numel()) * 4);
-      at += static_cast<size_t>(g.numel());
-    }
+    gather(grads, v.data());
     return v;
   };
   Message result;           // the leader's, when another rank closed the step
@@ -548,14 +552,8 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
   h.loss = loss_sum;
   h.n_floats = static_cast<int64_t>(n);
   contribution_ = std::make_shared<std::vector<char>>(sizeof h + n * 4);
-  {
-    std::memcpy(contribution_->data(), &h, sizeof h);
-    size_t at = sizeof h;
-    for (const Tensor& g : grads) {
-      std::memcpy(contribution_->data() + at, g.data(), static_cast<size_t>(g.numel()) * 4);
-      at += static_cast<size_t>(g.numel()) * 4;
-    }
-  }
+  std::memcpy(contribution_->data(), &h, sizeof h);
+  gather(grads, reinterpret_cast<float*>(contribution_->data() + sizeof h));  // aligned: see Message
   int64_t sent_term = -1;  // the term whose leader has this rank's contribution
   const int64_t entry_term = term_;
   auto wait_until = Clock::now();
