@@ -311,6 +311,13 @@ int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& group
   return c;
 }
 
+RoundSeconds cpu_round_seconds(double cpu_s, double outer_cpu_s, double wall_s, double waited_s) {
+  const double busy = wall_s - waited_s;
+  if (!(cpu_s > 0) || !(busy > 0)) return {};
+  const double outer = std::clamp(outer_cpu_s, 0.0, cpu_s) / cpu_s;
+  return {busy * (1 - outer), busy * outer};
+}
+
 std::optional<RoundSplit> resplit_from_measured(const Plan& plan, const std::vector<double>& inner_seconds,
                                                 const std::vector<double>& pass_seconds) {
   const LocalSync& l = *plan.local;

@@ -135,6 +135,18 @@ inline constexpr int kResplitRounds = 3;
 inline constexpr double kResplitGain = 0.03;
 std::optional<RoundSplit> resplit_from_measured(const Plan& plan, const std::vector<double>& inner_seconds,
                                                 const std::vector<double>& pass_seconds);
+// A CPU rank's round, split into inner steps and outer work by the CPU time each took:
+// the round's wall clock less its waits on peers (`waited_s`) is the time the rank was
+// working or runnable, and its parts are in proportion to their CPU seconds. The wall
+// clock of each part alone says little on a shared or throttled core: a rank that is
+// descheduled (by its quota, or for the ranks beside it on the core) is so wherever it
+// is, and a rank that yields its core in the polls between its blocks is charged the
+// other ranks' time there: by wall clock, most of a throttled rank's inner time read as
+// outer work (docs/architecture.md). Zero where nothing was measured.
+struct RoundSeconds {
+  double inner = 0, outer = 0;
+};
+RoundSeconds cpu_round_seconds(double cpu_s, double outer_cpu_s, double wall_s, double waited_s);
 
 // One inner step a group takes: its first sample's stream position, counted from the
 // job's first sample, and its size.

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "comm/weighted_allreduce.h"
+#include "core/cpu_time.h"
 #include "core/crc32.h"
 #include "core/error.h"
 #include "core/wall_time.h"
@@ -70,6 +71,8 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
   weights_ = member_weights(plan);
   outer_ = world.split(member_ ? 0 : 1, world.rank(), timeout(), "the outer exchange");
   resplit_ = cfg.rebalance_every > 0;
+  cpu_rank_ = !params_.empty() && params_.front().second.backend().kind() == DeviceKind::cpu;
+  round_cpu_at_ = process_cpu_seconds();
   stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())}, cpu_backend());  // host: seconds written through data()
   window_inner_.assign(plan.local->groups.size(), 0.0);
   window_pass_.assign(plan.local->groups.size(), 0.0);
@@ -116,10 +119,12 @@ void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, 
 
 void LocalSync::start_exchange(bool with_stats) {
   if (draining_) {
+    const auto t0 = std::chrono::steady_clock::now();
     HT_CHECK(draining_->drain(timeout()) == comm::WaitStatus::done, "rank ", world_rank_,
              ": the outer exchange's sums did not reach every rank within ", timeout_s_,
              " s (parallel.peer_timeout_s); a rank has stalled");
     draining_.reset();
+    drained_s_ += seconds_since(t0);  // a wait on the peers' receives, not this rank's work
   }
   exchange_ = std::make_unique<comm::OverlappedAllreduce>(*outer_, weights_);
   exchange_->add(delta_);
@@ -199,16 +204,19 @@ void LocalSync::take_outer_step() {
 void LocalSync::poll() {
   if (!exchange_) return;
   const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = process_cpu_seconds();
   while (exchange_->progress()) {
   }
   const double s = seconds_since(t0);
   outer_work_s_ += s;
   polled_s_ += s;
+  outer_cpu_s_ += process_cpu_seconds() - cpu0;
 }
 
 double LocalSync::after_step(int64_t done, double inner_seconds) {
   if (!member_) return 0;
   const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = process_cpu_seconds();
   inner_s_ += std::max(0.0, inner_seconds - polled_s_);
   polled_s_ = 0;
   if (exchange_)
@@ -217,6 +225,7 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
   ++steps_in_round_;
   if (done % inner_steps_ != 0) {
     outer_work_s_ += seconds_since(t0);  // moving the exchange along: this round's work
+    outer_cpu_s_ += process_cpu_seconds() - cpu0;
     return seconds_since(t0);
   }
   steps_in_round_ = 0;
@@ -231,6 +240,8 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
         break;
       case plan::Op::outer_sync_start:
         outer_work_s_ += seconds_since(t0) - waited;
+        waited_s_ += waited;
+        outer_cpu_s_ += process_cpu_seconds() - cpu0;  // the wait's CPU with it: it sleeps
         start_round();
         break;
       default:
@@ -243,7 +254,14 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
     pending_.reset();
   }
   outer_work_s_ += seconds_since(stats_at_);  // the exchange's start: the next round's work
+  outer_cpu_s_ += process_cpu_seconds() - stats_cpu_at_;
   return seconds_since(t0);
+}
+
+void LocalSync::start_measuring_round() {
+  inner_s_ = outer_work_s_ = outer_cpu_s_ = waited_s_ = drained_s_ = 0;
+  stats_at_ = round_at_ = std::chrono::steady_clock::now();
+  stats_cpu_at_ = round_cpu_at_ = process_cpu_seconds();
 }
 
 void LocalSync::start_round() {
@@ -251,6 +269,7 @@ void LocalSync::start_round() {
   // took any), then this round's delta and the new anchor. The passes are memory-bound,
   // and on a throttled rank each costs a good part of an inner step.
   const auto pass_t0 = std::chrono::steady_clock::now();
+  const double pass_cpu0 = process_cpu_seconds();
   const bool step = sums_ready_;
   const auto weight = static_cast<float>(weights_[static_cast<size_t>(world_rank_)]);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -274,12 +293,20 @@ void LocalSync::start_round() {
   // The round's outer work: the exchange moved along between steps, this round end's own
   // part before the pass (the wait for the sums left out), and the pass.
   outer_work_s_ += seconds_since(pass_t0);
+  const double cpu_now = process_cpu_seconds();
+  outer_cpu_s_ += cpu_now - pass_cpu0;
+  double inner = inner_s_, outer = outer_work_s_;
+  if (cpu_rank_) {  // by CPU time (plan::cpu_round_seconds); a device's inner steps are not the host's CPU time
+    const plan::RoundSeconds r = plan::cpu_round_seconds(cpu_now - round_cpu_at_, outer_cpu_s_,
+                                                         seconds_since(round_at_), waited_s_ + drained_s_);
+    inner = r.inner;
+    outer = r.outer;
+  }
   float* st = stats_.data();
   std::fill(st, st + stats_.numel(), 0.0f);
-  st[2 * world_rank_] = partial_ ? -1.0f : static_cast<float>(inner_s_);
-  st[2 * world_rank_ + 1] = static_cast<float>(outer_work_s_);
-  inner_s_ = outer_work_s_ = 0;
-  stats_at_ = std::chrono::steady_clock::now();
+  st[2 * world_rank_] = partial_ ? -1.0f : static_cast<float>(inner);
+  st[2 * world_rank_ + 1] = static_cast<float>(outer);
+  start_measuring_round();
   partial_ = false;
   start_exchange(resplit_);
 }
@@ -326,7 +353,7 @@ void LocalSync::flush() {
   }
   steps_in_round_ = 0;
   // The round in progress is measured from here: not a whole round's inner steps.
-  inner_s_ = outer_work_s_ = 0;
+  start_measuring_round();
   partial_ = true;
 }
 

@@ -122,6 +122,7 @@ class LocalSync {
   void take_outer_step();  // the outer step with the sums, where finish_exchange took any
   void take_stats();       // the round's measured seconds from the exchange's stats sums
   void apply_split(const plan::RoundSplit& split);
+  void start_measuring_round();  // the stats' counters from now
   comm::Timeout timeout() const { return comm::Timeout(timeout_s_); }
 
   plan::Plan plan_;
@@ -148,6 +149,14 @@ class LocalSync {
   double inner_s_ = 0;            // this rank's inner steps in the round so far
   double outer_work_s_ = 0;       // its outer work in the round so far (see after_step)
   double polled_s_ = 0;           // poll()'s part of it inside the job step in progress
+  // A CPU rank's stats are its round's wall clock split by CPU time (plan::cpu_round_seconds).
+  bool cpu_rank_ = true;
+  double outer_cpu_s_ = 0;        // CPU seconds of the outer work in the round so far
+  double waited_s_ = 0;           // wall seconds waiting for the exchange's sums
+  double drained_s_ = 0;          // and for the last exchange's sends to be taken
+  std::chrono::steady_clock::time_point round_at_ = std::chrono::steady_clock::now();  // the round's measuring began
+  double round_cpu_at_ = 0;
+  double stats_cpu_at_ = 0;       // CPU at stats_at_
   std::chrono::steady_clock::time_point stats_at_ = std::chrono::steady_clock::now();
   bool partial_ = false;          // the round in progress began at a flush
   int skip_rounds_ = 0;           // stats to come that were measured under an old split

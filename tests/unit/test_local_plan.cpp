@@ -576,3 +576,20 @@ TEST_CASE("local plan: a re-split from measured rounds moves samples from a grou
   CHECK(error_of([&] { resplit_from_measured(p, {1.0}, {0.0}); }).find("1 and 1 measured groups for 4") !=
         std::string::npos);
 }
+
+TEST_CASE("local plan: a CPU rank's round splits into inner and outer by CPU time, its waits left out") {
+  // 100 ms of round, 20 of them waiting on peers: 80 ms working or runnable, of which the
+  // outer work had 2 of the 40 CPU ms, so 4 ms, whatever wall clock its polls took.
+  const RoundSeconds r = cpu_round_seconds(0.040, 0.002, 0.100, 0.020);
+  CHECK(r.inner == doctest::Approx(0.076).epsilon(1e-12));
+  CHECK(r.outer == doctest::Approx(0.004).epsilon(1e-12));
+  CHECK(r.inner + r.outer == doctest::Approx(0.080).epsilon(1e-12));
+  // Outer CPU beyond the round's (clocks read apart) is the whole round, never negative inner.
+  const RoundSeconds all = cpu_round_seconds(0.010, 0.020, 0.100, 0.0);
+  CHECK(all.inner == 0.0);
+  CHECK(all.outer == doctest::Approx(0.100).epsilon(1e-12));
+  // Nothing measured: zeros, which the re-split takes as no measurement.
+  CHECK(cpu_round_seconds(0.0, 0.0, 0.100, 0.0).inner == 0.0);
+  CHECK(cpu_round_seconds(0.010, 0.0, 0.050, 0.050).inner == 0.0);
+  CHECK(cpu_round_seconds(0.010, 0.0, 0.050, 0.060).outer == 0.0);
+}
