@@ -296,7 +296,10 @@ void LocalSync::start_round() {
   const double cpu_now = process_cpu_seconds();
   outer_cpu_s_ += cpu_now - pass_cpu0;
   double inner = inner_s_, outer = outer_work_s_;
-  if (cpu_rank_) {  // by CPU time (plan::cpu_round_seconds); a device's inner steps are not the host's CPU time
+  // By CPU time (plan::cpu_round_seconds) where the caller reported inner steps (none
+  // reported: nothing measured, as by wall clock); a device's inner steps are not the
+  // host's CPU time.
+  if (cpu_rank_ && inner_s_ > 0) {
     const plan::RoundSeconds r = plan::cpu_round_seconds(cpu_now - round_cpu_at_, outer_cpu_s_,
                                                          seconds_since(round_at_), waited_s_ + drained_s_);
     inner = r.inner;

@@ -127,12 +127,18 @@ def main():
 
     checkpoints = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))
     # A rank 0 caught up past a checkpoint step saves at the step it was caught up to, so a
-    # checkpoint is at every multiple of 100 or at the first step after the multiples a
-    # catch-up jumped over; which happens depends on the timing of the stop, not the code.
+    # multiple of 100 that rank 0 missed (the records show it absent) is covered by a
+    # checkpoint after it, no later than the first step rank 0 is back in (or the end: the
+    # others may finish the job while it is stopped); which happens depends on the timing
+    # of the stop, not the code. A checkpoint off the multiples must follow such a miss.
     ckpt_steps = [int(os.path.basename(c).split("-")[1].split(".")[0]) for c in checkpoints]
+    absent = {r["step"] for r in steps if all(c[0] != STALLED for c in r["contributors"])}
+    def back_after(m):
+        return min([r["step"] for r in steps if r["step"] > m and r["step"] not in absent], default=STEPS)
     covered = bool(ckpt_steps) and ckpt_steps[-1] == STEPS and all(
-        (s // 100 == prev // 100 + 1) if s % 100 == 0 else (s // 100 > prev // 100)
-        for prev, s in zip([0] + ckpt_steps, ckpt_steps))
+        m in ckpt_steps or (m in absent and any(m < c <= back_after(m) for c in ckpt_steps))
+        for m in range(100, STEPS + 1, 100)) and all(
+        c % 100 == 0 or any(p < a < c for a in absent) for p, c in zip([0] + ckpt_steps, ckpt_steps))
     check("a checkpoint every 100 steps, or right after a catch-up past one, the last at the end", covered,
           ckpt_steps)
     if checkpoints:
