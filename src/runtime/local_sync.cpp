@@ -72,7 +72,7 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
   outer_ = world.split(member_ ? 0 : 1, world.rank(), timeout(), "the outer exchange");
   resplit_ = cfg.rebalance_every > 0;
   cpu_rank_ = !params_.empty() && params_.front().second.backend().kind() == DeviceKind::cpu;
-  round_cpu_at_ = process_cpu_seconds();
+  stats_cpu_at_ = process_cpu_seconds();
   stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())}, cpu_backend());  // host: seconds written through data()
   window_inner_.assign(plan.local->groups.size(), 0.0);
   window_pass_.assign(plan.local->groups.size(), 0.0);
@@ -124,7 +124,7 @@ void LocalSync::start_exchange(bool with_stats) {
              ": the outer exchange's sums did not reach every rank within ", timeout_s_,
              " s (parallel.peer_timeout_s); a rank has stalled");
     draining_.reset();
-    drained_s_ += seconds_since(t0);  // a wait on the peers' receives, not this rank's work
+    waited_s_ += seconds_since(t0);  // a wait on the peers' receives, not this rank's work
   }
   exchange_ = std::make_unique<comm::OverlappedAllreduce>(*outer_, weights_);
   exchange_->add(delta_);
@@ -259,9 +259,9 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
 }
 
 void LocalSync::start_measuring_round() {
-  inner_s_ = outer_work_s_ = outer_cpu_s_ = waited_s_ = drained_s_ = 0;
-  stats_at_ = round_at_ = std::chrono::steady_clock::now();
-  stats_cpu_at_ = round_cpu_at_ = process_cpu_seconds();
+  inner_s_ = outer_work_s_ = outer_cpu_s_ = waited_s_ = 0;
+  stats_at_ = std::chrono::steady_clock::now();
+  stats_cpu_at_ = process_cpu_seconds();
 }
 
 void LocalSync::start_round() {
@@ -300,8 +300,8 @@ void LocalSync::start_round() {
   // reported: nothing measured, as by wall clock); a device's inner steps are not the
   // host's CPU time.
   if (cpu_rank_ && inner_s_ > 0) {
-    const plan::RoundSeconds r = plan::cpu_round_seconds(cpu_now - round_cpu_at_, outer_cpu_s_,
-                                                         seconds_since(round_at_), waited_s_ + drained_s_);
+    const plan::RoundSeconds r =
+        plan::cpu_round_seconds(cpu_now - stats_cpu_at_, outer_cpu_s_, seconds_since(stats_at_), waited_s_);
     inner = r.inner;
     outer = r.outer;
   }

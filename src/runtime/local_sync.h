@@ -152,12 +152,10 @@ class LocalSync {
   // A CPU rank's stats are its round's wall clock split by CPU time (plan::cpu_round_seconds).
   bool cpu_rank_ = true;
   double outer_cpu_s_ = 0;        // CPU seconds of the outer work in the round so far
-  double waited_s_ = 0;           // wall seconds waiting for the exchange's sums
-  double drained_s_ = 0;          // and for the last exchange's sends to be taken
-  std::chrono::steady_clock::time_point round_at_ = std::chrono::steady_clock::now();  // the round's measuring began
-  double round_cpu_at_ = 0;
-  double stats_cpu_at_ = 0;       // CPU at stats_at_
+  double waited_s_ = 0;           // wall seconds waiting on peers: the exchange's sums, the last one's sends taken
+  // Where the round's measuring began (start_measuring_round): wall clock and CPU.
   std::chrono::steady_clock::time_point stats_at_ = std::chrono::steady_clock::now();
+  double stats_cpu_at_ = 0;
   bool partial_ = false;          // the round in progress began at a flush
   int skip_rounds_ = 0;           // stats to come that were measured under an old split
   std::vector<double> window_inner_, window_pass_;  // per group, summed over window_rounds_
