@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/planning.h"
 #include "comm/communicator.h"
+#include "comm/watchdog.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "plan/cluster_model.h"
@@ -181,6 +182,7 @@ void register_plan(CLI::App& app) {
     const bool dump = args->dump_option->count() > 0;
     if (dump && args->dump < 0) check_dump_rank(args->dump, 0);  // before any probe or search
     std::vector<ht::plan::WhatIfEvent> events = parse_what_if(args->what_if);
+    ht::comm::set_blocking_call_limit(std::chrono::duration<double>(cfg.parallel.peer_timeout_s));
     ht::comm::Communicator& world = ht::comm::world();
     // Every rank takes part in a probe; only rank 0 plans and prints.
     const ht::plan::ClusterModel cluster = cluster_for(args->cluster, args->catalogue, cfg, world, false);

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/planning.h"
 #include "comm/communicator.h"
+#include "comm/watchdog.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "plan/plan_json.h"
@@ -17,6 +19,7 @@
 #include "report/plan_table.h"
 #include "report/plan_text.h"
 #include "report/progress.h"
+#include "runtime/fault_injection.h"
 #include "runtime/trainer.h"
 
 namespace hetrain_cli {
@@ -160,6 +163,15 @@ void register_train(CLI::App& app) {
       throw ht::config::ConfigError(e.what());
     }
     opts.timeline = args->timeline;
+    try {
+      for (const std::string& spec : args->inject) opts.faults.push_back(ht::runtime::parse_fault(spec));
+    } catch (const ht::config::ConfigError& e) {
+      throw ht::config::ConfigError(std::string("--inject: ") + e.what());
+    }
+    // MPI's start-up, the communicator splits and MPI_Finalize cannot time out; they are
+    // bounded by the same limit as every other wait on a peer (comm/watchdog.h).
+    ht::comm::set_blocking_call_limit(std::chrono::duration<double>(cfg.parallel.peer_timeout_s));
+    ht::runtime::stall_before_start(opts.faults, ht::comm::launcher_rank());
     ht::comm::Communicator& world = ht::comm::world();
     // The device first, before the data, the probe or the run directory: a config asking
     // for a GPU this machine lacks fails here, and "auto" says what it chose.
@@ -170,7 +182,6 @@ void register_train(CLI::App& app) {
       std::printf("%s\n", device_note.c_str());
     }
     try {
-      for (const std::string& spec : args->inject) opts.faults.push_back(ht::runtime::parse_fault(spec));
       ht::runtime::check_fault_ranks(opts.faults, world.size());
     } catch (const ht::config::ConfigError& e) {
       throw ht::config::ConfigError(std::string("--inject: ") + e.what());

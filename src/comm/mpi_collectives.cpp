@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "comm/mpi_communicator.h"
+#include "comm/watchdog.h"
 #include "core/error.h"
 
 namespace ht::comm {
@@ -16,11 +17,11 @@ namespace ht::comm {
 // MPI_Comm_split cannot time out. The allgather of the colours before it is bounded and
 // sees every rank arrive, so a rank that stalls later holds the split (and the duplicate
 // for the new communicator's control messages) only while it is stalled, inside a call
-// that is otherwise a few microseconds of work: that stretch is what remains unbounded.
-// A rank that dies there is ended with the rest by mpirun.
+// that is otherwise a few microseconds of work; a Watchdog bounds that stretch.
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, Timeout timeout, std::string_view what) {
   check_usable("split");
   (void)allgather(std::to_string(color), timeout, concat("every rank to join ", what));
+  Watchdog bound(concat("MPI_Comm_split of ", what, " (every rank reached the colours' allgather before it)"), timeout);
   MPI_Comm out = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "split(color ",
             color, ", key ", key, "): MPI_Comm_split");

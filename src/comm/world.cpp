@@ -7,6 +7,7 @@
 
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
+#include "comm/watchdog.h"
 #include "core/error.h"
 
 namespace ht::comm {
@@ -27,6 +28,9 @@ struct World {
       comm = std::make_unique<LocalCommunicator>();
       return;
     }
+    // Open MPI's start-up waits for every rank the launcher started, and so do the
+    // world's first collectives: a rank stalled before them holds the rest.
+    Watchdog bound("MPI start-up (MPI_Init_thread and the world's first collectives: every rank must reach them)");
     int initialized = 0, provided = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -48,7 +52,9 @@ struct World {
     if (!finalize) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    if (finalized) return;
+    Watchdog bound("MPI_Finalize (every rank must reach it)");
+    MPI_Finalize();
   }
 };
 

@@ -1,9 +1,11 @@
 #include "runtime/fault_injection.h"
 
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "config/config.h"
 #include "config/spec_fields.h"
@@ -69,7 +71,7 @@ Fault parse_fault(const std::string& spec) {
       // Any real job is far smaller; the world's size is checked by check_fault_ranks.
       if (r > (1 << 20)) reject(spec, "rank=" + value + " is out of range; expected a rank of this job");
       f.rank = static_cast<int>(r);
-    } else if (key == "at") f.at = int_field(spec, key, value, 1);
+    } else if (key == "at") f.at = int_field(spec, key, value, f.kind == FaultKind::stall ? 0 : 1);
     else if (key == "steps") f.steps = int_field(spec, key, value, 1);
     else if (key == "for") f.seconds = real_field(spec, key, value, 0, "seconds >= 0");
     else if (key == "factor") f.factor = real_field(spec, key, value, 1, "a factor >= 1");
@@ -77,6 +79,12 @@ Fault parse_fault(const std::string& spec) {
   for (const std::string& k : required.at(f.kind))
     if (!seen.count(k)) reject(spec, "missing field '" + k + "'; expected " + kind + " to give " + k + "=...");
   return f;
+}
+
+void stall_before_start(const std::vector<Fault>& faults, int rank) {
+  for (const Fault& f : faults)
+    if (f.kind == FaultKind::stall && f.at == 0 && f.rank == rank)
+      std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
 }
 
 void check_fault_ranks(const std::vector<Fault>& faults, int world_size) {

@@ -4,7 +4,8 @@
 // one machine without real faulty hardware.
 //
 // Specs, one per --inject (steps numbered as metrics.jsonl numbers them, the first is 1):
-//   stall:rank=R,at=STEP,for=SECONDS   rank R sleeps SECONDS at the start of step STEP
+//   stall:rank=R,at=STEP,for=SECONDS   rank R sleeps SECONDS at the start of step STEP;
+//                                      at=0: before MPI start-up (the bounded start, watchdog.h)
 //   nan:rank=R,at=STEP[,steps=N]       rank R's gradient holds a NaN in steps STEP..STEP+N-1
 //   slow:rank=R,at=STEP,factor=F       from step STEP on, rank R's compute takes F times as long
 //   scale:rank=R,at=STEP,factor=F[,steps=N]  rank R's gradient is F times what it computed in
@@ -22,7 +23,7 @@ enum class FaultKind { stall, nan, slow, scale };
 struct Fault {
   FaultKind kind = FaultKind::stall;
   int rank = 0;
-  int64_t at = 1;       // the first step it acts in (1-based, as in metrics.jsonl)
+  int64_t at = 1;       // the first step it acts in (1-based, as in metrics.jsonl; a stall's 0: before start-up)
   double seconds = 0;   // stall
   int64_t steps = 1;    // nan, scale: how many consecutive steps
   double factor = 1;    // slow, scale: >= 1
@@ -33,6 +34,9 @@ struct Fault {
 Fault parse_fault(const std::string& spec);
 // Throws config::ConfigError when a fault names a rank outside [0, world_size).
 void check_fault_ranks(const std::vector<Fault>& faults, int world_size);
+// Sleeps out rank `rank`'s stalls at step 0, before the world is made (so the caller
+// passes the launcher's rank: comm::launcher_rank).
+void stall_before_start(const std::vector<Fault>& faults, int rank);
 
 // What the faults do to one rank at the current step. begin_step is called once per
 // step, before the executor runs it.

@@ -7,6 +7,11 @@ line naming rank 1 (whichever wait rank 0 was in: the gradient sums, the log
 consultation or a checkpoint's exchange). The newest checkpoint must still load
 (`hetrain eval`): checkpoints are written whole or not at all.
 
+Then a rank that stalls before MPI start-up (`--inject stall:rank=1,at=0,for=...`: it
+sleeps before MPI_Init, so rank 0 waits inside Open MPI's start-up, a call that cannot
+time out): the job must end within the bound, rank 0 naming MPI start-up and the peer
+timeout (comm/watchdog.h), long before the stall is over.
+
 Bounds. The job runs 100000 steps, far more than it can reach before the stop, and
 rank 1 stays stopped until the job has ended, so the timeout must fire; nothing waits
 on a speed. How long the job takes to end after the stop is bounded only loosely
@@ -75,6 +80,34 @@ def checkpoints(run_dir):
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".safetensors"))
 
 
+def startup_stall(cfg, scratch):
+    stall_s = 10 * STOP_BOUND_S  # far past the bound: only the watchdog can end the job in time
+    with open(os.path.join(scratch, "startup.log"), "w+") as log:
+        t0 = time.monotonic()
+        job = subprocess.Popen(["mpirun", "-np", "2", "--bind-to", "none", HETRAIN, "train", cfg,
+                                "--run-dir", os.path.join(scratch, "startup-run"),
+                                "--inject", f"stall:rank=1,at=0,for={stall_s}"],
+                               stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+        try:
+            status = job.wait(timeout=STOP_BOUND_S)
+        except subprocess.TimeoutExpired:
+            status = None
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        took = time.monotonic() - t0
+        log.seek(0)
+        text = log.read()
+    check(f"a rank stalled before MPI start-up ends the job within {STOP_BOUND_S} s", status is not None,
+          f"still running after {took:.1f} s")
+    check("that job's exit status is nonzero", status not in (None, 0), f"exit {status}")
+    check(f"it waited at least the peer timeout ({PEER_TIMEOUT_S} s)", took >= PEER_TIMEOUT_S, f"{took:.2f} s")
+    line = next((l for l in text.splitlines()
+                 if f"hetrain: rank 0: error: timed out after {PEER_TIMEOUT_S} s waiting for MPI start-up" in l), "")
+    check("rank 0 names MPI start-up and the peer timeout", line, text[-2000:])
+    print("  " + line.strip())
+    print(f"  the job with a stall before start-up ended after {took:.1f} s, exit status {status}")
+
+
 def main():
     if not have_fashion_mnist():
         print("SKIP: Fashion-MNIST is not installed")
@@ -123,6 +156,7 @@ def main():
                 pass
         job.wait()
         log.close()
+    startup_stall(cfg, scratch)
     newest = checkpoints(run_dir)[-1:]
     check("no partial checkpoint is left in the run directory",
           all(not f.endswith(".tmp") for f in os.listdir(os.path.join(run_dir, "checkpoints")))

@@ -29,6 +29,14 @@ TEST_CASE("fault specs parse to their kind, rank, step and amount") {
   CHECK(scale.factor == 1000);
   CHECK(scale.steps == 2);
   CHECK(parse_fault("scale:rank=3,at=7,factor=50").steps == 1);
+  // A stall at step 0 is one before MPI start-up (stall_before_start), never in a step.
+  const std::vector<Fault> at_start = {parse_fault("stall:rank=1,at=0,for=3")};
+  CHECK(at_start[0].at == 0);
+  FaultInjector injector(at_start, 1);
+  for (int64_t step = 1; step <= 3; ++step) {
+    injector.begin_step(step);
+    CHECK(injector.stall_seconds() == 0);
+  }
 }
 
 TEST_CASE("a fault acts on its rank in its steps only") {
