@@ -204,13 +204,14 @@ void LocalSync::take_outer_step() {
 void LocalSync::poll() {
   if (!exchange_) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const double cpu0 = process_cpu_seconds();
+  // Polls run at every block edge; only a CPU rank's stats use the CPU clock.
+  const double cpu0 = cpu_rank_ ? process_cpu_seconds() : 0;
   while (exchange_->progress()) {
   }
   const double s = seconds_since(t0);
   outer_work_s_ += s;
   polled_s_ += s;
-  outer_cpu_s_ += process_cpu_seconds() - cpu0;
+  if (cpu_rank_) outer_cpu_s_ += process_cpu_seconds() - cpu0;
 }
 
 double LocalSync::after_step(int64_t done, double inner_seconds) {
