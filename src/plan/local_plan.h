@@ -35,8 +35,10 @@
 // Idle ranks. As in a synchronous plan, the slowest ranks may be left out (idle: no
 // group, no share) when the plan over fewer is predicted kIdleGain faster: a rank's
 // per-step costs (its optimiser step over the whole model) can outlast the others'
-// whole share even at one sample. Idle ranks still take part in the outer exchange,
-// contributing nothing, so that every rank holds the outer weights.
+// whole share even at one sample. The candidate sets are the speed order's suffixes left
+// out and, where some ranks sit behind links at least twice as costly as the cheapest
+// (link_last_order), the same over the order with those ranks last, so that leaving out
+// the rank behind a slow link does not take a faster-linked, slower rank with it.
 #pragma once
 
 #include <cstdint>

@@ -412,6 +412,24 @@ TEST_CASE("local plan: a rank behind a link too slow to hide is left idle, outsi
   CHECK(outer_members(idle0) == std::vector<int>{0, 1, 2, 3});
 }
 
+TEST_CASE("local plan: leaving the rank behind a slow link idle does not take a slower rank with it") {
+  // Rank 2 a little slower than rank 3, so in the speed order rank 3 comes first and the
+  // slowest ranks left idle would be rank 2, or ranks 2 and 3 together.
+  ClusterModel c = throttled();
+  c.ranks[2].flops = 1.9e12;
+  for (size_t r = 0; r < 3; ++r) {  // rank 3 behind 50 ms and 50 Mbit/s
+    set_latency(c, r, 3, 0.05);
+    set_bandwidth(c, r, 3, 50e6 / 8);
+  }
+  const PlannerInput in = input(c, mlp_costs(c), 128);
+  const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
+  check_plan(p);
+  CHECK(group_of_rank(p, 3) == -1);
+  CHECK(group_of_rank(p, 2) >= 0);
+  CHECK(p.local->groups == std::vector<std::vector<int>>{{0}, {1}, {2}});
+  CHECK(outer_members(p) == std::vector<int>{0, 1, 2});
+}
+
 TEST_CASE("local plan: the outer synchronisation is every member's list, and the simulator charges it") {
   ClusterModel c = throttled();
   c.links = Links::uniform(4, 0.01, 12.5e6);  // every link at 10 ms and 100 Mbit/s
