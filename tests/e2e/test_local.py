@@ -95,7 +95,7 @@ def main():
               h["__metadata__"].get("sync_policy") == "local" and int(h["__metadata__"].get("outer_steps", 0)) > 0,
               h.get("__metadata__"))
 
-    # The same plan with rank 0's compute made 4 times as slow (--inject): its group
+    # The same plan with rank 0's compute made 16 times as slow (--inject): its group
     # paces every round, and the rounds' measured times re-split the samples so that it,
     # planned with the most, ends with fewer than rank 1, alone in its group on an equal
     # core (so the injected factor decides the order whatever the load; the two-rank
@@ -109,8 +109,8 @@ def main():
         json.dump(resplit_cfg, f)
     slow_dir = os.path.join(scratch, "slow0")
     s = mpirun(HETRAIN, 4, ["train", resplit_path, "--plan", planned, "--run-dir", slow_dir, "--steps", "60",
-                            "--inject", "slow:rank=0,at=1,factor=4"], timeout=300)
-    check("4 ranks train with rank 0 slowed 4x", s.returncode == 0, s.stderr[-3000:])
+                            "--inject", "slow:rank=0,at=1,factor=16"], timeout=300)
+    check("4 ranks train with rank 0 slowed 16x", s.returncode == 0, s.stderr[-3000:])
     if s.returncode == 0:
         splits = [r for r in records(slow_dir) if r["type"] == "local_resplit"]
         last = splits[-1]["round_samples"] if splits else []
