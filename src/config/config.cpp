@@ -8,6 +8,7 @@
 // when data.dataset is "text". Everything else defaults as in config.h.
 #include "config/config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -29,6 +30,7 @@ const std::vector<std::string> kOptimizers{"adamw", "sgd"};
 const std::vector<std::string> kSchedules{"constant", "cosine"};
 // backend/precision.h's names (config/ sits below backend/; a unit case compares the lists).
 const std::vector<std::string> kPrecisions{"fp32", "bf16", "fp16"};
+const std::vector<std::string> kLossScaleModes{"auto", "dynamic", "none"};
 constexpr int64_t kImageSide = 28;  // Fashion-MNIST; each cnn stage halves it
 
 // Reads the discriminator `key` of obj first, so the walk can tell keys of another
@@ -154,6 +156,33 @@ void read_schedule(const Json& j, const std::string& path, ScheduleConfig& s) {
        key_path(path, "type"), s.type);
 }
 
+void read_loss_scale(const Json& j, const std::string& path, LossScaleSettings& l) {
+  expect_object(j, path, "an object with \"mode\" (auto, dynamic or none) and its settings");
+  // Powers of two, so that scaling a gradient and unscaling it again is exact.
+  auto power_of_two = [](const char* key, double& dst) -> Field {
+    return {key, {}, [&dst](const Json& v, const std::string& p) {
+              dst = read_double(v, p, Range::above(0));
+              int e = 0;
+              if (std::frexp(dst, &e) != 0.5 || !std::isfinite(dst))
+                fail_at(p, show(v) + " is not a power of two; expected one, such as 65536 (2^16), so that "
+                                     "scaling by it is exact");
+            }};
+  };
+  walk(j, path,
+       {{"mode", {}, [&](const Json& v, const std::string& p) { l.mode = read_enum(v, p, kLossScaleModes); }},
+        power_of_two("initial", l.initial), int_field("growth_interval", {}, l.growth_interval, 1),
+        power_of_two("min", l.min), power_of_two("max", l.max)});
+  auto num = [](double x) {  // powers of two: whole ones as integers
+    return x >= 1 && x < 1e15 ? std::to_string(static_cast<int64_t>(x)) : show(Json(x));
+  };
+  if (l.min > l.max)
+    fail_at(key_path(path, "min"), num(l.min) + " is above " + key_path(path, "max") + " " + num(l.max) +
+                                       "; expected min <= initial <= max");
+  if (l.initial < l.min || l.initial > l.max)
+    fail_at(key_path(path, "initial"), num(l.initial) + " is outside [" + num(l.min) + ", " + num(l.max) +
+                                           "] (min, max); expected min <= initial <= max");
+}
+
 void read_train(const Json& j, const std::string& path, TrainConfig& t) {
   expect_object(j, path, "an object with \"optimizer\" and \"steps\" or \"epochs\"");
   walk(j, path,
@@ -173,7 +202,8 @@ void read_train(const Json& j, const std::string& path, TrainConfig& t) {
         int_field("log_every", {}, t.log_every, 1),
         {"precision", {}, [&](const Json& v, const std::string& p) {
            t.precision = read_enum(v, p, kPrecisions);
-         }}});
+         }},
+        section("loss_scale", read_loss_scale, t.loss_scale)});
   if (!j.contains("optimizer"))
     fail_missing(key_path(path, "optimizer"),
                  "an object with \"lr\", e.g. {\"type\": \"adamw\", \"lr\": 0.001}");
@@ -184,6 +214,10 @@ void read_train(const Json& j, const std::string& path, TrainConfig& t) {
   if (!t.steps && !t.epochs)
     fail_missing(key_path(path, "steps"),
                  "exactly one of steps (an integer >= 1) or epochs (a number > 0)");
+  if (t.precision == "fp16" && t.loss_scale.mode == "none")
+    fail_at(key_path(path, "loss_scale") + ".mode",
+            "\"none\" under precision \"fp16\" would flush small gradients to zero (fp16's smallest normal is "
+            "2^-14); expected \"auto\" or \"dynamic\"");
   if (t.batch_size % t.micro_batches != 0)
     fail_at(key_path(path, "micro_batches"),
             divisor_error(t.micro_batches, key_path(path, "batch_size"), t.batch_size));
@@ -361,8 +395,26 @@ Config parse_config(const std::string& json_text, const std::string& source_path
   if (c.data.dataset != wanted)
     fail_at("data.dataset", show(Json(c.data.dataset)) + " does not suit model.type \"" +
                                 c.model.type + "\"; expected \"" + wanted + "\"");
+  // The replicas agree on an overflow through the verdicts of one stage group's
+  // reduction (runtime/executor_sync.cpp): a pipeline's stages would need one more
+  // message a step, and deadline's reduction carries no verdicts. Not built for either.
+  if (dynamic_loss_scale(c.train)) {
+    const std::string why = c.train.precision == "fp16" ? "precision \"fp16\" (whose loss scale is dynamic)"
+                                                        : "train.loss_scale.mode \"dynamic\"";
+    if (c.parallel.sync == SyncPolicy::deadline)
+      fail_at("parallel.sync", "\"deadline\" with " + why +
+                                   " is not built; expected sync \"sync\" or \"local\", or no loss scale");
+    if (c.parallel.strategy == ParallelStrategy::pipeline)
+      fail_at("parallel.strategy", "\"pipeline\" with " + why +
+                                       " is not built; expected strategy \"auto\" or \"data\" (auto then plans "
+                                       "data-parallel replicas of the whole model)");
+  }
   if (c.run.dir.empty()) c.run.dir = "runs/" + c.name;
   return c;
+}
+
+bool dynamic_loss_scale(const TrainConfig& t) {
+  return t.loss_scale.mode == "dynamic" || (t.loss_scale.mode == "auto" && t.precision == "fp16");
 }
 
 Config load_config(const std::string& path) {
@@ -438,6 +490,11 @@ std::string to_json(const Config& c) {
   train["eval_max_samples"] = c.train.eval_max_samples;
   train["log_every"] = c.train.log_every;
   train["precision"] = c.train.precision;
+  train["loss_scale"] = {{"mode", c.train.loss_scale.mode},
+                         {"initial", c.train.loss_scale.initial},
+                         {"growth_interval", c.train.loss_scale.growth_interval},
+                         {"min", c.train.loss_scale.min},
+                         {"max", c.train.loss_scale.max}};
   Json doc{{"model", model},
            {"data", data},
            {"train", train},

@@ -60,6 +60,20 @@ struct ScheduleConfig {
   float min_lr = 0.f;             // cosine floor
 };
 
+// train.loss_scale: the dynamic loss scale of runtime/loss_scale.h. mode "auto" scales
+// under precision fp16 only; "dynamic" under any precision (under fp32 it changes no
+// bit of the run while nothing overflows: the scales are powers of two, so scaling and
+// unscaling are exact); "none" never (refused under fp16, whose gradients would flush
+// to zero). The scale halves after a step whose gradients overflowed and doubles after
+// growth_interval clean steps, within [min, max].
+struct LossScaleSettings {
+  std::string mode = "auto";
+  double initial = 65536;
+  int64_t growth_interval = 2000;
+  double min = 1;
+  double max = 16777216;
+};
+
 struct TrainConfig {
   // Exactly one of steps / epochs is given; epochs become steps from the dataset
   // size (resolved_steps, filled in once the data is known).
@@ -76,10 +90,15 @@ struct TrainConfig {
   int64_t eval_max_samples = 0;  // 0 = the whole evaluation set
   int64_t log_every = 50;      // steps between metrics records and log lines
   // The products' arithmetic: "fp32" | "bf16" (bf16 tensor cores, fp32 accumulation and
-  // master weights; a CUDA device of sm_80+) | "fp16" (refused: not built). Checked
+  // master weights; a CUDA device of sm_80+) | "fp16" (fp16 tensor cores, fp32
+  // accumulation and master weights, with a dynamic loss scale; a CUDA device). Checked
   // against the run's device when it is selected (backend/cuda/device_select.h).
   std::string precision = "fp32";
+  LossScaleSettings loss_scale;
 };
+
+// Whether the run scales its loss dynamically: mode "dynamic", or "auto" under fp16.
+bool dynamic_loss_scale(const TrainConfig& t);
 
 struct CheckpointConfig {
   int64_t every = 0;  // steps; 0 = only at the end

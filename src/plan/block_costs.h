@@ -86,7 +86,8 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
 // products' (nn/cost_model.h), which bf16 runs on tensor cores; the rest of a step stays
 // fp32 and is not in the FLOPs, and the fused attention kernel, fp32 in every mode, is
 // priced at this rate too (an optimistic share of a long-context transformer block). A
-// measured profile is fp32's (the probe times fp32) and stands as measured.
+// measured profile is fp32's (the probe times fp32) and stands as measured. "fp16" is
+// priced at the fp32 rate: the probe times no fp16 product, so its gain is not assumed.
 double gemm_rate(const DeviceModel& dev, std::string_view precision);
 
 // Samples per second of one replica holding the whole model on `rank`:

@@ -274,7 +274,7 @@ Candidate build(const PlannerInput& in, const LinkTiers& tiers, int stages, cons
 // strategy.
 std::vector<int> stage_counts(const PlannerInput& in, int used) {
   const int blocks = static_cast<int>(in.costs.params.size());
-  if (in.strategy == Asked::data || in.strategy == Asked::equal) return {1};
+  if (in.strategy == Asked::data || in.strategy == Asked::equal || in.one_stage) return {1};
   if (in.strategy == Asked::pipeline) {
     HT_CHECK(used <= blocks, "planner: a pipeline over all ", used,
              " ranks needs a block per stage but the model has ", blocks, " blocks");

@@ -53,6 +53,9 @@ struct PlannerInput {
   // optimiser for all (see build in planner.cpp). Off for the all-ranks plan of the
   // idle-rank trial: a running job moves only replicas that each step their own.
   bool hub_may_step_optimizer = true;
+  // Plans of one stage only (no pipeline): a dynamic loss scale is agreed within one
+  // stage group (train.loss_scale, runtime/executor_sync.cpp).
+  bool one_stage = false;
   std::string config_name, config_hash;
 };
 

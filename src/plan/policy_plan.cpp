@@ -16,6 +16,9 @@ PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& 
   in.global_batch = cfg.train.batch_size;
   in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);
   in.strategy = cfg.parallel.strategy;
+  // A dynamic loss scale is agreed within one stage group (config.cpp refuses an asked
+  // pipeline), so auto plans one stage.
+  in.one_stage = config::dynamic_loss_scale(cfg.train);
   in.config_name = cfg.name;
   in.config_hash = config::plan_hash(cfg);
   return in;

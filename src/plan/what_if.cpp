@@ -346,6 +346,7 @@ class Play {
     pin.min_micro_batches = in_.planner.min_micro_batches;
     pin.strategy = in_.planner.strategy;
     pin.hub_may_step_optimizer = in_.planner.hub_may_step_optimizer;
+    pin.one_stage = in_.planner.one_stage;
     pin.config_name = in_.planner.config_name;
     pin.config_hash = in_.planner.config_hash;
     Phase next;

@@ -58,6 +58,12 @@ TEST_CASE("planner: a cluster whose links dominate pipelines the model instead")
   const Plan dp = make_plan(input(c, costs(c, 4, 1e6, 4096), 64, "data"));
   CHECK(dp.strategy == Strategy::data);
   CHECK(dp.predicted.step_seconds > p.predicted.step_seconds);
+  // Under a dynamic loss scale (agreed within one stage group) auto plans one stage.
+  PlannerInput one = input(c, costs(c, 4, 1e6, 4096), 64);
+  one.one_stage = true;
+  const Plan single = make_plan(one);
+  CHECK(single.stage_ranges.size() == 1);
+  CHECK(single.predicted.step_seconds == doctest::Approx(dp.predicted.step_seconds));
 }
 
 TEST_CASE("planner: hybrid layouts put like devices on one stage across replicas") {
