@@ -75,6 +75,14 @@ Executor::Executor(const plan::Plan& plan, nn::Sequential& model, Task& task,
   last_ = stage_ == stages_ - 1;
   recompute_ = rank_plan_.recompute;
   scale_ = 1.0 / static_cast<double>(plan.global_batch * task.predictions_per_sample());
+  if (config::dynamic_loss_scale(train)) {
+    // The replicas agree on an overflow from the verdicts of their stage group's
+    // reduction (executor_sync.cpp); a pipeline's stages would need another message.
+    HT_CHECK(stages_ == 1, "a dynamic loss scale (train.loss_scale, or train.precision fp16) with a plan of ", stages_,
+             " pipeline stages is not built; expected a data-parallel plan (plan again with parallel.strategy "
+             "\"auto\" or \"data\")");
+    loss_scale_.emplace(loss_scale_config(train.loss_scale));
+  }
   params_ = model.named_parameters(static_cast<size_t>(rank_plan_.block_begin),
                                    static_cast<size_t>(rank_plan_.block_end));
   // The model may sit in host staging (see Run in trainer.cpp): this rank computes with
@@ -190,7 +198,7 @@ void Executor::forward(int mb, bool keep_graph) {
     if (last_) {
       Tensor loss = summed_loss(h, m.targets);
       if (!replay) loss_sum_ += static_cast<double>(loss.item());
-      if (keep_graph) m.segments.back().second = mul(loss, static_cast<float>(scale_));
+      if (keep_graph) m.segments.back().second = mul(loss, static_cast<float>(scale_ * step_scale_));
     } else {
       m.output = h.detach();
     }
@@ -259,6 +267,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   events_.clear();
   verdict_ = Verdict::kept;
   skip_update_ = false;
+  step_scale_ = loss_scale_ ? loss_scale_->scale() : 1.0;
   if (!quarantine_ && stage_group_->size() > 1) quarantine_ = std::make_unique<Quarantine>(guard_cfg_, stage_group_->size());
   if (stage_group_->size() > 1 && !deadline_)
     reduce_ = std::make_unique<comm::OverlappedAllreduce>(

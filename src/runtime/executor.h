@@ -39,6 +39,7 @@
 #include "runtime/deadline_sync.h"
 #include "runtime/fault_injection.h"
 #include "runtime/guard.h"
+#include "runtime/loss_scale.h"
 #include "runtime/task.h"
 
 namespace ht::comm {
@@ -111,6 +112,11 @@ class Executor {
   // The bad-node guard's settings (config.guard; the defaults until called). Its history
   // and quarantines start afresh.
   void set_guard(const config::GuardConfig& guard);
+  // The dynamic loss scale (train.loss_scale; null without one or on an idle rank): the
+  // same on every member of the stage group after every step.
+  const DynamicLossScale* loss_scale() const { return loss_scale_ ? &*loss_scale_ : nullptr; }
+  // A checkpoint's or a peer's scale and clean steps; nothing without a loss scale.
+  void restore_loss_scale(double scale, int64_t clean);
   // Whether this rank's stage leaves out replica `replica` as quarantined in the next step.
   bool quarantines(int replica) const { return quarantine_ && quarantine_->quarantined(replica); }
   // parallel.sync deadline (runtime/deadline_sync.h) on a plan whose lists carry its
@@ -204,6 +210,8 @@ class Executor {
   config::GuardConfig guard_cfg_;
   ContributionGuard guard_{guard_cfg_};
   std::unique_ptr<Quarantine> quarantine_;       // replicated stages; the same on every member
+  std::optional<DynamicLossScale> loss_scale_;    // train.loss_scale (runtime/loss_scale.h)
+  double step_scale_ = 1;                         // the scale of this step's backward
   std::vector<Tensor> counts_;                   // this step's, one per group judged
   std::vector<std::pair<size_t, size_t>> groups_;  // params_ [begin, end) of each
   std::vector<GuardEvent> events_;

@@ -126,7 +126,10 @@ void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
   if (!quarantine_ || !quarantine_->quarantined(me)) {
     double sum_squares = 0;
     for (const Tensor& g : grads) sum_squares += sum_of_squares(g);
-    v = guard_.judge(begin, sum_squares, samples, plan_.global_batch);
+    // Under a loss scale the history holds the true norms, and a non-finite gradient is
+    // an overflow while a smaller scale can still cure it (runtime/loss_scale.h).
+    v = guard_.judge(begin, sum_squares / (step_scale_ * step_scale_), samples, plan_.global_batch);
+    if (v == Verdict::non_finite && loss_scale_ && step_scale_ > loss_scale_->min_scale()) v = Verdict::overflow;
   }
   if (v != Verdict::kept) {
     if (verdict_ == Verdict::kept) verdict_ = v;
@@ -163,12 +166,20 @@ void Executor::settle_guard() {
       if (verdicts[m] == Verdict::kept) verdicts[m] = static_cast<Verdict>(std::lround(c[1 + m]));
   }
   const std::vector<int> quarantined = quarantine_ ? quarantine_->record(verdicts) : std::vector<int>{};
+  // Every member reads the same verdicts, so all keep one scale. Only an overflow moves
+  // it: at the least scale a non-finite gradient is the guard's affair.
+  if (loss_scale_)
+    loss_scale_->update(std::any_of(verdicts.begin(), verdicts.end(), [](Verdict v) { return v == Verdict::overflow; }));
   if (stage_group_->rank() != 0) return;
   auto world_rank = [this](int m) { return plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)]; };
   for (size_t m = 0; m < verdicts.size(); ++m)
     if (verdicts[m] != Verdict::kept)
       events_.push_back({world_rank(static_cast<int>(m)), stage_, verdicts[m], layout_.samples[m], 0});
   for (int m : quarantined) events_.push_back({world_rank(m), stage_, Verdict::quarantined, 0, guard_cfg_.quarantine_steps});
+}
+
+void Executor::restore_loss_scale(double scale, int64_t clean) {
+  if (loss_scale_) loss_scale_->restore(scale, clean);
 }
 
 void Executor::set_guard(const config::GuardConfig& guard) {
@@ -203,6 +214,12 @@ void Executor::optimizer_step(float lr) {
     std::vector<Tensor> grads = final_grads(0, params_.size());
     judge(grads, 0, params_.size());
     settle_guard();
+  }
+  if (loss_scale_) {  // by the scale the backward used (settle_guard has updated it for the next step)
+    std::vector<Tensor> grads;
+    for (const auto& [name, p] : params_)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    unscale_gradients(grads, step_scale_);
   }
   if (!shards_.empty())  // the summed gradients of this rank's parts
     for (size_t i = 0; i < params_.size(); ++i) {

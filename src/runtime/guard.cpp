@@ -15,6 +15,7 @@ const char* verdict_name(Verdict v) {
     case Verdict::non_finite: return "non-finite gradient";
     case Verdict::norm: return "gradient norm outlier";
     case Verdict::quarantined: return "quarantined";
+    case Verdict::overflow: return "overflow (loss scale halved)";
   }
   return "?";
 }

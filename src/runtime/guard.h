@@ -19,8 +19,11 @@
 namespace ht::runtime {
 
 // Why a contribution was or was not used. The values travel in the reduced counts.
-enum class Verdict : int { kept = 0, non_finite = 1, norm = 2, quarantined = 3 };
-const char* verdict_name(Verdict v);  // "kept", "non-finite gradient", "gradient norm outlier", "quarantined"
+// overflow: a non-finite contribution under a dynamic loss scale above its least
+// (runtime/loss_scale.h): left out, no offence, and the scale halves.
+enum class Verdict : int { kept = 0, non_finite = 1, norm = 2, quarantined = 3, overflow = 4 };
+// "kept", "non-finite gradient", "gradient norm outlier", "quarantined", "overflow (loss scale halved)"
+const char* verdict_name(Verdict v);
 
 // The sum of the squares of a float32 tensor's values, in double: NaN when one is NaN,
 // infinite when one is. On the CPU one pass over the values, 8 lanes wide.

@@ -19,9 +19,12 @@ DynamicLossScale::DynamicLossScale(const LossScaleConfig& c) : config_(c), scale
            " is out of range; expected at least 1 step");
 }
 
-bool DynamicLossScale::unscale(const std::vector<Tensor>& grads) const {
-  const float inverse = static_cast<float>(1.0 / scale_);
-  bool finite = true;
+LossScaleConfig loss_scale_config(const config::LossScaleSettings& s) {
+  return {.initial = s.initial, .growth_interval = s.growth_interval, .min_scale = s.min, .max_scale = s.max};
+}
+
+void unscale_gradients(const std::vector<Tensor>& grads, double scale) {
+  const float inverse = static_cast<float>(1.0 / scale);
   for (const Tensor& g : grads) {
     HT_CHECK(g.dtype() == DType::f32, "loss scale: a gradient of dtype ", dtype_name(g.dtype()),
              "; expected float32");
@@ -32,29 +35,28 @@ bool DynamicLossScale::unscale(const std::vector<Tensor>& grads) const {
     Backend& be = d.backend();
     be.unary(UnaryOp::mul_scalar, d.data(), d.data(), d.numel(), inverse);
     if (view) be.copy(d.data(), d.strides(), g.data(), g.strides(), g.shape());
-    // x * 0 is 0 for every finite x and NaN for an infinity or a NaN, so the sum of
-    // x * 0 is NaN exactly when some element is not finite: one float to the host.
-    Tensor probe = Tensor::empty(d.shape(), DType::f32, be, "loss scale check");
-    be.unary(UnaryOp::mul_scalar, d.data(), probe.data(), d.numel(), 0.f);
-    Tensor sum = Tensor::empty({1}, DType::f32, be, "loss scale check");
-    be.reduce(ReduceOp::sum, probe.data(), sum.data(), nullptr, 1, d.numel(), 1);
-    if (!std::isfinite(sum.item())) finite = false;
   }
-  return finite;
 }
 
-bool DynamicLossScale::update(bool finite) {
-  if (!finite) {
+void DynamicLossScale::update(bool overflowed) {
+  if (overflowed) {
     scale_ = std::max(config_.min_scale, scale_ / 2);
     clean_ = 0;
-    ++skipped_;
-    return false;
+    ++overflows_;
+    return;
   }
   if (++clean_ >= config_.growth_interval) {
     scale_ = std::min(config_.max_scale, scale_ * 2);
     clean_ = 0;
   }
-  return true;
+}
+
+void DynamicLossScale::restore(double scale, int64_t clean) {
+  HT_CHECK(std::isfinite(scale) && scale >= config_.min_scale && scale <= config_.max_scale, "loss scale: ", scale,
+           " is outside [", config_.min_scale, ", ", config_.max_scale, "]; expected a scale within train.loss_scale's min and max");
+  HT_CHECK(clean >= 0, "loss scale: ", clean, " clean steps; expected at least 0");
+  scale_ = scale;
+  clean_ = std::min(clean, config_.growth_interval - 1);
 }
 
 }  // namespace ht::runtime

@@ -1,42 +1,51 @@
-// The dynamic loss scale of fp16 training: fp16's narrow range (smallest normal 2^-14)
-// flushes small gradients to zero unless the loss, and with it every gradient, is scaled
-// up first. The scale is as large as the gradients allow: it halves whenever a step's
-// gradients overflow (that step is skipped) and doubles after `growth_interval` clean
-// steps in a row.
+// The dynamic loss scale (train.loss_scale; implied by train.precision fp16): fp16's
+// narrow range (smallest normal 2^-14) flushes small gradients to zero unless the loss,
+// and with it every gradient, is scaled up first. The scale is as large as the gradients
+// allow: it halves after a step in which some replica's gradients overflowed and
+// doubles after `growth_interval` clean steps in a row.
 //
-// Use, once per optimiser step:
-//   1. seed the backward pass with scale() instead of 1 (the loss's gradient);
-//   2. unscale(grads) before any reduction, clipping, guard or optimiser sees them: it
-//      divides every gradient by the scale and says whether all of them are finite;
-//   3. update(finite): false means skip the optimiser step (the scale has halved).
+// How the executor uses it (runtime/executor_sync.cpp), once per step:
+//   1. the backward pass is seeded with scale() x the loss's usual 1 / (global batch);
+//   2. the bad-node guard judges each replica's scaled contribution before it leaves
+//      the rank (its norm divided by the scale, so the history holds true norms); a
+//      non-finite one is an overflow while the scale is above its least: left out of the
+//      step like any bad contribution, but no offence towards quarantine. At the least
+//      scale an overflow is no longer curable by scaling, and counts as the guard's
+//      non-finite gradient;
+//   3. after the reduction every member of the stage group holds every member's verdict,
+//      so each calls update(overflowed) with the same value and all keep one scale,
+//      without another message;
+//   4. unscale_gradients divides the reduced gradients by the step's scale before
+//      clipping and the optimiser.
+// A step whose every contribution overflowed (the only replica's, say) is skipped, as
+// any step with nothing kept. Under parallel.sync local each group keeps its own scale.
 //
-// The class is device-independent: unscale runs through each gradient's own backend
-// (mul_scalar and a sum), and reads one float per gradient back to the host.
-//
-// Not wired: the executor does not use it, and train.precision "fp16" is refused as not
-// built (the CUDA backend's precision_refusal). After an overflow every replica must skip
-// the step and halve its scale together, whereas the bad-node guard (runtime/guard.h)
-// treats a non-finite gradient as a bad contribution, leaving that replica out and
-// counting it towards quarantine; wiring it needs the replicas to agree on the overflow
-// before the guard judges.
+// The scales are powers of two (config.cpp checks the settings), so scaling and
+// unscaling change no bit of a gradient in fp32 while nothing overflows or underflows.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "config/config.h"
 #include "tensor/tensor.h"
 
 namespace ht::runtime {
 
 struct LossScaleConfig {
   // 2^16: large enough that gradients near fp16's smallest normal survive, small enough
-  // that a first overflow costs a handful of skipped steps, not dozens (PyTorch's
-  // GradScaler starts there too).
+  // that the first overflows halve it into the gradients' range within a handful of
+  // steps, not dozens (PyTorch's GradScaler starts there too).
   double initial = 65536;
   int64_t growth_interval = 2000;  // clean steps in a row before the scale doubles
   double min_scale = 1;            // the scale never halves below this
   double max_scale = 16777216;     // 2^24: it never doubles above this
 };
+
+LossScaleConfig loss_scale_config(const config::LossScaleSettings& s);
+
+// Divides each gradient (float32, any backend, any strides) by `scale` in place.
+void unscale_gradients(const std::vector<Tensor>& grads, double scale);
 
 class DynamicLossScale {
  public:
@@ -45,21 +54,25 @@ class DynamicLossScale {
   explicit DynamicLossScale(const LossScaleConfig& config = {});
 
   double scale() const { return scale_; }
-  int64_t clean_steps() const { return clean_; }  // since the last change of the scale
-  int64_t skipped_steps() const { return skipped_; }
+  double min_scale() const { return config_.min_scale; }
+  double max_scale() const { return config_.max_scale; }
+  int64_t clean_steps() const { return clean_; }        // since the last change of the scale
+  int64_t overflow_steps() const { return overflows_; }  // steps that halved the scale (or tried to, at min)
 
-  // Divides each gradient (float32, any backend, any strides) by scale() in place;
-  // returns whether every element of every gradient is finite afterwards.
-  bool unscale(const std::vector<Tensor>& grads) const;
-  // After unscale: returns whether the optimiser steps. Non-finite: skip, halve the scale
-  // (not below min_scale), start counting clean steps afresh. Finite: step, and double
-  // the scale (not above max_scale) on the growth_interval-th clean step in a row.
-  bool update(bool finite);
+  // unscale_gradients by scale().
+  void unscale(const std::vector<Tensor>& grads) const { unscale_gradients(grads, scale_); }
+  // After a step: an overflow halves the scale (not below min_scale) and starts counting
+  // clean steps afresh; a clean step doubles it (not above max_scale) when it is the
+  // growth_interval-th in a row.
+  void update(bool overflowed);
+  // A checkpoint's state (scale and clean steps), on resume. Throws ht::Error naming the
+  // value when the scale is outside [min_scale, max_scale] or clean is negative.
+  void restore(double scale, int64_t clean);
 
  private:
   LossScaleConfig config_;
   double scale_;
-  int64_t clean_ = 0, skipped_ = 0;
+  int64_t clean_ = 0, overflows_ = 0;
 };
 
 }  // namespace ht::runtime

@@ -1,6 +1,7 @@
 #include "runtime/stage_gather.h"
 
 #include <chrono>
+#include <cmath>
 #include <set>
 #include <string>
 
@@ -118,6 +119,14 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
   const bool was_active = executor->active();
   // The old optimiser's buffers outlive it: the new one takes copies.
   const std::vector<nn::NamedTensor> kept = was_active ? executor->optimizer()->state() : std::vector<nn::NamedTensor>{};
+  // The dynamic loss scale goes on, and a joining rank takes the source's: every replica
+  // must seed its backward with the same scale. The scale is a power of two, sent as
+  // its exponent.
+  int32_t scale_exponent = 0, clean = 0;
+  if (const DynamicLossScale* ls = was_active ? executor->loss_scale() : nullptr) {
+    std::frexp(ls->scale(), &scale_exponent);
+    clean = static_cast<int32_t>(ls->clean_steps());
+  }
   executor.reset();
   auto next = std::make_unique<Executor>(after, model, task, world, train, peer_timeout);
   constexpr std::string_view kWhat = "the relayout's parameters for a joining rank";
@@ -135,6 +144,8 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
         offsets.push_back(static_cast<int32_t>(o & 0xffffffffu));
         offsets.push_back(static_cast<int32_t>(o >> 32));
       }
+      offsets.push_back(scale_exponent);
+      offsets.push_back(clean);
       world.send(Tensor::from_ints(offsets, {static_cast<int64_t>(offsets.size())}, cpu_backend()), r.rank, kTagGather,
                  peer_timeout, kWhat);
     } else if (me == r.rank) {
@@ -146,15 +157,19 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
       }
       receive_all(state, world, source, peer_timeout, kWhat);
       next->load_optimizer_state(state);
-      std::vector<nn::NamedTensor> offsets{{"random offsets", Tensor::empty({2 * static_cast<int64_t>(model.size())}, DType::i32, cpu_backend())}};
+      std::vector<nn::NamedTensor> offsets{{"random offsets and loss scale", Tensor::empty({2 * static_cast<int64_t>(model.size()) + 2}, DType::i32, cpu_backend())}};
       receive_all(offsets, world, source, peer_timeout, kWhat);
       const std::vector<int32_t> o = offsets[0].second.to_ints();
       for (size_t b = 0; b < model.size(); ++b)
         model.block(b).set_random_offset(static_cast<uint32_t>(o[2 * b]) |
                                          (static_cast<uint64_t>(static_cast<uint32_t>(o[2 * b + 1])) << 32));
+      if (next->loss_scale()) next->restore_loss_scale(std::ldexp(0.5, o[2 * model.size()]), o[2 * model.size() + 1]);
     }
   }
-  if (was_active && next->active()) next->load_optimizer_state(kept);
+  if (was_active && next->active()) {
+    next->load_optimizer_state(kept);
+    if (next->loss_scale()) next->restore_loss_scale(std::ldexp(0.5, scale_exponent), clean);
+  }
   return next;
 }
 

@@ -108,6 +108,14 @@ void Run::save(int64_t step, report::Progress& progress) {
                                "the checkpoint gather of step " + std::to_string(step))
               : executor_->optimizer()->state();
   std::map<std::string, std::string> meta = metadata(step);
+  // Rank 0's loss scale (under local, its group's), for every rank on resume; none when
+  // rank 0 is idle, and a resumed run starts from train.loss_scale.initial.
+  if (const DynamicLossScale* ls = executor_->loss_scale()) {
+    int exponent = 0;  // a power of two: 0.5 x 2^exponent
+    std::frexp(ls->scale(), &exponent);
+    meta["loss_scale_log2"] = std::to_string(exponent - 1);
+    meta["loss_scale_clean_steps"] = std::to_string(ls->clean_steps());
+  }
   if (local_) {
     meta["sync_policy"] = "local";
     meta["outer_steps"] = std::to_string(local_->outer_steps());
@@ -151,6 +159,17 @@ int64_t Run::restore(report::Progress& progress) {
   }
   load_into(prefixed("model.", weights), *loaded, "model.");
   load_stage(*loaded, *executor_);
+  if (meta.count("loss_scale_log2") && executor_->loss_scale()) {
+    const int64_t log2 = get_int("loss_scale_log2");
+    HT_CHECK(log2 >= -1000 && log2 <= 1000, "checkpoint ", loaded->path, ": metadata 'loss_scale_log2' is ", log2,
+             "; expected the exponent of a loss scale within train.loss_scale's min and max");
+    const double scale = std::ldexp(1.0, static_cast<int>(log2));
+    HT_CHECK(scale >= executor_->loss_scale()->min_scale() && scale <= executor_->loss_scale()->max_scale(),
+             "checkpoint ", loaded->path, ": its loss scale 2^", log2, " is outside this config's train.loss_scale [",
+             executor_->loss_scale()->min_scale(), ", ", executor_->loss_scale()->max_scale(),
+             "]; expected one within min and max (widen them to resume from it)");
+    executor_->restore_loss_scale(scale, get_int("loss_scale_clean_steps"));
+  }
   if (local_) {  // the checkpoint's model is the outer weights
     local_->reset_to_weights();
     local_->load_outer_state(*loaded);

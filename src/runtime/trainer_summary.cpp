@@ -70,6 +70,8 @@ void Run::write_summary(int64_t start, double wall, double trained, const std::v
   summary["guard"] = {{"steps_with_exclusions", guard_totals_.steps.size()},
                       {"samples_excluded", guard_totals_.samples},
                       {"quarantined_ranks", guard_totals_.quarantined}};
+  if (const DynamicLossScale* ls = executor_->loss_scale())  // rank 0's (under local, its group's)
+    summary["loss_scale"] = {{"final", ls->scale()}, {"overflow_steps", ls->overflow_steps()}};
   if (multi()) {
     summary["ranks"] = world_.size();
     summary["strategy"] = plan::to_string(plan_.strategy);
