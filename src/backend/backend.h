@@ -140,7 +140,7 @@ class Backend {
   virtual void max_backward(const float* gy, const int32_t* argmax, float* gx, int64_t outer,
                             int64_t n, int64_t inner) = 0;
 
-  // In the backend's precision(): fp32, or bf16 operands with fp32 accumulation and C.
+  // In the backend's precision(): fp32, or bf16 or fp16 operands with fp32 accumulation and C.
   virtual void gemm(const GemmArgs& args) = 0;
 
   // ---- row-wise ops over contiguous (rows, n)

@@ -1,16 +1,19 @@
-// The arithmetic of a backend's products (Backend::set_precision), and bf16 rounding on
-// the host: the reference the GPU's bf16 products are checked against.
+// The arithmetic of a backend's products (Backend::set_precision), and bf16 and fp16
+// rounding on the host: the references the GPU's reduced products are checked against.
 //
 //   fp32  every primitive in fp32 (the default, and all the CPU backend computes)
 //   bf16  gemm's operands rounded to bfloat16 on tensor cores, products accumulated and
 //         stored in fp32; tensors, master weights, gradients and every other primitive
 //         stay fp32 (autocast where the FLOPs are)
-//   fp16  fp16 products with a dynamic loss scale (runtime/loss_scale.h); not built
+//   fp16  gemm's operands rounded to IEEE half on tensor cores, fp32 accumulation and C,
+//         everything else fp32 as under bf16; the loss is scaled dynamically
+//         (runtime/loss_scale.h), since fp16's smallest normal is 2^-14
 //
 // The names are train.precision's values (config/config.cpp lists the same three).
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -59,5 +62,26 @@ inline float round_to_bf16(float x) { return bf16_to_float(bf16_bits(x)); }
 
 // bf16's unit roundoff under round to nearest: 2^-8 (8 significant bits).
 constexpr double kBf16Roundoff = 1.0 / 256;
+
+// IEEE binary16: 10 mantissa bits, exponents -14..15, subnormals down to 2^-24. Rounding
+// to nearest, ties to even, keeps a relative error of at most 2^-11 for values in the
+// normal range; values from 65520 (halfway past the largest half, 65504) round to
+// infinity; below 2^-14 the step is 2^-24 (subnormals, so small values lose relative
+// precision and those under 2^-25 become 0: what the loss scale is for); a NaN stays a
+// NaN. The result is returned as the float of the same value.
+inline float round_to_fp16(float x) {
+  if (std::isnan(x)) return x;
+  if (std::fabs(x) < 0x1p-14f) return std::nearbyint(x * 0x1p24f) * 0x1p-24f;  // exact scalings; nearest even
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const uint32_t lsb = (u >> 13) & 1u;  // fp32 keeps 23 mantissa bits, half 10
+  u = (u + 0xfffu + lsb) & ~0x1fffu;
+  float r;
+  std::memcpy(&r, &u, sizeof r);
+  return std::fabs(r) > 65504.f ? std::copysign(INFINITY, x) : r;
+}
+
+// fp16's unit roundoff under round to nearest: 2^-11 (11 significant bits).
+constexpr double kFp16Roundoff = 1.0 / 2048;
 
 }  // namespace ht

@@ -134,6 +134,100 @@ TEST_CASE("precision: bf16 rounding stays within 2^-8 relative over the normal r
   CHECK(checked > 3000);
 }
 
+TEST_CASE("precision: fp16 rounding, to nearest and ties to even, with subnormals and overflow") {
+  struct Case {
+    float in, out;
+    const char* what;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const Case cases[] = {
+      {1.f, 1.f, "1 is exact"},
+      {-1.5f, -1.5f, "-1.5 is exact"},
+      {0.f, 0.f, "+0"},
+      {1.f + 0x1p-11f, 1.f, "a tie at 1 with an even last bit: stays"},
+      {1.f + 0x1p-11f + 0x1p-20f, 1.f + 0x1p-10f, "just above half an ulp: up"},
+      {1.f + 0x1p-10f + 0x1p-11f, 1.f + 0x1p-9f, "a tie with an odd last bit: up to even"},
+      {-(1.f + 0x1p-10f + 0x1p-11f), -(1.f + 0x1p-9f), "ties to even by magnitude when negative"},
+      {2.f - 0x1p-12f, 2.f, "the carry runs into the exponent"},
+      {65504.f, 65504.f, "the largest half"},
+      {65519.f, 65504.f, "below half an ulp past it: stays"},
+      {65520.f, inf, "halfway past it: infinity"},
+      {-1e6f, -inf, "far past it, negative: -infinity"},
+      {inf, inf, "+infinity"},
+      {0x1p-14f, 0x1p-14f, "the smallest normal"},
+      {0x1p-24f, 0x1p-24f, "the smallest subnormal"},
+      {0x1p-25f, 0.f, "half of it: a tie to even zero"},
+      {0x1p-25f + 0x1p-30f, 0x1p-24f, "just above half of it: up"},
+      {3 * 0x1p-25f, 2 * 0x1p-24f, "a subnormal tie up to even"},
+      {0x1p-30f, 0.f, "far below: zero"},
+      {1e-5f, std::round(1e-5f * 0x1p24f) * 0x1p-24f, "a small gradient keeps only its subnormal steps"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    CHECK(round_to_fp16(c.in) == c.out);
+  }
+  CHECK(std::signbit(round_to_fp16(-0x1p-30f)));  // -0 keeps its sign
+  CHECK(std::isnan(round_to_fp16(std::numeric_limits<float>::quiet_NaN())));
+  // The sweep of bf16's test: within 2^-11 relative over fp16's normal range.
+  int checked = 0;
+  for (int e = -14; e <= 15; ++e)
+    for (uint32_t m = 0; m < (1u << 23); m += 7773) {
+      const float x = std::ldexp(1.f + static_cast<float>(m) * 0x1p-23f, e);
+      const float r = round_to_fp16(x);
+      if (std::isinf(r)) continue;
+      CHECK(std::fabs(static_cast<double>(r) - x) <= kFp16Roundoff * std::fabs(x));
+      ++checked;
+    }
+  CHECK(checked > 30000);
+}
+
+TEST_CASE("precision: train.loss_scale reads, defaults by precision and refuses bad settings") {
+  auto cfg = [](const std::string& train_extra, const std::string& parallel = "") {
+    return R"({"model": {"type": "mlp"}, "data": {"dataset": "fashion_mnist"},
+               "train": {"steps": 10, "optimizer": {"lr": 0.01})" + train_extra + "}" +
+           (parallel.empty() ? "" : ", \"parallel\": " + parallel) + "}";
+  };
+  const config::Config plain = config::parse_config(cfg(""), "p.json");
+  CHECK(plain.train.loss_scale.mode == "auto");
+  CHECK_FALSE(config::dynamic_loss_scale(plain.train));
+  CHECK(config::dynamic_loss_scale(config::parse_config(cfg(R"(, "precision": "fp16")"), "p.json").train));
+  CHECK_FALSE(config::dynamic_loss_scale(config::parse_config(cfg(R"(, "precision": "bf16")"), "p.json").train));
+  const config::Config dyn = config::parse_config(
+      cfg(R"(, "loss_scale": {"mode": "dynamic", "initial": 1024, "growth_interval": 5, "min": 0.5, "max": 4096})"),
+      "p.json");
+  CHECK(config::dynamic_loss_scale(dyn.train));
+  CHECK(dyn.train.loss_scale.initial == 1024);
+  CHECK(dyn.train.loss_scale.min == 0.5);
+  CHECK(dyn.train.loss_scale.growth_interval == 5);
+  // What to_json writes reads back the same.
+  const config::Config again = config::parse_config(config::to_json(dyn), "p.json");
+  CHECK(again.train.loss_scale.max == 4096);
+  CHECK(again.train.loss_scale.mode == "dynamic");
+  auto err = [&](const std::string& train_extra, const std::string& parallel = "") {
+    return error_of([&] { config::parse_config(cfg(train_extra, parallel), "p.json"); });
+  };
+  CHECK(err(R"(, "loss_scale": {"initial": 1000})") ==
+        "train.loss_scale.initial: 1000 is not a power of two; expected one, such as 65536 (2^16), so that scaling "
+        "by it is exact");
+  CHECK(err(R"(, "loss_scale": {"initial": 0})") == "train.loss_scale.initial: 0 is out of range; expected a number > 0");
+  CHECK(contains(err(R"(, "loss_scale": {"mode": "static"})"), "train.loss_scale.mode: \"static\" is not a known choice"));
+  CHECK(contains(err(R"(, "loss_scale": {"growth_interval": 0})"), "train.loss_scale.growth_interval: 0"));
+  CHECK(contains(err(R"(, "loss_scale": {"initaal": 2})"), "train.loss_scale.initaal"));
+  CHECK(err(R"(, "loss_scale": {"min": 8, "max": 4})") ==
+        "train.loss_scale.min: 8 is above train.loss_scale.max 4; expected min <= initial <= max");
+  CHECK(err(R"(, "loss_scale": {"initial": 2, "min": 4})") ==
+        "train.loss_scale.initial: 2 is outside [4, 16777216] (min, max); expected min <= initial <= max");
+  CHECK(contains(err(R"(, "precision": "fp16", "loss_scale": {"mode": "none"})"),
+                 "train.loss_scale.mode: \"none\" under precision \"fp16\" would flush small gradients to zero"));
+  CHECK(err(R"(, "loss_scale": {"mode": "dynamic"})", R"({"sync": "deadline"})") ==
+        "parallel.sync: \"deadline\" with train.loss_scale.mode \"dynamic\" is not built; expected sync \"sync\" or "
+        "\"local\", or no loss scale");
+  CHECK(contains(err(R"(, "precision": "fp16")", R"({"strategy": "pipeline"})"),
+                 "parallel.strategy: \"pipeline\" with precision \"fp16\" (whose loss scale is dynamic) is not built"));
+  // Without a loss scale both stay as they were.
+  CHECK(config::parse_config(cfg("", R"({"sync": "deadline"})"), "p.json").parallel.sync == config::SyncPolicy::deadline);
+}
+
 TEST_CASE("precision: the names, and train.precision reads exactly them") {
   CHECK(precision_names() == std::vector<std::string>{"fp32", "bf16", "fp16"});
   for (const std::string& n : precision_names()) {
@@ -205,12 +299,12 @@ TEST_CASE("precision: the CPU backend computes in fp32 only") {
   }
 }
 
-TEST_CASE("loss scale: unscale divides in place and finds non-finite gradients") {
+TEST_CASE("loss scale: unscale divides in place, views where they lie") {
   Backend& be = cpu_backend();
   runtime::DynamicLossScale ls({.initial = 1024, .growth_interval = 3, .min_scale = 1, .max_scale = 4096});
   Tensor a = Tensor::from_vector({1024.f, -2048.f, 512.f}, {3}, be);
   Tensor b = Tensor::from_vector({4096.f, 0.f, 1.f, 3.f}, {2, 2}, be);
-  CHECK(ls.unscale({a, b}));
+  ls.unscale({a, b});
   // Powers of two divide exactly.
   CHECK(a.to_vector() == std::vector<float>{1.f, -2.f, 0.5f});
   CHECK(b.to_vector() == std::vector<float>{4.f, 0.f, 1.f / 1024, 3.f / 1024});
@@ -218,37 +312,41 @@ TEST_CASE("loss scale: unscale divides in place and finds non-finite gradients")
   // A strided view (a column) is unscaled where it lies, the other column untouched.
   Tensor m = Tensor::from_vector({1024.f, 7.f, 2048.f, 9.f}, {2, 2}, be);
   Tensor column = m.view_as({2}, {2}, 0);
-  CHECK(ls.unscale({column}));
+  ls.unscale({column});
   CHECK(m.to_vector() == std::vector<float>{1.f, 7.f, 2.f, 9.f});
-
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  CHECK_FALSE(ls.unscale({Tensor::from_vector({1.f, inf}, {2}, be)}));
-  CHECK_FALSE(ls.unscale({Tensor::from_vector({-inf, 1.f}, {2}, be)}));
-  CHECK_FALSE(ls.unscale({a, Tensor::from_vector({nan}, {1}, be)}));
-  // The largest float is finite: x * 0 is 0, not NaN.
-  CHECK(ls.unscale({Tensor::from_vector({std::numeric_limits<float>::max() }, {1}, be)}));
 }
 
-TEST_CASE("loss scale: skip and halve on overflow, double after N clean steps, within bounds") {
+TEST_CASE("loss scale: halve on overflow, double after N clean steps, within bounds; restore") {
   runtime::DynamicLossScale ls({.initial = 1024, .growth_interval = 3, .min_scale = 256, .max_scale = 4096});
   CHECK(ls.scale() == 1024);
-  CHECK(ls.update(true));
-  CHECK(ls.update(true));
+  ls.update(false);
+  ls.update(false);
   CHECK(ls.scale() == 1024);  // two clean steps: not yet
-  CHECK(ls.update(true));
+  ls.update(false);
   CHECK(ls.scale() == 2048);  // the third doubles it
   CHECK(ls.clean_steps() == 0);
-  CHECK(ls.update(true));
-  CHECK(ls.update(true));
-  CHECK_FALSE(ls.update(false));  // an overflow: skip, halve, count afresh
+  ls.update(false);
+  ls.update(false);
+  ls.update(true);  // an overflow: halve, count afresh
   CHECK(ls.scale() == 1024);
   CHECK(ls.clean_steps() == 0);
-  CHECK(ls.skipped_steps() == 1);
-  for (int i = 0; i < 9; ++i) CHECK(ls.update(true));
+  CHECK(ls.overflow_steps() == 1);
+  for (int i = 0; i < 9; ++i) ls.update(false);
   CHECK(ls.scale() == 4096);  // 1024 -> 2048 -> 4096, then held at max_scale
-  for (int i = 0; i < 5; ++i) CHECK_FALSE(ls.update(false));
+  for (int i = 0; i < 5; ++i) ls.update(true);
   CHECK(ls.scale() == 256);  // 4096 halved 4 times, the fifth held at min_scale
-  CHECK(ls.skipped_steps() == 6);
+  CHECK(ls.overflow_steps() == 6);
+
+  ls.restore(2048, 2);
+  CHECK(ls.scale() == 2048);
+  ls.update(false);
+  CHECK(ls.scale() == 4096);  // the restored 2 clean steps count
+  ls.restore(512, 99);        // more clean steps than the interval: the next clean step doubles
+  ls.update(false);
+  CHECK(ls.scale() == 1024);
+  CHECK(error_of([&] { ls.restore(128, 0); }) ==
+        "loss scale: 128 is outside [256, 4096]; expected a scale within train.loss_scale's min and max");
+  CHECK(contains(error_of([&] { ls.restore(512, -1); }), "loss scale: -1 clean steps"));
 
   const runtime::DynamicLossScale defaults;
   CHECK(defaults.scale() == 65536);
@@ -316,6 +414,13 @@ TEST_CASE("precision: under bf16 the planner prices a GPU rank's products at its
   cfg.train.precision = "fp32";
   const plan::PlannerInput in32 = plan::planner_input_for(cfg, model, one);
   CHECK(in32.costs.seconds_per_sample[0][0] / in16.costs.seconds_per_sample[0][0] == doctest::Approx(14.0));
+  // fp16 is priced at fp32's rate (no fp16 product is probed), and its dynamic loss
+  // scale asks for plans of one stage.
+  CHECK_FALSE(in32.one_stage);
+  cfg.train.precision = "fp16";
+  const plan::PlannerInput in_half = plan::planner_input_for(cfg, model, one);
+  CHECK(in_half.costs.seconds_per_sample[0][0] == in32.costs.seconds_per_sample[0][0]);
+  CHECK(in_half.one_stage);
 
   // Without a probed bf16 figure, the datasheet's bf16 peak x the catalogue's efficiency.
   const std::string catalogue = (test_fixtures::source_root() / "configs" / "devices.json").string();

@@ -218,18 +218,22 @@ void CudaBackend::gemm(const GemmArgs& g) {
   activate();
   const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (precision_ == Precision::bf16) {
+  if (precision_ != Precision::fp32) {
     // bf16 autocast on the fp32 tensors themselves: CUBLAS_COMPUTE_32F_FAST_16BF lets
     // cuBLAS round A and B to bf16 inside its tensor-core kernels, accumulating and
     // writing C in fp32. Explicit bf16 copies of the operands would cost a conversion
     // kernel per operand per call (4 bytes read and 2 written per element, plus the
     // allocator's blocks) and, since weights change every step and activations every
     // call, could not be cached; whether they would still be faster for the largest
-    // products is unmeasured. The master weights, gradients and C stay fp32.
+    // products is unmeasured. The master weights, gradients and C stay fp32. fp16 is the
+    // same with IEEE half operands (CUBLAS_COMPUTE_32F_FAST_16F): fp16 tensor cores exist
+    // from sm_70, so on every GPU CUDA 13 builds for; its gradients reach these products
+    // scaled by the dynamic loss scale (runtime/loss_scale.h).
+    const cublasComputeType_t compute =
+        precision_ == Precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F;
     HT_CUDA(cublasGemmStridedBatchedEx(blas_, op_b, op_a, n, m, k, &g.alpha, g.b, CUDA_R_32F, ldb,
                                        g.stride_b, g.a, CUDA_R_32F, lda, g.stride_a, &g.beta, g.c,
-                                       CUDA_R_32F, ldc, g.stride_c, batch,
-                                       CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+                                       CUDA_R_32F, ldc, g.stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
     return;
   }
   HT_CUDA(cublasSgemmStridedBatched(blas_, op_b, op_a, n, m, k, &g.alpha, g.b, ldb, g.stride_b,
@@ -246,9 +250,7 @@ std::string CudaBackend::precision_refusal(Precision p) const {
       return "bf16 products need bf16 tensor cores, compute capability 8.0 or later (sm_80+); " +
              gpu + " has compute capability " + std::to_string(cc_major_) + "." +
              std::to_string(cc_minor_);
-    case Precision::fp16:
-      return "fp16 with a dynamic loss scale is not built (runtime/loss_scale.h holds the "
-             "scale; the executor does not apply it); expected fp32, or bf16 on sm_80+";
+    case Precision::fp16: return {};  // fp16 tensor cores from sm_70; CUDA 13 builds for sm_75 and later
   }
   return "unknown precision";
 }

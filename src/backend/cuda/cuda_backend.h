@@ -62,7 +62,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   MemoryInfo memory_info() const override;
   bool supports(OpKind) const override { return true; }
-  // fp32 anywhere; bf16 on sm_80 and later (bf16 tensor cores); fp16 is not built.
+  // fp32 and fp16 anywhere (fp16 tensor cores from sm_70); bf16 on sm_80 and later.
   std::string precision_refusal(Precision p) const override;
   // The GPU's product name ("NVIDIA A100-SXM4-80GB") and compute capability (8, 0).
   const std::string& product_name() const { return product_; }

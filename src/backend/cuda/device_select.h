@@ -53,7 +53,7 @@ Backend& backend_for(const DeviceChoice& choice);
 // precision is refused (one line naming the precision and the device), except that a
 // device "auto" which fell back to the CPU falls back to fp32 with a note saying why. On a
 // GPU, `gpu_refusal` is the backend's precision_refusal (empty: accepted): bf16 below
-// sm_80 names the GPU and its capability, fp16 is not built. Pure, for tests on any machine.
+// sm_80 names the GPU and its capability; fp16 is taken on every GPU. Pure, for tests on any machine.
 struct PrecisionChoice {
   Precision precision = Precision::fp32;
   std::string note;
