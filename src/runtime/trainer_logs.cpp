@@ -51,19 +51,24 @@ bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final
     loop.window.checksum = local_->outer_checksum();
   if (!local_) answered_logs_.clear();  // taken a log step ago
   loop.pending_logs.push_back(PendingLog{world_.consult(loop.window.to_text()), done, loop.window_steps, lr,
-                                         seconds_since(loop.t0), local_ ? local_->outer_steps() : 0});
+                                         seconds_since(loop.t0), local_ ? local_->outer_steps() : 0,
+                                         executor_->loss_scale() ? executor_->loss_scale()->scale() : 0.0});
   loop.window = Window{};
   loop.window_steps = 0;
   if (!multi() || final_step) return finish_logs(loop, done, done);
   return false;
 }
 
-// `outer_steps`: those taken by the record's step.
-std::string Run::with_sync_policy(const std::string& record, int64_t outer_steps) const {
-  if (!local_) return record;
+// `outer_steps`: those taken by the record's step; `loss_scale`: rank 0's at that step
+// (0: none).
+std::string Run::with_sync_policy(const std::string& record, int64_t outer_steps, double loss_scale) const {
+  if (!local_ && loss_scale <= 0) return record;
   json r = json::parse(record);
-  r["sync_policy"] = "local";
-  r["outer_steps"] = outer_steps;
+  if (local_) {
+    r["sync_policy"] = "local";
+    r["outer_steps"] = outer_steps;
+  }
+  if (loss_scale > 0) r["loss_scale"] = loss_scale;
   return r.dump();
 }
 
@@ -111,7 +116,8 @@ bool Run::finish_log(Loop& loop, PendingLog& p) {
   loop.last_loss = check_loss(loss_sum, p.steps, p.done);
   if (loop.metrics)
     loop.metrics->write(with_sync_policy(
-        train_record(p.done, p.lr, loop.last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s), p.outer_steps));
+        train_record(p.done, p.lr, loop.last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s), p.outer_steps,
+        p.loss_scale));
   return interrupted;
 }
 

@@ -58,6 +58,7 @@ class Run {
     float lr = 0;
     double elapsed_s = 0;  // at the log step
     int64_t outer_steps = 0;  // under local, at the log step (its record may be written later)
+    double loss_scale = 0;    // rank 0's dynamic loss scale at the log step (0: none)
   };
 
   // run()'s state over the steps. Destroyed in reverse order, the pending consultations
@@ -112,7 +113,7 @@ class Run {
   bool log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final_step);
   bool finish_logs(Loop& loop, int64_t upto, int64_t done);
   bool finish_log(Loop& loop, PendingLog& p);
-  std::string with_sync_policy(const std::string& record, int64_t outer_steps) const;
+  std::string with_sync_policy(const std::string& record, int64_t outer_steps, double loss_scale) const;
   void report_guard(int64_t step, const GuardEvent& e, std::optional<report::MetricsLog>& metrics);
   double check_loss(double loss_sum, int64_t steps, int64_t done) const;
 

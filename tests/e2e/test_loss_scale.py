@@ -99,6 +99,11 @@ def main():
         check(f"{name} ends at 2^16 x 2^4 with no overflow",
               summary.get("loss_scale") == {"final": 2.0 ** 20, "overflow_steps": 0}, summary.get("loss_scale"))
     check("the unscaled run's summary has no loss scale", "loss_scale" not in load(os.path.join(plain, "summary.json")))
+    scales = [(m["step"], m.get("loss_scale")) for m in records(scaled) if m["type"] == "train"]
+    check("each train record gives the scale after its step (doubled on every 10th)",
+          scales == [(10, 2.0 ** 17), (20, 2.0 ** 18), (30, 2.0 ** 19), (40, 2.0 ** 20)], scales)
+    check("the unscaled run's train records give none",
+          not any("loss_scale" in m for m in records(plain) if m["type"] == "train"))
 
     # Overflow: the scale halves while it can, then the guard takes over.
     nan_cfg = config(os.path.join(scratch, "nan.json"), {"mode": "dynamic", "initial": 16, "min": 1},
