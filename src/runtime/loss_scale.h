@@ -24,6 +24,7 @@
 // unscaling change no bit of a gradient in fp32 while nothing overflows or underflows.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -57,10 +58,9 @@ class DynamicLossScale {
   double min_scale() const { return config_.min_scale; }
   double max_scale() const { return config_.max_scale; }
   int64_t clean_steps() const { return clean_; }        // since the last change of the scale
-  int64_t overflow_steps() const { return overflows_; }  // steps that halved the scale (or tried to, at min)
-
-  // unscale_gradients by scale().
-  void unscale(const std::vector<Tensor>& grads) const { unscale_gradients(grads, scale_); }
+  int64_t overflow_steps() const { return overflows_; }  // steps that halved the scale
+  // The scale's exponent: scale() is 2^log2_scale() (the settings are powers of two).
+  int log2_scale() const { return std::ilogb(scale_); }
   // After a step: an overflow halves the scale (not below min_scale) and starts counting
   // clean steps afresh; a clean step doubles it (not above max_scale) when it is the
   // growth_interval-th in a row.

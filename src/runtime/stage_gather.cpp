@@ -120,11 +120,10 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
   // The old optimiser's buffers outlive it: the new one takes copies.
   const std::vector<nn::NamedTensor> kept = was_active ? executor->optimizer()->state() : std::vector<nn::NamedTensor>{};
   // The dynamic loss scale goes on, and a joining rank takes the source's: every replica
-  // must seed its backward with the same scale. The scale is a power of two, sent as
-  // its exponent.
-  int32_t scale_exponent = 0, clean = 0;
+  // must seed its backward with the same scale, sent as its exponent.
+  int32_t scale_log2 = 0, clean = 0;
   if (const DynamicLossScale* ls = was_active ? executor->loss_scale() : nullptr) {
-    std::frexp(ls->scale(), &scale_exponent);
+    scale_log2 = ls->log2_scale();
     clean = static_cast<int32_t>(ls->clean_steps());
   }
   executor.reset();
@@ -144,7 +143,7 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
         offsets.push_back(static_cast<int32_t>(o & 0xffffffffu));
         offsets.push_back(static_cast<int32_t>(o >> 32));
       }
-      offsets.push_back(scale_exponent);
+      offsets.push_back(scale_log2);
       offsets.push_back(clean);
       world.send(Tensor::from_ints(offsets, {static_cast<int64_t>(offsets.size())}, cpu_backend()), r.rank, kTagGather,
                  peer_timeout, kWhat);
@@ -163,12 +162,12 @@ std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const pla
       for (size_t b = 0; b < model.size(); ++b)
         model.block(b).set_random_offset(static_cast<uint32_t>(o[2 * b]) |
                                          (static_cast<uint64_t>(static_cast<uint32_t>(o[2 * b + 1])) << 32));
-      if (next->loss_scale()) next->restore_loss_scale(std::ldexp(0.5, o[2 * model.size()]), o[2 * model.size() + 1]);
+      if (next->loss_scale()) next->restore_loss_scale(std::ldexp(1.0, o[2 * model.size()]), o[2 * model.size() + 1]);
     }
   }
   if (was_active && next->active()) {
     next->load_optimizer_state(kept);
-    if (next->loss_scale()) next->restore_loss_scale(std::ldexp(0.5, scale_exponent), clean);
+    if (next->loss_scale()) next->restore_loss_scale(std::ldexp(1.0, scale_log2), clean);
   }
   return next;
 }

@@ -111,9 +111,7 @@ void Run::save(int64_t step, report::Progress& progress) {
   // Rank 0's loss scale (under local, its group's), for every rank on resume; none when
   // rank 0 is idle, and a resumed run starts from train.loss_scale.initial.
   if (const DynamicLossScale* ls = executor_->loss_scale()) {
-    int exponent = 0;  // a power of two: 0.5 x 2^exponent
-    std::frexp(ls->scale(), &exponent);
-    meta["loss_scale_log2"] = std::to_string(exponent - 1);
+    meta["loss_scale_log2"] = std::to_string(ls->log2_scale());
     meta["loss_scale_clean_steps"] = std::to_string(ls->clean_steps());
   }
   if (local_) {

@@ -304,7 +304,7 @@ TEST_CASE("loss scale: unscale divides in place, views where they lie") {
   runtime::DynamicLossScale ls({.initial = 1024, .growth_interval = 3, .min_scale = 1, .max_scale = 4096});
   Tensor a = Tensor::from_vector({1024.f, -2048.f, 512.f}, {3}, be);
   Tensor b = Tensor::from_vector({4096.f, 0.f, 1.f, 3.f}, {2, 2}, be);
-  ls.unscale({a, b});
+  runtime::unscale_gradients({a, b}, ls.scale());
   // Powers of two divide exactly.
   CHECK(a.to_vector() == std::vector<float>{1.f, -2.f, 0.5f});
   CHECK(b.to_vector() == std::vector<float>{4.f, 0.f, 1.f / 1024, 3.f / 1024});
@@ -312,7 +312,7 @@ TEST_CASE("loss scale: unscale divides in place, views where they lie") {
   // A strided view (a column) is unscaled where it lies, the other column untouched.
   Tensor m = Tensor::from_vector({1024.f, 7.f, 2048.f, 9.f}, {2, 2}, be);
   Tensor column = m.view_as({2}, {2}, 0);
-  ls.unscale({column});
+  runtime::unscale_gradients({column}, ls.scale());
   CHECK(m.to_vector() == std::vector<float>{1.f, 7.f, 2.f, 9.f});
 }
 
@@ -339,6 +339,7 @@ TEST_CASE("loss scale: halve on overflow, double after N clean steps, within bou
 
   ls.restore(2048, 2);
   CHECK(ls.scale() == 2048);
+  CHECK(ls.log2_scale() == 11);
   ls.update(false);
   CHECK(ls.scale() == 4096);  // the restored 2 clean steps count
   ls.restore(512, 99);        // more clean steps than the interval: the next clean step doubles
