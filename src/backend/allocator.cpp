@@ -1,5 +1,6 @@
 #include "backend/allocator.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "core/error.h"
@@ -10,7 +11,10 @@ Allocator::Allocator(std::string device, std::function<void*(size_t)> raw_alloc,
                      std::function<void(void*)> raw_free)
     : device_(std::move(device)), raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
 
-Allocator::~Allocator() { release_cache_locked(); }
+Allocator::~Allocator() {
+  release_cache_locked();
+  release_staging_cache_locked();
+}
 
 namespace {
 thread_local int staging_depth = 0;
@@ -21,33 +25,60 @@ Allocator::HostStaging::~HostStaging() { --staging_depth; }
 
 size_t Allocator::round_up(size_t bytes) { return bytes == 0 ? 64 : (bytes + 63) & ~size_t{63}; }
 
+namespace {
+
+constexpr size_t kStagingCacheBytes = size_t{256} << 20;
+
+// A cached block serves a request up to a quarter smaller than itself. A rebalanced
+// batch changes every activation's size a little; exact sizes alone would miss the cache
+// at every new split and grow it (and the process) by a step's activations each time.
+void* take_fitting(std::map<size_t, std::vector<void*>>& cache, size_t size, size_t most, size_t& block) {
+  auto it = cache.lower_bound(size);
+  if (it == cache.end() || it->first > size + size / 4 || it->first > most) return nullptr;
+  void* p = it->second.back();
+  block = it->first;
+  it->second.pop_back();
+  if (it->second.empty()) cache.erase(it);
+  return p;
+}
+
+}  // namespace
+
 void* Allocator::allocate(size_t bytes, const char* what) {
   size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  size_t block = size;
   if (staging_depth > 0) {
-    void* p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
+    void* p = take_fitting(staging_cache_, size, SIZE_MAX, block);
+    if (p) {
+      staging_cached_ -= block;
+    } else {
+      p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
+      if (!p) {
+        release_staging_cache_locked();
+        p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
+      }
+    }
     if (!p)
       fail_as<OutOfMemory>(what, ": out of host memory staging ", size, " bytes for ", device_,
                            " with ", staged_live_, " staging bytes in use");
-    staged_.emplace(p, size);
-    staged_live_ += size;
+    staged_.emplace(p, block);
+    staged_live_ += block;
     if (staged_live_ > staged_peak_) staged_peak_ = staged_live_;
     return p;
   }
-  if (cap_ && live_ + size > cap_)
+  if (cap_ && live_ + slack_ + size > cap_)
     fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": requested ", size, " bytes with ",
-                         live_, " bytes in use and a cap of ", cap_,
+                         live_ + slack_, " bytes in use and a cap of ", cap_,
                          " bytes; expected the request to fit under the cap");
-  void* p = nullptr;
-  auto it = cache_.find(size);
-  if (it != cache_.end() && !it->second.empty()) {
-    p = it->second.back();
-    it->second.pop_back();
-    cached_ -= size;
+  // Under a cap a larger block may serve only where the whole of it fits.
+  void* p = take_fitting(cache_, size, cap_ ? cap_ - live_ - slack_ : SIZE_MAX, block);
+  if (p) {
+    cached_ -= block;
   } else {
     // Under a cap, cached blocks count against the device too: drop them before
     // growing past it.
-    if (cap_ && live_ + cached_ + size > cap_) release_cache_locked();
+    if (cap_ && live_ + slack_ + cached_ + size > cap_) release_cache_locked();
     p = raw_alloc_(size);
     if (!p) {
       release_cache_locked();
@@ -55,7 +86,11 @@ void* Allocator::allocate(size_t bytes, const char* what) {
     }
     if (!p)
       fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": the device refused ", size,
-                           " bytes with ", live_, " bytes in use");
+                           " bytes with ", live_ + slack_, " bytes in use");
+  }
+  if (block != size) {
+    oversize_.emplace(p, block);
+    slack_ += block - size;
   }
   live_ += size;
   if (live_ > peak_) peak_ = live_;
@@ -69,22 +104,40 @@ void Allocator::deallocate(void* p, size_t bytes) {
   if (!staged_.empty()) {
     auto it = staged_.find(p);
     if (it != staged_.end()) {
-      staged_live_ -= it->second;
+      const size_t block = it->second;
+      staged_live_ -= block;
       staged_.erase(it);
-      if (staging_free_) staging_free_(p);
-      else raw_free_(p);
+      // Kept for the next exchange's buffers, up to a bound: a checkpoint's blocks are
+      // host memory (pinned, under CUDA) that a run should not hold on to.
+      if (staging_cached_ + block <= kStagingCacheBytes) {
+        staging_cache_[block].push_back(p);
+        staging_cached_ += block;
+      } else if (staging_free_) {
+        staging_free_(p);
+      } else {
+        raw_free_(p);
+      }
       return;
     }
   }
+  size_t block = size;
+  if (!oversize_.empty()) {
+    auto it = oversize_.find(p);
+    if (it != oversize_.end()) {
+      block = it->second;
+      slack_ -= block - size;
+      oversize_.erase(it);
+    }
+  }
   live_ -= size;
-  cache_[size].push_back(p);
-  cached_ += size;
+  cache_[block].push_back(p);
+  cached_ += block;
 }
 
 void Allocator::set_cap(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   cap_ = bytes;
-  if (cap_ && live_ + cached_ > cap_) release_cache_locked();
+  if (cap_ && live_ + slack_ + cached_ > cap_) release_cache_locked();
 }
 
 size_t Allocator::cap() const { std::lock_guard<std::mutex> l(mu_); return cap_; }
@@ -112,6 +165,13 @@ void Allocator::release_cache_locked() {
     for (void* p : blocks) raw_free_(p);
   cache_.clear();
   cached_ = 0;
+}
+
+void Allocator::release_staging_cache_locked() {
+  for (auto& [size, blocks] : staging_cache_)
+    for (void* p : blocks) staging_free_ ? staging_free_(p) : raw_free_(p);
+  staging_cache_.clear();
+  staging_cached_ = 0;
 }
 
 }  // namespace ht

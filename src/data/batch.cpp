@@ -20,8 +20,12 @@ ImageBatch make_image_batch(const ImageDataset& ds, std::span<const int64_t> ind
                             Backend& be) {
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t per = ds.sample_numel();
-  std::vector<float> x(static_cast<size_t>(n * per));  // (n, C, H, W)
-  std::vector<int32_t> y(static_cast<size_t>(n));      // (n)
+  // Scratch kept per thread (from_vector copies it): a fresh vector every step would take
+  // new heap pages, and a slow rank's page faults cost it a good part of its step.
+  thread_local std::vector<float> x;
+  thread_local std::vector<int32_t> y;
+  x.resize(static_cast<size_t>(n * per));  // (n, C, H, W), every element written below
+  y.resize(static_cast<size_t>(n));        // (n)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t idx = indices[static_cast<size_t>(i)];
     HT_CHECK(idx >= 0 && idx < ds.size(), "make_image_batch: sample index ", idx, " at position ",
@@ -38,8 +42,9 @@ TextBatch make_text_batch(std::span<const uint8_t> tokens, std::span<const int64
   HT_CHECK(context > 0, "make_text_batch: context ", context, "; expected > 0");
   const int64_t n = static_cast<int64_t>(starts.size());
   const int64_t num_tokens = static_cast<int64_t>(tokens.size());
-  std::vector<int32_t> x(static_cast<size_t>(n * context));  // (n, context)
-  std::vector<int32_t> y(static_cast<size_t>(n * context));  // (n, context)
+  thread_local std::vector<int32_t> x, y;  // scratch, as in make_image_batch
+  x.resize(static_cast<size_t>(n * context));  // (n, context), every element written below
+  y.resize(static_cast<size_t>(n * context));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = starts[static_cast<size_t>(i)];
     HT_CHECK(s >= 0 && s + context + 1 <= num_tokens, "make_text_batch: window start ", s,

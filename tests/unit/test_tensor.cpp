@@ -115,7 +115,7 @@ TEST_CASE("allocator: host staging is outside the cap and the counts") {
   a.set_cap(0);
 }
 
-TEST_CASE("allocator: freed blocks are reused; staged blocks go straight back") {
+TEST_CASE("allocator: freed blocks are reused; staged blocks are cached apart") {
   int raw_allocs = 0, raw_frees = 0;
   std::vector<std::vector<char>> blocks;
   {
@@ -130,16 +130,60 @@ TEST_CASE("allocator: freed blocks are reused; staged blocks go straight back") 
     void* s = nullptr;
     {
       Allocator::HostStaging staging;
-      s = a.allocate(4000, "test");  // not taken from the cache, not put back into it
+      s = a.allocate(4000, "test");  // not the device's block
     }
     CHECK(s != p);
     CHECK(raw_allocs == 2);
     a.deallocate(s, 4000);
-    CHECK(raw_frees == 1);
+    CHECK(raw_frees == 0);  // kept for the next staging request
     a.deallocate(p, 4000);
-    CHECK(raw_frees == 1);  // cached
+    CHECK(a.allocate(4000, "test") == p);  // the device's cache holds its own block only
+    {
+      Allocator::HostStaging staging;
+      CHECK(a.allocate(4000, "test") == s);
+      a.deallocate(s, 4000);
+    }
+    a.deallocate(p, 4000);
+    CHECK(raw_allocs == 2);
+    CHECK(raw_frees == 0);
   }
-  CHECK(raw_frees == 2);  // the destructor frees the cache
+  CHECK(raw_frees == 2);  // the destructor frees both caches
+}
+
+TEST_CASE("allocator: a cached block serves a request up to a quarter smaller, and a cap counts the whole block") {
+  int raw_allocs = 0;
+  std::vector<std::vector<char>> blocks;
+  Allocator a("counting", [&](size_t n) { ++raw_allocs; return blocks.emplace_back(n).data(); }, [](void*) {});
+  void* big = a.allocate(4096, "test");
+  a.deallocate(big, 4096);
+  // 3300 rounds to 3328, and 4096 <= 3328 + 3328 / 4: the cached block serves it.
+  void* q = a.allocate(3300, "test");
+  CHECK(q == big);
+  CHECK(raw_allocs == 1);
+  CHECK(a.live_bytes() == 3328);  // the request's bytes, as the planner counts them
+  a.deallocate(q, 3300);          // back to the cache as the whole block
+  // 3000 rounds to 3008, and 4096 > 3008 + 752: too large, a new block.
+  void* r = a.allocate(3000, "test");
+  CHECK(r != big);
+  CHECK(raw_allocs == 2);
+  CHECK(a.allocate(4096, "test") == big);  // still whole: it serves its own size again
+  a.deallocate(big, 4096);
+  a.deallocate(r, 3000);
+  CHECK(a.live_bytes() == 0);
+
+  // Under a cap the slack of a larger block counts: 3328 asked in a 4096 block, then 4096
+  // more fill a cap of 8192 with 7424 bytes asked, and nothing more fits.
+  a.set_cap(8192 + 3008);  // room for the cached 3008 block too, so that nothing is released
+  q = a.allocate(3300, "test");
+  CHECK(q == big);
+  void* more = a.allocate(4096, "test");
+  CHECK(a.live_bytes() == 3328 + 4096);
+  a.set_cap(8192);
+  CHECK_THROWS_AS(a.allocate(64, "test"), OutOfMemory);
+  a.deallocate(more, 4096);
+  a.deallocate(q, 3300);
+  a.set_cap(0);
+  CHECK(a.live_bytes() == 0);
 }
 
 TEST_CASE("tensor: rehome moves the values between host staging and the device, for every handle") {
