@@ -186,6 +186,35 @@ TEST_CASE("allocator: a cached block serves a request up to a quarter smaller, a
   CHECK(a.live_bytes() == 0);
 }
 
+TEST_CASE("allocator: a re-split's changing batch reuses blocks; only a batch larger than every earlier one adds any") {
+  int raw_allocs = 0;
+  std::vector<std::vector<char>> blocks;
+  Allocator a("counting", [&](size_t n) { ++raw_allocs; return blocks.emplace_back(n).data(); }, [](void*) {});
+  const std::vector<size_t> widths = {784, 512, 512, 10};  // a step's activations per sample
+  uint32_t x = 12345;
+  size_t largest = 0;
+  int new_largest = 0, distinct = 0;
+  std::vector<bool> seen(200, false);
+  for (int step = 0; step < 200; ++step) {
+    x = x * 1664525u + 1013904223u;
+    const size_t batch = 150 + (x >> 16) % 31;  // 150..180: every block serves them all once large enough
+    if (batch > largest) {
+      largest = batch;
+      ++new_largest;
+    }
+    if (!seen[batch]) {
+      seen[batch] = true;
+      ++distinct;
+    }
+    std::vector<void*> live;
+    for (size_t w : widths) live.push_back(a.allocate(batch * w * sizeof(float), "test"));
+    for (size_t i = 0; i < widths.size(); ++i) a.deallocate(live[i], batch * widths[i] * sizeof(float));
+  }
+  // Exact sizes only would allocate for every distinct batch (and keep every block).
+  CHECK(distinct > 2 * new_largest);
+  CHECK(raw_allocs == static_cast<int>(widths.size()) * new_largest);
+}
+
 TEST_CASE("tensor: rehome moves the values between host staging and the device, for every handle") {
   Allocator& a = cpu_backend().allocator();
   const size_t base = a.live_bytes();
