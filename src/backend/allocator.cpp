@@ -11,10 +11,7 @@ Allocator::Allocator(std::string device, std::function<void*(size_t)> raw_alloc,
                      std::function<void(void*)> raw_free)
     : device_(std::move(device)), raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
 
-Allocator::~Allocator() {
-  release_cache_locked();
-  release_staging_cache_locked();
-}
+Allocator::~Allocator() { release_cache_locked(); }
 
 namespace {
 thread_local int staging_depth = 0;
@@ -26,8 +23,6 @@ Allocator::HostStaging::~HostStaging() { --staging_depth; }
 size_t Allocator::round_up(size_t bytes) { return bytes == 0 ? 64 : (bytes + 63) & ~size_t{63}; }
 
 namespace {
-
-constexpr size_t kStagingCacheBytes = size_t{256} << 20;
 
 // A cached block serves a request up to a quarter smaller than itself. A rebalanced
 // batch changes every activation's size a little; exact sizes alone would miss the cache
@@ -47,23 +42,13 @@ void* take_fitting(std::map<size_t, std::vector<void*>>& cache, size_t size, siz
 void* Allocator::allocate(size_t bytes, const char* what) {
   size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  size_t block = size;
   if (staging_depth > 0) {
-    void* p = take_fitting(staging_cache_, size, SIZE_MAX, block);
-    if (p) {
-      staging_cached_ -= block;
-    } else {
-      p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
-      if (!p) {
-        release_staging_cache_locked();
-        p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
-      }
-    }
+    void* p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
     if (!p)
       fail_as<OutOfMemory>(what, ": out of host memory staging ", size, " bytes for ", device_,
                            " with ", staged_live_, " staging bytes in use");
-    staged_.emplace(p, block);
-    staged_live_ += block;
+    staged_.emplace(p, size);
+    staged_live_ += size;
     if (staged_live_ > staged_peak_) staged_peak_ = staged_live_;
     return p;
   }
@@ -72,6 +57,7 @@ void* Allocator::allocate(size_t bytes, const char* what) {
                          live_ + slack_, " bytes in use and a cap of ", cap_,
                          " bytes; expected the request to fit under the cap");
   // Under a cap a larger block may serve only where the whole of it fits.
+  size_t block = size;
   void* p = take_fitting(cache_, size, cap_ ? cap_ - live_ - slack_ : SIZE_MAX, block);
   if (p) {
     cached_ -= block;
@@ -104,19 +90,10 @@ void Allocator::deallocate(void* p, size_t bytes) {
   if (!staged_.empty()) {
     auto it = staged_.find(p);
     if (it != staged_.end()) {
-      const size_t block = it->second;
-      staged_live_ -= block;
+      staged_live_ -= it->second;
       staged_.erase(it);
-      // Kept for the next exchange's buffers, up to a bound: a checkpoint's blocks are
-      // host memory (pinned, under CUDA) that a run should not hold on to.
-      if (staging_cached_ + block <= kStagingCacheBytes) {
-        staging_cache_[block].push_back(p);
-        staging_cached_ += block;
-      } else if (staging_free_) {
-        staging_free_(p);
-      } else {
-        raw_free_(p);
-      }
+      if (staging_free_) staging_free_(p);
+      else raw_free_(p);
       return;
     }
   }
@@ -165,13 +142,6 @@ void Allocator::release_cache_locked() {
     for (void* p : blocks) raw_free_(p);
   cache_.clear();
   cached_ = 0;
-}
-
-void Allocator::release_staging_cache_locked() {
-  for (auto& [size, blocks] : staging_cache_)
-    for (void* p : blocks) staging_free_ ? staging_free_(p) : raw_free_(p);
-  staging_cache_.clear();
-  staging_cached_ = 0;
 }
 
 }  // namespace ht

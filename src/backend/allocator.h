@@ -8,8 +8,7 @@
 // block serves any request up to a quarter smaller than itself, so that the changing
 // batch sizes of a rebalanced run reuse blocks instead of adding new ones; the live and
 // peak counts are of the requests (what the planner predicts), and a cap counts the
-// whole blocks. Host staging blocks are cached the same way,
-// apart, up to 256 MiB of them.
+// whole blocks. Host staging blocks are not cached: they go straight back.
 #pragma once
 
 #include <cstddef>
@@ -66,20 +65,18 @@ class Allocator {
  private:
   static size_t round_up(size_t bytes);
   void release_cache_locked();
-  void release_staging_cache_locked();
 
   std::string device_;
   std::function<void*(size_t)> raw_alloc_;
   std::function<void(void*)> raw_free_;
   mutable std::mutex mu_;
   std::map<size_t, std::vector<void*>> cache_;          // block size -> free blocks
-  std::map<size_t, std::vector<void*>> staging_cache_;  // the same, of host staging blocks
   std::unordered_map<void*, size_t> oversize_;  // live blocks larger than their request -> block size
   std::function<void*(size_t)> staging_alloc_;  // empty: raw_alloc_
   std::function<void(void*)> staging_free_;
-  std::unordered_map<void*, size_t> staged_;  // live host staging blocks -> block size
+  std::unordered_map<void*, size_t> staged_;  // host staging blocks (rounded sizes), freed straight back
   size_t cap_ = 0, live_ = 0, peak_ = 0, cached_ = 0, staged_live_ = 0, staged_peak_ = 0,
-         slack_ = 0, staging_cached_ = 0;  // slack_: the live blocks' bytes beyond their requests
+         slack_ = 0;  // slack_: the live blocks' bytes beyond their requests
 };
 
 }  // namespace ht

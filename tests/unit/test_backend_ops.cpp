@@ -223,51 +223,41 @@ TEST_CASE("backend: axpy adds exactly x + y at alpha 1, and alpha * x otherwise"
 
 TEST_CASE("allocator: host staging blocks come from the hook, counted apart from the cap") {
   int hook_allocs = 0, hook_frees = 0, raw_allocs = 0;
+  Allocator a(
+      "test",
+      [&](size_t n) {
+        ++raw_allocs;
+        return std::malloc(n);
+      },
+      [](void* p) { std::free(p); });
+  a.set_host_staging(
+      [&](size_t n) {
+        ++hook_allocs;
+        return std::malloc(n);
+      },
+      [&](void* p) {
+        ++hook_frees;
+        std::free(p);
+      });
+  a.set_cap(1024);
+  void* dev = a.allocate(512, "device");
+  void* host = nullptr;
   {
-    Allocator a(
-        "test",
-        [&](size_t n) {
-          ++raw_allocs;
-          return std::malloc(n);
-        },
-        [](void* p) { std::free(p); });
-    a.set_host_staging(
-        [&](size_t n) {
-          ++hook_allocs;
-          return std::malloc(n);
-        },
-        [&](void* p) {
-          ++hook_frees;
-          std::free(p);
-        });
-    a.set_cap(1024);
-    void* dev = a.allocate(512, "device");
-    void* host = nullptr;
-    {
-      Allocator::HostStaging staging;
-      host = a.allocate(4096, "staging");  // above the cap: staging is outside it
-    }
-    CHECK(raw_allocs == 1);
-    CHECK(hook_allocs == 1);
-    CHECK(a.staged(host));
-    CHECK(!a.staged(dev));
-    CHECK(a.live_bytes() == 512);
-    CHECK(a.staged_bytes() == 4096);
-    a.deallocate(host, 4096);
-    CHECK(hook_frees == 0);  // kept for the next staging request
-    CHECK(!a.staged(host));
-    CHECK(a.staged_bytes() == 0);
-    CHECK(a.staged_peak_bytes() == 4096);
-    {
-      Allocator::HostStaging staging;
-      CHECK(a.allocate(4096, "staging") == host);
-    }
-    CHECK(hook_allocs == 1);
-    a.deallocate(host, 4096);
-    a.deallocate(dev, 512);
-    CHECK(hook_frees == 0);  // a device block goes to the device's cache, not to the hook
+    Allocator::HostStaging staging;
+    host = a.allocate(4096, "staging");  // above the cap: staging is outside it
   }
-  CHECK(hook_frees == 1);  // the destructor hands the staging block back to the hook
+  CHECK(raw_allocs == 1);
+  CHECK(hook_allocs == 1);
+  CHECK(a.staged(host));
+  CHECK(!a.staged(dev));
+  CHECK(a.live_bytes() == 512);
+  CHECK(a.staged_bytes() == 4096);
+  a.deallocate(host, 4096);
+  CHECK(hook_frees == 1);
+  CHECK(a.staged_bytes() == 0);
+  CHECK(a.staged_peak_bytes() == 4096);
+  a.deallocate(dev, 512);
+  CHECK(hook_frees == 1);  // a device block goes to the cache, not to the hook
 }
 
 TEST_CASE("weighted all-reduce: two ranks end with the exact sums through the CPU's axpy") {
