@@ -20,8 +20,8 @@ ImageBatch make_image_batch(const ImageDataset& ds, std::span<const int64_t> ind
                             Backend& be) {
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t per = ds.sample_numel();
-  // Scratch kept per thread (from_vector copies it): a fresh vector every step would take
-  // new heap pages, and a slow rank's page faults cost it a good part of its step.
+  // Scratch kept per thread (from_vector copies it): where a rank's heap grows, a fresh
+  // vector every step lands on new pages and page-faults through all of them.
   thread_local std::vector<float> x;
   thread_local std::vector<int32_t> y;
   x.resize(static_cast<size_t>(n * per));  // (n, C, H, W), every element written below
