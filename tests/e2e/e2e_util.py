@@ -5,6 +5,7 @@ reports as skipped (see finish)."""
 import json
 import os
 import shutil
+import struct
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -96,6 +97,16 @@ def records(run_dir):
     """A run directory's metrics.jsonl, one dict per record."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def safetensors(path):
+    """(metadata, {name: (dtype, raw bytes)}) of a safetensors checkpoint."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+    return header.get("__metadata__", {}), {k: (v["dtype"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+                                            for k, v in header.items() if k != "__metadata__"}
 
 
 def load(path):

@@ -12,12 +12,11 @@ import glob
 import json
 import os
 import re
-import struct
 import sys
 import tempfile
 import time
 
-from e2e_util import ROOT, check, finish, load, run
+from e2e_util import ROOT, check, finish, load, run, safetensors
 from e2e_util import mpirun as mpirun_with
 
 HETRAIN = os.path.abspath(sys.argv[1])
@@ -45,12 +44,7 @@ def config(path, steps, **sections):
 def weights(run_dir):
     """The newest checkpoint's model tensors as float arrays."""
     path = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))[-1]
-    with open(path, "rb") as f:
-        blob = f.read()
-    n = struct.unpack("<Q", blob[:8])[0]
-    header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
-    return {k: array.array("f", data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items() if k.startswith("model.")}
+    return {k: array.array("f", raw) for k, (_, raw) in safetensors(path)[1].items() if k.startswith("model.")}
 
 
 # How close a distributed run must end to one process. Not a constant read off one

@@ -20,11 +20,10 @@ import glob
 import json
 import math
 import os
-import struct
 import sys
 import tempfile
 
-from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records
+from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records, safetensors
 
 HETRAIN = os.path.abspath(sys.argv[1])
 RANKS = 3
@@ -47,12 +46,7 @@ def config(path):
 
 def tensors(path):
     """Every float32 tensor of a checkpoint, by name."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    n = struct.unpack("<Q", blob[:8])[0]
-    header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
-    return {k: array.array("f", data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32"}
+    return {k: array.array("f", raw) for k, (dtype, raw) in safetensors(path)[1].items() if dtype == "F32"}
 
 
 def main():

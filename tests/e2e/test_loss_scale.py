@@ -24,11 +24,10 @@ import glob
 import json
 import math
 import os
-import struct
 import sys
 import tempfile
 
-from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records
+from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records, safetensors
 
 HETRAIN = os.path.abspath(sys.argv[1])
 RANKS = 2
@@ -53,12 +52,8 @@ def config(path, loss_scale=None, guard=None):
 
 def checkpoint(path):
     """(metadata, {name: raw bytes}) of a safetensors checkpoint."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    n = struct.unpack("<Q", blob[:8])[0]
-    header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
-    tensors = {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in header.items() if k != "__metadata__"}
-    return header.get("__metadata__", {}), tensors
+    meta, tensors = safetensors(path)
+    return meta, {k: raw for k, (_, raw) in tensors.items()}
 
 
 def final_checkpoint(run_dir):

@@ -119,19 +119,30 @@ TEST_CASE("precision: bf16 rounding, to nearest and ties to even, bit for bit") 
   CHECK(round_to_bf16(1.f + 0x1p-8f + 0x1p-9f) == 1.f + 0x1p-7f);
 }
 
+namespace {
+
+// Checks |round(x) - x| <= bound |x| for x = (1 + m 2^-23) 2^e over the exponents
+// [e_lo, e_hi] in steps of e_step and the mantissas in steps of m_step, those that round
+// to infinity left out; returns how many were checked.
+int sweep_roundoff(float (*round)(float), double bound, int e_lo, int e_hi, int e_step, uint32_t m_step) {
+  int checked = 0;
+  for (int e = e_lo; e <= e_hi; e += e_step)
+    for (uint32_t m = 0; m < (1u << 23); m += m_step) {
+      const float x = std::ldexp(1.f + static_cast<float>(m) * 0x1p-23f, e);
+      const float r = round(x);
+      if (std::isinf(r)) continue;
+      CHECK(std::fabs(static_cast<double>(r) - x) <= bound * std::fabs(x));
+      ++checked;
+    }
+  return checked;
+}
+
+}  // namespace
+
 TEST_CASE("precision: bf16 rounding stays within 2^-8 relative over the normal range") {
   // A sweep over mantissas and exponents: |round(x) - x| <= 2^-8 |x| for every normal x
   // that does not overflow (the bound is half of bf16's ulp 2^-7 at 1).
-  int checked = 0;
-  for (int e = -126; e <= 127; e += 7)
-    for (uint32_t m = 0; m < (1u << 23); m += 77773) {
-      const float x = std::ldexp(1.f + static_cast<float>(m) * 0x1p-23f, e);
-      const float r = round_to_bf16(x);
-      if (std::isinf(r)) continue;
-      CHECK(std::fabs(static_cast<double>(r) - x) <= kBf16Roundoff * std::fabs(x));
-      ++checked;
-    }
-  CHECK(checked > 3000);
+  CHECK(sweep_roundoff(round_to_bf16, kBf16Roundoff, -126, 127, 7, 77773) > 3000);
 }
 
 TEST_CASE("precision: fp16 rounding, to nearest and ties to even, with subnormals and overflow") {
@@ -169,16 +180,7 @@ TEST_CASE("precision: fp16 rounding, to nearest and ties to even, with subnormal
   CHECK(std::signbit(round_to_fp16(-0x1p-30f)));  // -0 keeps its sign
   CHECK(std::isnan(round_to_fp16(std::numeric_limits<float>::quiet_NaN())));
   // The sweep of bf16's test: within 2^-11 relative over fp16's normal range.
-  int checked = 0;
-  for (int e = -14; e <= 15; ++e)
-    for (uint32_t m = 0; m < (1u << 23); m += 7773) {
-      const float x = std::ldexp(1.f + static_cast<float>(m) * 0x1p-23f, e);
-      const float r = round_to_fp16(x);
-      if (std::isinf(r)) continue;
-      CHECK(std::fabs(static_cast<double>(r) - x) <= kFp16Roundoff * std::fabs(x));
-      ++checked;
-    }
-  CHECK(checked > 30000);
+  CHECK(sweep_roundoff(round_to_fp16, kFp16Roundoff, -14, 15, 1, 7773) > 30000);
 }
 
 TEST_CASE("precision: train.loss_scale reads, defaults by precision and refuses bad settings") {
