@@ -37,6 +37,7 @@ struct Header {
   int64_t step = 0;
   int64_t term = 0;
   int64_t samples = 0;
+  int64_t verdict = 0;  // contribution: the sender's Contribution::verdict
   uint64_t hash = 0;  // contribution, catch-up request, done: the sender's; result: the base
   int64_t n_ints = 0;
   int64_t n_floats = 0;
@@ -57,7 +58,7 @@ void put_record(std::vector<int64_t>& out, const StepRecord& r) {
   out.insert(out.end(), {r.step, r.term, r.leader, r.samples, r.fresh_samples, r.samples_dropped,
                          r.closed_short ? 1 : 0, r.staleness_applied, loss_bits,
                          static_cast<int64_t>(r.contributors.size())});
-  for (const Contribution& c : r.contributors) out.insert(out.end(), {c.rank, c.samples, c.staleness});
+  for (const Contribution& c : r.contributors) out.insert(out.end(), {c.rank, c.samples, c.staleness, c.verdict});
 }
 
 StepRecord take_record(const std::vector<int64_t>& in, size_t& at) {
@@ -74,10 +75,10 @@ StepRecord take_record(const std::vector<int64_t>& in, size_t& at) {
   std::memcpy(&r.loss_sum, &in[at + 8], sizeof r.loss_sum);
   const int64_t n = in[at + 9];
   at += 10;
-  HT_CHECK(n >= 0 && at + 3 * static_cast<size_t>(n) <= in.size(), "deadline reduce: a step record of ", n,
+  HT_CHECK(n >= 0 && at + 4 * static_cast<size_t>(n) <= in.size(), "deadline reduce: a step record of ", n,
            " contributors is cut short");
-  for (int64_t i = 0; i < n; ++i, at += 3)
-    r.contributors.push_back({static_cast<int>(in[at]), in[at + 1], in[at + 2]});
+  for (int64_t i = 0; i < n; ++i, at += 4)
+    r.contributors.push_back({static_cast<int>(in[at]), in[at + 1], in[at + 2], in[at + 3]});
   return r;
 }
 
@@ -96,14 +97,15 @@ uint64_t mix_step_hash(uint64_t previous, int64_t step, int64_t term, int leader
   uint64_t h = mix(mix(mix(previous, static_cast<uint64_t>(step)), static_cast<uint64_t>(term)),
                    static_cast<uint64_t>(leader));
   for (const Contribution& c : contributors)
-    h = mix(mix(mix(h, static_cast<uint64_t>(c.rank)), static_cast<uint64_t>(c.samples)),
-            static_cast<uint64_t>(c.staleness));
+    h = mix(mix(mix(mix(h, static_cast<uint64_t>(c.rank)), static_cast<uint64_t>(c.samples)),
+                static_cast<uint64_t>(c.staleness)),
+            static_cast<uint64_t>(c.verdict));
   return h;
 }
 
 // A received message keeps its bytes and reads its floats in place: a gradient or a sum
 // is the whole model's, and every copy of it costs a throttled rank a good part of a
-// millisecond (the header is 72 bytes and the ints 8 each, so the floats stay aligned).
+// millisecond (the header is 80 bytes and the ints 8 each, so the floats stay aligned).
 struct DeadlineReduce::Message {
   Header header;
   std::vector<int64_t> ints;
@@ -426,16 +428,19 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
       g = sum;
       given = true;
       c.samples = mine.samples;
+      c.verdict = mine.verdict;
     } else if (fresh[k]) {
       g = fresh[k]->message.floats();
       given = true;
       c.samples = fresh[k]->message.header.samples;
+      c.verdict = fresh[k]->message.header.verdict;
       loss += fresh[k]->message.header.loss;
       fresh_samples += c.samples;
     } else if (stale[k]) {
       g = stale[k]->message.floats();
       given = true;
       c.samples = stale[k]->message.header.samples;
+      c.verdict = stale[k]->message.header.verdict;
       c.staleness = s - stale[k]->message.header.step;
       ++record.staleness_applied;
     }
@@ -520,7 +525,7 @@ void DeadlineReduce::take_waiting_catch_up() {
 }
 
 DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t samples, double loss_sum,
-                                       Clock::time_point step_start) {
+                                       Clock::time_point step_start, int64_t verdict) {
   size_t n = 0;
   for (const Tensor& g : grads) {
     HT_CHECK(g.dtype() == DType::f32 && g.is_contiguous(), "deadline reduce: gradients must be contiguous float32");
@@ -548,6 +553,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
   h.kind = contribution;
   h.step = my_step;
   h.samples = samples;
+  h.verdict = verdict;
   h.hash = my_base;
   h.loss = loss_sum;
   h.n_floats = static_cast<int64_t>(n);
@@ -603,7 +609,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       StepRecord record;
       std::vector<float> sum;
       if (own_is_current()) {
-        record.contributors.push_back({rank_, samples, 0});
+        record.contributors.push_back({rank_, samples, 0, verdict});
         record.loss_sum = loss_sum;
         sum = own_gradient();
       } else {

@@ -66,6 +66,10 @@ struct Contribution {
   int rank = -1;       // in the reduction's communicator
   int64_t samples = 0;
   int64_t staleness = 0;  // steps late (0: this step's)
+  // The sender's own judgement of it, opaque here (the bad-node guard's runtime::Verdict;
+  // 0: kept). One left out travels with no samples and this says why, so that every rank
+  // that applies the step reads every member's verdict from its record alike.
+  int64_t verdict = 0;
 };
 
 // What one closed step was, as every rank that applied it (or caught up past it) sees it.
@@ -113,9 +117,9 @@ class DeadlineReduce {
   // the outcome says caught_up, the state was replaced first (the gradients computed on
   // the old one are a stale contribution) and the record is of the step after the
   // catch-up. Either way the caller then applies the sum: after reduce, every rank's
-  // step is record.step + 1.
+  // step is record.step + 1. `verdict` goes into this rank's Contribution.
   DeadlineOutcome reduce(std::vector<Tensor>& grads, int64_t samples, double loss_sum,
-                         Clock::time_point step_start);
+                         Clock::time_point step_start, int64_t verdict = 0);
 
   // Between steps, never blocking: takes a catch-up that a leader already sent (this rank
   // was left out), so that the step about to run computes on the leader's state; the next

@@ -11,9 +11,10 @@ namespace ht::runtime {
 DeadlineSync::DeadlineSync(comm::Communicator& group, std::vector<int> world_rank_of, std::vector<int64_t> shares,
                            const std::vector<nn::NamedTensor>& params, optim::Optimizer& optimizer,
                            nn::Sequential& model, int block_begin, int block_end,
-                           const config::ParallelConfig& parallel, double predicted_step_s, int64_t first_step)
+                           const config::ParallelConfig& parallel, double predicted_step_s, int64_t first_step,
+                           ExtraReplicaState extra)
     : world_rank_of_(std::move(world_rank_of)), params_(params), optimizer_(optimizer), model_(model),
-      block_begin_(block_begin), block_end_(block_end) {
+      block_begin_(block_begin), block_end_(block_end), extra_(std::move(extra)) {
   comm::DeadlineOptions o;
   // A plan without a prediction (one made by hand) starts from a tenth of a second; the
   // budget adapts to the measured steps from the third on.
@@ -44,6 +45,10 @@ comm::ReplicaState DeadlineSync::save() const {
     }
   }
   for (uint64_t o : offsets_) s.ints.push_back(static_cast<int64_t>(o));
+  if (extra_.save) {  // after the streams, to the end
+    const std::vector<int64_t> more = extra_.save();
+    s.ints.insert(s.ints.end(), more.begin(), more.end());
+  }
   return s;
 }
 
@@ -78,6 +83,11 @@ void DeadlineSync::load(const comm::ReplicaState& s) {
     model_.block(static_cast<size_t>(b)).set_random_offset(static_cast<uint64_t>(s.ints[i]));
     offsets_[static_cast<size_t>(b - block_begin_)] = static_cast<uint64_t>(s.ints[i]);
   }
+  if (extra_.load) {
+    HT_CHECK(i <= s.ints.size(), "deadline catch-up: the state's counters end early");
+    extra_.load(s.ints.data() + i, s.ints.size() - i);
+    i = s.ints.size();
+  }
   HT_CHECK(f == s.floats.size() && i == s.ints.size(), "deadline catch-up: the state holds ", s.floats.size(),
            " values and ", s.ints.size(), " counters; this rank's stage takes ", f, " and ", i);
 }
@@ -96,12 +106,19 @@ comm::StepRecord DeadlineSync::in_world_ranks(comm::StepRecord r) const {
 }
 
 DeadlineStep DeadlineSync::reduce(std::vector<Tensor>& grads, int64_t samples, double loss_sum,
-                                  std::chrono::steady_clock::time_point start, int64_t global_batch) {
-  const comm::DeadlineOutcome o = reduce_->reduce(grads, samples, loss_sum, start);
+                                  std::chrono::steady_clock::time_point start, int64_t global_batch,
+                                  int64_t verdict) {
+  const comm::DeadlineOutcome o = reduce_->reduce(grads, samples, loss_sum, start, verdict);
   DeadlineStep d;
   d.caught_up = o.caught_up;
   d.ended = o.ended;
   d.budget_s = o.budget_s;
+  if (!o.ended) {
+    d.verdicts.assign(world_rank_of_.size(), 0);
+    for (const comm::Contribution& c : o.record.contributors)
+      if (c.staleness == 0 && c.rank >= 0 && c.rank < static_cast<int>(d.verdicts.size()))
+        d.verdicts[static_cast<size_t>(c.rank)] = c.verdict;
+  }
   d.record = o.ended ? comm::StepRecord{} : in_world_ranks(o.record);
   for (const comm::StepRecord& r : o.missed) d.missed.push_back(in_world_ranks(r));
   if (!o.ended) rescale_to_kept(grads, global_batch, static_cast<double>(o.record.samples));

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,16 @@ struct DeadlineStep {
   bool caught_up = false;
   bool ended = false;   // caught up to the end of training: no step to apply
   double budget_s = 0;
+  // Per member (the stage group's rank) of the step applied: the verdict (runtime::Verdict)
+  // of its contribution to that step, 0 (kept) for one that did not arrive or came late.
+  std::vector<int64_t> verdicts;
+};
+
+// State that a catch-up carries beside the weights and the optimiser's (the executor's
+// quarantine): given as integers, taken back from them.
+struct ExtraReplicaState {
+  std::function<std::vector<int64_t>()> save;
+  std::function<void(const int64_t* ints, size_t count)> load;
 };
 
 class DeadlineSync {
@@ -42,14 +53,15 @@ class DeadlineSync {
   DeadlineSync(comm::Communicator& group, std::vector<int> world_rank_of, std::vector<int64_t> shares,
                const std::vector<nn::NamedTensor>& params, optim::Optimizer& optimizer, nn::Sequential& model,
                int block_begin, int block_end, const config::ParallelConfig& parallel, double predicted_step_s,
-               int64_t first_step);
+               int64_t first_step, ExtraReplicaState extra = {});
   ~DeadlineSync();
 
   void catch_up();  // Op::catch_up
   // Op::reduce_grads_deadline over `grads` (the parameters' contiguous gradients, in
   // order); on return they hold the sample-weighted mean over what arrived.
+  // `verdict`: this rank's on its contribution (runtime::Verdict; samples 0 unless kept).
   DeadlineStep reduce(std::vector<Tensor>& grads, int64_t samples, double loss_sum,
-                      std::chrono::steady_clock::time_point start, int64_t global_batch);
+                      std::chrono::steady_clock::time_point start, int64_t global_batch, int64_t verdict = 0);
   // After the last step: one chain on every member, everything drained.
   std::vector<comm::StepRecord> finish();
   int64_t step() const { return reduce_->step(); }  // the next step to run
@@ -65,6 +77,7 @@ class DeadlineSync {
   nn::Sequential& model_;
   int block_begin_, block_end_;
   std::vector<uint64_t> offsets_;  // the blocks' dropout streams at this step's start
+  ExtraReplicaState extra_;
   std::unique_ptr<comm::DeadlineReduce> reduce_;
 };
 

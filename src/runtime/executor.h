@@ -156,6 +156,8 @@ class Executor {
   std::vector<Tensor> final_grads(size_t begin, size_t end);  // contiguous, held by the parameters
   void judge(std::vector<Tensor>& grads, size_t begin, size_t end);
   void settle_guard();
+  void settle_deadline_guard(const DeadlineStep& d);
+  Quarantine& deadline_quarantine();  // made on first use
   void optimizer_step(float lr);
   void reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::time_point start);
   void gather_weights();    // sharded: the other parts' updated weights

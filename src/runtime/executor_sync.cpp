@@ -256,9 +256,13 @@ void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t firs
            ", whose optimizer state is sharded or whose weights are the hub's; the planner refuses such plans");
   std::vector<int> world_rank_of;
   for (const auto& replica : plan_.layout.replicas) world_rank_of.push_back(replica[static_cast<size_t>(stage_)]);
+  // The quarantine travels with a catch-up: a rank that missed steps takes the
+  // quarantines they decided, so that every member goes on agreeing on them.
+  ExtraReplicaState quarantine{[this] { return deadline_quarantine().state(); },
+                               [this](const int64_t* ints, size_t n) { deadline_quarantine().restore(ints, n); }};
   deadline_ = std::make_unique<DeadlineSync>(*stage_group_, std::move(world_rank_of), plan_.layout.samples, params_,
                                              *opt_, model_, rank_plan_.block_begin, rank_plan_.block_end, parallel,
-                                             plan_.predicted.step_seconds, first_step);
+                                             plan_.predicted.step_seconds, first_step, std::move(quarantine));
   lr_at_ = std::move(lr_at);
   reduce_.reset();
 }
@@ -275,9 +279,32 @@ void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::t
   std::vector<Tensor> grads = final_grads(0, params_.size());
   judge(grads, 0, params_.size());
   const auto samples = static_cast<int64_t>(counts_.back().data()[0]);
-  const double loss = verdict_ != Verdict::kept && !std::isfinite(loss_sum_) ? 0 : loss_sum_;
-  r.deadline = deadline_->reduce(grads, samples, loss, start, plan_.global_batch);
+  // A contribution left out takes its loss out with its samples: the step's loss is the
+  // mean over the samples it kept.
+  const double loss = verdict_ != Verdict::kept ? 0 : loss_sum_;
+  r.deadline = deadline_->reduce(grads, samples, loss, start, plan_.global_batch, static_cast<int64_t>(verdict_));
   skip_update_ = !r.deadline->ended && r.deadline->record.samples == 0;
+  if (!r.deadline->ended) settle_deadline_guard(*r.deadline);
+}
+
+Quarantine& Executor::deadline_quarantine() {
+  if (!quarantine_) quarantine_ = std::make_unique<Quarantine>(guard_cfg_, stage_group_->size());
+  return *quarantine_;
+}
+
+// Under deadline the verdicts come in the step's record, which every rank that applies the
+// step reads alike (a rank that caught up took the quarantine with the weights), so every
+// member records the same quarantines, as settle_guard's reduced counts make them agree
+// under sync. Rank 0 reports them; the contributions left out it reports from the records
+// (Run::take_deadline), those of steps it caught up past included.
+void Executor::settle_deadline_guard(const DeadlineStep& d) {
+  std::vector<Verdict> verdicts;
+  for (int64_t v : d.verdicts) verdicts.push_back(static_cast<Verdict>(v));
+  const std::vector<int> quarantined = deadline_quarantine().record(verdicts);
+  if (world_.rank() != 0) return;
+  for (int m : quarantined)
+    events_.push_back({plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)], stage_,
+                       Verdict::quarantined, 0, guard_cfg_.quarantine_steps});
 }
 
 // ShareWeights on the hub, AwaitWeights on the others: the hub updated the weights in

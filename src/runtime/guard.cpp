@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "autograd/graph.h"
 #include "core/error.h"
@@ -83,6 +84,40 @@ std::vector<int> Quarantine::record(const std::vector<Verdict>& verdicts) {
     now.push_back(static_cast<int>(m));
   }
   return now;
+}
+
+// [steps recorded, members, each member's release step, then per member its offences'
+// count and steps].
+std::vector<int64_t> Quarantine::state() const {
+  std::vector<int64_t> out{step_, static_cast<int64_t>(release_.size())};
+  out.insert(out.end(), release_.begin(), release_.end());
+  for (const std::deque<int64_t>& o : offences_) {
+    out.push_back(static_cast<int64_t>(o.size()));
+    out.insert(out.end(), o.begin(), o.end());
+  }
+  return out;
+}
+
+void Quarantine::restore(const int64_t* ints, size_t count) {
+  const size_t members = release_.size();
+  HT_CHECK(count >= 2 + members && ints[1] == static_cast<int64_t>(members), "quarantine state: ", count,
+           " values", count >= 2 ? " for " + std::to_string(ints[1]) + " members" : std::string(),
+           "; expected at least ", 2 + members, " for this stage's ", members, " members");
+  HT_CHECK(ints[0] >= 0, "quarantine state: ", ints[0], " steps recorded; expected >= 0");
+  std::vector<int64_t> release(ints + 2, ints + 2 + members);
+  std::vector<std::deque<int64_t>> offences(members);
+  size_t at = 2 + members;
+  for (size_t m = 0; m < members; ++m) {
+    HT_CHECK(at < count && ints[at] >= 0 && static_cast<size_t>(ints[at]) <= count - at - 1, "quarantine state: member ",
+             m, "'s offences run past the state's ", count, " values");
+    const auto n = static_cast<size_t>(ints[at]);
+    offences[m].assign(ints + at + 1, ints + at + 1 + n);
+    at += 1 + n;
+  }
+  HT_CHECK(at == count, "quarantine state: ", count - at, " values left over after ", members, " members");
+  step_ = ints[0];
+  release_ = std::move(release);
+  offences_ = std::move(offences);
 }
 
 void rescale_to_kept(const std::vector<Tensor>& sums, int64_t global, double kept) {

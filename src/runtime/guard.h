@@ -84,6 +84,11 @@ class Quarantine {
   // One step's verdict for each member. Returns the members it quarantines (for
   // quarantine_steps steps from the next; their offences are then forgotten).
   std::vector<int> record(const std::vector<Verdict>& verdicts);
+  // Its whole state as integers, and back (a deadline catch-up carries it with the
+  // weights: a rank that missed steps takes the quarantines they decided). restore
+  // throws ht::Error naming what does not fit this quarantine's members.
+  std::vector<int64_t> state() const;
+  void restore(const int64_t* ints, size_t count);
 
  private:
   config::GuardConfig cfg_;

@@ -95,15 +95,31 @@ int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   std::vector<comm::StepRecord> records = d.missed;
   if (!d.ended) records.push_back(d.record);
   for (const comm::StepRecord& rec : records) write_deadline_record(rec, loop.metrics, loop.progress);
+  // The quarantines this step decided (rank 0's events): no log exchange brings them
+  // under deadline, so they are reported here, once.
+  if (root_ && !d.ended)
+    for (const GuardEvent& e : r.guard_events) report_guard(d.record.step + 1, e, loop.metrics);
+  r.guard_events.clear();
   r.loss_sum = deadline_log_.last_loss_sum();
   return d.ended ? total_steps_ - 1 : d.record.step;
 }
 
+// Rank 0 writes each step's record once and reports the contributions the bad-node guard
+// left out of it, from the verdicts the record carries (the steps it caught up past too).
 void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,
                                 report::Progress& progress) {
   if (const std::string line = deadline_log_.short_line(rec); !line.empty()) progress.note(line);
   const std::string record = deadline_log_.add(rec);
-  if (metrics && !record.empty()) metrics->write(record);
+  if (!metrics || record.empty()) return;
+  metrics->write(record);
+  for (const comm::Contribution& c : rec.contributors) {
+    if (c.staleness != 0 || c.verdict == static_cast<int64_t>(Verdict::kept) || c.rank < 0 ||
+        c.rank >= static_cast<int>(plan_.ranks.size()))
+      continue;
+    const int replica = plan_.ranks[static_cast<size_t>(c.rank)].replica;
+    const int64_t share = replica >= 0 ? plan_.layout.samples[static_cast<size_t>(replica)] : 0;
+    report_guard(rec.step + 1, GuardEvent{c.rank, 0, static_cast<Verdict>(c.verdict), share, 0}, metrics);
+  }
 }
 
 // Every member ends on one chain (a rank behind catches up), then the replicas are

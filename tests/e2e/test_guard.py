@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end check of the bad-node guard: 3 ranks train the MLP for 60 steps with a NaN
 injected into rank 1's gradient in steps 10 to 20 (`--inject nan:rank=1,at=10,steps=11`)
-and a checkpoint every 5 steps, beside the same run unperturbed. The loss stays finite,
+and a checkpoint every 5 steps, beside the same run unperturbed, and then the NaN run
+again under parallel.sync deadline. The loss stays finite,
 rank 1 is named, left out and quarantined in the metrics and the summary, then tried
 again; every checkpoint in the run directory holds only finite values; the final test
 accuracy is close to the unperturbed run's.
@@ -31,13 +32,15 @@ STEPS = 60
 ACCURACY_BOUND = 0.05
 
 
-def config(path):
+def config(path, sync="sync"):
     cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
     cfg["train"].pop("epochs")
     cfg["train"].update(steps=STEPS, eval_every=0, log_every=10)
     cfg["train"]["schedule"] = {"type": "constant"}
     cfg["checkpoint"] = {"every": 5, "keep": 100}
-    cfg["parallel"] = {"strategy": "equal", "sync": "sync"}
+    cfg["parallel"] = {"strategy": "equal", "sync": sync}
+    if sync == "deadline":  # a budget of a thousand steps: a step closes when every rank is in
+        cfg["parallel"]["deadline_slack"] = 1000
     cfg["guard"] = {"quarantine_after": 3, "quarantine_steps": 10}
     with open(path, "w") as f:
         json.dump(cfg, f)
@@ -101,7 +104,65 @@ def main():
     check(f"the final accuracy is within {ACCURACY_BOUND} of the unperturbed run's",
           abs(acc_a - acc_b) <= ACCURACY_BOUND, f"{acc_a} vs {acc_b}")
     check("the unperturbed run is left alone", not any(r["type"] == "guard" for r in records(clean)))
+    deadline(scratch, acc_a)
     return finish(scratch)
+
+
+def deadline(scratch, accuracy):
+    """The same NaN under parallel.sync deadline, where the verdicts travel in each step's
+    record and the quarantine is decided from them. What the guard must have done is
+    derived from the contributions records: rank 1's first three contributions from step
+    10 on are left out as non-finite (its steps 10-20 are poisoned), the third quarantines
+    it for 10 steps, and every one of its contributions in those steps is left out
+    unjudged. With the budget a thousand steps long every rank is in every step, and
+    then these are steps 10-12 and 13-22, as under sync."""
+    cfg = config(os.path.join(scratch, "mlp-deadline.json"), "deadline")
+    run_dir = os.path.join(scratch, "deadline")
+    r = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--inject", "nan:rank=1,at=10,steps=11"],
+               timeout=300)
+    check("deadline: the run with a NaN injected on rank 1 succeeds", r.returncode == 0, r.stderr[-2000:])
+    if r.returncode:
+        return
+    metrics = records(run_dir)
+    losses = [x["loss"] for x in metrics if x["type"] == "train"]
+    check("deadline: every logged loss is finite", losses and all(math.isfinite(x) for x in losses), losses)
+    contributions = {x["step"]: {c[0]: c[1] for c in x["contributors"] if c[2] == 0}
+                     for x in metrics if x["type"] == "contributions"}
+    check("deadline: a contributions record per step", sorted(contributions) == list(range(1, STEPS + 1)),
+          sorted(contributions))
+    from_1 = [s for s in sorted(contributions) if 1 in contributions[s]]
+    poisoned = [s for s in from_1 if 10 <= s <= 20]
+    check("deadline: rank 1 contributed to at least three of its poisoned steps", len(poisoned) >= 3, from_1)
+    if len(poisoned) < 3:
+        return
+    offences, q = poisoned[:3], poisoned[2]
+    held = [s for s in from_1 if q < s <= q + 10]
+    guard = [x for x in metrics if x["type"] == "guard"]
+    check("deadline: rank 1 alone is named", all(x["rank"] == 1 for x in guard), guard)
+    check(f"deadline: rank 1's non-finite gradient is left out in steps {offences}",
+          [x["step"] for x in guard if x.get("reason") == "non-finite gradient"] == offences, guard)
+    check(f"deadline: rank 1 is quarantined at step {q} for 10 steps",
+          [(x["step"], x["quarantined_steps"]) for x in guard if "quarantined_steps" in x] == [(q, 10)], guard)
+    check("deadline: rank 1 is left out while quarantined, then tried again",
+          [x["step"] for x in guard if x.get("reason") == "quarantined"] == held, guard)
+    out = set(offences) | set(held)
+    check("deadline: rank 1 gives no samples to the steps it is left out of and its share to the others",
+          all((contributions[s][1] == 0) == (s in out) for s in from_1),
+          {s: contributions[s].get(1) for s in from_1})
+    summary = load(os.path.join(run_dir, "summary.json"))
+    check("deadline: the summary counts the exclusions and names the quarantined rank",
+          summary["guard"] == {"steps_with_exclusions": len(out), "samples_excluded": len(out) * 43,
+                               "quarantined_ranks": [1]}, summary.get("guard"))
+    check("deadline: rank 0 prints the quarantine, naming the rank",
+          f"step {q}: rank 1 quarantined for 10 steps" in r.stdout, r.stdout[-3000:])
+    checkpoints = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))
+    bad = [(os.path.basename(p), name) for p in checkpoints for name, v in tensors(p).items()
+           if not all(math.isfinite(x) for x in v)]
+    check("deadline: every checkpoint holds only finite values", checkpoints and not bad, bad[:5])
+    acc = summary["final"]["test_accuracy"]
+    print(f"final test accuracy under deadline, NaN on rank 1: {acc:.4f}")
+    check(f"deadline: the final accuracy is within {ACCURACY_BOUND} of the unperturbed sync run's",
+          abs(acc - accuracy) <= ACCURACY_BOUND, f"{acc} vs {accuracy}")
 
 
 if __name__ == "__main__":

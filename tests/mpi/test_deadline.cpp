@@ -190,12 +190,63 @@ TEST_CASE("deadline: a stalled leader's steps are closed by its backup (late one
   run_stall(0, 2);
 }
 
+TEST_CASE("deadline: each contribution's verdict reaches every rank in the step's record") {
+  // Member 1 leaves out its own contribution (zeros, no samples, verdict 2) in every third
+  // step, as the bad-node guard does. Every record that names a contributor must give
+  // it the verdict it was sent with, on every rank; the budget is thousands of steps
+  // long, so every member is in every step unless one is seconds late.
+  Communicator& w = world();
+  REQUIRE(w.size() >= 3);
+  std::unique_ptr<Communicator> group = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the test's group");
+  if (!group) return;
+  const int me = group->rank();
+  std::vector<float> weights(kN, 0.5f);
+  DeadlineOptions options;
+  options.predicted_step_s = 5;
+  options.slack = 1e4;
+  options.peer_timeout_s = 60;
+  DeadlineReduce reduce(
+      *group, options, kShares, 0, [&] { return ReplicaState{weights, {}}; },
+      [&](const ReplicaState& s) { weights = s.floats; });
+  const auto flagged = [](int rank, int64_t step) { return rank == 1 && step % 3 == 1; };
+  int seen = 0;
+  for (int64_t s = 0; s < 30; ++s) {
+    REQUIRE(reduce.step() == s);
+    const bool out = flagged(me, s);
+    std::vector<float> g = out ? std::vector<float>(kN, 0.0f) : contribution(me, s, weights);
+    std::vector<Tensor> grads{Tensor::from_vector(g, {kN}, cpu_backend())};
+    const DeadlineOutcome o =
+        reduce.reduce(grads, out ? 0 : kShares[static_cast<size_t>(me)], 0.0, Clock::now(), out ? 2 : 0);
+    REQUIRE(!o.caught_up);
+    const StepRecord& r = o.record;
+    REQUIRE(r.step == s);
+    for (const Contribution& c : r.contributors) {
+      CHECK(c.verdict == (flagged(c.rank, r.step) ? 2 : 0));
+      if (c.verdict != 0) {
+        CHECK(c.samples == 0);
+        ++seen;
+      }
+    }
+    if (r.samples == 0) continue;
+    const std::vector<float> sum = grads[0].to_vector();
+    const float rescale = static_cast<float>(kGlobal) / static_cast<float>(r.samples);
+    for (int i = 0; i < kN; ++i) weights[static_cast<size_t>(i)] -= 0.1f * sum[static_cast<size_t>(i)] * rescale;
+  }
+  reduce.finish();
+  CHECK(seen >= 1);
+  const std::string mine = crc32_hex(crc32_update(0, weights.data(), kN * sizeof(float)));
+  const std::vector<std::string> all = group->allgather(mine, kLong, "the weights' checksums");
+  for (size_t j = 0; j < all.size(); ++j) CHECK_MESSAGE(all[j] == all[0], "member ", j, "'s weights differ from member 0's");
+}
+
 TEST_CASE("deadline: the chain hash covers the step, term, leader and contributors") {
   const std::vector<Contribution> a{{0, 5, 0}, {1, 3, 0}};
   const std::vector<Contribution> b{{0, 5, 0}, {2, 3, 0}};
+  const std::vector<Contribution> bad{{0, 5, 0}, {1, 3, 0, 2}};  // rank 1's verdict differs
   const uint64_t h = mix_step_hash(1, 4, 0, 0, a);
   CHECK(h == mix_step_hash(1, 4, 0, 0, a));
   CHECK(h != mix_step_hash(1, 4, 0, 0, b));
+  CHECK(h != mix_step_hash(1, 4, 0, 0, bad));
   CHECK(h != mix_step_hash(1, 5, 0, 0, a));
   CHECK(h != mix_step_hash(1, 4, 1, 1, a));
   CHECK(h != mix_step_hash(2, 4, 0, 0, a));

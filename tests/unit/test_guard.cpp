@@ -107,6 +107,37 @@ TEST_CASE("guard: quarantine after quarantine_after offences within the window, 
   CHECK(!q.quarantined(2));  // one offence at step 6
 }
 
+TEST_CASE("guard: a quarantine's state survives the trip a deadline catch-up gives it") {
+  // A rank that takes another's state must then decide every later step as that one does.
+  using V = Verdict;
+  const V k = V::kept, n = V::non_finite;
+  Quarantine a(guard_config(10, 4, 2, 3), 3), b(guard_config(10, 4, 2, 3), 3);
+  CHECK(a.record({k, n, k}).empty());
+  CHECK(a.record({n, k, k}).empty());
+  CHECK(a.record({k, n, k}) == std::vector<int>{1});  // member 1 quarantined for 3 steps
+  CHECK(a.record({k, k, k}).empty());
+  const std::vector<int64_t> st = a.state();
+  b.restore(st.data(), st.size());
+  CHECK(b.state() == st);
+  CHECK(b.quarantined(1) == a.quarantined(1));
+  CHECK(b.quarantined(1));
+  // Member 0's offence at step 2 is still in both windows: a second quarantines it alike.
+  CHECK(a.record({n, k, k}) == std::vector<int>{0});
+  CHECK(b.record({n, k, k}) == std::vector<int>{0});
+  CHECK(b.state() == a.state());
+
+  Quarantine two(guard_config(10, 4, 2, 3), 2);
+  CHECK_THROWS_WITH_AS(two.restore(st.data(), st.size()), doctest::Contains("for 3 members"), Error);
+  CHECK_THROWS_WITH_AS(b.restore(st.data(), st.size() - 1), doctest::Contains("run past"), Error);
+  std::vector<int64_t> longer = st;
+  longer.push_back(7);
+  CHECK_THROWS_WITH_AS(b.restore(longer.data(), longer.size()), doctest::Contains("left over"), Error);
+  std::vector<int64_t> negative = st;
+  negative[0] = -1;
+  CHECK_THROWS_WITH_AS(b.restore(negative.data(), negative.size()), doctest::Contains("steps recorded"), Error);
+  CHECK(b.state() == a.state());  // a refused state changes nothing
+}
+
 TEST_CASE("guard: the sum over kept samples is rescaled to their mean") {
   // Contributions pre-scaled by 1 / 40; 30 of the 40 samples kept.
   const Tensor t = Tensor::from_vector({3.f / 40, -6.f / 40, 0.f}, {3}, cpu_backend());
