@@ -457,7 +457,10 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
   for (int j = 0; j < size_; ++j) {
     const auto k = static_cast<size_t>(j);
     const bool present = j == rank_ || fresh[k] != nullptr;
-    const bool in = j == rank_ ? own : present && fresh[k]->message.header.samples > 0;
+    // In: arrived with samples, or with a verdict that left them out (the guard's
+    // exclusion, counted by the guard, not as a contribution that missed the budget).
+    const bool in = j == rank_ ? own
+                               : present && (fresh[k]->message.header.samples > 0 || fresh[k]->message.header.verdict != 0);
     if (!in) {
       record.samples_dropped += shares_[k];
       every = false;

@@ -81,7 +81,9 @@ struct StepRecord {
   int64_t samples = 0;          // summed over contributors, stale ones included
   int64_t fresh_samples = 0;    // of this step's contributions
   double loss_sum = 0;          // over the fresh contributions' samples
-  int64_t samples_dropped = 0;  // expected (the members' shares) but not in the sum
+  // Expected (the members' shares) but not in time; a contribution that arrived with a
+  // verdict leaving its samples out (the guard's) is neither dropped nor missing.
+  int64_t samples_dropped = 0;
   bool closed_short = false;    // some member's share was missing
   int64_t staleness_applied = 0;  // stale contributions in the sum
 };

@@ -220,13 +220,17 @@ TEST_CASE("deadline: each contribution's verdict reaches every rank in the step'
     REQUIRE(!o.caught_up);
     const StepRecord& r = o.record;
     REQUIRE(r.step == s);
+    int fresh = 0;
     for (const Contribution& c : r.contributors) {
       CHECK(c.verdict == (flagged(c.rank, r.step) ? 2 : 0));
+      fresh += c.staleness == 0 ? 1 : 0;
       if (c.verdict != 0) {
         CHECK(c.samples == 0);
         ++seen;
       }
     }
+    // A contribution the sender left out arrived all the same: the step did not close short.
+    if (fresh == 3) CHECK((!r.closed_short && r.samples_dropped == 0));
     if (r.samples == 0) continue;
     const std::vector<float> sum = grads[0].to_vector();
     const float rescale = static_cast<float>(kGlobal) / static_cast<float>(r.samples);
