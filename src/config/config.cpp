@@ -396,14 +396,11 @@ Config parse_config(const std::string& json_text, const std::string& source_path
     fail_at("data.dataset", show(Json(c.data.dataset)) + " does not suit model.type \"" +
                                 c.model.type + "\"; expected \"" + wanted + "\"");
   // The replicas agree on an overflow through the verdicts of one stage group's
-  // reduction (runtime/executor_sync.cpp): a pipeline's stages would need one more
-  // message a step, and deadline's reduction carries no verdicts. Not built for either.
+  // reduction (runtime/executor_sync.cpp; under deadline, the verdicts in each step's
+  // record): a pipeline's stages would need one more message a step. Not built.
   if (dynamic_loss_scale(c.train)) {
     const std::string why = c.train.precision == "fp16" ? "precision \"fp16\" (whose loss scale is dynamic)"
                                                         : "train.loss_scale.mode \"dynamic\"";
-    if (c.parallel.sync == SyncPolicy::deadline)
-      fail_at("parallel.sync", "\"deadline\" with " + why +
-                                   " is not built; expected sync \"sync\" or \"local\", or no loss scale");
     if (c.parallel.strategy == ParallelStrategy::pipeline)
       fail_at("parallel.strategy", "\"pipeline\" with " + why +
                                        " is not built; expected strategy \"auto\" or \"data\" (auto then plans "

@@ -158,6 +158,9 @@ class Executor {
   void settle_guard();
   void settle_deadline_guard(const DeadlineStep& d);
   Quarantine& deadline_quarantine();  // made on first use
+  // What a deadline catch-up carries of the guard: the quarantine and the loss scale.
+  std::vector<int64_t> deadline_guard_state();
+  void restore_deadline_guard_state(const int64_t* ints, size_t n);
   void optimizer_step(float lr);
   void reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::time_point start);
   void gather_weights();    // sharded: the other parts' updated weights

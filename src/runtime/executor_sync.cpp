@@ -215,7 +215,7 @@ void Executor::optimizer_step(float lr) {
     judge(grads, 0, params_.size());
     settle_guard();
   }
-  if (loss_scale_) {  // by the scale the backward used (settle_guard has updated it for the next step)
+  if (loss_scale_ && !deadline_) {  // by the scale the backward used (settle_guard has updated it for the next step)
     std::vector<Tensor> grads;
     for (const auto& [name, p] : params_)
       if (p.grad().defined()) grads.push_back(p.grad());
@@ -258,11 +258,12 @@ void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t firs
   for (const auto& replica : plan_.layout.replicas) world_rank_of.push_back(replica[static_cast<size_t>(stage_)]);
   // The quarantine travels with a catch-up: a rank that missed steps takes the
   // quarantines they decided, so that every member goes on agreeing on them.
-  ExtraReplicaState quarantine{[this] { return deadline_quarantine().state(); },
-                               [this](const int64_t* ints, size_t n) { deadline_quarantine().restore(ints, n); }};
+  // So does the loss scale, which every member updates from the same verdicts.
+  ExtraReplicaState guard{[this] { return deadline_guard_state(); },
+                          [this](const int64_t* ints, size_t n) { restore_deadline_guard_state(ints, n); }};
   deadline_ = std::make_unique<DeadlineSync>(*stage_group_, std::move(world_rank_of), plan_.layout.samples, params_,
                                              *opt_, model_, rank_plan_.block_begin, rank_plan_.block_end, parallel,
-                                             plan_.predicted.step_seconds, first_step, std::move(quarantine));
+                                             plan_.predicted.step_seconds, first_step, std::move(guard));
   lr_at_ = std::move(lr_at);
   reduce_.reset();
 }
@@ -282,9 +283,31 @@ void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::t
   // A contribution left out takes its loss out with its samples: the step's loss is the
   // mean over the samples it kept.
   const double loss = verdict_ != Verdict::kept ? 0 : loss_sum_;
+  // Under a loss scale the contribution goes out unscaled (exact: the scales are powers
+  // of two), so that a stale one, computed under an earlier scale, adds in true units
+  // too; optimizer_step then has nothing to unscale.
+  if (loss_scale_ && verdict_ == Verdict::kept) unscale_gradients(grads, step_scale_);
   r.deadline = deadline_->reduce(grads, samples, loss, start, plan_.global_batch, static_cast<int64_t>(verdict_));
   skip_update_ = !r.deadline->ended && r.deadline->record.samples == 0;
   if (!r.deadline->ended) settle_deadline_guard(*r.deadline);
+}
+
+// [the quarantine's count of values, its values, then under a loss scale its exponent and
+// clean steps].
+std::vector<int64_t> Executor::deadline_guard_state() {
+  std::vector<int64_t> q = deadline_quarantine().state();
+  q.insert(q.begin(), static_cast<int64_t>(q.size()));
+  if (loss_scale_) q.insert(q.end(), {loss_scale_->log2_scale(), loss_scale_->clean_steps()});
+  return q;
+}
+
+void Executor::restore_deadline_guard_state(const int64_t* ints, size_t n) {
+  const size_t scale = loss_scale_ ? 2 : 0;
+  HT_CHECK(n >= 1 + scale && ints[0] >= 0 && static_cast<size_t>(ints[0]) == n - 1 - scale,
+           "deadline catch-up: the guard's state holds ", n, " values", n ? " announcing " + std::to_string(ints[0]) : "",
+           "; expected the quarantine's", loss_scale_ ? " and the loss scale's 2" : "");
+  deadline_quarantine().restore(ints + 1, n - 1 - scale);
+  if (loss_scale_) loss_scale_->restore(std::ldexp(1.0, static_cast<int>(ints[n - 2])), ints[n - 1]);
 }
 
 Quarantine& Executor::deadline_quarantine() {
@@ -301,6 +324,8 @@ void Executor::settle_deadline_guard(const DeadlineStep& d) {
   std::vector<Verdict> verdicts;
   for (int64_t v : d.verdicts) verdicts.push_back(static_cast<Verdict>(v));
   const std::vector<int> quarantined = deadline_quarantine().record(verdicts);
+  if (loss_scale_)
+    loss_scale_->update(std::any_of(verdicts.begin(), verdicts.end(), [](Verdict v) { return v == Verdict::overflow; }));
   if (world_.rank() != 0) return;
   for (int m : quarantined)
     events_.push_back({plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)], stage_,

@@ -19,6 +19,9 @@
 //      clipping and the optimiser.
 // A step whose every contribution overflowed (the only replica's, say) is skipped, as
 // any step with nothing kept. Under parallel.sync local each group keeps its own scale.
+// Under deadline a contribution is unscaled before it leaves the rank (a stale one was
+// computed under an older scale), the verdicts of step 3 come in the step's record, and
+// a catch-up carries the scale.
 //
 // The scales are powers of two (config.cpp checks the settings), so scaling and
 // unscaling change no bit of a gradient in fp32 while nothing overflows or underflows.

@@ -37,9 +37,12 @@ bool Run::finish_due_logs(Loop& loop, int64_t done, bool stop_after) {
 bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final_step) {
   if (executor_->deadline() && (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_)) {
     loop.last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
-    if (loop.metrics)
-      loop.metrics->write(json{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", loop.last_loss},
-                               {"sync_policy", "deadline"}, {"wall_s", seconds_since(loop.t0)}}.dump());
+    if (loop.metrics) {
+      json r{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", loop.last_loss},
+             {"sync_policy", "deadline"}, {"wall_s", seconds_since(loop.t0)}};
+      if (const DynamicLossScale* ls = executor_->loss_scale()) r["loss_scale"] = ls->scale();
+      loop.metrics->write(r.dump());
+    }
     return false;
   }
   if (done % cfg_.train.log_every != 0 && done != total_steps_) return false;
