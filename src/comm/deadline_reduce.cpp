@@ -82,10 +82,11 @@ StepRecord take_record(const std::vector<int64_t>& in, size_t& at) {
   return r;
 }
 
-// The gradients end to end at `dst` (each one contiguous float32: reduce checks them).
+// The gradients end to end at host memory `dst` (each one contiguous float32: reduce
+// checks them), through their backend: a GPU rank's are in device memory.
 void gather(const std::vector<Tensor>& grads, float* dst) {
   for (const Tensor& g : grads) {
-    std::memcpy(dst, g.data(), static_cast<size_t>(g.numel()) * 4);
+    g.backend().copy_to_host(dst, g.data(), static_cast<size_t>(g.numel()) * 4);
     dst += g.numel();
   }
 }
@@ -651,7 +652,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
   size_t at = 0;
   for (Tensor& g : grads) {
     const auto k = static_cast<size_t>(g.numel());
-    std::memcpy(g.data(), total + at, k * 4);
+    g.backend().copy_from_host(g.data(), total + at, k * 4);
     at += k;
   }
   out.missed = std::move(missed_);

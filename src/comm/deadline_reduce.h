@@ -113,7 +113,7 @@ class DeadlineReduce {
   ~DeadlineReduce();
 
   // Reduces this rank's contribution to its current step: `grads` (contiguous float32 on
-  // the CPU, the same sizes on every member) are replaced by the sum of the contributions
+  // any backend, copied through host memory; the same sizes on every member) are replaced by the sum of the contributions
   // the step's leader took. `samples` and `loss_sum` are this rank's for the step;
   // `step_start` is when its step began (the leader's budget runs from its own). When
   // the outcome says caught_up, the state was replaced first (the gradients computed on
