@@ -16,10 +16,31 @@ namespace ht::runtime {
 
 namespace {
 
-Tensor dense_copy(const Tensor& t) { return clone(t.detach()); }
+// The outer state (theta, momentum, anchor, delta) lives in host memory on every rank, and
+// every rank runs the same host loops over it, so a GPU rank's outer weights come out
+// bit-identical to a CPU rank's; only the parameters themselves may be on a device, and
+// cross through their backend's copies (twice a round).
+Tensor host_copy(const Tensor& t) { return Tensor::from_vector(t.to_vector(), t.shape(), cpu_backend()); }
 
-void copy_into(const Tensor& dst, const Tensor& src) {
-  std::copy(src.data(), src.data() + src.numel(), dst.data());
+bool on_host(const Tensor& t) { return t.backend().kind() == DeviceKind::cpu; }
+
+// `t`'s values where a host loop can read and write them: its own memory on the CPU, else
+// `scratch`, filled from the device.
+float* host_view(const Tensor& t, std::vector<float>& scratch) {
+  if (on_host(t)) return t.data();
+  scratch.resize(static_cast<size_t>(t.numel()));
+  t.backend().copy_to_host(scratch.data(), t.data(), static_cast<size_t>(t.numel()) * 4);
+  return scratch.data();
+}
+
+// After host_view's loop wrote into the scratch: back onto the device.
+void write_back(const Tensor& t, const float* view) {
+  if (!on_host(t)) t.backend().copy_from_host(t.data(), view, static_cast<size_t>(t.numel()) * 4);
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {  // src: host
+  if (on_host(dst)) std::copy(src.data(), src.data() + src.numel(), dst.data());
+  else dst.backend().copy_from_host(dst.data(), src.data(), static_cast<size_t>(src.numel()) * 4);
 }
 
 // The outer exchange's parts: each member's part of a round's samples, in member order.
@@ -79,8 +100,8 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
   for (const auto& [name, p] : params_) {
     HT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, "local sync: parameter '", name,
              "' is not a dense float32 tensor");
-    momentum_.push_back(Tensor::zeros(p.shape(), p.backend()));
-    delta_.push_back(Tensor::zeros(p.shape(), p.backend()));
+    momentum_.push_back(Tensor::zeros(p.shape(), cpu_backend()));
+    delta_.push_back(Tensor::zeros(p.shape(), cpu_backend()));
   }
   reset_to_weights();
 }
@@ -92,8 +113,8 @@ void LocalSync::reset_to_weights() {
   theta_.clear();
   anchor_.clear();
   for (const auto& [name, p] : params_) {
-    theta_.push_back(dense_copy(p));
-    anchor_.push_back(dense_copy(p));
+    theta_.push_back(host_copy(p));
+    anchor_.push_back(host_copy(p));
   }
   steps_in_round_ = 0;
 }
@@ -278,13 +299,14 @@ void LocalSync::start_round() {
     float* m = momentum_[i].data();
     float* a = anchor_[i].data();
     float* d = delta_[i].data();
-    float* y = params_[i].second.data();
+    float* y = host_view(params_[i].second, scratch_);
     for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
       if (step) outer_step_one(th[k], m[k], d[k], lr_, mu_);
       const float delta = a[k] - y[k];  // this round's progress, negated
       d[k] = weight * delta;
       a[k] = y[k] = th[k] - delta;
     }
+    write_back(params_[i].second, y);
   }
   if (step) {
     sums_ready_ = false;
@@ -324,12 +346,13 @@ void LocalSync::flush() {
     for (size_t i = 0; i < params_.size(); ++i) {
       const float* th = theta_[i].data();
       float* a = anchor_[i].data();
-      float* y = params_[i].second.data();
+      float* y = host_view(params_[i].second, scratch_);
       for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
         const float own = y[k] - a[k];  // progress since the round began
         a[k] = th[k];
         y[k] = th[k] + own;
       }
+      write_back(params_[i].second, y);
     }
   }
   if (steps_in_round_ > 0) {
@@ -337,7 +360,7 @@ void LocalSync::flush() {
     const float partial = static_cast<float>(plan::partial_round_weight(plan_, world_rank_, steps_in_round_));
     for (size_t i = 0; i < params_.size(); ++i) {
       const float* a = anchor_[i].data();
-      const float* y = params_[i].second.data();
+      const float* y = host_view(params_[i].second, scratch_);
       float* d = delta_[i].data();
       for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) d[k] = partial * (a[k] - y[k]);
     }

@@ -127,7 +127,8 @@ class LocalSync {
 
   plan::Plan plan_;
   std::vector<nn::NamedTensor> params_;
-  std::vector<Tensor> theta_, momentum_, anchor_, delta_;
+  std::vector<Tensor> theta_, momentum_, anchor_, delta_;  // host memory (local_sync.cpp)
+  std::vector<float> scratch_;  // a device parameter's values during a host pass
   std::unique_ptr<comm::Communicator> outer_;
   std::vector<double> weights_;  // every rank's part of a round's samples (the exchange's parts)
   float lr_ = 0, mu_ = 0;
