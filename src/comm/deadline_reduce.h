@@ -113,8 +113,8 @@ class DeadlineReduce {
   ~DeadlineReduce();
 
   // Reduces this rank's contribution to its current step: `grads` (contiguous float32 on
-  // any backend, copied through host memory; the same sizes on every member) are replaced by the sum of the contributions
-  // the step's leader took. `samples` and `loss_sum` are this rank's for the step;
+  // any backend, copied through host memory; the same sizes on every member) are
+  // replaced by the sum of the contributions the step's leader took. `samples` and `loss_sum` are this rank's for the step;
   // `step_start` is when its step began (the leader's budget runs from its own). When
   // the outcome says caught_up, the state was replaced first (the gradients computed on
   // the old one are a stale contribution) and the record is of the step after the
