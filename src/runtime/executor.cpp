@@ -268,7 +268,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   verdict_ = Verdict::kept;
   skip_update_ = false;
   step_scale_ = loss_scale_ ? loss_scale_->scale() : 1.0;
-  if (!quarantine_ && stage_group_->size() > 1) quarantine_ = std::make_unique<Quarantine>(guard_cfg_, stage_group_->size());
+  if (stage_group_->size() > 1) ensure_quarantine();
   if (stage_group_->size() > 1 && !deadline_)
     reduce_ = std::make_unique<comm::OverlappedAllreduce>(
         *stage_group_, plan::stage_reduce_parts(plan_, plan_.layout, static_cast<size_t>(stage_)), !shards_.empty());

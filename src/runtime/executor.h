@@ -157,7 +157,8 @@ class Executor {
   void judge(std::vector<Tensor>& grads, size_t begin, size_t end);
   void settle_guard();
   void settle_deadline_guard(const DeadlineStep& d);
-  Quarantine& deadline_quarantine();  // made on first use
+  void record_verdicts(const std::vector<Verdict>& verdicts, bool exclusions);
+  Quarantine& ensure_quarantine();  // made on first use (set_guard drops it)
   // What a deadline catch-up carries of the guard: the quarantine and the loss scale.
   std::vector<int64_t> deadline_guard_state();
   void restore_deadline_guard_state(const int64_t* ints, size_t n);

@@ -165,14 +165,20 @@ void Executor::settle_guard() {
     for (size_t m = 0; m < verdicts.size(); ++m)
       if (verdicts[m] == Verdict::kept) verdicts[m] = static_cast<Verdict>(std::lround(c[1 + m]));
   }
+  record_verdicts(verdicts, true);
+}
+
+// Every member records the same verdicts, so all agree on the quarantine and keep one
+// loss scale (only an overflow moves it: at the least scale a non-finite gradient is the
+// guard's affair). The group's first member reports the quarantines and, with
+// `exclusions`, the contributions left out.
+void Executor::record_verdicts(const std::vector<Verdict>& verdicts, bool exclusions) {
   const std::vector<int> quarantined = quarantine_ ? quarantine_->record(verdicts) : std::vector<int>{};
-  // Every member reads the same verdicts, so all keep one scale. Only an overflow moves
-  // it: at the least scale a non-finite gradient is the guard's affair.
   if (loss_scale_)
     loss_scale_->update(std::any_of(verdicts.begin(), verdicts.end(), [](Verdict v) { return v == Verdict::overflow; }));
   if (stage_group_->rank() != 0) return;
   auto world_rank = [this](int m) { return plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)]; };
-  for (size_t m = 0; m < verdicts.size(); ++m)
+  for (size_t m = 0; exclusions && m < verdicts.size(); ++m)
     if (verdicts[m] != Verdict::kept)
       events_.push_back({world_rank(static_cast<int>(m)), stage_, verdicts[m], layout_.samples[m], 0});
   for (int m : quarantined) events_.push_back({world_rank(m), stage_, Verdict::quarantined, 0, guard_cfg_.quarantine_steps});
@@ -295,7 +301,7 @@ void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::t
 // [the quarantine's count of values, its values, then under a loss scale its exponent and
 // clean steps].
 std::vector<int64_t> Executor::deadline_guard_state() {
-  std::vector<int64_t> q = deadline_quarantine().state();
+  std::vector<int64_t> q = ensure_quarantine().state();
   q.insert(q.begin(), static_cast<int64_t>(q.size()));
   if (loss_scale_) q.insert(q.end(), {loss_scale_->log2_scale(), loss_scale_->clean_steps()});
   return q;
@@ -306,30 +312,25 @@ void Executor::restore_deadline_guard_state(const int64_t* ints, size_t n) {
   HT_CHECK(n >= 1 + scale && ints[0] >= 0 && static_cast<size_t>(ints[0]) == n - 1 - scale,
            "deadline catch-up: the guard's state holds ", n, " values", n ? " announcing " + std::to_string(ints[0]) : "",
            "; expected the quarantine's", loss_scale_ ? " and the loss scale's 2" : "");
-  deadline_quarantine().restore(ints + 1, n - 1 - scale);
+  ensure_quarantine().restore(ints + 1, n - 1 - scale);
   if (loss_scale_) loss_scale_->restore(std::ldexp(1.0, static_cast<int>(ints[n - 2])), ints[n - 1]);
 }
 
-Quarantine& Executor::deadline_quarantine() {
+Quarantine& Executor::ensure_quarantine() {
   if (!quarantine_) quarantine_ = std::make_unique<Quarantine>(guard_cfg_, stage_group_->size());
   return *quarantine_;
 }
 
 // Under deadline the verdicts come in the step's record, which every rank that applies the
-// step reads alike (a rank that caught up took the quarantine with the weights), so every
-// member records the same quarantines, as settle_guard's reduced counts make them agree
-// under sync. Rank 0 reports them; the contributions left out it reports from the records
-// (Run::take_deadline), those of steps it caught up past included.
+// step reads alike (a rank that caught up took the quarantine with the weights), as
+// settle_guard's reduced counts make them agree under sync. The contributions left out
+// rank 0 (the group's first) reports from the records (Run::write_deadline_record), those
+// of steps it caught up past included.
 void Executor::settle_deadline_guard(const DeadlineStep& d) {
   std::vector<Verdict> verdicts;
   for (int64_t v : d.verdicts) verdicts.push_back(static_cast<Verdict>(v));
-  const std::vector<int> quarantined = deadline_quarantine().record(verdicts);
-  if (loss_scale_)
-    loss_scale_->update(std::any_of(verdicts.begin(), verdicts.end(), [](Verdict v) { return v == Verdict::overflow; }));
-  if (world_.rank() != 0) return;
-  for (int m : quarantined)
-    events_.push_back({plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)], stage_,
-                       Verdict::quarantined, 0, guard_cfg_.quarantine_steps});
+  ensure_quarantine();
+  record_verdicts(verdicts, false);
 }
 
 // ShareWeights on the hub, AwaitWeights on the others: the hub updated the weights in

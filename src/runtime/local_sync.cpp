@@ -40,7 +40,7 @@ void write_back(const Tensor& t, const float* view) {
 
 void copy_into(const Tensor& dst, const Tensor& src) {  // src: host
   if (on_host(dst)) std::copy(src.data(), src.data() + src.numel(), dst.data());
-  else dst.backend().copy_from_host(dst.data(), src.data(), static_cast<size_t>(src.numel()) * 4);
+  else write_back(dst, src.data());
 }
 
 // The outer exchange's parts: each member's part of a round's samples, in member order.

@@ -6,11 +6,11 @@
 #include <cstdlib>
 
 #include "comm/communicator.h"
-#include "comm/deadline_reduce.h"
 #include "comm/local_communicator.h"
 #include "core/error.h"
 #include "core/wall_time.h"
 #include "ops/ops.h"
+#include "tests/harness/deadline_one_member.h"
 
 using namespace ht;
 using namespace ht::comm;
@@ -166,27 +166,5 @@ TEST_CASE("comm local: emulated link delays a send to self (emulation)") {
 }
 
 TEST_CASE("comm local: a deadline reduction of one member gives back its own gradients and record") {
-  // The leader alone closes each step with its own contribution: the gradients go out
-  // through host memory and the sum comes back into them (tests/cuda runs the same on a
-  // GPU, whose gradients are in device memory).
-  LocalCommunicator comm;
-  DeadlineOptions o;
-  o.predicted_step_s = 0.01;
-  o.peer_timeout_s = 10;
-  DeadlineReduce reduce(comm, o, {7}, 0, [] { return ReplicaState{}; }, [](const ReplicaState&) {});
-  std::vector<float> a(100), b(200);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i) - 3;
-  for (size_t i = 0; i < b.size(); ++i) b[i] = -0.5f * static_cast<float>(i) + 1;
-  for (int64_t step = 0; step < 3; ++step) {
-    std::vector<Tensor> grads{Tensor::from_vector(a, {100}, cpu_backend()), Tensor::from_vector(b, {20, 10}, cpu_backend())};
-    const DeadlineOutcome out = reduce.reduce(grads, 7, 1.5, Clock::now(), step == 1 ? 2 : 0);
-    CHECK(out.record.step == step);
-    CHECK(out.record.samples == 7);
-    REQUIRE(out.record.contributors.size() == 1);
-    CHECK(out.record.contributors[0].verdict == (step == 1 ? 2 : 0));
-    CHECK(grads[0].to_vector() == a);
-    CHECK(grads[1].to_vector() == b);
-  }
-  CHECK(reduce.finish().empty());
-  CHECK(reduce.step() == 3);
+  harness::check_one_member_deadline(cpu_backend());  // tests/cuda runs it on a GPU
 }
