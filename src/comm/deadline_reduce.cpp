@@ -30,13 +30,13 @@ constexpr size_t kMedianOf = 9;
 // doorbell, comm/doorbell.h).
 constexpr std::chrono::microseconds kPollSleep{200};
 
-enum Kind : int64_t { contribution = 1, result, catch_up_request, catch_up, notice, done, done_ok, fin };
+enum Kind : int64_t { contribution = 1, result, catch_up_request, catch_up, notice, done, done_ok, fin, catch_up_at };
 
 struct Header {
   int64_t kind = 0;
   int64_t step = 0;
   int64_t term = 0;
-  int64_t samples = 0;
+  int64_t samples = 0;  // contribution: the sender's; catch-up at: the step asked for
   int64_t verdict = 0;  // contribution: the sender's Contribution::verdict
   uint64_t hash = 0;  // contribution, catch-up request, done: the sender's; result: the base
   int64_t n_ints = 0;
@@ -266,8 +266,12 @@ void DeadlineReduce::adopt_term(int64_t term) {
   term_ = term;
   catch_up_asked_ = false;
   done_ok_ = false;
-  // Contributions held for an older term's leader are no longer this rank's to sum.
-  if (leader() != rank_) arrived_.clear();
+  // Contributions and requests held for an older term's leader are no longer this rank's
+  // to answer (a member asks the new leader again).
+  if (leader() != rank_) {
+    arrived_.clear();
+    held_.clear();
+  }
 }
 
 // This rank has waited out its patience for the leader: on to the next term, and every
@@ -291,7 +295,22 @@ bool DeadlineReduce::poll() {
     post_receive(p);
     handle(p, m);
   }
+  serve_held();
   return any;
+}
+
+// Every poll is between steps or in a step before its result is applied, where the state
+// is that of step_'s start: a request for step_ (or an earlier one) is answered now.
+void DeadlineReduce::serve_held() {
+  if (held_.empty() || leader() != rank_) return;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (step_ < it->second.second) {
+      ++it;
+      continue;
+    }
+    send_catch_up(it->first, it->second.first);
+    it = held_.erase(it);
+  }
 }
 
 void DeadlineReduce::handle(int from, const Message& m) {
@@ -322,6 +341,12 @@ void DeadlineReduce::handle(int from, const Message& m) {
     case catch_up_request:
       if (leader() == rank_) send_catch_up(from, h.step);
       return;
+    case catch_up_at:
+      if (leader() != rank_) return;
+      held_[from] = {h.step, h.samples};
+      // Away until then: not waited for (it is sent the results all the same).
+      missed_in_row_[static_cast<size_t>(from)] = std::max(missed_in_row_[static_cast<size_t>(from)], kWaitFor);
+      return;
     case done:
       if (leader() != rank_) return;
       done_[from] = {h.step, h.hash};
@@ -330,7 +355,7 @@ void DeadlineReduce::handle(int from, const Message& m) {
       done_ok_ = h.step == step_ && h.hash == hash_;
       return;
     default:
-      fail("deadline reduce: a message of kind ", h.kind, " from rank ", from, "; expected a kind from 1 to 8");
+      fail("deadline reduce: a message of kind ", h.kind, " from rank ", from, "; expected a kind from 1 to 9");
   }
 }
 
@@ -654,6 +679,51 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
     const auto k = static_cast<size_t>(g.numel());
     g.backend().copy_from_host(g.data(), total + at, k * 4);
     at += k;
+  }
+  out.missed = std::move(missed_);
+  missed_.clear();
+  return out;
+}
+
+DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
+  DeadlineOutcome out;
+  if (step_ >= target) return out;
+  const auto seconds = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
+  const auto give_up = Clock::now() + seconds(options_.peer_timeout_s);
+  // The leader holds the request until it is at `target`, a step or two of its own: a few
+  // patiences before it counts as silent.
+  constexpr double kAlignPatiences = 3;
+  int64_t asked_term = -1;
+  auto wait_until = Clock::now();
+  for (;;) {
+    const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
+    const bool any = poll();
+    if (catch_up_) {
+      out.ended = catch_up_->message.header.samples == 1;
+      take_catch_up();
+      out.caught_up = true;
+      break;
+    }
+    if (asked_term != term_ && leader() != rank_) {
+      Header h;
+      h.kind = catch_up_at;
+      h.step = step_;
+      h.term = term_;
+      h.hash = hash_;
+      h.samples = target;
+      send(leader(), Message::encode(h, {}, nullptr, 0));
+      asked_term = term_;
+      wait_until = Clock::now() + seconds(kAlignPatiences * patience());
+    } else if (asked_term != term_) {  // this rank leads by an old term it has not yet heard replaced
+      asked_term = term_;
+      wait_until = Clock::now() + seconds(kAlignPatiences * patience());
+    }
+    if (Clock::now() >= give_up) fail_wait("a catch-up to step " + std::to_string(target) + " for its replica's other stages");
+    if (Clock::now() >= wait_until) {
+      suspect_leader();
+      continue;
+    }
+    if (!any) sleep_unless_rung(heard, kPollSleep);
   }
   out.missed = std::move(missed_);
   missed_.clear();

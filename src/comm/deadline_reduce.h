@@ -127,6 +127,20 @@ class DeadlineReduce {
   // was left out), so that the step about to run computes on the leader's state; the next
   // reduce reports it. One that ends the training is left for reduce.
   void take_waiting_catch_up();
+  // The same poll, never blocking, leaving a catch-up that arrived to the next reduce (a
+  // hybrid plan's rank: see align_to); a request held for this step is answered.
+  void serve_between_steps() { poll(); }
+
+  // Between steps, on a hybrid plan (the executor's AlignReplica): moves this rank on to
+  // `target`, a later step than its own, which another stage of its replica is at. It
+  // asks the leader for its state at exactly that step; the leader holds the request
+  // until its own state is at `target` (it serves held requests only between steps or in
+  // a step before its result is applied, where its state is that step's start), or
+  // answers at once with its state at its own step when already past it. So the outcome
+  // is a catch-up (caught_up; record.step -1: no step to apply), to `target` or later;
+  // `ended` when the leader had finished training; `missed` the records of the steps
+  // passed. A silent leader is replaced as in reduce; bounded by peer_timeout_s.
+  DeadlineOutcome align_to(int64_t target);
 
   // The end of training, on every member, after its last reduce: the members agree on one
   // chain (a rank behind catches up, possibly past steps it did not run) and drain every
@@ -155,6 +169,7 @@ class DeadlineReduce {
   void send_notice(int dst);
   void send_catch_up(int dst, int64_t since, bool final = false);
   void take_catch_up();
+  void serve_held();
   void send_contribution();
   bool lead_step(std::vector<float>& sum, Clock::time_point opened, StepRecord& record);
   void apply_record(const StepRecord& r);
@@ -183,6 +198,9 @@ class DeadlineReduce {
   bool catch_up_asked_ = false;
   bool caught_up_early_ = false;  // by take_waiting_catch_up, for the next reduce to report
 
+  // Leader: members' requests for its state at a later step (align_to): member -> (its
+  // step, the step asked for).
+  std::map<int, std::pair<int64_t, int64_t>> held_;
   std::vector<int64_t> last_sent_;  // leader: the last step whose result went to each member
   std::vector<int> missed_in_row_;  // leader: steps in a row a member's share was missing
   std::deque<StepRecord> history_;  // recent closed steps, for catch-ups' records

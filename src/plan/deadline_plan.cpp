@@ -36,9 +36,6 @@ void first_replica_rank_0(Plan& plan) {
 
 void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
   const size_t stages = plan.stage_ranges.size(), replicas = plan.layout.replicas.size();
-  HT_CHECK(stages == 1 || replicas == 1, "parallel.sync deadline: the plan is hybrid (", replicas,
-           " replicas of a ", stages, "-stage pipeline); deadline supports data-parallel plans and pure pipelines, "
-           "so set parallel.strategy to data or pipeline, or parallel.sync to sync");
   for (size_t s = 0; s < stages; ++s) {
     const std::vector<double> shards = optimizer_shards(plan, s);
     HT_CHECK(shards.empty() || hub_steps_optimizer(plan), "parallel.sync deadline: the plan shards stage ", s,
@@ -57,16 +54,26 @@ void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel
   predict_plan(plan, costs, cluster);
 }
 
-void add_deadline_sync(std::vector<Schedule>& schedules) {
-  for (Schedule& s : schedules) {
-    const auto reduce = std::find_if(s.begin(), s.end(), [](const Instruction& in) { return in.op == Op::reduce_grads; });
-    if (reduce == s.end()) continue;
-    const int stage = reduce->stage;
-    std::erase_if(s, [](const Instruction& in) { return in.op == Op::reduce_start; });
-    for (Instruction& in : s)
-      if (in.op == Op::reduce_grads) in.op = Op::reduce_grads_deadline;
-    s.insert(s.begin(), Instruction{Op::catch_up, -1, stage});
-  }
+void add_deadline_sync(std::vector<Schedule>& schedules, const PipelineLayout& layout) {
+  const bool hybrid = layout.replicas.size() > 1 && !layout.replicas.empty() && layout.replicas[0].size() > 1;
+  for (size_t r = 0; r < layout.replicas.size(); ++r)
+    for (int rank : layout.replicas[r]) {
+      HT_CHECK(rank >= 0 && static_cast<size_t>(rank) < schedules.size(), "add_deadline_sync: rank ", rank,
+               " of replica ", r, " has no list among the ", schedules.size());
+      Schedule& s = schedules[static_cast<size_t>(rank)];
+      const auto reduce = std::find_if(s.begin(), s.end(), [](const Instruction& in) { return in.op == Op::reduce_grads; });
+      if (reduce == s.end()) continue;
+      const int stage = reduce->stage;
+      std::erase_if(s, [](const Instruction& in) { return in.op == Op::reduce_start; });
+      for (Instruction& in : s)
+        if (in.op == Op::reduce_grads) in.op = Op::reduce_grads_deadline;
+      s.insert(s.begin(), Instruction{Op::catch_up, -1, stage});
+      if (!hybrid) continue;
+      const auto step = std::find_if(s.begin(), s.end(), [](const Instruction& in) { return in.op == Op::optimizer_step; });
+      Instruction align{Op::align_replica};
+      align.replica = static_cast<int>(r);
+      s.insert(step == s.end() ? s.end() : step + 1, align);
+    }
 }
 
 }  // namespace ht::plan

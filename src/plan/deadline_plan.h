@@ -1,10 +1,12 @@
 // parallel.sync: deadline in the plan (the reduction itself: comm/deadline_reduce.h).
 //
 // What it supports: data-parallel plans (one stage, every replica a whole model), whose
-// replicas stand in for one another, and pure pipelines, which have no replica to stand in
-// for a stalled stage: there the job waits for it (up to parallel.peer_timeout_s) and
-// says so. Refused at plan time: hybrid plans (replicas of pipelines) and optimizer-state
-// sharding, where a stalled rank's stage or shard has no stand-in that holds its part.
+// replicas stand in for one another; hybrid plans (replicas of pipelines), where each
+// stage's replicas reduce on their own deadline and a replica with a stalled rank is left
+// out of every stage while the others keep stepping; and pure pipelines, which have no
+// replica to stand in for a stalled stage: there the job waits for it (up to
+// parallel.peer_timeout_s) and says so. Refused at plan time: optimizer-state sharding,
+// where a stalled rank's shard has no stand-in that holds its part.
 #pragma once
 
 #include <vector>
@@ -22,13 +24,14 @@ namespace ht::plan {
 // optimiser, rank 0's replica first (rank 0 evaluates and checkpoints from its own
 // weights, with no message from a rank that may be stalled), and the prediction redone
 // on the deadline lists. Throws ht::Error naming the setting and what is supported for
-// a hybrid plan, a sharded one, or one that leaves rank 0 idle.
+// a sharded plan, or one that leaves rank 0 idle.
 void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
 
 // The deadline instructions in every rank's list that reduces: CatchUp first (a rank that
 // was left out takes the state it was sent before it computes), ReduceGradsDeadline in
-// place of ReduceGrads, and no ReduceStart (the deadline reduction sends the whole
-// gradient at once, to one leader). Lists without a reduction are left as they are.
-void add_deadline_sync(std::vector<Schedule>& schedules);
+// place of ReduceGrads, no ReduceStart (the deadline reduction sends the whole gradient
+// at once, to one leader), and on a hybrid layout AlignReplica after OptimizerStep (the
+// replica's stages agree on their step). Lists without a reduction are left as they are.
+void add_deadline_sync(std::vector<Schedule>& schedules, const PipelineLayout& layout);
 
 }  // namespace ht::plan

@@ -74,7 +74,7 @@ bool shard_optimizer(Plan& p, const BlockCosts& costs, RankPlan& rp) {
 }
 
 // One rank that does not fit: apply the strategies in order until it does.
-bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp) {
+bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp, bool may_shard) {
   const double cap = rp.device.memory_bytes;
   MemoryUse use = rank_memory(p, costs, rp);
   MemoryStep over;
@@ -120,7 +120,8 @@ bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp) {
   // Sharding splits what the group has free; a rank whose activations leave it none
   // shards after the micro-batches instead.
   auto shard = [&] {
-    if (use.total() > cap && rp.optimizer_shard == 1 && shard_optimizer(p, costs, rp)) use = rank_memory(p, costs, rp);
+    if (may_shard && use.total() > cap && rp.optimizer_shard == 1 && shard_optimizer(p, costs, rp))
+      use = rank_memory(p, costs, rp);
   };
   shard();
   if (use.total() > cap) more_micro_batches(false);
@@ -172,7 +173,7 @@ Shortfall shortfall_of(const RankPlan& rp) {
   return s;
 }
 
-std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs) {
+std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool may_shard) {
   // A later rank's decision can only lower what others hold, except more micro-batches,
   // which can raise a deeper stage's in-flight total by rounding; so repeat until stable.
   for (int pass = 0; pass < 4; ++pass) {
@@ -181,11 +182,11 @@ std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs) {
       if (rp.replica < 0 || rank_memory(plan, costs, rp).total() <= rp.device.memory_bytes)
         continue;
       changed = true;
-      if (!fit_rank(plan, costs, rp)) {
+      if (!fit_rank(plan, costs, rp, may_shard)) {
         rp.memory = rank_memory(plan, costs, rp);
         Shortfall s = shortfall_of(rp);
         s.after_strategies = true;
-        s.sharding_possible = plan.layout.replicas.size() > 1;
+        s.sharding_possible = may_shard && plan.layout.replicas.size() > 1;
         return s;
       }
     }

@@ -33,7 +33,9 @@ Shortfall shortfall_of(const RankPlan& rank);
 
 // Applies the strategies where needed, recording per rank what was chosen and why, and
 // fills every rank's memory. Returns nothing when everything fits, else the first rank
-// that cannot fit even with every strategy, with its numbers.
-std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs);
+// that cannot fit even with every strategy, with its numbers. Without `may_shard` the
+// optimiser state is never sharded (parallel.sync deadline: a stalled rank's shard would
+// have no stand-in).
+std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool may_shard = true);
 
 }  // namespace ht::plan

@@ -38,7 +38,7 @@ std::vector<Schedule> plan_schedules(const Plan& plan, bool trial, const std::ve
     if (!optimizer_shards(plan, s).empty())
       sync[s] = s < shared_weights.size() && shared_weights[s] ? WeightSync::share : WeightSync::gather;
   add_weight_sync(schedules, layout, sync);
-  if (plan.sync_policy == SyncPolicy::deadline) add_deadline_sync(schedules);
+  if (plan.sync_policy == SyncPolicy::deadline) add_deadline_sync(schedules, layout);
   return schedules;
 }
 

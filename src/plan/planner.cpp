@@ -245,7 +245,7 @@ Candidate build(const PlannerInput& in, const LinkTiers& tiers, int stages, cons
   }
   Plan p = skeleton(in, std::move(layout), std::move(ranges), split_batch(in.global_batch, speed),
                     micro_batches);
-  if (std::optional<Shortfall> shortfall = fit_memory(p, in.costs)) {
+  if (std::optional<Shortfall> shortfall = fit_memory(p, in.costs, in.may_shard_optimizer)) {
     c.problem.kind = LayoutProblemKind::memory;
     c.problem.shortfall = std::move(*shortfall);
     return c;

@@ -53,6 +53,9 @@ struct PlannerInput {
   // optimiser for all (see build in planner.cpp). Off for the all-ranks plan of the
   // idle-rank trial: a running job moves only replicas that each step their own.
   bool hub_may_step_optimizer = true;
+  // Whether a rank short of memory may shard its stage's optimiser state over the stage's
+  // replicas. Off under parallel.sync deadline, where a stalled rank's shard has no stand-in.
+  bool may_shard_optimizer = true;
   // Plans of one stage only (no pipeline): a dynamic loss scale is agreed within one
   // stage group (train.loss_scale, runtime/executor_sync.cpp).
   bool one_stage = false;

@@ -1,5 +1,7 @@
 #include "plan/policy_plan.h"
 
+#include <string>
+
 #include "core/error.h"
 #include "plan/block_costs.h"
 #include "plan/deadline_plan.h"
@@ -26,12 +28,36 @@ PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& 
 
 Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps) {
   if (policy == Policy::deadline) {
-    // deadline supports data-parallel plans and pure pipelines: under auto, the
-    // data-parallel ones, which are those that survive a stalled rank.
-    PlannerInput data = in;
-    if (data.strategy == config::ParallelStrategy::automatic) data.strategy = config::ParallelStrategy::data;
-    Plan p = make_plan(data);
-    apply_deadline_sync(p, data.costs, data.cluster);
+    // Every rank keeps its stage's whole optimiser state and steps it itself: a stalled
+    // rank's shard, or a stalled hub, would have no stand-in.
+    PlannerInput own = in;
+    own.may_shard_optimizer = false;
+    own.hub_may_step_optimizer = false;
+    // Under auto, a data-parallel plan first: every replica holds the whole model, so any
+    // rank's stall costs only its own share. Where none fits, the planner's own choice
+    // (a hybrid plan survives a stalled rank too, at the cost of its replica's share; a
+    // pure pipeline waits for it).
+    if (own.strategy == config::ParallelStrategy::automatic) {
+      PlannerInput data = own;
+      data.strategy = config::ParallelStrategy::data;
+      std::string why_not_data;
+      try {
+        Plan p = make_plan(data);
+        apply_deadline_sync(p, data.costs, data.cluster);
+        return p;
+      } catch (const Error& e) {
+        why_not_data = e.what();
+      }
+      try {
+        Plan p = make_plan(own);
+        apply_deadline_sync(p, own.costs, own.cluster);
+        return p;
+      } catch (const Error& e) {
+        fail(e.what(), " (and no data-parallel plan: ", why_not_data, ")");
+      }
+    }
+    Plan p = make_plan(own);
+    apply_deadline_sync(p, own.costs, own.cluster);
     return p;
   }
   Plan p = make_plan(in);

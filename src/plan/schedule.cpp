@@ -20,7 +20,7 @@ const char* op_name(Op op) {
       "LoadMicroBatch", "Forward",  "Backward",    "SendActivation", "RecvActivation",
       "SendGrad",       "RecvGrad", "ReduceGrads", "OptimizerStep",  "Recompute",
       "ReduceStart",    "GatherWeights", "ShareWeights", "AwaitWeights", "ReduceGradsDeadline",
-      "CatchUp",        "OuterSyncFinish", "OuterSyncStart"};
+      "CatchUp",        "AlignReplica", "OuterSyncFinish", "OuterSyncStart"};
   static_assert(std::size(names) == static_cast<size_t>(Op::outer_sync_start) + 1);
   const auto i = static_cast<size_t>(op);
   return i < std::size(names) ? names[i] : "UnknownOp";
@@ -33,6 +33,7 @@ std::string to_text(const Instruction& in) {
   if (in.stage >= 0) s << " stage=" << in.stage;
   if (in.peer >= 0) s << " peer=" << in.peer;
   if (in.bytes > 0) s << " bytes=" << in.bytes;
+  if (in.replica >= 0) s << " replica=" << in.replica;
   return s.str();
 }
 
@@ -346,6 +347,7 @@ InstructionCounts count(const Schedule& schedule) {
       case Op::await_weights: ++c.awaits; break;
       case Op::reduce_grads_deadline: ++c.reduces; break;
       case Op::catch_up: break;
+      case Op::align_replica: ++c.aligns; break;
       case Op::outer_sync_finish: break;
       case Op::outer_sync_start: break;
     }
@@ -539,6 +541,10 @@ std::optional<ScheduleReport> check_rank(const std::vector<Schedule>& all, int r
         return problem(where(all, r, i) + ": the stage's reduction was already started at instruction " +
                        std::to_string(it->second));
       reduce_start[in.stage] = i;
+    } else if (in.op == Op::align_replica) {
+      if (!step)
+        return problem(where(all, r, i) + ": comes before the OptimizerStep; the replica agrees on the step it applied");
+      if (in.replica < 0) return problem(where(all, r, i) + ": names no replica");
     } else if (in.op == Op::gather_weights || in.op == Op::share_weights || in.op == Op::await_weights) {
       if (!step)
         return problem(where(all, r, i) + ": comes before the OptimizerStep, so the weights are not yet updated");
@@ -591,7 +597,7 @@ std::optional<ScheduleReport> check_deadlock(const std::vector<Schedule>& all) {
 std::vector<size_t> sweep(const std::vector<Schedule>& all,
                           const std::function<void(const SweepEvent&)>& fire) {
   const int n = static_cast<int>(all.size());
-  std::map<std::pair<Op, int>, std::vector<int>> group;   // (op, stage) -> holders, rank order
+  std::map<std::pair<Op, int>, std::vector<int>> group;   // (op, its group) -> holders, rank order
   std::map<std::pair<int, int>, std::vector<size_t>> told;  // (hub, stage) -> its ShareWeights
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < all[r].size(); ++i) {
@@ -600,7 +606,7 @@ std::vector<size_t> sweep(const std::vector<Schedule>& all,
         HT_CHECK(in.peer >= 0 && in.peer < n && in.peer != r, "sweep: rank ", r, " instruction ", i, " (",
                  to_text(in), "): peer is not another rank in [0, ", n, ")");
       if (is_collective(in.op)) {
-        std::vector<int>& g = group[{in.op, in.stage}];
+        std::vector<int>& g = group[{in.op, collective_group(in)}];
         if (g.empty() || g.back() != r) g.push_back(r);
       }
       if (in.op == Op::share_weights) told[{r, in.stage}].push_back(i);
@@ -637,11 +643,12 @@ std::vector<size_t> sweep(const std::vector<Schedule>& all,
           e.kind = SweepEvent::Kind::pair;
           e.at = {{r, pos[r]}, {in->peer, pos[in->peer]}};
         } else if (is_collective(in->op)) {
-          const std::vector<int>& g = group.at({in->op, in->stage});
-          size_t& there = waiting[{in->op, in->stage}];
+          const std::pair<Op, int> key{in->op, collective_group(*in)};
+          const std::vector<int>& g = group.at(key);
+          size_t& there = waiting[key];
           for (const Instruction* o = nullptr; there < g.size(); ++there) {
             o = at(g[there]);
-            if (!o || o->op != in->op || o->stage != in->stage) break;
+            if (!o || o->op != in->op || collective_group(*o) != key.second) break;
           }
           if (there < g.size()) break;
           there = 0;  // fired: the next of this kind starts again

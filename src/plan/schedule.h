@@ -45,6 +45,14 @@ enum class Op {
   // parallel.sync deadline, first in the list: a rank that was left out takes the state
   // a leader sent it before it computes. Never blocks; free in the steady state.
   catch_up,
+  // parallel.sync deadline on a hybrid plan, after OptimizerStep: the ranks of one
+  // replica (Instruction::replica; its every stage) agree on the step they are at. Each
+  // stage's reduction closes on its own, so a rank of a replica that was left out may be
+  // caught up to another step than its pipeline's other ranks; then the ranks behind take
+  // their stage's state at the step of the one ahead, and the replica's pipeline runs one
+  // step again. Collective over the replica's ranks; in the steady state one small
+  // message each.
+  align_replica,
   // parallel.sync local (plan/local_plan.h), every H steps after the round's last step:
   // OuterSyncFinish waits for the outer exchange started a round before (collective over
   // every rank) and takes the outer step; OuterSyncStart posts this round's weighted
@@ -65,7 +73,7 @@ constexpr Op recv_of(Op send) { return send == Op::send_activation ? Op::recv_ac
 // Collectives complete together on every rank holding one of the same op and stage.
 constexpr bool is_collective(Op op) {
   return op == Op::reduce_grads || op == Op::gather_weights || op == Op::reduce_grads_deadline ||
-         op == Op::outer_sync_finish;
+         op == Op::outer_sync_finish || op == Op::align_replica;
 }
 // The step's gradient reduction, bounded or not.
 constexpr bool is_reduction(Op op) { return op == Op::reduce_grads || op == Op::reduce_grads_deadline; }
@@ -76,7 +84,15 @@ struct Instruction {
   int stage = -1;
   int peer = -1;         // world rank on the other end of a send/recv, or awaited; -1 otherwise
   int64_t bytes = 0;     // payload of a send/recv: boundary bytes per sample x micro-batch size
+  int replica = -1;      // AlignReplica: the replica whose ranks it spans; -1 otherwise
 };
+
+// Which ranks a collective spans, with its op: the holders of the same op and group. A
+// stage's collectives span its replicas (the group is the stage); AlignReplica spans one
+// replica's stages (the group is the replica).
+constexpr int collective_group(const Instruction& in) {
+  return in.op == Op::align_replica ? in.replica : in.stage;
+}
 
 using Schedule = std::vector<Instruction>;  // one per rank
 
@@ -171,14 +187,16 @@ struct ScheduleReport {
 //      and bytes, in the same order per (src, dst, kind); every AwaitWeights has a
 //      ShareWeights of its stage on its peer;
 //  (b) no deadlock when sends are rendezvous and receives block; ReduceGrads of stage s is
-//      a barrier over every rank holding a ReduceGrads for stage s, GatherWeights likewise;
-//      an AwaitWeights waits until its peer has posted the matching ShareWeights;
+//      a barrier over every rank holding a ReduceGrads for stage s, GatherWeights likewise,
+//      AlignReplica of replica r over every rank holding one for r; an AwaitWeights waits
+//      until its peer has posted the matching ShareWeights;
 //  (c) per rank and stage, each forwarded micro-batch is backwarded exactly once, never
 //      forwarded twice, and never backwarded (or recomputed) before its Forward;
 //  (d) ReduceGrads and OptimizerStep come after the rank's last Backward, and
 //      OptimizerStep after ReduceGrads; a ReduceStart comes after every Backward but the
 //      last, which is of its micro-batch, and before a ReduceGrads of its stage; the
 //      weight instructions come after OptimizerStep, on a rank that reduces their stage;
+//      an AlignReplica comes after OptimizerStep and names a replica;
 //  (e) a stage's ReduceStarts, GatherWeights and ShareWeights/AwaitWeights span the
 //      same ranks as its ReduceGrads (all of them or, for ReduceStart, none).
 // (a) and (e) come first, then (c) and (d) rank by rank, then (b).
@@ -188,7 +206,7 @@ ScheduleReport check_schedules(const std::vector<Schedule>& schedules);
 // The one interpretation of the lists' blocking rules, shared by check_schedules'
 // deadlock check and the simulator: every rank runs until it blocks; a send is
 // rendezvous (it fires with its receive, once the peer stands at the matching receive); a
-// collective fires once every rank holding it for that stage stands at it; an
+// collective fires once every rank holding it for its group (collective_group) stands at it; an
 // AwaitWeights fires once its peer has fired the matching ShareWeights; anything else
 // fires alone. Ranks are visited in order, repeatedly, until none moves; each fired
 // event goes to `fire`, which sees the participants before they advance.
@@ -210,7 +228,7 @@ struct InstructionCounts {
   int loads = 0, forwards = 0, backwards = 0;
   int send_activations = 0, recv_activations = 0, send_grads = 0, recv_grads = 0;
   int recomputes = 0, reduces = 0, steps = 0;
-  int reduce_starts = 0, gathers = 0, shares = 0, awaits = 0;
+  int reduce_starts = 0, gathers = 0, shares = 0, awaits = 0, aligns = 0;
   bool operator==(const InstructionCounts&) const = default;
 };
 

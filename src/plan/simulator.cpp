@@ -43,7 +43,7 @@ class Simulator {
         if (is_send(in.op) || is_recv(in.op) || in.op == Op::await_weights)
           HT_CHECK(in.peer >= 0 && in.peer < n_ && in.peer != r, "simulate: ", where(r, i),
                    ": peer is not another rank in [0, ", n_, ")");
-        if (is_collective(in.op)) group_[{in.op, in.stage}].insert(r);
+        if (is_collective(in.op)) group_[{in.op, collective_group(in)}].insert(r);
         if (in.op == Op::recompute) recomputed_[r].insert({in.stage, in.micro_batch});
       }
   }
@@ -121,6 +121,13 @@ class Simulator {
     double start = 0, length = 0;
     for (const auto& [g, i] : e.at) {
       start = std::max(start, clock_[g]);  // the collective waits for its last member
+      if (in.op == Op::align_replica) {
+        // Every member's word to every other, at once (Communicator::allgather sends point
+        // to point): the slowest of those messages.
+        for (const auto& [h, j] : e.at)
+          if (h != g) length = std::max(length, cost(costs_.message_seconds, "message_seconds", g, h, kAlignBytes));
+        continue;
+      }
       length = std::max(length, in.op == Op::gather_weights
                                     ? cost(costs_.gather_seconds, "gather_seconds", g, in.stage)
                                     : cost(costs_.reduce_seconds, "reduce_seconds", g, in.stage));
@@ -182,8 +189,9 @@ class Simulator {
       stuck = true;
       std::vector<int> peers;
       if (is_collective(in->op)) {
-        text << " the " << op_name(in->op) << " of stage " << in->stage << " on";
-        for (int g : group_.at({in->op, in->stage}))
+        if (in->op == Op::align_replica) text << " the " << op_name(in->op) << " of replica " << in->replica << " on";
+        else text << " the " << op_name(in->op) << " of stage " << in->stage << " on";
+        for (int g : group_.at({in->op, collective_group(*in)}))
           if (g != r) peers.push_back(g);
       } else {
         peers.push_back(in->peer);
@@ -225,7 +233,7 @@ class Simulator {
   const int n_;
   std::vector<size_t> pos_;    // where each rank stopped (after the sweep)
   std::vector<double> clock_;  // when each rank finished what it ran so far
-  std::map<std::pair<Op, int>, std::set<int>> group_;  // (collective, stage) -> its holders
+  std::map<std::pair<Op, int>, std::set<int>> group_;  // (collective, its group) -> its holders
   std::map<std::pair<int, size_t>, double> told_at_;   // (hub, ShareWeights index) -> posted
   std::vector<std::map<std::pair<int, int>, int64_t>> held_;  // (stage, mb) -> stashed bytes
   std::vector<std::set<std::pair<int, int>>> recomputed_;     // (stage, mb) recomputed here

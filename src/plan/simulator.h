@@ -15,6 +15,9 @@
 //  - ReduceGrads of stage s is a collective over every rank holding a ReduceGrads for s:
 //    it starts when the last of them arrives and ends at start + max of their
 //    reduce_seconds(rank, s), for all of them. GatherWeights likewise, with gather_seconds.
+//  - AlignReplica of replica r is a collective over the ranks holding one for r: it starts
+//    when the last arrives and lasts the slowest message_seconds(a, b, kAlignBytes)
+//    between two of them (each sends its word to every other at once).
 //  - ReduceStart and ShareWeights post messages and take no time: the overlapped
 //    reduction is charged whole at ReduceGrads (no credit for the overlap, so a
 //    conservative prediction), the hub's word at the AwaitWeights that waits for it, from
@@ -32,6 +35,10 @@
 #include "plan/timeline.h"
 
 namespace ht::plan {
+
+// The bytes of one rank's word in AlignReplica (runtime/executor's agreement: its step,
+// whether it ended, and its stage's loss of the step, as text).
+inline constexpr int64_t kAlignBytes = 64;
 
 // Costs in seconds and bytes. An empty function counts as zero, so a test (or a planner
 // asking only about time) sets only what it needs. Negative results are an error.

@@ -64,6 +64,10 @@ struct StepParts {
   // deadline: each rank's own copies of the gradient (plan::deadline_member_copy_seconds),
   // taken out of `tail`, so that a rank's arrival is its compute, its copies and the tail.
   std::vector<double> copy;
+  // deadline: when each rank reaches its reduction, slow factors applied: its compute on
+  // one stage; on a hybrid plan, when its ReduceGradsDeadline begins in the step simulated
+  // with the factors (a replica's pipeline paces its ranks).
+  std::vector<double> arrival;
   std::vector<double> group_steps;
   std::vector<double> plain_group_steps;  // without the slow factors
   double round_extra = 0;
@@ -112,6 +116,22 @@ std::string local_shape(const Plan& plan) {
 // Equal but for rounding: spans that abut, a round that ended when the exchange was ready.
 bool same_time(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({1.0, std::abs(a), std::abs(b)}); }
 
+// A pipeline with no replica beside it: no stand-in for a stalled stage.
+bool pure_pipeline(const Plan& plan) { return plan.stage_ranges.size() > 1 && plan.layout.replicas.size() == 1; }
+
+// When each rank of `ranks` reaches its ReduceGradsDeadline in a simulated step (its first
+// span of it: the wait for the others, or the reduction); 0 for a rank without one.
+std::vector<double> reduction_arrivals(const SimResult& sim, size_t ranks) {
+  std::vector<double> at(ranks, -1);
+  const std::string reduce = op_name(Op::reduce_grads_deadline);
+  for (const Span& s : sim.timeline) {
+    const auto r = static_cast<size_t>(s.rank);
+    if (s.name == reduce && r < ranks && (at[r] < 0 || s.start_s < at[r])) at[r] = s.start_s;
+  }
+  for (double& a : at) a = std::max(a, 0.0);
+  return at;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
@@ -142,7 +162,7 @@ class Play {
     }
     try {
       if (policy_ == Policy::local) run_local();
-      else if (policy_ == Policy::deadline && phase_.plan.stage_ranges.size() == 1) run_deadline();
+      else if (policy_ == Policy::deadline && !pure_pipeline(phase_.plan)) run_deadline();
       else run_sync();
     } catch (const Error& e) {
       out_.refused = e.what();
@@ -278,20 +298,28 @@ class Play {
         job_step = again.predicted.step_seconds;
       }
       p.round_extra = std::max(0.0, job_step * plan.local->inner_steps - slowest_round);
-    } else if (policy_ == Policy::deadline && plan.stage_ranges.size() == 1) {
+    } else if (policy_ == Policy::deadline && !pure_pipeline(plan)) {
       const SimResult sim = simulate_with(plan, phase_.costs(), cluster, {});
       p.step = sim.step_seconds;
       p.busy = sim.busy_seconds;
-      p.tail = p.step - *std::max_element(p.busy.begin(), p.busy.end());
       p.copy.assign(plan.ranks.size(), 0.0);
-      double slowest_copy = 0;
       for (size_t r = 0; r < plan.ranks.size(); ++r)
-        if (plan.ranks[r].replica >= 0) {
-          p.copy[r] = deadline_member_copy_seconds(plan, plan.layout, phase_.costs(), 0,
+        if (plan.ranks[r].replica >= 0)
+          p.copy[r] = deadline_member_copy_seconds(plan, plan.layout, phase_.costs(),
+                                                   static_cast<size_t>(plan.ranks[r].stage),
                                                    static_cast<size_t>(plan.ranks[r].replica));
-          slowest_copy = std::max(slowest_copy, p.copy[r]);
-        }
-      p.tail = std::max(0.0, p.tail - slowest_copy);
+      if (plan.stage_ranges.size() == 1) {
+        p.arrival.resize(plan.ranks.size());
+        for (size_t r = 0; r < plan.ranks.size(); ++r) p.arrival[r] = p.busy[r] * factors[r];
+        p.tail = p.step - *std::max_element(p.busy.begin(), p.busy.end());
+      } else {
+        const std::vector<double> plain = reduction_arrivals(sim, plan.ranks.size());
+        const bool slowed = std::any_of(factors.begin(), factors.end(), [](double f) { return f != 1; });
+        p.arrival = slowed ? reduction_arrivals(simulate_with(plan, phase_.costs(), cluster, factors), plan.ranks.size())
+                           : plain;
+        p.tail = p.step - *std::max_element(plain.begin(), plain.end());
+      }
+      p.tail = std::max(0.0, p.tail - *std::max_element(p.copy.begin(), p.copy.end()));
     } else {
       p.step = simulate_with(plan, phase_.costs(), cluster, factors).step_seconds;
     }
@@ -346,6 +374,7 @@ class Play {
     pin.min_micro_batches = in_.planner.min_micro_batches;
     pin.strategy = in_.planner.strategy;
     pin.hub_may_step_optimizer = in_.planner.hub_may_step_optimizer;
+    pin.may_shard_optimizer = in_.planner.may_shard_optimizer;
     pin.one_stage = in_.planner.one_stage;
     pin.config_name = in_.planner.config_name;
     pin.config_hash = in_.planner.config_hash;
@@ -484,27 +513,44 @@ class Play {
     return median(std::move(v)) * (1 + in_.deadline_slack);
   }
 
+  // What a deadline step leaves out as one: on one stage each active rank alone; on a
+  // hybrid plan each replica, whose ranks a pipeline ties together (a stalled rank holds
+  // its replica's every stage, and each stage's reduction leaves that replica out).
+  struct DeadlineUnit {
+    std::vector<int> ranks;  // phase indices
+    int64_t samples = 0;
+  };
+  std::vector<DeadlineUnit> deadline_units() const {
+    const Plan& plan = phase_.plan;
+    std::vector<DeadlineUnit> units;
+    if (plan.stage_ranges.size() == 1) {
+      for (size_t r = 0; r < phase_.ids.size(); ++r)
+        if (active(static_cast<int>(r))) units.push_back({{static_cast<int>(r)}, plan.ranks[r].samples});
+    } else {
+      for (size_t k = 0; k < plan.layout.replicas.size(); ++k)
+        units.push_back({plan.layout.replicas[k], plan.layout.samples[k]});
+    }
+    return units;
+  }
+
   void run_deadline() {
     double t = 0;
     int64_t done = 0, dropped = 0;
-    std::vector<int> missed(phase_.ids.size(), 0);
-    std::vector<bool> failed(phase_.ids.size(), false);
+    std::vector<DeadlineUnit> units = deadline_units();
+    std::vector<int> missed(units.size(), 0);
+    std::vector<bool> failed(units.size(), false);
+    std::vector<bool> failed_rank(phase_.ids.size(), false);
     std::deque<std::pair<int64_t, double>> window;
-    // A stalled rank's part of the step it stopped in, sent when it resumes: (step, when,
+    // A stalled unit's part of the step it stopped in, sent when it resumes: (step, when,
     // its arrival after that step's start); counted if the step is still in the window.
     std::vector<std::tuple<int64_t, double, double>> returning;
     double budget = phase_.plan.predicted.step_seconds * (1 + in_.deadline_slack);
-    // The reduction's leader: term % size, rank 0 first; a member that hears nothing from
-    // it within its patience moves to the next.
-    const auto first_active = [&] {
-      for (size_t r = 0; r < phase_.ids.size(); ++r)
-        if (active(static_cast<int>(r))) return static_cast<int>(r);
-      return 0;
-    };
-    int leader = first_active();
+    // The reduction's leader: term % size, rank 0's unit first; a member that hears
+    // nothing from it within its patience moves to the next.
+    size_t leader = 0;
+    const auto name_of = [&](size_t u) { return phase_.ids[static_cast<size_t>(units[u].ranks.front())]; };
     while (done < in_.steps) {
       const StepParts& p = parts(t);
-      const std::vector<double> factors = factors_at(t);
       for (auto it = returning.begin(); it != returning.end();) {
         const auto [step, when, arrival] = *it;
         if (when > t) {
@@ -522,53 +568,61 @@ class Play {
         const int r = phase_.index_of(e.rank);
         if (r < 0) continue;
         used_[i] = true;
-        failed[static_cast<size_t>(r)] = true;
+        failed_rank[static_cast<size_t>(r)] = true;
+        for (size_t u = 0; u < units.size(); ++u)
+          if (std::find(units[u].ranks.begin(), units[u].ranks.end(), r) != units[u].ranks.end()) failed[u] = true;
         out_.notes.push_back(e.spec + ": left out from step " + std::to_string(done) + " on, no restart");
       }
       bool waited = false, any_missing = false, leader_silent = false;
       double last = 0, latest = 0;  // latest: the arrivals the budget adapts to, late ones included
-      for (size_t r = 0; r < phase_.ids.size(); ++r) {
-        const int idx = static_cast<int>(r);
-        if (!active(idx)) continue;
-        const double part = p.busy[r] * factors[r] + p.copy[r] + p.tail;
-        bool silent = failed[r];
-        double arrival = part;
+      for (size_t u = 0; u < units.size(); ++u) {
+        bool silent = failed[u];
+        double arrival = 0, end = t;
+        bool held = false;
+        for (int idx : units[u].ranks) {
+          const auto r = static_cast<size_t>(idx);
+          const double part = p.arrival[r] + p.copy[r] + p.tail;
+          arrival = std::max(arrival, part);
+          if (silent) continue;
+          const double e = held_end(idx, t, part, false);  // t + part exactly when no stall holds it
+          held = held || e > t + part;
+          end = std::max(end, e);
+        }
         if (!silent) {
-          const double end = held_end(idx, t, part, false);  // t + part exactly when no stall holds it
-          arrival = end - t;
-          silent = end > t + part && arrival > budget;  // stalled past the budget: nothing heard
-          if (silent && missed[r] == 0) returning.emplace_back(done, end, arrival);  // one send, on resuming
+          arrival = std::max(arrival, end - t);
+          silent = held && arrival > budget;  // stalled past the budget: nothing heard
+          if (silent && missed[u] == 0) returning.emplace_back(done, end, arrival);  // one send, on resuming
         }
         if (!silent) latest = std::max(latest, arrival);
         if (arrival <= budget && !silent) {
           last = std::max(last, arrival);
-          missed[r] = 0;
+          missed[u] = 0;
           continue;
         }
         any_missing = true;
-        leader_silent = leader_silent || (silent && idx == leader);
-        dropped += phase_.plan.ranks[r].samples;
-        waited = waited || !silent || missed[r] < kDeadlineWaitedSteps;
-        missed[r] = silent ? missed[r] + 1 : 0;
+        leader_silent = leader_silent || (silent && u == leader);
+        dropped += units[u].samples;
+        waited = waited || !silent || missed[u] < kDeadlineWaitedSteps;
+        missed[u] = silent ? missed[u] + 1 : 0;
       }
       double close = waited ? budget : last;
       if (leader_silent) {
-        // The members wait their patience after sending, then the next rank leads from
+        // The members wait their patience after sending, then the next unit leads from
         // then on: it waits a budget for the silent one (new to its count), and measures
         // its own window afresh.
-        const int next = [&] {
-          for (size_t k = 1; k <= phase_.ids.size(); ++k) {
-            const auto r = (static_cast<size_t>(leader) + k) % phase_.ids.size();
-            if (active(static_cast<int>(r)) && !failed[r]) return static_cast<int>(r);
+        size_t next = leader;
+        for (size_t k = 1; k <= units.size(); ++k)
+          if (!failed[(leader + k) % units.size()]) {
+            next = (leader + k) % units.size();
+            break;
           }
-          return leader;
-        }();
-        const auto n = static_cast<size_t>(next);
-        const double sent = p.busy[n] * factors[n] + p.copy[n] + p.tail;
+        double sent = 0;
+        for (int idx : units[next].ranks)
+          sent = std::max(sent, p.arrival[static_cast<size_t>(idx)] + p.copy[static_cast<size_t>(idx)] + p.tail);
         close = sent + kDeadlinePatienceBudgets * budget + kDeadlinePatienceSeconds + budget;
-        out_.notes.push_back("the leader (rank " + std::to_string(phase_.ids[static_cast<size_t>(leader)]) +
-                             ") fell silent at step " + std::to_string(done) + ": rank " +
-                             std::to_string(phase_.ids[n]) + " leads from then on");
+        out_.notes.push_back("the leader (rank " + std::to_string(name_of(leader)) + ") fell silent at step " +
+                             std::to_string(done) + ": rank " + std::to_string(name_of(next)) +
+                             " leads from then on");
         leader = next;
         window.clear(), returning.clear();
       }
@@ -582,11 +636,13 @@ class Play {
       t += close;
       ++done;
       if (checkpoint_at(done)) {
-        if (join_by(t) >= 0 && done < in_.steps) drop_failed(failed);
+        if (join_by(t) >= 0 && done < in_.steps) drop_failed(failed_rank);
         const double went_on = join_at_checkpoint(t, done);
         if (went_on != t) {  // a new job: its leader measures afresh from the new plan's step
-          missed.assign(phase_.ids.size(), 0), failed.assign(phase_.ids.size(), false);
-          leader = first_active();
+          units = deadline_units();
+          missed.assign(units.size(), 0), failed.assign(units.size(), false);
+          failed_rank.assign(phase_.ids.size(), false);
+          leader = 0;
           window.clear(), returning.clear();
           budget = phase_.plan.predicted.step_seconds * (1 + in_.deadline_slack);
         }
@@ -597,7 +653,7 @@ class Play {
     // a rank still stopped then is waited for, and caught up at no charge.
     for (const WhatIfEvent& e : events_) {
       const int r = phase_.index_of(e.rank);
-      if (e.kind == WhatIfKind::stall && e.at_s < t && r >= 0 && active(r) && !failed[static_cast<size_t>(r)])
+      if (e.kind == WhatIfKind::stall && e.at_s < t && r >= 0 && active(r) && !failed_rank[static_cast<size_t>(r)])
         t = std::max(t, e.at_s + e.for_s);
     }
     out_.samples_dropped = dropped;

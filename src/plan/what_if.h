@@ -26,14 +26,17 @@
 //    20 ms after they sent) and a budget of the next rank, which leads from then on with
 //    its window measured afresh.
 //    A rank whose part
-//    (its compute x factor, plus the step's common tail after the slowest compute: the
-//    reduction) does not arrive by the budget is left out, its samples dropped. The step
+//    (its compute x factor, plus its copies and the step's common tail after the slowest
+//    arrival: the reduction) does not arrive by the budget is left out, its samples dropped. The step
 //    closes at its budget while a late rank is still waited for (a slow one always: it
 //    sends; a silent one for kDeadlineWaitedSteps steps, as comm/deadline_reduce does),
 //    else when the last present rank arrives. A stalled rank is caught up when it returns
 //    (the catch-up charged nothing, as the simulator charges CatchUp); a failed one is
-//    left out for good, with no restart. A pipeline deadline plan has no stand-in for a
-//    stage: it waits as sync does.
+//    left out for good, with no restart. On a hybrid plan the unit left out is a replica:
+//    its part is the latest of its ranks' (each when it reaches its reduction in the step
+//    simulated with the slow factors, plus its copies and the tail), a stall of any of its
+//    ranks holds all of them, and its whole share is dropped once per step. A pure
+//    pipeline has no stand-in for a stage: it waits as sync does.
 //  - local: the plan is one auto's bounds accept (bounded_local_plan: at most
 //    kMaxRoundSteps groups and steps a round; groups of one class each where the search
 //    leaves too many ranks alone), or the policy is refused saying why. Each group plays

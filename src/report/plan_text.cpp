@@ -96,7 +96,7 @@ std::string shortfall_text(const plan::Shortfall& s) {
          ", " + std::to_string(s.samples) + " samples) even with recomputation, " +
          std::to_string(s.micro_batches) + (s.micro_batches == 1 ? " micro-batch of " : " micro-batches of ") +
          std::to_string(s.micro_batch_size) +
-         (s.sharding_possible ? " and optimizer sharding" : " (no optimizer sharding with one replica)") +
+         (s.sharding_possible ? " and optimizer sharding" : " (no optimizer sharding: one replica, or parallel.sync deadline)") +
          ": needs " + need;
 }
 

@@ -92,10 +92,26 @@ void DeadlineSync::load(const comm::ReplicaState& s) {
            " values and ", s.ints.size(), " counters; this rank's stage takes ", f, " and ", i);
 }
 
-void DeadlineSync::catch_up() {
+void DeadlineSync::mark_step_start() {
   for (int b = block_begin_; b < block_end_; ++b)
     offsets_[static_cast<size_t>(b - block_begin_)] = model_.block(static_cast<size_t>(b)).random_offset();
-  reduce_->take_waiting_catch_up();
+}
+
+void DeadlineSync::catch_up(bool take) {
+  mark_step_start();
+  if (take) reduce_->take_waiting_catch_up();
+  else reduce_->serve_between_steps();
+}
+
+DeadlineStep DeadlineSync::align_to(int64_t target) {
+  mark_step_start();
+  const comm::DeadlineOutcome o = reduce_->align_to(target);
+  DeadlineStep d;
+  d.caught_up = o.caught_up;
+  d.ended = o.ended;
+  d.record.step = -1;
+  for (const comm::StepRecord& r : o.missed) d.missed.push_back(in_world_ranks(r));
+  return d;
 }
 
 comm::StepRecord DeadlineSync::in_world_ranks(comm::StepRecord r) const {
@@ -126,6 +142,7 @@ DeadlineStep DeadlineSync::reduce(std::vector<Tensor>& grads, int64_t samples, d
 }
 
 std::vector<comm::StepRecord> DeadlineSync::finish() {
+  mark_step_start();  // a final catch-up carries the streams as the last step left them
   std::vector<comm::StepRecord> out;
   for (const comm::StepRecord& r : reduce_->finish()) out.push_back(in_world_ranks(r));
   return out;
@@ -184,7 +201,8 @@ std::string DeadlineLog::summary() const {
                         {"samples_dropped", samples_dropped_},
                         {"stale_contributions", stale_},
                         {"steps_led_by_a_backup", led_elsewhere_},
-                        {"catch_ups", catch_ups_}}
+                        {"catch_ups", catch_ups_},
+                        {"replica_alignments", alignments_}}
       .dump();
 }
 

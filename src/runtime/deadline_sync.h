@@ -30,8 +30,13 @@ namespace ht::runtime {
 struct DeadlineStep {
   comm::StepRecord record;               // the step applied (record.step -1 when ended)
   std::vector<comm::StepRecord> missed;  // steps this rank caught up past, in order
+  // Steps caught up past after the one applied, by AlignReplica (a hybrid plan's rank
+  // moved on to its replica's other stages), in order.
+  std::vector<comm::StepRecord> passed;
   bool caught_up = false;
-  bool ended = false;   // caught up to the end of training: no step to apply
+  // Caught up to the end of training (no step to apply when record.step is -1), or, on a
+  // hybrid plan, another stage of the replica was: every rank of it ends its loop.
+  bool ended = false;
   double budget_s = 0;
   // Per member (the stage group's rank) of the step applied: the verdict (runtime::Verdict)
   // of its contribution to that step, 0 (kept) for one that did not arrive or came late.
@@ -56,12 +61,18 @@ class DeadlineSync {
                int64_t first_step, ExtraReplicaState extra = {});
   ~DeadlineSync();
 
-  void catch_up();  // Op::catch_up
+  // Op::catch_up: the step's start. `take`: a catch-up already sent is taken now (on one
+  // stage); a hybrid plan's ranks leave it to the step's reduction, since the replica's
+  // other stages are not moved with it (AlignReplica moves them together).
+  void catch_up(bool take = true);
   // Op::reduce_grads_deadline over `grads` (the parameters' contiguous gradients, in
   // order); on return they hold the sample-weighted mean over what arrived.
   // `verdict`: this rank's on its contribution (runtime::Verdict; samples 0 unless kept).
   DeadlineStep reduce(std::vector<Tensor>& grads, int64_t samples, double loss_sum,
                       std::chrono::steady_clock::time_point start, int64_t global_batch, int64_t verdict = 0);
+  // Op::align_replica on a rank behind its replica's other stages, after OptimizerStep:
+  // this stage's state at step `target` (or later), the records passed in world ranks.
+  DeadlineStep align_to(int64_t target);
   // After the last step: one chain on every member, everything drained.
   std::vector<comm::StepRecord> finish();
   int64_t step() const { return reduce_->step(); }  // the next step to run
@@ -70,6 +81,9 @@ class DeadlineSync {
   comm::ReplicaState save() const;
   void load(const comm::ReplicaState& state);
   comm::StepRecord in_world_ranks(comm::StepRecord r) const;
+  // The dropout streams as they stand now, for a state sent between steps: after
+  // OptimizerStep they are the next step's start.
+  void mark_step_start();
 
   std::vector<int> world_rank_of_;
   std::vector<nn::NamedTensor> params_;
@@ -90,6 +104,7 @@ class DeadlineLog {
   // already recorded.
   std::string add(const comm::StepRecord& r);
   void caught_up() { ++catch_ups_; }
+  void aligned() { ++alignments_; }  // moved on to its replica's other stages (AlignReplica)
   // The mean loss per prediction over the fresh samples since the last call (NaN when
   // none arrived), and the window starts afresh.
   double take_window_loss(int64_t predictions_per_sample);
@@ -100,6 +115,7 @@ class DeadlineLog {
 
  private:
   int64_t steps_ = 0, closed_short_ = 0, samples_dropped_ = 0, stale_ = 0, catch_ups_ = 0, led_elsewhere_ = 0;
+  int64_t alignments_ = 0;
   double window_loss_ = 0, last_loss_sum_ = 0;
   int64_t window_samples_ = 0;
   bool last_short_ = false;

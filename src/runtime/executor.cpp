@@ -325,9 +325,13 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
       case plan::Op::catch_up:  // a catch-up moves this rank's step on: its data moves with it
         if (deadline_) {
           const int64_t before = deadline_->step();
-          deadline_->catch_up();
+          deadline_->catch_up(stages_ == 1);
           first += (deadline_->step() - before) * plan_.global_batch;
         }
+        break;
+      case plan::Op::align_replica:
+        comm = true;
+        align_replica(r);
         break;
       case plan::Op::reduce_grads_deadline:
         comm = true;

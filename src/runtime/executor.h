@@ -131,6 +131,11 @@ class Executor {
   // After the last step, on every member: one chain everywhere (a rank behind catches
   // up) and nothing left in flight; returns the steps this rank caught up past.
   std::vector<comm::StepRecord> finish_deadline();
+  // Every rank's string of this rank's replica (every stage of it), in stage order;
+  // bounded by the peer timeout, a miss naming `what`. Under deadline on a hybrid plan
+  // the replica's ranks are at one step after every step (AlignReplica) while the other
+  // replicas may be elsewhere: rank 0's checkpoint asks only its own replica.
+  std::vector<std::string> replica_allgather(const std::string& mine, std::string_view what) const;
 
   // CRC-32 of this rank's parameter bytes ("" on an idle rank): replicas of a stage must
   // hold bit-identical parameters, since they apply the same summed gradient.
@@ -164,6 +169,7 @@ class Executor {
   void restore_deadline_guard_state(const int64_t* ints, size_t n);
   void optimizer_step(float lr);
   void reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::time_point start);
+  void align_replica(StepResult& r);  // Op::align_replica: see executor_sync.cpp
   void gather_weights();    // sharded: the other parts' updated weights
   void pass_weights_word(bool from_hub);  // shared hub weights: word that they are updated
   void share_weights();     // a hub that steps the optimiser: see executor_sync.cpp

@@ -7,7 +7,10 @@
 #include "runtime/executor.h"
 
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
@@ -296,6 +299,79 @@ void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::t
   r.deadline = deadline_->reduce(grads, samples, loss, start, plan_.global_batch, static_cast<int64_t>(verdict_));
   skip_update_ = !r.deadline->ended && r.deadline->record.samples == 0;
   if (!r.deadline->ended) settle_deadline_guard(*r.deadline);
+}
+
+// Op::align_replica, on a hybrid plan under deadline, after OptimizerStep. Each stage's
+// replicas reduce on their own deadline, so a rank of a replica that its pipeline held
+// (one of its ranks stalled) may be caught up by its stage's leader to another step
+// than its replica's other ranks: their next step would feed one step's data through
+// another's weights. So the replica's ranks tell one another the step they are at next;
+// those behind take their stage's state at the step of the one ahead (DeadlineSync::
+// align_to) until all are at one. In the steady state that is one small message to each
+// of the replica's other ranks. The word also carries each stage's loss of the step: a
+// pipeline's loss is its last stage's, and rank 0, a first stage, records it.
+void Executor::align_replica(StepResult& r) {
+  HT_CHECK(deadline_ && r.deadline && replica_group_, "executor: rank ", world_.rank(),
+           " runs AlignReplica without a deadline reduction on stage ", stage_,
+           " (a hybrid plan under parallel.sync deadline has one on every rank)");
+  DeadlineStep& d = *r.deadline;
+  const auto began = std::chrono::steady_clock::now();
+  // Stage-local losses mean nothing for a pipeline: only an agreed step's last stage's counts.
+  auto forget_loss = [](std::vector<comm::StepRecord>& records) {
+    for (comm::StepRecord& rec : records) rec.loss_sum = 0, rec.fresh_samples = 0;
+  };
+  forget_loss(d.missed);
+  for (int round = 0;; ++round) {
+    char word[96];
+    std::snprintf(word, sizeof word, "%" PRId64 " %d %a %" PRId64, deadline_->step(), d.ended ? 1 : 0,
+                  d.record.loss_sum, d.record.fresh_samples);
+    const std::vector<std::string> items =
+        replica_group_->allgather(word, peer_timeout_, "the replica's step agreement (AlignReplica)");
+    int64_t target = -1;
+    bool equal = true, ended = false;
+    double last_loss = 0;
+    int64_t last_fresh = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const char* p = items[i].c_str();
+      char* end = nullptr;
+      const int64_t step = std::strtoll(p, &end, 10);
+      const long over = std::strtol(end, &end, 10);
+      const double loss = std::strtod(end, &end);
+      const int64_t fresh = std::strtoll(end, &end, 10);
+      HT_CHECK(end && *end == '\0' && end != p, "executor: AlignReplica on rank ", world_.rank(), ": stage ", i,
+               " of replica ", replica_, " sent '", items[i], "'; expected its step, ended, loss and samples");
+      equal = equal && (target < 0 || step == target);
+      target = std::max(target, step);
+      ended = ended || over != 0;
+      last_loss = loss, last_fresh = fresh;  // the last stage's, in stage order
+    }
+    if (ended) {  // one stage was caught up to the end: the replica ends its loop together
+      d.ended = true;
+      return;
+    }
+    if (equal) {
+      d.record.loss_sum = round == 0 ? last_loss : 0;
+      d.record.fresh_samples = round == 0 ? last_fresh : 0;
+      return;
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began) > peer_timeout_)
+      fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+          world_.rank(), {}, "replica " + std::to_string(replica_) + "'s stages to agree on one step (AlignReplica)",
+          peer_timeout_));
+    if (deadline_->step() < target) {
+      DeadlineStep a = deadline_->align_to(target);
+
+      forget_loss(a.missed);
+      d.caught_up = true;
+      d.passed.insert(d.passed.end(), a.missed.begin(), a.missed.end());
+      d.ended = d.ended || a.ended;
+    }
+  }
+}
+
+std::vector<std::string> Executor::replica_allgather(const std::string& mine, std::string_view what) const {
+  HT_CHECK(replica_group_, "executor: rank ", world_.rank(), " is in no replica; it has no replica group");
+  return replica_group_->allgather(mine, peer_timeout_, what);
 }
 
 // [the quarantine's count of values, its values, then under a loss scale its exponent and

@@ -83,9 +83,13 @@ std::map<std::string, std::string> Run::metadata(int64_t step) {
     for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
       mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
   // Under deadline the replicas are identical (rank 0 is replica 0) and no exchange may
-  // wait for a stalled rank: rank 0's own streams are the checkpoint's.
-  const std::vector<std::string> all = executor_->deadline() ? std::vector<std::string>{mine.dump()}
-                                       : world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams");
+  // wait for a stalled rank of another replica: rank 0's replica's own streams are the
+  // checkpoint's (on a hybrid plan its stages are at one step after every step).
+  const std::vector<std::string> all =
+      !executor_->deadline() ? world_.allgather(mine.dump(), peer_timeout(), "the checkpoint's dropout streams")
+      : plan_.stage_ranges.size() > 1 && executor_->replica() == 0
+          ? executor_->replica_allgather(mine.dump(), "the checkpoint's dropout streams of replica 0")
+          : std::vector<std::string>{mine.dump()};
   for (size_t r = 0; r < all.size(); ++r) {
     const json offsets = json::parse(all[r]);
     HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,

@@ -107,6 +107,7 @@ class Run {
   void write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,
                              report::Progress& progress);
   void finish_deadline(Loop& loop);
+  void end_deadline_chain(Loop& loop);  // the deadline reduction's finish, once
 
   // trainer_logs.cpp: the log steps' exchange.
   bool finish_due_logs(Loop& loop, int64_t done, bool stop_after);
@@ -155,6 +156,7 @@ class Run {
   optim::LrSchedule schedule_;
   FaultInjector faults_;  // --inject's, for this rank
   DeadlineLog deadline_log_;  // under parallel.sync deadline
+  bool deadline_agreed_ = false;  // this rank's deadline reduction has ended on one chain
   double last_loss_sum_ = 0;  // this rank's, of the last step
   report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines
   struct {

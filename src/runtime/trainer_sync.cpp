@@ -87,21 +87,35 @@ void Run::start_deadline(int64_t start, report::Progress& progress) {
 // records, and those of the steps caught up past, go to rank 0's metrics.
 int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   const DeadlineStep& d = *r.deadline;
+  if (!d.passed.empty()) deadline_log_.aligned();
   if (d.caught_up) {
     deadline_log_.caught_up();
     loop.progress.note("caught up: this rank was left out and took the current weights at step " +
-                  std::to_string(d.ended ? total_steps_ : d.record.step));
+                  std::to_string(d.ended ? total_steps_ : executor_->deadline_step() - 1));
   }
   std::vector<comm::StepRecord> records = d.missed;
-  if (!d.ended) records.push_back(d.record);
+  if (d.record.step >= 0) records.push_back(d.record);
+  records.insert(records.end(), d.passed.begin(), d.passed.end());
   for (const comm::StepRecord& rec : records) write_deadline_record(rec, loop.metrics, loop.progress);
   // The quarantines this step decided (rank 0's events): no log exchange brings them
   // under deadline, so they are reported here, once.
-  if (root_ && !d.ended)
+  if (root_ && d.record.step >= 0)
     for (const GuardEvent& e : r.guard_events) report_guard(d.record.step + 1, e, loop.metrics);
   r.guard_events.clear();
+  // Ended with its replica's other stage, not by a catch-up to the end: its own stage
+  // ends on one chain now (the leader that ended the other stage is at the end too), so
+  // that the last step's checkpoint holds the end's weights.
+  if (d.ended && executor_->deadline_step() < total_steps_) end_deadline_chain(loop);
   r.loss_sum = deadline_log_.last_loss_sum();
-  return d.ended ? total_steps_ - 1 : d.record.step;
+  // The step before the one this rank runs next (AlignReplica may have moved it on).
+  return d.ended ? total_steps_ - 1 : executor_->deadline_step() - 1;
+}
+
+void Run::end_deadline_chain(Loop& loop) {
+  if (deadline_agreed_) return;
+  for (const comm::StepRecord& rec : executor_->finish_deadline())
+    write_deadline_record(rec, loop.metrics, loop.progress);
+  deadline_agreed_ = true;
 }
 
 // Rank 0 writes each step's record once and reports the contributions the bad-node guard
@@ -125,8 +139,7 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
 // Every member ends on one chain (a rank behind catches up), then the replicas are
 // checked bit-identical.
 void Run::finish_deadline(Loop& loop) {
-  for (const comm::StepRecord& rec : executor_->finish_deadline())
-    write_deadline_record(rec, loop.metrics, loop.progress);
+  end_deadline_chain(loop);
   const std::vector<std::string> checksums =
       world_.allgather(executor_->parameter_checksum(), peer_timeout(), "the replicas' checksums after the last step");
   check_replicas_identical(plan_, checksums, executor_->deadline_step());

@@ -11,9 +11,19 @@ otherwise); the run ends with valid checkpoints that `hetrain eval` reads. The s
 3 s against steps of tens of milliseconds, so "the others closed steps during it" holds
 with a margin of two orders of magnitude, not by luck.
 
+Then a hybrid plan (2 replicas x 2 stages, from a fixed cluster file whose ranks 1-3
+cannot hold the whole model's optimiser state, so that no data-parallel plan fits without
+sharding, which deadline refuses): rank 0 is stopped for 3 s, which holds its replica's
+pipeline (rank 0 leads both stages' reductions at first), and later the other replica's
+last stage. The replica without a stopped rank keeps closing steps on every stage; the
+held replica's ranks are caught up and agree on one step (AlignReplica) before they
+compute again; the job ends with every stage's replicas bit-identical, and rank 0 writes
+one record per step and a finite loss from the last stage.
+
 usage: test_deadline.py HETRAIN"""
 import glob
 import json
+import math
 import os
 import signal
 import subprocess
@@ -26,16 +36,17 @@ from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, run
 HETRAIN = os.path.abspath(sys.argv[1])
 RANKS = 4
 STEPS = 400
+HYBRID_STEPS = 1000
 STALL_S = 3.0
 STALLED = 0
 
 
-def config(path, sync):
+def config(path, sync, strategy="data", steps=STEPS):
     cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
     cfg["train"].pop("epochs")
-    cfg["train"].update(steps=STEPS, eval_every=0, log_every=50)
+    cfg["train"].update(steps=steps, eval_every=0, log_every=50)
     cfg["checkpoint"] = {"every": 100, "keep": 10}
-    cfg["parallel"] = {"strategy": "data", "sync": sync}
+    cfg["parallel"] = {"strategy": strategy, "sync": sync}
     with open(path, "w") as f:
         json.dump(cfg, f)
     return path
@@ -59,8 +70,21 @@ def rank_pids(mpirun_pid):
     return pids
 
 
-def train_with_stall(cfg, run_dir, cluster):
-    """Starts the job, stops rank STALLED for STALL_S once it is stepping, continues it.
+def metrics_records(path):
+    """The whole lines of rank 0's metrics.jsonl so far, parsed."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f.read().split("\n")[:-1] if line]
+
+
+def after_records(n):
+    return lambda records: len(records) >= n
+
+
+def train_with_stall(cfg, run_dir, cluster, stops=((STALLED, after_records(20)),)):
+    """Starts the job and, for each (rank, when) of `stops` in turn, stops that rank for
+    STALL_S once when(rank 0's metrics records so far) holds, then continues it.
     Returns (returncode, stdout, stderr)."""
     cmd = ["mpirun", "-np", str(RANKS), "--bind-to", "none", HETRAIN, "train", cfg, "--run-dir", run_dir,
            "--cluster", cluster]
@@ -69,18 +93,18 @@ def train_with_stall(cfg, run_dir, cluster):
     deadline = time.time() + 120
     stopped = None
     try:
-        # Stepping: rank 0 has written a few steps' records.
-        while time.time() < deadline and p.poll() is None:
-            if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 20:
-                break
-            time.sleep(0.05)
-        pids = rank_pids(p.pid)
-        if p.poll() is None and STALLED in pids:
-            stopped = pids[STALLED]
-            os.kill(stopped, signal.SIGSTOP)
-            time.sleep(STALL_S)
-            os.kill(stopped, signal.SIGCONT)
-            stopped = None
+        for rank, when in stops:
+            while time.time() < deadline and p.poll() is None:
+                if when(metrics_records(metrics)):
+                    break
+                time.sleep(0.05)
+            pids = rank_pids(p.pid)
+            if p.poll() is None and rank in pids:
+                stopped = pids[rank]
+                os.kill(stopped, signal.SIGSTOP)
+                time.sleep(STALL_S)
+                os.kill(stopped, signal.SIGCONT)
+                stopped = None
         out, err = p.communicate(timeout=300)
     finally:
         if stopped:
@@ -145,7 +169,58 @@ def main():
         e = run([HETRAIN, "eval", cfg, "--checkpoint", checkpoints[-1]], timeout=120)
         check("the last checkpoint is valid (hetrain eval reads it)", e.returncode == 0, (e.stdout + e.stderr)[-2000:])
         print("final:", summary["final"])
+    hybrid(scratch)
     return finish(scratch)
+
+
+def hybrid(scratch):
+    cluster = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_hybrid_capped_8mib.json")
+    cfg = config(os.path.join(scratch, "hybrid.json"), "deadline", strategy="auto", steps=HYBRID_STEPS)
+    run_dir = os.path.join(scratch, "hybrid")
+    plan = run([HETRAIN, "plan", cfg, "--cluster", cluster, "--json", os.path.join(scratch, "hybrid.plan.json")])
+    check("hybrid: the fixed cluster plans 2 replicas x 2 stages under deadline", plan.returncode == 0
+          and load(os.path.join(scratch, "hybrid.plan.json"))["strategy"] == "hybrid", (plan.stdout + plan.stderr)[-2000:])
+    if plan.returncode != 0:
+        return
+    replicas = load(os.path.join(scratch, "hybrid.plan.json"))["layout"]["replicas"]
+    other = [r for r in replicas if 0 not in r][0]
+    # Rank 0 once it has recorded 20 steps; the other replica's last stage once rank 0 has
+    # contributed to 20 steps after the first 20 (it is back, its replica realigned), with
+    # HYBRID_STEPS long enough that both stops fall in the job at any speed the others
+    # close steps alone (300 steps in 3 s here).
+    back = lambda records: sum(1 for r in records if r["type"] == "contributions" and r["step"] > 25
+                               and any(c[0] == 0 for c in r["contributors"])) >= 20
+    rc, out, err = train_with_stall(cfg, run_dir, cluster, stops=((0, after_records(20)), (other[-1], back)))
+    check("hybrid: the deadline run with rank 0, then another replica's last stage, stopped 3 s completes "
+          "(its replicas bit-identical at the end: the trainer checks)", rc == 0, (out + err)[-3000:])
+    if rc != 0:
+        return
+    records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r for r in records if r["type"] == "contributions"]
+    check("hybrid: one contributions record per step (rank 0's stage), none missing or repeated",
+          [r["step"] for r in steps] == list(range(1, HYBRID_STEPS + 1)), [r["step"] for r in steps][:20])
+    without0 = [r for r in steps if all(c[0] != 0 for c in r["contributors"])]
+    without_other = [r for r in steps if all(c[0] != other[0] for c in r["contributors"])]
+    check("hybrid: while rank 0's replica was held the other replica closed steps without it, led by a backup",
+          len(without0) > 0 and all(r["leader"] != 0 for r in without0), len(without0))
+    check("hybrid: while the other replica was held, rank 0's replica closed steps without it",
+          len(without_other) > 0, len(without_other))
+    check("hybrid: a step closed short dropped a replica's whole share",
+          all(r["samples_dropped"] == 64 for r in steps if r["closed_short"]),
+          [r["samples_dropped"] for r in steps if r["closed_short"]][:10])
+    losses = [r["loss"] for r in records if r["type"] == "train"]
+    check("hybrid: every logged loss is finite, the last below the first", losses and all(
+        math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses)
+    summary = load(os.path.join(run_dir, "summary.json"))
+    d = summary.get("deadline", {})
+    check("hybrid: the summary counts rank 0's catch-ups (>= 1)", d.get("catch_ups", 0) >= 1, d)
+    print(f"hybrid: steps without rank 0's replica {len(without0)}, without the other {len(without_other)}, "
+          f"rank 0's replica alignments {d.get('replica_alignments')}, final {summary.get('final')}")
+    checkpoints = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))
+    if checkpoints:
+        e = run([HETRAIN, "eval", cfg, "--checkpoint", checkpoints[-1]], timeout=120)
+        check("hybrid: the last checkpoint is valid (hetrain eval reads it)", e.returncode == 0,
+              (e.stdout + e.stderr)[-2000:])
 
 
 if __name__ == "__main__":

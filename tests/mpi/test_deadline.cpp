@@ -255,3 +255,86 @@ TEST_CASE("deadline: the chain hash covers the step, term, leader and contributo
   CHECK(h != mix_step_hash(1, 4, 1, 1, a));
   CHECK(h != mix_step_hash(2, 4, 0, 0, a));
 }
+
+TEST_CASE("deadline: align_to takes the leader's state at exactly the step asked, or its own step once past it") {
+  // Two members: member 1 stops contributing at step kAsk and asks for step kTarget
+  // (a hybrid plan's rank behind its replica's other stages). The leader steps on alone.
+  // Not ahead: it holds the request and answers when its own state is at kTarget. Ahead
+  // (it was let reach kTarget + 2 first): it answers at once with its state then. Either
+  // way member 1's state is the leader's at the step it landed on, the records of the
+  // steps passed come with it, and the two end identical. The budgets are seconds long
+  // where the order matters, so only a rank stopped for seconds could change it.
+  Communicator& w = world();
+  REQUIRE(w.size() >= 2);
+  constexpr int64_t kAsk = 3, kTarget = 8, kEnd = 16;
+  constexpr int kAheadTag = 779;
+  auto crc = [](const std::vector<float>& v) { return crc32_hex(crc32_update(0, v.data(), v.size() * sizeof(float))); };
+  for (const bool ahead : {false, true}) {
+    CAPTURE(ahead);
+    // A communicator of its own per run: nothing one run's reduction left in flight can
+    // reach the next one's.
+    std::unique_ptr<Communicator> group = w.split(w.rank() < 2 ? 0 : -1, w.rank(), kLong, "the test's group");
+    if (!group) continue;
+    const int me = group->rank();
+    std::vector<float> weights(kN, 0.5f);
+    std::map<int64_t, std::string> at_start;  // the leader's state at each step's start
+    DeadlineOptions options;
+    options.predicted_step_s = ahead ? 0.005 : 2;
+    options.slack = ahead ? 0.5 : 1;
+    options.peer_timeout_s = 30;
+    const std::vector<int64_t> shares{5, 3};
+    DeadlineReduce reduce(
+        *group, options, shares, 0, [&] { return ReplicaState{weights, {}}; },
+        [&](const ReplicaState& s) { weights = s.floats; });
+    int64_t landed = -1;
+    std::string landed_crc;
+    size_t passed = 0;
+    while (reduce.step() < kEnd) {
+      const int64_t s = reduce.step();
+      if (me == 0) at_start[s] = crc(weights);
+      if (me == 0 && ahead && s == kTarget + 2) {
+        static const char kThere = 1;
+        group->send_bytes(&kThere, 1, 1, kAheadTag, kLong, "word that the leader is past the target");
+      }
+      if (me == 1 && s == kAsk && landed < 0) {
+        if (ahead) {
+          char there = 0;
+          REQUIRE(group->recv_bytes(&there, 1, 0, kAheadTag, kLong) == WaitStatus::done);
+        }
+        const DeadlineOutcome o = reduce.align_to(kTarget);
+        CHECK(o.caught_up);
+        CHECK_FALSE(o.ended);
+        landed = reduce.step();
+        landed_crc = crc(weights);
+        passed = o.missed.size();
+        for (size_t i = 0; i < o.missed.size(); ++i) CHECK(o.missed[i].step == kAsk + static_cast<int64_t>(i));
+        continue;
+      }
+      std::vector<Tensor> grads{Tensor::from_vector(contribution(me, s, weights), {kN}, cpu_backend())};
+      const DeadlineOutcome o = reduce.reduce(grads, shares[static_cast<size_t>(me)], 0.0, Clock::now());
+      REQUIRE_FALSE(o.caught_up);
+      if (o.record.samples == 0) continue;
+      const std::vector<float> sum = grads[0].to_vector();
+      const float rescale = static_cast<float>(kGlobal) / static_cast<float>(o.record.samples);
+      for (int i = 0; i < kN; ++i) weights[static_cast<size_t>(i)] -= 0.1f * sum[static_cast<size_t>(i)] * rescale;
+    }
+    if (me == 0) at_start[reduce.step()] = crc(weights);  // ahead, the leader may have ended first
+    reduce.finish();
+    const std::vector<std::string> told =
+        group->allgather(me == 1 ? std::to_string(landed) + " " + landed_crc : "", kLong, "where member 1 landed");
+    if (me == 0) {
+      const auto space = told[1].find(' ');
+      REQUIRE(space != std::string::npos);
+      const int64_t at = std::stoll(told[1].substr(0, space));
+      if (ahead) CHECK(at >= kTarget + 2);
+      else CHECK(at == kTarget);
+      REQUIRE(at_start.count(at));
+      CHECK_MESSAGE(at_start[at] == told[1].substr(space + 1), "member 1's state at step ", at,
+                    " is not the leader's at that step's start");
+    } else {
+      CHECK(passed == static_cast<size_t>(landed - kAsk));
+    }
+    const std::vector<std::string> all = group->allgather(crc(weights), kLong, "the weights' checksums");
+    CHECK_MESSAGE(all[1] == all[0], "member 1's weights differ from member 0's at the end");
+  }
+}

@@ -1,8 +1,10 @@
 // parallel.sync deadline in the plan: the instructions the planner emits (CatchUp first,
-// ReduceGradsDeadline in place of ReduceGrads), the lists still pass check_schedules and
-// simulate, the plan file keeps the policy, and the combinations deadline does not
-// support are refused naming the setting.
+// ReduceGradsDeadline in place of ReduceGrads, AlignReplica on a hybrid plan), the lists
+// still pass check_schedules and simulate, the plan file keeps the policy, and the
+// combination deadline does not support is refused naming the setting.
 #include <doctest/doctest.h>
+
+#include <algorithm>
 
 #include "tests/unit/error_message.h"
 #include "tests/unit/plan_fixtures.h"
@@ -65,16 +67,47 @@ TEST_CASE("deadline plan: a pure pipeline keeps its lists (no replica to stand i
   for (size_t r = 0; r < after.size(); ++r) CHECK(to_text(after[r]) == to_text(before[r]));
 }
 
-TEST_CASE("deadline plan: hybrid plans and optimizer-state sharding are refused, naming the setting") {
+TEST_CASE("deadline plan: a hybrid plan's replicas agree on their step after OptimizerStep (AlignReplica)") {
   const ClusterModel c = cluster({2e13, 2e13, 1e13, 1e13}, std::vector(4, 64 * kGiB), 1e-4, 5e8);
   const PlannerInput in = input(c, costs(c, 6), 128);  // auto: 2 x 2 hybrid here (test_planner.cpp)
-  Plan hybrid = make_plan(in);
-  REQUIRE(hybrid.strategy == Strategy::hybrid);
-  const std::string e = error_of([&] { apply_deadline_sync(hybrid, in.costs, in.cluster); });
-  CHECK(contains(e, "parallel.sync deadline"));
-  CHECK(contains(e, "hybrid"));
-  CHECK(contains(e, "parallel.strategy"));
+  Plan p = make_plan(in);
+  REQUIRE(p.strategy == Strategy::hybrid);
+  const std::vector<Schedule> before = plan_schedules(p);
+  apply_deadline_sync(p, in.costs, in.cluster);
+  check_plan(p);
+  CHECK(p.sync_policy == plan::SyncPolicy::deadline);
+  CHECK(p.ranks[0].replica == 0);
+  const std::vector<Schedule> lists = plan_schedules(p);
+  const ScheduleReport report = check_schedules(lists);
+  CHECK_MESSAGE(report.ok, report.problem);
+  for (size_t r = 0; r < lists.size(); ++r) {
+    CAPTURE(r);
+    const Schedule& l = lists[r];
+    REQUIRE(!l.empty());
+    CHECK(l.front().op == Op::catch_up);
+    const auto step = std::find_if(l.begin(), l.end(), [](const Instruction& i) { return i.op == Op::optimizer_step; });
+    REQUIRE(step != l.end());
+    REQUIRE(step + 1 != l.end());
+    CHECK((step + 1)->op == Op::align_replica);
+    CHECK((step + 1)->replica == p.ranks[r].replica);
+    CHECK(count(l).aligns == 1);
+    // The pipeline's own instructions are the sync plan's: only the reduction changed.
+    InstructionCounts want = count(before[r]);
+    want.reduce_starts = 0;
+    want.aligns = 1;
+    CHECK(count(l) == want);
+    CHECK(contains(to_text(l), "AlignReplica replica=" + std::to_string(p.ranks[r].replica)));
+  }
+  // Predicted from these lists: the agreement is a collective of the replica's ranks.
+  const SimResult sim = simulate_plan(p, in.costs, in.cluster);
+  CHECK(sim.step_seconds == doctest::Approx(p.predicted.step_seconds));
+  int aligns = 0;
+  for (const Span& s : sim.timeline) aligns += s.name == "AlignReplica" && s.category == "comm" ? 1 : 0;
+  CHECK(aligns == 4);
+}
 
+TEST_CASE("deadline plan: optimizer-state sharding is refused, naming the setting") {
+  const ClusterModel c = cluster({2e13, 2e13, 1e13, 1e13}, std::vector(4, 64 * kGiB), 1e-4, 5e8);
   const PlannerInput din = input(c, costs(c, 6), 128, "data");
   Plan sharded = make_plan(din);
   REQUIRE(sharded.strategy == Strategy::data);

@@ -318,7 +318,7 @@ TEST_CASE("plan text: memory steps, shortfalls and stage splits read as sentence
         "micro-batches of 1 and optimizer sharding: needs 26.7 MiB (params 15.3 MiB, grads 7.6 MiB, optimizer "
         "0 B, activations 3.8 MiB), 3.8 MiB short");
   s.sharding_possible = false;
-  CHECK(contains(report::shortfall_text(s), "micro-batches of 1 (no optimizer sharding with one replica): needs"));
+  CHECK(contains(report::shortfall_text(s), "micro-batches of 1 (no optimizer sharding: one replica, or parallel.sync deadline): needs"));
   s.micro_batches = 1;
   s.micro_batch_size = 32;
   CHECK(contains(report::shortfall_text(s), "even with recomputation, 1 micro-batch of 32 (no optimizer"));

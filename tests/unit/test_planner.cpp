@@ -188,6 +188,14 @@ TEST_CASE("planner: memory strategies in order: recompute, micro-batches that fi
     CHECK(kept.kept_fraction == doctest::Approx(s2));
     for (const RankPlan& r : p.ranks) CHECK(r.memory.total() <= r.device.memory_bytes);
   }
+  SUBCASE("without sharding (parallel.sync deadline), the same cap leaves rank 0 short, saying so") {
+    Plan p = hybrid_skeleton(42e6);
+    const std::optional<Shortfall> s = fit_memory(p, k, false);
+    REQUIRE(s);
+    CHECK(s->rank == 0);
+    CHECK_FALSE(s->sharding_possible);
+    for (const RankPlan& r : p.ranks) CHECK(r.optimizer_shard == 1);
+  }
   SUBCASE("nothing fits: the rank and the numbers") {
     Plan p = hybrid_skeleton(24e6 + 1);  // params (the whole model's) + grads alone
     const std::optional<Shortfall> s = fit_memory(p, k);

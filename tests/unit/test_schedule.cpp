@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "core/error.h"
+#include "plan/deadline_plan.h"
 #include "plan/schedule.h"
 
 using namespace ht;
@@ -389,6 +391,54 @@ TEST_CASE("schedule: a micro-batch trial's lists run the alternate counts") {
   CHECK(count(all[layout.replicas[1][0]]).forwards == 2);
   layout.alternate_micro_batches = {1};
   CHECK_THROWS_WITH_AS(trial_layout(layout), doctest::Contains("1 alternate_micro_batches for 2 replicas"), Error);
+}
+
+TEST_CASE("schedule: AlignReplica comes after OptimizerStep, names its replica, and spans that replica alone") {
+  const PipelineLayout layout = round_robin(2, 2, 2);  // a 2 x 2 hybrid
+  auto built = build_1f1b(layout, 4);
+  add_deadline_sync(built, layout);
+  REQUIRE(check_schedules(built).ok);
+  SUBCASE("before the OptimizerStep") {
+    auto all = built;
+    const size_t i = index_of_op(all[1], Op::align_replica);
+    const Instruction align = all[1][i];
+    all[1].erase(all[1].begin() + static_cast<long>(i));
+    all[1].insert(all[1].begin() + static_cast<long>(index_of_op(all[1], Op::optimizer_step)), align);
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("comes before the OptimizerStep; the replica agrees") != std::string::npos,
+                  report.problem);
+  }
+  SUBCASE("naming no replica") {
+    auto all = built;
+    all[2][index_of_op(all[2], Op::align_replica)].replica = -1;
+    const auto report = check_schedules(all);
+    CHECK_FALSE(report.ok);
+    CHECK_MESSAGE(report.problem.find("names no replica") != std::string::npos, report.problem);
+  }
+  SUBCASE("a replica's ranks wait for each other, not for the other replica") {
+    // Replica 0's agreement moved after a receive that only replica 1's last send meets:
+    // a deadlock would show if the replicas' agreements were one collective.
+    auto all = built;
+    std::set<int> groups;
+    for (const Schedule& s : all)
+      for (const Instruction& in : s)
+        if (in.op == Op::align_replica) groups.insert(collective_group(in));
+    CHECK(groups == std::set<int>{0, 1});
+    int fired = 0;
+    sweep(all, [&](const SweepEvent& e) {
+      const Instruction& in = all[static_cast<size_t>(e.at.front().first)][e.at.front().second];
+      if (in.op != Op::align_replica) return;
+      ++fired;
+      CHECK(e.kind == SweepEvent::Kind::collective);
+      REQUIRE(e.at.size() == 2);
+      std::set<int> ranks{e.at[0].first, e.at[1].first};
+      std::set<int> replica;
+      for (int rank : layout.replicas[static_cast<size_t>(in.replica)]) replica.insert(rank);
+      CHECK(ranks == replica);
+    });
+    CHECK(fired == 2);
+  }
 }
 
 TEST_CASE("schedule: checker catches misplaced and one-sided reduction and weight instructions") {

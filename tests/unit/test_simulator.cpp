@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "plan/cluster_model.h"
+#include "plan/deadline_plan.h"
 #include "plan/plan_costs.h"
 #include "plan/schedule.h"
 #include "plan/simulator.h"
@@ -218,6 +219,44 @@ TEST_CASE("sim: data parallel reduction waits for the slowest replica") {
     CHECK(r.comm_seconds[k] == doctest::Approx(0.5));
     CHECK(r.idle_seconds[k] == doctest::Approx(slowest - m * (f[k] + b[k])));
     CHECK(r.busy_seconds[k] == doctest::Approx(m * (f[k] + b[k]) + step));
+  }
+  check_accounting(r);
+}
+
+TEST_CASE("sim: AlignReplica waits for its replica's last stage and lasts the slowest word between them") {
+  // A 2 x 2 hybrid (ranks r*2 + s) with deadline's instructions: each replica's two ranks
+  // agree after their OptimizerSteps, over their own words (replica 1's slower one).
+  PipelineLayout l = layout(2, 2, 2);
+  std::vector<Schedule> all = build(l);
+  add_deadline_sync(all, l);
+  REQUIRE(check_schedules(all).ok);
+  // Replica 1 computes twice as slowly; the word from rank 2 to 3 takes 0.25 s, every
+  // other 0.125 s, and no other message costs anything.
+  CostModel costs = compute_costs({1, 1, 2, 2}, {2, 2, 4, 4}, 0.5);
+  costs.message_seconds = [](int src, int dst, int64_t bytes) {
+    if (bytes != kAlignBytes) return 0.0;
+    return src == 2 && dst == 3 ? 0.25 : 0.125;
+  };
+  const SimResult r = simulate(all, costs);
+  auto span_of = [&](int rank) {
+    for (const Span& s : r.timeline)
+      if (s.rank == rank && s.name == "AlignReplica" && s.category == "comm") return s;
+    FAIL("no AlignReplica span on rank ", rank);
+    return Span{};
+  };
+  auto step_end = [&](int rank) {
+    for (const Span& s : r.timeline)
+      if (s.rank == rank && s.name == "OptimizerStep") return s.end_s;
+    return -1.0;
+  };
+  for (int replica = 0; replica < 2; ++replica) {
+    CAPTURE(replica);
+    const Span a = span_of(2 * replica), b = span_of(2 * replica + 1);
+    // Starts when the later of the two ranks has stepped; both end together.
+    CHECK(a.start_s == doctest::Approx(std::max(step_end(2 * replica), step_end(2 * replica + 1))));
+    CHECK(b.start_s == doctest::Approx(a.start_s));
+    CHECK(a.end_s - a.start_s == doctest::Approx(replica == 1 ? 0.25 : 0.125));
+    CHECK(b.end_s == doctest::Approx(a.end_s));
   }
   check_accounting(r);
 }

@@ -645,3 +645,46 @@ TEST_CASE("deadline: a stopped member's own copies of the gradient leave the ste
   CHECK(static_cast<double>(d.steps_closed_short) > S / (step - copy) - kDeadlineWaitedSteps - 1);
   CHECK(static_cast<double>(d.steps_closed_short) <= S / busy + kDeadlineWaitedSteps + 2);
 }
+
+TEST_CASE("deadline on a hybrid plan: a stalled rank's replica is left out of every stage, its share dropped") {
+  // No rank but rank 0 holds the whole model's 96 MB of weight state, so no data-parallel
+  // plan fits without sharding it, which deadline refuses: auto plans replicas of pipelines.
+  const ClusterModel c = fx::cluster({2e13, 2e13, 1e13, 1e13}, {64 * fx::kGiB, 80e6, 80e6, 80e6}, 1e-4, 5e8);
+  WhatIfInput in;
+  in.planner = fx::input(c, fx::costs(c, 6), 128);
+  in.steps = 200;
+  in.checkpoint_every = 10;
+  in.deadline_slack = 0.5;
+  const Plan plan = plan_for_policy(in.planner, Policy::deadline, 0);
+  REQUIRE(plan.strategy == Strategy::hybrid);
+  REQUIRE(plan.layout.replicas.size() == 2);
+  const double step = plan.predicted.step_seconds, S = 40 * step;
+  // The last stage of the replica without rank 0: its pipeline holds the replica's every rank.
+  const int stalled = plan.layout.replicas[1].back();
+  in.events = {parse_what_if_event("stall:rank=" + std::to_string(stalled) + ",at=" + std::to_string(20.5 * step) +
+                                   ",for=" + std::to_string(S))};
+  check_what_if_events(in.events, c.ranks.size(), Catalogue{});
+  const WhatIfResult r = run_what_if(in);
+  const PolicyOutcome sync = outcome(r, Policy::sync);
+  CHECK(sync.lost_seconds >= S - 1e-9);
+  const PolicyOutcome deadline = outcome(r, Policy::deadline);
+  REQUIRE(deadline.refused.empty());
+  CHECK(deadline.notes.empty());  // neither "waits as sync does" nor a silent leader
+  // The other replica goes on: S / step steps closed short without replica 1, each
+  // dropping its share once (not once per stage), at most the waited steps' slack lost.
+  CHECK(deadline.lost_seconds >= -1e-9);
+  CHECK(deadline.lost_seconds <= (kDeadlineWaitedSteps + 1) * in.deadline_slack * step + 1e-9);
+  CHECK(static_cast<double>(deadline.steps_closed_short) >= S / step - kDeadlineWaitedSteps - 1);
+  CHECK(static_cast<double>(deadline.steps_closed_short) <= S / step + 1);
+  CHECK(deadline.samples_dropped == deadline.steps_closed_short * plan.layout.samples[1]);
+  // A pure pipeline has no stand-in: it waits as sync does, and says so.
+  WhatIfInput two = in;
+  const ClusterModel pair = fx::cluster({1e13, 1e13}, std::vector(2, 64 * fx::kGiB), 1e-4, 2e8);
+  two.planner = fx::input(pair, fx::costs(pair, 4, 1e6, 4096), 64, "pipeline");
+  REQUIRE(plan_for_policy(two.planner, Policy::deadline, 0).strategy == Strategy::pipeline);
+  two.events = {parse_what_if_event("stall:rank=1,at=1,for=5")};
+  const PolicyOutcome piped = outcome(run_what_if(two), Policy::deadline);
+  REQUIRE(!piped.notes.empty());
+  CHECK(contains(piped.notes[0], "a pipeline has no stand-in for a stalled stage"));
+  CHECK(piped.lost_seconds >= 5 - 1e-9);
+}
