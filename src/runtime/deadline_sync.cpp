@@ -3,6 +3,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "backend/allocator.h"
 #include "core/error.h"
 #include "runtime/guard.h"
 
@@ -63,6 +64,11 @@ void DeadlineSync::load(const comm::ReplicaState& s) {
   };
   for (const auto& [name, p] : params_)
     p.backend().copy_from_host(p.raw(), floats(p.numel()), static_cast<size_t>(p.numel()) * 4);
+  // The optimiser state in transit is host staging: the optimiser copies it into its own
+  // slots, and beside them it would need a second copy of every slot under the rank's
+  // memory cap, which a plan that fills the cap does not leave (a rank at 100% of 8 MiB ran
+  // out of memory taking its first catch-up).
+  Allocator::HostStaging staging;
   std::vector<nn::NamedTensor> state;
   for (const auto& [name, t] : optimizer_.state()) {
     if (t.dtype() == DType::f32) {

@@ -13,7 +13,7 @@ with a margin of two orders of magnitude, not by luck.
 
 Then a hybrid plan (2 replicas x 2 stages, from a fixed cluster file whose ranks 1-3
 cannot hold the whole model's optimiser state, so that no data-parallel plan fits without
-sharding, which deadline refuses): rank 0 is stopped for 3 s, which holds its replica's
+sharding, which deadline refuses; the config caps their memory so): rank 0 is stopped for 3 s, which holds its replica's
 pipeline (rank 0 leads both stages' reductions at first), and later the other replica's
 last stage. The replica without a stopped rank keeps closing steps on every stage; the
 held replica's ranks are caught up and agree on one step (AlignReplica) before they
@@ -176,6 +176,12 @@ def main():
 def hybrid(scratch):
     cluster = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_hybrid_capped_8mib.json")
     cfg = config(os.path.join(scratch, "hybrid.json"), "deadline", strategy="auto", steps=HYBRID_STEPS)
+    # The cluster file's caps, enforced: a catch-up's state must not need room beside the
+    # rank's own (rank 1's plan fills 99% of its 8 MiB).
+    c = load(cfg)
+    c["emulate"] = {"ranks": [{"rank": r, "memory_cap_mb": 8} for r in (1, 2, 3)]}
+    with open(cfg, "w") as f:
+        json.dump(c, f)
     run_dir = os.path.join(scratch, "hybrid")
     plan = run([HETRAIN, "plan", cfg, "--cluster", cluster, "--json", os.path.join(scratch, "hybrid.plan.json")])
     check("hybrid: the fixed cluster plans 2 replicas x 2 stages under deadline", plan.returncode == 0
