@@ -360,7 +360,6 @@ void Executor::align_replica(StepResult& r) {
           peer_timeout_));
     if (deadline_->step() < target) {
       DeadlineStep a = deadline_->align_to(target);
-
       forget_loss(a.missed);
       d.caught_up = true;
       d.passed.insert(d.passed.end(), a.missed.begin(), a.missed.end());
