@@ -14,6 +14,7 @@
 #include "comm/watchdog.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "plan/deadline_plan.h"
 #include "plan/plan_json.h"
 #include "plan/rebalance.h"
 #include "report/plan_table.h"
@@ -81,6 +82,13 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
       throw ht::config::ConfigError(a.plan + ": the plan was made for config '" + p.config_name +
                                     "' (hash " + p.config_hash + ") but this run's config '" + cfg.name +
                                     "' hashes to " + hash + "; plan again for this config");
+    if (p.sync_policy == ht::plan::SyncPolicy::deadline) {
+      try {
+        ht::plan::check_deadline_ranks(p);
+      } catch (const ht::Error& e) {
+        throw ht::config::ConfigError(a.plan + ": " + e.what());
+      }
+    }
     return {std::move(p), {}};
   }
   // A probe file needs no device catalogue (only synth: specs do, and train refuses them).

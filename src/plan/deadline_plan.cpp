@@ -34,6 +34,16 @@ void first_replica_rank_0(Plan& plan) {
 
 }  // namespace
 
+void check_deadline_ranks(const Plan& plan) {
+  if (plan.layout.replicas.size() < 2) return;  // a pure pipeline runs as under sync, idle ranks and all
+  std::string idle;
+  for (const RankPlan& r : plan.ranks)
+    if (r.replica < 0) idle += (idle.empty() ? "" : ", ") + std::to_string(r.rank);
+  HT_CHECK(idle.empty(), "parallel.sync deadline: the plan leaves rank", idle.find(',') != std::string::npos ? "s " : " ",
+           idle, " idle; under deadline every rank trains (an idle rank has no step to keep it with the job until "
+           "its end): plan again with parallel.sync deadline, whose plans use every rank, or give fewer ranks");
+}
+
 void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
   const size_t stages = plan.stage_ranges.size(), replicas = plan.layout.replicas.size();
   for (size_t s = 0; s < stages; ++s) {
@@ -44,8 +54,7 @@ void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel
              "whole optimizer state: give the ranks that memory, or set parallel.sync to sync");
   }
   if (replicas > 1) {
-    HT_CHECK(plan.ranks[0].replica >= 0, "parallel.sync deadline: the plan leaves rank 0 idle; rank 0 evaluates and "
-             "checkpoints from its own weights, so deadline needs it in a replica (set parallel.strategy to data)");
+    check_deadline_ranks(plan);  // rank 0 among them: it evaluates and checkpoints from its own weights
     first_replica_rank_0(plan);
     if (hub_steps_optimizer(plan)) set_hub_steps_optimizer(plan, false);
     plan.layout.reduce_owner = 0;

@@ -24,8 +24,12 @@ namespace ht::plan {
 // optimiser, rank 0's replica first (rank 0 evaluates and checkpoints from its own
 // weights, with no message from a rank that may be stalled), and the prediction redone
 // on the deadline lists. Throws ht::Error naming the setting and what is supported for
-// a sharded plan, or one that leaves rank 0 idle.
+// a sharded plan, or one with replicas that leaves a rank idle.
 void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
+
+// Throws ht::Error naming the idle ranks of a deadline plan with replicas (a plan file made
+// by hand, or for another policy): the planner leaves none idle under deadline.
+void check_deadline_ranks(const Plan& plan);
 
 // The deadline instructions in every rank's list that reduces: CatchUp first (a rank that
 // was left out takes the state it was sent before it computes), ReduceGradsDeadline in

@@ -290,7 +290,7 @@ std::vector<int> stage_counts(const PlannerInput& in, int used) {
 // count before a step down in speed (kSpeedStep).
 std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sorted) {
   const int world = static_cast<int>(sorted.size());
-  if (in.strategy != Asked::automatic) return {world};
+  if (in.strategy != Asked::automatic || in.use_every_rank) return {world};
   std::vector<int> out;
   for (int k = 1; k < world; ++k)
     if (replica_samples_per_s(in.costs, sorted[static_cast<size_t>(k)]) <

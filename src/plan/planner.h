@@ -56,6 +56,10 @@ struct PlannerInput {
   // Whether a rank short of memory may shard its stage's optimiser state over the stage's
   // replicas. Off under parallel.sync deadline, where a stalled rank's shard has no stand-in.
   bool may_shard_optimizer = true;
+  // Whether every rank must train (auto otherwise tries the fastest ranks alone too).
+  // On under parallel.sync deadline, where a slow rank is left out of the steps it is
+  // late for anyway, and an idle rank would have no step to pace it to the job's end.
+  bool use_every_rank = false;
   // Plans of one stage only (no pipeline): a dynamic loss scale is agreed within one
   // stage group (train.loss_scale, runtime/executor_sync.cpp).
   bool one_stage = false;

@@ -28,11 +28,12 @@ PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& 
 
 Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps) {
   if (policy == Policy::deadline) {
-    // Every rank keeps its stage's whole optimiser state and steps it itself: a stalled
-    // rank's shard, or a stalled hub, would have no stand-in.
+    // Every rank keeps its stage's whole optimiser state and steps it itself (a stalled
+    // rank's shard, or a stalled hub, would have no stand-in), and every rank trains.
     PlannerInput own = in;
     own.may_shard_optimizer = false;
     own.hub_may_step_optimizer = false;
+    own.use_every_rank = true;
     // Under auto, a data-parallel plan first: every replica holds the whole model, so any
     // rank's stall costs only its own share. Where none fits, the planner's own choice
     // (a hybrid plan survives a stalled rank too, at the cost of its replica's share; a
@@ -53,7 +54,8 @@ Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps)
         apply_deadline_sync(p, own.costs, own.cluster);
         return p;
       } catch (const Error& e) {
-        fail(e.what(), " (and no data-parallel plan: ", why_not_data, ")");
+        fail(e.what(), " (and no data-parallel plan: ", why_not_data,
+             "); under parallel.sync deadline every rank trains and keeps its stage's whole optimizer state");
       }
     }
     Plan p = make_plan(own);

@@ -375,6 +375,7 @@ class Play {
     pin.strategy = in_.planner.strategy;
     pin.hub_may_step_optimizer = in_.planner.hub_may_step_optimizer;
     pin.may_shard_optimizer = in_.planner.may_shard_optimizer;
+    pin.use_every_rank = in_.planner.use_every_rank;
     pin.one_stage = in_.planner.one_stage;
     pin.config_name = in_.planner.config_name;
     pin.config_hash = in_.planner.config_hash;

@@ -14,6 +14,7 @@
 #include "plan/stage_memory.h"
 #include "plan/plan_json.h"
 #include "plan/planner.h"
+#include "plan/policy_plan.h"
 #include "plan/simulator.h"
 
 using namespace ht;
@@ -163,4 +164,30 @@ TEST_CASE("deadline plan: the reduction is charged its copies at each rank's mem
   Plan q = make_plan(input(unmeasured, costs(unmeasured, 4), 128, "data"));
   apply_deadline_sync(q, in.costs, unmeasured);
   CHECK(deadline_copy_seconds(q, q.layout, in.costs, 0) == 0);
+}
+
+TEST_CASE("deadline plan: every rank trains; a plan with replicas that leaves one idle is refused, naming it") {
+  // Three ranks far slower than rank 0: auto trains on rank 0 alone, unless every rank must.
+  const ClusterModel c = cluster({8e12, 2e9, 2e9, 2e9}, std::vector(4, 64 * kGiB), 1e-4, 1e8);
+  PlannerInput in = input(c, costs(c, 4), 128);
+  const Plan alone = make_plan(in);
+  REQUIRE(has_idle_ranks(alone));
+  CHECK_NOTHROW(check_deadline_ranks(alone));  // one replica: it runs as under sync
+  in.use_every_rank = true;
+  CHECK_FALSE(has_idle_ranks(make_plan(in)));
+  CHECK_FALSE(has_idle_ranks(plan_for_policy(input(c, costs(c, 4), 128), ht::config::SyncPolicy::deadline, 0)));
+  // A data-parallel plan with rank 2 idle, as a plan file made by hand might hold.
+  Plan p = make_plan(input(c, costs(c, 4), 128, "data"));
+  REQUIRE(p.layout.replicas.size() == 4);
+  const int gone = p.layout.replicas[2][0];
+  p.layout.replicas.erase(p.layout.replicas.begin() + 2);
+  p.layout.samples[0] += p.layout.samples[2];
+  p.layout.samples.erase(p.layout.samples.begin() + 2);
+  p.layout.micro_batches.erase(p.layout.micro_batches.begin() + 2);
+  for (RankPlan& r : p.ranks)
+    if (r.rank == gone) r.replica = -1;
+  const std::string e = error_of([&] { check_deadline_ranks(p); });
+  CHECK(contains(e, "parallel.sync deadline: the plan leaves rank " + std::to_string(gone) + " idle"));
+  CHECK(contains(e, "every rank trains"));
+  CHECK_THROWS(apply_deadline_sync(p, in.costs, in.cluster));
 }
