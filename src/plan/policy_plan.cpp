@@ -1,5 +1,6 @@
 #include "plan/policy_plan.h"
 
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -36,27 +37,34 @@ Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps)
     own.use_every_rank = true;
     // Under auto, a data-parallel plan first: every replica holds the whole model, so any
     // rank's stall costs only its own share. Where none fits, the planner's own choice
-    // (a hybrid plan survives a stalled rank too, at the cost of its replica's share; a
-    // pure pipeline waits for it).
+    // over every rank (a hybrid plan survives a stalled rank too, at the cost of its
+    // replica's share), and last a pipeline over some of them (it waits for a stalled
+    // stage, as under sync, and its idle ranks keep with it as under sync).
     if (own.strategy == config::ParallelStrategy::automatic) {
-      PlannerInput data = own;
+      std::string why_not;
+      auto attempt = [&](PlannerInput pin, bool one_replica) -> std::optional<Plan> {
+        try {
+          Plan p = make_plan(pin);
+          if (one_replica && p.layout.replicas.size() > 1 && has_idle_ranks(p)) {
+            why_not += "; over some ranks, replicas with ranks left idle (under deadline an idle rank has no step "
+                       "to keep it with the job)";
+            return std::nullopt;
+          }
+          apply_deadline_sync(p, pin.costs, pin.cluster);
+          return p;
+        } catch (const Error& e) {
+          why_not += (why_not.empty() ? "" : "; ") + std::string(e.what());
+          return std::nullopt;
+        }
+      };
+      PlannerInput data = own, some = own;
       data.strategy = config::ParallelStrategy::data;
-      std::string why_not_data;
-      try {
-        Plan p = make_plan(data);
-        apply_deadline_sync(p, data.costs, data.cluster);
-        return p;
-      } catch (const Error& e) {
-        why_not_data = e.what();
-      }
-      try {
-        Plan p = make_plan(own);
-        apply_deadline_sync(p, own.costs, own.cluster);
-        return p;
-      } catch (const Error& e) {
-        fail(e.what(), " (and no data-parallel plan: ", why_not_data,
-             "); under parallel.sync deadline every rank trains and keeps its stage's whole optimizer state");
-      }
+      some.use_every_rank = false;
+      if (auto p = attempt(data, false)) return std::move(*p);
+      if (auto p = attempt(own, false)) return std::move(*p);
+      if (auto p = attempt(some, true)) return std::move(*p);
+      fail("parallel.sync deadline: no plan in which every rank trains and keeps its stage's whole optimizer "
+           "state, nor a pipeline over some of them: ", why_not);
     }
     Plan p = make_plan(own);
     apply_deadline_sync(p, own.costs, own.cluster);

@@ -191,3 +191,23 @@ TEST_CASE("deadline plan: every rank trains; a plan with replicas that leaves on
   CHECK(contains(e, "every rank trains"));
   CHECK_THROWS(apply_deadline_sync(p, in.costs, in.cluster));
 }
+
+TEST_CASE("deadline plan: where no layout over every rank fits, auto takes one replica over some ranks") {
+  // Ranks 2 and 3 cannot hold one block (16 MB of weight state) and rank 1 not the whole
+  // model: no plan over every rank fits, and no data-parallel one; a pipeline or rank 0
+  // alone does, and its idle ranks keep with it as under sync (it has no stand-in to
+  // wait for under deadline either).
+  const ClusterModel c = cluster({2e13, 2e13, 1e13, 1e13}, {64 * kGiB, 60e6, 10e6, 10e6}, 1e-4, 5e8);
+  const Plan p = plan_for_policy(input(c, costs(c, 6), 128), ht::config::SyncPolicy::deadline, 0);
+  CHECK(p.sync_policy == plan::SyncPolicy::deadline);
+  CHECK(p.layout.replicas.size() == 1);
+  CHECK(has_idle_ranks(p));
+  CHECK(p.ranks[2].replica < 0);
+  CHECK(p.ranks[3].replica < 0);
+  CHECK(check_schedules(plan_schedules(p)).ok);
+  // Nothing at all fits: the error says what deadline asked of every attempt.
+  const ClusterModel tiny = cluster({2e13, 2e13}, {10e6, 10e6}, 1e-4, 5e8);
+  const std::string e =
+      error_of([&] { plan_for_policy(input(tiny, costs(tiny, 6), 128), ht::config::SyncPolicy::deadline, 0); });
+  CHECK(contains(e, "parallel.sync deadline: no plan in which every rank trains"));
+}
