@@ -146,12 +146,14 @@ struct DeadlineReduce::Message {
   }
 };
 
-std::shared_ptr<std::vector<char>> DeadlineReduce::word(int64_t kind, int64_t step, int64_t term, uint64_t hash) {
+std::shared_ptr<std::vector<char>> DeadlineReduce::word(int64_t kind, int64_t step, int64_t term, uint64_t hash,
+                                                        int64_t samples) {
   Header h;
   h.kind = kind;
   h.step = step;
   h.term = term;
   h.hash = hash;
+  h.samples = samples;
   return Message::encode(h, {}, nullptr, 0);
 }
 
@@ -705,13 +707,7 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
       break;
     }
     if (asked_term != term_ && leader() != rank_) {
-      Header h;
-      h.kind = catch_up_at;
-      h.step = step_;
-      h.term = term_;
-      h.hash = hash_;
-      h.samples = target;
-      send(leader(), Message::encode(h, {}, nullptr, 0));
+      send(leader(), word(catch_up_at, step_, term_, hash_, target));
       asked_term = term_;
       wait_until = Clock::now() + seconds(kAlignPatiences * patience());
     } else if (asked_term != term_) {  // this rank leads by an old term it has not yet heard replaced

@@ -164,8 +164,10 @@ class DeadlineReduce {
   void adopt_term(int64_t term);
   void suspect_leader();
   void send(int dst, std::shared_ptr<std::vector<char>> bytes);
-  // A message of a header alone: `kind` with the sender's step, term and chain hash.
-  static std::shared_ptr<std::vector<char>> word(int64_t kind, int64_t step, int64_t term, uint64_t hash);
+  // A message of a header alone: `kind` with the sender's step, term and chain hash (and
+  // `samples`, which a catch-up-at request uses for the step it asks for).
+  static std::shared_ptr<std::vector<char>> word(int64_t kind, int64_t step, int64_t term, uint64_t hash,
+                                                 int64_t samples = 0);
   void send_notice(int dst);
   void send_catch_up(int dst, int64_t since, bool final = false);
   void take_catch_up();
