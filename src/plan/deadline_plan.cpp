@@ -64,7 +64,7 @@ void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel
 }
 
 void add_deadline_sync(std::vector<Schedule>& schedules, const PipelineLayout& layout) {
-  const bool hybrid = layout.replicas.size() > 1 && !layout.replicas.empty() && layout.replicas[0].size() > 1;
+  const bool hybrid = layout.replicas.size() > 1 && layout.replicas[0].size() > 1;
   for (size_t r = 0; r < layout.replicas.size(); ++r)
     for (int rank : layout.replicas[r]) {
       HT_CHECK(rank >= 0 && static_cast<size_t>(rank) < schedules.size(), "add_deadline_sync: rank ", rank,

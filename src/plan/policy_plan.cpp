@@ -42,14 +42,11 @@ Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps)
     // stage, as under sync, and its idle ranks keep with it as under sync).
     if (own.strategy == config::ParallelStrategy::automatic) {
       std::string why_not;
-      auto attempt = [&](PlannerInput pin, bool one_replica) -> std::optional<Plan> {
+      // apply_deadline_sync refuses replicas beside idle ranks (check_deadline_ranks), so
+      // the last attempt keeps only a single replica over some ranks.
+      auto attempt = [&](const PlannerInput& pin) -> std::optional<Plan> {
         try {
           Plan p = make_plan(pin);
-          if (one_replica && p.layout.replicas.size() > 1 && has_idle_ranks(p)) {
-            why_not += "; over some ranks, replicas with ranks left idle (under deadline an idle rank has no step "
-                       "to keep it with the job)";
-            return std::nullopt;
-          }
           apply_deadline_sync(p, pin.costs, pin.cluster);
           return p;
         } catch (const Error& e) {
@@ -60,9 +57,9 @@ Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps)
       PlannerInput data = own, some = own;
       data.strategy = config::ParallelStrategy::data;
       some.use_every_rank = false;
-      if (auto p = attempt(data, false)) return std::move(*p);
-      if (auto p = attempt(own, false)) return std::move(*p);
-      if (auto p = attempt(some, true)) return std::move(*p);
+      if (auto p = attempt(data)) return std::move(*p);
+      if (auto p = attempt(own)) return std::move(*p);
+      if (auto p = attempt(some)) return std::move(*p);
       fail("parallel.sync deadline: no plan in which every rank trains and keeps its stage's whole optimizer "
            "state, nor a pipeline over some of them: ", why_not);
     }

@@ -417,8 +417,8 @@ TEST_CASE("schedule: AlignReplica comes after OptimizerStep, names its replica, 
     CHECK_MESSAGE(report.problem.find("names no replica") != std::string::npos, report.problem);
   }
   SUBCASE("a replica's ranks wait for each other, not for the other replica") {
-    // Replica 0's agreement moved after a receive that only replica 1's last send meets:
-    // a deadlock would show if the replicas' agreements were one collective.
+    // Each replica's two ranks fire their AlignReplica together, without the other
+    // replica's: the sweep groups the collective by replica, not by stage.
     auto all = built;
     std::set<int> groups;
     for (const Schedule& s : all)
