@@ -38,9 +38,14 @@ std::shared_ptr<std::byte> map_shared(Communicator& comm, int owner, size_t byte
   if (comm.rank() == owner) {
     name = "/hetrain-shared-" + std::to_string(getpid()) + "-" + std::to_string(made++);
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    // posix_fallocate reserves the pages: a /dev/shm too small for them refuses here,
+    // where after ftruncate alone the first touch of a missing page would be a SIGBUS.
+    int err = 0;
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) err = errno;
+    else err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (err != 0) {
       error = "cannot create " + std::to_string(bytes) + " bytes of shared memory " + name + ": " +
-              std::strerror(errno);
+              std::strerror(err);
       if (fd >= 0) {
         close(fd);
         shm_unlink(name.c_str());

@@ -445,13 +445,11 @@ double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
 }
 
 // Whether each rank's own cores carry its part of the outer exchange: a CPU rank whose
-// links to every other member run at host-memory speed (kHostCopyBandwidth and up). Over
-// shared memory there is no engine apart from the cores the inner steps run on: the
-// rank copies the messages itself (the receiver's single copy), sums the part it owns,
-// and its progress calls between blocks take turns with the blocks; priced as the pass
-// alone, such ranks' rounds were planned far shorter than the outer work the runtime
-// measures (docs/architecture.md, local's H). Over a slower link the exchange's time is
-// the wire's, and a GPU rank's exchange runs beside its kernels.
+// links to every other member run at host-memory speed (kHostCopyBandwidth and up),
+// taken as ranks of one host, where the runtime exchanges through shared memory
+// (comm/shared_allreduce.h). There is no engine apart from the cores the inner steps
+// run on: the rank sums the part it owns, between its blocks. Over a slower link the
+// exchange's time is the wire's, and a GPU rank's exchange runs beside its kernels.
 // Per site, from one or two member ranks of it (ranks of a site share their links):
 // O(members + sites^2).
 std::vector<char> carries_exchange(const Plan& plan, const ClusterModel& cluster) {
@@ -482,10 +480,20 @@ std::vector<char> carries_exchange(const Plan& plan, const ClusterModel& cluster
   return out;
 }
 
-// A member's own outer work a round: its pass, and the exchange where it carries it.
-double outer_work_seconds(const Plan& plan, const BlockCosts& costs, int rank, double exchange,
-                          const std::vector<char>& carries) {
-  return update_seconds(plan, costs, rank) + (carries[static_cast<size_t>(rank)] ? exchange : 0.0);
+// A member's own outer work a round: its pass and, where it carries the exchange, the
+// sums of its part through shared memory: every member's contribution read and the sums
+// written, (members + 1) x its part, taken as an even one (the parts follow the split,
+// which is not known yet where the groups' costs are: a fraction of the pass either way).
+// `members`: outer_members(plan)'s count.
+double outer_work_seconds(const Plan& plan, const BlockCosts& costs, int rank, const std::vector<char>& carries,
+                          size_t members) {
+  double s = update_seconds(plan, costs, rank);
+  const double bw = plan.ranks[static_cast<size_t>(rank)].device.memory_bandwidth;
+  if (carries[static_cast<size_t>(rank)] && bw > 0 && members > 0) {
+    const auto m = static_cast<double>(members);
+    s += total_params(costs) * 4 * (m + 1) / m / bw;
+  }
+  return s;
 }
 
 }  // namespace
@@ -515,7 +523,8 @@ CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const
   CostModel m;
   std::vector<double> update;
   const std::vector<char> carries = carries_exchange(plan, cluster);
-  for (const RankPlan& rp : plan.ranks) update.push_back(outer_work_seconds(plan, costs, rp.rank, exchange, carries));
+  const size_t members = outer_members(plan).size();
+  for (const RankPlan& rp : plan.ranks) update.push_back(outer_work_seconds(plan, costs, rp.rank, carries, members));
   m.compute_seconds = [update](int rank, const Instruction& in) {
     HT_CHECK(in.op == Op::outer_sync_start, "outer sync cost model: ", op_name(in.op), " is not compute");
     return update[static_cast<size_t>(rank)];
@@ -530,8 +539,7 @@ namespace {
 // fixed part, the optimiser step and the per-call costs, and a part per sample), and
 // its sub-plan predicted at one global batch (`subs`, for the busy fractions).
 std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
-                                      std::vector<std::vector<double>>* busy, const LinkTiers* tiers,
-                                      double exchange) {
+                                      std::vector<std::vector<double>>* busy, const LinkTiers* tiers) {
   const LocalSync& l = *plan.local;
   const int64_t batch = plan.global_batch;
   // Groups of the same classes of ranks, with the same nominal shares, cost the same:
@@ -539,6 +547,7 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
   const LinkTiers own = tiers ? LinkTiers{} : link_tiers(cluster);
   const std::vector<int> kind_of_rank = cost_classes(cluster, costs, tiers ? *tiers : own);
   const std::vector<char> carries = carries_exchange(plan, cluster);
+  const size_t members = outer_members(plan).size();
   std::map<std::vector<int64_t>, size_t> seen;  // a group's kind -> the first group of it
   std::vector<GroupCost> out(l.groups.size());
   if (busy) busy->assign(l.groups.size(), {});
@@ -577,7 +586,7 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
     }
     c.step_fixed = std::max(0.0, step - c.per_sample * static_cast<double>(batch));
     // Its round also holds its own outer work (OuterSyncStart on its slowest rank).
-    for (int r : ranks) c.round_fixed = std::max(c.round_fixed, outer_work_seconds(plan, costs, r, exchange, carries));
+    for (int r : ranks) c.round_fixed = std::max(c.round_fixed, outer_work_seconds(plan, costs, r, carries, members));
     if (busy)
       for (const RankPlan& rp : sub.ranks) (*busy)[g].push_back(rp.busy_fraction);
   }
@@ -588,7 +597,7 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
 
 std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
   check_local_plan(plan);
-  return costs_and_subs(plan, costs, cluster, nullptr, nullptr, exchange_seconds(plan, costs, cluster));
+  return costs_and_subs(plan, costs, cluster, nullptr, nullptr);
 }
 
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
@@ -606,7 +615,7 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   const LinkTiers tiers = link_tiers(cluster);
   std::vector<std::vector<double>> busy;  // each group's ranks' busy fractions at one batch
   const double exchange = exchange_seconds(plan, costs, cluster, &tiers);
-  const std::vector<GroupCost> cost = costs_and_subs(plan, costs, cluster, &busy, &tiers, exchange);
+  const std::vector<GroupCost> cost = costs_and_subs(plan, costs, cluster, &busy, &tiers);
   std::vector<double> step(n);  // at one global batch
   for (size_t g = 0; g < n; ++g) step[g] = cost[g].step_fixed + cost[g].per_sample * static_cast<double>(batch);
   l.outer_exchange_seconds = exchange;

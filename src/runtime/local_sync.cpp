@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "comm/shared_allreduce.h"
 #include "comm/weighted_allreduce.h"
 #include "core/cpu_time.h"
 #include "core/crc32.h"
@@ -78,7 +79,7 @@ std::unique_ptr<LocalGroup> LocalGroup::make(const plan::Plan& plan, comm::Commu
 }
 
 LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params, comm::Communicator& world,
-                     const config::ParallelConfig& cfg)
+                     const config::ParallelConfig& cfg, bool shared_memory)
     : plan_(plan),
       params_(std::move(params)),
       lr_(static_cast<float>(cfg.outer_lr)),
@@ -97,11 +98,17 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
   stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())}, cpu_backend());  // host: seconds written through data()
   window_inner_.assign(plan.local->groups.size(), 0.0);
   window_pass_.assign(plan.local->groups.size(), 0.0);
+  if (shared_memory && member_ && outer_->size() > 1) {  // collective over the members
+    std::vector<int64_t> sizes;
+    for (const auto& [name, p] : params_) sizes.push_back(p.numel());
+    sizes.push_back(stats_.numel());
+    board_ = comm::SharedAllreduce::make(*outer_, sizes, timeout());
+  }
   for (const auto& [name, p] : params_) {
     HT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, "local sync: parameter '", name,
              "' is not a dense float32 tensor");
     momentum_.push_back(Tensor::zeros(p.shape(), cpu_backend()));
-    delta_.push_back(Tensor::zeros(p.shape(), cpu_backend()));
+    if (!board_) delta_.push_back(Tensor::zeros(p.shape(), cpu_backend()));
   }
   reset_to_weights();
 }
@@ -138,7 +145,30 @@ void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, 
   for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, mu);
 }
 
+bool LocalSync::in_flight() const { return exchange_ || (board_ && board_->posted() > exchanges_finished_); }
+
+const float* LocalSync::sums_of(size_t i) const { return board_ ? board_->sums(exchanges_, i) : delta_[i].data(); }
+
+float* LocalSync::contribution_of(size_t i) const {
+  return board_ ? board_->contribution(exchanges_ + 1, i) : delta_[i].data();
+}
+
+void LocalSync::advance() {
+  if (board_) board_->progress();
+  else if (exchange_)
+    while (exchange_->progress()) {
+    }
+}
+
 void LocalSync::start_exchange(bool with_stats) {
+  ++exchanges_;
+  stats_in_flight_ = with_stats;
+  if (board_) {
+    float* st = board_->contribution(exchanges_, params_.size());
+    if (with_stats) std::copy(stats_.data(), stats_.data() + stats_.numel(), st);
+    board_->post(exchanges_, weights_);
+    return;
+  }
   if (draining_) {
     const auto t0 = std::chrono::steady_clock::now();
     HT_CHECK(draining_->drain(timeout()) == comm::WaitStatus::done, "rank ", world_rank_,
@@ -150,15 +180,23 @@ void LocalSync::start_exchange(bool with_stats) {
   exchange_ = std::make_unique<comm::OverlappedAllreduce>(*outer_, weights_);
   exchange_->add(delta_);
   if (with_stats) exchange_->add({stats_});
-  stats_in_flight_ = with_stats;
-  while (exchange_->progress()) {
-  }
+  advance();
 }
 
 void LocalSync::finish_exchange() {
-  HT_CHECK(exchange_->finish(timeout()) == comm::WaitStatus::done, "rank ", world_rank_, ": the outer exchange of round ",
-           outer_steps_ + 1, " waited more than ", timeout_s_, " s (parallel.peer_timeout_s) for its sums; a rank has stalled");
-  draining_ = std::move(exchange_);
+  if (board_) {
+    if (board_->finish(timeout()) != comm::WaitStatus::done) {
+      std::string late;
+      for (int r : board_->missing()) late += (late.empty() ? "" : ", ") + std::to_string(r);
+      fail("rank ", world_rank_, ": the outer exchange of round ", outer_steps_ + 1, " waited more than ", timeout_s_,
+           " s (parallel.peer_timeout_s) for the sums of rank(s) ", late, " (shared memory); a rank has stalled");
+    }
+    exchanges_finished_ = exchanges_;
+  } else {
+    HT_CHECK(exchange_->finish(timeout()) == comm::WaitStatus::done, "rank ", world_rank_, ": the outer exchange of round ",
+             outer_steps_ + 1, " waited more than ", timeout_s_, " s (parallel.peer_timeout_s) for its sums; a rank has stalled");
+    draining_ = std::move(exchange_);
+  }
   sums_ready_ = true;
   if (stats_in_flight_) take_stats();
   stats_in_flight_ = false;
@@ -169,7 +207,7 @@ void LocalSync::take_stats() {
     --skip_rounds_;
     return;
   }
-  const float* s = stats_.data();
+  const float* s = board_ ? board_->sums(exchanges_, params_.size()) : stats_.data();
   const size_t groups = plan_.local->groups.size();
   std::vector<double> inner(groups, 0.0), pass(groups, 0.0);
   for (const plan::RankPlan& rp : plan_.ranks) {
@@ -216,19 +254,18 @@ std::optional<plan::RoundSplit> LocalSync::take_resplit() {
 void LocalSync::take_outer_step() {
   if (!sums_ready_) return;
   for (size_t i = 0; i < theta_.size(); ++i)
-    outer_update(theta_[i].data(), momentum_[i].data(), delta_[i].data(), theta_[i].numel(), lr_, mu_);
+    outer_update(theta_[i].data(), momentum_[i].data(), sums_of(i), theta_[i].numel(), lr_, mu_);
   sums_ready_ = false;
   ++outer_steps_;
   checksum_.clear();
 }
 
 void LocalSync::poll() {
-  if (!exchange_) return;
+  if (!in_flight()) return;
   const auto t0 = std::chrono::steady_clock::now();
   // Polls run at every block edge; only a CPU rank's stats use the CPU clock.
   const double cpu0 = cpu_rank_ ? process_cpu_seconds() : 0;
-  while (exchange_->progress()) {
-  }
+  advance();
   const double s = seconds_since(t0);
   outer_work_s_ += s;
   polled_s_ += s;
@@ -241,9 +278,7 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
   const double cpu0 = process_cpu_seconds();
   inner_s_ += std::max(0.0, inner_seconds - polled_s_);
   polled_s_ = 0;
-  if (exchange_)
-    while (exchange_->progress()) {
-    }
+  advance();
   ++steps_in_round_;
   if (done % inner_steps_ != 0) {
     outer_work_s_ += seconds_since(t0);  // moving the exchange along: this round's work
@@ -254,7 +289,7 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
   double waited = 0;  // for the exchange's sums: another rank's lateness, not this one's work
   for (const plan::Instruction& in : outer_list_) switch (in.op) {
       case plan::Op::outer_sync_finish:
-        if (exchange_) {
+        if (in_flight()) {
           const auto tf = std::chrono::steady_clock::now();
           finish_exchange();
           waited = seconds_since(tf);
@@ -298,10 +333,13 @@ void LocalSync::start_round() {
     float* th = theta_[i].data();
     float* m = momentum_[i].data();
     float* a = anchor_[i].data();
-    float* d = delta_[i].data();
+    // Over messages both are delta_[i]: each element's sum is read before its
+    // contribution overwrites it.
+    const float* sums = step ? sums_of(i) : nullptr;
+    float* d = contribution_of(i);
     float* y = host_view(params_[i].second, scratch_);
     for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
-      if (step) outer_step_one(th[k], m[k], d[k], lr_, mu_);
+      if (step) outer_step_one(th[k], m[k], sums[k], lr_, mu_);
       const float delta = a[k] - y[k];  // this round's progress, negated
       d[k] = weight * delta;
       a[k] = y[k] = th[k] - delta;
@@ -339,7 +377,7 @@ void LocalSync::start_round() {
 
 void LocalSync::flush() {
   if (!member_) return;
-  if (exchange_) {
+  if (in_flight()) {
     finish_exchange();
     take_outer_step();
     // The weights held theta_old - delta: the step just taken replaces that own progress.
@@ -361,7 +399,7 @@ void LocalSync::flush() {
     for (size_t i = 0; i < params_.size(); ++i) {
       const float* a = anchor_[i].data();
       const float* y = host_view(params_[i].second, scratch_);
-      float* d = delta_[i].data();
+      float* d = contribution_of(i);
       for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) d[k] = partial * (a[k] - y[k]);
     }
     start_exchange(false);

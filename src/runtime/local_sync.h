@@ -25,6 +25,10 @@
 // are made by one owner per part and sent to all (comm/weighted_allreduce.h), so every
 // member of the exchange holds bit-identical theta and m (plan::outer_members: the
 // groups' ranks and rank 0; another idle rank takes no part and holds no outer weights).
+// Where every member is on one host (and no link is emulated) the exchange runs through
+// shared memory instead (comm/shared_allreduce.h): the pass writes this rank's delta
+// where the owners read it and reads the sums where they wrote them, the same sums bit
+// for bit, with none of the messages' copies.
 //
 // Re-splitting from measurement (plan::resplit_from_measured). Each rank's exchange also
 // carries, in its own two slots of a stats vector, the seconds it spent in the round's
@@ -61,6 +65,7 @@
 
 namespace ht::comm {
 class OverlappedAllreduce;
+class SharedAllreduce;
 }
 
 namespace ht::runtime {
@@ -81,8 +86,10 @@ class LocalSync {
  public:
   // Collective over `world` (it splits the outer communicator). `params` are this rank's
   // weights (the whole model), trained in place by the group's executor.
+  // `shared_memory` false keeps the exchange on messages even on one host (the tests
+  // compare the two).
   LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params, comm::Communicator& world,
-            const config::ParallelConfig& cfg);
+            const config::ParallelConfig& cfg, bool shared_memory = true);
   ~LocalSync();
 
   // After every job step (`done` of them in the job, whether this group took an inner
@@ -109,6 +116,8 @@ class LocalSync {
 
   int inner_steps() const { return inner_steps_; }
   int64_t outer_steps() const { return outer_steps_; }
+  // Whether the exchange runs through shared memory (see above), not messages.
+  bool shared_exchange() const { return board_ != nullptr; }
   const std::string& outer_checksum();  // CRC-32 of theta's bytes (kept until theta changes)
 
   // The outer step on plain arrays, as after_inner_step applies it: m = mu m + d;
@@ -117,8 +126,14 @@ class LocalSync {
 
  private:
   void start_round();      // OuterSyncStart: the outer step, the deltas, the new anchor, the exchange
-  void start_exchange(bool with_stats);  // delta_ (and stats_) into the exchange
-  void finish_exchange();  // OuterSyncFinish: waits for the sums (into delta_)
+  void start_exchange(bool with_stats);  // the contributions (and stats_) into the exchange
+  void finish_exchange();  // OuterSyncFinish: waits for the sums
+  bool in_flight() const;  // an exchange is started and not finished
+  void advance();          // moves the exchange in flight along; never waits
+  // Tensor i's sums of the last exchange finished, and where this rank writes its
+  // contribution to the next: delta_[i] both, over messages (the sums arrive in place).
+  const float* sums_of(size_t i) const;
+  float* contribution_of(size_t i) const;
   void take_outer_step();  // the outer step with the sums, where finish_exchange took any
   void take_stats();       // the round's measured seconds from the exchange's stats sums
   void apply_split(const plan::RoundSplit& split);
@@ -143,6 +158,9 @@ class LocalSync {
   plan::Schedule outer_list_;  // plan::outer_sync_schedules: run after each round's last step
   std::unique_ptr<comm::OverlappedAllreduce> exchange_;  // in flight
   std::unique_ptr<comm::OverlappedAllreduce> draining_;  // finished; its sums still going out
+  std::unique_ptr<comm::SharedAllreduce> board_;  // the exchange through shared memory, where it runs so
+  int64_t exchanges_ = 0;           // started so far: the board's exchange numbers
+  int64_t exchanges_finished_ = 0;  // of them, finished (the board's)
   // Measured rounds (see above).
   bool resplit_ = false;          // parallel.rebalance_every > 0: the exchange carries stats_
   Tensor stats_;                  // (2 x world): inner seconds, pass seconds, per rank

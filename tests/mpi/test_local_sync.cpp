@@ -2,6 +2,8 @@
 // outer weights are the sample-weighted mean of the groups' deltas followed by the
 // Nesterov step, one round late, against a plain reference in double; every rank holds
 // bit-identical outer weights after every outer step; flush leaves the outer weights.
+// The exchange runs through shared memory (the 4 ranks share a host) and over messages,
+// and the two give the same outer weights bit for bit.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -58,11 +60,11 @@ double increment(int g, int k, size_t t, int64_t i) {
 
 double initial(size_t t, int64_t i) { return 0.5 + 1e-3 * static_cast<double>((i + static_cast<int64_t>(t)) % 13); }
 
-}  // namespace
-
-TEST_CASE("local sync: the outer step takes the sample-weighted mean of the groups' deltas, then Nesterov, one round late") {
+// The rounds below against the reference, the exchange through shared memory or over
+// messages; the outer checksums after every round and after the flush.
+std::vector<std::string> run_rounds(bool shared_memory) {
   comm::Communicator& world = comm::world();
-  if (world.size() != kRanks) return;
+  std::vector<std::string> trail;
   const plan::Plan plan = local_plan();
   plan::check_local_plan(plan);
   config::ParallelConfig cfg;
@@ -75,8 +77,9 @@ TEST_CASE("local sync: the outer step takes the sample-weighted mean of the grou
     for (int64_t i = 0; i < kSizes[t]; ++i) v[static_cast<size_t>(i)] = static_cast<float>(initial(t, i));
     params.emplace_back("w" + std::to_string(t), Tensor::from_vector(v, {kSizes[t]}, cpu_backend()));
   }
-  runtime::LocalSync sync(plan, params, world, cfg);
+  runtime::LocalSync sync(plan, params, world, cfg, shared_memory);
   CHECK(sync.inner_steps() == kH);
+  CHECK(sync.shared_exchange() == shared_memory);
 
   // The reference: every group's weights, the round's start, theta and m, in double.
   const int me = group_of(world.rank());
@@ -131,6 +134,7 @@ TEST_CASE("local sync: the outer step takes the sample-weighted mean of the grou
   auto checksums_agree = [&] {
     const std::vector<std::string> all = world.allgather(sync.outer_checksum(), kLong, "the test's checksums");
     for (const std::string& c : all) CHECK(c == all[0]);
+    trail.push_back(all[0]);
   };
 
   int outer = 0;
@@ -184,4 +188,16 @@ TEST_CASE("local sync: the outer step takes the sample-weighted mean of the grou
   CHECK(sync.outer_steps() == kRounds + 1);
   check_params(ref.theta, kRounds + 2, "after flush");
   checksums_agree();
+  return trail;
+}
+
+}  // namespace
+
+TEST_CASE("local sync: the outer step takes the sample-weighted mean of the groups' deltas, then Nesterov, one round late") {
+  if (comm::world().size() != kRanks) return;
+  const std::vector<std::string> shared = run_rounds(true);
+  const std::vector<std::string> messages = run_rounds(false);
+  REQUIRE(shared.size() == kRounds + 1);
+  // Each part summed by its owner in the same order both ways: the same bits.
+  CHECK(shared == messages);
 }
