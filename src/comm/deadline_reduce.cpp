@@ -209,7 +209,7 @@ double DeadlineReduce::budget() const {
 // A member waits this long for its leader's result before moving to the next leader:
 // the leader closes within a budget of its own start, which is at most a little before
 // the member's, plus the time the sum takes to travel.
-double DeadlineReduce::patience() const { return 2 * last_budget_ + 0.02; }
+double DeadlineReduce::patience() const { return std::max(2 * last_budget_ + 0.02, options_.min_patience_s); }
 
 void DeadlineReduce::post_receive(int peer) {
   auto& box = inbox_[static_cast<size_t>(peer)];

@@ -54,6 +54,11 @@ struct DeadlineOptions {
   double slack = 0.5;             // budget = step x (1 + slack)
   int64_t max_staleness = 0;      // 0: late contributions are dropped
   double peer_timeout_s = 300;    // the bound on any wait
+  // The least a member waits for its leader's answer before it suspects the leader and
+  // turns to the next (otherwise twice the budget plus 20 ms). The jobs leave it 0; a
+  // test of what one leader does sets it long, so that a loaded host's delays of tens
+  // of milliseconds cannot hand the lead on mid-test.
+  double min_patience_s = 0;
 };
 
 // Weights, optimiser state and anything else a replica must hold identically, flattened.
