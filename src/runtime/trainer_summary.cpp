@@ -100,6 +100,8 @@ void Run::write_summary(int64_t start, double wall, double trained, const std::v
       summary["group_steps"] = plan_.local->group_steps;
       summary["round_samples"] = plan_.local->round_samples;
       summary["outer_steps"] = local_->outer_steps();
+      // Rank 0 is a member of the exchange, and every member took the same path.
+      summary["outer_exchange"] = local_->shared_exchange() ? "shared memory" : "messages";
     }
   }
   write_file_atomically(dir_->file("summary.json"), summary.dump(2) + "\n", "summary");

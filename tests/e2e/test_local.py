@@ -149,6 +149,8 @@ def main():
     check("the summary names the policy, the groups and H",
           summary.get("sync_policy") == "local" and summary.get("inner_steps") == H and summary.get("ranks") == 2
           and summary.get("resumed_from_step") == 30 and "groups" in summary, summary)
+    # Both ranks on this host, no link emulated: the exchange through shared memory.
+    check("the outer exchange ran through shared memory", summary.get("outer_exchange") == "shared memory", summary)
     accuracy = summary["final"]["test_accuracy"]
     print(f"final test accuracy {accuracy:.4f}")
     check("the resumed model is trained (test accuracy above 60%)", accuracy > 0.6, accuracy)
