@@ -15,9 +15,13 @@ using namespace mpi_test;
 
 namespace {
 
-// Round trips of `bytes` out and 1 byte back between ranks 0 and 1; returns the median
-// round-trip time on rank 0 (0 elsewhere). The median, since the 2 cores here are
-// shared with other work and a descheduled rank spoils single rounds.
+// Round trips of `bytes` out and 1 byte back between ranks 0 and 1; returns the fastest
+// round trip on rank 0 (0 elsewhere). The fastest: a rank descheduled by other work on
+// the cores only ever adds to a round, and the emulation never delivers before its
+// model, so the fastest of several rounds is the one nearest the model whatever the
+// load (with the median, 7 of 12 runs of the suite beside four busy loops failed).
+// Checked against [model, 1.5 x model]: early would be a delay not applied, and a
+// delay applied twice would be 2 x.
 double round_trip_s(Communicator& w, size_t bytes, int rounds) {
   std::vector<char> buf(bytes, 'p');
   char ack = 'a';
@@ -29,8 +33,7 @@ double round_trip_s(Communicator& w, size_t bytes, int rounds) {
       REQUIRE(w.recv_bytes(&ack, 1, 1, 51, kLong) == WaitStatus::done);
       took.push_back(seconds_since(t0));
     }
-    std::sort(took.begin(), took.end());
-    return took[took.size() / 2];
+    return *std::min_element(took.begin(), took.end());
   }
   if (w.rank() == 1) {
     for (int i = 0; i < rounds; ++i) {
@@ -62,13 +65,13 @@ TEST_CASE("emulation: one-way latency of 0<->1 messages follows the links") {
   emulate(w, links);
   const double one = round_trip_s(w, 8, 7) / 2;
   report(w, "one-way 0<->1, rank 1 at 20 ms", one, 0.020);
-  if (w.rank() == 0) CHECK(std::abs(one - 0.020) <= 0.2 * 0.020);
+  if (w.rank() == 0) CHECK((one >= 0.020 && one <= 1.5 * 0.020));
 
   links[0].latency_s = 0.020;
   emulate(w, links);
   const double both = round_trip_s(w, 8, 7) / 2;
   report(w, "one-way 0<->1, both at 20 ms", both, 0.040);
-  if (w.rank() == 0) CHECK(std::abs(both - 0.040) <= 0.2 * 0.040);
+  if (w.rank() == 0) CHECK((both >= 0.040 && both <= 1.5 * 0.040));
   emulate(w, {});
 }
 
@@ -79,7 +82,7 @@ TEST_CASE("emulation: 1 MB at 10 MB/s takes 100 ms, and sizes keep their order")
   emulate(w, links);
   const double rtt = round_trip_s(w, 1000000, 3);
   report(w, "1 MB 0->1 at 10 MB/s (+1 byte back)", rtt, 0.100);
-  if (w.rank() == 0) CHECK(std::abs(rtt - 0.100) <= 0.2 * 0.100);
+  if (w.rank() == 0) CHECK((rtt >= 0.100 && rtt <= 1.5 * 0.100));
 
   // A large message then a small one on one pair and tag: the small one must not
   // overtake (a receive of the wrong size would raise).
