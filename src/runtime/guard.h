@@ -25,8 +25,9 @@ enum class Verdict : int { kept = 0, non_finite = 1, norm = 2, quarantined = 3, 
 // "kept", "non-finite gradient", "gradient norm outlier", "quarantined", "overflow (loss scale halved)"
 const char* verdict_name(Verdict v);
 
-// The sum of the squares of a float32 tensor's values, in double: NaN when one is NaN,
-// infinite when one is. On the CPU one pass over the values, 8 lanes wide.
+// The sum of the squares of a float32 tensor's values: NaN when one is NaN, infinite
+// when one is, finite for any finite values. On the CPU one pass over the values, in
+// float by blocks added in double (guard.cpp says why and how close).
 double sum_of_squares(const Tensor& t);
 
 // The norm check needs this many accepted norms (or the whole window when it is

@@ -199,3 +199,34 @@ TEST_CASE("guard: one process skips the update of a step whose gradient is not f
   for (const auto& [name, t] : ex.optimizer()->state())
     if (t.dtype() == DType::i32) CHECK(t.to_ints().at(0) == 2);
 }
+
+TEST_CASE("guard: sum_of_squares is the sum in double to 1e-5, finite for finite values, NaN or infinite for those") {
+  // 5,000 values (blocks of 1,024 and a rest) of magnitudes 2^-8 .. 2^7, mixed signs.
+  std::vector<float> v(5000);
+  double exact = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = std::ldexp(static_cast<float>((i * 7919) % 1000 + 1) / 1000.f, static_cast<int>(i % 16) - 8) *
+           (i % 3 == 0 ? -1.f : 1.f);
+    exact += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+  }
+  const auto tensor = [](const std::vector<float>& x) {
+    return Tensor::from_vector(x, {static_cast<int64_t>(x.size())}, cpu_backend());
+  };
+  // Every term is positive: each float operation errs by at most 2^-24 of its result,
+  // which is at most the whole sum, and a value passes through its square, up to
+  // 1024 / 16 additions in its lane and 16 more into its block's sum: 81.
+  CHECK(std::fabs(sum_of_squares(tensor(v)) - exact) <= 81 * std::ldexp(exact, -24));
+  // 1e20 squares past float's range (3.4e38): a finite gradient all the same.
+  std::vector<float> big = v;
+  big[1500] = 1e20f;
+  const double with_big = sum_of_squares(tensor(big));
+  CHECK(std::isfinite(with_big));
+  CHECK(with_big == doctest::Approx(1e40).epsilon(1e-6));
+  std::vector<float> nan = v;
+  nan[4999] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(std::isnan(sum_of_squares(tensor(nan))));
+  std::vector<float> inf = v;
+  inf[7] = -std::numeric_limits<float>::infinity();
+  CHECK(std::isinf(sum_of_squares(tensor(inf))));
+  CHECK(sum_of_squares(tensor({})) == 0);
+}
