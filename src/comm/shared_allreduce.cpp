@@ -1,5 +1,7 @@
 #include "comm/shared_allreduce.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 
@@ -36,8 +38,19 @@ std::unique_ptr<SharedAllreduce> SharedAllreduce::make(Communicator& comm, const
   // (members + 1) rows.
   const size_t header = static_cast<size_t>(s->members_) * 2 * kLine;
   const size_t bytes = header + 2 * static_cast<size_t>(s->members_ + 1) * static_cast<size_t>(s->row_floats_) * 4;
-  s->memory_ = map_shared(comm, 0, bytes, true, timeout, why);
-  if (!s->memory_) return nullptr;
+  // Shared memory is the host's RAM, held for the whole job: a board of more than a
+  // quarter of it (a large model, rows for every member twice over) is not made, and the
+  // exchange keeps to messages. Every member says whether it is willing, so they agree.
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const size_t quarter = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) / 4 : 0;
+  const bool fits = bytes <= quarter;
+  s->memory_ = map_shared(comm, 0, bytes, fits, timeout, why);
+  if (!s->memory_) {
+    if (!fits && why)
+      *why = std::to_string(bytes) + " bytes of board exceed a quarter of this host's memory (" +
+             std::to_string(quarter) + " bytes)";
+    return nullptr;
+  }
   return s;
 }
 

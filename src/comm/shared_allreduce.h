@@ -32,8 +32,9 @@ namespace ht::comm {
 class SharedAllreduce {
  public:
   // Collective over `comm`: maps the board for tensors of `sizes` float32 elements (the
-  // same on every member). Null on every member, with the reason in `*why`, where
-  // map_shared refuses (members on different hosts, emulated links, no shared memory).
+  // same on every member): 2 x (members + 1) rows of them. Null on every member, with the
+  // reason in `*why`, where a member's board would exceed a quarter of its host's memory
+  // or map_shared refuses (members on different hosts, emulated links, no shared memory).
   static std::unique_ptr<SharedAllreduce> make(Communicator& comm, const std::vector<int64_t>& sizes,
                                                Timeout timeout, std::string* why = nullptr);
 

@@ -1,8 +1,10 @@
 // The weighted all-reduce through shared memory (comm/shared_allreduce.h) on 4 ranks of
 // one host: its sums are OverlappedAllreduce's bit for bit, exchange after exchange
 // through both generations, and near the sums in double; a rank that never posts is
-// named by the others' bounded wait.
+// named by the others' bounded wait; a board too large for the host is not made.
 #include <doctest/doctest.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -97,4 +99,16 @@ TEST_CASE("shared allreduce: a rank that never posts is named by the others' bou
   }
   // The board is left mid-exchange: every rank drops it together.
   REQUIRE(world.barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("shared allreduce: a board over a quarter of the host's memory is not made, on any member") {
+  Communicator& world = comm::world();
+  if (world.size() != 4) return;
+  // One tensor of the host's bytes in floats: 10 rows of it, 10 x the memory.
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  REQUIRE((pages > 0 && page > 0));
+  std::string why;
+  const auto board = SharedAllreduce::make(world, {static_cast<int64_t>(pages) * page / 4}, kLong, &why);
+  CHECK(board == nullptr);
+  CHECK(why.find("exceed a quarter of this host's memory") != std::string::npos);
 }
