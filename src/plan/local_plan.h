@@ -25,8 +25,8 @@
 // runs while the next round's inner steps do. A round must be at least kHideFactor times
 // the exchange and give every group a step; from that least count up to kMaxRoundSteps,
 // H is the count whose round costs least per job step, each group's round holding its
-// inner steps and its own outer work (its pass, and on a CPU rank of one host the exchange;
-// kHostCopyBandwidth), so a short round pays that more often, the
+// inner steps and its own outer work (its pass, and on a CPU rank of one host its part of
+// the exchange's sums; kHostCopyBandwidth), so a short round pays that more often, the
 // smallest within kNearBestRound of that: a group's steps start from weights that lack
 // the others' last round, and that staleness grows with H (the MLP at 0.8/0.4/0.2/0.2
 // ended within 0.866-0.8705 for H 10 to 32 with the sample-weighted mean, sync 0.877).
@@ -56,10 +56,11 @@ namespace ht::plan {
 
 inline constexpr double kGroupEfficiency = 0.9;
 inline constexpr double kHideFactor = 1.0;
-// A CPU member whose links to every other member run at least this fast (bytes/s) moves
-// its part of the outer exchange with its own cores, so its round holds the exchange as
-// well as its pass (see carries_exchange in local_plan.cpp): above any 1 GbE link
-// (125 MB/s), below the 1 to 5 GB/s the probe measures between ranks of one host.
+// A CPU member whose links to every other member run at least this fast (bytes/s) is
+// taken to share a host with them, where the outer exchange runs through shared memory
+// and the member sums its part with its own cores, so its round holds that as well as
+// its pass (see carries_exchange in local_plan.cpp): above any 1 GbE link (125 MB/s),
+// below the 1 to 5 GB/s the probe measures between ranks of one host.
 inline constexpr double kHostCopyBandwidth = 250e6;
 // The largest H the planner chooses (when the exchange needs no more), and how close to
 // the cheapest round per job step a smaller H may be and still be taken.
