@@ -81,6 +81,12 @@ const float* SharedAllreduce::sums(int64_t e, size_t t) const {
   return row(e, members_) + offsets_[t];
 }
 
+// A counter moved: the members waiting on it wake (comm/doorbell.h).
+void SharedAllreduce::ring_others() const {
+  for (int j = 0; j < members_; ++j)
+    if (j != me_) ring_doorbell(world_ranks_[static_cast<size_t>(j)]);
+}
+
 void SharedAllreduce::post(int64_t e, std::vector<double> weights) {
   HT_CHECK(e == posted_ + 1, "shared allreduce: exchange ", e, " posted after ", posted_, "; expected consecutive");
   HT_CHECK(finished_ == posted_, "shared allreduce: exchange ", e, " posted before exchange ", posted_,
@@ -90,8 +96,7 @@ void SharedAllreduce::post(int64_t e, std::vector<double> weights) {
   weights_ = std::move(weights);
   posted_ = e;
   std::atomic_ref<int64_t>(*counter(me_, 0)).store(e, std::memory_order_release);
-  for (int j = 0; j < members_; ++j)
-    if (j != me_) ring_doorbell(world_ranks_[static_cast<size_t>(j)]);
+  ring_others();
   progress();
 }
 
@@ -118,8 +123,7 @@ bool SharedAllreduce::progress() {
   }
   summed_ = e;
   std::atomic_ref<int64_t>(*counter(me_, 1)).store(e, std::memory_order_release);
-  for (int j = 0; j < members_; ++j)
-    if (j != me_) ring_doorbell(world_ranks_[static_cast<size_t>(j)]);
+  ring_others();
   return true;
 }
 

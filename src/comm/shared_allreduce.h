@@ -61,6 +61,7 @@ class SharedAllreduce {
   SharedAllreduce() = default;
   int64_t* counter(int member, int which) const;  // which: 0 posted, 1 summed
   float* row(int64_t e, int member) const;          // member == size: the sums
+  void ring_others() const;
   std::shared_ptr<std::byte> memory_;
   std::vector<int64_t> sizes_, offsets_;  // offsets_: each tensor's start in a row, in floats
   int64_t row_floats_ = 0;

@@ -185,12 +185,10 @@ void LocalSync::start_exchange(bool with_stats) {
 
 void LocalSync::finish_exchange() {
   if (board_) {
-    if (board_->finish(timeout()) != comm::WaitStatus::done) {
-      std::string late;
-      for (int r : board_->missing()) late += (late.empty() ? "" : ", ") + std::to_string(r);
-      fail("rank ", world_rank_, ": the outer exchange of round ", outer_steps_ + 1, " waited more than ", timeout_s_,
-           " s (parallel.peer_timeout_s) for the sums of rank(s) ", late, " (shared memory); a rank has stalled");
-    }
+    if (board_->finish(timeout()) != comm::WaitStatus::done)
+      fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
+          world_rank_, board_->missing(),
+          "the outer exchange of round " + std::to_string(outer_steps_ + 1) + " (shared memory)", timeout()));
     exchanges_finished_ = exchanges_;
   } else {
     HT_CHECK(exchange_->finish(timeout()) == comm::WaitStatus::done, "rank ", world_rank_, ": the outer exchange of round ",
