@@ -142,8 +142,55 @@ inline void outer_step_one(float& theta, float& m, float d, float lr, float mu) 
 }  // namespace
 
 void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu) {
-  for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, mu);
+  if (mu == 0) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, 0.0f);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, mu);
+  }
 }
+
+namespace {
+
+// The round end's pass over one tensor (start_round): the outer step with `sums` where
+// given, this round's delta into `d` (weighed), and the new anchor into `a` and `y`.
+// `sums` and `d` may be one array (over messages): each element's sum is read before its
+// contribution overwrites it, which a vector lane keeps too. The arguments are copied
+// into locals and the cases split so that the loop vectorises: written through the
+// members, every store could alias lr and mu, and a throttled rank paid for the scalar
+// loop in every round.
+void round_pass(float* th, float* m, const float* sums, float* a, float* y, float* d, int64_t n, float lr, float mu,
+                float weight) {
+  if (sums == nullptr) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) {
+      const float delta = a[k] - y[k];  // this round's progress, negated
+      d[k] = weight * delta;
+      a[k] = y[k] = th[k] - delta;
+    }
+    return;
+  }
+  if (mu == 0) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) {
+      outer_step_one(th[k], m[k], sums[k], lr, 0.0f);
+      const float delta = a[k] - y[k];
+      d[k] = weight * delta;
+      a[k] = y[k] = th[k] - delta;
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) {
+    outer_step_one(th[k], m[k], sums[k], lr, mu);
+    const float delta = a[k] - y[k];
+    d[k] = weight * delta;
+    a[k] = y[k] = th[k] - delta;
+  }
+}
+
+}  // namespace
 
 bool LocalSync::in_flight() const { return exchange_ || (board_ && board_->posted() > exchanges_finished_); }
 
@@ -320,9 +367,9 @@ void LocalSync::start_measuring_round() {
 }
 
 void LocalSync::start_round() {
-  // One pass over the model: the outer step with the sums OuterSyncFinish took (where it
-  // took any), then this round's delta and the new anchor. The passes are memory-bound,
-  // and on a throttled rank each costs a good part of an inner step.
+  // One pass over the model (round_pass): the outer step with the sums OuterSyncFinish
+  // took (where it took any), then this round's delta and the new anchor. It is
+  // memory-bound, and on a throttled rank it costs a good part of an inner step.
   const auto pass_t0 = std::chrono::steady_clock::now();
   const double pass_cpu0 = process_cpu_seconds();
   const bool step = sums_ready_;
@@ -336,12 +383,7 @@ void LocalSync::start_round() {
     const float* sums = step ? sums_of(i) : nullptr;
     float* d = contribution_of(i);
     float* y = host_view(params_[i].second, scratch_);
-    for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
-      if (step) outer_step_one(th[k], m[k], sums[k], lr_, mu_);
-      const float delta = a[k] - y[k];  // this round's progress, negated
-      d[k] = weight * delta;
-      a[k] = y[k] = th[k] - delta;
-    }
+    round_pass(th, m, sums, a, y, d, anchor_[i].numel(), lr_, mu_, weight);
     write_back(params_[i].second, y);
   }
   if (step) {
