@@ -360,6 +360,11 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
   return seconds_since(t0);
 }
 
+void LocalSync::count_wait(double wall_s, double cpu_s) {
+  waited_s_ += wall_s;
+  outer_cpu_s_ += cpu_s;  // as the sums' wait's: not the inner steps'
+}
+
 void LocalSync::start_measuring_round() {
   inner_s_ = outer_work_s_ = outer_cpu_s_ = waited_s_ = 0;
   stats_at_ = std::chrono::steady_clock::now();

@@ -108,6 +108,9 @@ class LocalSync {
   // at their round's end. Its time is outer work, not the inner step's.
   void poll();
   void flush();  // collective; see above
+  // Time this rank waited on its peers outside the exchange (a log step's answer): left
+  // out of the round's measured work, as the wait for the sums is.
+  void count_wait(double wall_s, double cpu_s);
 
   // Takes the weights as they are now (loaded from a checkpoint) as theta and a.
   void reset_to_weights();

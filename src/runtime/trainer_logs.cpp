@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_time.h"
 #include "core/wall_time.h"
 #include "runtime/trainer_run.h"
 
@@ -20,14 +21,24 @@ using json = nlohmann::json;
 // What the ranks sent toward rank 0 after the step before: answered while this one ran
 // (see Communicator::consult). A change applies from the next step. Under local the
 // groups are apart within a round (a group with one inner step a round takes it at the
-// round's start), so waiting there for every rank's log would hold the others back: at a
-// round's end the logs of the round before are finished (every rank is past them, as with
-// the outer exchange), and all of them where every rank meets anyway (an evaluation or
-// checkpoint, the job's end). True when some rank was interrupted.
+// round's start), so waiting there for every rank's log would hold the others back. Rank
+// 0 answers (finishes) the logs of the round before at a round end, where every rank is
+// past them, as with the outer exchange; the others take those answers one round end
+// later, when rank 0 has given them, so that a group may run up to a round ahead of rank
+// 0's without waiting on it here either (taking them at the same round end held every
+// group to rank 0's pace at every round end: a third of a throttled rank's time). A stop
+// in them applies on every rank at the round end where the others take them. Every rank
+// finishes all of them where every rank meets anyway (an evaluation or checkpoint, the
+// job's end). True when some rank was interrupted.
 bool Run::finish_due_logs(Loop& loop, int64_t done, bool stop_after) {
-  if (!local_ || local_meets(done) || stop_after) return finish_logs(loop, done, done);
-  if (done % local_->inner_steps() == 0) return finish_logs(loop, done - local_->inner_steps(), done);
-  return false;
+  if (!local_ || local_meets(done) || stop_after) return finish_logs(loop, done, done, done);
+  const int64_t h = local_->inner_steps();
+  if (done % h != 0) return false;
+  const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_seconds();
+  const bool stop = finish_logs(loop, root_ ? done - h : done - 2 * h, done, done - 2 * h);
+  local_->count_wait(seconds_since(t0), process_cpu_seconds() - cpu0);
+  return stop;
 }
 
 // After job step `done` (the loop asked for `asked`): under deadline rank 0 records the
@@ -58,7 +69,7 @@ bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final
                                          executor_->loss_scale() ? executor_->loss_scale()->scale() : 0.0});
   loop.window = Window{};
   loop.window_steps = 0;
-  if (!multi() || final_step) return finish_logs(loop, done, done);
+  if (!multi() || final_step) return finish_logs(loop, done, done, done);
   return false;
 }
 
@@ -76,20 +87,22 @@ std::string Run::with_sync_policy(const std::string& record, int64_t outer_steps
 }
 
 // After job step `done`: finish_log of each pending log of a step up to `upto`, oldest
-// first; true when some rank was interrupted.
-bool Run::finish_logs(Loop& loop, int64_t upto, int64_t done) {
+// first; true when some rank was interrupted in a log of a step up to `act_upto` (rank 0
+// under local keeps the stops it answered until the others take them: finish_due_logs).
+bool Run::finish_logs(Loop& loop, int64_t upto, int64_t done, int64_t act_upto) {
   if (local_) {
     // The outer step at the last round end finished the exchange every rank started at
     // the round end before, so every rank is past that one. A log of step d is finished
-    // at the first round end from d + H on (or at a meeting before it).
+    // at the first round end from d + 2H on (or at a meeting before it).
     const int64_t h = local_->inner_steps(), passed = (done / h - 1) * h;
-    while (!answered_logs_.empty() && (answered_logs_.front().first + 2 * h - 1) / h * h <= passed)
+    while (!answered_logs_.empty() && (answered_logs_.front().first + 3 * h - 1) / h * h <= passed)
       answered_logs_.pop_front();
   }
-  bool interrupted = false;
   std::deque<PendingLog>& logs = loop.pending_logs;
   for (; !logs.empty() && logs.front().done <= upto; logs.pop_front())
-    interrupted = finish_log(loop, logs.front()) || interrupted;
+    if (finish_log(loop, logs.front())) stops_.push_back(logs.front().done);
+  bool interrupted = false;
+  for (; !stops_.empty() && stops_.front() <= act_upto; stops_.pop_front()) interrupted = true;
   return interrupted;
 }
 

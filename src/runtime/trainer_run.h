@@ -112,7 +112,7 @@ class Run {
   // trainer_logs.cpp: the log steps' exchange.
   bool finish_due_logs(Loop& loop, int64_t done, bool stop_after);
   bool log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final_step);
-  bool finish_logs(Loop& loop, int64_t upto, int64_t done);
+  bool finish_logs(Loop& loop, int64_t upto, int64_t done, int64_t act_upto);
   bool finish_log(Loop& loop, PendingLog& p);
   std::string with_sync_policy(const std::string& record, int64_t outer_steps, double loss_scale) const;
   void report_guard(int64_t step, const GuardEvent& e, std::optional<report::MetricsLog>& metrics);
@@ -151,6 +151,7 @@ class Run {
   // answer (see Consultation): without local until the next log step; under local until
   // an outer step proves every rank past the round end where they were finished.
   std::deque<std::pair<int64_t, std::unique_ptr<comm::Consultation>>> answered_logs_;
+  std::deque<int64_t> stops_;  // log steps whose answer said stop, not yet acted on (finish_logs)
   int64_t total_steps_ = 0;
   int64_t stream_base_ = 0;  // stream position of step 0's first sample
   optim::LrSchedule schedule_;
