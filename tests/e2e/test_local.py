@@ -5,7 +5,8 @@ alone, ranks 2 and 3 one synchronous group; the plan `hetrain plan` makes for th
 steps, stop with a checkpoint at step 30, and resume on 2 ranks, which plan local for
 themselves, to step 60. The loss falls; the records and the summary carry the policy,
 the groups, H and the outer step count; the checkpoint holds the outer weights and the
-outer momentum; the resumed run ends with a trained model.
+outer momentum; the resumed run ends with a trained model. Ctrl-C reaching every rank
+mid-run stops them all at one step, with that step's checkpoint.
 
 Every log step the trainer compares all ranks' outer-weight checksums and ends the job
 when they differ, so each run succeeding is the check that they stay bit-identical.
@@ -17,11 +18,15 @@ policy's accuracy from another's (tools/bench-faults measures that).
 usage: test_local.py HETRAIN"""
 import json
 import os
+import re
+import signal
 import struct
+import subprocess
 import sys
 import tempfile
+import time
 
-from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records, run
+from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, mpirun, records, run
 
 HETRAIN = os.path.abspath(sys.argv[1])
 CLUSTER = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_2_1_1.json")
@@ -47,6 +52,75 @@ def header(path):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         return json.loads(f.read(n))
+
+
+def rank_pids(run_dir):
+    """The pids of the hetrain ranks training into `run_dir` (their command lines name it)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"hetrain") and run_dir.encode() in cmd:
+            pids.append(int(d))
+    return pids
+
+
+def interrupt(scratch, cfg, planned):
+    """Ctrl-C reaches every rank of a local job mid-run. Rank 0 answers a round's logs a
+    round end before the others take the answers (trainer_logs.cpp), so it must hold the
+    stop an answer carries until they take it: every rank stops at one step, the job
+    exits 130, and that step's checkpoint is the newest."""
+    long_cfg = load(cfg)
+    long_cfg["train"]["steps"] = 100000
+    long_cfg["checkpoint"] = {"every": 50000, "keep": 2}
+    path = os.path.join(scratch, "mlp-long.json")
+    with open(path, "w") as f:
+        json.dump(long_cfg, f)
+    run_dir = os.path.join(scratch, "interrupted")
+    out_path = os.path.join(scratch, "interrupted.out")
+    with open(out_path, "w") as out:
+        job = subprocess.Popen(["mpirun", "-np", "4", "--bind-to", "none", HETRAIN, "train", path, "--plan", planned,
+                                "--run-dir", run_dir], stdout=out, stderr=subprocess.STDOUT, env=ENV)
+    try:
+        deadline = time.monotonic() + 120
+        stepping = False
+        while not stepping and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                stepping = any(r["type"] == "train" and r["step"] >= 100 for r in records(run_dir))
+            except (OSError, ValueError, KeyError):
+                pass
+        pids = rank_pids(run_dir)
+        check("the long local job is stepping past step 100 with 4 ranks", stepping and len(pids) == 4, pids)
+        for pid in pids:  # only the ranks this test started
+            os.kill(pid, signal.SIGINT)
+        try:
+            rc = job.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            rc = None
+        check("the job ends within 120 s of Ctrl-C", rc is not None)
+    finally:
+        if job.poll() is None:
+            for pid in rank_pids(run_dir):
+                os.kill(pid, signal.SIGKILL)
+            job.kill()
+            job.wait()
+    with open(out_path) as f:
+        text = f.read()
+    steps = [int(m) for m in re.findall(r"interrupted at step (\d+) of", text)]
+    check("Ctrl-C ends the job with status 130", rc == 130, text[-2000:])
+    # Open MPI ends the others once one rank has exited, so not every rank's line may
+    # show; ranks that stopped at different steps would not meet in the checkpoint's
+    # collective flush and would time out instead.
+    check("the ranks that said so stopped at one step", steps and len(set(steps)) == 1, (steps, text[-2000:]))
+    if steps:
+        saved = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+        check("that step's checkpoint is the newest", saved and saved[-1] == f"ckpt-{steps[0]:08d}.safetensors", saved)
 
 
 def main():
@@ -173,6 +247,8 @@ def main():
               s["rank_shares"][3] == 0 and all(3 not in g for g in s["groups"])
               and all(sum(s["rank_shares"][r] for r in g) == 128 for g in s["groups"]),
               (s["rank_shares"], s["groups"]))
+
+    interrupt(scratch, cfg, planned)
     return finish(scratch)
 
 
