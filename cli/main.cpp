@@ -22,8 +22,10 @@
 namespace {
 
 // Under mpirun an error names its rank and ends every rank: a peer must not wait for
-// this one until its deadline.
-int finish(int status, const char* kind, const char* what) {
+// this one until its deadline. With `end_all` false (a stop every rank agreed on) each
+// rank returns, to end through MPI_Finalize: Open MPI 4's launcher can crash taking
+// several ranks' aborts at once.
+int finish(int status, const char* kind, const char* what, bool end_all = true) {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
   bool multi = size && std::atoi(size) > 1;
@@ -35,7 +37,7 @@ int finish(int status, const char* kind, const char* what) {
   else
     std::fprintf(stderr, "hetrain: %s%s\n", kind, what);
   std::fflush(stderr);
-  if (multi) ht::comm::abort_job(status);
+  if (multi && end_all) ht::comm::abort_job(status);
   return status;
 }
 
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
   } catch (const ht::runtime::RunDirInUse& e) {
     const std::string what = std::string(e.what()) + "; pass --resume to continue it, or --run-dir to start a new one";
     return finish(1, "error: ", what.c_str());
+  } catch (const ht::runtime::InterruptedTogether& e) {
+    return finish(130, "", e.what(), false);
   } catch (const ht::runtime::Interrupted& e) {
     return finish(130, "", e.what());  // the shell's status for SIGINT
   } catch (const ht::plan::NoPlanFits& e) {

@@ -245,6 +245,9 @@ void Run::evaluate_at(Loop& loop, int64_t done) {
 // stop_after ends the run.
 TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
   loop.progress.finish();
+  if (interrupted && multi() && !executor_->deadline())
+    fail_as<InterruptedTogether>("interrupted at step ", done, " of ", total_steps_, "; a checkpoint was saved",
+                                 resume_hint());
   if (interrupted)
     fail_as<Interrupted>("interrupted at step ", done, " of ", total_steps_, "; a checkpoint was saved",
                          resume_hint());

@@ -43,6 +43,13 @@ class Interrupted : public Error {
  public:
   using Error::Error;
 };
+// The same where every rank of the job stopped at that step, having agreed on it through
+// rank 0's answers (not under deadline, where each stops at its own): each can end
+// through MPI_Finalize, with no rank ending the others.
+class InterruptedTogether : public Interrupted {
+ public:
+  using Interrupted::Interrupted;
+};
 
 struct TrainSummary {
   int64_t steps = 0;

@@ -73,8 +73,8 @@ def rank_pids(run_dir):
 def interrupt(scratch, cfg, planned):
     """Ctrl-C reaches every rank of a local job mid-run. Rank 0 answers a round's logs a
     round end before the others take the answers (trainer_logs.cpp), so it must hold the
-    stop an answer carries until they take it: every rank stops at one step, the job
-    exits 130, and that step's checkpoint is the newest."""
+    stop an answer carries until they take it: every rank stops at one step and ends
+    through MPI_Finalize, the job exits 130, and that step's checkpoint is the newest."""
     long_cfg = load(cfg)
     long_cfg["train"]["steps"] = 100000
     long_cfg["checkpoint"] = {"every": 50000, "keep": 2}
@@ -114,10 +114,9 @@ def interrupt(scratch, cfg, planned):
         text = f.read()
     steps = [int(m) for m in re.findall(r"interrupted at step (\d+) of", text)]
     check("Ctrl-C ends the job with status 130", rc == 130, text[-2000:])
-    # Open MPI ends the others once one rank has exited, so not every rank's line may
-    # show; ranks that stopped at different steps would not meet in the checkpoint's
-    # collective flush and would time out instead.
-    check("the ranks that said so stopped at one step", steps and len(set(steps)) == 1, (steps, text[-2000:]))
+    # Each rank ends through MPI_Finalize (no abort: cli/main.cpp), so every one says so.
+    check("every rank says it stopped, all at one step", len(steps) == 4 and len(set(steps)) == 1,
+          (steps, text[-2000:]))
     if steps:
         saved = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
         check("that step's checkpoint is the newest", saved and saved[-1] == f"ckpt-{steps[0]:08d}.safetensors", saved)
