@@ -157,37 +157,26 @@ namespace {
 // given, this round's delta into `d` (weighed), and the new anchor into `a` and `y`.
 // `sums` and `d` may be one array (over messages): each element's sum is read before its
 // contribution overwrites it, which a vector lane keeps too. The arguments are copied
-// into locals and the cases split so that the loop vectorises: written through the
-// members, every store could alias lr and mu, and a throttled rank paid for the scalar
-// loop in every round.
-void round_pass(float* th, float* m, const float* sums, float* a, float* y, float* d, int64_t n, float lr, float mu,
-                float weight) {
-  if (sums == nullptr) {
-#pragma omp simd
-    for (int64_t k = 0; k < n; ++k) {
-      const float delta = a[k] - y[k];  // this round's progress, negated
-      d[k] = weight * delta;
-      a[k] = y[k] = th[k] - delta;
-    }
-    return;
-  }
-  if (mu == 0) {
-#pragma omp simd
-    for (int64_t k = 0; k < n; ++k) {
-      outer_step_one(th[k], m[k], sums[k], lr, 0.0f);
-      const float delta = a[k] - y[k];
-      d[k] = weight * delta;
-      a[k] = y[k] = th[k] - delta;
-    }
-    return;
-  }
+// into locals and the cases made separate loops so that each vectorises: written through
+// the members, every store could alias lr and mu, and a throttled rank paid for the
+// scalar loop in every round.
+template <bool kStep, bool kMomentum>
+void round_pass_as(float* th, float* m, const float* sums, float* a, float* y, float* d, int64_t n, float lr,
+                   float mu, float weight) {
 #pragma omp simd
   for (int64_t k = 0; k < n; ++k) {
-    outer_step_one(th[k], m[k], sums[k], lr, mu);
-    const float delta = a[k] - y[k];
+    if constexpr (kStep) outer_step_one(th[k], m[k], sums[k], lr, kMomentum ? mu : 0.0f);
+    const float delta = a[k] - y[k];  // this round's progress, negated
     d[k] = weight * delta;
     a[k] = y[k] = th[k] - delta;
   }
+}
+
+void round_pass(float* th, float* m, const float* sums, float* a, float* y, float* d, int64_t n, float lr, float mu,
+                float weight) {
+  if (sums == nullptr) round_pass_as<false, false>(th, m, sums, a, y, d, n, lr, mu, weight);
+  else if (mu == 0) round_pass_as<true, false>(th, m, sums, a, y, d, n, lr, mu, weight);
+  else round_pass_as<true, true>(th, m, sums, a, y, d, n, lr, mu, weight);
 }
 
 }  // namespace

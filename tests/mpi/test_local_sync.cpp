@@ -61,15 +61,16 @@ double increment(int g, int k, size_t t, int64_t i) {
 double initial(size_t t, int64_t i) { return 0.5 + 1e-3 * static_cast<double>((i + static_cast<int64_t>(t)) % 13); }
 
 // The rounds below against the reference, the exchange through shared memory or over
-// messages; the outer checksums after every round and after the flush.
-std::vector<std::string> run_rounds(bool shared_memory) {
+// messages, with outer momentum `mu` (0: plain averaging, whose pass leaves m alone);
+// the outer checksums after every round and after the flush.
+std::vector<std::string> run_rounds(bool shared_memory, double mu = 0.9) {
   comm::Communicator& world = comm::world();
   std::vector<std::string> trail;
   const plan::Plan plan = local_plan();
   plan::check_local_plan(plan);
   config::ParallelConfig cfg;
   cfg.outer_lr = 0.7;
-  cfg.outer_momentum = 0.9;
+  cfg.outer_momentum = mu;
   cfg.peer_timeout_s = 30;
   std::vector<nn::NamedTensor> params;
   for (size_t t = 0; t < kSizes.size(); ++t) {
@@ -200,4 +201,6 @@ TEST_CASE("local sync: the outer step takes the sample-weighted mean of the grou
   REQUIRE(shared.size() == kRounds + 1);
   // Each part summed by its owner in the same order both ways: the same bits.
   CHECK(shared == messages);
+  // Without momentum the pass takes its own loop (local_sync.cpp's round_pass).
+  CHECK(run_rounds(true, 0.0) == run_rounds(false, 0.0));
 }
