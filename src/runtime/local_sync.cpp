@@ -139,19 +139,13 @@ inline void outer_step_one(float& theta, float& m, float d, float lr, float mu) 
   theta -= lr * (d + mu * m);
 }
 
-}  // namespace
-
-void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu) {
-  if (mu == 0) {
+// The outer step alone, momentum a compile-time case so that the loop vectorises
+// (round_pass below says why).
+template <bool kMomentum>
+void outer_update_as(float* theta, float* m, const float* d, int64_t n, float lr, float mu) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, 0.0f);
-  } else {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, mu);
-  }
+  for (int64_t i = 0; i < n; ++i) outer_step_one(theta[i], m[i], d[i], lr, kMomentum ? mu : 0.0f);
 }
-
-namespace {
 
 // The round end's pass over one tensor (start_round): the outer step with `sums` where
 // given, this round's delta into `d` (weighed), and the new anchor into `a` and `y`.
@@ -180,6 +174,11 @@ void round_pass(float* th, float* m, const float* sums, float* a, float* y, floa
 }
 
 }  // namespace
+
+void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu) {
+  if (mu == 0) outer_update_as<false>(theta, m, d, n, lr, mu);
+  else outer_update_as<true>(theta, m, d, n, lr, mu);
+}
 
 bool LocalSync::in_flight() const { return exchange_ || (board_ && board_->posted() > exchanges_finished_); }
 

@@ -245,12 +245,12 @@ void Run::evaluate_at(Loop& loop, int64_t done) {
 // stop_after ends the run.
 TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
   loop.progress.finish();
-  if (interrupted && multi() && !executor_->deadline())
-    fail_as<InterruptedTogether>("interrupted at step ", done, " of ", total_steps_, "; a checkpoint was saved",
-                                 resume_hint());
-  if (interrupted)
-    fail_as<Interrupted>("interrupted at step ", done, " of ", total_steps_, "; a checkpoint was saved",
-                         resume_hint());
+  if (interrupted) {
+    const std::string what = "interrupted at step " + std::to_string(done) + " of " + std::to_string(total_steps_) +
+                             "; a checkpoint was saved" + resume_hint();
+    if (multi() && !executor_->deadline()) fail_as<InterruptedTogether>(what);
+    fail_as<Interrupted>(what);
+  }
   loop.progress.note("stopped after " + std::to_string(done - loop.start) + " steps at step " +
                      std::to_string(done) + resume_hint());
   return {done, seconds_since(loop.t0), cfg_.run.dir};
