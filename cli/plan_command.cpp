@@ -131,8 +131,12 @@ void print_schedule(const ht::plan::Plan& plan, int rank) {
                : "";
     std::printf("instructions of rank %d, one inner step%s (%zu):\n%s", rank, of_group.c_str(),
                 inner.size(), inner.empty() ? "(none: the plan leaves this rank idle)\n" : ht::plan::to_text(inner).c_str());
-    std::printf("after every round of %d steps (%zu):\n%s", plan.local->inner_steps, outer.size(),
-                ht::plan::to_text(outer).c_str());
+    // OuterSyncFinish (the round before's exchange, and its outer step) after job step D
+    // of a round, OuterSyncStart after its last (local_sync.h).
+    std::printf("each round of %d job steps (%zu):\n", plan.local->inner_steps, outer.size());
+    for (const ht::plan::Instruction& in : outer)
+      std::printf("%s after job step %d\n", ht::plan::to_text(in).c_str(),
+                  in.op == ht::plan::Op::outer_sync_finish ? plan.local->outer_delay : plan.local->inner_steps);
     return;
   }
   const ht::plan::Schedule sched = ht::plan::plan_schedules(plan)[static_cast<size_t>(rank)];

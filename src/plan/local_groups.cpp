@@ -162,6 +162,7 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
   }
   l.inner_steps = static_cast<int>(l.groups.size());  // until predict_local chooses H and the H_g
   l.group_steps.assign(l.groups.size(), 1);
+  l.outer_delay = l.inner_steps;
   p.local = l;
   // A parallel.local_steps below the groups is refused here (not worked round by leaving
   // ranks idle): the setting is what is wrong.

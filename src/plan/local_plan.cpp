@@ -375,6 +375,8 @@ void check_local_plan(const Plan& plan) {
   }
   HT_CHECK(steps == l.inner_steps, "local plan: the groups' inner steps sum to ", steps, " a round but inner_steps is ",
            l.inner_steps, "; expected them equal (a round is inner_steps global batches)");
+  HT_CHECK(l.outer_delay >= 1 && l.outer_delay <= l.inner_steps, "local plan: outer_delay ", l.outer_delay,
+           "; expected 1 to inner_steps ", l.inner_steps, " (the job steps into a round where the last round's outer step lands)");
   HT_CHECK(l.round_samples.size() == l.groups.size(), "local plan: round_samples has ", l.round_samples.size(),
            " entries for ", l.groups.size(), " groups; expected one per group");
   int64_t taken = 0;
@@ -519,7 +521,7 @@ std::vector<Schedule> outer_sync_schedules(const Plan& plan) {
 CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                                 double inner_step_seconds, const LinkTiers* tiers) {
   const double exchange = exchange_seconds(plan, costs, cluster, tiers);
-  const double hidden = plan.local->inner_steps * inner_step_seconds;
+  const double hidden = plan.local->outer_delay * inner_step_seconds;
   CostModel m;
   std::vector<double> update;
   const std::vector<char> carries = carries_exchange(plan, cluster);
@@ -657,6 +659,13 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   double pass = 0;
   for (size_t g = 0; g < n; ++g) pass = std::max(pass, cost[g].round_fixed);
   inner = std::max(0.0, inner - pass) / h;
+  // D: the fewest job steps that hide the exchange, so that the next round's steps start
+  // from weights that lack as little of the others' progress as the links allow. The
+  // exchange as the split weighs its parts (H above took it at whole batches).
+  l.outer_exchange_seconds = exchange_seconds(plan, costs, cluster, &tiers);
+  l.outer_delay = inner > 0 ? static_cast<int>(std::clamp(std::ceil(kHideFactor * l.outer_exchange_seconds / inner),
+                                                          1.0, static_cast<double>(h)))
+                            : h;
   const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner, &tiers));
   const double job_step = inner + outer.step_seconds / h;
   plan.predicted.step_seconds = job_step;

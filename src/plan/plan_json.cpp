@@ -22,6 +22,7 @@ Json local_json(const LocalSync& l) {
           {"inner_steps", l.inner_steps},
           {"group_steps", l.group_steps},
           {"round_samples", l.round_samples},
+          {"outer_delay", l.outer_delay},
           {"outer_exchange_seconds", l.outer_exchange_seconds},
           {"sync_step_seconds", l.sync_step_seconds},
           {"gain", l.gain}};
@@ -40,6 +41,10 @@ LocalSync read_local(const Json& j, const std::string& p) {
   if (j.contains("round_samples"))
     l.round_samples = list<int64_t>(array(j, p, "round_samples"), key_path(p, "round_samples"),
                                     [](const Json& x, const std::string& q) { return read_int(x, q, 1); });
+  // Without it the outer step lands at the next round's end.
+  l.outer_delay = j.contains("outer_delay")
+                      ? static_cast<int>(read_int(at(j, p, "outer_delay"), key_path(p, "outer_delay"), 1))
+                      : l.inner_steps;
   l.outer_exchange_seconds = nonneg(j, p, "outer_exchange_seconds");
   l.sync_step_seconds = nonneg(j, p, "sync_step_seconds");
   l.gain = nonneg(j, p, "gain");

@@ -684,7 +684,8 @@ class Play {
     while (done < in_.steps) {
       const Plan& plan = phase_.plan;
       const int64_t round = std::min<int64_t>(plan.local->inner_steps, in_.steps - done);
-      std::vector<double> next(clock.size()), ends(clock.size()), works(clock.size());
+      std::vector<double> next(clock.size()), ends(clock.size()), works(clock.size()), starts(clock.size()),
+          reach(clock.size());
       std::vector<bool> held_now(clock.size(), false);
       std::vector<int64_t> samples_now(clock.size(), 0);
       int failed = -1;
@@ -697,19 +698,29 @@ class Play {
         const int64_t n = plan.local->round_samples[g], h = plan.local->group_steps[g];
         const int64_t larger = std::min(batches, n % h);
         samples_now[g] = larger * (n / h + 1) + (batches - larger) * (n / h);
-        double end = clock[g] + work;
-        for (int r : group_ranks(plan, static_cast<int>(g))) end = std::max(end, held_end(r, clock[g], work));
+        // The exchange of the round before is finished D job steps into this one: the
+        // group's steps before that run without it, the rest after it (D = H: all before,
+        // the wait at the round's end).
+        const int64_t delay = std::min<int64_t>(plan.local->outer_delay, round);
+        const double before = delay < round ? static_cast<double>(batches_in_round(plan, static_cast<int>(g), delay)) *
+                                                  p.group_steps[g]
+                                            : work;
+        const double start = std::max(clock[g], exchange_ready - before);
+        reach[g] = clock[g] + before;
+        double end = start + work;
+        for (int r : group_ranks(plan, static_cast<int>(g))) end = std::max(end, held_end(r, start, work));
         if (const int f = failure_before(end); f >= 0 && (failed < 0 || events_[static_cast<size_t>(f)].at_s <
                                                                               events_[static_cast<size_t>(failed)].at_s)) {
           failed = f;
           fail_from = clock[g];
         }
-        held_now[g] = (end > clock[g] + work && !same_time(end, clock[g] + work)) ||
+        held_now[g] = (end > start + work && !same_time(end, start + work)) ||
                       (batches > 0 && p.group_steps[g] > p.plain_group_steps[g] &&
                        !same_time(p.group_steps[g], p.plain_group_steps[g]));
         ends[g] = end;
-        works[g] = clock[g] + work;
-        next[g] = std::max(end, exchange_ready) + p.round_extra;
+        starts[g] = start;
+        works[g] = start + work;
+        next[g] = end + p.round_extra;
       }
       if (failed >= 0) {
         const double at = std::max(events_[static_cast<size_t>(failed)].at_s, fail_from);
@@ -721,17 +732,17 @@ class Play {
         round_samples.assign(clock.size(), 0);
         continue;
       }
-      count_waits(ends, clock);
-      // The inner steps, the hold, the wait, the outer pass. A wait for a group late by an
-      // event is drawn as one; the waits of the plan's own imbalance are part of its rounds.
+      count_waits(reach, clock);
+      // The wait (drawn at the round's start: the clock moves as if the steps before D
+      // waited too), the inner steps, the hold, the outer pass. A wait for a group late by
+      // an event is drawn as one; the waits of the plan's own imbalance are part of its rounds.
       const bool event_wait = std::find(waited_for.begin(), waited_for.end(), true) != waited_for.end();
       for (size_t g = 0; g < clock.size(); ++g) {
         const int lane = static_cast<int>(g);
-        const double ready = std::max(ends[g], exchange_ready);
-        span(lane, clock[g], works[g], WhatIfSpanKind::work);
+        span(lane, clock[g], starts[g], event_wait ? WhatIfSpanKind::waiting : WhatIfSpanKind::work);
+        span(lane, starts[g], works[g], WhatIfSpanKind::work);
         span(lane, works[g], ends[g], WhatIfSpanKind::held);
-        span(lane, ends[g], ready, event_wait ? WhatIfSpanKind::waiting : WhatIfSpanKind::work);
-        span(lane, ready, next[g], WhatIfSpanKind::work);
+        span(lane, ends[g], next[g], WhatIfSpanKind::work);
       }
       for (size_t g = 0; g < clock.size(); ++g) late[g] = held_now[g] || (late[g] && !waited_for[g]);
       clock = next;

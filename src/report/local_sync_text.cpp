@@ -26,10 +26,11 @@ std::string local_sync_text(const plan::Plan& plan) {
   }
   char line[400];
   std::snprintf(line, sizeof line,
-                "  every %d steps (global batches) an outer step takes the groups' deltas (Nesterov), "
-                "exchanged while the next round runs: predicted exchange %s against a round of %s\n",
-                l.inner_steps, format_seconds(l.outer_exchange_seconds).c_str(),
-                format_seconds(l.inner_steps * plan.predicted.step_seconds).c_str());
+                "  every %d steps (global batches) the groups' deltas are exchanged while the next round runs, "
+                "and their outer step (Nesterov) lands %d step%s into it: predicted exchange %s against %s\n",
+                l.inner_steps, l.outer_delay, l.outer_delay > 1 ? "s" : "",
+                format_seconds(l.outer_exchange_seconds).c_str(),
+                format_seconds(l.outer_delay * plan.predicted.step_seconds).c_str());
   out += line;
   std::snprintf(line, sizeof line, "  predicted step %s, %.0f samples/s: %.2fx the best synchronous plan (step %s)\n",
                 format_seconds(plan.predicted.step_seconds).c_str(), plan.predicted.samples_per_s, l.gain,

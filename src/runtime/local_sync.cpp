@@ -86,6 +86,7 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
       mu_(static_cast<float>(cfg.outer_momentum)),
       timeout_s_(cfg.peer_timeout_s),
       inner_steps_(plan.local->inner_steps),
+      outer_delay_(plan.local->outer_delay),
       world_rank_(world.rank()),
       outer_list_(plan::outer_sync_schedules(plan)[static_cast<size_t>(world.rank())]) {
   const std::vector<int> members = plan::outer_members(plan);
@@ -173,7 +174,30 @@ void round_pass(float* th, float* m, const float* sums, float* a, float* y, floa
   else round_pass_as<true, true>(th, m, sums, a, y, d, n, lr, mu, weight);
 }
 
+// rebase_on_outer's pass over one tensor, on locals so that it vectorises.
+void rebase_pass(const float* th, float* a, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) {
+    const float own = y[k] - a[k];  // progress since the anchor
+    a[k] = th[k];
+    y[k] = th[k] + own;
+  }
+}
+
 }  // namespace
+
+void LocalSync::rebase_on_outer() {
+  // The weights stand at the anchor plus this round's progress so far, the anchor being
+  // the old outer weights plus the last round's own progress: the step just taken
+  // replaces that own progress with everyone's, and the progress since carries over.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const float* th = theta_[i].data();
+    float* a = anchor_[i].data();
+    float* y = host_view(params_[i].second, scratch_);
+    rebase_pass(th, a, y, anchor_[i].numel());
+    write_back(params_[i].second, y);
+  }
+}
 
 void LocalSync::outer_update(float* theta, float* m, const float* d, int64_t n, float lr, float mu) {
   if (mu == 0) outer_update_as<false>(theta, m, d, n, lr, mu);
@@ -313,22 +337,29 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
   polled_s_ = 0;
   advance();
   ++steps_in_round_;
-  if (done % inner_steps_ != 0) {
-    outer_work_s_ += seconds_since(t0);  // moving the exchange along: this round's work
-    outer_cpu_s_ += process_cpu_seconds() - cpu0;
-    return seconds_since(t0);
-  }
-  steps_in_round_ = 0;
+  // Where this job step falls in its round, 1..H: OuterSyncFinish runs after step D,
+  // OuterSyncStart after step H (at D = H both, in the list's order).
+  const int64_t at = done % inner_steps_ == 0 ? inner_steps_ : done % inner_steps_;
+  const bool round_end = at == inner_steps_;
+  if (round_end) steps_in_round_ = 0;
   double waited = 0;  // for the exchange's sums: another rank's lateness, not this one's work
   for (const plan::Instruction& in : outer_list_) switch (in.op) {
       case plan::Op::outer_sync_finish:
-        if (in_flight()) {
+        if (at != outer_delay_ || !in_flight()) break;
+        {
           const auto tf = std::chrono::steady_clock::now();
           finish_exchange();
           waited = seconds_since(tf);
         }
+        // At the round's end the pass below takes the step; inside the round it is taken
+        // here, and this round's progress so far moves onto the new outer weights.
+        if (!round_end) {
+          take_outer_step();
+          rebase_on_outer();
+        }
         break;
       case plan::Op::outer_sync_start:
+        if (!round_end) break;
         outer_work_s_ += seconds_since(t0) - waited;
         waited_s_ += waited;
         outer_cpu_s_ += process_cpu_seconds() - cpu0;  // the wait's CPU with it: it sleeps
@@ -338,6 +369,13 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
         fail("local sync: rank ", world_rank_, " met ", plan::op_name(in.op),
              " in its outer list; expected OuterSyncFinish and OuterSyncStart only");
     }
+  if (!round_end) {
+    // Moving the exchange along, and the outer step where it landed: this round's work.
+    outer_work_s_ += seconds_since(t0) - waited;
+    waited_s_ += waited;
+    outer_cpu_s_ += process_cpu_seconds() - cpu0;
+    return seconds_since(t0);
+  }
   if (pending_) {  // from the next round on, on every rank at once (the same sums decided it)
     apply_split(*pending_);
     taken_ = pending_;
@@ -413,18 +451,7 @@ void LocalSync::flush() {
   if (in_flight()) {
     finish_exchange();
     take_outer_step();
-    // The weights held theta_old - delta: the step just taken replaces that own progress.
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const float* th = theta_[i].data();
-      float* a = anchor_[i].data();
-      float* y = host_view(params_[i].second, scratch_);
-      for (int64_t k = 0, n = anchor_[i].numel(); k < n; ++k) {
-        const float own = y[k] - a[k];  // progress since the round began
-        a[k] = th[k];
-        y[k] = th[k] + own;
-      }
-      write_back(params_[i].second, y);
-    }
+    rebase_on_outer();
   }
   if (steps_in_round_ > 0) {
     // Weighed by the samples each group took in the partial round.

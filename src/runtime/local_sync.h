@@ -138,6 +138,9 @@ class LocalSync {
   const float* sums_of(size_t i) const;
   float* contribution_of(size_t i) const;
   void take_outer_step();  // the outer step with the sums, where finish_exchange took any
+  // After an outer step outside the round's pass: the weights onto the new outer weights
+  // plus this round's progress so far, and the anchor onto the outer weights.
+  void rebase_on_outer();
   void take_stats();       // the round's measured seconds from the exchange's stats sums
   void apply_split(const plan::RoundSplit& split);
   void start_measuring_round();  // the stats' counters from now
@@ -152,6 +155,7 @@ class LocalSync {
   float lr_ = 0, mu_ = 0;
   double timeout_s_ = 0;
   int inner_steps_ = 1;
+  int outer_delay_ = 1;  // D (plan::LocalSync::outer_delay): the job step of a round where the last one's step lands
   int steps_in_round_ = 0;  // job steps since the round began or the last flush
   int64_t outer_steps_ = 0;
   bool sums_ready_ = false;  // delta_ holds sums the outer step has not taken yet

@@ -132,13 +132,15 @@ def main():
     p = run([HETRAIN, "plan", cfg, "--cluster", CLUSTER, "--json", planned, "--dump", "2"])
     check("hetrain plan makes a local plan", p.returncode == 0 and "sync: local (DiLoCo)" in p.stdout,
           p.stdout[-2000:] + p.stderr[-2000:])
-    check("--dump shows the outer synchronisation every H steps",
-          f"after every round of {H} steps (2):\nOuterSyncFinish\nOuterSyncStart\n" in p.stdout, p.stdout[-1000:])
     if p.returncode:
         return finish(scratch)
     plan = load(planned)
-    check("the plan file holds the groups and H", plan["sync_policy"] == "local" and plan["local"]["inner_steps"] == H,
-          plan.get("local"))
+    check("the plan file holds the groups, H and D", plan["sync_policy"] == "local" and plan["local"]["inner_steps"] == H
+          and 1 <= plan["local"]["outer_delay"] <= H, plan.get("local"))
+    D = plan["local"]["outer_delay"]
+    check("--dump shows the outer synchronisation in every round of H steps",
+          f"each round of {H} job steps (2):\nOuterSyncFinish after job step {D}\nOuterSyncStart after job step {H}\n"
+          in p.stdout, p.stdout[-1000:])
     # Three groups, the round's 4 x 128 samples split 250/140/122 in 2/1/1 inner steps:
     # group 0 takes steps of 125, group 1 one of 140, ranks 2 and 3 one of 122 (61 each
     # of the nominal 64/64), so every group's sub-plan is resized before its steps.
@@ -214,8 +216,9 @@ def main():
           [r["step"] for r in trains] == list(range(10, 61, 10)) and all(r.get("sync_policy") == "local" for r in trains),
           [(r["step"], r.get("sync_policy")) for r in trains])
     outer = [r["outer_steps"] for r in trains[:3]]
-    # A round ends every H steps; its outer step lands one round later.
-    check("the outer steps count rounds, one round late", outer == [10 // H - 1, 20 // H - 1, 30 // H - 1], outer)
+    # A round ends every H steps; its outer step lands D steps into the next one.
+    check("the outer steps count rounds, each landing D steps into the next",
+          outer == [(s - D) // H for s in (10, 20, 30)], (outer, D))
     losses = [r["loss"] for r in trains]
     check("the loss falls", losses[-1] < 0.75 * losses[0], losses)
     summary = load(os.path.join(run_dir, "summary.json"))

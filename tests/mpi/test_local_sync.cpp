@@ -1,7 +1,9 @@
 // parallel.sync local's outer step (runtime/local_sync.h) on 4 ranks in 3 groups: the
 // outer weights are the sample-weighted mean of the groups' deltas followed by the
-// Nesterov step, one round late, against a plain reference in double; every rank holds
-// bit-identical outer weights after every outer step; flush leaves the outer weights.
+// Nesterov step, taken D job steps into the next round (D = H: at its end, or inside
+// it, where each group's progress so far moves onto the new outer weights), against a
+// plain reference in double; every rank holds bit-identical outer weights after every
+// outer step; flush leaves the outer weights.
 // The exchange runs through shared memory (the 4 ranks share a host) and over messages,
 // and the two give the same outer weights bit for bit.
 #include <doctest/doctest.h>
@@ -28,7 +30,7 @@ const std::vector<int64_t> kShares{128, 128, 64, 64};
 const std::vector<std::vector<int>> kGroups{{0}, {1}, {2, 3}};
 const std::vector<int64_t> kSizes{1000, 7};
 
-plan::Plan local_plan() {
+plan::Plan local_plan(int delay) {
   plan::Plan p;
   p.world_size = kRanks;
   p.blocks = 1;
@@ -47,6 +49,7 @@ plan::Plan local_plan() {
     p.ranks.push_back(rp);
   }
   p.local = plan::LocalSync{kGroups, kH, {2, 1, 1}, {2 * 128, 128, 128}};  // whole global batches
+  p.local->outer_delay = delay;
   return p;
 }
 
@@ -61,12 +64,13 @@ double increment(int g, int k, size_t t, int64_t i) {
 double initial(size_t t, int64_t i) { return 0.5 + 1e-3 * static_cast<double>((i + static_cast<int64_t>(t)) % 13); }
 
 // The rounds below against the reference, the exchange through shared memory or over
-// messages, with outer momentum `mu` (0: plain averaging, whose pass leaves m alone);
-// the outer checksums after every round and after the flush.
-std::vector<std::string> run_rounds(bool shared_memory, double mu = 0.9) {
+// messages, with outer momentum `mu` (0: plain averaging, whose pass leaves m alone) and
+// the outer step `delay` job steps into the next round; the outer checksums after every
+// round and after the flush.
+std::vector<std::string> run_rounds(bool shared_memory, double mu = 0.9, int delay = kH) {
   comm::Communicator& world = comm::world();
   std::vector<std::string> trail;
-  const plan::Plan plan = local_plan();
+  const plan::Plan plan = local_plan(delay);
   plan::check_local_plan(plan);
   config::ParallelConfig cfg;
   cfg.outer_lr = 0.7;
@@ -138,6 +142,15 @@ std::vector<std::string> run_rounds(bool shared_memory, double mu = 0.9) {
     trail.push_back(all[0]);
   };
 
+  // Each group's weights onto the outer ones plus its progress since its anchor.
+  auto rebase = [&] {
+    for (size_t g = 0; g < groups; ++g)
+      for (size_t i = 0; i < n; ++i) {
+        const double own = ref.y[g][i] - ref.a[g][i];
+        ref.a[g][i] = ref.theta[i];
+        ref.y[g][i] = ref.theta[i] + own;
+      }
+  };
   int outer = 0;
   for (int k = 0; k < kH * kRounds; ++k) {
     for (size_t g = 0; g < groups; ++g) {
@@ -149,6 +162,14 @@ std::vector<std::string> run_rounds(bool shared_memory, double mu = 0.9) {
       for (int64_t i = 0; i < kSizes[t]; ++i)
         params[t].second.data()[i] += static_cast<float>(increment(me, k, t, i));
     sync.after_step(k + 1);
+    if ((k + 1) % kH == delay && ref.in_flight) {  // inside the round (delay < kH)
+      outer_step(ref.pending);
+      ++outer;
+      ref.in_flight = false;
+      rebase();
+      CHECK(sync.outer_steps() == outer);
+      check_params(ref.y[static_cast<size_t>(me)], outer + 1, "after the outer step inside a round");
+    }
     if ((k + 1) % kH != 0) continue;
     std::vector<std::vector<double>> delta(groups, std::vector<double>(n));
     for (size_t g = 0; g < groups; ++g)
@@ -177,8 +198,12 @@ std::vector<std::string> run_rounds(bool shared_memory, double mu = 0.9) {
   for (size_t t = 0; t < kSizes.size(); ++t)
     for (int64_t i = 0; i < kSizes[t]; ++i) params[t].second.data()[i] += static_cast<float>(increment(me, 99, t, i));
   sync.after_step(kH * kRounds + 1);
+  if (delay == 1) {
+    outer_step(ref.pending);
+    rebase();
+  }
   sync.flush();
-  outer_step(ref.pending);
+  if (delay != 1) outer_step(ref.pending);
   std::vector<double> d(n, 0);
   for (size_t g = 0; g < groups; ++g)
     for (size_t i = 0; i < n; ++i) {
@@ -203,4 +228,15 @@ TEST_CASE("local sync: the outer step takes the sample-weighted mean of the grou
   CHECK(shared == messages);
   // Without momentum the pass takes its own loop (local_sync.cpp's round_pass).
   CHECK(run_rounds(true, 0.0) == run_rounds(false, 0.0));
+}
+
+TEST_CASE("local sync: an outer step that lands inside the next round moves each group's progress onto it") {
+  if (comm::world().size() != kRanks) return;
+  for (const int delay : {1, 2}) {
+    CAPTURE(delay);
+    const std::vector<std::string> shared = run_rounds(true, 0.9, delay);
+    REQUIRE(shared.size() == kRounds + 1);
+    CHECK(shared == run_rounds(false, 0.9, delay));
+  }
+  CHECK(run_rounds(true, 0.0, 1) == run_rounds(false, 0.0, 1));
 }

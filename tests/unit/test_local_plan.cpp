@@ -330,6 +330,7 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   CHECK(back.local->inner_steps == p.local->inner_steps);
   CHECK(back.local->group_steps == p.local->group_steps);
   CHECK(back.local->round_samples == p.local->round_samples);
+  CHECK(back.local->outer_delay == p.local->outer_delay);
   CHECK(back.local->gain == doctest::Approx(p.local->gain));
 
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
@@ -354,6 +355,14 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   j = nlohmann::ordered_json::parse(text);
   j["local"]["round_samples"][1] = 0;
   CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("local.round_samples[1]") != std::string::npos);
+  j = nlohmann::ordered_json::parse(text);
+  for (const int bad : {0, p.local->inner_steps + 1}) {
+    j["local"]["outer_delay"] = bad;
+    CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("outer_delay") != std::string::npos);
+  }
+  // A file without outer_delay takes the outer step at the next round's end.
+  j["local"].erase("outer_delay");
+  CHECK(plan_from_json(j.dump(), "plan.json").local->outer_delay == p.local->inner_steps);
   // A file without round_samples means whole global batches.
   j = nlohmann::ordered_json::parse(text);
   j["local"].erase("round_samples");
@@ -470,6 +479,52 @@ TEST_CASE("local plan: the outer synchronisation is every member's list, and the
   // plus the outer update spread over the round.
   CHECK(hidden.local->inner_steps * hidden.predicted.step_seconds >= hidden.local->outer_exchange_seconds);
   CHECK(hidden.predicted.step_seconds < exposed.predicted.step_seconds);
+}
+
+TEST_CASE("local plan: the outer step lands the fewest job steps into the next round that hide the exchange") {
+  // A job step as predict_local counts it: the latest group's round less the outer pass, over H.
+  auto inner_step = [](const Plan& p, const PlannerInput& in) {
+    const std::vector<GroupCost> gc = group_costs(p, in.costs, in.cluster);
+    double pass = 0;
+    for (const GroupCost& x : gc) pass = std::max(pass, x.round_fixed);
+    return (split_round(p.local->inner_steps, p.global_batch, gc).seconds - pass) / p.local->inner_steps;
+  };
+  // One host (20 us, 5 GB/s): the exchange takes less than a job step, and rounds are
+  // chosen longer than that for their per-step costs.
+  const PlannerInput host = input(throttled(), mlp_costs(throttled()), 128);
+  const Plan near = *local_plan_for(host, make_plan(host), config::SyncPolicy::local, 0);
+  // Every link 1 ms and 200 MB/s: the 2.7 MB exchange takes a few job steps.
+  ClusterModel slow = throttled();
+  slow.links = Links::uniform(4, 0.001, 200e6);
+  const PlannerInput far_in = input(slow, mlp_costs(slow), 128);
+  const Plan far = *local_plan_for(far_in, make_plan(far_in), config::SyncPolicy::local, 0);
+  const Plan four = *local_plan_for(far_in, make_plan(far_in), config::SyncPolicy::local, 4);
+  for (const auto& [p, in] : {std::pair{&near, &host}, std::pair{&far, &far_in}}) {
+    const double inner = inner_step(*p, *in), exchange = p->local->outer_exchange_seconds;
+    const int d = p->local->outer_delay;
+    CAPTURE(exchange);
+    CAPTURE(inner);
+    CHECK(d >= 1);
+    CHECK(d <= p->local->inner_steps);
+    CHECK(d * inner >= exchange);
+    if (d > 1) CHECK((d - 1) * inner < exchange);
+    CHECK(outer_sync_cost_model(*p, in->costs, in->cluster, inner).reduce_seconds(0, 1) == 0);
+  }
+  CHECK(near.local->outer_delay < near.local->inner_steps);
+  CHECK(far.local->outer_delay > near.local->outer_delay);
+  CHECK(far.local->outer_delay < far.local->inner_steps);
+  // A round of 4 steps cannot hide it: the step lands at the next round's end, and the
+  // simulator charges what the round leaves of the exchange.
+  CHECK(four.local->outer_delay == 4);
+  const double inner = inner_step(four, far_in);
+  const double exposed = four.local->outer_exchange_seconds - 4 * inner;
+  REQUIRE(exposed > 0);
+  CHECK(outer_sync_cost_model(four, far_in.costs, slow, inner).reduce_seconds(0, 1) == doctest::Approx(exposed));
+  // What D job steps leave of it, where D is set shorter.
+  Plan soon = far;
+  soon.local->outer_delay = 1;
+  CHECK(outer_sync_cost_model(soon, far_in.costs, slow, inner_step(far, far_in)).reduce_seconds(0, 1) ==
+        doctest::Approx(far.local->outer_exchange_seconds - inner_step(far, far_in)));
 }
 
 TEST_CASE("local plan: a CPU member's round holds its part of the sums over host-speed links, not over slow ones or on a GPU") {

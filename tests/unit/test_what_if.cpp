@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <regex>
 
 #include "config/config.h"
@@ -325,22 +326,41 @@ TEST_CASE("local drops no sample: a group held longer than a round is waited for
   CHECK(contains(local.notes.back(), "1 group rounds held by an event were waited for"));
 }
 
-TEST_CASE("local: a group held less than a round stays behind unseen until the final flush waits for it") {
-  // 20 rounds and 3 steps: the last, partial round has ceil(3 x H_1 / 8) of group 1's batches.
+TEST_CASE("local: a group held past the next round's outer step is waited for there; a shorter hold at the final flush") {
   WhatIfInput in = four_groups(8 * 20 + 3);
   const Rounds r = rounds_of(in);
   REQUIRE(r.plan.local->groups.size() == 4);
+  const int d = r.plan.local->outer_delay;
+  CAPTURE(d);
+  REQUIRE(d < r.plan.local->inner_steps);
   const double round = r.plan.predicted.step_seconds * r.plan.local->inner_steps;
-  in.events = {parse_what_if_event("stall:rank=1,at=" + std::to_string(2 * round + 0.1 * r.length[1]) + ",for=" +
-                                   std::to_string(0.4 * r.length[1]))};
-  const PolicyOutcome local = outcome(run_what_if(in), Policy::local);
-  REQUIRE(local.refused.empty());
-  CHECK(local.rounds_waited_for == 1);
+  // Group 0 (rank 0) reaches job step D of a round after its first batches_in_round(D)
+  // inner steps; the others reach it no later (the split ends the rounds together).
+  const double to_d = static_cast<double>(batches_in_round(r.plan, 0, d)) * r.length[0] /
+                      r.plan.local->group_steps[0];
+  // Rank 1 stopped a little into its third round, for longer than it takes group 0 to
+  // reach D in its fourth: group 0 waits there for the third round's exchange, once.
+  const double at = 2 * round + 0.1 * r.length[1];
+  in.events = {parse_what_if_event("stall:rank=1,at=" + std::to_string(at) + ",for=" + std::to_string(0.9 * r.length[1]))};
+  REQUIRE(0.9 * r.length[1] > 0.1 * r.length[1] + to_d + 0.05 * round);
+  const PolicyOutcome held = outcome(run_what_if(in), Policy::local);
+  REQUIRE(held.refused.empty());
+  CHECK(held.rounds_waited_for == 1);
+  CHECK(held.samples_waited_for == r.plan.local->round_samples[1]);
+  // A hold shorter than the slack before D is not waited for there: the group stays
+  // behind unseen until the final flush waits for it. 20 rounds and 3 steps: the last,
+  // partial round has ceil(3 x H_1 / 8) of group 1's batches.
+  char brief_for[64];
+  std::snprintf(brief_for, sizeof brief_for, "%.9g", 0.5 * to_d);
+  in.events = {parse_what_if_event("stall:rank=1,at=" + std::to_string(at) + ",for=" + brief_for)};
+  const PolicyOutcome brief = outcome(run_what_if(in), Policy::local);
+  CHECK(brief.rounds_waited_for == 1);
   // Group 1's samples of those batches (its steps are n_1 / H_1 samples, not one global batch).
   int64_t partial = 0;
   for (int rank : group_ranks(r.plan, 1)) partial += samples_in_round(r.plan, rank, 3);
   CHECK(partial >= batches_in_round(r.plan, 1, 3));
-  CHECK(local.samples_waited_for == partial);
+  CHECK(partial < r.plan.local->round_samples[1]);
+  CHECK(brief.samples_waited_for == partial);
   // Without the event nothing is waited for.
   in.events.clear();
   const PolicyOutcome plain = outcome(run_what_if(in), Policy::local);
