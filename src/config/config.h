@@ -160,11 +160,12 @@ struct ParallelConfig {
   // local: steps per round (0: chosen from the measured link and compute times), and
   // the outer optimiser (Nesterov momentum over the sample-weighted mean of the groups'
   // deltas). The mean of groups that each took some of the round's steps is a shorter
-  // move than those steps taken in a row, hence a learning rate above 1; the outer step
-  // lands one round late, and momentum on a delayed step overshoots. The MLP on 4 ranks
-  // at quotas 0.8/0.4/0.2/0.2, 600 steps, H 10 to 16 (sync 0.877): lr 1 / momentum 0
-  // ended at 0.858-0.866, 1.5 / 0 at 0.8665-0.8705, 2 / 0 at 0.8665-0.869, 1.5 / 0.3 at
-  // 0.867 (lr 0.7 / momentum 0.9 over the groups' summed deltas ended at 0.41).
+  // move than those steps taken in a row, hence a learning rate above 1; much above it
+  // the step extrapolates each group's few steps too far, early in training most. The
+  // MLP on 4 ranks at quotas 0.8/0.4/0.2/0.2, 600 steps, the step landing 1 job step
+  // into the next round (sync 0.870): lr 1.5 / momentum 0 ended at 0.853-0.856, 2 / 0
+  // at 0.851-0.853, 2.5 / 0 at 0.845-0.847, 1 / 0.5 at 0.856, 0.7 / 0.7 and 1.2 / 0.3
+  // at 0.852 (docs/architecture.md).
   int64_t local_steps = 0;
   double outer_lr = 1.5;
   double outer_momentum = 0;

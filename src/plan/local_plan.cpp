@@ -595,6 +595,34 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
   return out;
 }
 
+// How late a member may take its part in the exchange after the others expect it: it
+// posts its delta and sums its part between the blocks of its inner steps (an
+// executor poll at every block's forward and backward edge), so up to the time between
+// two polls, and a rank under a CPU quota may be off its core for the rest of the
+// period. Where the outer step landed sooner, the groups waited for it every round: on
+// the MLP at 0.8/0.4/0.2/0.2 (H 18) the job ran at 30,100-30,500 samples/s with the
+// step 2 job steps into the round against 31,800-32,400 at 9 (docs/architecture.md).
+double exchange_lag(const Plan& plan, const std::vector<GroupCost>& cost, const ClusterModel& cluster) {
+  const LocalSync& l = *plan.local;
+  double lag = 0;
+  for (int r : outer_members(plan)) {
+    const int g = group_of_rank(plan, r);
+    double between = 0;
+    if (g >= 0) {
+      const auto k = static_cast<size_t>(g);
+      const double step = cost[k].step_fixed + cost[k].per_sample * static_cast<double>(l.round_samples[k]) /
+                                                   static_cast<double>(l.group_steps[k]);
+      between = step / (2.0 * std::max(1, plan.blocks));
+    }
+    if (static_cast<size_t>(r) < cluster.ranks.size()) {
+      const DeviceModel& d = cluster.ranks[static_cast<size_t>(r)];
+      if (d.cpu_quota > 0 && d.cpu_quota < 1) between += d.cpu_quota_period_s * (1 - d.cpu_quota);
+    }
+    lag = std::max(lag, between);
+  }
+  return lag;
+}
+
 }  // namespace
 
 std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
@@ -659,12 +687,14 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   double pass = 0;
   for (size_t g = 0; g < n; ++g) pass = std::max(pass, cost[g].round_fixed);
   inner = std::max(0.0, inner - pass) / h;
-  // D: the fewest job steps that hide the exchange, so that the next round's steps start
-  // from weights that lack as little of the others' progress as the links allow. The
-  // exchange as the split weighs its parts (H above took it at whole batches).
+  // D: the fewest job steps that hide the exchange and the latest member's lag in it, so
+  // that the next round's steps start from weights that lack as little of the others'
+  // progress as the links allow. The exchange as the split weighs its parts (H above took
+  // it at whole batches).
   l.outer_exchange_seconds = exchange_seconds(plan, costs, cluster, &tiers);
-  l.outer_delay = inner > 0 ? static_cast<int>(std::clamp(std::ceil(kHideFactor * l.outer_exchange_seconds / inner),
-                                                          1.0, static_cast<double>(h)))
+  l.outer_delay = inner > 0 ? static_cast<int>(std::clamp(
+                                  std::ceil((kHideFactor * l.outer_exchange_seconds + exchange_lag(plan, cost, cluster)) / inner),
+                                  1.0, static_cast<double>(h)))
                             : h;
   const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner, &tiers));
   const double job_step = inner + outer.step_seconds / h;

@@ -21,8 +21,15 @@
 // together exactly, from each group's predicted step as a fixed part plus a part per
 // sample (split_round). Integer H_g alone left the groups' rounds apart by up to a step.
 //
-// H. The outer exchange (the deltas' all-reduce over every rank, plus the outer update)
-// runs while the next round's inner steps do. A round must be at least kHideFactor times
+// D. The outer exchange (the deltas' all-reduce over every rank) runs while the next
+// round's first inner steps do, and the outer step lands after job step D of that round
+// (LocalSync::outer_delay): the fewest job steps that hide the exchange, so that the
+// groups' steps lack as little of the others' progress as the links allow (D = H: at
+// the next round's end). On the MLP at 0.8/0.4/0.2/0.2 (one host, D 1-2 of H 17-18) the
+// step at D ended 600 steps at 85.3-85.6% against 84.7-84.9% at the round's end, in 4
+// pairs of runs side by side (docs/architecture.md).
+//
+// H. A round must be at least kHideFactor times
 // the exchange and give every group a step; from that least count up to kMaxRoundSteps,
 // H is the count whose round costs least per job step, each group's round holding its
 // inner steps and its own outer work (its pass, and on a CPU rank of one host its part of
@@ -231,14 +238,15 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
 // outer weights: taking the sums every round would tie the rounds to its links (a rank
 // left idle behind a 6 MB/s link made the others' rounds wait on 2.7 MB through it).
 std::vector<int> outer_members(const Plan& plan);
-// Every world rank's outer synchronisation, run after each round's last inner step:
-// OuterSyncFinish (the exchange started a round before) then OuterSyncStart (this
-// round's); the outer_members only (other idle ranks: an empty list).
+// Every world rank's outer synchronisation in a round, in order: OuterSyncFinish (the
+// exchange started at the round before's end, and the outer step) after job step D,
+// OuterSyncStart (this round's deltas) after job step H; the outer_members only (other
+// idle ranks: an empty list).
 std::vector<Schedule> outer_sync_schedules(const Plan& plan);
 
 // What the simulator charges for them: OuterSyncStart the outer update's work on the
 // rank (kOuterBytesPerParam per parameter through its memory), OuterSyncFinish the part
-// of the exchange that a round of `inner_step_seconds` x H does not hide.
+// of the exchange that D job steps of `inner_step_seconds` do not hide.
 // `tiers`: link_tiers of the cluster where the caller has them (found otherwise).
 CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                                 double inner_step_seconds, const LinkTiers* tiers = nullptr);

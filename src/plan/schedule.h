@@ -53,10 +53,11 @@ enum class Op {
   // step again. Collective over the replica's ranks; in the steady state one small
   // message each.
   align_replica,
-  // parallel.sync local (plan/local_plan.h), every H steps after the round's last step:
-  // OuterSyncFinish waits for the outer exchange started a round before (collective over
-  // every rank) and takes the outer step; OuterSyncStart posts this round's weighted
-  // deltas and never blocks. runtime/local_sync.h runs them between the executor's steps.
+  // parallel.sync local (plan/local_plan.h), once a round: OuterSyncFinish, after job
+  // step D, waits for the outer exchange started at the round before's end (collective
+  // over every rank) and takes the outer step; OuterSyncStart, after the round's last
+  // step, posts this round's weighted deltas and never blocks. runtime/local_sync.h runs
+  // them between the executor's steps.
   outer_sync_finish,
   outer_sync_start,
 };

@@ -41,9 +41,10 @@
 //    kMaxRoundSteps groups and steps a round; groups of one class each where the search
 //    leaves too many ranks alone), or the policy is refused saying why. Each group plays
 //    its rounds (H_g inner steps of its simulated sub-plan step, then its part of the
-//    round's outer list) on its own clock; a round's end waits for
-//    the exchange of the round before, so for every group to have ended that round. A
-//    stall holds its group only, and the others wait at the round end after the next.
+//    round's outer list) on its own clock; job step D of a round (outer_delay) waits for
+//    the exchange of the round before, so for every group to have ended that round (the
+//    wait is drawn at the round's start). A stall holds its group only, and the others
+//    wait D steps into the round after the one it held.
 //    A failure restarts the job as under sync (the groups' outer exchange spans every
 //    rank), re-planned as a local plan. No sample is dropped and none is staler than the
 //    one round the design delays every group's progress: runtime/local_sync's exchange

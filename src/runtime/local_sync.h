@@ -1,4 +1,5 @@
-// parallel.sync local at run time (DiLoCo with a one-round-delayed outer step).
+// parallel.sync local at run time (DiLoCo, the outer step landing D job steps into the
+// next round).
 //
 // Every rank runs its group's synchronous sub-plan (plan/local_plan.h) with the ordinary
 // executor on the group's communicator, AdamW as configured being the inner optimiser.
@@ -6,29 +7,32 @@
 // momentum m, identical on every rank, and the exchange between rounds.
 //
 // Round k is H job steps (H global batches); in it this rank's group takes its H_g inner
-// steps, each one global batch (plan/local_plan.h). It ends with this rank's weights y;
-// a is where the round started. Then this rank's outer list (plan::outer_sync_schedules)
-// runs, in order:
+// steps (plan/local_plan.h). It ends with this rank's weights y; a is where the round
+// started. This rank's outer list (plan::outer_sync_schedules) runs OuterSyncStart after
+// the round's last job step:
 //   delta = a - y                                      (this group's progress, negated)
-//   if the exchange of round k-1 is in flight: finish it, D = sum_r w_r delta_r with
-//     w_r = rank r's part of the round's samples (plan::round_weight: its share of its
-//     group's batch x H_g / H; they sum to 1), so D is the sample-weighted mean of the
-//     groups' deltas, and take the outer step:
-//     m = mu m + D; theta = theta - lr (D + mu m)  (Nesterov)
-//     The mean, not the sum: a slow group's few steps start from the staler weights,
-//     and summed they count in full (on the MLP at 0.8/0.4/0.2/0.2 the sum ended 0.862
-//     after the same samples as sync's 0.877, the mean at outer_lr 1.6 0.870).
 //   a = y = theta - delta                              (the outer weights + own progress)
 //   start the exchange of w_this delta                 (non-blocking, over every rank)
-// So a group never waits on another beyond one round: its own progress of the last
-// round stands until the average of everyone's replaces it one round later. The sums
-// are made by one owner per part and sent to all (comm/weighted_allreduce.h), so every
-// member of the exchange holds bit-identical theta and m (plan::outer_members: the
-// groups' ranks and rank 0; another idle rank takes no part and holds no outer weights).
-// Where every member is on one host (and no link is emulated) the exchange runs through
-// shared memory instead (comm/shared_allreduce.h): the pass writes this rank's delta
-// where the owners read it and reads the sums where they wrote them, the same sums bit
-// for bit, with none of the messages' copies.
+// and OuterSyncFinish after job step D of the next round (plan::LocalSync::outer_delay,
+// the fewest job steps that hide the exchange):
+//   finish the exchange: D = sum_r w_r delta_r with w_r = rank r's part of the round's
+//     samples (plan::round_weight: its share of its group's batch x H_g / H; they sum to
+//     1), so D is the sample-weighted mean of the groups' deltas, and take the outer step:
+//     m = mu m + D; theta = theta - lr (D + mu m)  (Nesterov)
+//     The mean, not the sum: each group's delta is a run of steps from the same start,
+//     and summed they overshoot (on the MLP at 0.8/0.4/0.2/0.2, the step at the round's
+//     end, the sum at outer_lr 1 stood at 49-54% after 100 steps, the mean at 74-76%).
+//   y = theta + (y - a), a = theta                     (this round's progress so far onto it)
+// At D = H both run at the round's end, Finish first, and the outer step is part of the
+// same pass as the delta. So a group never waits on another beyond D steps: its own
+// progress of the last round stands until the average of everyone's replaces it, D
+// steps into the next round. The sums are made by one owner per part and sent to all
+// (comm/weighted_allreduce.h), so every member of the exchange holds bit-identical theta
+// and m (plan::outer_members: the groups' ranks and rank 0; another idle rank takes no
+// part and holds no outer weights). Where every member is on one host (and no link is
+// emulated) the exchange runs through shared memory instead (comm/shared_allreduce.h):
+// the pass writes this rank's delta where the owners read it and reads the sums where
+// they wrote them, the same sums bit for bit, with none of the messages' copies.
 //
 // Re-splitting from measurement (plan::resplit_from_measured). Each rank's exchange also
 // carries, in its own two slots of a stats vector, the seconds it spent in the round's
@@ -93,9 +97,9 @@ class LocalSync {
   ~LocalSync();
 
   // After every job step (`done` of them in the job, whether this group took an inner
-  // step in it or not): moves the exchange in flight along and, when `done` is a
-  // multiple of H (a round's end), runs the outer synchronisation above. Collective at
-  // round ends (bounded by parallel.peer_timeout_s).
+  // step in it or not): moves the exchange in flight along and runs the outer list's
+  // instructions due after this job step of its round (above). OuterSyncFinish is
+  // collective (bounded by parallel.peer_timeout_s).
   // Returns the seconds it took (waiting included).
   // `inner_seconds`: what this rank spent in its group's inner steps in the job step.
   double after_step(int64_t done, double inner_seconds = 0);
@@ -162,7 +166,7 @@ class LocalSync {
   std::string checksum_;     // of theta_; empty: not computed since theta_ last changed
   int world_rank_ = 0;
   bool member_ = true;  // of the outer exchange (plan::outer_members): holds the outer weights
-  plan::Schedule outer_list_;  // plan::outer_sync_schedules: run after each round's last step
+  plan::Schedule outer_list_;  // plan::outer_sync_schedules: Finish after job step D, Start after step H
   std::unique_ptr<comm::OverlappedAllreduce> exchange_;  // in flight
   std::unique_ptr<comm::OverlappedAllreduce> draining_;  // finished; its sums still going out
   std::unique_ptr<comm::SharedAllreduce> board_;  // the exchange through shared memory, where it runs so

@@ -481,50 +481,68 @@ TEST_CASE("local plan: the outer synchronisation is every member's list, and the
   CHECK(hidden.predicted.step_seconds < exposed.predicted.step_seconds);
 }
 
-TEST_CASE("local plan: the outer step lands the fewest job steps into the next round that hide the exchange") {
-  // A job step as predict_local counts it: the latest group's round less the outer pass, over H.
-  auto inner_step = [](const Plan& p, const PlannerInput& in) {
+TEST_CASE("local plan: the outer step lands the fewest job steps into the next round that hide the exchange and its lag") {
+  // A job step as predict_local counts it: the latest group's round less the outer pass,
+  // over H; and the longest time between two of a member's polls (its group's inner step
+  // over a forward and a backward edge per block).
+  struct Steps {
+    double inner = 0, poll_gap = 0;
+  };
+  auto steps_of = [](const Plan& p, const PlannerInput& in) {
     const std::vector<GroupCost> gc = group_costs(p, in.costs, in.cluster);
     double pass = 0;
-    for (const GroupCost& x : gc) pass = std::max(pass, x.round_fixed);
-    return (split_round(p.local->inner_steps, p.global_batch, gc).seconds - pass) / p.local->inner_steps;
+    Steps out;
+    for (size_t g = 0; g < gc.size(); ++g) {
+      pass = std::max(pass, gc[g].round_fixed);
+      const double step = gc[g].step_fixed + gc[g].per_sample * static_cast<double>(p.local->round_samples[g]) /
+                                                 p.local->group_steps[g];
+      out.poll_gap = std::max(out.poll_gap, step / (2.0 * p.blocks));
+    }
+    out.inner = (split_round(p.local->inner_steps, p.global_batch, gc).seconds - pass) / p.local->inner_steps;
+    return out;
   };
-  // One host (20 us, 5 GB/s): the exchange takes less than a job step, and rounds are
-  // chosen longer than that for their per-step costs.
-  const PlannerInput host = input(throttled(), mlp_costs(throttled()), 128);
-  const Plan near = *local_plan_for(host, make_plan(host), config::SyncPolicy::local, 0);
-  // Every link 1 ms and 200 MB/s: the 2.7 MB exchange takes a few job steps.
-  ClusterModel slow = throttled();
-  slow.links = Links::uniform(4, 0.001, 200e6);
-  const PlannerInput far_in = input(slow, mlp_costs(slow), 128);
-  const Plan far = *local_plan_for(far_in, make_plan(far_in), config::SyncPolicy::local, 0);
-  const Plan four = *local_plan_for(far_in, make_plan(far_in), config::SyncPolicy::local, 4);
-  for (const auto& [p, in] : {std::pair{&near, &host}, std::pair{&far, &far_in}}) {
-    const double inner = inner_step(*p, *in), exchange = p->local->outer_exchange_seconds;
-    const int d = p->local->outer_delay;
+  // Ranks at CPU quotas 0.4, 0.2, 0.2 of 10 ms periods: a rank at 0.2 may be off its core
+  // for 8 ms when the others expect its part of the exchange.
+  const PlannerInput quota = input(throttled(), mlp_costs(throttled()), 128);
+  // The same ranks without quotas.
+  ClusterModel unlimited = throttled();
+  for (DeviceModel& d : unlimited.ranks) d.cpu_quota = d.cpu_quota_period_s = 0;
+  const PlannerInput plain = input(unlimited, mlp_costs(unlimited), 128);
+  // A rank that may be off its core for 8 ms puts the step later.
+  CHECK(local_plan_for(quota, make_plan(quota), config::SyncPolicy::local, 0)->local->outer_delay >
+        local_plan_for(plain, make_plan(plain), config::SyncPolicy::local, 0)->local->outer_delay);
+  for (const PlannerInput* in : {&quota, &plain}) {
+    const Plan p = *local_plan_for(*in, make_plan(*in), config::SyncPolicy::local, 0);
+    const Steps st = steps_of(p, *in);
+    const double exchange = p.local->outer_exchange_seconds, off = in == &quota ? 0.01 * 0.8 : 0.0;
+    const int d = p.local->outer_delay;
     CAPTURE(exchange);
-    CAPTURE(inner);
+    CAPTURE(st.inner);
+    CAPTURE(st.poll_gap);
+    CAPTURE(p.local->inner_steps);
     CHECK(d >= 1);
-    CHECK(d <= p->local->inner_steps);
-    CHECK(d * inner >= exchange);
-    if (d > 1) CHECK((d - 1) * inner < exchange);
-    CHECK(outer_sync_cost_model(*p, in->costs, in->cluster, inner).reduce_seconds(0, 1) == 0);
+    CHECK(d < p.local->inner_steps);
+    CHECK(d * st.inner >= exchange + off);
+    CHECK((d - 1) * st.inner < exchange + off + st.poll_gap);
+    CHECK(outer_sync_cost_model(p, in->costs, in->cluster, st.inner).reduce_seconds(0, 1) == 0);
   }
-  CHECK(near.local->outer_delay < near.local->inner_steps);
-  CHECK(far.local->outer_delay > near.local->outer_delay);
-  CHECK(far.local->outer_delay < far.local->inner_steps);
-  // A round of 4 steps cannot hide it: the step lands at the next round's end, and the
-  // simulator charges what the round leaves of the exchange.
+  // Every link 10 ms and 100 Mbit/s, a round of 4 steps: too short to hide the exchange,
+  // so the step lands at the next round's end, and the simulator charges what the round
+  // leaves of the exchange.
+  ClusterModel slow = throttled();
+  slow.links = Links::uniform(4, 0.01, 12.5e6);
+  const PlannerInput far = input(slow, mlp_costs(slow), 128);
+  const Plan four = *local_plan_for(far, make_plan(far), config::SyncPolicy::local, 4);
   CHECK(four.local->outer_delay == 4);
-  const double inner = inner_step(four, far_in);
+  const double inner = steps_of(four, far).inner;
   const double exposed = four.local->outer_exchange_seconds - 4 * inner;
   REQUIRE(exposed > 0);
-  CHECK(outer_sync_cost_model(four, far_in.costs, slow, inner).reduce_seconds(0, 1) == doctest::Approx(exposed));
+  CHECK(outer_sync_cost_model(four, far.costs, slow, inner).reduce_seconds(0, 1) == doctest::Approx(exposed));
   // What D job steps leave of it, where D is set shorter.
-  Plan soon = far;
+  Plan soon = four;
   soon.local->outer_delay = 1;
-  CHECK(outer_sync_cost_model(soon, far_in.costs, slow, inner_step(far, far_in)).reduce_seconds(0, 1) ==
-        doctest::Approx(far.local->outer_exchange_seconds - inner_step(far, far_in)));
+  CHECK(outer_sync_cost_model(soon, far.costs, slow, inner).reduce_seconds(0, 1) ==
+        doctest::Approx(four.local->outer_exchange_seconds - inner));
 }
 
 TEST_CASE("local plan: a CPU member's round holds its part of the sums over host-speed links, not over slow ones or on a GPU") {
