@@ -48,6 +48,7 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
               in.costs, 0, 0, std::nullopt};
   if (deadline) all_ranks = false;  // no rebalancing under deadline: the steps never wait for every rank
   if (auto local = ht::plan::local_plan_for(in, out.plan, cfg.parallel.sync, cfg.parallel.local_steps)) {
+    ht::plan::apply_outer_delay(*local, in.costs, in.cluster, cfg.parallel.outer_delay);
     out.plan = std::move(*local);
     all_ranks = false;  // no rebalancing under local: each group's share is set by the plan
   }

@@ -249,6 +249,7 @@ void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
                  number("deadline_slack", c.deadline_slack, Range::at_least(0)),
                  int_field("max_staleness", {}, c.max_staleness, 0),
                  int_field("local_steps", {}, c.local_steps, 0),
+                 int_field("outer_delay", {}, c.outer_delay, 0),
                  number("outer_lr", c.outer_lr, Range::above(0)),
                  number("outer_momentum", c.outer_momentum, Range::closed_open(0, 1))});
   // Local groups are data-parallel replicas of the whole model: no pipeline, no equal split.
@@ -503,6 +504,7 @@ std::string to_json(const Config& c) {
              {"deadline_slack", c.parallel.deadline_slack},
              {"max_staleness", c.parallel.max_staleness},
              {"local_steps", c.parallel.local_steps},
+             {"outer_delay", c.parallel.outer_delay},
              {"outer_lr", c.parallel.outer_lr},
              {"outer_momentum", c.parallel.outer_momentum}}},
            {"guard",

@@ -600,8 +600,8 @@ std::vector<GroupCost> costs_and_subs(const Plan& plan, const BlockCosts& costs,
 // executor poll at every block's forward and backward edge), so up to the time between
 // two polls, and a rank under a CPU quota may be off its core for the rest of the
 // period. Where the outer step landed sooner, the groups waited for it every round: on
-// the MLP at 0.8/0.4/0.2/0.2 (H 18) the job ran at 30,100-30,500 samples/s with the
-// step 2 job steps into the round against 31,800-32,400 at 9 (docs/architecture.md).
+// the MLP at 0.8/0.4/0.2/0.2 (H 17) the job ran at 0.88 of the standalone sum with the
+// step 2 job steps into the round against 0.915 at its end (docs/architecture.md).
 double exchange_lag(const Plan& plan, const std::vector<GroupCost>& cost, const ClusterModel& cluster) {
   const LocalSync& l = *plan.local;
   double lag = 0;
@@ -621,6 +621,19 @@ double exchange_lag(const Plan& plan, const std::vector<GroupCost>& cost, const 
     lag = std::max(lag, between);
   }
   return lag;
+}
+
+// A job step: a round's inner steps per global batch, the latest group's round less the
+// outer pass, which the outer synchronisation's own lists add (simulated).
+double inner_job_step(const Plan& plan, const std::vector<GroupCost>& cost) {
+  const LocalSync& l = *plan.local;
+  double round = 0, pass = 0;
+  for (size_t g = 0; g < cost.size(); ++g) {
+    const double steps = l.group_steps[g] * cost[g].step_fixed + cost[g].per_sample * static_cast<double>(l.round_samples[g]);
+    round = std::max(round, steps + cost[g].round_fixed);
+    pass = std::max(pass, cost[g].round_fixed);
+  }
+  return std::max(0.0, round - pass) / l.inner_steps;
 }
 
 }  // namespace
@@ -680,22 +693,11 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
       plan.ranks[static_cast<size_t>(ranks[i])].busy_fraction =
           busy[g][i] * inner_round[g] / round;
   }
-  // A job step: a round's inner steps per global batch, the latest group's round less
-  // the outer pass, which the outer synchronisation's own lists add (simulated).
-  double inner = 0;
-  for (size_t g = 0; g < n; ++g) inner = std::max(inner, inner_round[g] + cost[g].round_fixed);
-  double pass = 0;
-  for (size_t g = 0; g < n; ++g) pass = std::max(pass, cost[g].round_fixed);
-  inner = std::max(0.0, inner - pass) / h;
-  // D: the fewest job steps that hide the exchange and the latest member's lag in it, so
-  // that the next round's steps start from weights that lack as little of the others'
-  // progress as the links allow. The exchange as the split weighs its parts (H above took
-  // it at whole batches).
+  const double inner = inner_job_step(plan, cost);
+  // The exchange as the split weighs its parts (H above took it at whole batches), and
+  // the outer step at the round's end (apply_outer_delay may bring it sooner).
   l.outer_exchange_seconds = exchange_seconds(plan, costs, cluster, &tiers);
-  l.outer_delay = inner > 0 ? static_cast<int>(std::clamp(
-                                  std::ceil((kHideFactor * l.outer_exchange_seconds + exchange_lag(plan, cost, cluster)) / inner),
-                                  1.0, static_cast<double>(h)))
-                            : h;
+  l.outer_delay = h;
   const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner, &tiers));
   const double job_step = inner + outer.step_seconds / h;
   plan.predicted.step_seconds = job_step;
@@ -703,6 +705,22 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   plan.predicted.bubble_fraction = 0;
   l.sync_step_seconds = sync_step_seconds;
   l.gain = sync_step_seconds > 0 ? sync_step_seconds / job_step : 0;
+}
+
+void apply_outer_delay(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, int64_t requested) {
+  LocalSync& l = *plan.local;
+  const int h = l.inner_steps;
+  if (requested <= 0 || requested >= h) {
+    l.outer_delay = h;
+    return;
+  }
+  const std::vector<GroupCost> cost = group_costs(plan, costs, cluster);
+  const double inner = inner_job_step(plan, cost);
+  // Sooner than the exchange and the latest member's lag in it allow, every group would
+  // wait there every round.
+  const double hides =
+      inner > 0 ? std::ceil((kHideFactor * l.outer_exchange_seconds + exchange_lag(plan, cost, cluster)) / inner) : h;
+  l.outer_delay = static_cast<int>(std::clamp(std::max(static_cast<double>(requested), hides), 1.0, static_cast<double>(h)));
 }
 
 }  // namespace ht::plan

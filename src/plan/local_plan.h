@@ -22,12 +22,13 @@
 // sample (split_round). Integer H_g alone left the groups' rounds apart by up to a step.
 //
 // D. The outer exchange (the deltas' all-reduce over every rank) runs while the next
-// round's first inner steps do, and the outer step lands after job step D of that round
-// (LocalSync::outer_delay): the fewest job steps that hide the exchange, so that the
-// groups' steps lack as little of the others' progress as the links allow (D = H: at
-// the next round's end). On the MLP at 0.8/0.4/0.2/0.2 (one host, D 1-2 of H 17-18) the
-// step at D ended 600 steps at 85.3-85.6% against 84.7-84.9% at the round's end, in 4
-// pairs of runs side by side (docs/architecture.md).
+// round's inner steps do, and the outer step lands after job step D of that round
+// (LocalSync::outer_delay): at the round's end (D = H) unless parallel.outer_delay asks
+// for it sooner (apply_outer_delay), which leaves the groups' steps less far behind the
+// others' progress and the rounds less slack for a late group. On the MLP at
+// 0.8/0.4/0.2/0.2 (one host, H 18) one plan ended 600 steps at 85.16-85.53% with D 3 to
+// 9 against 84.75-85.06% at the round's end, in 5 rounds side by side, and D 9 ran at
+// 0.92 of the standalone sum against 0.96 (docs/architecture.md).
 //
 // H. A round must be at least kHideFactor times
 // the exchange and give every group a step; from that least count up to kMaxRoundSteps,
@@ -232,6 +233,14 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
 // 0 chooses H.
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
                    int64_t local_steps);
+
+// parallel.outer_delay on a local plan that predict_local made: 0 or at least H, the
+// outer step at the round's end; else the requested job step, or later where the
+// exchange and the latest member's lag in it (a member takes part between the blocks of
+// its inner steps, and a rank under a CPU quota may be off its core for the rest of its
+// period) need more job steps, at most H. The predicted step stands: the exchange stays
+// hidden.
+void apply_outer_delay(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, int64_t requested);
 
 // The ranks of the outer exchange, ascending: every rank of a group, and rank 0, which
 // evaluates and checkpoints the outer weights, idle or not. Another idle rank holds no

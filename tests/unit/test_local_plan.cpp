@@ -481,7 +481,7 @@ TEST_CASE("local plan: the outer synchronisation is every member's list, and the
   CHECK(hidden.predicted.step_seconds < exposed.predicted.step_seconds);
 }
 
-TEST_CASE("local plan: the outer step lands the fewest job steps into the next round that hide the exchange and its lag") {
+TEST_CASE("local plan: the outer step lands at the round's end, or where parallel.outer_delay asks once the exchange and its lag allow") {
   // A job step as predict_local counts it: the latest group's round less the outer pass,
   // over H; and the longest time between two of a member's polls (its group's inner step
   // over a forward and a backward edge per block).
@@ -501,47 +501,66 @@ TEST_CASE("local plan: the outer step lands the fewest job steps into the next r
     out.inner = (split_round(p.local->inner_steps, p.global_batch, gc).seconds - pass) / p.local->inner_steps;
     return out;
   };
-  // Ranks at CPU quotas 0.4, 0.2, 0.2 of 10 ms periods: a rank at 0.2 may be off its core
-  // for 8 ms when the others expect its part of the exchange.
-  const PlannerInput quota = input(throttled(), mlp_costs(throttled()), 128);
-  // The same ranks without quotas.
-  ClusterModel unlimited = throttled();
-  for (DeviceModel& d : unlimited.ranks) d.cpu_quota = d.cpu_quota_period_s = 0;
-  const PlannerInput plain = input(unlimited, mlp_costs(unlimited), 128);
-  // A rank that may be off its core for 8 ms puts the step later.
-  CHECK(local_plan_for(quota, make_plan(quota), config::SyncPolicy::local, 0)->local->outer_delay >
-        local_plan_for(plain, make_plan(plain), config::SyncPolicy::local, 0)->local->outer_delay);
-  for (const PlannerInput* in : {&quota, &plain}) {
-    const Plan p = *local_plan_for(*in, make_plan(*in), config::SyncPolicy::local, 0);
-    const Steps st = steps_of(p, *in);
-    const double exchange = p.local->outer_exchange_seconds, off = in == &quota ? 0.01 * 0.8 : 0.0;
-    const int d = p.local->outer_delay;
-    CAPTURE(exchange);
-    CAPTURE(st.inner);
-    CAPTURE(st.poll_gap);
-    CAPTURE(p.local->inner_steps);
-    CHECK(d >= 1);
-    CHECK(d < p.local->inner_steps);
-    CHECK(d * st.inner >= exchange + off);
-    CHECK((d - 1) * st.inner < exchange + off + st.poll_gap);
-    CHECK(outer_sync_cost_model(p, in->costs, in->cluster, st.inner).reduce_seconds(0, 1) == 0);
+  // Behind links of 1 ms and 500 MB/s, ranks at CPU quotas 0.4, 0.2, 0.2 of 10 ms
+  // periods: a rank at 0.2 may be off its core for 8 ms when the others expect its part.
+  ClusterModel linked = throttled();
+  linked.links = Links::uniform(4, 1e-3, 500e6);
+  const PlannerInput in = input(linked, mlp_costs(linked), 128);
+  const Plan planned = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
+  const int h = planned.local->inner_steps;
+  CHECK(planned.local->outer_delay == h);  // not asked: at the round's end
+  const Steps st = steps_of(planned, in);
+  const double exchange = planned.local->outer_exchange_seconds, off = 0.01 * 0.8;
+  CAPTURE(exchange);
+  CAPTURE(st.inner);
+  CAPTURE(st.poll_gap);
+  CAPTURE(h);
+  // Asked for 1: the fewest job steps that hide the exchange and the lag.
+  Plan soon = planned;
+  apply_outer_delay(soon, in.costs, linked, 1);
+  const int d = soon.local->outer_delay;
+  CHECK(d > 1);
+  CHECK(d < h);
+  CHECK(d * st.inner >= exchange + off);
+  CHECK((d - 1) * st.inner < exchange + off + st.poll_gap);
+  check_local_plan(soon);
+  CHECK(outer_sync_cost_model(soon, in.costs, linked, st.inner).reduce_seconds(0, 1) == 0);
+  // Asked for later than that: as asked; for 0 or H and beyond: the round's end.
+  Plan later = planned;
+  apply_outer_delay(later, in.costs, linked, d + 1);
+  CHECK(later.local->outer_delay == std::min(d + 1, h));
+  for (const int64_t asked : {int64_t{0}, int64_t{h}, int64_t{h + 5}}) {
+    Plan x = soon;
+    apply_outer_delay(x, in.costs, linked, asked);
+    CHECK(x.local->outer_delay == h);
   }
+  // The same quotas over periods of 25 ms: a rank at 0.2 may be off for 20 ms, and the
+  // step lands later (the plan's speeds and split are the same: the quota's share is).
+  ClusterModel coarse = linked;
+  for (DeviceModel& dev : coarse.ranks)
+    if (dev.cpu_quota > 0) dev.cpu_quota_period_s = 0.025;
+  Plan coarse_plan = planned;
+  apply_outer_delay(coarse_plan, in.costs, coarse, 1);
+  CHECK(coarse_plan.local->outer_delay > d);
+  CHECK(coarse_plan.local->outer_delay * st.inner >= exchange + 0.025 * 0.8);
+
   // Every link 10 ms and 100 Mbit/s, a round of 4 steps: too short to hide the exchange,
-  // so the step lands at the next round's end, and the simulator charges what the round
-  // leaves of the exchange.
+  // so the step lands at the next round's end whatever is asked, and the simulator
+  // charges what the round leaves of the exchange.
   ClusterModel slow = throttled();
   slow.links = Links::uniform(4, 0.01, 12.5e6);
-  const PlannerInput far = input(slow, mlp_costs(slow), 128);
-  const Plan four = *local_plan_for(far, make_plan(far), config::SyncPolicy::local, 4);
+  const PlannerInput wan = input(slow, mlp_costs(slow), 128);
+  Plan four = *local_plan_for(wan, make_plan(wan), config::SyncPolicy::local, 4);
+  apply_outer_delay(four, wan.costs, slow, 1);
   CHECK(four.local->outer_delay == 4);
-  const double inner = steps_of(four, far).inner;
+  const double inner = steps_of(four, wan).inner;
   const double exposed = four.local->outer_exchange_seconds - 4 * inner;
   REQUIRE(exposed > 0);
-  CHECK(outer_sync_cost_model(four, far.costs, slow, inner).reduce_seconds(0, 1) == doctest::Approx(exposed));
-  // What D job steps leave of it, where D is set shorter.
-  Plan soon = four;
-  soon.local->outer_delay = 1;
-  CHECK(outer_sync_cost_model(soon, far.costs, slow, inner).reduce_seconds(0, 1) ==
+  CHECK(outer_sync_cost_model(four, wan.costs, slow, inner).reduce_seconds(0, 1) == doctest::Approx(exposed));
+  // What D job steps leave of it, where a plan file sets D shorter.
+  Plan short_d = four;
+  short_d.local->outer_delay = 1;
+  CHECK(outer_sync_cost_model(short_d, wan.costs, slow, inner).reduce_seconds(0, 1) ==
         doctest::Approx(four.local->outer_exchange_seconds - inner));
 }
 

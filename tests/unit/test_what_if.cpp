@@ -288,7 +288,8 @@ struct Rounds {
 };
 
 Rounds rounds_of(const WhatIfInput& in) {
-  Rounds r{plan_for_policy(in.planner, Policy::local, in.local_steps), {}};
+  const auto given = std::find_if(in.plans.begin(), in.plans.end(), [](const Plan& p) { return p.local.has_value(); });
+  Rounds r{given != in.plans.end() ? *given : plan_for_policy(in.planner, Policy::local, in.local_steps), {}};
   for (int g = 0; g < static_cast<int>(r.plan.local->groups.size()); ++g) {
     const std::vector<int> ranks = group_ranks(r.plan, g);
     const double step = simulate_plan(group_plan(r.plan, g), costs_of(in.planner.costs, ranks),
@@ -328,6 +329,11 @@ TEST_CASE("local drops no sample: a group held longer than a round is waited for
 
 TEST_CASE("local: a group held past the next round's outer step is waited for there; a shorter hold at the final flush") {
   WhatIfInput in = four_groups(8 * 20 + 3);
+  // The outer step a job step into the next round where the exchange allows
+  // (parallel.outer_delay 1): the plan the what-if plays.
+  Plan soon = plan_for_policy(in.planner, Policy::local, in.local_steps);
+  apply_outer_delay(soon, in.planner.costs, in.planner.cluster, 1);
+  in.plans = {soon};
   const Rounds r = rounds_of(in);
   REQUIRE(r.plan.local->groups.size() == 4);
   const int d = r.plan.local->outer_delay;
