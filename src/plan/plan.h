@@ -88,8 +88,7 @@ struct LocalSync {
   std::vector<int64_t> round_samples;    // n_g: samples per round, per group; sum H x global batch
   // D: the job steps into the next round after which a round's exchange is finished and
   // its outer step taken, 1..H (H: at the next round's end, before that round's exchange
-  // starts). The least count whose steps hide the predicted exchange: a smaller D leaves
-  // the groups' steps less far behind the outer weights (plan/local_plan.h).
+  // starts; parallel.outer_delay asks for less, plan/local_plan.h's apply_outer_delay).
   int outer_delay = 0;
   double outer_exchange_seconds = 0;     // predicted all-reduce of the deltas, per round
   double sync_step_seconds = 0;          // the best synchronous plan's predicted step

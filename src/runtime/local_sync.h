@@ -13,8 +13,8 @@
 //   delta = a - y                                      (this group's progress, negated)
 //   a = y = theta - delta                              (the outer weights + own progress)
 //   start the exchange of w_this delta                 (non-blocking, over every rank)
-// and OuterSyncFinish after job step D of the next round (plan::LocalSync::outer_delay,
-// the fewest job steps that hide the exchange):
+// and OuterSyncFinish after job step D of the next round (plan::LocalSync::outer_delay:
+// H, the round's end, unless parallel.outer_delay asks for it sooner):
 //   finish the exchange: D = sum_r w_r delta_r with w_r = rank r's part of the round's
 //     samples (plan::round_weight: its share of its group's batch x H_g / H; they sum to
 //     1), so D is the sample-weighted mean of the groups' deltas, and take the outer step:
