@@ -661,7 +661,6 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   const std::vector<GroupCost> cost = costs_and_subs(plan, costs, cluster, &busy, &tiers);
   std::vector<double> step(n);  // at one global batch
   for (size_t g = 0; g < n; ++g) step[g] = cost[g].step_fixed + cost[g].per_sample * static_cast<double>(batch);
-  l.outer_exchange_seconds = exchange;
   // A job step at the groups' summed speed: what a round of H global batches takes per
   // batch when the split is exact.
   double rate = 0;

@@ -344,13 +344,11 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
   if (round_end) steps_in_round_ = 0;
   double waited = 0;  // for the exchange's sums: another rank's lateness, not this one's work
   for (const plan::Instruction& in : outer_list_) switch (in.op) {
-      case plan::Op::outer_sync_finish:
+      case plan::Op::outer_sync_finish: {
         if (at != outer_delay_ || !in_flight()) break;
-        {
-          const auto tf = std::chrono::steady_clock::now();
-          finish_exchange();
-          waited = seconds_since(tf);
-        }
+        const auto tf = std::chrono::steady_clock::now();
+        finish_exchange();
+        waited = seconds_since(tf);
         // At the round's end the pass below takes the step; inside the round it is taken
         // here, and this round's progress so far moves onto the new outer weights.
         if (!round_end) {
@@ -358,6 +356,7 @@ double LocalSync::after_step(int64_t done, double inner_seconds) {
           rebase_on_outer();
         }
         break;
+      }
       case plan::Op::outer_sync_start:
         if (!round_end) break;
         outer_work_s_ += seconds_since(t0) - waited;

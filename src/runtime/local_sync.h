@@ -15,10 +15,10 @@
 //   start the exchange of w_this delta                 (non-blocking, over every rank)
 // and OuterSyncFinish after job step D of the next round (plan::LocalSync::outer_delay:
 // H, the round's end, unless parallel.outer_delay asks for it sooner):
-//   finish the exchange: D = sum_r w_r delta_r with w_r = rank r's part of the round's
+//   finish the exchange: S = sum_r w_r delta_r with w_r = rank r's part of the round's
 //     samples (plan::round_weight: its share of its group's batch x H_g / H; they sum to
-//     1), so D is the sample-weighted mean of the groups' deltas, and take the outer step:
-//     m = mu m + D; theta = theta - lr (D + mu m)  (Nesterov)
+//     1), so S is the sample-weighted mean of the groups' deltas, and take the outer step:
+//     m = mu m + S; theta = theta - lr (S + mu m)  (Nesterov)
 //     The mean, not the sum: each group's delta is a run of steps from the same start,
 //     and summed they overshoot (on the MLP at 0.8/0.4/0.2/0.2, the step at the round's
 //     end, the sum at outer_lr 1 stood at 49-54% after 100 steps, the mean at 74-76%).
