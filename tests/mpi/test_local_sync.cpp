@@ -80,7 +80,9 @@ std::vector<std::string> run_rounds(bool shared_memory, double mu = 0.9, int del
   for (size_t t = 0; t < kSizes.size(); ++t) {
     std::vector<float> v(static_cast<size_t>(kSizes[t]));
     for (int64_t i = 0; i < kSizes[t]; ++i) v[static_cast<size_t>(i)] = static_cast<float>(initial(t, i));
-    params.emplace_back("w" + std::to_string(t), Tensor::from_vector(v, {kSizes[t]}, cpu_backend()));
+    std::string name = "w";  // appended, not "w" + to_string: GCC 12 warns falsely (-Wrestrict) on that form
+    name += std::to_string(t);
+    params.emplace_back(name, Tensor::from_vector(v, {kSizes[t]}, cpu_backend()));
   }
   runtime::LocalSync sync(plan, params, world, cfg, shared_memory);
   CHECK(sync.inner_steps() == kH);

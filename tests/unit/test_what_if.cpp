@@ -197,8 +197,12 @@ TEST_CASE("what-if event specs: one-line errors naming the spec, the field, the 
 
   // Against the world and the catalogue.
   Catalogue cat;
-  cat.devices.push_back(CatalogueDevice{"rtx3060", "RTX 3060"});
-  cat.devices.push_back(CatalogueDevice{"a100-40g", "A100"});
+  for (const auto& [id, name] : {std::pair{"rtx3060", "RTX 3060"}, std::pair{"a100-40g", "A100"}}) {
+    CatalogueDevice d;
+    d.id = id;
+    d.name = name;
+    cat.devices.push_back(d);
+  }
   const auto check = [&](const std::string& spec) {
     return error_of([&] { check_what_if_events({parse_what_if_event(spec)}, 4, cat); });
   };
