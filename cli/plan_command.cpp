@@ -205,11 +205,13 @@ void register_plan(CLI::App& app) {
     const bool what_if = !events.empty();
     if (what_if) print_what_if(cfg, cluster, plan, args->catalogue, std::move(events), args->what_if_steps, args->svg);
     if ((args->svg.empty() || what_if) && args->trace.empty()) return;
-    const ht::plan::SimResult sim = ht::plan::simulate_plan(plan, planned.costs, cluster);
+    // A local plan's ranks run their groups' lists and the outer one, not the layout's.
+    const ht::plan::SimResult sim = plan.local ? ht::plan::simulate_local_round(plan, planned.costs, cluster)
+                                               : ht::plan::simulate_plan(plan, planned.costs, cluster);
     if (!args->svg.empty() && !what_if) write(args->svg, ht::report::plan_to_svg(plan, sim.timeline), "plan picture");
     if (!args->trace.empty())
       write(args->trace,
-            ht::report::to_chrome_trace(sim.timeline, "hetrain plan " + cfg.name + " (predicted)"),
+            ht::report::to_chrome_trace(sim.timeline, "hetrain plan " + cfg.name + (plan.local ? " (predicted, one local round)" : " (predicted)")),
             "predicted timeline");
   });
 }

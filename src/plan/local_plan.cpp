@@ -706,6 +706,102 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   l.gain = sync_step_seconds > 0 ? sync_step_seconds / job_step : 0;
 }
 
+SimResult simulate_local_round(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {
+  check_local_plan(plan);
+  const LocalSync& l = *plan.local;
+  const size_t world = plan.ranks.size();
+  const CostModel outer =
+      outer_sync_cost_model(plan, costs, cluster, inner_job_step(plan, group_costs(plan, costs, cluster)));
+  const double exposed = outer.reduce_seconds(0, 0);
+  SimResult out;
+  out.busy_seconds.assign(world, 0);
+  out.comm_seconds.assign(world, 0);
+  out.idle_seconds.assign(world, 0);
+  out.utilisation.assign(world, 0);
+  out.peak_activation_bytes.assign(world, 0);
+  // Each group's inner steps before and after the outer step, their spans on the
+  // group's own clock (shifted onto the round's below).
+  struct Part {
+    std::vector<Span> spans;
+    double seconds = 0;
+  };
+  std::vector<Part> before(l.groups.size()), after(l.groups.size());
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    const std::vector<int> ranks = group_ranks(plan, static_cast<int>(g));
+    const BlockCosts sub_costs = costs_of(costs, ranks);
+    const ClusterModel sub_cluster = cluster_of(cluster, ranks);
+    Plan sub = group_plan_unchecked(plan, static_cast<int>(g));
+    std::map<int64_t, SimResult> by_size;  // a group's steps take at most two sizes
+    const int64_t finish_after = batches_in_round(plan, static_cast<int>(g), l.outer_delay);
+    for (int k = 0; k < l.group_steps[g]; ++k) {
+      const int64_t count = inner_step_samples(plan, static_cast<int>(g), k);
+      auto it = by_size.find(count);
+      if (it == by_size.end()) {
+        size_group_step(sub, plan, static_cast<int>(g), count);
+        it = by_size.emplace(count, simulate_plan(sub, sub_costs, sub_cluster)).first;
+      }
+      const SimResult& step = it->second;
+      Part& part = k < finish_after ? before[g] : after[g];
+      for (Span s : step.timeline) {
+        s.rank = ranks[static_cast<size_t>(s.rank)];
+        s.start_s += part.seconds;
+        s.end_s += part.seconds;
+        part.spans.push_back(std::move(s));
+      }
+      part.seconds += step.step_seconds;
+      for (size_t i = 0; i < ranks.size(); ++i)
+        out.peak_activation_bytes[static_cast<size_t>(ranks[i])] =
+            std::max(out.peak_activation_bytes[static_cast<size_t>(ranks[i])], step.peak_activation_bytes[i]);
+    }
+  }
+  // The outer step: every member arrives after its group's steps before it (an idle
+  // rank 0 at once), and all leave together.
+  const std::vector<int> members = outer_members(plan);
+  double meet = 0;
+  for (int r : members) {
+    const int g = group_of_rank(plan, r);
+    if (g >= 0) meet = std::max(meet, before[static_cast<size_t>(g)].seconds);
+  }
+  const double leave = meet + exposed;
+  for (size_t g = 0; g < l.groups.size(); ++g) {  // every group's ranks are members
+    for (Span s : before[g].spans) out.timeline.push_back(std::move(s));
+    for (Span s : after[g].spans) {
+      s.start_s += leave;
+      s.end_s += leave;
+      out.timeline.push_back(std::move(s));
+    }
+  }
+  const std::string finish = op_name(Op::outer_sync_finish), start = op_name(Op::outer_sync_start);
+  for (int r : members) {
+    const int g = group_of_rank(plan, r);
+    const double arrive = g >= 0 ? before[static_cast<size_t>(g)].seconds : 0;
+    const double end = g >= 0 ? leave + after[static_cast<size_t>(g)].seconds : leave;
+    if (arrive < meet) out.timeline.push_back(Span{r, finish, "idle", arrive, meet});
+    out.timeline.push_back(Span{r, finish, "comm", meet, leave});
+    const double work = outer.compute_seconds(r, Instruction{Op::outer_sync_start});
+    out.timeline.push_back(Span{r, start, "compute", end, end + work});
+  }
+  for (const Span& s : out.timeline) out.step_seconds = std::max(out.step_seconds, s.end_s);
+  double busy = 0;
+  int working = 0;
+  std::vector<char> has(world, 0);
+  for (const Span& s : out.timeline) {
+    const auto r = static_cast<size_t>(s.rank);
+    has[r] = 1;
+    if (s.category == "compute") out.busy_seconds[r] += s.end_s - s.start_s;
+    else if (s.category == "comm") out.comm_seconds[r] += s.end_s - s.start_s;
+  }
+  for (size_t r = 0; r < world; ++r) {
+    if (!has[r]) continue;
+    ++working;
+    busy += out.busy_seconds[r];
+    out.idle_seconds[r] = std::max(0.0, out.step_seconds - out.busy_seconds[r] - out.comm_seconds[r]);
+    out.utilisation[r] = out.step_seconds > 0 ? out.busy_seconds[r] / out.step_seconds : 0;
+  }
+  out.bubble_fraction = working > 0 && out.step_seconds > 0 ? 1 - busy / (working * out.step_seconds) : 0;
+  return out;
+}
+
 void apply_outer_delay(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, int64_t requested) {
   LocalSync& l = *plan.local;
   const int h = l.inner_steps;

@@ -260,6 +260,18 @@ std::vector<Schedule> outer_sync_schedules(const Plan& plan);
 CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                                 double inner_step_seconds, const LinkTiers* tiers = nullptr);
 
+// One round of a local plan as each rank runs it, for `hetrain plan --trace` and --svg
+// (whose whole-layout lists would draw an all-reduce over every rank that a local plan
+// never runs): each group's H_g inner steps back to back, each its sub-plan sized for
+// that step (size_group_step) and simulated on its own schedules, with the outer list
+// between them: OuterSyncFinish after the inner steps that job step D holds
+// (batches_in_round), a collective of the outer members (each waits, an idle span, for
+// the latest to arrive, then the exposed exchange: outer_sync_cost_model), and
+// OuterSyncStart (the rank's outer work) after its last inner step. Spans carry world
+// ranks; step_seconds is the round's end (the plan's step is it over H, the groups'
+// rounds being predicted whole: predict_local); busy, comm and idle are per rank over it.
+SimResult simulate_local_round(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
+
 // The costs and cluster of `ranks` alone, in that order (for a group's sub-plan).
 BlockCosts costs_of(const BlockCosts& costs, const std::vector<int>& ranks);
 ClusterModel cluster_of(const ClusterModel& cluster, const std::vector<int>& ranks);

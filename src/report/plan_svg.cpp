@@ -238,7 +238,9 @@ std::string plan_to_svg(const plan::Plan& plan, const std::vector<Span>& timelin
          px(kPlotLeft - 6) + "\" height=\"" + px(g.height) + "\"/></clipPath></defs>\n";
   out += rect("width=\"100%\" height=\"100%\" fill=\"white\"");
   out += title(plan);
-  out += text(8, g.timeline_top - 30, "one step, predicted", " font-weight=\"bold\"");
+  const std::string what = plan.local ? "one round (" + std::to_string(plan.local->inner_steps) + " job steps), predicted"
+                                      : std::string("one step, predicted");
+  out += text(8, g.timeline_top - 30, what, " font-weight=\"bold\"");
   out += legend(g.timeline_top - 30, kActivities, false);
   out += time_axis(g);
   out += lane_labels(plan, g, g.timeline_top);

@@ -481,6 +481,65 @@ TEST_CASE("local plan: the outer synchronisation is every member's list, and the
   CHECK(hidden.predicted.step_seconds < exposed.predicted.step_seconds);
 }
 
+TEST_CASE("local plan: --trace and --svg draw one round as the ranks run it: the groups' steps and the outer list") {
+  ClusterModel c = throttled();
+  c.links = Links::uniform(4, 0.01, 12.5e6);  // an exchange that takes steps to hide
+  const PlannerInput in = input(c, mlp_costs(c), 128);
+  const Plan sync = make_plan(in);
+  Plan p = *local_plan_for(in, sync, config::SyncPolicy::local, 0);
+  REQUIRE(p.local->groups.size() == 4);
+  const int h = p.local->inner_steps;
+  for (const int delay : {h, 1}) {
+    CAPTURE(delay);
+    p.local->outer_delay = delay;
+    const SimResult round = simulate_local_round(p, in.costs, c);
+    // The round ends where the plan's step puts it, within rounding, with D = H (the
+    // prediction's own case): the latest group's steps, the exposed exchange, its pass.
+    if (delay == h) CHECK(round.step_seconds == doctest::Approx(h * p.predicted.step_seconds).epsilon(1e-9));
+    std::vector<int> optimizer_steps(4, 0), finishes(4, 0), starts(4, 0);
+    std::vector<double> finish_end(4, -1), start_begin(4, -1), last_inner(4, 0);
+    for (const Span& s : round.timeline) {
+      REQUIRE(s.rank >= 0);
+      REQUIRE(s.rank < 4);
+      const auto r = static_cast<size_t>(s.rank);
+      CHECK(s.end_s >= s.start_s);
+      if (s.name == op_name(Op::optimizer_step)) ++optimizer_steps[r];
+      if (s.name == op_name(Op::outer_sync_finish) && s.category == "comm") {
+        ++finishes[r];
+        finish_end[r] = s.end_s;
+      }
+      if (s.name == op_name(Op::outer_sync_start)) {
+        ++starts[r];
+        start_begin[r] = s.start_s;
+      }
+      if (s.name != op_name(Op::outer_sync_start)) last_inner[r] = std::max(last_inner[r], s.end_s);
+    }
+    for (size_t r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      // Each group is one rank: its H_g inner steps, one optimiser step each.
+      CHECK(optimizer_steps[r] == p.local->group_steps[r]);
+      CHECK(finishes[r] == 1);
+      CHECK(starts[r] == 1);
+      // The outer step is a collective: every member leaves it at once.
+      CHECK(finish_end[r] == finish_end[0]);
+      // OuterSyncStart follows the rank's last inner step.
+      CHECK(start_begin[r] == last_inner[r]);
+      CHECK(round.busy_seconds[r] + round.comm_seconds[r] + round.idle_seconds[r] ==
+            doctest::Approx(round.step_seconds).epsilon(1e-12));
+    }
+    // D = 1: the outer step comes after each group's first inner step (batches_in_round
+    // of one job step is one for every group), so every group has steps after it.
+    if (delay == 1)
+      for (size_t r = 0; r < 4; ++r)
+        if (p.local->group_steps[r] > 1) {
+          bool after = false;
+          for (const Span& s : round.timeline)
+            after = after || (s.rank == static_cast<int>(r) && s.name == op_name(Op::forward) && s.start_s >= finish_end[r]);
+          CHECK(after);
+        }
+  }
+}
+
 TEST_CASE("local plan: the outer step lands at the round's end, or where parallel.outer_delay asks once the exchange and its lag allow") {
   // A job step as predict_local counts it: the latest group's round less the outer pass,
   // over H; and the longest time between two of a member's polls (its group's inner step
