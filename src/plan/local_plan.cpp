@@ -754,32 +754,41 @@ SimResult simulate_local_round(const Plan& plan, const BlockCosts& costs, const 
             std::max(out.peak_activation_bytes[static_cast<size_t>(ranks[i])], step.peak_activation_bytes[i]);
     }
   }
-  // The outer step: every member arrives after its group's steps before it (an idle
-  // rank 0 at once), and all leave together.
+  // The round's end. A group waits for the others only at OuterSyncFinish, for the
+  // round before's exchange, which needs every member's deltas: so in steady state every
+  // group's round takes as long as the latest's (its inner steps, the exposed exchange,
+  // its ranks' outer work), and the others wait that difference there. This is the round
+  // predict_local charges.
   const std::vector<int> members = outer_members(plan);
-  double meet = 0;
-  for (int r : members) {
-    const int g = group_of_rank(plan, r);
-    if (g >= 0) meet = std::max(meet, before[static_cast<size_t>(g)].seconds);
+  std::vector<double> work(world, 0), pass(l.groups.size(), 0);
+  for (int r : members) work[static_cast<size_t>(r)] = outer.compute_seconds(r, Instruction{Op::outer_sync_start});
+  double period = 0;
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    for (int r : group_ranks(plan, static_cast<int>(g))) pass[g] = std::max(pass[g], work[static_cast<size_t>(r)]);
+    period = std::max(period, before[g].seconds + after[g].seconds + exposed + pass[g]);
   }
-  const double leave = meet + exposed;
-  for (size_t g = 0; g < l.groups.size(); ++g) {  // every group's ranks are members
-    for (Span s : before[g].spans) out.timeline.push_back(std::move(s));
-    for (Span s : after[g].spans) {
-      s.start_s += leave;
-      s.end_s += leave;
-      out.timeline.push_back(std::move(s));
-    }
-  }
+  for (int r : members) period = std::max(period, exposed + work[static_cast<size_t>(r)]);  // an idle rank 0
   const std::string finish = op_name(Op::outer_sync_finish), start = op_name(Op::outer_sync_start);
   for (int r : members) {
     const int g = group_of_rank(plan, r);
-    const double arrive = g >= 0 ? before[static_cast<size_t>(g)].seconds : 0;
-    const double end = g >= 0 ? leave + after[static_cast<size_t>(g)].seconds : leave;
-    if (arrive < meet) out.timeline.push_back(Span{r, finish, "idle", arrive, meet});
-    out.timeline.push_back(Span{r, finish, "comm", meet, leave});
-    const double work = outer.compute_seconds(r, Instruction{Op::outer_sync_start});
-    out.timeline.push_back(Span{r, start, "compute", end, end + work});
+    const auto k = static_cast<size_t>(g);
+    const double inner = g >= 0 ? before[k].seconds + after[k].seconds : 0;
+    const double arrive = g >= 0 ? before[k].seconds : 0;
+    const double wait = period - (inner + exposed + (g >= 0 ? pass[k] : work[static_cast<size_t>(r)]));
+    if (wait > 0) out.timeline.push_back(Span{r, finish, "idle", arrive, arrive + wait});
+    const double leave = arrive + std::max(0.0, wait) + exposed;
+    out.timeline.push_back(Span{r, finish, "comm", arrive + std::max(0.0, wait), leave});
+    const double end = g >= 0 ? leave + after[k].seconds : leave;
+    out.timeline.push_back(Span{r, start, "compute", end, end + work[static_cast<size_t>(r)]});
+  }
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    const double resume = period - after[g].seconds - pass[g];  // where its Finish lets it go on
+    for (Span s : before[g].spans) out.timeline.push_back(std::move(s));
+    for (Span s : after[g].spans) {
+      s.start_s += resume;
+      s.end_s += resume;
+      out.timeline.push_back(std::move(s));
+    }
   }
   for (const Span& s : out.timeline) out.step_seconds = std::max(out.step_seconds, s.end_s);
   double busy = 0;

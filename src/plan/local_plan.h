@@ -265,11 +265,12 @@ CostModel outer_sync_cost_model(const Plan& plan, const BlockCosts& costs, const
 // never runs): each group's H_g inner steps back to back, each its sub-plan sized for
 // that step (size_group_step) and simulated on its own schedules, with the outer list
 // between them: OuterSyncFinish after the inner steps that job step D holds
-// (batches_in_round), a collective of the outer members (each waits, an idle span, for
-// the latest to arrive, then the exposed exchange: outer_sync_cost_model), and
+// (batches_in_round), the exposed exchange (outer_sync_cost_model) after an idle span
+// for what the group's round lacks of the latest group's (in steady state a group waits
+// there for the round before's exchange, which needs every member's deltas), and
 // OuterSyncStart (the rank's outer work) after its last inner step. Spans carry world
-// ranks; step_seconds is the round's end (the plan's step is it over H, the groups'
-// rounds being predicted whole: predict_local); busy, comm and idle are per rank over it.
+// ranks; step_seconds is the round's end, every group's (with D = H it is H predicted
+// steps: predict_local's round); busy, comm and idle are per rank over it.
 SimResult simulate_local_round(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
 
 // The costs and cluster of `ranks` alone, in that order (for a group's sub-plan).
