@@ -228,6 +228,35 @@ def dump_instructions(tmp):
               r.returncode == 1 and expected in r.stderr and "instructions of rank" not in r.stdout, r.stderr)
 
 
+def local_trace(tmp):
+    """--trace of a local plan draws one round as its ranks run it: each group's inner
+    steps and the outer list, no all-reduce over every rank. On the 4/2/1/1 file with
+    every link at 5 ms each rank steps alone (4 groups)."""
+    def slow_links(c):
+        n = len(c["ranks"])
+        c["links"]["latency_s"] = [[0 if i == j else 5e-3 for j in range(n)] for i in range(n)]
+    cluster = write_cluster(os.path.join(tmp, "slow-4211.json"), RATES_4211, slow_links)
+    cfg = write_config(os.path.join(tmp, "mlp-local.json"), MLP, parallel={"sync": "local"})
+    trace, j = os.path.join(tmp, "local-trace.json"), os.path.join(tmp, "local-plan.json")
+    r = plan(cfg, "--cluster", cluster, "--json", j, "--trace", trace)
+    p = load(j) if r.returncode == 0 else {}
+    local = p.get("local") or {}
+    spans = [e for e in load(trace)["traceEvents"] if e.get("ph") == "X"] if os.path.exists(trace) else []
+    lanes = sorted({e["tid"] for e in spans})
+    count = lambda rank, name: sum(1 for e in spans if e["tid"] == rank and e["name"] == name)
+    end = max((e["ts"] + e["dur"] for e in spans), default=0) / 1e6
+    round_s = local.get("inner_steps", 0) * p.get("predicted", {}).get("step_seconds", 0)
+    check("--trace of a local plan: 4 groups, each rank its H_g optimiser steps, one OuterSyncFinish wait or "
+          "exchange and one OuterSyncStart, no all-reduce",
+          r.returncode == 0 and len(local.get("groups", [])) == 4 and lanes == [0, 1, 2, 3]
+          and all(count(g, "OptimizerStep") == local["group_steps"][g] and count(g, "OuterSyncStart") == 1
+                  and count(g, "ReduceGrads") == 0 for g in range(4)),
+          r.stdout[-1500:] + r.stderr[-500:])
+    # ts and dur are printed in microseconds, each rounded: the ends agree to a microsecond.
+    check("--trace of a local plan: the round is H predicted steps long",
+          round_s > 0 and abs(end - round_s) <= 1e-6 + 1e-9 * round_s, f"trace ends {end} s, H x step {round_s} s")
+
+
 def own_ranks():
     """Every rank probes, rank 0 prints the plan. The plan rests on a live probe, so only
     its form is checked."""
@@ -324,6 +353,7 @@ def main():
     rates_4211(tmp)
     bad_plans(tmp)
     dump_instructions(tmp)
+    local_trace(tmp)
     own_ranks()
     return finish(tmp)
 
