@@ -211,7 +211,8 @@ void register_plan(CLI::App& app) {
     if (!args->svg.empty() && !what_if) write(args->svg, ht::report::plan_to_svg(plan, sim.timeline), "plan picture");
     if (!args->trace.empty())
       write(args->trace,
-            ht::report::to_chrome_trace(sim.timeline, "hetrain plan " + cfg.name + (plan.local ? " (predicted, one local round)" : " (predicted)")),
+            ht::report::to_chrome_trace(
+                sim.timeline, "hetrain plan " + cfg.name + (plan.local ? " (predicted, one local round)" : " (predicted)")),
             "predicted timeline");
   });
 }

@@ -539,7 +539,8 @@ TEST_CASE("local plan: --trace and --svg draw one round as the ranks run it: the
         if (p.local->group_steps[r] > 1) {
           bool after = false;
           for (const Span& s : round.timeline)
-            after = after || (s.rank == static_cast<int>(r) && s.name == op_name(Op::forward) && s.start_s >= finish_end[r]);
+            after = after ||
+                    (s.rank == static_cast<int>(r) && s.name == op_name(Op::forward) && s.start_s >= finish_end[r]);
           CHECK(after);
         }
   }
