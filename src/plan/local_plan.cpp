@@ -702,6 +702,7 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   plan.predicted.step_seconds = job_step;
   plan.predicted.samples_per_s = static_cast<double>(plan.global_batch) / job_step;
   plan.predicted.bubble_fraction = 0;
+  set_speedup(plan);
   l.sync_step_seconds = sync_step_seconds;
   l.gain = sync_step_seconds > 0 ? sync_step_seconds / job_step : 0;
 }

@@ -401,6 +401,12 @@ void set_baseline(Plan& plan, const Plan& equal) {
 void predict_plan(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                   const std::vector<double>& reduce_seconds, const LinkTiers* tiers) {
   finish(plan, costs, cluster, true, reduce_seconds, tiers);
+  set_speedup(plan);
+}
+
+void set_speedup(Plan& plan) {
+  if (plan.baseline.predicted.step_seconds > 0 && plan.predicted.step_seconds > 0)
+    plan.speedup = plan.baseline.predicted.step_seconds / plan.predicted.step_seconds;
 }
 
 SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {

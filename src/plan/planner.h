@@ -71,12 +71,18 @@ struct PlannerInput {
 // samples (auto plans a subset instead), or on inconsistent input.
 Plan make_plan(const PlannerInput& in);
 
-// Fills the plan's prediction (step, samples/s, bubble, every rank's busy fraction) and
-// the layout's cost estimates that order each rank's communication, by simulating it.
+// Fills the plan's prediction (step, samples/s, bubble, every rank's busy fraction, and
+// where it has a baseline the speed-up over it: set_speedup) and the layout's cost
+// estimates that order each rank's communication, by simulating it.
 // `reduce_seconds[stage]`, where given and >= 0, replaces the modelled ReduceGrads.
 // `tiers`: link_tiers(cluster) where the caller has them (plan_costs.h).
 void predict_plan(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
                   const std::vector<double>& reduce_seconds = {}, const LinkTiers* tiers = nullptr);
+
+// plan.speedup from the baseline's predicted step and the plan's, where both are set:
+// every step that predicts a made plan again (deadline's reduction, a local plan's
+// rounds) keeps the printed speed-up the plan's own.
+void set_speedup(Plan& plan);
 
 // The plan's predicted step on its schedules (what `hetrain plan` shows and draws).
 SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);

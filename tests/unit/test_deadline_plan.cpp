@@ -25,9 +25,14 @@ TEST_CASE("deadline plan: every reducing rank's list starts with CatchUp and red
   const ClusterModel c = cluster({8e12, 4e12, 2e12, 2e12}, std::vector(4, 64 * kGiB), 1e-5, 1e10);
   const PlannerInput in = input(c, costs(c, 4), 128, "data");
   Plan p = make_plan(in);
+  const double sync_step = p.predicted.step_seconds;
   apply_deadline_sync(p, in.costs, in.cluster);
   CHECK(p.sync_policy == plan::SyncPolicy::deadline);
   CHECK(p.layout.reduce_owner == 0);  // the first leader: the cost model charges its hub reduction
+  // The leader's reduction costs more than the all-reduce, and the speed-up printed is
+  // the deadline plan's own.
+  CHECK(p.predicted.step_seconds > sync_step);
+  CHECK(p.speedup == doctest::Approx(p.baseline.predicted.step_seconds / p.predicted.step_seconds).epsilon(1e-12));
   CHECK(!hub_steps_optimizer(p));
   const std::vector<Schedule> lists = plan_schedules(p);
   const ScheduleReport report = check_schedules(lists);

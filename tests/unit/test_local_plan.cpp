@@ -102,6 +102,11 @@ TEST_CASE("local plan: throttled 4/2/1/1 ranks step alone, inner steps follow sp
   CHECK(p.local->gain > 1 + kLocalMinGain);
   CHECK(p.local->sync_step_seconds == doctest::Approx(sync.predicted.step_seconds));
   CHECK(p.predicted.samples_per_s == doctest::Approx(128 / p.predicted.step_seconds));
+  // The speed-up printed is the local plan's own over the baseline, not the synchronous
+  // plan's it was made from.
+  CHECK(p.baseline.predicted.step_seconds == sync.baseline.predicted.step_seconds);
+  CHECK(p.speedup == doctest::Approx(p.baseline.predicted.step_seconds / p.predicted.step_seconds).epsilon(1e-12));
+  CHECK(p.speedup > sync.speedup);
   // Each group is its own one-rank plan, the executor's unit.
   for (int g = 0; g < 4; ++g) {
     const Plan sub = group_plan(p, g);
