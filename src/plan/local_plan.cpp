@@ -791,24 +791,15 @@ SimResult simulate_local_round(const Plan& plan, const BlockCosts& costs, const 
       out.timeline.push_back(std::move(s));
     }
   }
-  for (const Span& s : out.timeline) out.step_seconds = std::max(out.step_seconds, s.end_s);
-  double busy = 0;
-  int working = 0;
-  std::vector<char> has(world, 0);
+  std::vector<char> working(world, 0);
   for (const Span& s : out.timeline) {
     const auto r = static_cast<size_t>(s.rank);
-    has[r] = 1;
+    working[r] = 1;
+    out.step_seconds = std::max(out.step_seconds, s.end_s);
     if (s.category == "compute") out.busy_seconds[r] += s.end_s - s.start_s;
     else if (s.category == "comm") out.comm_seconds[r] += s.end_s - s.start_s;
   }
-  for (size_t r = 0; r < world; ++r) {
-    if (!has[r]) continue;
-    ++working;
-    busy += out.busy_seconds[r];
-    out.idle_seconds[r] = std::max(0.0, out.step_seconds - out.busy_seconds[r] - out.comm_seconds[r]);
-    out.utilisation[r] = out.step_seconds > 0 ? out.busy_seconds[r] / out.step_seconds : 0;
-  }
-  out.bubble_fraction = working > 0 && out.step_seconds > 0 ? 1 - busy / (working * out.step_seconds) : 0;
+  summarise_ranks(out, working);
   return out;
 }
 

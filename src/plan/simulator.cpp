@@ -210,21 +210,13 @@ class Simulator {
   }
 
   SimResult summarise() {
-    int working = 0;
-    double busy = 0;
+    std::vector<char> working(static_cast<size_t>(n_), 0);
     for (int r = 0; r < n_; ++r)
-      if (!all_[r].empty()) res_.step_seconds = std::max(res_.step_seconds, clock_[r]);
-    for (int r = 0; r < n_; ++r) {
-      if (all_[r].empty()) continue;
-      ++working;
-      busy += res_.busy_seconds[r];
-      // Clamped: busy + comm is a sum of the same intervals as clock, up to rounding.
-      res_.idle_seconds[r] =
-          std::max(0.0, res_.step_seconds - res_.busy_seconds[r] - res_.comm_seconds[r]);
-      if (res_.step_seconds > 0) res_.utilisation[r] = res_.busy_seconds[r] / res_.step_seconds;
-    }
-    if (working > 0 && res_.step_seconds > 0)
-      res_.bubble_fraction = 1.0 - busy / (working * res_.step_seconds);
+      if (!all_[r].empty()) {
+        working[static_cast<size_t>(r)] = 1;
+        res_.step_seconds = std::max(res_.step_seconds, clock_[r]);
+      }
+    summarise_ranks(res_, working);
     return std::move(res_);
   }
 
@@ -242,6 +234,19 @@ class Simulator {
 };
 
 }  // namespace
+
+void summarise_ranks(SimResult& result, const std::vector<char>& working) {
+  int count = 0;
+  double busy = 0;
+  for (size_t r = 0; r < working.size(); ++r) {
+    if (!working[r]) continue;
+    ++count;
+    busy += result.busy_seconds[r];
+    result.idle_seconds[r] = std::max(0.0, result.step_seconds - result.busy_seconds[r] - result.comm_seconds[r]);
+    if (result.step_seconds > 0) result.utilisation[r] = result.busy_seconds[r] / result.step_seconds;
+  }
+  if (count > 0 && result.step_seconds > 0) result.bubble_fraction = 1.0 - busy / (count * result.step_seconds);
+}
 
 SimResult simulate(const std::vector<Schedule>& schedules, const CostModel& costs) {
   return Simulator(schedules, costs).run();

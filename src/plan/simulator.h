@@ -84,4 +84,10 @@ struct SimResult {
 // without posting it), or when the ranks deadlock.
 SimResult simulate(const std::vector<Schedule>& schedules, const CostModel& costs);
 
+// The per-rank totals that follow from step_seconds, busy_seconds and comm_seconds: each
+// working rank's idle (the rest of the step, clamped at 0: busy and comm are sums of the
+// same intervals, up to rounding) and utilisation, and the bubble over the working ranks.
+// Shared by simulate and plan::simulate_local_round.
+void summarise_ranks(SimResult& result, const std::vector<char>& working);
+
 }  // namespace ht::plan
