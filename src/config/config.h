@@ -161,17 +161,13 @@ struct ParallelConfig {
   // the outer optimiser (Nesterov momentum over the sample-weighted mean of the groups'
   // deltas). The mean of groups that each took some of the round's steps is a shorter
   // move than those steps taken in a row, hence a learning rate above 1; much above it
-  // the step extrapolates each group's few steps too far, early in training most. The
-  // MLP on 4 ranks at quotas 0.8/0.4/0.2/0.2, 600 steps, the step landing 1 job step
-  // into the next round (sync 0.870): lr 1.5 / momentum 0 ended at 0.853-0.856, 2 / 0
-  // at 0.850-0.853, 2.5 / 0 at 0.845-0.847, 1 / 0.5 at 0.856, 0.7 / 0.7 and 1.2 / 0.3
-  // at 0.852 (docs/architecture.md).
+  // the step extrapolates each group's few steps too far, early in training most (the
+  // measurements behind the defaults: docs/architecture.md, "Accuracy per sample").
   int64_t local_steps = 0;
   // local: the job step of the next round after which a round's outer step lands (0:
   // at that round's end; later where the exchange needs more steps; plan/local_plan.h's
   // apply_outer_delay). Sooner leaves the groups' steps less far behind the others'
-  // progress and a late group less slack: on the MLP above, 600 steps with it at 3 to 9
-  // of 18 ended 0.4 points higher at 0-4% fewer samples/s.
+  // progress, but a late group less slack before the others wait on it.
   int64_t outer_delay = 0;
   double outer_lr = 1.5;
   double outer_momentum = 0;
