@@ -59,8 +59,23 @@ void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel
     if (hub_steps_optimizer(plan)) set_hub_steps_optimizer(plan, false);
     plan.layout.reduce_owner = 0;
   }
+  // The same layout's synchronous step, as make_plan predicted it: what the leader's
+  // reduction is weighed against in the note below.
+  const double sync_step = plan.sync_policy == SyncPolicy::synchronous ? plan.predicted.step_seconds : 0;
   plan.sync_policy = SyncPolicy::deadline;
   predict_plan(plan, costs, cluster);
+  // Every replica's gradient goes to one leader and the sum back to each replica
+  // (comm/deadline_reduce.h), so the leader's link carries 2 x (replicas - 1) gradients a
+  // step: past a few replicas that, not the compute, sets the pace, and the user should
+  // see why the speed-up collapsed before choosing the policy.
+  if (replicas > 1 && sync_step > 0 && plan.predicted.step_seconds > kDeadlineNoteRatio * sync_step) {
+    PlanNote n;
+    n.kind = NoteKind::deadline_leader;
+    n.replicas = static_cast<int>(replicas);
+    n.seconds = plan.predicted.step_seconds;
+    n.other_seconds = sync_step;
+    plan.notes.push_back(n);
+  }
 }
 
 void add_deadline_sync(std::vector<Schedule>& schedules, const PipelineLayout& layout) {

@@ -18,13 +18,17 @@
 
 namespace ht::plan {
 
+inline constexpr double kDeadlineNoteRatio = 1.5;
+
 // Makes `plan` a deadline plan: sync_policy "deadline", replica 0 as the reduction's
 // first leader (the cost model charges the hub reduction that the leader runs: every
 // member sends it the whole gradient and takes the sum back), no hub stepping the
 // optimiser, rank 0's replica first (rank 0 evaluates and checkpoints from its own
 // weights, with no message from a rank that may be stalled), and the prediction redone
 // on the deadline lists. Throws ht::Error naming the setting and what is supported for
-// a sharded plan, or one with replicas that leaves a rank idle.
+// a sharded plan, or one with replicas that leaves a rank idle. Where the deadline step
+// is over kDeadlineNoteRatio x the same layout's synchronous step, a note says that the
+// leader's link sets the pace.
 void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
 
 // Throws ht::Error naming the idle ranks of a deadline plan with replicas (a plan file made

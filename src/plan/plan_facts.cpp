@@ -34,7 +34,8 @@ constexpr EnumName<NoteKind> kNoteNames[] = {{NoteKind::work_by_device, "work_by
                                              {NoteKind::hub_steps_optimizer, "hub_steps_optimizer"},
                                              {NoteKind::idle_ranks, "idle_ranks"},
                                              {NoteKind::uniform_baseline, "uniform_baseline"},
-                                             {NoteKind::shape, "shape"}};
+                                             {NoteKind::shape, "shape"},
+                                             {NoteKind::deadline_leader, "deadline_leader"}};
 
 }  // namespace
 

@@ -129,6 +129,8 @@ enum class NoteKind {
                         // (memory) when it does not fit
   shape,                // stages, replicas, ranks_used of world; seconds: the estimate, or
                         // problem when ruled out
+  deadline_leader,      // replicas; seconds: the deadline plan's step, other_seconds: the
+                        // same layout's synchronous step
 };
 const char* to_string(NoteKind k);
 std::vector<std::string> note_kind_names();

@@ -238,6 +238,11 @@ Json notes_json(const std::vector<PlanNote>& notes) {
         j["seconds"] = n.seconds;
         j["other_seconds"] = n.other_seconds;
         break;
+      case NoteKind::deadline_leader:
+        j["replicas"] = n.replicas;
+        j["seconds"] = n.seconds;
+        j["other_seconds"] = n.other_seconds;
+        break;
       case NoteKind::uniform_baseline:
         j["stages"] = n.stages;
         j["seconds"] = n.seconds;
@@ -263,8 +268,8 @@ std::vector<PlanNote> read_notes(const Json& v, const std::string& path) {
     const std::string kind = kind_of(j, p, note_kind_names());
     n.kind = *parse_note_kind(kind);
     const std::vector<std::string> timed{"hub_reduces", "hub_steps_optimizer", "idle_ranks",
-                                         "uniform_baseline", "shape"};
-    const std::vector<std::string> compared{"hub_reduces", "hub_steps_optimizer", "idle_ranks"};
+                                         "uniform_baseline", "shape", "deadline_leader"};
+    const std::vector<std::string> compared{"hub_reduces", "hub_steps_optimizer", "idle_ranks", "deadline_leader"};
     walk(j, p,
          {kind_field(),
           {"work", {"work_by_device"}, [&](const Json& x, const std::string& q) {
@@ -277,7 +282,7 @@ std::vector<PlanNote> read_notes(const Json& v, const std::string& path) {
           number_field("seconds", n.seconds, timed),
           number_field("other_seconds", n.other_seconds, compared),
           int_field("stages", n.stages, 1, {"uniform_baseline", "shape"}),
-          int_field("replicas", n.replicas, 1, {"shape"}),
+          int_field("replicas", n.replicas, 1, {"shape", "deadline_leader"}),
           int_field("ranks_used", n.ranks_used, 1, {"shape"}),
           int_field("world", n.world, 1, {"idle_ranks", "shape"}),
           {"problem", {"uniform_baseline", "shape"},

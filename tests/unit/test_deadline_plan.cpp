@@ -216,3 +216,31 @@ TEST_CASE("deadline plan: where no layout over every rank fits, auto takes one r
       error_of([&] { plan_for_policy(input(tiny, costs(tiny, 6), 128), ht::config::SyncPolicy::deadline, 0); });
   CHECK(contains(e, "parallel.sync deadline: no plan in which every rank trains"));
 }
+
+TEST_CASE("deadline plan: where the leader's link sets the pace, a note says so with both steps") {
+  // 32 equal replicas on a slow network: 62 gradients a step over the leader's link.
+  const ClusterModel many = cluster(std::vector(32, 8e12), std::vector(32, 64 * kGiB), 1e-4, 1e9);
+  const PlannerInput in = input(many, costs(many, 4, 1e6, 4096), 128, "data");
+  Plan p = make_plan(in);
+  REQUIRE(p.layout.replicas.size() == 32);
+  const double sync_step = p.predicted.step_seconds;
+  apply_deadline_sync(p, in.costs, in.cluster);
+  const auto note = std::find_if(p.notes.begin(), p.notes.end(),
+                                 [](const PlanNote& n) { return n.kind == NoteKind::deadline_leader; });
+  REQUIRE(note != p.notes.end());
+  CHECK(note->replicas == 32);
+  CHECK(note->seconds == doctest::Approx(p.predicted.step_seconds).epsilon(1e-12));
+  CHECK(note->other_seconds == doctest::Approx(sync_step).epsilon(1e-12));
+  CHECK(note->seconds > kDeadlineNoteRatio * note->other_seconds);
+  // The plan file keeps it.
+  const Plan back = plan_from_json(plan_to_json(p), "test");
+  CHECK(std::count_if(back.notes.begin(), back.notes.end(),
+                      [](const PlanNote& n) { return n.kind == NoteKind::deadline_leader && n.replicas == 32; }) == 1);
+  // Four replicas on a fast link: the leader's reduction costs little, and no note.
+  const ClusterModel few = cluster({8e12, 4e12, 2e12, 2e12}, std::vector(4, 64 * kGiB), 1e-5, 1e10);
+  const PlannerInput in4 = input(few, costs(few, 4), 128, "data");
+  Plan q = make_plan(in4);
+  apply_deadline_sync(q, in4.costs, in4.cluster);
+  CHECK(std::none_of(q.notes.begin(), q.notes.end(),
+                     [](const PlanNote& n) { return n.kind == NoteKind::deadline_leader; }));
+}
