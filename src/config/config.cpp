@@ -352,6 +352,10 @@ Config parse_config(const std::string& json_text, const std::string& source_path
   c.source_path = source_path;
   c.name = std::filesystem::path(source_path).stem().string();
   if (c.name.empty()) c.name = "config";
+  // The name goes into JSON and the checkpoints' header, which hold UTF-8 text only: a
+  // file name of other bytes keeps its valid part, each invalid byte replaced by U+FFFD
+  // (else the first checkpoint of a whole run would fail).
+  c.name = Json::parse(Json(c.name).dump(-1, ' ', false, Json::error_handler_t::replace)).get<std::string>();
   expect_object(doc, "(top level)", "an object with sections model, data, train");
   // "device" is a top-level string (or a list, one per world rank), not a section: it says
   // where the run computes.

@@ -68,10 +68,15 @@ size_t crc_digits_at(const std::string& header) {
 // The body of read_checkpoint; errors here describe the problem and the caller prefixes
 // the file name once.
 Checkpoint read_unprefixed(const std::string& path) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // Non-blocking, so that opening a FIFO returns at once and is refused below instead of
+  // waiting for a writer (no effect on a regular file's reads).
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f.fd < 0) fail("cannot open: ", std::system_category().message(errno));
   struct stat sb {};
   if (::fstat(f.fd, &sb) != 0) fail("cannot stat: ", std::system_category().message(errno));
+  HT_CHECK(S_ISREG(sb.st_mode), "not a regular file (a ",
+           S_ISDIR(sb.st_mode) ? "directory" : S_ISFIFO(sb.st_mode) ? "pipe" : "special file",
+           "); expected a checkpoint file written by hetrain train");
   const uint64_t size = static_cast<uint64_t>(sb.st_size);
   HT_CHECK(size >= st::kLengthBytes, "truncated: the file has ", size,
            " bytes, less than the 8-byte header length field");
@@ -110,7 +115,15 @@ Checkpoint read_unprefixed(const std::string& path) {
   // raw header text, where the writer put them (the parsed header cannot say where).
   const size_t at = crc_digits_at(text);
 
-  std::vector<unsigned char> data(data_bytes);
+  std::vector<unsigned char> data;
+  try {
+    data.resize(data_bytes);
+  } catch (const std::bad_alloc&) {
+    fail("its ", data_bytes, " bytes of tensor data do not fit in this host's memory (the header declares them; "
+         "expected a checkpoint of this config's model)");
+  } catch (const std::length_error&) {
+    fail("its ", data_bytes, " bytes of tensor data are more than one buffer can hold");
+  }
   read_exact(f.fd, st::kLengthBytes + n, data.data(), data.size(), "tensor data");
   std::string zeroed = text;
   zeroed.replace(at, 8, crc32_hex(0));

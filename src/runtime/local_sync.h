@@ -123,6 +123,8 @@ class LocalSync {
 
   int inner_steps() const { return inner_steps_; }
   int64_t outer_steps() const { return outer_steps_; }
+  // On resume: the count of the checkpoint's run.
+  void set_outer_steps(int64_t n) { outer_steps_ = n; }
   // Whether the exchange runs through shared memory (see above), not messages.
   bool shared_exchange() const { return board_ != nullptr; }
   const std::string& outer_checksum();  // CRC-32 of theta's bytes (kept until theta changes)

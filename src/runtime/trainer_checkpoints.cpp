@@ -42,11 +42,21 @@ const std::string& metadata_text(const Checkpoint& c, const std::string& key) {
 
 int64_t metadata_int(const Checkpoint& c, const std::string& key) {
   const std::string& text = metadata_text(c, key);
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  HT_CHECK(!text.empty() && *end == '\0', "checkpoint ", c.path, ": metadata '", key, "' is '",
-           text, "'; expected an integer");
-  return static_cast<int64_t>(v);
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  HT_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size(), "checkpoint ", c.path,
+           ": metadata '", key, "' is '", text, "'; expected an integer within 64 bits");
+  return v;
+}
+
+// A dropout stream's offset: written from a uint64_t, so read as one (a '-' is refused).
+uint64_t metadata_uint(const Checkpoint& c, const std::string& key) {
+  const std::string& text = metadata_text(c, key);
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  HT_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size(), "checkpoint ", c.path,
+           ": metadata '", key, "' is '", text, "'; expected a non-negative integer within 64 bits");
+  return v;
 }
 
 }  // namespace
@@ -175,17 +185,34 @@ int64_t Run::restore(report::Progress& progress) {
   if (local_) {  // the checkpoint's model is the outer weights
     local_->reset_to_weights();
     local_->load_outer_state(*loaded);
+    // The count goes on from the checkpoint's (none in a synchronous run's).
+    if (meta.count("outer_steps")) {
+      const int64_t outer = get_int("outer_steps");
+      HT_CHECK(outer >= 0, "checkpoint ", loaded->path, ": metadata 'outer_steps' is ", outer,
+               "; expected a count from 0 (the file is corrupt)");
+      local_->set_outer_steps(outer);
+    }
   }
   for (size_t i = 0; i < model_.size(); ++i) {
     std::string key = "random_offset.block." + std::to_string(i);
-    model_.block(i).set_random_offset(meta.count(key) ? static_cast<uint64_t>(get_int(key)) : 0);
+    model_.block(i).set_random_offset(meta.count(key) ? metadata_uint(*loaded, key) : 0);
   }
   int64_t step = get_int("step");
-  // Continue the data stream where it stopped, even if train.batch_size changed.
-  stream_base_ = get_int("sample_position") - step * cfg_.train.batch_size;
-  HT_CHECK(step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step,
-           ", past the configured ", total_steps_, " steps; expected at most ", total_steps_,
-           " (raise train.steps to train further)");
+  HT_CHECK(step >= 0 && step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step, ", ",
+           step < 0 ? "before the first" : "past the configured " + std::to_string(total_steps_) + " steps",
+           "; expected 0 to ", total_steps_, step < 0 ? " (the file is corrupt)" : " (raise train.steps to train further)");
+  // Continue the data stream where it stopped, even if train.batch_size changed; every
+  // position the rest of the run reads must fit its 64 bits.
+  const int64_t position = get_int("sample_position");
+  int64_t done = 0, base = 0, last = 0;
+  HT_CHECK(position >= 0 && !__builtin_mul_overflow(step, cfg_.train.batch_size, &done) &&
+               !__builtin_sub_overflow(position, done, &base) &&
+               !__builtin_mul_overflow(total_steps_, cfg_.train.batch_size, &last) &&
+               !__builtin_add_overflow(base, last, &last),
+           "checkpoint ", loaded->path, ": metadata 'sample_position' is ", position,
+           "; expected a sample count from 0 that this run's ", total_steps_, " steps of ", cfg_.train.batch_size,
+           " samples can continue from (the file is corrupt)");
+  stream_base_ = base;
   progress.note("resuming " + cfg_.name + " from " + loaded->path + " at step " +
                 std::to_string(step) + " of " + std::to_string(total_steps_));
   return step;

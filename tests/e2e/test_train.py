@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """End-to-end checks of `hetrain train` and `hetrain eval` on small configs:
 exact resume (bit for bit), fallback past a corrupt checkpoint, a resume into a
-different model, a full disk while checkpointing, a missing dataset, an unwritable
-run directory, the run directory's files, and an evaluation too large for a memory cap.
+different model, a full disk while checkpointing, damaged inputs (a metrics line cut short,
+a config file name that is not UTF-8, a pipe for a checkpoint, an impossible step in a
+signed checkpoint), a missing dataset, an unwritable run directory, the run directory's
+files, and an evaluation too large for a memory cap.
 
 usage: test_train.py HETRAIN"""
 import filecmp
@@ -143,6 +145,75 @@ def without_datasets(tmp):
           r.returncode == 2 and "--stop-after" in r.stderr and not os.path.exists(os.path.join(tmp, "x")), r.stderr)
 
 
+def resign(path, old, new):
+    """Replaces `old` by `new` (the same length) in a checkpoint's header text and signs it
+    again as the writer does (crc32 over the file with its own 8 digits zeroed)."""
+    import zlib
+    data = open(path, "rb").read()
+    n = int.from_bytes(data[:8], "little")
+    head = data[8:8 + n]
+    assert len(old) == len(new) and head.count(old) == 1, (old, new)
+    head = head.replace(old, new)
+    at = head.index(b'"hetrain.crc32":"') + len(b'"hetrain.crc32":"')
+    head = head[:at] + b"00000000" + head[at + 8:]
+    crc = zlib.crc32(data[:8] + head + data[8 + n:]) & 0xFFFFFFFF
+    head = head[:at] + f"{crc:08x}".encode() + head[at + 8:]
+    with open(path, "wb") as f:
+        f.write(data[:8] + head + data[8 + n:])
+
+
+def damaged_inputs(tmp, full):
+    """What a failure or an odd file leaves behind is refused or repaired, never a crash,
+    a hang or a broken record: a metrics line cut short, a config file name that is not
+    UTF-8, a checkpoint 'file' that is a pipe, and a signed checkpoint whose step is
+    impossible."""
+    path = write_config(os.path.join(tmp, "mlp.json"), mlp_config())
+    cut = os.path.join(tmp, "mlp-cut")
+    r = run(["train", path, "--run-dir", cut, "--quiet", "--stop-after", "10"])
+    with open(os.path.join(cut, "metrics.jsonl"), "a") as f:
+        f.write('{"loss":0.5,"samp')  # a record cut short (a full disk, a kill mid-line)
+    r = run(["train", path, "--run-dir", cut, "--resume", "--quiet"])
+    lines = open(os.path.join(cut, "metrics.jsonl")).read().splitlines()
+    bad = []
+    for line in lines:
+        try:
+            json.loads(line)
+        except ValueError:
+            bad.append(line)
+    check("a metrics line cut short: the resumed run drops it and every line is JSON",
+          r.returncode == 0 and not bad and any('"resume"' in x for x in lines), (r.stderr, bad[:2]))
+    check("... and the run still ends exactly", filecmp.cmp(ckpt(full, 20), ckpt(cut, 20), shallow=False))
+
+    odd = os.path.join(tmp.encode(), b"mlp-\xff.json")
+    with open(odd, "w") as f:
+        json.dump(mlp_config(), f)
+    odd_run = os.path.join(tmp, "mlp-odd-name")
+    r = subprocess.run([HETRAIN.encode(), b"train", odd, b"--run-dir", odd_run.encode(), b"--quiet",
+                        b"--stop-after", b"5"], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    ok = r.returncode == 0 and os.path.exists(ckpt(odd_run, 5))
+    if ok:
+        data = open(ckpt(odd_run, 5), "rb").read()
+        meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+        ok = meta.get("config") == "mlp-\ufffd"
+    check("a config file name that is not UTF-8: the run checkpoints, the name's bad byte as U+FFFD", ok, r.stderr)
+
+    fifo = os.path.join(tmp, "a-pipe")
+    os.mkfifo(fifo)
+    try:
+        r = run(["eval", path, "--checkpoint", fifo], timeout=60)
+        check("eval --checkpoint of a pipe: exit 1 naming it, no wait for a writer",
+              r.returncode == 1 and "a-pipe" in r.stderr and "not a regular file" in r.stderr, r.stderr)
+    except subprocess.TimeoutExpired:
+        check("eval --checkpoint of a pipe: exit 1 naming it, no wait for a writer", False, "hung 60 s")
+
+    bad_step = os.path.join(tmp, "mlp-bad-step")
+    r = run(["train", path, "--run-dir", bad_step, "--quiet", "--stop-after", "10"])
+    resign(ckpt(bad_step, 10), b'"step":"10"', b'"step":"-5"')
+    r = run(["train", path, "--run-dir", bad_step, "--resume", "--quiet"])
+    check("a signed checkpoint at step -5: exit 1 naming it and the step",
+          r.returncode == 1 and "ckpt-00000010" in r.stderr and "step -5" in r.stderr, r.stderr)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="hetrain-e2e-")
     try:
@@ -271,6 +342,7 @@ def main():
         r = run(["train", path, "--run-dir", os.path.join(blocker, "run"), "--quiet"])
         check("unwritable run directory: exit 1 naming it", r.returncode == 1 and "a-file/run" in r.stderr, r.stderr)
 
+        damaged_inputs(tmp, full)
         evaluation_memory(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
