@@ -163,8 +163,10 @@ def main():
         return finish(scratch)
     ckpt = os.path.join(run_dir, "checkpoints", "ckpt-00000030.safetensors")
     check("a checkpoint at step 30", os.path.exists(ckpt))
+    ckpt_outer = None
     if os.path.exists(ckpt):
         h = header(ckpt)
+        ckpt_outer = int(h["__metadata__"].get("outer_steps", 0))
         momentum = [k for k in h if k.startswith("outer.momentum.")]
         model = [k for k in h if k.startswith("model.")]
         check("it holds the outer momentum of every weight", len(momentum) == len(model) > 0, sorted(h)[:10])
@@ -221,6 +223,10 @@ def main():
     # A round ends every H steps; its outer step lands D steps into the next one.
     check("the outer steps count rounds, each landing D steps into the next",
           outer == [(s - D) // H for s in (10, 20, 30)], (outer, D))
+    resumed = [r["outer_steps"] for r in trains if r["step"] > 30]
+    check("after the resume the outer steps count on from the checkpoint's",
+          ckpt_outer is not None and ckpt_outer > 0 and resumed and resumed[0] >= ckpt_outer
+          and resumed == sorted(resumed), (ckpt_outer, resumed))
     losses = [r["loss"] for r in trains]
     check("the loss falls", losses[-1] < 0.75 * losses[0], losses)
     summary = load(os.path.join(run_dir, "summary.json"))
