@@ -103,7 +103,14 @@ void load_stage(const Checkpoint& checkpoint, const Executor& executor) {
     for (const auto& p : executor.parameters()) mine = mine || rest.rfind(p.first + ".", 0) == 0;
     if (mine) state.emplace_back(rest, t);
   }
-  executor.load_optimizer_state(state);
+  try {
+    executor.load_optimizer_state(state);
+  } catch (const OutOfMemory&) {
+    throw;
+  } catch (const Error& e) {  // the optimizer names the state it lacks; say whose it is
+    fail("checkpoint ", checkpoint.path, ": its optimizer state does not fit this config's optimizer (",
+         e.what(), "); expected a checkpoint of the same train.optimizer.type");
+  }
 }
 
 std::unique_ptr<Executor> relayout(std::unique_ptr<Executor> executor, const plan::Plan& before,
