@@ -82,6 +82,12 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
       throw ht::config::ConfigError(a.plan + ": the plan was made for config '" + p.config_name +
                                     "' (hash " + p.config_hash + ") but this run's config '" + cfg.name +
                                     "' hashes to " + hash + "; plan again for this config");
+    // The hash covers the config, not the plan file's own figures: a plan edited by hand
+    // must still train the config's batch, or every loss and step would be of another.
+    if (p.global_batch != cfg.train.batch_size)
+      throw ht::config::ConfigError(a.plan + ": global_batch is " + std::to_string(p.global_batch) +
+                                    " but this run's train.batch_size is " + std::to_string(cfg.train.batch_size) +
+                                    "; expected the plan of this config (plan again)");
     if (p.sync_policy == ht::plan::SyncPolicy::deadline) {
       try {
         ht::plan::check_deadline_ranks(p);

@@ -298,6 +298,11 @@ void check_plan(const Plan& p) {
     next = e;
   }
   HT_CHECK(next == p.blocks, "stage_ranges cover blocks [0, ", next, ") but the model has ", p.blocks);
+  // A plan file trains: at least one replica (plan_schedules lets an empty layout through
+  // for the idle rank's own plan that local sync makes in memory, never in a file).
+  HT_CHECK(!p.layout.replicas.empty() && !p.layout.replicas[0].empty(), "layout.replicas ",
+           p.layout.replicas.empty() ? "is empty" : "holds a replica of no stages",
+           "; expected at least one replica of one stage or more");
   const std::vector<Schedule> schedules = plan_schedules(p);  // validates the layout
   const std::vector<int>& alternate = p.layout.alternate_micro_batches;
   HT_CHECK(alternate.empty() || alternate.size() == p.layout.replicas.size(), "the layout has ",

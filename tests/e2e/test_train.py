@@ -206,6 +206,22 @@ def damaged_inputs(tmp, full):
     except subprocess.TimeoutExpired:
         check("eval --checkpoint of a pipe: exit 1 naming it, no wait for a writer", False, "hung 60 s")
 
+    # Plan files edited by hand: no replica, or another batch than the config's.
+    planned = os.path.join(tmp, "mlp-plan.json")
+    r = run(["plan", path, "--cluster", "synth:1xcpu-8c", "--json", planned])
+    good = json.load(open(planned))
+    no_replica = json.loads(json.dumps(good))
+    no_replica["layout"]["replicas"] = []
+    small = json.loads(json.dumps(good))
+    small["global_batch"] = small["layout"]["samples"][0] = small["ranks"][0]["samples"] = 1
+    small["layout"]["micro_batches"] = [1] * len(small["layout"]["micro_batches"])
+    small["ranks"][0]["micro_batches"] = 1
+    for name, edited, want in (("no replica", no_replica, "layout.replicas is empty"),
+                               ("a global batch of 1", small, "global_batch is 1 but this run's train.batch_size is 32")):
+        edited_path = write_config(os.path.join(tmp, "mlp-plan-edited.json"), edited)
+        r = run(["train", path, "--plan", edited_path, "--run-dir", os.path.join(tmp, "mlp-edited"), "--quiet"], timeout=60)
+        check(f"a plan file with {name}: exit 2 naming it", r.returncode == 2 and want in r.stderr, r.stderr[-600:])
+
     bad_step = os.path.join(tmp, "mlp-bad-step")
     r = run(["train", path, "--run-dir", bad_step, "--quiet", "--stop-after", "10"])
     resign(ckpt(bad_step, 10), b'"step":"10"', b'"step":"-5"')
