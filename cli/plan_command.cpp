@@ -179,7 +179,7 @@ void register_plan(CLI::App& app) {
       ->type_name("EVENT");
   cmd->add_option("--what-if-steps", args->what_if_steps, "Steps the what-if simulator plays")
       ->default_val(ht::plan::kDefaultWhatIfSteps)
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, ht::plan::kMaxWhatIfSteps))
       ->type_name("N");
   cmd->callback([args] {
     const ht::config::Config cfg = ht::config::load_config(args->config);

@@ -4,6 +4,9 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -283,6 +286,19 @@ void walk(const Json& obj, const std::string& path, const std::vector<Field>& fi
   }
 }
 
+std::string read_document_file(const std::string& path, const std::string& expected) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) throw ConfigError(path + ": no such file; expected " + expected);
+  if (fs::is_directory(st)) throw ConfigError(path + ": is a directory; expected " + expected);
+  if (!fs::is_regular_file(st)) throw ConfigError(path + ": is not a regular file (a pipe or device); expected " + expected);
+  std::ifstream in(path, std::ios::binary);
+  std::string text(std::istreambuf_iterator<char>(in), {});
+  if (!in.is_open() || in.bad()) throw ConfigError(path + ": cannot be read; expected " + expected);
+  return text;
+}
+
 Json parse_document(const std::string& text, const std::string& source) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw ConfigError(source + ": the file is empty; expected a JSON object");
@@ -348,7 +364,9 @@ Json parse_document(const std::string& text, const std::string& source) {
                       (pe ? " at byte " + std::to_string(pe->byte) : std::string()) + ": " +
                       reason);
   }
-  if (!duplicate.empty()) fail_at(duplicate, "duplicate key; expected each key once");
+  // Named with its file, as a syntax error is: the readers' own wrappers name the file
+  // only for what parse_document returns.
+  if (!duplicate.empty()) fail_at(source + ": " + duplicate, "duplicate key; expected each key once");
   return doc;
 }
 

@@ -29,6 +29,11 @@ inline constexpr size_t kMaxJsonDepth = 64;
 // reads goes through here.
 Json parse_document(const std::string& text, const std::string& source);
 
+// The whole of the regular file at `path`, for parse_document. A missing file, a
+// directory, a pipe or device (which a read could wait on for good) or a failed read is
+// a ConfigError naming the path and `expected` (what the file should be).
+std::string read_document_file(const std::string& path, const std::string& expected);
+
 [[noreturn]] void fail_at(const std::string& path, const std::string& what);
 // A float as the shortest decimal that reads back as the same float (0.001, not
 // 0.0010000000474974513), so messages and to_json print what the user wrote.

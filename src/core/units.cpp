@@ -17,6 +17,7 @@ std::string number(const char* format, ...) {
 
 std::string format_bytes(double bytes) {
   constexpr double kib = 1024, mib = kib * 1024, gib = mib * 1024;
+  if (bytes >= 1e6 * gib) return number("%.3g GiB", bytes / gib);
   if (bytes >= gib) return number("%.2f GiB", bytes / gib);
   if (bytes >= mib) return number("%.1f MiB", bytes / mib);
   if (bytes >= kib) return number("%.1f KiB", bytes / kib);
@@ -27,7 +28,8 @@ std::string format_seconds(double s) {
   // By magnitude: a negative duration (time gained) reads in the unit of its size.
   if (std::fabs(s) < 1e-3) return number("%.1f µs", s * 1e6);
   if (std::fabs(s) < 1) return number("%.2f ms", s * 1e3);
-  return number("%.2f s", s);
+  if (std::fabs(s) < 1e6) return number("%.2f s", s);
+  return number("%.3g s", s);  // past a million seconds (or inf, nan): an exponent, never cut short
 }
 
 std::string join(const std::vector<int64_t>& items, const std::string& separator) {

@@ -129,9 +129,7 @@ std::string join(const std::vector<std::string>& items) {
 }  // namespace
 
 Catalogue read_catalogue(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw config::ConfigError(path + ": cannot be read; expected the device catalogue (configs/devices.json)");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = config::schema::read_document_file(path, "the device catalogue (configs/devices.json)");
   Json j = parse_document(text, path);  // names the file itself
   // The schema helpers name the JSON path only; a catalogue error must also say which file.
   try {

@@ -433,6 +433,9 @@ LocalPlanResult local_plan_of(const LocalPlanInput& in, bool bounded) {
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const std::vector<int>& a, const std::vector<int>& b) { return a.size() > b.size(); });
   LocalPlanResult best;
+  if (candidates.empty())  // one rank: no group to step beside another
+    best.problem = "local steps groups beside one another, and the cluster has " + std::to_string(order.size()) +
+                   " rank";
   for (const std::vector<int>& ranks : candidates) {
     LocalPlanResult r = local_plan_over(in, tiers, classes, ranks, bounded);
     if (!r.plan) {
@@ -487,7 +490,7 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
   }
   if (wanted) {
     HT_CHECK(r.plan, "parallel.sync local: no local plan fits: ", problem,
-             "; expected every rank to hold the whole model (use sync for pipelines)");
+             "; expected two ranks or more, each holding the whole model (use sync for one rank or a pipeline)");
     return r.plan;
   }
   if (!r.plan || r.plan->local->gain < 1 + kLocalMinGain || r.plan->local->inner_steps > kMaxRoundSteps)

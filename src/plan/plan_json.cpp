@@ -278,11 +278,7 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
 }
 
 Plan read_plan(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw config::ConfigError(path + ": cannot be read; expected a plan file (" + kPlanFormat + ")");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return plan_from_json(s.str(), path);
+  return plan_from_json(config::schema::read_document_file(path, std::string("a plan file (") + kPlanFormat + ")"), path);
 }
 
 void check_plan(const Plan& p) {

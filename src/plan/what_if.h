@@ -93,6 +93,11 @@ inline constexpr int kDeadlineMinMeasured = 3;
 // A deadline member's patience with a silent leader: this many budgets and seconds.
 inline constexpr double kDeadlinePatienceBudgets = 2, kDeadlinePatienceSeconds = 0.02;
 inline constexpr int64_t kDefaultWhatIfSteps = 1000;
+// --what-if-steps' bound: the play's time grows with the steps (10 million took 9.5 s).
+inline constexpr int64_t kMaxWhatIfSteps = 1000000;
+// slow:factor's bound: a rank a million times slower is a stalled one (use stall:), and
+// past it the step's time leaves the range a double prints and sums exactly enough.
+inline constexpr double kMaxSlowFactor = 1e6;
 
 enum class WhatIfKind { stall, slow, fail, link, join };
 

@@ -249,9 +249,7 @@ ClusterFingerprint parse_cluster(const Json& j, const std::string& path,
 }  // namespace
 
 ClusterFingerprint read_cluster(const std::string& path, std::optional<int> expected_world_size) {
-  std::ifstream in(path);
-  if (!in) fail_at(path, "cannot be read; expected a cluster file (a probe's fingerprint)");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = config::schema::read_document_file(path, "a cluster file (a probe's fingerprint)");
   const Json j = parse_document(text, path);  // names the file itself
   try {
     return parse_cluster(j, path, expected_world_size);

@@ -146,6 +146,22 @@ def bad_clusters(tmp):
     r = plan(MLP, "--cluster", broken)
     check("malformed cluster file: exit 2 naming the file and the field",
           r.returncode == 2 and broken in r.stderr and "device" in r.stderr, r.stderr)
+    duplicated = os.path.join(tmp, "duplicated.json")
+    with open(duplicated, "w") as f:
+        f.write('{"world_size": 1, "world_size": 2}')
+    r = plan(MLP, "--cluster", duplicated)
+    check("a cluster file with a key twice: exit 2 naming the file and the key",
+          r.returncode == 2 and duplicated + ": world_size: duplicate key" in r.stderr, r.stderr)
+    a_dir = os.path.join(tmp, "a-directory")
+    os.makedirs(a_dir, exist_ok=True)
+    a_pipe = os.path.join(tmp, "a-pipe")
+    os.mkfifo(a_pipe)
+    for flag, path, want in (("--cluster", a_dir, "is a directory"), ("--cluster", a_pipe, "is not a regular file"),
+                             ("--catalogue", a_dir, "is a directory")):
+        args = [MLP, flag, path] + (["--cluster", "synth:2xrtx3060"] if flag == "--catalogue" else [])
+        r = plan(*args, timeout=60)
+        check(f"{flag} of a {os.path.basename(path)[2:]}: exit 2 naming it, no wait",
+              r.returncode == 2 and path + ": " + want in r.stderr, r.stderr)
 
 
 def world_above_batch(tmp):
@@ -292,10 +308,21 @@ def what_if(tmp):
           deadline_lost is not None and 0 <= deadline_lost <= 1.5 * deadline_step
           and int(cols["deadline"][6]) > 0, rows)
     what_if_svg(tmp)
+    # Every rank failed: no policy plays on with nobody (deadline once printed a row and a
+    # leader change a step).
+    r = plan(CNN, "--cluster", "synth:2xrtx3060", "--what-if", "fail:rank=0,at=0", "--what-if", "fail:rank=1,at=0",
+             "--what-if-steps", "5")
+    check("--what-if failing every rank: deadline not simulated, naming why",
+          r.returncode == 0 and "deadline: not simulated: what-if: every rank has failed" in r.stdout
+          and "fell silent" not in r.stdout, r.stdout[-1500:] + r.stderr[-800:])
+    r = plan(CNN, "--cluster", RATES_4211, "--what-if", "stall:rank=1,at=5,for=5", "--what-if-steps", "2000000")
+    check("--what-if-steps above a million: refused naming the range",
+          r.returncode != 0 and "not in range 1 to 1000000" in r.stderr and "what if, over" not in r.stdout, r.stderr)
     bad = [
         ("stall:rank=1,at=5", "--what-if stall:rank=1,at=5: missing for"),
         ("stall:rank=9,at=5,for=5", "rank 9 is not in the cluster; expected 0 to 3"),
         ("slow:rank=1,at=5,factor=x", "factor=x is not a number"),
+        ("slow:rank=1,at=5,factor=1e308", "factor=1e308 is out of range; expected a compute-time multiplier from 1 to 1e6"),
     ]
     for spec, expected in bad:
         r = plan(CNN, "--cluster", RATES_4211, "--what-if", spec)

@@ -228,7 +228,7 @@ TEST_CASE("checkpoint: corrupt files fail with an error naming the file and the 
   check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})", data),
             "no \"hetrain.format\"");  // valid safetensors, but no checksum to verify
   check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[6],"data_offsets":[0,24]},"w":{}})", data),
-            "w: duplicate key");
+            "header: w: duplicate key");
   check_bad(raw_file(std::string(100'000, '[') + std::string(100'000, ']'), data),
             "header: JSON nesting reaches level 65; expected at most 64 levels");
   check_bad(raw_file(R"({"w":{"dtype":"F32","shape":[)" + std::string(5000, '9') +

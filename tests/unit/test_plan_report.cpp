@@ -430,4 +430,9 @@ TEST_CASE("durations read in the unit of their size, a negative one (time gained
   CHECK(format_seconds(-2.495e-2) == "-24.95 ms");
   CHECK(format_seconds(0.5) == "500.00 ms");
   CHECK(format_seconds(-3.0) == "-3.00 s");
+  // Past a million seconds an exponent, never a number cut short without its unit.
+  CHECK(format_seconds(999999.0) == "999999.00 s");
+  CHECK(format_seconds(1e70) == "1e+70 s");
+  CHECK(format_seconds(-2.5e300) == "-2.5e+300 s");
+  CHECK(format_bytes(1e308) == "9.31e+298 GiB");
 }

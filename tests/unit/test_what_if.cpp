@@ -173,7 +173,9 @@ TEST_CASE("what-if event specs: one-line errors naming the spec, the field, the 
   CHECK(err("stall:rank=1,at=5,for=0") ==
         "what-if event stall:rank=1,at=5,for=0: for=0 is out of range; expected seconds, above 0");
   CHECK(err("slow:rank=1,at=5,factor=0.5") == "what-if event slow:rank=1,at=5,factor=0.5: factor=0.5 is out of range; "
-                                              "expected a compute-time multiplier of at least 1 (2: twice as slow)");
+                                              "expected a compute-time multiplier from 1 to 1e6 (2: twice as slow)");
+  CHECK(err("slow:rank=1,at=5,factor=2e6") == "what-if event slow:rank=1,at=5,factor=2e6: factor=2e6 is out of range; "
+                                              "expected a compute-time multiplier from 1 to 1e6 (2: twice as slow)");
   CHECK(err("fail:rank=1,at=-2") ==
         "what-if event fail:rank=1,at=-2: at=-2 is out of range; expected seconds of job time, at least 0");
   CHECK(err("fail:rank=1,at=2,for=3") ==
