@@ -39,17 +39,17 @@ CatalogueDevice parse_device(const Json& d, const std::string& p) {
        {{"id", {}, [&](const Json& v, const std::string& at) { c.id = read_string(v, at, "a device id"); }},
         {"name", {}, [&](const Json& v, const std::string& at) { c.name = read_string(v, at, "a name"); }},
         {"kind", {}, [&](const Json& v, const std::string& at) { c.kind = *parse_device_kind(read_enum(v, at, device_kind_names())); }},
-        {"fp32_tflops", {}, num(c.fp32_tflops, Range::above(0))},
-        {"tf32_tflops", {}, num(c.tf32_tflops, Range::at_least(0))},
-        {"bf16_tflops", {}, num(c.bf16_tflops, Range::at_least(0))},
-        {"memory_gb", {}, num(c.memory_gb, Range::above(0))},
-        {"memory_bandwidth_gb_s", {}, num(c.memory_bandwidth_gb_s, Range::above(0))},
+        {"fp32_tflops", {}, num(c.fp32_tflops, Range::figure_above_0())},
+        {"tf32_tflops", {}, num(c.tf32_tflops, Range::figure_at_least_0())},
+        {"bf16_tflops", {}, num(c.bf16_tflops, Range::figure_at_least_0())},
+        {"memory_gb", {}, num(c.memory_gb, Range::figure_above_0())},
+        {"memory_bandwidth_gb_s", {}, num(c.memory_bandwidth_gb_s, Range::figure_above_0())},
         {"source", {}, [&](const Json& v, const std::string& at) { c.source = read_string(v, at, "where the figures come from"); }},
         {"host_link", {}, [&](const Json& v, const std::string& at) {
            expect_object(v, at, "an object with kind and gb_s");
            walk(v, at,
                 {{"kind", {}, [&](const Json& x, const std::string& a) { c.host_link_kind = read_string(x, a, "a link name"); }},
-                 {"gb_s", {}, num(c.host_link_gb_s, Range::above(0))}});
+                 {"gb_s", {}, num(c.host_link_gb_s, Range::figure_above_0())}});
            require(v, at, "kind", "a link name");
            require(v, at, "gb_s", "a number > 0");
          }}});
@@ -100,8 +100,8 @@ Catalogue parse_catalogue(const Json& j) {
              expect_object(lc, p, "an object with latency_us and bandwidth_gb_s");
              LinkClass l{key, 0, 0};
              walk(lc, p,
-                  {{"latency_us", {}, [&](const Json& x, const std::string& a) { l.latency_s = read_double(x, a, Range::above(0)) * 1e-6; }},
-                   {"bandwidth_gb_s", {}, [&](const Json& x, const std::string& a) { l.bandwidth_bytes_per_s = read_double(x, a, Range::above(0)) * 1e9; }}});
+                  {{"latency_us", {}, [&](const Json& x, const std::string& a) { l.latency_s = read_double(x, a, Range::figure_above_0()) * 1e-6; }},
+                   {"bandwidth_gb_s", {}, [&](const Json& x, const std::string& a) { l.bandwidth_bytes_per_s = read_double(x, a, Range::figure_above_0()) * 1e9; }}});
              if (l.latency_s == 0) fail_missing(key_path(p, "latency_us"), "a number > 0");
              if (l.bandwidth_bytes_per_s == 0) fail_missing(key_path(p, "bandwidth_gb_s"), "a number > 0");
              cat.links.push_back(l);

@@ -66,7 +66,7 @@ Json rank_json(const RankFingerprint& r) {
 }
 
 double positive(const Json& obj, const std::string& path, const char* key) {
-  return read_double(require(obj, path, key, "a positive number"), key_path(path, key), Range::above(0));
+  return read_double(require(obj, path, key, "a positive number"), key_path(path, key), Range::figure_above_0());
 }
 
 RankFingerprint parse_rank(const Json& j, const std::string& path) {
@@ -104,9 +104,9 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     g.memory_total = read_uint(require(gpus[i], p, "memory_total_bytes", "bytes"), key_path(p, "memory_total_bytes"));
     g.memory_free = read_uint(require(gpus[i], p, "memory_free_bytes", "bytes"), key_path(p, "memory_free_bytes"));
     g.host_to_device_gb_s = read_double(require(gpus[i], p, "host_to_device_gb_s", "GB/s"),
-                                        key_path(p, "host_to_device_gb_s"), Range::at_least(0));
+                                        key_path(p, "host_to_device_gb_s"), Range::figure_at_least_0());
     g.device_to_host_gb_s = read_double(require(gpus[i], p, "device_to_host_gb_s", "GB/s"),
-                                        key_path(p, "device_to_host_gb_s"), Range::at_least(0));
+                                        key_path(p, "device_to_host_gb_s"), Range::figure_at_least_0());
     r.host.gpus.push_back(g);
   }
   auto note = h.find("gpu_note");
@@ -138,7 +138,7 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
       fail_at(ip, std::to_string(gpu) + " is not a GPU of host.gpus; expected 0 to " + std::to_string(gpus_seen - 1));
     r.rates.gpu_index = static_cast<int>(gpu);
     r.rates.bf16_gemm_gflops = read_double(require(d, dp, "bf16_gemm_gflops", "GFLOP/s (0 below sm_80)"),
-                                           key_path(dp, "bf16_gemm_gflops"), Range::at_least(0));
+                                           key_path(dp, "bf16_gemm_gflops"), Range::figure_at_least_0());
     r.rates.launch_overhead_s = positive(d, dp, "launch_overhead_s");
   }
   r.memory_cap = read_uint(require(j, path, "memory_cap_bytes", "bytes (0 = none)"), key_path(path, "memory_cap_bytes"));
@@ -151,9 +151,9 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     BlockTiming t{read_string(require(blocks[i], p, "kind", "a string"), key_path(p, "kind"), "a block kind"),
                   positive(blocks[i], p, "fwd_bwd_s_per_sample")};
     if (auto call = blocks[i].find("fwd_bwd_s_per_call"); call != blocks[i].end())
-      t.fwd_bwd_s_per_call = read_double(*call, key_path(p, "fwd_bwd_s_per_call"), Range::at_least(0));
+      t.fwd_bwd_s_per_call = read_double(*call, key_path(p, "fwd_bwd_s_per_call"), Range::figure_at_least_0());
     if (auto step = blocks[i].find("optimizer_step_s"); step != blocks[i].end())
-      t.optimizer_step_s = read_double(*step, key_path(p, "optimizer_step_s"), Range::at_least(0));
+      t.optimizer_step_s = read_double(*step, key_path(p, "optimizer_step_s"), Range::figure_at_least_0());
     r.blocks.push_back(t);
   }
   auto em = j.find("emulation");
@@ -178,7 +178,7 @@ std::vector<std::vector<double>> parse_matrix(const Json& j, const std::string& 
     if (!j[i].is_array() || j[i].size() != n)
       fail_at(rp, show(j[i]) + " is not a row of " + std::to_string(n) + " numbers; expected one entry per rank");
     for (size_t k = 0; k < n; ++k) {
-      Range r = positive_off_diagonal && i != k ? Range::above(0) : Range::at_least(0);
+      Range r = positive_off_diagonal && i != k ? Range::figure_above_0() : Range::figure_at_least_0();
       m[i].push_back(read_double(j[i][k], index_path(rp, k), r));
     }
   }

@@ -157,11 +157,14 @@ TEST_CASE("cluster: a missing or malformed catalogue is named with its JSON path
   neg.replace(neg.find("\"fp32_tflops\": 1"), 16, "\"fp32_tflops\": -1");
   std::string bad_source = ok_dev;
   bad_source.replace(bad_source.find("\"host_link\""), 0, "\"source\": 5, ");
+  std::string huge = ok_dev;  // past it the planner's sums leave a double's range
+  huge.replace(huge.find("\"memory_gb\": 8"), 14, "\"memory_gb\": 1e308");
   std::string typo = ok_dev;
   typo.replace(typo.find("\"memory_gb\""), 11, "\"memory_gib\"");
   const Case cases[] = {
       {head + ok_dev + "]}", {}},
-      {head + neg + "]}", {"devices[0].fp32_tflops", "-1 is out of range", "> 0"}},
+      {head + neg + "]}", {"devices[0].fp32_tflops", "-1 is out of range", "(0, 1e+15]"}},
+      {head + huge + "]}", {"devices[0].memory_gb", "1e+308 is out of range", "(0, 1e+15]"}},
       {head + typo + "]}", {"devices[0].memory_gib", "did you mean 'memory_gb'"}},
       {head + bad_source + "]}", {"devices[0].source", "where the figures come from"}},
       {head + ok_dev + "," + ok_dev + "]}", {"devices[1].id", "repeats devices[0]"}},
