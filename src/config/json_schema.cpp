@@ -292,7 +292,8 @@ std::string read_document_file(const std::string& path, const std::string& expec
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) throw ConfigError(path + ": no such file; expected " + expected);
   if (fs::is_directory(st)) throw ConfigError(path + ": is a directory; expected " + expected);
-  if (!fs::is_regular_file(st)) throw ConfigError(path + ": is not a regular file (a pipe or device); expected " + expected);
+  if (!fs::is_regular_file(st))
+    throw ConfigError(path + ": is not a regular file (a pipe or device); expected " + expected);
   std::ifstream in(path, std::ios::binary);
   std::string text(std::istreambuf_iterator<char>(in), {});
   if (!in.is_open() || in.bad()) throw ConfigError(path + ": cannot be read; expected " + expected);

@@ -100,8 +100,14 @@ Catalogue parse_catalogue(const Json& j) {
              expect_object(lc, p, "an object with latency_us and bandwidth_gb_s");
              LinkClass l{key, 0, 0};
              walk(lc, p,
-                  {{"latency_us", {}, [&](const Json& x, const std::string& a) { l.latency_s = read_double(x, a, Range::figure_above_0()) * 1e-6; }},
-                   {"bandwidth_gb_s", {}, [&](const Json& x, const std::string& a) { l.bandwidth_bytes_per_s = read_double(x, a, Range::figure_above_0()) * 1e9; }}});
+                  {{"latency_us", {},
+                    [&](const Json& x, const std::string& a) {
+                      l.latency_s = read_double(x, a, Range::figure_above_0()) * 1e-6;
+                    }},
+                   {"bandwidth_gb_s", {},
+                    [&](const Json& x, const std::string& a) {
+                      l.bandwidth_bytes_per_s = read_double(x, a, Range::figure_above_0()) * 1e9;
+                    }}});
              if (l.latency_s == 0) fail_missing(key_path(p, "latency_us"), "a number > 0");
              if (l.bandwidth_bytes_per_s == 0) fail_missing(key_path(p, "bandwidth_gb_s"), "a number > 0");
              cat.links.push_back(l);

@@ -278,7 +278,8 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
 }
 
 Plan read_plan(const std::string& path) {
-  return plan_from_json(config::schema::read_document_file(path, std::string("a plan file (") + kPlanFormat + ")"), path);
+  const std::string text = config::schema::read_document_file(path, std::string("a plan file (") + kPlanFormat + ")");
+  return plan_from_json(text, path);
 }
 
 void check_plan(const Plan& p) {

@@ -575,8 +575,8 @@ class Play {
         out_.notes.push_back(e.spec + ": left out from step " + std::to_string(done) + " on, no restart");
       }
       // Nobody left to close a step: the job ends here, as under sync.
-      HT_CHECK(std::find(failed.begin(), failed.end(), false) != failed.end(), "what-if: every rank has failed by step ",
-               done, ": no rank left to train");
+      HT_CHECK(std::find(failed.begin(), failed.end(), false) != failed.end(),
+               "what-if: every rank has failed by step ", done, ": no rank left to train");
       bool waited = false, any_missing = false, leader_silent = false;
       double last = 0, latest = 0;  // latest: the arrivals the budget adapts to, late ones included
       for (size_t u = 0; u < units.size(); ++u) {

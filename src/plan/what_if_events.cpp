@@ -86,9 +86,9 @@ WhatIfEvent parse_what_if_event(const std::string& spec) {
     } else if (key == "for") {
       e.for_s = real_value(spec, key, value, 0, true, "seconds, above 0");
     } else if (key == "factor") {
-      e.factor = real_value(spec, key, value, 1, false, "a compute-time multiplier from 1 to 1e6 (2: twice as slow)");
-      if (e.factor > kMaxSlowFactor)
-        reject(spec, key + "=" + value + " is out of range; expected a compute-time multiplier from 1 to 1e6 (2: twice as slow)");
+      constexpr const char* kFactor = "a compute-time multiplier from 1 to 1e6 (2: twice as slow)";
+      e.factor = real_value(spec, key, value, 1, false, kFactor);
+      if (e.factor > kMaxSlowFactor) reject(spec, key + "=" + value + " is out of range; expected " + kFactor);
     } else if (key == "latency") {
       e.latency_s = real_value(spec, key, value, 0, false, "the one-way latency in milliseconds, at least 0") / 1e3;
     } else if (key == "bandwidth") {

@@ -192,7 +192,8 @@ std::string note_text(const plan::PlanNote& n) {
       return "deadline: every replica's gradient goes to one leader and the sum back to each of the " +
              std::to_string(n.replicas) + " replicas, " + std::to_string(2 * (n.replicas - 1)) +
              " gradients over the leader's link a step: predicted step " + format_seconds(n.seconds) + " against " +
-             format_seconds(n.other_seconds) + " for this layout under sync; parallel.sync sync or local trains faster here";
+             format_seconds(n.other_seconds) +
+             " for this layout under sync; parallel.sync sync or local trains faster here";
     case K::shape:
       return shape_name(n.stages, n.replicas) +
              (n.ranks_used < n.world ? " over the fastest " + std::to_string(n.ranks_used) : "") + ": " +

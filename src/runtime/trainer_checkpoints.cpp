@@ -200,7 +200,8 @@ int64_t Run::restore(report::Progress& progress) {
   int64_t step = get_int("step");
   HT_CHECK(step >= 0 && step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step, ", ",
            step < 0 ? "before the first" : "past the configured " + std::to_string(total_steps_) + " steps",
-           "; expected 0 to ", total_steps_, step < 0 ? " (the file is corrupt)" : " (raise train.steps to train further)");
+           "; expected 0 to ", total_steps_,
+           step < 0 ? " (the file is corrupt)" : " (raise train.steps to train further)");
   // Continue the data stream where it stopped, even if train.batch_size changed; every
   // position the rest of the run reads must fit its 64 bits.
   const int64_t position = get_int("sample_position");
