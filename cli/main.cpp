@@ -57,7 +57,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version end here with status 0; a rejected option is a bad input like
+    // a rejected config: status 2 and one line, whatever CLI11's own code for it.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    const std::string what = std::string(e.what()) + " (see 'hetrain --help' and 'hetrain COMMAND --help')";
+    return finish(2, "option error: ", what.c_str());
   } catch (const ht::config::ConfigError& e) {
     // A rejected config: nothing was started, and the exit status says so.
     return finish(2, "config error: ", e.what());

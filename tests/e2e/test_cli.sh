@@ -62,6 +62,13 @@ err=$("$hetrain" no-such-verb 2>&1); rc=$?
 check "unknown subcommand exits nonzero" test $rc -ne 0
 check "unknown subcommand is named" grep -q 'no-such-verb' <<<"$err"
 
+err=$("$hetrain" plan "$(dirname "$0")/../../configs/fashion_mnist_mlp.json" --what-if-steps abc 2>&1); rc=$?
+check "a rejected option exits 2, like a rejected config" test $rc -eq 2
+check "a rejected option is one line naming it" test "$(wc -l <<<"$err")" -eq 1
+check "... the option and its value" grep -q -- '--what-if-steps.*abc' <<<"$err"
+"$hetrain" --help >/dev/null; rc=$?
+check "--help exits 0" test $rc -eq 0
+
 configs=$(dirname "$0")/../../configs
 err=$("$hetrain" train "$configs/fashion_mnist_mlp.json" --cluster synth:2xrtx4090 --run-dir /nonexistent/never 2>&1); rc=$?
 check "train --cluster synth: is refused as a config error (exit 2)" test $rc -eq 2
