@@ -243,33 +243,15 @@ Candidate build(const PlannerInput& in, const LinkTiers& tiers, int stages, cons
     }
     speed[static_cast<size_t>(r)].samples_per_s = 1 / slowest;
   }
-  // One stage: the equal split of these replicas is a candidate too. Shares by speed
-  // give a fast replica a large part of the all-reduce (parts follow the shares), and
-  // where its link cannot carry that the equal split is faster: without it a plan could
-  // come out slower than the DDP baseline it is compared with (64 rtx3060 beside one
-  // h100: 0.89x).
-  std::vector<std::vector<int64_t>> splits{split_batch(in.global_batch, speed)};
-  if (stages == 1 && replicas > 1) splits.push_back(equal_split(in.global_batch, static_cast<size_t>(replicas)));
-  if (splits.size() == 2 && splits[1] == splits[0]) splits.pop_back();
-  std::optional<Plan> best;
-  for (const std::vector<int64_t>& split : splits) {
-    Plan q = skeleton(in, layout, ranges, split, micro_batches);
-    if (std::optional<Shortfall> shortfall = fit_memory(q, in.costs, in.may_shard_optimizer)) {
-      if (!best) {
-        c.problem.kind = LayoutProblemKind::memory;
-        c.problem.shortfall = std::move(*shortfall);
-      }
-      continue;
-    }
-    q.layout.reduce_owner = cheapest_reduce_owner(q, in.costs, in.cluster, &tiers).owner;
-    const double e = finish(q, in.costs, in.cluster, false, {}, &tiers);
-    if (!best || e < c.estimate) {
-      c.estimate = e;
-      best = std::move(q);
-    }
+  Plan p = skeleton(in, std::move(layout), std::move(ranges), split_batch(in.global_batch, speed),
+                    micro_batches);
+  if (std::optional<Shortfall> shortfall = fit_memory(p, in.costs, in.may_shard_optimizer)) {
+    c.problem.kind = LayoutProblemKind::memory;
+    c.problem.shortfall = std::move(*shortfall);
+    return c;
   }
-  if (!best) return c;
-  Plan p = std::move(*best);
+  p.layout.reduce_owner = cheapest_reduce_owner(p, in.costs, in.cluster, &tiers).owner;
+  c.estimate = finish(p, in.costs, in.cluster, false, {}, &tiers);
   // The hub holds every sum, so it can step the optimiser for all and send the weights
   // instead (the same traffic): the others skip the step and keep no state. A slow
   // rank's step then costs it nothing, and the hub's memory does not change.
@@ -532,9 +514,21 @@ Plan make_plan(const PlannerInput& in) {
   std::optional<Plan> uniform;  // DeepSpeed's default for the chosen shape
   if (stages > 1) uniform = equal_plan(in, tiers, stages, std::max(base_m, stages));
   // DDP when the batch covers the world, else the plan's shape laid out uniformly.
-  set_baseline(plan, in.global_batch >= world ? equal_plan(in, tiers, 1, base_m)
-                     : uniform                ? *uniform
-                                              : equal_plan(in, tiers, 1, base_m));
+  const Plan ddp = equal_plan(in, tiers, 1, base_m);
+  set_baseline(plan, in.global_batch >= world || !uniform ? ddp : *uniform);
+  // The search splits a one-stage batch by speed, which gives a fast replica a large part
+  // of the all-reduce (parts follow the shares); where its link cannot carry that, DDP's
+  // equal split of every rank is faster, and a plan is never predicted slower than the
+  // baseline it is shown against (64 rtx3060 beside one h100 planned at 0.89x).
+  const bool ddp_instead = in.global_batch >= world && ddp.baseline.fits && in.strategy != Asked::pipeline &&
+                           ddp.predicted.step_seconds < plan.predicted.step_seconds;
+  if (ddp_instead) {
+    const int candidates = plan.candidates;
+    plan = ddp;
+    plan.strategy = Strategy::data;  // a data-parallel plan the job may rebalance, not `equal`
+    plan.candidates = candidates;
+    set_baseline(plan, ddp);
+  }
 
   mark_slow_links(plan, in.cluster);
   plan.notes.push_back(work_note(plan, in.costs));
@@ -560,7 +554,7 @@ Plan make_plan(const PlannerInput& in) {
       plan.notes.push_back(step);
     }
   }
-  if (chosen->used < world && best_using.count(world)) {
+  if (!ddp_instead && chosen->used < world && best_using.count(world)) {
     PlanNote idle;
     idle.kind = NoteKind::idle_ranks;
     idle.ranks = idle_ranks(plan);
@@ -569,7 +563,7 @@ Plan make_plan(const PlannerInput& in) {
     idle.other_seconds = best_using[world]->plan->predicted.step_seconds;
     plan.notes.push_back(idle);
   }
-  if (uniform && in.global_batch >= world) {
+  if (!ddp_instead && uniform && in.global_batch >= world) {
     PlanNote u;
     u.kind = NoteKind::uniform_baseline;
     u.stages = stages;
