@@ -23,19 +23,23 @@ RunDir RunDir::open(const std::string& path, bool resume) {
   HT_CHECK(fs::is_directory(path), "run directory '", path, "' exists but is not a directory");
   fs::create_directories(rd.checkpoints(), ec);
   HT_CHECK(!ec, "cannot create '", rd.checkpoints(), "': ", ec.message());
-  // Prove writability now rather than after the first hour of training.
-  std::string probe = rd.file(".write-test");
-  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Prove writability now rather than after the first hour of training, with a file of
+  // a name no other holds (mkstemp), so that no file of the user's is truncated.
+  std::string probe = rd.file(".hetrain-write-test-XXXXXX");
+  int fd = ::mkstemp(probe.data());
   HT_CHECK(fd >= 0, "run directory '", path, "' is not writable: ", std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
 
-  bool has_metrics = fs::exists(rd.file("metrics.jsonl"));
-  bool has_checkpoints = !fs::is_empty(rd.checkpoints(), ec);
-  const bool had_run = has_metrics || has_checkpoints || fs::exists(rd.file("summary.json"));
-  if (!resume && had_run)
-    fail_as<RunDirInUse>("run directory '", path, "' already holds a run (",
-                         has_checkpoints ? "checkpoints" : "metrics", ")");
+  // A new run writes these: a directory holding any of them holds a run, or files of the
+  // user's that the run would overwrite.
+  if (!resume) {
+    if (!fs::is_empty(rd.checkpoints(), ec))
+      fail_as<RunDirInUse>("run directory '", path, "' already holds a run (checkpoints)");
+    for (const char* name : {"metrics.jsonl", "summary.json", "config.json", "plan.json"})
+      if (fs::exists(rd.file(name)))
+        fail_as<RunDirInUse>("run directory '", path, "' already holds a run (", name, ")");
+  }
   return rd;
 }
 

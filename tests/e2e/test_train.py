@@ -206,6 +206,19 @@ def damaged_inputs(tmp, full):
     except subprocess.TimeoutExpired:
         check("eval --checkpoint of a pipe: exit 1 naming it, no wait for a writer", False, "hung 60 s")
 
+    # A directory of the user's files: a new run neither overwrites nor deletes them.
+    users = os.path.join(tmp, "users-files")
+    os.makedirs(users)
+    for name, text in (("config.json", '{"mine": true}'), (".write-test", "precious")):
+        with open(os.path.join(users, name), "w") as f:
+            f.write(text)
+    r = run(["train", path, "--run-dir", users, "--quiet", "--stop-after", "1"])
+    check("a new run into a directory holding a config.json: refused naming it, the file intact",
+          r.returncode == 1 and "already holds a run (config.json)" in r.stderr
+          and open(os.path.join(users, "config.json")).read() == '{"mine": true}', r.stderr)
+    check("... and a file named as hetrain's old write probe is left alone",
+          open(os.path.join(users, ".write-test")).read() == "precious")
+
     # Plan files edited by hand: no replica, or another batch than the config's.
     planned = os.path.join(tmp, "mlp-plan.json")
     r = run(["plan", path, "--cluster", "synth:1xcpu-8c", "--json", planned])
