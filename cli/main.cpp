@@ -69,9 +69,9 @@ int main(int argc, char** argv) {
     const std::string what = std::string(e.what()) + "; pass --resume to continue it, or --run-dir to start a new one";
     return finish(1, "error: ", what.c_str());
   } catch (const ht::runtime::InterruptedTogether& e) {
-    return finish(130, "", e.what(), false);
+    return finish(e.status(), "", e.what(), false);
   } catch (const ht::runtime::Interrupted& e) {
-    return finish(130, "", e.what());  // the shell's status for SIGINT
+    return finish(e.status(), "", e.what());  // the shell's status for the signal
   } catch (const ht::plan::NoPlanFits& e) {
     return finish(1, "error: ", ht::report::no_plan_text(e).c_str());
   } catch (const std::exception& e) {  // ht::Error and anything from the library

@@ -24,22 +24,29 @@ namespace {
 
 using json = nlohmann::json;
 
-volatile std::sig_atomic_t g_interrupted = 0;
-void on_interrupt(int) { g_interrupted = 1; }
+volatile std::sig_atomic_t g_interrupted = 0;  // the signal that asked for the stop, or 0
+void on_interrupt(int sig) { g_interrupted = sig; }
 
-// Ctrl-C stops at the next step boundary with a checkpoint instead of losing the run.
+// Ctrl-C stops at the next step boundary with a checkpoint instead of losing the run, and
+// so does SIGTERM: mpirun turns a Ctrl-C into SIGTERM to every rank, and a batch
+// scheduler (Slurm's scancel, a pre-emption) sends it before SIGKILL.
 class InterruptScope {
  public:
   InterruptScope() {
     g_interrupted = 0;
-    previous_ = std::signal(SIGINT, on_interrupt);
+    previous_int_ = std::signal(SIGINT, on_interrupt);
+    previous_term_ = std::signal(SIGTERM, on_interrupt);
   }
-  ~InterruptScope() { std::signal(SIGINT, previous_); }
+  ~InterruptScope() {
+    std::signal(SIGINT, previous_int_);
+    std::signal(SIGTERM, previous_term_);
+  }
   InterruptScope(const InterruptScope&) = delete;
   InterruptScope& operator=(const InterruptScope&) = delete;
 
  private:
-  void (*previous_)(int);
+  void (*previous_int_)(int);
+  void (*previous_term_)(int);
 };
 
 int64_t resolve_steps(const config::TrainConfig& t, int64_t train_size) {
@@ -59,7 +66,7 @@ nn::Sequential build_in_host_staging(const Task& task, uint64_t seed) {
 
 }  // namespace
 
-bool interrupt_requested() { return g_interrupted; }
+bool interrupt_requested() { return g_interrupted != 0; }
 
 Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan> plan)
     : cfg_(std::move(cfg)),
@@ -144,7 +151,7 @@ TrainSummary Run::run() {
     // One process stops at once; many agree on the step after a log step (every rank saw
     // the flag in rank 0's answer).
     // Under deadline no exchange carries the flag: each rank stops at its own step.
-    const bool interrupted = multi() && !executor_->deadline() ? stop_all : static_cast<bool>(g_interrupted);
+    const bool interrupted = multi() && !executor_->deadline() ? stop_all : g_interrupted != 0;
     const bool stop = interrupted || stop_after;
     if (stop && !last && executor_->deadline()) finish_deadline(loop);
     if (last) {
@@ -246,10 +253,14 @@ void Run::evaluate_at(Loop& loop, int64_t done) {
 TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
   loop.progress.finish();
   if (interrupted) {
-    const std::string what = "interrupted at step " + std::to_string(done) + " of " + std::to_string(total_steps_) +
-                             "; a checkpoint was saved" + resume_hint();
-    if (multi() && !executor_->deadline()) fail_as<InterruptedTogether>(what);
-    fail_as<Interrupted>(what);
+    const int sig = g_interrupted;  // 0 on a rank that stopped on rank 0's word alone
+    const std::string what = std::string(sig == SIGTERM ? "terminated" : "interrupted") + " at step " +
+                             std::to_string(done) + " of " + std::to_string(total_steps_) + "; a checkpoint was saved" +
+                             resume_hint();
+    // The shell's status for the signal: 130 for SIGINT, 143 for SIGTERM.
+    const int status = 128 + (sig == SIGTERM ? SIGTERM : SIGINT);
+    if (multi() && !executor_->deadline()) throw InterruptedTogether(what, status);
+    throw Interrupted(what, status);
   }
   loop.progress.note("stopped after " + std::to_string(done - loop.start) + " steps at step " +
                      std::to_string(done) + resume_hint());

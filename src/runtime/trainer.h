@@ -41,7 +41,11 @@ struct TrainOptions {
 // Ctrl-C during training: a checkpoint was written at the step boundary it stopped at.
 class Interrupted : public Error {
  public:
-  using Error::Error;
+  Interrupted(const std::string& what, int status) : Error(what), status_(status) {}
+  int status() const { return status_; }  // 128 + the signal: 130 (SIGINT), 143 (SIGTERM)
+
+ private:
+  int status_;
 };
 // The same where every rank of the job stopped at that step, having agreed on it through
 // rank 0's answers (not under deadline, where each stops at its own): each can end

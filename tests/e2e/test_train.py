@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 HETRAIN = os.path.abspath(sys.argv[1])
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -205,6 +206,27 @@ def damaged_inputs(tmp, full):
               r.returncode == 1 and "a-pipe" in r.stderr and "not a regular file" in r.stderr, r.stderr)
     except subprocess.TimeoutExpired:
         check("eval --checkpoint of a pipe: exit 1 naming it, no wait for a writer", False, "hung 60 s")
+
+    # SIGTERM (a scheduler's stop, or mpirun passing on a Ctrl-C) stops as Ctrl-C does:
+    # at a step boundary, after a checkpoint, with the shell's status for the signal.
+    long_path = write_config(os.path.join(tmp, "mlp-long.json"), mlp_config(steps=1000000))
+    term_dir = os.path.join(tmp, "mlp-term")
+    job = subprocess.Popen([HETRAIN, "train", long_path, "--run-dir", term_dir, "--quiet"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    metrics = os.path.join(term_dir, "metrics.jsonl")
+    deadline = time.monotonic() + 60
+    while job.poll() is None and time.monotonic() < deadline and not (
+            os.path.exists(metrics) and '"train"' in open(metrics).read()):
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    try:
+        _, err = job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        _, err = job.communicate()
+    m = re.search(r"terminated at step (\d+)", err)
+    check("SIGTERM: exit 143 after a checkpoint at the step it stopped at",
+          job.returncode == 143 and m is not None and os.path.exists(ckpt(term_dir, int(m.group(1)))), err[-600:])
 
     # A directory of the user's files: a new run neither overwrites nor deletes them.
     users = os.path.join(tmp, "users-files")
