@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/planning.h"
+#include "cli/whole_number.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
 #include "config/config.h"
@@ -170,7 +171,7 @@ void register_plan(CLI::App& app) {
       "After the plan, print rank RANK's instruction list for one step, one instruction per line: the list the "
       "executor runs and the simulator times (where a stage's replicas compute with its hub's weights in shared "
       "memory, the executor runs ShareWeights/AwaitWeights in place of GatherWeights)");
-  args->dump_option->type_name("RANK");
+  args->dump_option->transform(whole_number<int>(-1000000, 1000000))->type_name("RANK");
   cmd->add_option("--what-if", args->what_if,
                   "Predict the job under an event, for each sync policy (repeatable, combinable): "
                   "stall:rank=R,at=T,for=S  slow:rank=R,at=T,factor=F  fail:rank=R,at=T  "
@@ -179,7 +180,7 @@ void register_plan(CLI::App& app) {
       ->type_name("EVENT");
   cmd->add_option("--what-if-steps", args->what_if_steps, "Steps the what-if simulator plays")
       ->default_val(ht::plan::kDefaultWhatIfSteps)
-      ->check(CLI::Range(int64_t{1}, ht::plan::kMaxWhatIfSteps))
+      ->transform(whole_number<int64_t>(1, ht::plan::kMaxWhatIfSteps))
       ->type_name("N");
   cmd->callback([args] {
     const ht::config::Config cfg = ht::config::load_config(args->config);

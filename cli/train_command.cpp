@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/planning.h"
+#include "cli/whole_number.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
 #include "config/config.h"
@@ -131,11 +133,15 @@ void register_train(CLI::App& app) {
   cmd->add_option("config", args->config, "Config file (JSON); see configs/")->required();
   cmd->add_option("--run-dir", args->run_dir, "Run directory (default: run.dir, or runs/<config name>)");
   cmd->add_flag("--resume", args->resume, "Continue from the newest valid checkpoint of the run directory");
+  constexpr int64_t kMost = std::numeric_limits<int64_t>::max();
   auto* steps = cmd->add_option("--steps", args->steps,
-                                "Train this many steps in total (overrides train.steps/epochs)");
+                                "Train this many steps in total (overrides train.steps/epochs)")
+                    ->transform(whole_number<int64_t>(1, kMost));
   auto* stop_after = cmd->add_option("--stop-after", args->stop_after,
-                  "Stop with a checkpoint after this many steps of this invocation; --resume continues");
-  auto* seed = cmd->add_option("--seed", args->seed, "Override train.seed");
+                  "Stop with a checkpoint after this many steps of this invocation; --resume continues")
+                         ->transform(whole_number<int64_t>(1, kMost));
+  auto* seed = cmd->add_option("--seed", args->seed, "Override train.seed")
+                   ->transform(whole_number<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
   cmd->add_flag("--quiet,-q", args->quiet, "No progress bar or log lines");
   cmd->add_option("--plan", args->plan, "Execute this plan (from `hetrain plan --json`)");
   cmd->add_option("--cluster", args->cluster,

@@ -66,6 +66,13 @@ err=$("$hetrain" plan "$(dirname "$0")/../../configs/fashion_mnist_mlp.json" --w
 check "a rejected option exits 2, like a rejected config" test $rc -eq 2
 check "a rejected option is one line naming it" test "$(wc -l <<<"$err")" -eq 1
 check "... the option and its value" grep -q -- '--what-if-steps.*abc' <<<"$err"
+out=$("$hetrain" plan "$(dirname "$0")/../../configs/fashion_mnist_mlp.json" --cluster synth:2xrtx3060 \
+  --what-if stall:rank=0,at=1,for=1 --what-if-steps 0010 2>&1); rc=$?
+check "a whole-number option is read in decimal (0010 is 10, not octal 8)" grep -q "what if, over 10 steps" <<<"$out"
+for bad in "--seed -1" "--steps 99999999999999999999999" "--stop-after ''" "--steps 1.5"; do
+  err=$(eval "\"\$hetrain\" train \"$(dirname "$0")/../../configs/fashion_mnist_mlp.json\" $bad" 2>&1); rc=$?
+  check "train $bad: refused with exit 2 naming the option" test $rc -eq 2 -a -n "$(grep -- "${bad%% *}" <<<"$err")"
+done
 "$hetrain" --help >/dev/null; rc=$?
 check "--help exits 0" test $rc -eq 0
 
