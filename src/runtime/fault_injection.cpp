@@ -30,12 +30,12 @@ int64_t int_field(const std::string& spec, const std::string& key, const std::st
 }
 
 double real_field(const std::string& spec, const std::string& key, const std::string& text, double min,
-                  const char* expected) {
+                  double max, const char* expected) {
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
     reject(spec, key + "=" + text + " is not a number; expected " + expected);
-  if (v < min) reject(spec, key + "=" + text + " is out of range; expected " + expected);
+  if (v < min || v > max) reject(spec, key + "=" + text + " is out of range; expected " + expected);
   return v;
 }
 
@@ -73,8 +73,10 @@ Fault parse_fault(const std::string& spec) {
       f.rank = static_cast<int>(r);
     } else if (key == "at") f.at = int_field(spec, key, value, f.kind == FaultKind::stall ? 0 : 1);
     else if (key == "steps") f.steps = int_field(spec, key, value, 1);
-    else if (key == "for") f.seconds = real_field(spec, key, value, 0, "seconds >= 0");
-    else if (key == "factor") f.factor = real_field(spec, key, value, 1, "a factor >= 1");
+    // Bounded: a sleep of 1e308 s overflows its conversion to the clock's ticks and
+    // returns at once, so a stall or slowdown past these would silently not happen.
+    else if (key == "for") f.seconds = real_field(spec, key, value, 0, kMaxFaultSeconds, "seconds from 0 to 1e6");
+    else if (key == "factor") f.factor = real_field(spec, key, value, 1, kMaxFaultFactor, "a factor from 1 to 1e6");
   }
   for (const std::string& k : required.at(f.kind))
     if (!seen.count(k)) reject(spec, "missing field '" + k + "'; expected " + kind + " to give " + k + "=...");

@@ -18,6 +18,11 @@
 
 namespace ht::runtime {
 
+// The largest stall (seconds) and slow factor --inject takes: about 11.6 days, and a
+// million times slower (past them a sleep's conversion to clock ticks overflows).
+inline constexpr double kMaxFaultSeconds = 1e6;
+inline constexpr double kMaxFaultFactor = 1e6;
+
 enum class FaultKind { stall, nan, slow, scale };
 
 struct Fault {
