@@ -217,6 +217,8 @@ def test_refusals():
         (["--quota", "0.2,0.2", "--change", "soon:0=0.1"], ["'soon'", "malformed"]),
         (["--quota", "0.2,0.2", "--change", "1s:0=0"], ["quota 0", "> 0"]),
         (["--quota", "0.2,0.2", "--period-us", "10ms"], ["'10ms'", "microseconds"]),
+        (["--quota", "0.2,0.2", "--mem", "1" + "0" * 400 + ",1G"], ["too large", "physical memory"]),
+        (["--check", "--period-us", "0"], ["--period-us 0", "1000..1000000"]),
     ]
     for args, expect in cases:
         p = subprocess.run(tool(*args, "--", "true"), capture_output=True, text=True,
