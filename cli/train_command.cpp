@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <memory>
 
@@ -131,7 +132,7 @@ void register_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "Train from a config into a run directory");
   cmd->add_option("config", args->config, "Config file (JSON); see configs/")->required();
-  cmd->add_option("--run-dir", args->run_dir, "Run directory (default: run.dir, or runs/<config name>)");
+  auto* run_dir = cmd->add_option("--run-dir", args->run_dir, "Run directory (default: run.dir, or runs/<config name>)");
   cmd->add_flag("--resume", args->resume, "Continue from the newest valid checkpoint of the run directory");
   constexpr int64_t kMost = std::numeric_limits<int64_t>::max();
   auto* steps = cmd->add_option("--steps", args->steps,
@@ -151,7 +152,7 @@ void register_train(CLI::App& app) {
                   "Testing aid, repeatable: stall:rank=R,at=STEP,for=SECONDS | nan:rank=R,at=STEP[,steps=N] | "
                   "slow:rank=R,at=STEP,factor=F | scale:rank=R,at=STEP,factor=F[,steps=N] (see docs/faults.md)")
       ->allow_extra_args(false);
-  cmd->callback([args, seed, steps, stop_after] {
+  cmd->callback([args, seed, steps, stop_after, run_dir] {
     // Training runs on the devices it is started on; a synth: cluster describes others, so
     // a plan over it would give these ranks work sized for hardware they are not.
     if (args->cluster.rfind("synth:", 0) == 0)
@@ -176,7 +177,20 @@ void register_train(CLI::App& app) {
     if (stop_after->count()) opts.stop_after = args->stop_after;
     opts.resume_hint = "continue with --resume";
     if (seed->count()) opts.seed = args->seed;
+    if (run_dir->count() && args->run_dir.empty())
+      throw ht::config::ConfigError("--run-dir is empty; expected a directory path");
     if (!args->run_dir.empty()) opts.run_dir = args->run_dir;
+    if (!args->timeline.empty()) {  // written after some steps: its path is checked now
+      namespace fs = std::filesystem;
+      const fs::path timeline(args->timeline);
+      const fs::path parent = timeline.has_parent_path() ? timeline.parent_path() : fs::path(".");
+      std::error_code ec;
+      if (fs::is_directory(timeline, ec))
+        throw ht::config::ConfigError("--timeline " + args->timeline + ": is a directory; expected a file path");
+      if (!fs::is_directory(parent, ec))
+        throw ht::config::ConfigError("--timeline " + args->timeline + ": its directory " + parent.string() +
+                                      " does not exist; expected a file path in an existing directory");
+    }
     try {
       ht::runtime::apply_overrides(cfg, opts);
     } catch (const ht::Error& e) {

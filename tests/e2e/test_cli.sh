@@ -73,6 +73,12 @@ for bad in "--seed -1" "--steps 99999999999999999999999" "--stop-after ''" "--st
   err=$(eval "\"\$hetrain\" train \"$(dirname "$0")/../../configs/fashion_mnist_mlp.json\" $bad" 2>&1); rc=$?
   check "train $bad: refused with exit 2 naming the option" test $rc -eq 2 -a -n "$(grep -- "${bad%% *}" <<<"$err")"
 done
+tl_dir=$(mktemp -d)
+for bad in "--timeline $tl_dir" "--timeline $tl_dir/missing/t.json" "--run-dir ''"; do
+  err=$(eval "\"\$hetrain\" train \"$(dirname "$0")/../../configs/fashion_mnist_mlp.json\" --run-dir $tl_dir/run $bad" 2>&1); rc=$?
+  check "train $bad: refused before any work (exit 2, no run directory)" test $rc -eq 2 -a ! -e "$tl_dir/run"
+done
+rm -rf "$tl_dir"
 "$hetrain" --help >/dev/null; rc=$?
 check "--help exits 0" test $rc -eq 0
 
