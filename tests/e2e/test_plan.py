@@ -329,7 +329,7 @@ def what_if(tmp):
           and "fell silent" not in r.stdout, r.stdout[-1500:] + r.stderr[-800:])
     r = plan(CNN, "--cluster", RATES_4211, "--what-if", "stall:rank=1,at=5,for=5", "--what-if-steps", "2000000")
     check("--what-if-steps above a million: refused naming the range",
-          r.returncode == 2 and "not in range 1 to 1000000" in r.stderr and "what if, over" not in r.stdout, r.stderr)
+          r.returncode == 2 and "2000000 is out of range; expected a whole number from 1 to 1000000" in r.stderr and "what if, over" not in r.stdout, r.stderr)
     bad = [
         ("stall:rank=1,at=5", "--what-if stall:rank=1,at=5: missing for"),
         ("stall:rank=9,at=5,for=5", "rank 9 is not in the cluster; expected 0 to 3"),
