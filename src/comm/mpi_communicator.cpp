@@ -173,7 +173,9 @@ class MpiCommunicator::Delivery {
 };
 
 struct MpiCommunicator::PendingRecv {
-  enum class State { queued, receiving, done, cancelled };
+  // abandoned: matched, but its sender stopped mid-message past kUnwaitedSendLimit; kept
+  // for good (MPI may still write into it), its wait reported as timed out.
+  enum class State { queued, receiving, done, cancelled, abandoned };
   void* data = nullptr;
   size_t bytes = 0;
   std::shared_ptr<std::vector<char>> any;  // irecv_message: takes any size
@@ -189,9 +191,14 @@ class MpiRecv final : public Request::Impl {
   MpiRecv(MpiCommunicator* comm, std::shared_ptr<MpiCommunicator::PendingRecv> r)
       : comm_(comm), r_(std::move(r)) {}
   bool test() override { return comm_->test_recv(*r_); }
-  bool expire() override { return comm_->expire_recv(*r_); }
+  bool expire() override {
+    const bool done = comm_->expire_recv(*r_);
+    if (r_->state.load() == MpiCommunicator::PendingRecv::State::abandoned) comm_->bury(r_);
+    return done;
+  }
   bool cancelled() const override {
-    return r_->state.load() == MpiCommunicator::PendingRecv::State::cancelled;
+    const auto s = r_->state.load();
+    return s == MpiCommunicator::PendingRecv::State::cancelled || s == MpiCommunicator::PendingRecv::State::abandoned;
   }
   bool is_receive() const override { return true; }
 
@@ -476,10 +483,16 @@ bool MpiCommunicator::expire_recv(PendingRecv& r) {
       return false;
     }
   }
-  // Matched: its bytes are being copied in and a matched receive cannot be cancelled;
-  // finish it, which takes no longer than the copy.
-  poll_until([&] { return test_recv(r); }, std::nullopt);
-  return true;
+  // Matched: its bytes are being copied in and a matched receive cannot be cancelled.
+  // Finishing it takes no longer than the copy while the sender goes on, but a large
+  // message's data follows its header only as the sender progresses: one stopped
+  // mid-message would hold this wait for good. Past the limit it is abandoned (kept,
+  // since MPI may still write into it) and the wait reports the peer as timed out.
+  if (poll_until([&] { return test_recv(r); }, deadline_from(kUnwaitedSendLimit, "a matched receive")) ==
+      WaitStatus::done)
+    return true;
+  r.state = State::abandoned;
+  return false;
 }
 
 }  // namespace ht::comm
