@@ -245,7 +245,9 @@ void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
                  {"sync", {}, [&](const Json& v, const std::string& p) {
                     c.sync = *parse_sync_policy(read_enum(v, p, sync_policy_names()));
                   }},
-                 number("peer_timeout_s", c.peer_timeout_s, Range::above(0)),
+                 // At most a week: past a year the waits' deadlines were dropped as none,
+                 // and past 1e10 s the conversion to clock ticks overflows.
+                 number("peer_timeout_s", c.peer_timeout_s, Range{0, ParallelConfig::kMaxPeerTimeoutS, true, false}),
                  number("deadline_slack", c.deadline_slack, Range::at_least(0)),
                  int_field("max_staleness", {}, c.max_staleness, 0),
                  int_field("local_steps", {}, c.local_steps, 0),

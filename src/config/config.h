@@ -152,6 +152,7 @@ struct ParallelConfig {
   // enough for rank 0's evaluation and checkpoint writes between steps, which its peers
   // wait through; short enough that a dead rank does not hold a job for long.
   double peer_timeout_s = 300;
+  static constexpr double kMaxPeerTimeoutS = 7 * 24 * 3600.0;
   // deadline: a step's budget is the predicted step x (1 + deadline_slack); a
   // contribution later than that is dropped (max_staleness 0) or applied up to
   // max_staleness steps late.
