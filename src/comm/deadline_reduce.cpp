@@ -361,8 +361,10 @@ void DeadlineReduce::handle(int from, const Message& m) {
   }
 }
 
-void DeadlineReduce::fail_wait(const std::string& what) const {
-  fail_as<PeerTimeout>(peer_timeout_message(comm_.world_rank(rank_), {}, "the deadline reduction's " + what,
+void DeadlineReduce::fail_wait(const std::string& what, const std::vector<int>& missing) const {
+  std::vector<int> world;  // the message names world ranks
+  for (int j : missing) world.push_back(comm_.world_rank(j));
+  fail_as<PeerTimeout>(peer_timeout_message(comm_.world_rank(rank_), world, "the deadline reduction's " + what,
                                             std::chrono::duration<double>(options_.peer_timeout_s)));
 }
 
@@ -434,7 +436,13 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
       if (j != rank_ && !fresh[static_cast<size_t>(j)] && missed_in_row_[static_cast<size_t>(j)] < kWaitFor)
         all_in = false;
     if (all_in || Clock::now() >= close_at) break;
-    if (Clock::now() >= give_up) fail_wait("closing step " + std::to_string(s));
+    if (Clock::now() >= give_up) {
+      std::vector<int> missing;  // the members still waited for
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_ && !fresh[static_cast<size_t>(j)] && missed_in_row_[static_cast<size_t>(j)] < kWaitFor)
+          missing.push_back(j);
+      fail_wait("closing step " + std::to_string(s), missing);
+    }
     if (!any) sleep_unless_rung(heard, kPollSleep);
   }
   // Close: the sum in rank order, this rank's own gradient at its place.
@@ -667,7 +675,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       sent_term = term_;
       wait_until = Clock::now() + seconds(patience());
     }
-    if (Clock::now() >= give_up) fail_wait("the result of step " + std::to_string(step_));
+    if (Clock::now() >= give_up) fail_wait("the result of step " + std::to_string(step_), {leader()});
     if (Clock::now() >= wait_until) {  // the leader has stalled: on to the next
       suspect_leader();
       continue;
@@ -714,7 +722,8 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
       asked_term = term_;
       wait_until = Clock::now() + seconds(kAlignPatiences * patience());
     }
-    if (Clock::now() >= give_up) fail_wait("a catch-up to step " + std::to_string(target) + " for its replica's other stages");
+    if (Clock::now() >= give_up)
+      fail_wait("a catch-up to step " + std::to_string(target) + " for its replica's other stages", {leader()});
     if (Clock::now() >= wait_until) {
       suspect_leader();
       continue;
@@ -740,7 +749,16 @@ std::vector<StepRecord> DeadlineReduce::finish() {
   while (!agreed) {
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
-    if (Clock::now() >= give_up) fail_wait("agreeing on the final step");
+    if (Clock::now() >= give_up) {
+      std::vector<int> missing;  // the leader: members that have not reported; a member: its leader
+      if (leader() == rank_) {
+        for (int j = 0; j < size_; ++j)
+          if (j != rank_ && !done_.count(j)) missing.push_back(j);
+      } else {
+        missing.push_back(leader());
+      }
+      fail_wait("agreeing on the final step", missing);
+    }
     if (leader() == rank_) {
       // Members behind (still stepping, or back from a stall) catch up to the end.
       for (auto it = arrived_.begin(); it != arrived_.end(); it = arrived_.erase(it))
@@ -792,7 +810,12 @@ std::vector<StepRecord> DeadlineReduce::finish() {
   for (;;) {
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
-    if (Clock::now() >= give_up) fail_wait("draining the last messages");
+    if (Clock::now() >= give_up) {
+      std::vector<int> missing;  // those not yet through with their sends
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_ && !fin_[static_cast<size_t>(j)]) missing.push_back(j);
+      fail_wait("draining the last messages", missing);
+    }
     // A later term's leader (one that suspected the last before its answer came) is still
     // collecting the reports: it has this rank's, the final state, again.
     if (term_ != reported_term && leader() != rank_) {

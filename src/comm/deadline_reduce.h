@@ -181,7 +181,8 @@ class DeadlineReduce {
   bool lead_step(std::vector<float>& sum, Clock::time_point opened, StepRecord& record);
   void apply_record(const StepRecord& r);
   void remember(const StepRecord& r);
-  [[noreturn]] void fail_wait(const std::string& what) const;
+  // A PeerTimeout naming `missing` (this communicator's ranks): what was waited for.
+  [[noreturn]] void fail_wait(const std::string& what, const std::vector<int>& missing) const;
 
   Communicator& comm_;
   DeadlineOptions options_;

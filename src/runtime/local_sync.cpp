@@ -230,9 +230,8 @@ void LocalSync::start_exchange(bool with_stats) {
   }
   if (draining_) {
     const auto t0 = std::chrono::steady_clock::now();
-    HT_CHECK(draining_->drain(timeout()) == comm::WaitStatus::done, "rank ", world_rank_,
-             ": the outer exchange's sums did not reach every rank within ", timeout_s_,
-             " s (parallel.peer_timeout_s); a rank has stalled");
+    if (draining_->drain(timeout()) != comm::WaitStatus::done)
+      fail_exchange(*draining_, "the outer exchange's sums reaching every member");
     draining_.reset();
     waited_s_ += seconds_since(t0);  // a wait on the peers' receives, not this rank's work
   }
@@ -240,6 +239,12 @@ void LocalSync::start_exchange(bool with_stats) {
   exchange_->add(delta_);
   if (with_stats) exchange_->add({stats_});
   advance();
+}
+
+void LocalSync::fail_exchange(const comm::OverlappedAllreduce& x, const std::string& what) const {
+  std::vector<int> missing;  // the message names world ranks
+  for (int j : x.waiting_on()) missing.push_back(outer_->world_rank(j));
+  fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world_rank_, missing, what, timeout()));
 }
 
 void LocalSync::finish_exchange() {
@@ -250,8 +255,8 @@ void LocalSync::finish_exchange() {
           "the outer exchange of round " + std::to_string(outer_steps_ + 1) + " (shared memory)", timeout()));
     exchanges_finished_ = exchanges_;
   } else {
-    HT_CHECK(exchange_->finish(timeout()) == comm::WaitStatus::done, "rank ", world_rank_, ": the outer exchange of round ",
-             outer_steps_ + 1, " waited more than ", timeout_s_, " s (parallel.peer_timeout_s) for its sums; a rank has stalled");
+    if (exchange_->finish(timeout()) != comm::WaitStatus::done)
+      fail_exchange(*exchange_, "the sums of the outer exchange of round " + std::to_string(outer_steps_ + 1));
     draining_ = std::move(exchange_);
   }
   sums_ready_ = true;
@@ -466,9 +471,8 @@ void LocalSync::flush() {
     take_outer_step();
   }
   if (draining_) {
-    HT_CHECK(draining_->drain(timeout()) == comm::WaitStatus::done, "rank ", world_rank_,
-             ": the outer exchange's sums did not reach every rank within ", timeout_s_,
-             " s (parallel.peer_timeout_s); a rank has stalled");
+    if (draining_->drain(timeout()) != comm::WaitStatus::done)
+      fail_exchange(*draining_, "the outer exchange's sums reaching every member");
     draining_.reset();
   }
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -137,6 +137,8 @@ class LocalSync {
   void start_round();      // OuterSyncStart: the outer step, the deltas, the new anchor, the exchange
   void start_exchange(bool with_stats);  // the contributions (and stats_) into the exchange
   void finish_exchange();  // OuterSyncFinish: waits for the sums
+  // A PeerTimeout naming the members `x` still waits on (world ranks) and `what`.
+  [[noreturn]] void fail_exchange(const comm::OverlappedAllreduce& x, const std::string& what) const;
   bool in_flight() const;  // an exchange is started and not finished
   void advance();          // moves the exchange in flight along; never waits
   // Tensor i's sums of the last exchange finished, and where this rank writes its

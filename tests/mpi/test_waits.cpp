@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/deadline_reduce.h"
 #include "mpi_util.h"
 
 using namespace ht;
@@ -148,6 +149,22 @@ TEST_CASE("waits: an allgather with a stopped rank raises PeerTimeout naming it 
   with_rank_stopped(1, [](Communicator& g) {
     const std::string m = peer_timeout_of([&] { (void)g.allgather("item", kShort, "the test's items"); });
     CHECK(contains(m, "rank " + std::to_string(world().rank()) + ": no word from rank 1 after 0.3 s waiting for the test's items"));
+  });
+}
+
+TEST_CASE("waits: the deadline reduction's end with a stopped member names a rank on every other rank") {
+  // Who leads when the wait gives up depends on timing (members that hear nothing move to
+  // the next leader); whoever it is, the message names the ranks it waited for.
+  with_rank_stopped(1, [](Communicator& g) {
+    DeadlineOptions o;
+    o.predicted_step_s = 0.005;
+    o.peer_timeout_s = kShort.count();
+    DeadlineReduce reduce(
+        g, o, std::vector<int64_t>(static_cast<size_t>(g.size()), 1), 0, [] { return ReplicaState{}; },
+        [](const ReplicaState&) {});
+    const std::string m = peer_timeout_of([&] { (void)reduce.finish(); });
+    CHECK(contains(m, "rank " + std::to_string(world().rank()) + ": no word from rank"));
+    CHECK(contains(m, "waiting for the deadline reduction's agreeing on the final step"));
   });
 }
 
