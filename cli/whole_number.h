@@ -21,9 +21,9 @@ CLI::Validator whole_number(T lo, T hi) {
         T v{};
         const char* end = text.data() + text.size();
         const auto [at, ec] = std::from_chars(text.data(), end, v, 10);
-        if (text.empty() || at != end || text[0] == '+') return "'" + text + "' is not " + range;
+        // from_chars takes no '+', spaces or base prefix: any of them stops it short.
+        if (text.empty() || at != end) return "'" + text + "' is not " + range;
         if (ec == std::errc::result_out_of_range || v < lo || v > hi) return text + " is out of range; expected " + range;
-        if (ec != std::errc()) return "'" + text + "' is not " + range;
         text = std::to_string(v);
         return {};
       },

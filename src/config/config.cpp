@@ -10,7 +10,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 
 #include "config/json_schema.h"
@@ -427,18 +426,13 @@ Config load_config(const std::string& path) {
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st))
     throw ConfigError(path + ": no such config file; expected a readable JSON file");
-  if (fs::is_directory(st))
-    throw ConfigError(path + ": is a directory; expected a JSON config file");
   // A config is a few hundred bytes; a huge file is a wrong path (a dataset, say).
   constexpr uintmax_t kMaxBytes = 1 << 20;
   if (fs::is_regular_file(st) && fs::file_size(path, ec) > kMaxBytes)
     throw ConfigError(path + ": " + std::to_string(fs::file_size(path, ec)) +
                       " bytes is too large for a config; expected at most 1 MiB");
-  std::ifstream in(path, std::ios::binary);
-  std::string text(std::istreambuf_iterator<char>(in), {});
-  if (!in.is_open() || in.bad())
-    throw ConfigError(path + ": cannot read the config file; expected a readable JSON file");
-  return parse_config(text, path);
+  // A directory, a pipe or a failed read, as every JSON file hetrain reads.
+  return parse_config(schema::read_document_file(path, "a JSON config file"), path);
 }
 
 std::string to_json(const Config& c) {

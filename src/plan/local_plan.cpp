@@ -714,12 +714,7 @@ SimResult simulate_local_round(const Plan& plan, const BlockCosts& costs, const 
   const CostModel outer =
       outer_sync_cost_model(plan, costs, cluster, inner_job_step(plan, group_costs(plan, costs, cluster)));
   const double exposed = outer.reduce_seconds(0, 0);
-  SimResult out;
-  out.busy_seconds.assign(world, 0);
-  out.comm_seconds.assign(world, 0);
-  out.idle_seconds.assign(world, 0);
-  out.utilisation.assign(world, 0);
-  out.peak_activation_bytes.assign(world, 0);
+  SimResult out = SimResult::zeroed(world);
   // Each group's inner steps before and after the outer step, their spans on the
   // group's own clock (shifted onto the round's below).
   struct Part {

@@ -1,8 +1,6 @@
 #include "plan/plan_json.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "config/json_schema.h"
 #include "core/error.h"

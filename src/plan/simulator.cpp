@@ -31,11 +31,7 @@ class Simulator {
   Simulator(const std::vector<Schedule>& all, const CostModel& costs)
       : all_(all), costs_(costs), n_(static_cast<int>(all.size())), clock_(n_, 0.0), held_(n_),
         recomputed_(n_), current_(n_, 0) {
-    res_.busy_seconds.assign(n_, 0.0);
-    res_.comm_seconds.assign(n_, 0.0);
-    res_.idle_seconds.assign(n_, 0.0);
-    res_.utilisation.assign(n_, 0.0);
-    res_.peak_activation_bytes.assign(n_, 0);
+    res_ = SimResult::zeroed(static_cast<size_t>(n_));
     for (int r = 0; r < n_; ++r)
       for (size_t i = 0; i < all_[r].size(); ++i) {
         const Instruction& in = all_[r][i];
@@ -234,6 +230,16 @@ class Simulator {
 };
 
 }  // namespace
+
+SimResult SimResult::zeroed(size_t ranks) {
+  SimResult r;
+  r.busy_seconds.assign(ranks, 0.0);
+  r.comm_seconds.assign(ranks, 0.0);
+  r.idle_seconds.assign(ranks, 0.0);
+  r.utilisation.assign(ranks, 0.0);
+  r.peak_activation_bytes.assign(ranks, 0);
+  return r;
+}
 
 void summarise_ranks(SimResult& result, const std::vector<char>& working) {
   int count = 0;

@@ -77,6 +77,9 @@ struct SimResult {
   // instructions one to one) plus an "idle" span, named after the instruction waited at,
   // for each wait longer than zero.
   std::vector<plan::Span> timeline;
+
+  // A result for `ranks` ranks, every per-rank total at zero.
+  static SimResult zeroed(size_t ranks);
 };
 
 // Throws ht::Error naming the ranks and instructions involved when a send meets a receive

@@ -1,7 +1,6 @@
 #include "probe/fingerprint.h"
 
 #include <cstdio>
-#include <fstream>
 #include <iterator>
 
 #include "config/json_schema.h"

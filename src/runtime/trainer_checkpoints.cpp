@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "autograd/graph.h"
@@ -40,24 +41,20 @@ const std::string& metadata_text(const Checkpoint& c, const std::string& key) {
   return it->second;
 }
 
-int64_t metadata_int(const Checkpoint& c, const std::string& key) {
+// A metadata integer as written: int64_t for counts and positions, uint64_t for a
+// dropout stream's offset (written from one, so a '-' is refused).
+template <typename T>
+T metadata_number(const Checkpoint& c, const std::string& key) {
   const std::string& text = metadata_text(c, key);
-  int64_t v = 0;
+  T v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   HT_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size(), "checkpoint ", c.path,
-           ": metadata '", key, "' is '", text, "'; expected an integer within 64 bits");
+           ": metadata '", key, "' is '", text, "'; expected ",
+           std::is_signed_v<T> ? "an integer" : "a non-negative integer", " within 64 bits");
   return v;
 }
 
-// A dropout stream's offset: written from a uint64_t, so read as one (a '-' is refused).
-uint64_t metadata_uint(const Checkpoint& c, const std::string& key) {
-  const std::string& text = metadata_text(c, key);
-  uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  HT_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size(), "checkpoint ", c.path,
-           ": metadata '", key, "' is '", text, "'; expected a non-negative integer within 64 bits");
-  return v;
-}
+int64_t metadata_int(const Checkpoint& c, const std::string& key) { return metadata_number<int64_t>(c, key); }
 
 }  // namespace
 
@@ -195,7 +192,7 @@ int64_t Run::restore(report::Progress& progress) {
   }
   for (size_t i = 0; i < model_.size(); ++i) {
     std::string key = "random_offset.block." + std::to_string(i);
-    model_.block(i).set_random_offset(meta.count(key) ? metadata_uint(*loaded, key) : 0);
+    model_.block(i).set_random_offset(meta.count(key) ? metadata_number<uint64_t>(*loaded, key) : 0);
   }
   int64_t step = get_int("step");
   HT_CHECK(step >= 0 && step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step, ", ",
