@@ -29,6 +29,9 @@ class Request::Impl {
   // True for receives: destroying an unfinished one cancels it (expire) instead of
   // waiting, which could be forever when no message comes.
   virtual bool is_receive() const { return false; }
+  // What the operation is, for a message about it ("a send to rank 3, tag 7, 40 bytes");
+  // empty where not known.
+  virtual std::string label() const { return {}; }
 };
 
 // A request that is complete from the start (buffered local sends).

@@ -35,9 +35,12 @@ void finish(std::unique_ptr<Request::Impl>& impl, Timeout limit) {
       return;
     }
     if (poll_until([&] { return impl->test(); }, deadline_from(limit, "Request")) == WaitStatus::done) return;
-    if (limit.count() > 0)  // else a wait on it timed out and said so
-      std::fprintf(stderr, "hetrain: a send still pending after %.3g s was abandoned when its request was dropped\n",
-                   limit.count());
+    if (limit.count() > 0) {  // else a wait on it timed out and said so
+      std::string what = impl->label();
+      if (what.empty()) what = "a send";
+      std::fprintf(stderr, "hetrain: %s still pending after %.3g s was abandoned when its request was dropped\n",
+                   what.c_str(), limit.count());
+    }
     (void)impl.release();
   } catch (...) {
   }
@@ -54,6 +57,8 @@ Request& Request::operator=(Request&& other) noexcept {
 }
 
 Request::~Request() { finish(impl_, drop_wait_); }
+
+std::string Request::label() const { return impl_ ? impl_->label() : std::string{}; }
 
 bool Request::test() {
   if (!impl_) return true;
@@ -273,6 +278,7 @@ class OwningSend final : public Request::Impl {
   OwningSend(std::unique_ptr<std::vector<char>> buffer, Request inner)
       : buffer_(std::move(buffer)), inner_(std::move(inner)) {}
   bool test() override { return inner_.test(); }
+  std::string label() const override { return inner_.label(); }
 
  private:
   std::unique_ptr<std::vector<char>> buffer_;  // declared first: destroyed after inner_

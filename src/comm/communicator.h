@@ -86,6 +86,8 @@ class Request {
   // wait's backoff sleeps would lengthen (they end late by up to a scheduler tick). It
   // spends the CPU while it waits, so keep such waits short.
   WaitStatus spin(Timeout timeout);
+  // What the operation is, for a message about it; empty where not known.
+  std::string label() const;
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -27,9 +27,19 @@ std::string mpi_error_string(int rc) {
 
 namespace {
 
+// What a send's description holds; put into words only when asked (once, for a message),
+// since sends are many. The destination is its world rank, as every message names it.
+struct SendLabel {
+  int world_dst;
+  int tag;
+  size_t bytes;
+  std::string words() const { return concat("a send to rank ", world_dst, " (tag ", tag, ", ", bytes, " bytes)"); }
+};
+
 class MpiSend final : public Request::Impl {
  public:
-  MpiSend(MPI_Request req, int dst, int tag) : req_(req), dst_(dst), tag_(tag) {}
+  MpiSend(MPI_Request req, int dst, int tag, SendLabel label) : req_(req), dst_(dst), tag_(tag), label_(label) {}
+  std::string label() const override { return label_.words(); }
   bool test() override {
     if (req_ == MPI_REQUEST_NULL) return true;
     int flag = 0;
@@ -41,6 +51,7 @@ class MpiSend final : public Request::Impl {
  private:
   MPI_Request req_;
   int dst_, tag_;
+  SendLabel label_;
 };
 
 // The delivery thread's hand-over: set once the delayed MPI_Isend has been posted.
@@ -53,8 +64,9 @@ struct PostedSend {
 
 class EmulatedSend final : public Request::Impl {
  public:
-  EmulatedSend(std::shared_ptr<PostedSend> slot, int dst, int tag)
-      : slot_(std::move(slot)), dst_(dst), tag_(tag) {}
+  EmulatedSend(std::shared_ptr<PostedSend> slot, int dst, int tag, SendLabel label)
+      : slot_(std::move(slot)), dst_(dst), tag_(tag), label_(label) {}
+  std::string label() const override { return label_.words(); }
   bool test() override {
     std::lock_guard lock(slot_->mutex);
     if (!slot_->posted) return false;  // still held back by the link emulation
@@ -70,6 +82,7 @@ class EmulatedSend final : public Request::Impl {
  private:
   std::shared_ptr<PostedSend> slot_;
   int dst_, tag_;
+  SendLabel label_;
 };
 
 }  // namespace
@@ -344,14 +357,15 @@ Request MpiCommunicator::isend_bytes(const void* data, size_t bytes, int dst, in
       if (!delivery_) delivery_ = std::make_unique<Delivery>(comm_);
       auto slot = delivery_->enqueue(due_locked(bytes, dst), data, bytes, dst,
                                      world_rank_[static_cast<size_t>(dst)], tag);
-      return Request(std::make_unique<EmulatedSend>(std::move(slot), dst, tag));
+      return Request(std::make_unique<EmulatedSend>(std::move(slot), dst, tag,
+                                                    SendLabel{world_rank_[static_cast<size_t>(dst)], tag, bytes}));
     }
   }
   MPI_Request req = MPI_REQUEST_NULL;
   check_mpi(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, dst, tag, comm_, &req),
             "isend_bytes to rank ", dst, " tag ", tag, " (", bytes, " bytes): MPI_Isend");
   ring_doorbell(world_rank_[static_cast<size_t>(dst)]);
-  return Request(std::make_unique<MpiSend>(req, dst, tag));
+  return Request(std::make_unique<MpiSend>(req, dst, tag, SendLabel{world_rank_[static_cast<size_t>(dst)], tag, bytes}));
 }
 
 Clock::time_point MpiCommunicator::due_locked(size_t bytes, int dst) {

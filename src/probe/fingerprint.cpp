@@ -68,6 +68,14 @@ double positive(const Json& obj, const std::string& path, const char* key) {
   return read_double(require(obj, path, key, "a positive number"), key_path(path, key), Range::figure_above_0());
 }
 
+// A device's or host's memory: a size of 0 would be planned as a device that holds nothing.
+uint64_t memory_size(const Json& obj, const std::string& path) {
+  const std::string at = key_path(path, "memory_total_bytes");
+  const uint64_t bytes = read_uint(require(obj, path, "memory_total_bytes", "bytes"), at);
+  if (bytes == 0) fail_at(at, "0 is not a memory size; expected the bytes of memory, > 0");
+  return bytes;
+}
+
 RankFingerprint parse_rank(const Json& j, const std::string& path) {
   expect_object(j, path, "an object describing one rank");
   RankFingerprint r;
@@ -83,7 +91,7 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
                                                     key_path(hp, "physical_cores"), 0));
   r.host.hardware_threads = static_cast<int>(read_int(require(h, hp, "hardware_threads", "an integer"),
                                                       key_path(hp, "hardware_threads"), 0));
-  r.host.memory_total = read_uint(require(h, hp, "memory_total_bytes", "bytes"), key_path(hp, "memory_total_bytes"));
+  r.host.memory_total = memory_size(h, hp);
   r.host.memory_available = read_uint(require(h, hp, "memory_available_bytes", "bytes"),
                                       key_path(hp, "memory_available_bytes"));
   const std::string gp = key_path(hp, "gpus");
@@ -100,7 +108,7 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     if (std::sscanf(cc.c_str(), "%d.%d", &g.compute_major, &g.compute_minor) != 2)
       fail_at(key_path(p, "compute_capability"), show(Json(cc)) + " is not a version; expected \"major.minor\"");
     g.sm_count = static_cast<int>(read_int(require(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1));
-    g.memory_total = read_uint(require(gpus[i], p, "memory_total_bytes", "bytes"), key_path(p, "memory_total_bytes"));
+    g.memory_total = memory_size(gpus[i], p);
     g.memory_free = read_uint(require(gpus[i], p, "memory_free_bytes", "bytes"), key_path(p, "memory_free_bytes"));
     g.host_to_device_gb_s = read_double(require(gpus[i], p, "host_to_device_gb_s", "GB/s"),
                                         key_path(p, "host_to_device_gb_s"), Range::figure_at_least_0());

@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -107,9 +108,15 @@ Executor::~Executor() {
     for (comm::Request& r : updated_) (void)new comm::Request(std::move(r));
     return;
   }
+  // One deadline for all of them: waiting peer_timeout_ on each in turn could hold an
+  // ending rank for that many timeouts.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(peer_timeout_);
+  const auto left = [&] {
+    return std::max(comm::Timeout(0), std::chrono::duration_cast<comm::Timeout>(until - std::chrono::steady_clock::now()));
+  };
   try {
-    if (draining_) (void)draining_->drain(peer_timeout_);
-    for (comm::Request& r : updated_) (void)r.wait(peer_timeout_);
+    if (draining_) (void)draining_->drain(left());
+    for (comm::Request& r : updated_) (void)r.wait(left());
   } catch (...) {
   }
 }
@@ -149,7 +156,7 @@ void Executor::reshare() {
   HT_CHECK(now.replica == replica_ && now.stage == stage_ && now.block_begin == rank_plan_.block_begin &&
                now.block_end == rank_plan_.block_end && now.recompute == recompute_ &&
                now.optimizer_shard == rank_plan_.optimizer_shard,
-           "executor: rank ", world_.rank(), " was asked to change its replica, stage, blocks, "
+           "executor: rank ", me(), " was asked to change its replica, stage, blocks, "
            "recomputation or optimizer shard between steps; only the shares may change");
   take_shares();
   // Under local a group's inner steps change the group's batch (plan::size_group_step).
@@ -176,7 +183,7 @@ void Executor::load(int mb, int64_t first) {
 // its Recompute calls this again with the dropout streams rewound.
 void Executor::forward(int mb, bool keep_graph) {
   MicroBatch& m = live_.at(mb);
-  HT_CHECK(m.stage_input.defined(), "executor: rank ", world_.rank(), " runs Forward of micro-batch ",
+  HT_CHECK(m.stage_input.defined(), "executor: rank ", me(), " runs Forward of micro-batch ",
            mb, " before its input was loaded or received");
   const auto begin = static_cast<size_t>(rank_plan_.block_begin);
   const auto end = static_cast<size_t>(rank_plan_.block_end);
@@ -214,9 +221,9 @@ void Executor::forward(int mb, bool keep_graph) {
 // gradients are final once its backward is done: they join the stage's all-reduce then.
 void Executor::backward(int mb) {
   MicroBatch& m = live_.at(mb);
-  HT_CHECK(!m.segments.empty(), "executor: rank ", world_.rank(), " runs Backward of micro-batch ", mb,
+  HT_CHECK(!m.segments.empty(), "executor: rank ", me(), " runs Backward of micro-batch ", mb,
            " without its Forward");
-  HT_CHECK(last_ || m.grad_output.defined(), "executor: rank ", world_.rank(),
+  HT_CHECK(last_ || m.grad_output.defined(), "executor: rank ", me(),
            " runs Backward of micro-batch ", mb, " before its gradient arrived");
   const bool overlap = reduce_ && mb == overlap_mb_;  // after its ReduceStart
   Tensor grad = m.grad_output;
@@ -229,7 +236,7 @@ void Executor::backward(int mb) {
       corrupt_gradient(block_params_[i], block_params_[i + 1]);
     if (i > 0) {
       grad = in.grad();
-      HT_CHECK(grad.defined(), "executor: rank ", world_.rank(), " block ", rank_plan_.block_begin + static_cast<int>(i),
+      HT_CHECK(grad.defined(), "executor: rank ", me(), " block ", rank_plan_.block_begin + static_cast<int>(i),
                " got no gradient for its input of micro-batch ", mb);
     }
     if (overlap) {
@@ -241,7 +248,7 @@ void Executor::backward(int mb) {
   m.segments.clear();
   if (!first_) {
     m.grad_input = m.stage_input.grad();
-    HT_CHECK(m.grad_input.defined(), "executor: rank ", world_.rank(), " stage ", stage_,
+    HT_CHECK(m.grad_input.defined(), "executor: rank ", me(), " stage ", stage_,
              " got no gradient for its input of micro-batch ", mb);
   }
   m.output = m.grad_output = Tensor();
@@ -283,7 +290,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     auto what = [&] { return std::string(plan::op_name(in.op)) + " of micro-batch " + std::to_string(in.micro_batch); };
     auto wait = [&](comm::WaitStatus s) {
       if (s != comm::WaitStatus::done)
-        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world_.rank(), {in.peer}, what(), peer_timeout_));
+        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(me(), {world_.world_rank(in.peer)}, what(), peer_timeout_));
     };
     switch (in.op) {
       case plan::Op::load_micro_batch: load(in.micro_batch, first); break;
@@ -339,7 +346,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         break;
       case plan::Op::outer_sync_finish:
       case plan::Op::outer_sync_start:
-        fail("executor: rank ", world_.rank(), " met ", plan::op_name(in.op),
+        fail("executor: rank ", me(), " met ", plan::op_name(in.op),
              " in a step's list; the outer synchronisation runs between steps (runtime/local_sync.h)");
       case plan::Op::reduce_start:  // the Backward of this micro-batch feeds ReduceGrads
         comm = true;
@@ -372,7 +379,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
                          in.micro_batch, in.stage});
     }
   }
-  HT_CHECK(live_.empty(), "executor: rank ", world_.rank(), " ended a step with ", live_.size(),
+  HT_CHECK(live_.empty(), "executor: rank ", me(), " ended a step with ", live_.size(),
            " micro-batches not backwarded (an inconsistent schedule)");
   // Gradients are not kept between steps: evaluation and checkpoints get the memory.
   for (const auto& [name, p] : params_) p.zero_grad();

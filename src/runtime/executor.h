@@ -176,6 +176,9 @@ class Executor {
   Shape boundary_shape(int mb, bool input) const;
   void take_shares();  // this rank's plan, schedule and sample offsets from plan_
   void use_layout(bool trial);  // this step's layout_, schedule and sample offsets
+  // This rank in the job's world, for messages: under parallel.sync local world_ is the
+  // group's communicator, whose ranks are not the ones a user sees.
+  int me() const { return world_.world_rank(world_.rank()); }
 
   const plan::Plan& plan_;
   nn::Sequential& model_;

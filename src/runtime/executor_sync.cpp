@@ -56,9 +56,8 @@ void Executor::share_weights() {
 
 void Executor::weights_loaded() {
   if (!shared_weights_) return;
-  if (stage_group_->barrier(peer_timeout_) != comm::WaitStatus::done)
-    fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        world_.rank(), {}, "stage " + std::to_string(stage_) + "'s replicas to share the hub's weights", peer_timeout_));
+  // An allgather, not a barrier: on a timeout it names the replicas not heard from.
+  (void)stage_group_->allgather({}, peer_timeout_, "stage " + std::to_string(stage_) + "'s replicas to share the hub's weights");
 }
 
 // The last step's sums may still be on their way to slower replicas, or word of the
@@ -74,7 +73,7 @@ void Executor::corrupt_gradient(size_t begin, size_t end) {
     const Tensor& p = params_[i].second;
     Tensor g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
-    HT_CHECK(g.backend().kind() == DeviceKind::cpu, "fault injection: rank ", world_.rank(),
+    HT_CHECK(g.backend().kind() == DeviceKind::cpu, "fault injection: rank ", me(),
              "'s gradients are not in host memory; expected a CPU rank for this testing aid");
     if (!g.is_contiguous()) {
       g = clone(g);
@@ -157,7 +156,7 @@ void Executor::settle_guard() {
   if (!shards_.empty() && members > 1)  // the sharded all-reduce leaves only this rank's parts summed
     if (stage_group_->allreduce_sum(counts_, peer_timeout_) != comm::WaitStatus::done)
       fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-          world_.rank(), {}, "stage " + std::to_string(stage_) + "'s guard counts", peer_timeout_));
+          me(), {}, "stage " + std::to_string(stage_) + "'s guard counts", peer_timeout_));
   std::vector<Verdict> verdicts(static_cast<size_t>(members), Verdict::kept);
   for (size_t g = 0; g < counts_.size(); ++g) {
     const float* c = counts_[g].data();
@@ -215,7 +214,7 @@ void Executor::reduce_grads() {
   if (shards_.empty()) draining_ = std::move(reduce_);  // its sums go out while the next step runs
   if (s != comm::WaitStatus::done)
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        world_.rank(), missing, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
+        me(), missing, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
 }
 
 void Executor::optimizer_step(float lr) {
@@ -242,7 +241,7 @@ void Executor::optimizer_step(float lr) {
     auto sum_over = [this](comm::Communicator& group, double local) {
       std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1}, cpu_backend())};
       if (group.allreduce_sum(t, peer_timeout_) != comm::WaitStatus::done)
-        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world_.rank(), {}, "the gradient norm's sum", peer_timeout_));
+        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(me(), {}, "the gradient norm's sum", peer_timeout_));
       return static_cast<double>(t[0].item());
     };
     std::function<double(double)> global;
@@ -284,7 +283,7 @@ std::vector<comm::StepRecord> Executor::finish_deadline() {
 // The guard judges this rank's contribution first (one left out goes as zeros with no
 // samples); the sum that comes back is already the mean over the samples that arrived.
 void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::time_point start) {
-  HT_CHECK(deadline_, "executor: rank ", world_.rank(), " runs ReduceGradsDeadline on stage ", stage_,
+  HT_CHECK(deadline_, "executor: rank ", me(), " runs ReduceGradsDeadline on stage ", stage_,
            " without a deadline reduction; the trainer enables it (use_deadline) for a deadline plan");
   std::vector<Tensor> grads = final_grads(0, params_.size());
   judge(grads, 0, params_.size());
@@ -311,7 +310,7 @@ void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::t
 // of the replica's other ranks. The word also carries each stage's loss of the step: a
 // pipeline's loss is its last stage's, and rank 0, a first stage, records it.
 void Executor::align_replica(StepResult& r) {
-  HT_CHECK(deadline_ && r.deadline && replica_group_, "executor: rank ", world_.rank(),
+  HT_CHECK(deadline_ && r.deadline && replica_group_, "executor: rank ", me(),
            " runs AlignReplica without a deadline reduction on stage ", stage_,
            " (a hybrid plan under parallel.sync deadline has one on every rank)");
   DeadlineStep& d = *r.deadline;
@@ -338,7 +337,7 @@ void Executor::align_replica(StepResult& r) {
       const long over = std::strtol(end, &end, 10);
       const double loss = std::strtod(end, &end);
       const int64_t fresh = std::strtoll(end, &end, 10);
-      HT_CHECK(end && *end == '\0' && end != p, "executor: AlignReplica on rank ", world_.rank(), ": stage ", i,
+      HT_CHECK(end && *end == '\0' && end != p, "executor: AlignReplica on rank ", me(), ": stage ", i,
                " of replica ", replica_, " sent '", items[i], "'; expected its step, ended, loss and samples");
       equal = equal && (target < 0 || step == target);
       target = std::max(target, step);
@@ -356,7 +355,7 @@ void Executor::align_replica(StepResult& r) {
     }
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began) > peer_timeout_)
       fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-          world_.rank(), {}, "replica " + std::to_string(replica_) + "'s stages to agree on one step (AlignReplica)",
+          me(), {}, "replica " + std::to_string(replica_) + "'s stages to agree on one step (AlignReplica)",
           peer_timeout_));
     if (deadline_->step() < target) {
       DeadlineStep a = deadline_->align_to(target);
@@ -369,7 +368,7 @@ void Executor::align_replica(StepResult& r) {
 }
 
 std::vector<std::string> Executor::replica_allgather(const std::string& mine, std::string_view what) const {
-  HT_CHECK(replica_group_, "executor: rank ", world_.rank(), " is in no replica; it has no replica group");
+  HT_CHECK(replica_group_, "executor: rank ", me(), " is in no replica; it has no replica group");
   return replica_group_->allgather(mine, peer_timeout_, what);
 }
 
@@ -412,7 +411,7 @@ void Executor::settle_deadline_guard(const DeadlineStep& d) {
 // place, and tells the replicas that compute with them so.
 void Executor::pass_weights_word(bool from_hub) {
   const int hub = plan_.layout.reduce_owner;
-  HT_CHECK(shared_weights_ && reduce_ && (replica_ == hub) == from_hub, "executor: rank ", world_.rank(), " runs ",
+  HT_CHECK(shared_weights_ && reduce_ && (replica_ == hub) == from_hub, "executor: rank ", me(), " runs ",
            from_hub ? "ShareWeights" : "AwaitWeights", " but is ", replica_ == hub ? "" : "not ", "the hub of stage ",
            stage_, (shared_weights_ ? "" : ", whose weights are not shared"), " (an inconsistent schedule)");
   reduce_->end_without_gather();
@@ -428,13 +427,13 @@ void Executor::pass_weights_word(bool from_hub) {
   comm::Request r = stage_group_->irecv_bytes(&word, 1, hub, kTagWeightsUpdated);
   if (r.wait(peer_timeout_) != comm::WaitStatus::done)
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        world_.rank(), {stage_group_->world_rank(hub)},
+        me(), {stage_group_->world_rank(hub)},
         "word of stage " + std::to_string(stage_) + "'s updated weights from its hub", peer_timeout_));
 }
 
 // Round 2 of a sharded stage's all-reduce, carrying the updated weights of each part.
 void Executor::gather_weights() {
-  HT_CHECK(!shared_weights_ && reduce_ && !shards_.empty(), "executor: rank ", world_.rank(),
+  HT_CHECK(!shared_weights_ && reduce_ && !shards_.empty(), "executor: rank ", me(),
            " runs GatherWeights on stage ", stage_, ", which ",
            shared_weights_ ? "shares its hub's weights" : "is not sharded", " (an inconsistent schedule)");
   std::vector<Tensor> weights;
@@ -444,7 +443,7 @@ void Executor::gather_weights() {
     std::vector<int> missing = reduce_->waiting_on();
     for (int& m : missing) m = stage_group_->world_rank(m);
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        world_.rank(), missing, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
+        me(), missing, "stage " + std::to_string(stage_) + "'s updated weights (GatherWeights)", peer_timeout_));
   }
   draining_ = std::move(reduce_);  // this rank's part goes out while the next step runs
 }

@@ -239,3 +239,20 @@ TEST_CASE("waits: in a sub-communicator the message names world ranks") {
   }
   REQUIRE(w.barrier(kLong) == WaitStatus::done);
 }
+
+TEST_CASE("waits: a send's label names its destination by world rank, tag and size") {
+  // A group in reverse order, so that a group rank is not the world rank it names.
+  static std::vector<char> big(8 << 20, 'z');
+  Communicator& w = world();
+  std::unique_ptr<Communicator> g = w.split(0, w.size() - w.rank(), kLong, "the case's reversed group");
+  REQUIRE(g->world_rank(1) == w.size() - 2);
+  if (g->rank() == 0) {
+    Request send = g->isend_bytes(big.data(), big.size(), 1, 9);
+    CHECK(send.label() == "a send to rank " + std::to_string(w.size() - 2) + " (tag 9, 8388608 bytes)");
+    CHECK(send.wait(kLong) == WaitStatus::done);
+  } else if (g->rank() == 1) {
+    std::vector<char> in(big.size());
+    CHECK(g->recv_bytes(in.data(), in.size(), 0, 9, kLong) == WaitStatus::done);
+  }
+  REQUIRE(g->barrier(kLong) == WaitStatus::done);
+}

@@ -195,6 +195,14 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
             "ranks[0].cpu_quota.period_s: 0") != std::string::npos);
   old["ranks"][0]["blocks"][0]["optimizer_step_s"] = -1;
   CHECK(error_for(old.dump()).find("ranks[0].blocks[0].optimizer_step_s: -1") != std::string::npos);
+  nlohmann::json no_memory = nlohmann::json::parse(good);
+  no_memory["ranks"][0]["host"]["memory_total_bytes"] = 0;
+  CHECK(error_for(no_memory.dump()).find("ranks[0].host.memory_total_bytes: 0 is not a memory size") !=
+        std::string::npos);
+  no_memory = nlohmann::json::parse(good);
+  no_memory["ranks"][1]["host"]["gpus"][0]["memory_total_bytes"] = 0;
+  CHECK(error_for(no_memory.dump()).find("ranks[1].host.gpus[0].memory_total_bytes: 0 is not a memory size") !=
+        std::string::npos);
   std::string no_file = error_for("{}");
   CHECK(no_file.find("format") != std::string::npos);
 }
