@@ -330,6 +330,7 @@ void Executor::align_replica(StepResult& r) {
     bool equal = true, ended = false;
     double last_loss = 0;
     int64_t last_fresh = 0;
+    std::vector<int64_t> steps(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
       const char* p = items[i].c_str();
       char* end = nullptr;
@@ -339,6 +340,7 @@ void Executor::align_replica(StepResult& r) {
       const int64_t fresh = std::strtoll(end, &end, 10);
       HT_CHECK(end && *end == '\0' && end != p, "executor: AlignReplica on rank ", me(), ": stage ", i,
                " of replica ", replica_, " sent '", items[i], "'; expected its step, ended, loss and samples");
+      steps[i] = step;
       equal = equal && (target < 0 || step == target);
       target = std::max(target, step);
       ended = ended || over != 0;
@@ -353,10 +355,17 @@ void Executor::align_replica(StepResult& r) {
       d.record.fresh_samples = round == 0 ? last_fresh : 0;
       return;
     }
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began) > peer_timeout_)
-      fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-          me(), {}, "replica " + std::to_string(replica_) + "'s stages to agree on one step (AlignReplica)",
-          peer_timeout_));
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began) > peer_timeout_) {
+      // Every stage answered, so none is silent: those still short of the target hold the rest.
+      std::string behind;
+      for (size_t i = 0; i < steps.size(); ++i)
+        if (steps[i] < target)
+          behind += (behind.empty() ? "" : ", ") + std::to_string(replica_group_->world_rank(static_cast<int>(i))) +
+                    " (at step " + std::to_string(steps[i]) + ")";
+      fail_as<comm::PeerTimeout>("rank ", me(), ": replica ", replica_, "'s stages did not reach one step within ",
+                                 peer_timeout_.count(), " s (AlignReplica): step ", target, " is ahead of rank",
+                                 behind.find(',') != std::string::npos ? "s " : " ", behind);
+    }
     if (deadline_->step() < target) {
       DeadlineStep a = deadline_->align_to(target);
       forget_loss(a.missed);
