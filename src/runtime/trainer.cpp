@@ -137,17 +137,22 @@ TrainSummary Run::run() {
     rebalancer_.record(r);
     add_to_window(loop, r);
     const int64_t done = loop.step + 1;
+    // The records and the progress line are of the step applied: past a catch-up, not the
+    // one this rank ran.
+    const float done_lr = loop.step == asked ? lr : schedule_.at(loop.step);
     if (!multi()) loop.last_loss = check_loss(r.loss_sum, 1, done);
     const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
     bool stop_all = finish_due_logs(loop, done, stop_after);
     apply_rebalance(loop);
     // No step follows to wait through: the exchange ends here.
     const bool final_step = done == total_steps_ || stop_after || stop_all;
-    stop_all = log_step(loop, asked, done, lr, final_step) || stop_all;
+    stop_all = log_step(loop, asked, done, done_lr, final_step) || stop_all;
     if (!stop_all && !stop_after) rebalancer_.start_check(done, total_steps_);
-    show_progress(loop, done, lr);
+    show_progress(loop, done, done_lr);
     const bool last = done == total_steps_;
-    if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 && !last) evaluate_at(loop, done);
+    // As the checkpoint below: a catch-up past an evaluation step evaluates at the step applied.
+    if (cfg_.train.eval_every > 0 && done / cfg_.train.eval_every > asked / cfg_.train.eval_every && !last)
+      evaluate_at(loop, done);
     // One process stops at once; many agree on the step after a log step (every rank saw
     // the flag in rank 0's answer).
     // Under deadline no exchange carries the flag: each rank stops at its own step.

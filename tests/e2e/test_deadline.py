@@ -44,12 +44,22 @@ STALLED = 0
 def config(path, sync, strategy="data", steps=STEPS):
     cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
     cfg["train"].pop("epochs")
-    cfg["train"].update(steps=steps, eval_every=0, log_every=50)
+    cfg["train"].update(steps=steps, eval_every=50, eval_max_samples=200, log_every=50)
     cfg["checkpoint"] = {"every": 100, "keep": 10}
     cfg["parallel"] = {"strategy": strategy, "sync": sync}
     with open(path, "w") as f:
         json.dump(cfg, f)
     return path
+
+
+def lr_at(step):
+    """The config's schedule (AdamW 1e-3, cosine, 100 warmup steps over STEPS, min_lr 0) at
+    0-based step `step`, as optim/lr_schedule.cpp computes it."""
+    base, warmup = 1e-3, 100
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, STEPS - warmup - 1))
+    return 0.5 * base * (1 + math.cos(math.pi * progress))
 
 
 def rank_pids(mpirun_pid):
@@ -146,6 +156,12 @@ def main():
     check("a step closed short left out some share",
           all(r["samples_dropped"] > 0 for r in steps if r["closed_short"]))
     check("the summary names the policy", summary.get("sync_policy") == "deadline", summary.get("sync_policy"))
+    # A log step that a catch-up took rank 0 past is recorded at the step applied, with
+    # that step's learning rate (it once had the lr of the step rank 0 had run).
+    trains = [r for r in records if r["type"] == "train"]
+    wrong = [(r["step"], r["lr"], lr_at(r["step"] - 1)) for r in trains
+             if not math.isclose(r["lr"], lr_at(r["step"] - 1), rel_tol=1e-5)]
+    check("every train record's lr is the schedule's at its step", trains and not wrong, wrong[:5])
     print(f"steps closed short {d.get('steps_closed_short')}, led by a backup {d.get('steps_led_by_a_backup')}, "
           f"catch-ups on rank 0 {d.get('catch_ups')}, samples dropped {d.get('samples_dropped')}")
 
@@ -165,6 +181,12 @@ def main():
         c % 100 == 0 or any(p < a < c for a in absent) for p, c in zip([0] + ckpt_steps, ckpt_steps))
     check("a checkpoint every 100 steps, or right after a catch-up past one, the last at the end", covered,
           ckpt_steps)
+    # Evaluations follow the same rule, every 50 steps (the last step's is the final one).
+    eval_steps = [r["step"] for r in records if r["type"] == "eval"]
+    evaluated = all(m in eval_steps or (m in absent and any(m < e <= back_after(m) for e in eval_steps))
+                    for m in range(50, STEPS, 50)) and all(
+        e % 50 == 0 or any(p < a < e for a in absent) for p, e in zip([0] + eval_steps, eval_steps))
+    check("an evaluation every 50 steps, or right after a catch-up past one", evaluated, eval_steps)
     if checkpoints:
         e = run([HETRAIN, "eval", cfg, "--checkpoint", checkpoints[-1]], timeout=120)
         check("the last checkpoint is valid (hetrain eval reads it)", e.returncode == 0, (e.stdout + e.stderr)[-2000:])
