@@ -37,21 +37,27 @@ Progress::Mode Progress::detect(bool quiet, bool terminal) {
   return terminal ? Mode::bar : Mode::lines;
 }
 
-Progress::Progress(Mode mode, int64_t total_steps, int64_t log_every, std::FILE* out)
-    : mode_(mode), total_(total_steps), log_every_(log_every > 0 ? log_every : 1), out_(out) {}
+Progress::Progress(Mode mode, int64_t total_steps, std::FILE* out)
+    : mode_(mode), total_(total_steps), out_(out) {}
 
-void Progress::step(int64_t done, float loss, float lr, double samples_per_s, double eta_s) {
-  if (mode_ == Mode::quiet) return;
-  char loss_text[32] = "-";  // NaN: not known yet (many ranks learn it at log steps)
-  if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", static_cast<double>(loss));
-  if (mode_ == Mode::lines) {
-    if (done % log_every_ == 0 || done == total_)
-      std::fprintf(out_, "step %lld/%lld  loss %s  lr %.2e  %.0f samples/s  eta %s\n",
-                   static_cast<long long>(done), static_cast<long long>(total_), loss_text, lr,
-                   samples_per_s, format_duration(eta_s).c_str());
-    std::fflush(out_);
-    return;
-  }
+namespace {
+std::string loss_text(float loss) {
+  char text[32] = "-";  // NaN: not known yet (many ranks learn it at log steps)
+  if (!std::isnan(loss)) std::snprintf(text, sizeof text, "%.4f", static_cast<double>(loss));
+  return text;
+}
+}  // namespace
+
+void Progress::logged(int64_t done, float loss, float lr, double samples_per_s, double eta_s) {
+  if (mode_ != Mode::lines) return;
+  std::fprintf(out_, "step %lld/%lld  loss %s  lr %.2e  %.0f samples/s  eta %s\n", static_cast<long long>(done),
+               static_cast<long long>(total_), loss_text(loss).c_str(), lr, samples_per_s,
+               format_duration(eta_s).c_str());
+  std::fflush(out_);
+}
+
+void Progress::step(int64_t done, float loss, float /*lr*/, double samples_per_s, double eta_s) {
+  if (mode_ != Mode::bar) return;
   // Redraw at most ten times a second: fast steps would otherwise flood the terminal.
   auto now = std::chrono::steady_clock::now();
   if (done != total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
@@ -62,7 +68,7 @@ void Progress::step(int64_t done, float loss, float lr, double samples_per_s, do
   for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
   bar[kWidth] = '\0';
   std::fprintf(out_, "\r[%s] %lld/%lld  loss %s  %.0f samples/s  ETA %s\033[K", bar,
-               static_cast<long long>(done), static_cast<long long>(total_), loss_text,
+               static_cast<long long>(done), static_cast<long long>(total_), loss_text(loss).c_str(),
                samples_per_s, format_duration(eta_s).c_str());
   std::fflush(out_);
   bar_drawn_ = true;

@@ -23,10 +23,15 @@ class Progress {
   static Mode detect(bool quiet, bool terminal);
 
   // Writes to `out` (stdout unless a test gives another stream).
-  Progress(Mode mode, int64_t total_steps, int64_t log_every, std::FILE* out = stdout);
+  Progress(Mode mode, int64_t total_steps, std::FILE* out = stdout);
 
-  // After each optimiser step (1-based count of steps done); a NaN loss shows as "-".
+  // After each optimiser step (1-based count of steps done): redraws the bar with the
+  // latest loss known (a NaN loss shows as "-"). Lines are written by `logged`.
   void step(int64_t done, float loss, float lr, double samples_per_s, double eta_s);
+  // A log step's line, once its loss is known: under MPI that is a step or a round after
+  // the step itself, and a line written at the step would show an older step's loss.
+  // `samples_per_s` and `eta_s` are as of the step. Only in lines mode.
+  void logged(int64_t done, float loss, float lr, double samples_per_s, double eta_s);
   // A line that must not be overwritten by the bar (evaluations, checkpoints).
   void note(const std::string& line);
   void finish();
@@ -35,7 +40,7 @@ class Progress {
   void clear_bar();
 
   Mode mode_;
-  int64_t total_, log_every_;
+  int64_t total_;
   std::FILE* out_;
   bool bar_drawn_ = false;
   std::chrono::steady_clock::time_point last_draw_{};

@@ -114,8 +114,7 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
 }
 
 TrainSummary Run::run() {
-  report::Progress progress(report::Progress::detect(opts_.quiet || !root_, opts_.terminal), total_steps_,
-                            cfg_.train.log_every);
+  report::Progress progress(report::Progress::detect(opts_.quiet || !root_, opts_.terminal), total_steps_);
   progress_ = &progress;
   const int64_t start = opts_.resume ? restore(progress) : 0;
   if (opts_.resume) executor_->weights_loaded();

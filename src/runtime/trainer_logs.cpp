@@ -48,6 +48,7 @@ bool Run::finish_due_logs(Loop& loop, int64_t done, bool stop_after) {
 bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final_step) {
   if (executor_->deadline() && (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_)) {
     loop.last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
+    log_line(loop, done, lr, seconds_since(loop.t0));
     if (loop.metrics) {
       json r{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", loop.last_loss},
              {"sync_policy", "deadline"}, {"wall_s", seconds_since(loop.t0)}};
@@ -71,6 +72,15 @@ bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final
   loop.window_steps = 0;
   if (!multi() || final_step) return finish_logs(loop, done, done, done);
   return false;
+}
+
+// The progress line of log step `done` (its loss now in loop.last_loss), with the rate
+// and remaining time as they stood at the step, `elapsed_s` into the run.
+void Run::log_line(const Loop& loop, int64_t done, float lr, double elapsed_s) const {
+  const auto steps = static_cast<double>(done - loop.start);
+  const double rate = steps * static_cast<double>(cfg_.train.batch_size) / elapsed_s;
+  const double eta = static_cast<double>(total_steps_ - done) * elapsed_s / steps;
+  loop.progress.logged(done, static_cast<float>(loop.last_loss), lr, rate, eta);
 }
 
 // `outer_steps`: those taken by the record's step; `loss_scale`: rank 0's at that step
@@ -130,6 +140,7 @@ bool Run::finish_log(Loop& loop, PendingLog& p) {
   for (const Window& w : ranks)
     for (const auto& [step, e] : w.guard) report_guard(step, e, loop.metrics);
   loop.last_loss = check_loss(loss_sum, p.steps, p.done);
+  log_line(loop, p.done, p.lr, p.elapsed_s);
   if (loop.metrics)
     loop.metrics->write(with_sync_policy(
         train_record(p.done, p.lr, loop.last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s), p.outer_steps,

@@ -89,6 +89,7 @@ class Run {
   void add_to_window(Loop& loop, const StepResult& r);
   void apply_rebalance(Loop& loop);
   void show_progress(const Loop& loop, int64_t done, float lr);
+  void log_line(const Loop& loop, int64_t done, float lr, double elapsed_s) const;
   void evaluate_at(Loop& loop, int64_t done);
   TrainSummary stopped(Loop& loop, int64_t done, bool interrupted);
   TrainSummary finish(Loop& loop);

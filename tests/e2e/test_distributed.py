@@ -165,6 +165,13 @@ def main():
     check("2 ranks: metrics give each rank's compute, communication and idle time",
           train and all(len(x["ranks"]) == 2 and all({"compute_s", "comm_s", "idle_s"} <= set(y) for y in x["ranks"])
                         for x in train), str(train[:1]))
+    # Each progress line is written once its step's loss is in (it used to show the log
+    # step before's): its loss is the record's.
+    lines = {int(m.group(1)): m.group(2) for m in re.finditer(r"^step (\d+)/\d+  loss (\S+)", r.stdout, re.M)}
+    check("2 ranks: every progress line shows its own step's loss",
+          train and sorted(lines) == [x["step"] for x in train]
+          and all(lines[x["step"]] == f"{x['loss']:.4f}" for x in train),
+          (lines, [(x["step"], round(x["loss"], 4)) for x in train]))
     checks = [x for x in records if x["type"] == "rebalance"]
     check("2 ranks: a rebalancing check every 10 steps, with measured and calibrated step",
           [x["step"] for x in checks] == [10, 20, 30]

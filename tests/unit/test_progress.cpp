@@ -35,7 +35,12 @@ std::string written(F run) {
 
 void train_ten_steps(Progress& p) {
   p.note("training mlp: 10 steps");
-  for (int s = 1; s <= 10; ++s) p.step(s, s < 5 ? NAN : 0.5f, 1e-3f, 1000.0, 10.0 - s);
+  for (int s = 1; s <= 10; ++s) {
+    p.step(s, s < 5 ? NAN : 0.5f, 1e-3f, 1000.0, 10.0 - s);
+    // A log step's line comes when its loss is known: step 5's after step 6.
+    if (s == 6) p.logged(5, 0.75f, 1e-3f, 1000.0, 5.0);
+  }
+  p.logged(10, 0.5f, 1e-3f, 1000.0, 0.0);
   p.note("checkpoint run/checkpoints/step-10");
   p.finish();
 }
@@ -45,14 +50,14 @@ void train_ten_steps(Progress& p) {
 TEST_CASE("progress: a file is no terminal, so it gets plain lines without escape codes") {
   const std::string out = written([](std::FILE* f) {
     CHECK_FALSE(reaches_terminal(fileno(f)));
-    Progress p(Progress::detect(false, reaches_terminal(fileno(f))), 10, 5, f);
+    Progress p(Progress::detect(false, reaches_terminal(fileno(f))), 10, f);
     train_ten_steps(p);
   });
   CHECK(out.find('\033') == std::string::npos);
   CHECK(out.find('\r') == std::string::npos);
   CHECK(out ==
         "training mlp: 10 steps\n"
-        "step 5/10  loss 0.5000  lr 1.00e-03  1000 samples/s  eta 5s\n"
+        "step 5/10  loss 0.7500  lr 1.00e-03  1000 samples/s  eta 5s\n"
         "step 10/10  loss 0.5000  lr 1.00e-03  1000 samples/s  eta 0s\n"
         "checkpoint run/checkpoints/step-10\n");
 }
@@ -60,13 +65,14 @@ TEST_CASE("progress: a file is no terminal, so it gets plain lines without escap
 TEST_CASE("progress: the bar is what writes escape codes, and quiet writes nothing") {
   // The bar, forced on a file: the check above would fail if lines mode drew it.
   const std::string bar = written([](std::FILE* f) {
-    Progress p(Progress::Mode::bar, 10, 5, f);
+    Progress p(Progress::Mode::bar, 10, f);
     train_ten_steps(p);
   });
   CHECK(bar.find("\033[K") != std::string::npos);
   CHECK(bar.find("\r[") != std::string::npos);
+  CHECK(bar.find("step 5/10") == std::string::npos);  // the log lines are lines mode's
   CHECK(written([](std::FILE* f) {
-          Progress p(Progress::detect(true, true), 10, 5, f);
+          Progress p(Progress::detect(true, true), 10, f);
           train_ten_steps(p);
         }).empty());
 }
