@@ -1,6 +1,7 @@
-// Device float math that must round as the CPU backend's does. tanh (and so GELU) is
+// Device float math that should round as the CPU backend's does. tanh (and so GELU) is
 // core/host_device.h's rational approximation, the CPU backend's too, so the two backends
-// agree to the ulp rather than by tanhf's accuracy.
+// agree to within a few ulps (each compiler may fuse a multiply-add the other does not)
+// rather than by tanhf's accuracy.
 #pragma once
 
 #include <cuda_runtime.h>
