@@ -28,11 +28,19 @@ std::string local_sync_text(const plan::Plan& plan) {
   const std::string lands = l.outer_delay >= l.inner_steps
                                 ? std::string("at its end")
                                 : std::to_string(l.outer_delay) + " step" + (l.outer_delay > 1 ? "s" : "") + " into it";
-  std::snprintf(line, sizeof line,
-                "  every %d steps (global batches) the groups' deltas are exchanged while the next round runs, "
-                "and their outer step (Nesterov) lands %s: predicted exchange %s against %s\n",
-                l.inner_steps, lands.c_str(), format_seconds(l.outer_exchange_seconds).c_str(),
-                format_seconds(l.outer_delay * plan.predicted.step_seconds).c_str());
+  if (l.groups.size() == 1)
+    std::snprintf(line, sizeof line,
+                  "  every %d steps (global batches) its delta is exchanged while the next round runs and taken as "
+                  "it is %s (one group: outer_lr and outer_momentum act between groups): predicted exchange %s "
+                  "against %s\n",
+                  l.inner_steps, lands.c_str(), format_seconds(l.outer_exchange_seconds).c_str(),
+                  format_seconds(l.outer_delay * plan.predicted.step_seconds).c_str());
+  else
+    std::snprintf(line, sizeof line,
+                  "  every %d steps (global batches) the groups' deltas are exchanged while the next round runs, "
+                  "and their outer step (Nesterov) lands %s: predicted exchange %s against %s\n",
+                  l.inner_steps, lands.c_str(), format_seconds(l.outer_exchange_seconds).c_str(),
+                  format_seconds(l.outer_delay * plan.predicted.step_seconds).c_str());
   out += line;
   std::snprintf(line, sizeof line, "  predicted step %s, %.0f samples/s: %.2fx the best synchronous plan (step %s)\n",
                 format_seconds(plan.predicted.step_seconds).c_str(), plan.predicted.samples_per_s, l.gain,

@@ -82,8 +82,11 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
                      const config::ParallelConfig& cfg, bool shared_memory)
     : plan_(plan),
       params_(std::move(params)),
-      lr_(static_cast<float>(cfg.outer_lr)),
-      mu_(static_cast<float>(cfg.outer_momentum)),
+      // One group has nothing to average: its delta is taken as it is, so that local on
+      // ranks that all fall in one synchronous group trains as sync does. outer_lr's
+      // reason (the groups' mean moves less than their runs of steps) is between groups.
+      lr_(plan.local->groups.size() == 1 ? 1.0f : static_cast<float>(cfg.outer_lr)),
+      mu_(plan.local->groups.size() == 1 ? 0.0f : static_cast<float>(cfg.outer_momentum)),
       timeout_s_(cfg.peer_timeout_s),
       inner_steps_(plan.local->inner_steps),
       outer_delay_(plan.local->outer_delay),

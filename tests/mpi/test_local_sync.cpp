@@ -242,3 +242,44 @@ TEST_CASE("local sync: an outer step that lands inside the next round moves each
   }
   CHECK(run_rounds(true, 0.0, 1) == run_rounds(false, 0.0, 1));
 }
+
+TEST_CASE("local sync: one group's delta is taken as it is, whatever outer_lr and outer_momentum say") {
+  // Every rank in one synchronous group: local then trains as sync does, so each rank's
+  // weights after every round and the flush are its own run of steps.
+  comm::Communicator& world = comm::world();
+  if (world.size() != kRanks) return;
+  plan::Plan plan = local_plan(kH);
+  for (int r = 0; r < kRanks; ++r) {
+    plan.layout.samples[static_cast<size_t>(r)] = 32;
+    plan.ranks[static_cast<size_t>(r)].samples = 32;
+  }
+  plan.local = plan::LocalSync{{{0, 1, 2, 3}}, kH, {kH}, {kH * 128}};
+  plan.local->outer_delay = kH;
+  plan::check_local_plan(plan);
+  config::ParallelConfig cfg;
+  cfg.outer_lr = 0.7;
+  cfg.outer_momentum = 0.9;
+  cfg.peer_timeout_s = 30;
+  std::vector<float> v(static_cast<size_t>(kSizes[0]));
+  for (int64_t i = 0; i < kSizes[0]; ++i) v[static_cast<size_t>(i)] = static_cast<float>(initial(0, i));
+  std::vector<nn::NamedTensor> params{{"w", Tensor::from_vector(v, {kSizes[0]}, cpu_backend())}};
+  runtime::LocalSync sync(plan, params, world, cfg, true);
+  std::vector<double> own(v.begin(), v.end());
+  // The outer step adds the four ranks' quarter-weighted deltas of values near 0.5:
+  // a few roundings of 2^-25 each per round, against momentum's or a 0.7 step's 1e-3.
+  const double tolerance = 8 * std::ldexp(1.0, -24) * (kRounds + 1);
+  for (int k = 0; k < kH * kRounds; ++k) {
+    for (int64_t i = 0; i < kSizes[0]; ++i) {
+      const double d = increment(0, k, 0, i);
+      own[static_cast<size_t>(i)] += d;
+      params[0].second.data()[i] += static_cast<float>(d);
+    }
+    sync.after_step(k + 1);
+  }
+  sync.flush();
+  CHECK(sync.outer_steps() == kRounds);
+  double worst = 0;
+  for (int64_t i = 0; i < kSizes[0]; ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(params[0].second.data()[i]) - own[static_cast<size_t>(i)]));
+  CHECK(worst <= tolerance);
+}
