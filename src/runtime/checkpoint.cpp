@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -263,9 +264,16 @@ void load_into(const std::vector<nn::NamedTensor>& into, const Checkpoint& check
       problems.push_back("tensor '" + name + "' of shape " + to_string(t.shape()) +
                          " is in the checkpoint but not in the model");
   if (!problems.empty()) {
+    // A checkpoint of another model differs in every tensor: the first few say what is
+    // wrong, and a line of hundreds would hide the message's end.
+    constexpr size_t kShown = 8;
     std::ostringstream s;
     s << "checkpoint " << filename_of(checkpoint.path) << " does not match the model: ";
-    for (size_t i = 0; i < problems.size(); ++i) s << (i ? "; " : "") << problems[i];
+    for (size_t i = 0; i < std::min(problems.size(), kShown); ++i) s << (i ? "; " : "") << problems[i];
+    if (problems.size() > kShown) s << "; and " << problems.size() - kShown << " more of " << problems.size() << " mismatches";
+    size_t shared = 0;
+    for (const auto& [name, t] : into) shared += checkpoint.tensors.count(name);
+    if (shared == 0) s << " (none of the model's tensors is in it: it holds another model)";
     throw Error(s.str());
   }
 

@@ -486,6 +486,13 @@ TEST_CASE("checkpoint: load_into copies in place and names every mismatch") {
   CHECK_THROWS_WITH_AS(load_into({{"model.w", w}}, c, "model."),
                        contains("tensor 'model.ids' of shape [2] is in the checkpoint but not in the model"),
                        Error);
+  // Another model: the first eight mismatches, a count of the rest, and why.
+  std::vector<nn::NamedTensor> other;
+  for (int i = 0; i < 12; ++i) other.emplace_back("model.x" + std::to_string(i), Tensor::zeros({1}, cpu_backend()));
+  CHECK_THROWS_WITH_AS(load_into(other, c, "model."),
+                       contains("tensor 'model.x7' of shape [1] is missing from the checkpoint; and 6 more of 14 "
+                                "mismatches (none of the model's tensors is in it: it holds another model)"),
+                       Error);
   // Without a prefix every tensor in the file must be accounted for.
   CHECK_THROWS_WITH_AS(load_into({{"model.w", w}, {"model.ids", ids}}, c),
                        contains("tensor 'optim.m'"), Error);
