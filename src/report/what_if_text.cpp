@@ -45,6 +45,23 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
     if (!p.plan_shape.empty()) out += "  " + name + ": plays " + p.plan_shape + "\n";
     for (const std::string& n : p.notes) out += "  " + name + ": " + n + "\n";
   }
+  // An event timed after the job's end changes nothing: say so, or a stall of seconds
+  // that "costs 0" reads as a prediction.
+  for (const plan::WhatIfEvent& e : events) {
+    std::string after;
+    size_t played = 0, late = 0;
+    for (const plan::PolicyOutcome& p : result.policies) {
+      if (!p.refused.empty()) continue;
+      ++played;
+      if (e.at_s < p.seconds) continue;
+      ++late;
+      after += std::string(after.empty() ? "" : ", ") + config::to_string(p.policy) + " (" + format_seconds(p.seconds) + ")";
+    }
+    if (late == 0) continue;
+    out += "  " + e.spec + ": at " + format_seconds(e.at_s) + ", after the job's end under " +
+           (late == played ? "every policy: " : "") + after +
+           ", so it changes nothing there; give an earlier time or more --what-if-steps\n";
+  }
   out += "  (a restart, after a failure or for a join, is assumed to take " + format_seconds(plan::kRestartSeconds) +
          "; dropped/waited: deadline's samples left out; local drops none and applies none staler than the "
          "round its design delays every group's progress: its exchange waits, and 'N w' counts the samples of rounds "

@@ -319,7 +319,15 @@ def what_if(tmp):
     check("--what-if stall: deadline loses at most 3 half-steps and closes steps short",
           deadline_lost is not None and 0 <= deadline_lost <= 1.5 * deadline_step
           and int(cols["deadline"][6]) > 0, rows)
+    check("--what-if stall: an event within the job gets no 'after the job's end' note",
+          "after the job's end" not in r.stdout, r.stdout[-1500:])
     what_if_svg(tmp)
+    # An event after the job's end changes nothing, and the output says so (a join at
+    # 1e5 s: the CNN's 1000 steps take seconds here).
+    r = plan(CNN, "--cluster", RATES_4211, "--what-if", "join:device=rtx4090,at=100000")
+    check("--what-if after the job's end: named as changing nothing under every policy",
+          r.returncode == 0 and "join:device=rtx4090,at=100000: at 100000.00 s, after the job's end under every policy"
+          in r.stdout, r.stdout[-1500:] + r.stderr[-800:])
     # Every rank failed: no policy plays on with nobody (deadline once printed a row and a
     # leader change a step).
     r = plan(CNN, "--cluster", "synth:2xrtx3060", "--what-if", "fail:rank=0,at=0", "--what-if", "fail:rank=1,at=0",
