@@ -365,7 +365,8 @@ Request MpiCommunicator::isend_bytes(const void* data, size_t bytes, int dst, in
   check_mpi(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, dst, tag, comm_, &req),
             "isend_bytes to rank ", dst, " tag ", tag, " (", bytes, " bytes): MPI_Isend");
   ring_doorbell(world_rank_[static_cast<size_t>(dst)]);
-  return Request(std::make_unique<MpiSend>(req, dst, tag, SendLabel{world_rank_[static_cast<size_t>(dst)], tag, bytes}));
+  return Request(
+      std::make_unique<MpiSend>(req, dst, tag, SendLabel{world_rank_[static_cast<size_t>(dst)], tag, bytes}));
 }
 
 Clock::time_point MpiCommunicator::due_locked(size_t bytes, int dst) {

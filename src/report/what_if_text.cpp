@@ -55,7 +55,8 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
       ++played;
       if (e.at_s < p.seconds) continue;
       ++late;
-      after += std::string(after.empty() ? "" : ", ") + config::to_string(p.policy) + " (" + format_seconds(p.seconds) + ")";
+      after += std::string(after.empty() ? "" : ", ") + config::to_string(p.policy) + " (" +
+               format_seconds(p.seconds) + ")";
     }
     if (late == 0) continue;
     out += "  " + e.spec + ": at " + format_seconds(e.at_s) + ", after the job's end under " +

@@ -270,7 +270,8 @@ void load_into(const std::vector<nn::NamedTensor>& into, const Checkpoint& check
     std::ostringstream s;
     s << "checkpoint " << filename_of(checkpoint.path) << " does not match the model: ";
     for (size_t i = 0; i < std::min(problems.size(), kShown); ++i) s << (i ? "; " : "") << problems[i];
-    if (problems.size() > kShown) s << "; and " << problems.size() - kShown << " more of " << problems.size() << " mismatches";
+    if (problems.size() > kShown)
+      s << "; and " << problems.size() - kShown << " more of " << problems.size() << " mismatches";
     size_t shared = 0;
     for (const auto& [name, t] : into) shared += checkpoint.tensors.count(name);
     if (shared == 0) s << " (none of the model's tensors is in it: it holds another model)";

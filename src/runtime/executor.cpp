@@ -110,9 +110,10 @@ Executor::~Executor() {
   }
   // One deadline for all of them: waiting peer_timeout_ on each in turn could hold an
   // ending rank for that many timeouts.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(peer_timeout_);
+  using std::chrono::duration_cast, std::chrono::steady_clock;
+  const auto until = steady_clock::now() + duration_cast<steady_clock::duration>(peer_timeout_);
   const auto left = [&] {
-    return std::max(comm::Timeout(0), std::chrono::duration_cast<comm::Timeout>(until - std::chrono::steady_clock::now()));
+    return std::max(comm::Timeout(0), duration_cast<comm::Timeout>(until - steady_clock::now()));
   };
   try {
     if (draining_) (void)draining_->drain(left());

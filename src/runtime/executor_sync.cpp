@@ -57,7 +57,8 @@ void Executor::share_weights() {
 void Executor::weights_loaded() {
   if (!shared_weights_) return;
   // An allgather, not a barrier: on a timeout it names the replicas not heard from.
-  (void)stage_group_->allgather({}, peer_timeout_, "stage " + std::to_string(stage_) + "'s replicas to share the hub's weights");
+  (void)stage_group_->allgather({}, peer_timeout_,
+                                 "stage " + std::to_string(stage_) + "'s replicas to share the hub's weights");
 }
 
 // The last step's sums may still be on their way to slower replicas, or word of the
