@@ -61,7 +61,7 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
     if (late == 0) continue;
     out += "  " + e.spec + ": at " + format_seconds(e.at_s) + ", after the job's end under " +
            (late == played ? "every policy: " : "") + after +
-           ", so it changes nothing there; give an earlier time or more --what-if-steps\n";
+           ", so it changes nothing there; give an earlier time or play more steps\n";
   }
   out += "  (a restart, after a failure or for a join, is assumed to take " + format_seconds(plan::kRestartSeconds) +
          "; dropped/waited: deadline's samples left out; local drops none and applies none staler than the "
