@@ -178,8 +178,10 @@ struct ParallelConfig {
 // norm_ratio x the median of its rank's last `window` norms (norm_ratio 0: no norm
 // check), is left out of its step. A rank left out quarantine_after times within
 // `window` steps is quarantined (its contributions left out) for quarantine_steps steps.
+// norm_ratio 100: a healthy block group of a few samples spikes past 10x its median
+// early in a transformer's training (docs/faults.md); garbage of 1000x is still caught.
 struct GuardConfig {
-  double norm_ratio = 10;
+  double norm_ratio = 100;
   int64_t window = 20;
   int64_t quarantine_after = 3;
   int64_t quarantine_steps = 50;
