@@ -12,6 +12,7 @@
 #include "backend/cpu/blas_kernels.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
+#include "comm/launch.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "plan/plan_facts.h"
@@ -26,14 +27,13 @@ namespace {
 // rank returns, to end through MPI_Finalize: Open MPI 4's launcher can crash taking
 // several ranks' aborts at once.
 int finish(int status, const char* kind, const char* what, bool end_all = true) {
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  bool multi = size && std::atoi(size) > 1;
+  const ht::comm::Launch l = ht::comm::launch();
+  const bool multi = l.launched && l.size != 1;  // size 0: not known, so possibly many
   // Messages about peers (a peer timeout) begin with the rank that reports them.
-  const std::string own = std::string("rank ") + (rank ? rank : "?") + ": ";
+  const std::string own = "rank " + std::to_string(l.rank) + ": ";
   if (multi && std::string_view(what).substr(0, own.size()) == own) what += own.size();
   if (multi)
-    std::fprintf(stderr, "hetrain: rank %s: %s%s\n", rank ? rank : "?", kind, what);
+    std::fprintf(stderr, "hetrain: rank %d: %s%s\n", l.rank, kind, what);
   else
     std::fprintf(stderr, "hetrain: %s%s\n", kind, what);
   std::fflush(stderr);

@@ -14,6 +14,7 @@
 #include "cli/planning.h"
 #include "cli/whole_number.h"
 #include "comm/communicator.h"
+#include "comm/launch.h"
 #include "comm/watchdog.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -47,7 +48,7 @@ struct TrainArgs {
 // this host, copies to the launcher's own stdout: where that goes decides between bar
 // and lines. On another host the parent is the launcher's daemon, which is no terminal.
 bool stdout_reaches_terminal() {
-  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const bool launched = ht::comm::launch().launched;
   return ht::report::reaches_terminal(
       STDOUT_FILENO, launched ? "/proc/" + std::to_string(getppid()) + "/fd/1" : std::string());
 }
@@ -251,9 +252,14 @@ void register_eval(CLI::App& app) {
   cmd->add_option("config", *config, "Config file (JSON) the checkpoint was trained with")->required();
   cmd->add_option("--checkpoint", *checkpoint, "Checkpoint file (.safetensors)")->required();
   cmd->callback([config, checkpoint] {
+    // Refused before MPI is up where the launcher says how many ranks there are: every
+    // rank then exits on its own, where aborting MPI from all at once upsets the launcher.
+    if (const ht::comm::Launch l = ht::comm::launch(); l.size > 1)
+      throw ht::Error("hetrain eval runs as one process; this job has " + std::to_string(l.size) +
+                      " ranks: run it without mpirun or srun");
     if (ht::comm::world().size() > 1)
       throw ht::Error("hetrain eval runs as one process; this job has " +
-                      std::to_string(ht::comm::world().size()) + " ranks: run it without mpirun");
+                      std::to_string(ht::comm::world().size()) + " ranks: run it without mpirun or srun");
     ht::config::Config cfg = ht::config::load_config(*config);
     std::printf("%s\n", ht::runtime::evaluate_checkpoint(cfg, *checkpoint).c_str());
   });

@@ -8,8 +8,8 @@
 // PeerTimeout instead, naming this rank, the ranks not heard from when known, what was
 // awaited and for how long. Training passes parallel.peer_timeout_s.
 //
-// Without mpirun (no OMPI_COMM_WORLD_SIZE in the environment) the world is one rank
-// and MPI is never initialised, so single-process commands work everywhere.
+// Without an MPI launcher (mpirun, srun: comm/launch.h) the world is one rank and MPI is
+// never initialised, so single-process commands work everywhere.
 //
 // Tensors on a device other than the CPU are staged through host memory: Debian's
 // OpenMPI is not CUDA-aware.

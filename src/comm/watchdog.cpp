@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "comm/communicator.h"
+#include "comm/launch.h"
 
 namespace ht::comm {
 
@@ -29,10 +30,7 @@ std::atomic<double> g_limit_s{300.0};
 }
 }  // namespace
 
-int launcher_rank() {
-  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
-  return r ? std::atoi(r) : 0;
-}
+int launcher_rank() { return launch().rank; }
 
 void set_blocking_call_limit(std::chrono::duration<double> limit) { g_limit_s = limit.count(); }
 std::chrono::duration<double> blocking_call_limit() { return std::chrono::duration<double>(g_limit_s.load()); }

@@ -24,8 +24,8 @@ namespace ht::comm {
 // command before it first asks for the world (300 s until then).
 void set_blocking_call_limit(std::chrono::duration<double> limit);
 std::chrono::duration<double> blocking_call_limit();
-// This process's world rank from the launcher's environment (OMPI_COMM_WORLD_RANK; 0
-// without one): known before MPI is up.
+// This process's world rank from the launcher's environment (comm/launch.h; 0 without
+// one): known before MPI is up.
 int launcher_rank();
 
 class Watchdog {

@@ -3,8 +3,10 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
+#include "comm/launch.h"
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/watchdog.h"
@@ -21,10 +23,9 @@ struct World {
   bool finalize = false;
 
   World() {
-    // mpirun sets this for every rank it starts; without it MPI is never initialised,
-    // so single-process commands work where no MPI runtime can start.
-    const char* world_size = std::getenv("OMPI_COMM_WORLD_SIZE");
-    if (world_size == nullptr || *world_size == '\0') {
+    // Without a launcher MPI is never initialised (comm/launch.h).
+    const Launch started = launch();
+    if (!started.launched) {
       comm = std::make_unique<LocalCommunicator>();
       return;
     }
@@ -35,8 +36,8 @@ struct World {
     MPI_Initialized(&initialized);
     if (!initialized) {
       const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      HT_CHECK(rc == MPI_SUCCESS, "world: MPI_Init_thread failed with code ", rc,
-               " (OMPI_COMM_WORLD_SIZE=", world_size, ")");
+      HT_CHECK(rc == MPI_SUCCESS, "world: MPI_Init_thread failed with code ", rc, " (launched as rank ",
+               started.rank, started.size > 0 ? " of " + std::to_string(started.size) : std::string(), ")");
       finalize = true;
     } else {
       MPI_Query_thread(&provided);
