@@ -320,6 +320,14 @@ def main():
     check("a plan for another config: names both configs",
           r.returncode != 0 and "the plan was made for config 'mlp'" in r.stderr and "'other'" in r.stderr,
           r.stderr[-800:])
+    # A launcher that leaves only PMIx's rank in the environment (srun --mpi=pmix does;
+    # here mpirun with its own variables taken out): one job of two ranks, not two jobs.
+    pmix = os.path.join(tmp, "pmix")
+    r = mpirun_with(HETRAIN, 2, ["train", config(os.path.join(tmp, "pmix.json"), 10), "--run-dir", pmix, "-q"],
+                    wrapper=["env", "-u", "OMPI_COMM_WORLD_SIZE", "-u", "OMPI_COMM_WORLD_RANK"])
+    check("launched through PMIx alone: one job of two ranks",
+          r.returncode == 0 and os.path.exists(os.path.join(pmix, "summary.json"))
+          and load(os.path.join(pmix, "summary.json")).get("ranks") == 2, r.stderr[-800:])
     longer = config(os.path.join(tmp, "mlp.json"), 12)  # same model and batch: the plan still holds
     r = mpirun(2, ["train", longer, "--plan", plan2, "--run-dir", os.path.join(tmp, "x5"), "-q"])
     check("a plan stays valid when only the length of the run changes", r.returncode == 0, r.stderr[-800:])
