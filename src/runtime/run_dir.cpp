@@ -13,6 +13,11 @@ namespace ht::runtime {
 
 namespace fs = std::filesystem;
 
+namespace {
+// The files a new run writes into its directory.
+constexpr const char* kRunFiles[] = {"metrics.jsonl", "summary.json", "config.json", "plan.json"};
+}  // namespace
+
 RunDir RunDir::open(const std::string& path, bool resume) {
   HT_CHECK(!path.empty(), "the run directory path is empty; expected a directory name");
   RunDir rd;
@@ -36,11 +41,29 @@ RunDir RunDir::open(const std::string& path, bool resume) {
   if (!resume) {
     if (!fs::is_empty(rd.checkpoints(), ec))
       fail_as<RunDirInUse>("run directory '", path, "' already holds a run (checkpoints)");
-    for (const char* name : {"metrics.jsonl", "summary.json", "config.json", "plan.json"})
+    for (const char* name : kRunFiles)
       if (fs::exists(rd.file(name)))
         fail_as<RunDirInUse>("run directory '", path, "' already holds a run (", name, ")");
   }
   return rd;
+}
+
+bool RunDir::holds_run(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(path + "/checkpoints", ec) && !fs::is_empty(path + "/checkpoints", ec)) return true;
+  for (const char* name : kRunFiles)
+    if (fs::exists(path + "/" + name, ec)) return true;
+  return false;
+}
+
+void RunDir::discard_unused(const std::string& path, bool remove_dir) {
+  std::error_code ec;
+  const std::string checkpoints = path + "/checkpoints", metrics = path + "/metrics.jsonl";
+  if (fs::exists(checkpoints, ec) && !fs::is_empty(checkpoints, ec)) return;
+  if (fs::exists(metrics, ec) && fs::file_size(metrics, ec) > 0) return;
+  for (const char* name : kRunFiles) fs::remove(path + "/" + name, ec);
+  fs::remove(checkpoints, ec);  // only when empty, as fs::remove does for a directory
+  if (remove_dir) fs::remove(path, ec);
 }
 
 }  // namespace ht::runtime

@@ -22,6 +22,13 @@ class RunDir {
   // naming the path and the reason when it cannot be created or written, and
   // RunDirInUse when a new run would overwrite an earlier one.
   static RunDir open(const std::string& path, bool resume);
+  // Whether `path` holds a run's files (those a new run writes), or checkpoints.
+  static bool holds_run(const std::string& path);
+  // After a new run into `path` failed: where it trained no step worth keeping (no
+  // checkpoint, no metrics record) the files it wrote go, and `path` itself when
+  // `remove_dir` and nothing else is in it, so that the next try is not refused as
+  // "already holds a run". The caller knows `path` held no run before (holds_run).
+  static void discard_unused(const std::string& path, bool remove_dir);
 
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }

@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
+#include <new>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/device_select.h"
@@ -13,6 +16,7 @@
 #include "core/threads.h"
 #include "core/wall_time.h"
 #include "runtime/atomic_file.h"
+#include "runtime/run_dir.h"
 #include "runtime/stage_gather.h"
 #include "runtime/trainer_run.h"
 
@@ -53,6 +57,13 @@ int64_t resolve_steps(const config::TrainConfig& t, int64_t train_size) {
   if (t.steps) return *t.steps;
   double steps = std::ceil(*t.epochs * static_cast<double>(train_size) /
                            static_cast<double>(t.batch_size));
+  // Past int64's range the conversion is undefined (it gave 1 step for 1e17 epochs).
+  if (!(steps < 9.2e18)) {
+    std::ostringstream what;
+    what << "train.epochs: " << *t.epochs << " epochs of " << train_size << " samples in batches of " << t.batch_size
+         << " are " << steps << " steps; expected at most 9.2e18 steps";
+    throw config::ConfigError(what.str());
+  }
   return std::max<int64_t>(1, static_cast<int64_t>(steps));
 }
 
@@ -315,8 +326,27 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   set_thread_count(resolve_thread_count(0, comm::world().local_size()));
   // The config's emulate section and tools/hetero-local's memory cap, as the probe saw them.
   comm::apply_emulation(cfg.emulate, comm::world());
-  trainer_run::Run run(std::move(cfg), opts, std::move(plan));
-  return run.run();
+  // A new run that fails before its first step worth keeping takes its files back (rank 0
+  // writes them), so the next try is not refused; a directory that held a run is left be.
+  const std::string dir = cfg.run.dir;
+  const bool root = comm::world().rank() == 0;
+  const bool fresh = root && !opts.resume && !std::filesystem::exists(dir);
+  const bool discardable = root && !opts.resume && !RunDir::holds_run(dir);
+  const int64_t batch = cfg.train.batch_size;
+  const std::string model = cfg.model.type;
+  try {
+    trainer_run::Run run(std::move(cfg), opts, std::move(plan));
+    return run.run();
+  } catch (const std::bad_alloc&) {
+    if (discardable) RunDir::discard_unused(dir, fresh);
+    // A bare "std::bad_alloc" names nothing the user can change.
+    fail("rank ", comm::world().rank(), " ran out of host memory (an allocation failed) training the ", model,
+         " model in batches of ", batch, " (train.batch_size); expected the model, its optimiser state and a batch "
+         "to fit this machine's memory: lower train.batch_size or the model's size");
+  } catch (...) {
+    if (discardable) RunDir::discard_unused(dir, fresh);
+    throw;
+  }
 }
 
 }  // namespace ht::runtime

@@ -126,6 +126,30 @@ def evaluation_memory(tmp):
               r.returncode == 0 and os.path.exists(os.path.join(rdir, "summary.json")), r.stderr)
 
 
+def failed_starts(tmp):
+    """A run that fails before its first step worth keeping takes its run directory back,
+    so the next try is not refused as "already holds a run"; a directory of the user's
+    keeps its own files."""
+    cfg = {"model": {"type": "mlp", "hidden": [16]}, "data": {"dataset": "fashion_mnist", "dir": FASHION},
+           "train": {"epochs": 1e17, "optimizer": {"type": "adamw", "lr": 0.001}}}
+    rdir = os.path.join(tmp, "epochs-run")
+    r = run(["train", write_config(os.path.join(tmp, "epochs.json"), cfg), "--run-dir", rdir, "--quiet"])
+    check("1e17 epochs: exit 2 naming train.epochs and the steps (it trained 1 step)",
+          r.returncode == 2 and "train.epochs: 1e+17 epochs of 60000 samples in batches of 128" in r.stderr, r.stderr)
+    check("... and no run directory is left", not os.path.exists(rdir))
+    # A batch of 1e10 samples cannot be allocated on any machine.
+    cfg["train"] = {"steps": 2, "batch_size": 10 ** 10, "optimizer": {"type": "adamw", "lr": 0.001}}
+    mine = os.path.join(tmp, "users-dir")
+    os.makedirs(mine)
+    with open(os.path.join(mine, "notes.txt"), "w") as f:
+        f.write("the user's\n")
+    r = run(["train", write_config(os.path.join(tmp, "huge-batch.json"), cfg), "--run-dir", mine, "--quiet"])
+    check("a batch too large for memory: exit 1 naming train.batch_size (it said only std::bad_alloc)",
+          r.returncode == 1 and "ran out of host memory" in r.stderr and "train.batch_size" in r.stderr, r.stderr)
+    check("... and the user's directory holds only the user's file again",
+          sorted(os.listdir(mine)) == ["notes.txt"], os.listdir(mine))
+
+
 def without_datasets(tmp):
     """Checks that need no dataset: they fail before any data is read."""
     # A missing dataset names the package; no run directory is created.
@@ -395,6 +419,7 @@ def main():
 
         damaged_inputs(tmp, full)
         evaluation_memory(tmp)
+        failed_starts(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failed")
