@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/paths.h"
 #include "cli/planning.h"
 #include "cli/whole_number.h"
 #include "comm/communicator.h"
@@ -109,9 +110,12 @@ void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& 
 // --dump RANK names a rank of the planned world; a negative one is refused before the
 // cluster (and so the world size) is known.
 void check_dump_rank(int rank, size_t world) {
-  HT_CHECK(rank >= 0, "--dump ", rank, ": no such rank; expected a rank from 0 up to the cluster's size - 1");
-  HT_CHECK(static_cast<size_t>(rank) < world, "--dump ", rank, ": no such rank; expected 0 to ", world - 1,
-           " (the cluster has ", world, " ranks)");
+  if (rank < 0)
+    throw ht::config::ConfigError("--dump " + std::to_string(rank) +
+                                  ": no such rank; expected a rank from 0 up to the cluster's size - 1");
+  if (static_cast<size_t>(rank) >= world)
+    throw ht::config::ConfigError("--dump " + std::to_string(rank) + ": no such rank; expected 0 to " +
+                                  std::to_string(world - 1) + " (the cluster has " + std::to_string(world) + " ranks)");
 }
 
 // The rank's instruction list for one step, as the executor runs it and the simulator
@@ -183,6 +187,13 @@ void register_plan(CLI::App& app) {
       ->transform(whole_number<int64_t>(1, ht::plan::kMaxWhatIfSteps))
       ->type_name("N");
   cmd->callback([args] {
+    const std::vector<std::pair<std::string, std::string>> inputs{
+        {"the config", args->config},
+        {"the cluster file", args->cluster.rfind("synth:", 0) == 0 ? std::string() : args->cluster},
+        {"the device catalogue", args->catalogue}};
+    check_not_an_input("--json", args->json, inputs);
+    check_not_an_input("--svg", args->svg, inputs);
+    check_not_an_input("--trace", args->trace, inputs);
     const ht::config::Config cfg = ht::config::load_config(args->config);
     const bool dump = args->dump_option->count() > 0;
     if (dump && args->dump < 0) check_dump_rank(args->dump, 0);  // before any probe or search

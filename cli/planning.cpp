@@ -1,9 +1,12 @@
 #include "cli/planning.h"
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 
 #include "backend/registry.h"
+#include "core/crc32.h"
+#include "core/shape.h"
 #include "plan/local_plan.h"
 #include "plan/planner.h"
 #include "plan/policy_plan.h"
@@ -15,9 +18,27 @@ namespace hetrain_cli {
 ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& catalogue,
                                    const ht::config::Config& cfg, ht::comm::Communicator& world,
                                    bool check_world_size) {
-  if (!arg.empty())
-    return ht::plan::load_cluster_model(arg, catalogue.empty() ? ht::plan::default_catalogue_path() : catalogue,
-                                        check_world_size ? std::optional<int>(world.size()) : std::nullopt);
+  if (!arg.empty()) {
+    ht::plan::ClusterModel c =
+        ht::plan::load_cluster_model(arg, catalogue.empty() ? ht::plan::default_catalogue_path() : catalogue,
+                                     check_world_size ? std::optional<int>(world.size()) : std::nullopt);
+    if (c.block_seconds.empty()) return c;
+    const size_t blocks = ht::runtime::describe_model(cfg).size();
+    bool other = !c.model_signature.empty() && c.model_signature != model_signature(cfg);
+    for (const auto& row : c.block_seconds) other = other || (!row.empty() && row.size() != blocks);
+    if (other) {
+      // Another model's timings would misplace every share (by 70x, a 64-wide MLP's for a
+      // 4096-wide one's); the file's sgemm and bandwidth still describe the hardware.
+      if (world.rank() == 0)
+        std::fprintf(stderr, "hetrain: note: %s profiled another model's blocks (%s); planning from its measured "
+                             "rates instead (probe with --model of this config for its blocks' times)\n",
+                     arg.c_str(), c.model_signature.empty() ? "its block count differs" : "its signature differs");
+      c.block_seconds.clear();
+      c.block_step_seconds.clear();
+      c.block_call_seconds.clear();
+    }
+    return c;
+  }
   ht::probe::ProbeOptions opts;
   opts.quick = true;
   opts.model = cfg;
@@ -30,6 +51,15 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
   ht::plan::ClusterModel c = ht::plan::cluster_from_probe(ht::probe::run_probe(world, opts));
   c.source = "quick probe of this job (" + std::to_string(c.ranks.size()) + " ranks)";
   return c;
+}
+
+std::string model_signature(const ht::config::Config& cfg) {
+  std::string text;
+  for (const ht::nn::BlockShape& b : ht::runtime::describe_model(cfg).blocks)
+    text += b.kind + " " + std::to_string(b.params) + " " + std::to_string(b.flops_per_sample) + " " +
+            std::to_string(b.activation_bytes_per_sample) + " " + ht::to_string(b.sample_input_shape) + " " +
+            ht::to_string(b.sample_output_shape) + ";";
+  return ht::crc32_hex(ht::crc32_update(0, text.data(), text.size()));
 }
 
 Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster, bool all_ranks) {

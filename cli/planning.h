@@ -16,9 +16,16 @@ namespace hetrain_cli {
 // `arg` is a probe file or synth: spec, checked against the world size when given; empty
 // means a quick probe of `world` with the config's blocks profiled (collective: every
 // rank takes part and gets the same cluster). An empty `catalogue` is the shipped one.
+// A file's block profile is kept only when it is of this config's model (its signature,
+// below, or where the file has none its block count); otherwise the plan uses the file's
+// measured rates and rank 0 says why.
 ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& catalogue,
                                    const ht::config::Config& cfg, ht::comm::Communicator& world,
                                    bool check_world_size);
+
+// The config's model's blocks (kinds, parameters, FLOPs, activations, shapes) in one word,
+// for a probe file to name the model it profiled.
+std::string model_signature(const ht::config::Config& cfg);
 
 struct Planned {
   ht::plan::Plan plan;

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/device_select.h"
 #include "cli/commands.h"
+#include "cli/planning.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "probe/probe.h"
@@ -15,6 +16,17 @@
 #include "runtime/atomic_file.h"
 
 namespace hetrain_cli {
+
+namespace {
+// A device the option names badly is bad input, as in a config: exit 2.
+ht::DeviceRequest parse_probe_device(const std::string& text) {
+  try {
+    return ht::parse_device(text);
+  } catch (const ht::Error& e) {
+    throw ht::config::ConfigError(std::string("probe --device: ") + e.what());
+  }
+}
+}  // namespace
 
 void register_probe(CLI::App& app) {
   struct Args {
@@ -46,7 +58,7 @@ void register_probe(CLI::App& app) {
                                     " ranks; expected one per world rank, comma-separated, or one for every rank");
     // A CPU probe asks for no GPU: querying them would load the CUDA backend module.
     const ht::DeviceRequest request =
-        ht::parse_device(devices.size() > 1 ? devices[static_cast<size_t>(world.rank())] : devices[0]);
+        parse_probe_device(devices.size() > 1 ? devices[static_cast<size_t>(world.rank())] : devices[0]);
     const ht::DeviceChoice device = ht::choose_device(
         request, world.local_rank(),
         request.kind == ht::DeviceRequest::Kind::cpu ? ht::GpuAvailability{} : ht::query_gpus());
@@ -61,6 +73,7 @@ void register_probe(CLI::App& app) {
     };
     ht::probe::ClusterFingerprint c = ht::probe::run_probe(world, opts);
     if (world.rank() != 0) return;
+    if (opts.model) c.model_signature = model_signature(*opts.model);
     std::printf("%s", ht::probe::format_cluster(c).c_str());
     if (!args->json.empty()) {
       ht::runtime::write_file_atomically(args->json, ht::probe::cluster_to_json(c) + "\n",

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/paths.h"
 #include "cli/planning.h"
 #include "cli/whole_number.h"
 #include "comm/communicator.h"
@@ -197,6 +198,15 @@ void register_train(CLI::App& app) {
     } catch (const ht::Error& e) {
       throw ht::config::ConfigError(e.what());
     }
+    const std::string& dir = cfg.run.dir;
+    check_not_an_input("--timeline", args->timeline,
+                       {{"the config", args->config},
+                        {"the plan file", args->plan},
+                        {"the cluster file", args->cluster.rfind("synth:", 0) == 0 ? std::string() : args->cluster},
+                        {"the run's config", dir + "/config.json"},
+                        {"the run's plan", dir + "/plan.json"},
+                        {"the run's metrics", dir + "/metrics.jsonl"},
+                        {"the run's summary", dir + "/summary.json"}});
     opts.timeline = args->timeline;
     try {
       for (const std::string& spec : args->inject) opts.faults.push_back(ht::runtime::parse_fault(spec));

@@ -212,6 +212,7 @@ double bf16_gemm_flops(double probed_gflops, const CatalogueDevice* sheet) {
 ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catalogue* catalogue) {
   ClusterModel c;
   c.source = "probe";
+  c.model_signature = fp.model_signature;
   // Ranks on one host share its RAM; giving each the whole host would over-commit it.
   std::map<std::string, int> ranks_on_host;
   for (const auto& r : fp.ranks) ++ranks_on_host[r.host.host];

@@ -93,6 +93,7 @@ struct ClusterModel {
   // Optional: [rank][block] measured forward + backward seconds per sample from
   // `probe --model`; empty otherwise.
   std::vector<std::vector<double>> block_seconds;
+  std::string model_signature;  // the profiled model's (probe::ClusterFingerprint), "" where not known
   // Optional, alongside: [rank][block] measured seconds of one optimiser step over the
   // block's parameters (0 where not measured), and the fixed seconds of one forward +
   // backward call (0 where not measured).

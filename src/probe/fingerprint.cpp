@@ -206,6 +206,7 @@ std::string cluster_to_json(const ClusterFingerprint& c) {
   Json j = {{"format", kClusterFormat},
             {"world_size", c.ranks.size()},
             {"model", c.model},
+            {"model_signature", c.model_signature},
             {"ranks", ranks},
             {"links", {{"emulated", c.links_emulated},
                        {"latency_s", c.links.latency_s},
@@ -232,6 +233,10 @@ ClusterFingerprint parse_cluster(const Json& j, const std::string& path,
   if (model != j.end()) {
     if (!model->is_string()) fail_at("model", show(*model) + " is not a string; expected the profiled config's path or \"\"");
     c.model = model->get<std::string>();
+  }
+  if (auto sig = j.find("model_signature"); sig != j.end()) {  // files from before it have none
+    if (!sig->is_string()) fail_at("model_signature", show(*sig) + " is not a string; expected the probe's word for the model");
+    c.model_signature = sig->get<std::string>();
   }
   const Json& ranks = require(j, "", "ranks", "an array of ranks");
   if (!ranks.is_array() || ranks.size() != n)

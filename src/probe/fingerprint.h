@@ -39,6 +39,9 @@ struct ClusterFingerprint {
   LinkMatrix links;
   bool links_emulated = false;
   std::string model;  // the config whose blocks were profiled, if any
+  // Its blocks' shapes in a word (the caller's; "" where not known), so that a profile is
+  // not taken for another model's with blocks of the same kinds.
+  std::string model_signature;
 };
 
 std::string rank_to_json(const RankFingerprint& r);

@@ -252,8 +252,8 @@ def dump_instructions(tmp):
     for bad, expected in (("2", "--dump 2: no such rank; expected 0 to 1 (the cluster has 2 ranks)"),
                           ("-1", "--dump -1: no such rank; expected a rank from 0")):
         r = plan(MLP, "--cluster", CAPPED, "--dump", bad)
-        check(f"--dump {bad}: refused, naming the value and the range",
-              r.returncode == 1 and expected in r.stderr and "instructions of rank" not in r.stdout, r.stderr)
+        check(f"--dump {bad}: refused as a bad option (exit 2), naming the value and the range",
+              r.returncode == 2 and expected in r.stderr and "instructions of rank" not in r.stdout, r.stderr)
 
 
 def local_trace(tmp):
@@ -388,6 +388,25 @@ def what_if_svg(tmp):
           r.returncode != 0 and f"cannot write what-if timeline {bad}" in r.stderr, r.stderr[-800:])
 
 
+def other_models_profile(tmp):
+    """A probe file profiled with --model of one config: its block times plan that model;
+    another model with blocks of the same kinds (a wider MLP) is planned from the file's
+    measured rates, with a note (its times once went into the plan as the other's)."""
+    narrow = write_config(os.path.join(tmp, "narrow.json"), MLP, model={"hidden": [64]})
+    wide = write_config(os.path.join(tmp, "wide.json"), MLP, model={"hidden": [4096]})
+    cluster = os.path.join(tmp, "narrow-probe.json")
+    r = run([HETRAIN, "probe", "--quick", "--model", narrow, "--json", cluster])
+    check("probe --model: the file names the profiled model's signature",
+          r.returncode == 0 and load(cluster).get("model_signature", "") != "", r.stderr[-800:])
+    r = plan(narrow, "--cluster", cluster)
+    check("... its own model is planned from its block times, without a note",
+          r.returncode == 0 and "profiled another model" not in r.stderr, r.stderr[-800:])
+    r = plan(wide, "--cluster", cluster)
+    check("... another model of the same block kinds: planned from the measured rates, with a note",
+          r.returncode == 0 and "profiled another model's blocks (its signature differs)" in r.stderr,
+          r.stdout[-800:] + r.stderr[-800:])
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="hetrain-plan-")
     bad_clusters(tmp)
@@ -403,6 +422,7 @@ def main():
     dump_instructions(tmp)
     local_trace(tmp)
     own_ranks()
+    other_models_profile(tmp)
     return finish(tmp)
 
 

@@ -147,11 +147,14 @@ std::string error_for(const std::string& text, std::optional<int> world = std::n
 }  // namespace
 
 TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by name") {
-  std::string good = cluster_to_json(test_fixtures::two_rank_probe());
+  ClusterFingerprint probed = test_fixtures::two_rank_probe();
+  probed.model_signature = "8b09e915";
+  std::string good = cluster_to_json(probed);
   std::string path = write_temp(good);
   ClusterFingerprint back = read_cluster(path, 2);
   std::filesystem::remove(path);
   REQUIRE(back.ranks.size() == 2);
+  CHECK(back.model_signature == "8b09e915");
   CHECK(back.ranks[1].rates.sgemm_gflops == doctest::Approx(50.0));
   CHECK(back.ranks[0].blocks[0].kind == "dense_relu");
   CHECK(back.ranks[0].blocks[0].optimizer_step_s == doctest::Approx(2e-4));

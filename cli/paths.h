@@ -1,0 +1,36 @@
+// Output paths against input paths: a command that would write over one of its own
+// inputs (`hetrain plan c.json --json c.json`) is refused before it does anything.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+
+namespace hetrain_cli {
+
+// Whether `a` and `b` name one file: the same file where both exist, else the same
+// path once made absolute and normal.
+inline bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+  const fs::path pa = fs::weakly_canonical(fs::absolute(a, ec), ec), pb = fs::weakly_canonical(fs::absolute(b, ec), ec);
+  return !ec && pa == pb;
+}
+
+// Throws ConfigError when `output` (given with `flag`) is one of `inputs` ({what, path};
+// empty paths are skipped).
+inline void check_not_an_input(const std::string& flag, const std::string& output,
+                               const std::vector<std::pair<std::string, std::string>>& inputs) {
+  if (output.empty()) return;
+  for (const auto& [what, path] : inputs)
+    if (!path.empty() && same_file(output, path))
+      throw ht::config::ConfigError(flag + " " + output + ": is " + what + " (" + path +
+                                    "), which writing there would replace; expected another path");
+}
+
+}  // namespace hetrain_cli
