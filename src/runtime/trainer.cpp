@@ -15,6 +15,7 @@
 #include "comm/emulation.h"
 #include "core/threads.h"
 #include "core/wall_time.h"
+#include "config/json_schema.h"
 #include "runtime/atomic_file.h"
 #include "runtime/run_dir.h"
 #include "runtime/stage_gather.h"
@@ -184,7 +185,44 @@ TrainSummary Run::run() {
 }
 
 // Rank 0's: the resolved config, the plan and the metrics log, in the run directory.
+// A resumed run continues the training it resumes: the settings that make it (the model,
+// the data, the batch, the seed, the optimiser and its schedule, the precision) must be
+// those the run directory's config.json recorded. The length, evaluation, logging,
+// checkpoints, parallel settings, guard and device may change. The first difference is
+// refused by name, before the recorded config is replaced (a batch size changed on
+// resume trained on silently and counted the earlier steps' samples at the new size).
+void Run::check_resumed_config() const {
+  const std::string path = dir_->file("config.json");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  json before;
+  try {
+    before = json::parse(config::schema::read_document_file(path, "the run's resolved config"));
+  } catch (const std::exception&) {
+    return;  // unreadable: the checkpoint's own checks still apply
+  }
+  const json now = json::parse(config::to_json(cfg_));
+  const auto differs = [&](const std::string& where, const json& a, const json& b) {
+    if (a == b) return;
+    throw config::ConfigError("resuming " + cfg_.run.dir + ": " + where + " is " + b.dump() + " but the run was "
+                              "trained with " + a.dump() + "; expected the same (a resumed run continues its "
+                              "training; start a new run in another directory)");
+  };
+  const auto section = [&](const char* name) -> json {
+    return before.contains(name) ? before[name] : json();
+  };
+  if (before.contains("model")) differs("model", section("model"), now["model"]);
+  if (before.contains("data"))
+    for (const auto& [key, value] : before["data"].items())
+      if (key != "dir" && now["data"].contains(key)) differs("data." + key, value, now["data"][key]);
+  if (before.contains("train"))
+    for (const char* key : {"batch_size", "seed", "optimizer", "schedule", "grad_clip", "precision", "loss_scale"})
+      if (before["train"].contains(key) && now["train"].contains(key))
+        differs(std::string("train.") + key, before["train"][key], now["train"][key]);
+}
+
 void Run::open_run_files(int64_t start, std::optional<report::MetricsLog>& metrics) {
+  if (opts_.resume) check_resumed_config();
   write_file_atomically(dir_->file("config.json"), config::to_json(cfg_) + "\n", "resolved config");
   if (!opts_.plan_json.empty()) write_file_atomically(dir_->file("plan.json"), opts_.plan_json, "plan");
   metrics.emplace(dir_->file("metrics.jsonl"));

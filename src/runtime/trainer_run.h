@@ -90,6 +90,7 @@ class Run {
   void apply_rebalance(Loop& loop);
   void show_progress(const Loop& loop, int64_t done, float lr);
   void log_line(const Loop& loop, int64_t done, float lr, double elapsed_s) const;
+  void check_resumed_config() const;
   void evaluate_at(Loop& loop, int64_t done);
   TrainSummary stopped(Loop& loop, int64_t done, bool interrupted);
   TrainSummary finish(Loop& loop);

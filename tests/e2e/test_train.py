@@ -126,6 +126,28 @@ def evaluation_memory(tmp):
               r.returncode == 0 and os.path.exists(os.path.join(rdir, "summary.json")), r.stderr)
 
 
+def changed_resume(tmp):
+    """A resume continues the run's training: a changed batch size is refused by name and
+    the run's recorded config kept; more steps and other evaluations are taken."""
+    cfg = mlp_config(steps=20)
+    path = write_config(os.path.join(tmp, "resume-a.json"), cfg)
+    rdir = os.path.join(tmp, "resume-run")
+    r = run(["train", path, "--run-dir", rdir, "--quiet", "--stop-after", "10"])
+    check("changed resume: the first part stops at step 10", r.returncode == 0, r.stderr)
+    with open(os.path.join(rdir, "config.json")) as f:
+        recorded = f.read()
+    cfg["train"]["batch_size"] = 64
+    r = run(["train", write_config(os.path.join(tmp, "resume-b.json"), cfg), "--run-dir", rdir, "--resume", "--quiet"])
+    check("changed resume: another batch size is refused (exit 2), naming it and both values",
+          r.returncode == 2 and "train.batch_size is 64 but the run was trained with 32" in r.stderr, r.stderr)
+    with open(os.path.join(rdir, "config.json")) as f:
+        check("... and the run's config.json is as it was", f.read() == recorded)
+    cfg["train"].update(batch_size=32, steps=25, eval_every=5)
+    r = run(["train", write_config(os.path.join(tmp, "resume-c.json"), cfg), "--run-dir", rdir, "--resume", "--quiet"])
+    check("changed resume: more steps and other evaluations are taken", r.returncode == 0
+          and os.path.exists(ckpt(rdir, 25)), r.stderr)
+
+
 def failed_starts(tmp):
     """A run that fails before its first step worth keeping takes its run directory back,
     so the next try is not refused as "already holds a run"; a directory of the user's
@@ -420,6 +442,7 @@ def main():
         damaged_inputs(tmp, full)
         evaluation_memory(tmp)
         failed_starts(tmp)
+        changed_resume(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failed")
