@@ -142,6 +142,12 @@ Checkpoint read_unprefixed(const std::string& path) {
     if (e.dtype == DType::f32) {
       std::vector<float> v(count);
       if (count) std::memcpy(v.data(), src, count * sizeof(float));
+      // Written finite (write_checkpoint refuses anything else), so a non-finite value is
+      // damage the checksum did not catch, or another writer's: resuming from it would
+      // train on and never checkpoint again.
+      for (size_t i = 0; i < count; ++i)
+        HT_CHECK(std::isfinite(v[i]), "tensor '", e.name, "' holds ", v[i], " at element ", i, " of ", count,
+                 "; expected finite values, as hetrain writes them");
       ck.tensors.emplace(e.name, Tensor::from_vector(v, e.shape, cpu_backend()));
     } else {
       std::vector<int32_t> v(count);

@@ -146,7 +146,9 @@ int64_t Run::restore(report::Progress& progress) {
     Allocator::HostStaging staging;
     loaded = checkpoints_.load_newest_valid(skipped);
   }
-  for (const std::string& s : skipped) progress.note("warning: " + s);
+  // On stderr, --quiet or not: the newest checkpoint being passed over matters.
+  if (root_)
+    for (const std::string& s : skipped) std::fprintf(stderr, "hetrain: warning: %s\n", s.c_str());
   if (!loaded) {
     progress.note("no checkpoint in " + checkpoints_.dir() + " to resume from; starting at step 0");
     return 0;

@@ -192,6 +192,22 @@ def without_datasets(tmp):
           r.returncode == 2 and "--stop-after" in r.stderr and not os.path.exists(os.path.join(tmp, "x")), r.stderr)
 
 
+def poison(path):
+    """Sets the checkpoint's first float to NaN and signs the file again: damage its
+    checksum cannot see (or another writer's file)."""
+    import zlib
+    data = bytearray(open(path, "rb").read())
+    n = int.from_bytes(data[:8], "little")
+    data[8 + n:8 + n + 4] = b"\x00\x00\xc0\x7f"  # a quiet NaN, little-endian
+    head = bytes(data[8:8 + n])
+    at = head.index(b'"hetrain.crc32":"') + len(b'"hetrain.crc32":"')
+    head = head[:at] + b"00000000" + head[at + 8:]
+    crc = zlib.crc32(bytes(data[:8]) + head + bytes(data[8 + n:])) & 0xFFFFFFFF
+    head = head[:at] + f"{crc:08x}".encode() + head[at + 8:]
+    with open(path, "wb") as f:
+        f.write(bytes(data[:8]) + head + bytes(data[8 + n:]))
+
+
 def resign(path, old, new):
     """Replaces `old` by `new` (the same length) in a checkpoint's header text and signs it
     again as the writer does (crc32 over the file with its own 8 digits zeroed)."""
@@ -310,6 +326,19 @@ def damaged_inputs(tmp, full):
     check("a signed checkpoint at step -5: exit 1 naming it and the step",
           r.returncode == 1 and "ckpt-00000010" in r.stderr and "step -5" in r.stderr, r.stderr)
 
+    # A signed checkpoint holding a NaN: eval refuses it; resume passes over it to the one
+    # before (it trained on, and then could never checkpoint again).
+    nan_run = os.path.join(tmp, "mlp-nan")
+    r = run(["train", path, "--run-dir", nan_run, "--quiet", "--stop-after", "15"])
+    poison(ckpt(nan_run, 15))
+    r = run(["eval", path, "--checkpoint", ckpt(nan_run, 15)])
+    check("a signed checkpoint holding a NaN: eval exits 1 naming the tensor and the value",
+          r.returncode == 1 and "holds nan at element 0" in r.stderr, r.stderr)
+    r = run(["train", path, "--run-dir", nan_run, "--resume", "--quiet"])
+    check("... and resume passes over it, naming it, to step 10's, and ends exactly",
+          r.returncode == 0 and "ckpt-00000015" in r.stderr
+          and filecmp.cmp(ckpt(full, 20), ckpt(nan_run, 20), shallow=False), r.stderr[-800:])
+
 
 def main():
     tmp = tempfile.mkdtemp(prefix="hetrain-e2e-")
@@ -372,7 +401,7 @@ def main():
             f.write(bytes([b[0] ^ 0xFF]))
         r = run(["train", path, "--run-dir", corrupt, "--resume"])
         check("corrupt newest checkpoint: resume succeeds from the previous one",
-              r.returncode == 0 and "checksum" in r.stdout and "at step 5" in r.stdout, r.stdout + r.stderr)
+              r.returncode == 0 and "checksum" in r.stderr and "at step 5" in r.stdout, r.stdout + r.stderr)
         check("corrupt newest checkpoint: the final result is still exact",
               filecmp.cmp(ckpt(full, 20), ckpt(corrupt, 20), shallow=False))
 
@@ -394,7 +423,7 @@ def main():
             f.write(data.replace(old_pos, new_pos, 1))
         r = run(["train", path, "--run-dir", header, "--resume"])
         check("header-corrupted newest checkpoint: resume succeeds from the previous one",
-              r.returncode == 0 and "checksum" in r.stdout and "at step 5" in r.stdout, r.stdout + r.stderr)
+              r.returncode == 0 and "checksum" in r.stderr and "at step 5" in r.stdout, r.stdout + r.stderr)
         check("header-corrupted newest checkpoint: the final result is still exact",
               filecmp.cmp(ckpt(full, 20), ckpt(header, 20), shallow=False))
 
