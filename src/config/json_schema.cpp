@@ -172,13 +172,14 @@ int64_t read_int(const Json& v, const std::string& path, int64_t min) {
     x = v.get<int64_t>();
   } else if (v.is_number_unsigned()) {
     if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      fail_at(path, show(v) + " is out of range; expected " + expect);
+      fail_at(path, show(v) + " is out of range; expected " + expect + " and at most 9223372036854775807");
     x = static_cast<int64_t>(v.get<uint64_t>());
   } else if (v.is_number_float()) {
     double d = v.get<double>();
     if (!std::isfinite(d) || d != std::trunc(d))
       fail_at(path, show(v) + " is not an integer; expected " + expect);
-    if (std::fabs(d) >= 9.2e18) fail_at(path, show(v) + " is out of range; expected " + expect);
+    if (std::fabs(d) >= 9.2e18)
+      fail_at(path, show(v) + " is out of range; expected " + expect + " and below 9.2e18");
     x = static_cast<int64_t>(d);
   } else {
     fail_at(path, show(v) + " is not an integer; expected " + expect);
@@ -206,7 +207,8 @@ float read_float(const Json& v, const std::string& path, const Range& r) {
   double x = read_double(v, path, r);
   float f = static_cast<float>(x);
   if (!std::isfinite(f) || !r.contains(f))
-    fail_at(path, show(v) + " is out of range for a float; expected " + r.describe());
+    fail_at(path, show(v) + " is out of range for a float; expected " + r.describe() +
+                      (std::isfinite(f) ? "" : " and at most 3.4e38 (a float's largest)"));
   return f;
 }
 
