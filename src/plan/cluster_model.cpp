@@ -314,7 +314,16 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
   for (const auto& l : cat.links) link_ids.push_back(l.id);
   for (const auto& d : cat.devices) device_ids.push_back(d.id);
   auto hint = [](const std::string& word, const std::vector<std::string>& known) {
-    const std::vector<std::string> close = suggest_all(word, known);
+    // The same letters in another case first: edit distance ranks "RTX3060" nearer
+    // "rtx3090" (one digit) than "rtx3060" (three letters).
+    const auto lower = [](std::string t) {
+      for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return t;
+    };
+    std::vector<std::string> close;
+    for (const std::string& k : known)
+      if (lower(k) == lower(word)) close.push_back(k);
+    if (close.empty()) close = suggest_all(word, known);
     std::string s;
     for (size_t i = 0; i < close.size(); ++i)
       s += (i == 0 ? "" : i + 1 == close.size() ? " or " : ", ") + ("\"" + close[i] + "\"");

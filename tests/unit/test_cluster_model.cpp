@@ -137,6 +137,7 @@ TEST_CASE("cluster: an unknown device suggests its family, then what contains it
   CHECK(hint_of("synth:2xA100") == "(did you mean \"a100-40g\" or \"a100-80g\"?)");
   CHECK(hint_of("synth:1x3090") == "(did you mean \"rtx3090\"?)");  // contained in the id
   CHECK(hint_of("synth:1xrtx3070") == "(did you mean \"rtx3060\", \"rtx3090\" or \"rtx4070\"?)");
+  CHECK(hint_of("synth:2xRTX3060") == "(did you mean \"rtx3060\"?)");  // another case first (it said rtx3090)
   CHECK(hint_of("synth:1xquantum") == "");  // nothing close: only the list of known devices
   CHECK(synth_error("synth:1xquantum").find("known devices: rtx2080ti,") != std::string::npos);
 }
