@@ -130,8 +130,26 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
   // the synchronous planner's memory strategy 2), found once per class and share.
   std::map<std::pair<int, int64_t>, int> fitted;  // (class, share) -> micro-batches
   for (RankPlan& rp : p.ranks) {
+    // The synchronous plan's strategies were for its shares: these are recorded afresh
+    // for the group's (`hetrain plan` showed "14 of at most 11" beside 24 micro-batches).
+    rp.memory_strategies.clear();
+    rp.memory_steps.clear();
     if (rp.replica < 0) continue;
     rp.memory = rank_memory(p, in.costs, rp);
+    if (rp.recompute) {
+      RankPlan without = rp;
+      without.recompute = false;
+      const MemoryUse all = rank_memory(p, in.costs, without);
+      MemoryStep over;
+      over.use = all;
+      over.capacity = rp.device.memory_bytes;
+      MemoryStep saved;
+      saved.kind = MemoryStepKind::recompute;
+      saved.activations_before = all.activations;
+      saved.activations_after = rp.memory.activations;
+      rp.memory_steps = {over, saved};
+      rp.memory_strategies = {MemoryStrategy::recompute};
+    }
     if (rp.memory.total() <= rp.device.memory_bytes) continue;
     auto [known, fresh] = fitted.try_emplace({classes[static_cast<size_t>(rp.rank)], rp.samples}, 0);
     if (fresh) {
@@ -158,7 +176,26 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
     p.layout.micro_batches[static_cast<size_t>(rp.replica)] = known->second;
     rp.micro_batches = known->second;
     rp.micro_batch_size = (rp.samples + known->second - 1) / known->second;
+    // What the share needs in one micro-batch: the figure the count is chosen against.
+    RankPlan whole = rp;
+    whole.micro_batches = 1;
+    whole.micro_batch_size = whole.samples;
+    const MemoryUse before = rank_memory(p, in.costs, whole);
     rp.memory = rank_memory(p, in.costs, rp);
+    if (rp.memory_steps.empty()) {
+      MemoryStep over;
+      over.use = before;
+      over.capacity = rp.device.memory_bytes;
+      rp.memory_steps.push_back(over);
+    }
+    MemoryStep step;
+    step.kind = MemoryStepKind::micro_batches;
+    step.activations_before = before.activations;
+    step.activations_after = rp.memory.activations;
+    step.micro_batches = rp.micro_batches;
+    step.micro_batch_size = rp.micro_batch_size;
+    rp.memory_steps.push_back(step);
+    rp.memory_strategies.push_back(MemoryStrategy::micro_batches);
   }
   l.inner_steps = static_cast<int>(l.groups.size());  // until predict_local chooses H and the H_g
   l.group_steps.assign(l.groups.size(), 1);

@@ -388,6 +388,20 @@ def what_if_svg(tmp):
           r.returncode != 0 and f"cannot write what-if timeline {bad}" in r.stderr, r.stderr[-800:])
 
 
+def planning_example_strategies(tmp):
+    """A local plan's memory strategies are its own shares' (a rank's micro-batch step names
+    the count the rank runs): they were the synchronous plan's it was made from, "14 of at
+    most 11" beside 24 micro-batches."""
+    out = os.path.join(tmp, "home-lab.json")
+    r = plan(os.path.join(ROOT, "configs", "planning", "gpt2_350m.json"), "--cluster",
+             os.path.join(ROOT, "configs", "planning", "clusters", "home_lab.json"), "--json", out)
+    ranks = load(out)["ranks"] if r.returncode == 0 else []
+    steps = [(x["rank"], x["micro_batches"], [s.get("micro_batches") for s in x["memory_steps"]
+                                                if s.get("kind") == "micro_batches"]) for x in ranks]
+    check("planning example: every rank's micro-batch strategy names the count it runs",
+          ranks and all(m == [n] if n > 1 else m == [] for _, n, m in steps), steps)
+
+
 def other_models_profile(tmp):
     """A probe file profiled with --model of one config: its block times plan that model;
     another model with blocks of the same kinds (a wider MLP) is planned from the file's
@@ -423,6 +437,7 @@ def main():
     local_trace(tmp)
     own_ranks()
     other_models_profile(tmp)
+    planning_example_strategies(tmp)
     return finish(tmp)
 
 
