@@ -71,6 +71,15 @@ std::string memory_reason_text(const plan::RankPlan& r) {
   if (r.memory_strategies.empty()) return "";
   std::string steps;
   for (const plan::MemoryStep& s : r.memory_steps) steps += (steps.empty() ? "" : "; ") + memory_step_text(s);
+  // The layout may then run more micro-batches than memory asked for (a pipeline's, to
+  // shorten its bubble): say so, or the table's count contradicts the step's.
+  for (auto it = r.memory_steps.rbegin(); it != r.memory_steps.rend(); ++it)
+    if (it->kind == plan::MemoryStepKind::micro_batches) {
+      if (it->micro_batches != r.micro_batches)
+        steps += "; the layout runs " + std::to_string(r.micro_batches) + " of at most " +
+                 std::to_string(r.micro_batch_size) + " samples";
+      break;
+    }
   const std::string name = memory_strategies_text(r.memory_strategies);
   // Steps that open with the strategy's own name (a rank sharded for another) say it.
   if (steps.rfind(name + ":", 0) == 0) return steps;

@@ -436,3 +436,23 @@ TEST_CASE("durations read in the unit of their size, a negative one (time gained
   CHECK(format_seconds(-2.5e300) == "-2.5e+300 s");
   CHECK(format_bytes(1e308) == "9.31e+298 GiB");
 }
+
+TEST_CASE("plan report: a rank whose layout runs more micro-batches than memory asked for says so") {
+  ht::plan::RankPlan r;
+  r.micro_batches = 295;
+  r.micro_batch_size = 1;
+  r.memory_strategies = {ht::plan::MemoryStrategy::micro_batches};
+  ht::plan::MemoryStep over;
+  over.capacity = 1e9;
+  ht::plan::MemoryStep step;
+  step.kind = ht::plan::MemoryStepKind::micro_batches;
+  step.micro_batches = 99;
+  step.micro_batch_size = 3;
+  r.memory_steps = {over, step};
+  const std::string text = ht::report::memory_reason_text(r);
+  CHECK(text.find("micro-batches: 99 of at most 3 samples") != std::string::npos);
+  CHECK(text.find("; the layout runs 295 of at most 1 samples") != std::string::npos);
+  r.micro_batches = 99;  // as memory asked: nothing more to say
+  r.micro_batch_size = 3;
+  CHECK(ht::report::memory_reason_text(r).find("the layout runs") == std::string::npos);
+}
