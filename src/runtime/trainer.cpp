@@ -140,11 +140,18 @@ TrainSummary Run::run() {
   Loop loop(progress, metrics, start, std::min(start + 5, total_steps_ - 1));
   for (; loop.step < total_steps_; ++loop.step) {
     const float lr = schedule_.at(loop.step);
-    const bool trace = !opts_.timeline.empty() && loop.step == loop.traced;
+    // Under local the traced step's whole round (from where this run began), so that every
+    // group's inner steps are in it; one step otherwise. Every rank writes at its end.
+    const int64_t h = local_ ? local_->inner_steps() : 1;
+    const int64_t trace_begin = std::max(loop.start, loop.traced / h * h);
+    const int64_t trace_end = std::min(total_steps_ - 1, local_ ? loop.traced / h * h + h - 1 : loop.traced);
+    const bool trace = !opts_.timeline.empty() && loop.step >= trace_begin && loop.step <= trace_end;
     faults_.begin_step(loop.step + 1);
     const int64_t asked = loop.step;
+    const int64_t taken = loop.step;
     StepResult r = take_step(loop, lr, trace);  // may move loop.step on (a deadline catch-up)
-    if (trace) write_timeline(r);
+    if (trace) add_spans(loop.trace, r);
+    if (trace && taken == trace_end) write_timeline(loop.trace);
     rebalancer_.record(r);
     add_to_window(loop, r);
     const int64_t done = loop.step + 1;
@@ -246,6 +253,17 @@ void Run::announce(int64_t start, report::Progress& progress) {
 
 // This rank's part of job step loop.step. Under deadline the step applied may be a later
 // one (after a catch-up): loop.step moves on to it.
+void Run::add_spans(StepResult& into, const StepResult& r) {
+  if (r.spans.empty()) return;
+  if (into.spans.empty()) into.start_s = r.start_s;
+  const double shift = r.start_s - into.start_s;
+  for (plan::Span s : r.spans) {
+    s.start_s += shift;
+    s.end_s += shift;
+    into.spans.push_back(std::move(s));
+  }
+}
+
 StepResult Run::take_step(Loop& loop, float lr, bool trace) {
   StepResult r = local_group_ ? local_step(loop.step, lr, trace)
                               : executor_->step(stream_base_ + loop.step * cfg_.train.batch_size, lr, trace);

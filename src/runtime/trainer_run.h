@@ -77,6 +77,9 @@ class Run {
     std::vector<double> step_walls;   // since the shares last changed
     std::deque<PendingLog> pending_logs;
     const int64_t traced;  // the step whose timeline is written: past the warm-up
+    // Under local the traced step's whole round (a group takes its inner steps spread over
+    // it, none in most job steps): its steps' spans, on the first's clock.
+    StepResult trace;
     // Since t0, when the last step was done (under local with its final outer step),
     // before the final checkpoint and evaluation; 0 until then.
     double trained_s = 0;
@@ -86,6 +89,8 @@ class Run {
   void open_run_files(int64_t start, std::optional<report::MetricsLog>& metrics);
   void announce(int64_t start, report::Progress& progress);
   StepResult take_step(Loop& loop, float lr, bool trace);
+  // Adds `r`'s spans to `into`, shifted onto `into`'s clock (its first spans' start).
+  static void add_spans(StepResult& into, const StepResult& r);
   void add_to_window(Loop& loop, const StepResult& r);
   void apply_rebalance(Loop& loop);
   void show_progress(const Loop& loop, int64_t done, float lr);

@@ -20,13 +20,18 @@ StepResult Run::local_step(int64_t step, float lr, bool trace) {
   LocalGroup& g = *local_group_;
   if (g.group < 0) return executor_->step(stream_base_ + step * cfg_.train.batch_size, lr, trace);  // idle
   const auto t0 = Clock::now();
-  StepResult r;
+  StepResult r, traced;  // traced: every inner step's spans of this job step, not the last's alone
   for (const plan::LocalBatch& b : plan::local_batches(plan_, g.group, step)) {
     if (b.count != g.plan.global_batch) {
       plan::size_group_step(g.plan, plan_, g.group, b.count);
       executor_->reshare();
     }
     r = executor_->step(stream_base_ + b.first, lr, trace);
+    if (trace) add_spans(traced, r);
+  }
+  if (trace) {
+    r.spans = std::move(traced.spans);
+    r.start_s = traced.start_s;
   }
   r.wall_s = seconds_since(t0);
   return r;

@@ -157,10 +157,23 @@ def main():
         json.dump(plan, f)
 
     run_dir = os.path.join(scratch, "run")
-    a = mpirun(HETRAIN, 4, ["train", cfg, "--plan", planned, "--run-dir", run_dir, "--stop-after", "30"], timeout=300)
+    timeline = os.path.join(scratch, "timeline.json")
+    a = mpirun(HETRAIN, 4, ["train", cfg, "--plan", planned, "--run-dir", run_dir, "--stop-after", "30",
+                            "--timeline", timeline], timeout=300)
     check("4 ranks in 3 groups train to step 30", a.returncode == 0, a.stderr[-3000:])
     if a.returncode:
         return finish(scratch)
+    # --timeline records a whole round: every rank's group's inner steps in it (one job
+    # step held none for most groups, and the trace was empty).
+    used = load(planned)
+    steps_of = {}
+    for g, members in enumerate(used["local"]["groups"]):
+        for replica in members:
+            for rank in used["layout"]["replicas"][replica]:
+                steps_of[rank] = used["local"]["group_steps"][g]
+    events = [e for e in load(timeline)["traceEvents"] if e.get("ph") == "X"] if os.path.exists(timeline) else []
+    per_rank = {r: sum(1 for e in events if e["tid"] == r and e["name"] == "OptimizerStep") for r in steps_of}
+    check("--timeline: one round, each rank's H_g optimiser steps", per_rank == steps_of, (per_rank, steps_of))
     ckpt = os.path.join(run_dir, "checkpoints", "ckpt-00000030.safetensors")
     check("a checkpoint at step 30", os.path.exists(ckpt))
     ckpt_outer = None
