@@ -213,6 +213,18 @@ void register_train(CLI::App& app) {
     } catch (const ht::config::ConfigError& e) {
       throw ht::config::ConfigError(std::string("--inject: ") + e.what());
     }
+    // A fault after the last step would do nothing and say nothing (with epochs the steps
+    // are known only with the data: not checked then).
+    if (cfg.train.steps)
+      for (const ht::runtime::Fault& f : opts.faults)
+        if (f.at > *cfg.train.steps)
+          throw ht::config::ConfigError("--inject " + f.spec + ": at=" + std::to_string(f.at) +
+                                        " is after the run's last step " + std::to_string(*cfg.train.steps) +
+                                        "; expected a step from 1 to " + std::to_string(*cfg.train.steps));
+    if (!args->plan.empty() && !args->cluster.empty())
+      throw ht::config::ConfigError("--cluster " + args->cluster + " with --plan " + args->plan +
+                                    ": the plan was made over its own cluster, so the cluster file would be unused; "
+                                    "expected one of them");
     // MPI's start-up, the communicator splits and MPI_Finalize cannot time out; they are
     // bounded by the same limit as every other wait on a peer (comm/watchdog.h).
     ht::comm::set_blocking_call_limit(std::chrono::duration<double>(cfg.parallel.peer_timeout_s));

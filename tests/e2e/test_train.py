@@ -190,6 +190,13 @@ def without_datasets(tmp):
     r = run(["train", mpath, "--run-dir", os.path.join(tmp, "x"), "--stop-after", "-1"])
     check("--stop-after -1: exit 2 naming the option",
           r.returncode == 2 and "--stop-after" in r.stderr and not os.path.exists(os.path.join(tmp, "x")), r.stderr)
+    # Options that would do nothing are refused, not ignored.
+    r = run(["train", mpath, "--run-dir", os.path.join(tmp, "x"), "--inject", "nan:rank=0,at=100"])
+    check("--inject after the last step: exit 2 naming it and the run's length",
+          r.returncode == 2 and "at=100 is after the run's last step 20" in r.stderr, r.stderr)
+    r = run(["train", mpath, "--run-dir", os.path.join(tmp, "x"), "--plan", "p.json", "--cluster", "c.json"])
+    check("--plan with --cluster: exit 2 (the cluster file would be unused)",
+          r.returncode == 2 and "the cluster file would be unused" in r.stderr, r.stderr)
 
 
 def poison(path):
