@@ -155,6 +155,12 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     const std::string p = index_path(bp, i);
     expect_object(blocks[i], p, "an object with kind and fwd_bwd_s_per_sample");
+    // The times are taken in array order: an index the writer put elsewhere says the file
+    // was edited out of order (files from before the index have none).
+    if (auto index = blocks[i].find("index"); index != blocks[i].end())
+      if (read_int(*index, key_path(p, "index"), 0) != static_cast<int64_t>(i))
+        fail_at(key_path(p, "index"), show(*index) + " is not this entry's place; expected " + std::to_string(i) +
+                                          " (the blocks in model order)");
     BlockTiming t{read_string(require(blocks[i], p, "kind", "a string"), key_path(p, "kind"), "a block kind"),
                   positive(blocks[i], p, "fwd_bwd_s_per_sample")};
     if (auto call = blocks[i].find("fwd_bwd_s_per_call"); call != blocks[i].end())
@@ -242,11 +248,19 @@ ClusterFingerprint parse_cluster(const Json& j, const std::string& path,
   if (!ranks.is_array() || ranks.size() != n)
     fail_at("ranks", "has " + std::to_string(ranks.is_array() ? ranks.size() : 0) +
                          " entries; expected world_size = " + std::to_string(n));
+  std::map<std::pair<std::string, int>, size_t> local_ranks;  // (host, local rank) -> rank
   for (size_t i = 0; i < n; ++i) {
     c.ranks.push_back(parse_rank(ranks[i], index_path("ranks", i)));
     if (c.ranks.back().rank != static_cast<int>(i))
       fail_at(key_path(index_path("ranks", i), "rank"),
               std::to_string(c.ranks.back().rank) + " is out of order; expected " + std::to_string(i));
+    // A host's ranks share its memory and devices by local rank: two with one would be
+    // given the same GPU and each half the memory of a host with one rank fewer.
+    const auto [at, fresh] = local_ranks.try_emplace({c.ranks.back().host.host, c.ranks.back().local_rank}, i);
+    if (!fresh)
+      fail_at(key_path(index_path("ranks", i), "local_rank"),
+              std::to_string(c.ranks.back().local_rank) + " is also rank " + std::to_string(at->second) +
+                  "'s on host \"" + c.ranks.back().host.host + "\"; expected each rank of a host its own local rank");
   }
   const Json& links = require(j, "", "links", "an object with latency_s and bandwidth_bytes_per_s");
   expect_object(links, "links", "an object with latency_s and bandwidth_bytes_per_s");

@@ -10,7 +10,7 @@ inline probe::ClusterFingerprint two_rank_probe() {
   probe::ClusterFingerprint c;
   for (int i = 0; i < 2; ++i) {
     probe::RankFingerprint r;
-    r.rank = i;
+    r.rank = r.local_rank = i;  // one host: a local rank each
     r.host.host = "h";
     r.host.cpu_model = "cpu";
     r.host.physical_cores = 2;

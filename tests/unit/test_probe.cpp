@@ -206,6 +206,13 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   no_memory["ranks"][1]["host"]["gpus"][0]["memory_total_bytes"] = 0;
   CHECK(error_for(no_memory.dump()).find("ranks[1].host.gpus[0].memory_total_bytes: 0 is not a memory size") !=
         std::string::npos);
+  nlohmann::json twin = nlohmann::json::parse(good);
+  twin["ranks"][1]["local_rank"] = 0;  // two ranks of host "h" as one
+  CHECK(error_for(twin.dump()).find("ranks[1].local_rank: 0 is also rank 0's on host \"h\"") != std::string::npos);
+  twin = nlohmann::json::parse(good);
+  twin["ranks"][0]["blocks"][0]["index"] = 3;
+  CHECK(error_for(twin.dump()).find("ranks[0].blocks[0].index: 3 is not this entry's place; expected 0") !=
+        std::string::npos);
   std::string no_file = error_for("{}");
   CHECK(no_file.find("format") != std::string::npos);
 }
