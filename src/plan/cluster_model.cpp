@@ -35,7 +35,13 @@ CatalogueDevice parse_device(const Json& d, const std::string& p) {
     return [&out, r](const Json& v, const std::string& at) { out = read_double(v, at, r); };
   };
   walk(d, p,
-       {{"id", {}, [&](const Json& v, const std::string& at) { c.id = read_string(v, at, "a device id"); }},
+       {{"id", {}, [&](const Json& v, const std::string& at) {
+          c.id = read_string(v, at, "a device id");
+          // synth: specs name devices between ',', 'x' counts and '@' links.
+          if (c.id.find_first_of(",@ ") != std::string::npos)
+            fail_at(at, show(v) + " holds a ',', '@' or space, which a synth: spec cannot name; expected an id "
+                               "such as \"rtx3060\"");
+        }},
         {"name", {}, [&](const Json& v, const std::string& at) { c.name = read_string(v, at, "a name"); }},
         {"kind", {}, [&](const Json& v, const std::string& at) { c.kind = *parse_device_kind(read_enum(v, at, device_kind_names())); }},
         {"fp32_tflops", {}, num(c.fp32_tflops, Range::figure_above_0())},

@@ -184,7 +184,8 @@ RankPlan read_rank(const Json& j, const std::string& p) {
   std::tie(r.block_begin, r.block_end) = blocks[0];
   r.samples = read_int(at(j, p, "samples"), key_path(p, "samples"), 0);
   r.micro_batches = integer(j, p, "micro_batches", 1);
-  r.micro_batch_size = read_int(at(j, p, "micro_batch_size"), key_path(p, "micro_batch_size"), 0);
+  // At least one sample a micro-batch where the rank has samples (a rank left idle has none).
+  r.micro_batch_size = read_int(at(j, p, "micro_batch_size"), key_path(p, "micro_batch_size"), r.samples > 0 ? 1 : 0);
   r.recompute = read_bool(at(j, p, "recompute"), key_path(p, "recompute"));
   r.optimizer_shard = read_double(at(j, p, "optimizer_shard"), key_path(p, "optimizer_shard"), Range{0, 1});
   r.memory_strategies = read_memory_strategies(array(j, p, "memory_strategies"), key_path(p, "memory_strategies"));

@@ -320,7 +320,11 @@ def damaged_inputs(tmp, full):
     small["global_batch"] = small["layout"]["samples"][0] = small["ranks"][0]["samples"] = 1
     small["layout"]["micro_batches"] = [1] * len(small["layout"]["micro_batches"])
     small["ranks"][0]["micro_batches"] = 1
+    zero_mbs = json.loads(json.dumps(good))
+    zero_mbs["ranks"][0]["micro_batch_size"] = 0
     for name, edited, want in (("no replica", no_replica, "layout.replicas is empty"),
+                               ("micro-batches of 0 samples", zero_mbs,
+                                "ranks[0].micro_batch_size: 0 is out of range; expected an integer >= 1"),
                                ("a global batch of 1", small, "global_batch is 1 but this run's train.batch_size is 32")):
         edited_path = write_config(os.path.join(tmp, "mlp-plan-edited.json"), edited)
         r = run(["train", path, "--plan", edited_path, "--run-dir", os.path.join(tmp, "mlp-edited"), "--quiet"], timeout=60)

@@ -162,11 +162,14 @@ TEST_CASE("cluster: a missing or malformed catalogue is named with its JSON path
   huge.replace(huge.find("\"memory_gb\": 8"), 14, "\"memory_gb\": 1e308");
   std::string typo = ok_dev;
   typo.replace(typo.find("\"memory_gb\""), 11, "\"memory_gib\"");
+  std::string comma = ok_dev;  // no synth: spec could name it
+  comma.replace(comma.find("\"id\": \"g\""), 9, "\"id\": \"g,h\"");
   const Case cases[] = {
       {head + ok_dev + "]}", {}},
       {head + neg + "]}", {"devices[0].fp32_tflops", "-1 is out of range", "(0, 1e+15]"}},
       {head + huge + "]}", {"devices[0].memory_gb", "1e+308 is out of range", "(0, 1e+15]"}},
       {head + typo + "]}", {"devices[0].memory_gib", "did you mean 'memory_gb'"}},
+      {head + comma + "]}", {"devices[0].id", "which a synth: spec cannot name"}},
       {head + bad_source + "]}", {"devices[0].source", "where the figures come from"}},
       {head + ok_dev + "," + ok_dev + "]}", {"devices[1].id", "repeats devices[0]"}},
       {head + "]}", {"devices", "non-empty array"}},
