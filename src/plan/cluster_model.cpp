@@ -336,8 +336,12 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
     return s.empty() ? s : " (did you mean " + s + "?)";
   };
   auto lc = std::find_if(cat.links.begin(), cat.links.end(), [&](const LinkClass& l) { return l.id == link; });
-  if (lc == cat.links.end())
+  if (lc == cat.links.end()) {
+    if (at == std::string::npos)  // the user named none: say which one was assumed
+      spec_error(spec, "(no @LINK)", std::string("takes the link class \"") + kDefaultLink + "\", which " + catalogue_path +
+                                         " does not list; expected @LINK naming one of: " + join(link_ids));
     spec_error(spec, "@" + link, "is an unknown link class" + hint(link, link_ids) + "; known link classes: " + join(link_ids));
+  }
 
   ClusterModel c;
   c.source = spec;

@@ -188,6 +188,17 @@ TEST_CASE("cluster: a missing or malformed catalogue is named with its JSON path
       CHECK(msg.find(p.string()) != std::string::npos);  // the file is always named
     }
   }
+  // A catalogue without the default link class: a spec naming no @LINK is told which it
+  // took (it was told '"@pcie" is an unknown link class', which it never typed).
+  std::string no_pcie = head + ok_dev + "]}";
+  no_pcie.replace(no_pcie.find("\"pcie\": {"), 9, "\"eth\": {");
+  no_pcie.replace(no_pcie.find("\"kind\": \"pcie\""), 14, "\"kind\": \"eth\"");
+  const fs::path p = temp_file("no-pcie.json", no_pcie);
+  msg = error_of([&] { cluster_from_synth("synth:1xg", p.string()); });
+  fs::remove(p);
+  CAPTURE(msg);
+  CHECK(msg.find("\"(no @LINK)\" takes the link class \"pcie\"") != std::string::npos);
+  CHECK(msg.find("expected @LINK naming one of: eth") != std::string::npos);
 }
 
 TEST_CASE("cluster: a 1,024-rank synthetic cluster keeps the spec's order") {
