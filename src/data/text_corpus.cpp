@@ -1,5 +1,6 @@
 #include "data/text_corpus.h"
 
+#include <map>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -88,6 +89,9 @@ std::vector<std::string> list_corpus_files(const std::vector<std::string>& paths
              " not found (the Debian package fortunes provides /usr/share/games/fortunes: "
              "apt-get install fortunes)");
     if (!fs::is_directory(st)) {
+      // A device or a pipe never ends (/dev/zero) or reads once: only files hold a corpus.
+      HT_CHECK(fs::is_regular_file(st), "text corpus: path ", p,
+               " is not a regular file or a directory; expected text files or directories of them");
       files.push_back(p);
       continue;
     }
@@ -100,6 +104,16 @@ std::vector<std::string> list_corpus_files(const std::vector<std::string>& paths
     HT_CHECK(!ec, "text corpus: cannot list directory ", p, ": ", ec.message());
     std::sort(names.begin(), names.end());
     for (const auto& n : names) files.push_back((fs::path(p) / n).string());
+  }
+  // A file reached twice (a path listed twice, or a file beside its directory) would be
+  // trained on twice as often as the rest.
+  std::map<std::string, std::string> seen;  // canonical path -> the path that reached it
+  for (const auto& f : files) {
+    std::error_code ec;
+    const std::string key = fs::weakly_canonical(f, ec).string();
+    const auto [at, fresh] = seen.try_emplace(ec ? f : key, f);
+    HT_CHECK(fresh, "text corpus: ", f, at->second == f ? std::string(" is reached twice") : " is the same file as " + at->second,
+             " through data.paths; expected each file once");
   }
   return files;
 }

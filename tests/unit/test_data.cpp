@@ -300,6 +300,16 @@ TEST_CASE("data: text corpus reads files and directories in order and splits the
                        doctest::Contains((d.file("missing") + " not found").c_str()), Error);
   CHECK_THROWS_WITH_AS(load_text_corpus({d.file("missing")}, {}, 0.1, 2),
                        doctest::Contains("fortunes provides /usr/share/games/fortunes"), Error);
+  // A file reached twice would be trained on twice as often; a device is no corpus.
+  CHECK_THROWS_WITH_AS(load_text_corpus({d.file("single"), d.file("single")}, {}, 0.1, 2),
+                       doctest::Contains((d.file("single") + " is reached twice through data.paths").c_str()), Error);
+  CHECK_THROWS_WITH_AS(load_text_corpus({d.file("dir"), d.file("dir/a.txt")}, skip, 0.1, 2),
+                       doctest::Contains("a.txt is reached twice"), Error);
+  fs::create_symlink(d.file("single"), d.file("alias"));
+  CHECK_THROWS_WITH_AS(load_text_corpus({d.file("single"), d.file("alias")}, {}, 0.1, 2),
+                       doctest::Contains((d.file("alias") + " is the same file as " + d.file("single")).c_str()), Error);
+  CHECK_THROWS_WITH_AS(load_text_corpus({"/dev/null"}, {}, 0.1, 2),
+                       doctest::Contains("/dev/null is not a regular file or a directory"), Error);
   fs::create_directories(d.path / "empty");
   write_text(d.file("empty/skip.dat"), "x");
   CHECK_THROWS_WITH_AS(load_text_corpus({d.file("empty")}, skip, 0.1, 2),
