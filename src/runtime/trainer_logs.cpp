@@ -2,6 +2,7 @@
 // (Communicator::consult) while the next step runs; rank 0 sends all of them back, every
 // rank checks the replicas identical and the loss finite, and rank 0 writes the record
 // and reports the bad-node guard's events.
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <nlohmann/json.hpp>
@@ -75,10 +76,11 @@ bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final
 }
 
 // The progress line of log step `done` (its loss now in loop.last_loss), with the rate
-// and remaining time as they stood at the step, `elapsed_s` into the run.
-void Run::log_line(const Loop& loop, int64_t done, float lr, double elapsed_s) const {
+// (`rate`, or where negative the run's so far) and remaining time as they stood at the
+// step, `elapsed_s` into the run.
+void Run::log_line(const Loop& loop, int64_t done, float lr, double elapsed_s, double rate) const {
   const auto steps = static_cast<double>(done - loop.start);
-  const double rate = steps * static_cast<double>(cfg_.train.batch_size) / elapsed_s;
+  if (rate < 0) rate = steps * static_cast<double>(cfg_.train.batch_size) / elapsed_s;
   const double eta = static_cast<double>(total_steps_ - done) * elapsed_s / steps;
   loop.progress.logged(done, static_cast<float>(loop.last_loss), lr, rate, eta);
 }
@@ -140,7 +142,11 @@ bool Run::finish_log(Loop& loop, PendingLog& p) {
   for (const Window& w : ranks)
     for (const auto& [step, e] : w.guard) report_guard(step, e, loop.metrics);
   loop.last_loss = check_loss(loss_sum, p.steps, p.done);
-  log_line(loop, p.done, p.lr, p.elapsed_s);
+  // The line's rate is the record's: the window's samples over its slowest rank's steps.
+  double wall = 0;
+  for (const Window& w : ranks) wall = std::max(wall, w.wall_s);
+  log_line(loop, p.done, p.lr, p.elapsed_s,
+           wall > 0 ? static_cast<double>(p.steps * cfg_.train.batch_size) / wall : -1);
   if (loop.metrics)
     loop.metrics->write(with_sync_policy(
         train_record(p.done, p.lr, loop.last_loss, ranks, p.steps, cfg_.train.batch_size, p.elapsed_s), p.outer_steps,

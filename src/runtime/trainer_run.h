@@ -94,7 +94,7 @@ class Run {
   void add_to_window(Loop& loop, const StepResult& r);
   void apply_rebalance(Loop& loop);
   void show_progress(const Loop& loop, int64_t done, float lr);
-  void log_line(const Loop& loop, int64_t done, float lr, double elapsed_s) const;
+  void log_line(const Loop& loop, int64_t done, float lr, double elapsed_s, double rate = -1) const;
   void check_resumed_config() const;
   void evaluate_at(Loop& loop, int64_t done);
   TrainSummary stopped(Loop& loop, int64_t done, bool interrupted);

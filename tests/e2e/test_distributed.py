@@ -167,11 +167,12 @@ def main():
                         for x in train), str(train[:1]))
     # Each progress line is written once its step's loss is in (it used to show the log
     # step before's): its loss is the record's.
-    lines = {int(m.group(1)): m.group(2) for m in re.finditer(r"^step (\d+)/\d+  loss (\S+)", r.stdout, re.M)}
-    check("2 ranks: every progress line shows its own step's loss",
+    lines = {int(m.group(1)): (m.group(2), m.group(3))
+             for m in re.finditer(r"^step (\d+)/\d+  loss (\S+)  lr \S+  (\d+) samples/s", r.stdout, re.M)}
+    check("2 ranks: every progress line shows its own step's loss and its record's samples/s",
           train and sorted(lines) == [x["step"] for x in train]
-          and all(lines[x["step"]] == f"{x['loss']:.4f}" for x in train),
-          (lines, [(x["step"], round(x["loss"], 4)) for x in train]))
+          and all(lines[x["step"]] == (f"{x['loss']:.4f}", f"{x['samples_per_s']:.0f}") for x in train),
+          (lines, [(x["step"], round(x["loss"], 4), round(x["samples_per_s"])) for x in train]))
     checks = [x for x in records if x["type"] == "rebalance"]
     check("2 ranks: a rebalancing check every 10 steps, with measured and calibrated step",
           [x["step"] for x in checks] == [10, 20, 30]
