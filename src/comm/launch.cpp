@@ -1,8 +1,8 @@
 #include "comm/launch.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 
 namespace ht::comm {

@@ -148,10 +148,9 @@ TrainSummary Run::run() {
     const bool trace = !opts_.timeline.empty() && loop.step >= trace_begin && loop.step <= trace_end;
     faults_.begin_step(loop.step + 1);
     const int64_t asked = loop.step;
-    const int64_t taken = loop.step;
     StepResult r = take_step(loop, lr, trace);  // may move loop.step on (a deadline catch-up)
     if (trace) add_spans(loop.trace, r);
-    if (trace && taken == trace_end) write_timeline(loop.trace);
+    if (trace && asked == trace_end) write_timeline(loop.trace);
     rebalancer_.record(r);
     add_to_window(loop, r);
     const int64_t done = loop.step + 1;
@@ -191,7 +190,6 @@ TrainSummary Run::run() {
   return finish(loop);
 }
 
-// Rank 0's: the resolved config, the plan and the metrics log, in the run directory.
 // A resumed run continues the training it resumes: the settings that make it (the model,
 // the data, the batch, the seed, the optimiser and its schedule, the precision) must be
 // those the run directory's config.json recorded. The length, evaluation, logging,
@@ -228,6 +226,7 @@ void Run::check_resumed_config() const {
         differs(std::string("train.") + key, before["train"][key], now["train"][key]);
 }
 
+// Rank 0's: the resolved config, the plan and the metrics log, in the run directory.
 void Run::open_run_files(int64_t start, std::optional<report::MetricsLog>& metrics) {
   if (opts_.resume) check_resumed_config();
   write_file_atomically(dir_->file("config.json"), config::to_json(cfg_) + "\n", "resolved config");
@@ -251,8 +250,6 @@ void Run::announce(int64_t start, report::Progress& progress) {
                   executor_->why_weights_apart() + ")");
 }
 
-// This rank's part of job step loop.step. Under deadline the step applied may be a later
-// one (after a catch-up): loop.step moves on to it.
 void Run::add_spans(StepResult& into, const StepResult& r) {
   if (r.spans.empty()) return;
   if (into.spans.empty()) into.start_s = r.start_s;
@@ -264,6 +261,8 @@ void Run::add_spans(StepResult& into, const StepResult& r) {
   }
 }
 
+// This rank's part of job step loop.step. Under deadline the step applied may be a later
+// one (after a catch-up): loop.step moves on to it.
 StepResult Run::take_step(Loop& loop, float lr, bool trace) {
   StepResult r = local_group_ ? local_step(loop.step, lr, trace)
                               : executor_->step(stream_base_ + loop.step * cfg_.train.batch_size, lr, trace);
