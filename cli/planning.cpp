@@ -23,9 +23,9 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
         ht::plan::load_cluster_model(arg, catalogue.empty() ? ht::plan::default_catalogue_path() : catalogue,
                                      check_world_size ? std::optional<int>(world.size()) : std::nullopt);
     if (c.block_seconds.empty()) return c;
-    const size_t blocks = ht::runtime::describe_model(cfg).size();
-    bool other = !c.model_signature.empty() && c.model_signature != model_signature(cfg);
-    for (const auto& row : c.block_seconds) other = other || (!row.empty() && row.size() != blocks);
+    const ht::nn::ModelShape model = ht::runtime::describe_model(cfg);
+    bool other = !c.model_signature.empty() && c.model_signature != model_signature(model);
+    for (const auto& row : c.block_seconds) other = other || (!row.empty() && row.size() != model.size());
     if (other) {
       // Another model's timings would misplace every share (by 70x, a 64-wide MLP's for a
       // 4096-wide one's); the file's sgemm and bandwidth still describe the hardware.
@@ -53,9 +53,9 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
   return c;
 }
 
-std::string model_signature(const ht::config::Config& cfg) {
+std::string model_signature(const ht::nn::ModelShape& model) {
   std::string text;
-  for (const ht::nn::BlockShape& b : ht::runtime::describe_model(cfg).blocks)
+  for (const ht::nn::BlockShape& b : model.blocks)
     text += b.kind + " " + std::to_string(b.params) + " " + std::to_string(b.flops_per_sample) + " " +
             std::to_string(b.activation_bytes_per_sample) + " " + ht::to_string(b.sample_input_shape) + " " +
             ht::to_string(b.sample_output_shape) + ";";

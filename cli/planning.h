@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "nn/block_shape.h"
 #include "plan/block_costs.h"
 #include "plan/cluster_model.h"
 #include "plan/plan.h"
@@ -25,7 +26,7 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
 
 // The config's model's blocks (kinds, parameters, FLOPs, activations, shapes) in one word,
 // for a probe file to name the model it profiled.
-std::string model_signature(const ht::config::Config& cfg);
+std::string model_signature(const ht::nn::ModelShape& model);
 
 struct Planned {
   ht::plan::Plan plan;

@@ -73,7 +73,7 @@ void register_probe(CLI::App& app) {
     };
     ht::probe::ClusterFingerprint c = ht::probe::run_probe(world, opts);
     if (world.rank() != 0) return;
-    if (opts.model) c.model_signature = model_signature(*opts.model);
+    if (opts.model) c.model_signature = model_signature(ht::runtime::describe_model(*opts.model));
     std::printf("%s", ht::probe::format_cluster(c).c_str());
     if (!args->json.empty()) {
       ht::runtime::write_file_atomically(args->json, ht::probe::cluster_to_json(c) + "\n",

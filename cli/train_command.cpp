@@ -26,6 +26,7 @@
 #include "report/plan_text.h"
 #include "report/progress.h"
 #include "runtime/fault_injection.h"
+#include "runtime/run_dir.h"
 #include "runtime/trainer.h"
 
 namespace hetrain_cli {
@@ -198,15 +199,13 @@ void register_train(CLI::App& app) {
     } catch (const ht::Error& e) {
       throw ht::config::ConfigError(e.what());
     }
-    const std::string& dir = cfg.run.dir;
-    check_not_an_input("--timeline", args->timeline,
-                       {{"the config", args->config},
-                        {"the plan file", args->plan},
-                        {"the cluster file", args->cluster.rfind("synth:", 0) == 0 ? std::string() : args->cluster},
-                        {"the run's config", dir + "/config.json"},
-                        {"the run's plan", dir + "/plan.json"},
-                        {"the run's metrics", dir + "/metrics.jsonl"},
-                        {"the run's summary", dir + "/summary.json"}});
+    std::vector<std::pair<std::string, std::string>> inputs{
+        {"the config", args->config},
+        {"the plan file", args->plan},
+        {"the cluster file", args->cluster.rfind("synth:", 0) == 0 ? std::string() : args->cluster}};
+    for (const char* name : ht::runtime::RunDir::kRunFiles)
+      inputs.emplace_back(std::string("the run's ") + name, cfg.run.dir + "/" + name);
+    check_not_an_input("--timeline", args->timeline, inputs);
     opts.timeline = args->timeline;
     try {
       for (const std::string& spec : args->inject) opts.faults.push_back(ht::runtime::parse_fault(spec));

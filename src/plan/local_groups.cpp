@@ -140,15 +140,9 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
       RankPlan without = rp;
       without.recompute = false;
       const MemoryUse all = rank_memory(p, in.costs, without);
-      MemoryStep over;
-      over.use = all;
-      over.capacity = rp.device.memory_bytes;
-      MemoryStep saved;
-      saved.kind = MemoryStepKind::recompute;
-      saved.activations_before = all.activations;
-      saved.activations_after = rp.memory.activations;
-      rp.memory_steps = {over, saved};
-      rp.memory_strategies = {MemoryStrategy::recompute};
+      rp.memory_steps.push_back(over_capacity_step(all, rp.device.memory_bytes));
+      add_strategy(rp, MemoryStrategy::recompute,
+                   activations_step(MemoryStepKind::recompute, all.activations, rp.memory.activations));
     }
     if (rp.memory.total() <= rp.device.memory_bytes) continue;
     auto [known, fresh] = fitted.try_emplace({classes[static_cast<size_t>(rp.rank)], rp.samples}, 0);
@@ -182,20 +176,11 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
     whole.micro_batch_size = whole.samples;
     const MemoryUse before = rank_memory(p, in.costs, whole);
     rp.memory = rank_memory(p, in.costs, rp);
-    if (rp.memory_steps.empty()) {
-      MemoryStep over;
-      over.use = before;
-      over.capacity = rp.device.memory_bytes;
-      rp.memory_steps.push_back(over);
-    }
-    MemoryStep step;
-    step.kind = MemoryStepKind::micro_batches;
-    step.activations_before = before.activations;
-    step.activations_after = rp.memory.activations;
+    if (rp.memory_steps.empty()) rp.memory_steps.push_back(over_capacity_step(before, rp.device.memory_bytes));
+    MemoryStep step = activations_step(MemoryStepKind::micro_batches, before.activations, rp.memory.activations);
     step.micro_batches = rp.micro_batches;
     step.micro_batch_size = rp.micro_batch_size;
-    rp.memory_steps.push_back(step);
-    rp.memory_strategies.push_back(MemoryStrategy::micro_batches);
+    add_strategy(rp, MemoryStrategy::micro_batches, step);
   }
   l.inner_steps = static_cast<int>(l.groups.size());  // until predict_local chooses H and the H_g
   l.group_steps.assign(l.groups.size(), 1);

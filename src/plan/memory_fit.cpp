@@ -12,12 +12,6 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-void add_strategy(RankPlan& rp, MemoryStrategy strategy, const MemoryStep& step) {
-  auto& applied = rp.memory_strategies;
-  if (std::find(applied.begin(), applied.end(), strategy) == applied.end()) applied.push_back(strategy);
-  rp.memory_steps.push_back(step);
-}
-
 MemoryUse with_micro_batches(const Plan& p, const BlockCosts& costs, RankPlan rp, int m) {
   rp.micro_batches = m;
   rp.micro_batch_size = ceil_div(rp.samples, m);
@@ -77,18 +71,8 @@ bool shard_optimizer(Plan& p, const BlockCosts& costs, RankPlan& rp) {
 bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp, bool may_shard) {
   const double cap = rp.device.memory_bytes;
   MemoryUse use = rank_memory(p, costs, rp);
-  MemoryStep over;
-  over.kind = MemoryStepKind::over_capacity;
-  over.use = use;
-  over.capacity = cap;
-  rp.memory_steps.push_back(over);
-  auto saving = [](MemoryStepKind kind, double before, double after) {
-    MemoryStep step;
-    step.kind = kind;
-    step.activations_before = before;
-    step.activations_after = after;
-    return step;
-  };
+  rp.memory_steps.push_back(over_capacity_step(use, cap));
+  const auto saving = activations_step;
   if (!rp.recompute) {
     RankPlan trial = rp;
     trial.recompute = true;
@@ -130,6 +114,28 @@ bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp, bool may_shard) {
 }
 
 }  // namespace
+
+MemoryStep over_capacity_step(const MemoryUse& use, double capacity) {
+  MemoryStep step;
+  step.kind = MemoryStepKind::over_capacity;
+  step.use = use;
+  step.capacity = capacity;
+  return step;
+}
+
+MemoryStep activations_step(MemoryStepKind kind, double before, double after) {
+  MemoryStep step;
+  step.kind = kind;
+  step.activations_before = before;
+  step.activations_after = after;
+  return step;
+}
+
+void add_strategy(RankPlan& rp, MemoryStrategy strategy, const MemoryStep& step) {
+  auto& applied = rp.memory_strategies;
+  if (std::find(applied.begin(), applied.end(), strategy) == applied.end()) applied.push_back(strategy);
+  rp.memory_steps.push_back(step);
+}
 
 void sync_rank_shares(Plan& plan) {
   for (RankPlan& rp : plan.ranks) {

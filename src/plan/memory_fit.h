@@ -25,6 +25,12 @@ namespace ht::plan {
 // (samples, micro_batches, micro_batch_size).
 void sync_rank_shares(Plan& plan);
 
+// The steps a rank's memory_steps record: what it needed against its capacity, and what
+// a strategy did to its activations. add_strategy records a strategy (once) and its step.
+MemoryStep over_capacity_step(const MemoryUse& use, double capacity);
+MemoryStep activations_step(MemoryStepKind kind, double before, double after);
+void add_strategy(RankPlan& rp, MemoryStrategy strategy, const MemoryStep& step);
+
 // What `rank` holds under the plan's current decisions.
 MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 

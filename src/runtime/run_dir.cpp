@@ -13,10 +13,6 @@ namespace ht::runtime {
 
 namespace fs = std::filesystem;
 
-namespace {
-// The files a new run writes into its directory.
-constexpr const char* kRunFiles[] = {"metrics.jsonl", "summary.json", "config.json", "plan.json"};
-}  // namespace
 
 RunDir RunDir::open(const std::string& path, bool resume) {
   HT_CHECK(!path.empty(), "the run directory path is empty; expected a directory name");
@@ -38,22 +34,18 @@ RunDir RunDir::open(const std::string& path, bool resume) {
 
   // A new run writes these: a directory holding any of them holds a run, or files of the
   // user's that the run would overwrite.
-  if (!resume) {
-    if (!fs::is_empty(rd.checkpoints(), ec))
-      fail_as<RunDirInUse>("run directory '", path, "' already holds a run (checkpoints)");
-    for (const char* name : kRunFiles)
-      if (fs::exists(rd.file(name)))
-        fail_as<RunDirInUse>("run directory '", path, "' already holds a run (", name, ")");
-  }
+  if (!resume)
+    if (const std::string held = held_by(path); !held.empty())
+      fail_as<RunDirInUse>("run directory '", path, "' already holds a run (", held, ")");
   return rd;
 }
 
-bool RunDir::holds_run(const std::string& path) {
+std::string RunDir::held_by(const std::string& path) {
   std::error_code ec;
-  if (fs::exists(path + "/checkpoints", ec) && !fs::is_empty(path + "/checkpoints", ec)) return true;
+  if (fs::exists(path + "/checkpoints", ec) && !fs::is_empty(path + "/checkpoints", ec)) return "checkpoints";
   for (const char* name : kRunFiles)
-    if (fs::exists(path + "/" + name, ec)) return true;
-  return false;
+    if (fs::exists(path + "/" + name, ec)) return name;
+  return "";
 }
 
 void RunDir::discard_unused(const std::string& path, bool remove_dir) {

@@ -22,8 +22,12 @@ class RunDir {
   // naming the path and the reason when it cannot be created or written, and
   // RunDirInUse when a new run would overwrite an earlier one.
   static RunDir open(const std::string& path, bool resume);
-  // Whether `path` holds a run's files (those a new run writes), or checkpoints.
-  static bool holds_run(const std::string& path);
+  // The files a new run writes into its directory (beside checkpoints/).
+  static constexpr const char* kRunFiles[] = {"metrics.jsonl", "summary.json", "config.json", "plan.json"};
+  // Whether `path` holds a run's files or checkpoints.
+  static bool holds_run(const std::string& path) { return !held_by(path).empty(); }
+  // The first of them that `path` holds ("checkpoints" for any checkpoint), or "".
+  static std::string held_by(const std::string& path);
   // After a new run into `path` failed: where it trained no step worth keeping (no
   // checkpoint, no metrics record) the files it wrote go, and `path` itself when
   // `remove_dir` and nothing else is in it, so that the next try is not refused as

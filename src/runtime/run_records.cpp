@@ -19,16 +19,21 @@ std::string Window::to_text() const {
 
 Window Window::from_text(const std::string& text) {
   const json j = json::parse(text);
-  Window w{j["loss_sum"], j["compute_s"], j["comm_s"], j["wall_s"], j["interrupted"], j["checksum"]};
+  Window w{j["loss_sum"], j["compute_s"], j["comm_s"], j["wall_s"], j["interrupted"], j["checksum"], {}};
   for (const json& e : j.value("guard", json::array()))
     w.guard.emplace_back(e[0].get<int64_t>(), GuardEvent{e[1], e[2], static_cast<Verdict>(e[3].get<int>()), e[4], e[5]});
   return w;
 }
 
-std::string train_record(int64_t step, float lr, double loss, const std::vector<Window>& ranks,
-                         int64_t steps, int64_t batch_size, double elapsed_s) {
+double window_wall_s(const std::vector<Window>& ranks) {
   double wall = 0;
   for (const Window& w : ranks) wall = std::max(wall, w.wall_s);
+  return wall;
+}
+
+std::string train_record(int64_t step, float lr, double loss, const std::vector<Window>& ranks,
+                         int64_t steps, int64_t batch_size, double elapsed_s) {
+  const double wall = window_wall_s(ranks);
   json j{{"type", "train"},
          {"step", step},
          {"loss", loss},

@@ -23,6 +23,9 @@ struct Window {
   static Window from_text(const std::string& text);
 };
 
+// The slowest rank's seconds in a log window: what its samples/s are over.
+double window_wall_s(const std::vector<Window>& ranks);
+
 // {"type": "train", step, loss, lr, samples_per_s over the slowest rank's window,
 // wall_s since the start}, plus each rank's compute, communication and idle seconds when
 // there is more than one rank.

@@ -143,8 +143,7 @@ bool Run::finish_log(Loop& loop, PendingLog& p) {
     for (const auto& [step, e] : w.guard) report_guard(step, e, loop.metrics);
   loop.last_loss = check_loss(loss_sum, p.steps, p.done);
   // The line's rate is the record's: the window's samples over its slowest rank's steps.
-  double wall = 0;
-  for (const Window& w : ranks) wall = std::max(wall, w.wall_s);
+  const double wall = window_wall_s(ranks);
   log_line(loop, p.done, p.lr, p.elapsed_s,
            wall > 0 ? static_cast<double>(p.steps * cfg_.train.batch_size) / wall : -1);
   if (loop.metrics)
