@@ -173,6 +173,13 @@ class Communicator {
   // communicator sends the items point to point, so that a miss knows whom it missed.
   virtual std::vector<std::string> allgather(const std::string& mine, Timeout timeout,
                                              std::string_view what) = 0;
+  // Who did not take part, after allreduce_sum or barrier timed out (a collective cannot
+  // say whom it waited for): every rank whose collective timed out answers this roll
+  // call point to point, so it works on a communicator whose collective was abandoned,
+  // and the ranks not heard from within `grace` (world ranks, ascending) are returned. A
+  // rank stalled or dead, or one waiting elsewhere, does not answer. Its tag is a
+  // collective's: every rank that calls it calls it in the same order of collectives.
+  virtual std::vector<int> roll_call(Timeout grace) = 0;
   // Rank `root`'s `text` (a plan, say), returned on every rank; the others' `text` is
   // ignored. Each rank waits up to `timeout`: the others for the text, a miss naming
   // `root` and `what` ("the plan broadcast"); the root for the others to take it, a

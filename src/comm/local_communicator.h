@@ -34,6 +34,7 @@ class LocalCommunicator final : public Communicator {
   WaitStatus allreduce_sum(std::vector<Tensor>& buckets, Timeout timeout) override;
   WaitStatus barrier(Timeout timeout) override;
   std::vector<std::string> allgather(const std::string& mine, Timeout timeout, std::string_view what) override;
+  std::vector<int> roll_call(Timeout grace) override;
   std::string broadcast(const std::string& text, int root, Timeout timeout, std::string_view what) override;
 
   void set_link_emulation(std::vector<LinkEmulation> links) override;

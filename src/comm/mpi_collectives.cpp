@@ -159,17 +159,11 @@ std::vector<size_t> poll_all(std::vector<Request>& reqs, Deadline deadline) {
 
 }  // namespace
 
-std::vector<std::string> MpiCommunicator::allgather(const std::string& mine, Timeout timeout,
-                                                    std::string_view what) {
-  check_usable("allgather");
-  HT_CHECK(mine.size() <= static_cast<size_t>(INT_MAX), "allgather: item of ", mine.size(),
-           " bytes; expected at most ", INT_MAX);
-  const Deadline deadline = deadline_from(timeout, "allgather");
-  const auto start = Clock::now();
+std::vector<int> MpiCommunicator::swap_with_all(const std::shared_ptr<const std::string>& item,
+                                                std::vector<std::shared_ptr<std::vector<char>>>& got,
+                                                Deadline deadline) {
   const int tag = next_control_tag();
-  // Owned here and kept past an abandoned send (see the end): MPI may still read it.
-  auto item = std::make_shared<const std::string>(mine);
-  std::vector<std::shared_ptr<std::vector<char>>> got(static_cast<size_t>(size_));
+  got.assign(static_cast<size_t>(size_), nullptr);
   std::vector<Request> reqs;  // receives from each other rank, then sends to each
   std::vector<int> peer_of;
   for (int r = 0; r < size_; ++r) {
@@ -184,17 +178,30 @@ std::vector<std::string> MpiCommunicator::allgather(const std::string& mine, Tim
     peer_of.push_back(r);
   }
   const std::vector<size_t> left = poll_all(reqs, deadline);
-  if (!left.empty()) {
-    std::vector<int> missing;
-    for (size_t i : left) {
-      const int w = world_rank(peer_of[i]);
-      if (std::find(missing.begin(), missing.end(), w) == missing.end()) missing.push_back(w);
-    }
-    std::sort(missing.begin(), missing.end());
-    (void)new std::shared_ptr<const std::string>(item);  // the pending sends read it
-    for (Request& r : reqs) (void)r.wait(Timeout(0));   // dropping them need not wait
-    fail_as<PeerTimeout>(peer_timeout_message(world_rank(rank_), missing, what, timeout));
+  std::vector<int> missing;
+  if (left.empty()) return missing;
+  for (size_t i : left) {
+    const int w = world_rank(peer_of[i]);
+    if (std::find(missing.begin(), missing.end(), w) == missing.end()) missing.push_back(w);
   }
+  std::sort(missing.begin(), missing.end());
+  (void)new std::shared_ptr<const std::string>(item);  // the pending sends read it
+  for (Request& r : reqs) (void)r.wait(Timeout(0));   // dropping them need not wait
+  return missing;
+}
+
+std::vector<std::string> MpiCommunicator::allgather(const std::string& mine, Timeout timeout,
+                                                    std::string_view what) {
+  check_usable("allgather");
+  HT_CHECK(mine.size() <= static_cast<size_t>(INT_MAX), "allgather: item of ", mine.size(),
+           " bytes; expected at most ", INT_MAX);
+  const Deadline deadline = deadline_from(timeout, "allgather");
+  const auto start = Clock::now();
+  // Owned here and kept past an abandoned send (swap_with_all): MPI may still read it.
+  auto item = std::make_shared<const std::string>(mine);
+  std::vector<std::shared_ptr<std::vector<char>>> got;
+  const std::vector<int> missing = swap_with_all(item, got, deadline);
+  if (!missing.empty()) fail_as<PeerTimeout>(peer_timeout_message(world_rank(rank_), missing, what, timeout));
   std::vector<std::string> out(static_cast<size_t>(size_));
   size_t largest = mine.size();
   for (int r = 0; r < size_; ++r) {
@@ -211,6 +218,15 @@ std::vector<std::string> MpiCommunicator::allgather(const std::string& mine, Tim
   if (deadline) not_before = std::min(not_before, *deadline);
   if (Clock::now() < not_before) std::this_thread::sleep_until(not_before);
   return out;
+}
+
+// Not check_usable: this is for a communicator whose collective was just abandoned; the
+// roll call is point to point on the control communicator.
+std::vector<int> MpiCommunicator::roll_call(Timeout grace) {
+  const Deadline deadline = deadline_from(grace, "roll_call");
+  static const auto here = std::make_shared<const std::string>(1, 'r');
+  std::vector<std::shared_ptr<std::vector<char>>> got;
+  return swap_with_all(here, got, deadline);
 }
 
 std::string MpiCommunicator::broadcast(const std::string& text, int root, Timeout timeout,

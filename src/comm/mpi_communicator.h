@@ -86,6 +86,7 @@ class MpiCommunicator final : public Communicator {
   // Point to point on the control communicator: every rank sends its item to every other
   // one, so that a rank that misses the deadline knows whose items did not come.
   std::vector<std::string> allgather(const std::string& mine, Timeout timeout, std::string_view what) override;
+  std::vector<int> roll_call(Timeout grace) override;
   // Point to point on the control communicator, from the root to each other rank.
   std::string broadcast(const std::string& text, int root, Timeout timeout, std::string_view what) override;
   // Point to point on the control communicator, each consultation with its own tag.
@@ -120,6 +121,11 @@ class MpiCommunicator final : public Communicator {
   std::vector<LinkEmulation> links_snapshot() const;
 
   void check_usable(const char* op) const;
+  // Sends `item` to every other rank and receives each one's on a fresh control tag, until
+  // `deadline`; fills `got` (by rank) and returns the world ranks not heard from or not
+  // reached, ascending. Sends left pending keep `item` alive for good.
+  std::vector<int> swap_with_all(const std::shared_ptr<const std::string>& item,
+                                 std::vector<std::shared_ptr<std::vector<char>>>& got, Deadline deadline);
   // Polls the collective's requests until they are done and `not_before` has passed.
   // At the deadline, requests still running are kept (MPI cannot cancel a collective)
   // together with `buffers`, and the communicator is marked unusable.

@@ -15,8 +15,11 @@ namespace {
 std::atomic<double> g_limit_s{300.0};
 
 [[noreturn]] void report_and_end(const std::string& what, double limit_s) {
-  const std::string msg =
-      peer_timeout_message(launcher_rank(), {}, what, std::chrono::duration<double>(limit_s));
+  end_with_peer_timeout(peer_timeout_message(launcher_rank(), {}, what, std::chrono::duration<double>(limit_s)));
+}
+}  // namespace
+
+void end_with_peer_timeout(const std::string& msg) {
   std::fprintf(stderr, "hetrain: rank %d: error: %s\n", launcher_rank(),
                msg.substr(msg.find(": ") + 2).c_str());
   std::fflush(stderr);
@@ -28,7 +31,6 @@ std::atomic<double> g_limit_s{300.0};
   if (initialized && !finalized) abort_job(1);
   std::_Exit(1);
 }
-}  // namespace
 
 int launcher_rank() { return launch().rank; }
 

@@ -28,6 +28,10 @@ std::chrono::duration<double> blocking_call_limit();
 // one): known before MPI is up.
 int launcher_rank();
 
+// Prints a PeerTimeout's message (peer_timeout_message's) as this rank's error and ends
+// the job: for waits that cannot raise, a watchdog's and the job's end.
+[[noreturn]] void end_with_peer_timeout(const std::string& message);
+
 class Watchdog {
  public:
   // `what` completes "timed out after N s waiting for ...".

@@ -21,10 +21,24 @@ namespace {
 struct World {
   std::unique_ptr<Communicator> comm;
   bool finalize = false;
+  bool launched = false;
+
+  // Every rank's arrival, point to point, before the collective end: MPI_Finalize cannot
+  // say whom it waits for, so a rank stalled on its way here is named now. A world left
+  // unusable by an abandoned collective skips it (the watchdog still bounds the end).
+  void arrive_at_end() {
+    try {
+      (void)comm->allgather("", blocking_call_limit(), "every rank at the job's end (MPI_Finalize)");
+    } catch (const PeerTimeout& e) {
+      end_with_peer_timeout(e.what());
+    } catch (const std::exception&) {
+    }
+  }
 
   World() {
     // Without a launcher MPI is never initialised (comm/launch.h).
     const Launch started = launch();
+    launched = started.launched;
     if (!started.launched) {
       comm = std::make_unique<LocalCommunicator>();
       return;
@@ -49,6 +63,7 @@ struct World {
   }
 
   ~World() {
+    if (launched) arrive_at_end();
     comm.reset();
     if (!finalize) return;
     int finalized = 0;

@@ -149,6 +149,12 @@ void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
   groups_.emplace_back(begin, end);
 }
 
+std::vector<int> Executor::absent_from(comm::Communicator& group) const {
+  // The others time out at the same peer timeout, give or take how far apart they began
+  // the collective: within a step of each other, far under the 10 s they are given.
+  return group.roll_call(std::min(peer_timeout_, comm::Timeout(10)));
+}
+
 // After the reduction every member holds the same counts: each group's sums become the
 // mean over its kept samples, and every member records the same verdicts, so all agree
 // on who is quarantined. One member (the group's first) reports the events.
@@ -157,7 +163,7 @@ void Executor::settle_guard() {
   if (!shards_.empty() && members > 1)  // the sharded all-reduce leaves only this rank's parts summed
     if (stage_group_->allreduce_sum(counts_, peer_timeout_) != comm::WaitStatus::done)
       fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-          me(), {}, "stage " + std::to_string(stage_) + "'s guard counts", peer_timeout_));
+          me(), absent_from(*stage_group_), "stage " + std::to_string(stage_) + "'s guard counts", peer_timeout_));
   std::vector<Verdict> verdicts(static_cast<size_t>(members), Verdict::kept);
   for (size_t g = 0; g < counts_.size(); ++g) {
     const float* c = counts_[g].data();
@@ -242,7 +248,8 @@ void Executor::optimizer_step(float lr) {
     auto sum_over = [this](comm::Communicator& group, double local) {
       std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1}, cpu_backend())};
       if (group.allreduce_sum(t, peer_timeout_) != comm::WaitStatus::done)
-        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(me(), {}, "the gradient norm's sum", peer_timeout_));
+        fail_as<comm::PeerTimeout>(
+            comm::peer_timeout_message(me(), absent_from(group), "the gradient norm's sum", peer_timeout_));
       return static_cast<double>(t[0].item());
     };
     std::function<double(double)> global;

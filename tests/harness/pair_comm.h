@@ -55,6 +55,7 @@ class PairComm final : public comm::Communicator {
   std::vector<std::string> allgather(const std::string&, comm::Timeout, std::string_view) override {
     unsupported("allgather");
   }
+  std::vector<int> roll_call(comm::Timeout) override { unsupported("roll_call"); }
   std::string broadcast(const std::string&, int, comm::Timeout, std::string_view) override {
     unsupported("broadcast");
   }

@@ -8,6 +8,7 @@
 // sub-communicator: a collective that timed out leaves its communicator unusable.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <limits>
@@ -142,6 +143,28 @@ TEST_CASE("waits: an allreduce and a barrier with a stopped rank time out") {
     const auto t0 = Clock::now();
     CHECK(g.barrier(kShort) == WaitStatus::timed_out);
     CHECK(seconds_since(t0) >= kShort.count());
+  });
+}
+
+TEST_CASE("waits: after an allreduce or a barrier timed out, a roll call names the stopped rank") {
+  // The others are not asserted present: a loaded host may start one of them past the
+  // grace. The stopped rank never answers, and this rank is never absent to itself.
+  auto named = [](const std::vector<int>& absent, int r) {
+    return std::find(absent.begin(), absent.end(), r) != absent.end();
+  };
+  with_rank_stopped(2, [&](Communicator& g) {
+    std::vector<Tensor> b{Tensor::full({16}, 1.f, cpu_backend())};
+    REQUIRE(g.allreduce_sum(b, kShort) == WaitStatus::timed_out);
+    const std::vector<int> absent = g.roll_call(kShort);
+    CHECK(named(absent, 2));
+    CHECK_FALSE(named(absent, world().rank()));
+    CHECK(std::is_sorted(absent.begin(), absent.end()));
+  });
+  with_rank_stopped(1, [&](Communicator& g) {
+    REQUIRE(g.barrier(kShort) == WaitStatus::timed_out);
+    const std::vector<int> absent = g.roll_call(kShort);
+    CHECK(named(absent, 1));
+    CHECK_FALSE(named(absent, world().rank()));
   });
 }
 
