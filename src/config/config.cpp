@@ -217,6 +217,16 @@ void read_train(const Json& j, const std::string& path, TrainConfig& t) {
     fail_at(key_path(path, "loss_scale") + ".mode",
             "\"none\" under precision \"fp16\" would flush small gradients to zero (fp16's smallest normal is "
             "2^-14); expected \"auto\" or \"dynamic\"");
+  // Far past any real step: a batch of 2^31 samples once held the planner for minutes.
+  constexpr int64_t kMaxBatch = int64_t{1} << 24;
+  if (t.batch_size > kMaxBatch)
+    fail_at(key_path(path, "batch_size"), std::to_string(t.batch_size) + " samples; expected at most " +
+                                              std::to_string(kMaxBatch) + " (2^24) a step");
+  // plan::kMaxMicroBatches: the most a replica's step runs.
+  constexpr int64_t kMaxMicroBatches = int64_t{1} << 16;
+  if (t.micro_batches > kMaxMicroBatches)
+    fail_at(key_path(path, "micro_batches"), std::to_string(t.micro_batches) + "; expected at most " +
+                                                 std::to_string(kMaxMicroBatches) + " (2^16) a step");
   if (t.batch_size % t.micro_batches != 0)
     fail_at(key_path(path, "micro_batches"),
             divisor_error(t.micro_batches, key_path(path, "batch_size"), t.batch_size));

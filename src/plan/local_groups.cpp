@@ -153,7 +153,8 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
         trial.micro_batch_size = (trial.samples + m - 1) / m;
         return rank_memory(p, in.costs, trial).total() <= trial.device.memory_bytes;
       };
-      int lo = rp.micro_batches, hi = static_cast<int>(rp.samples);  // lo does not fit
+      // lo does not fit; past kMaxMicroBatches the share does not fit at all.
+      int lo = rp.micro_batches, hi = static_cast<int>(std::min<int64_t>(rp.samples, kMaxMicroBatches));
       if (fits(hi)) {
         while (hi - lo > 1) {
           const int mid = lo + (hi - lo) / 2;
@@ -164,7 +165,11 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
     }
     if (known->second == 0) {
       out.problem = "rank " + std::to_string(rp.rank) + " (" + rp.device.label() + ") cannot hold its local share of " +
-                    std::to_string(rp.samples) + " samples, even one at a time";
+                    std::to_string(rp.samples) + " samples, " +
+                    (rp.samples > kMaxMicroBatches
+                         ? "even in " + std::to_string(kMaxMicroBatches) + " micro-batches (the most a step runs) of " +
+                               std::to_string((rp.samples + kMaxMicroBatches - 1) / kMaxMicroBatches)
+                         : std::string("even one at a time"));
       return out;
     }
     p.layout.micro_batches[static_cast<size_t>(rp.replica)] = known->second;

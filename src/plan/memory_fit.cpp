@@ -18,13 +18,21 @@ MemoryUse with_micro_batches(const Plan& p, const BlockCosts& costs, RankPlan rp
   return rank_memory(p, costs, rp);
 }
 
-// Strategy 2: the least M above the current one that fits; when none does, the M with the
-// least memory (sharding may close the rest). Returns the current M when nothing helps.
+// Strategy 2: the least M above the current one that fits, up to kMaxMicroBatches; when
+// none does, the M with the least memory (sharding may close the rest). Returns the
+// current M when nothing helps.
 int choose_micro_batches(const Plan& p, const BlockCosts& costs, const RankPlan& rp) {
   const int current = rp.micro_batches;
+  const int most = static_cast<int>(std::min<int64_t>(rp.samples, kMaxMicroBatches));
+  // One by one while M may be under the pipeline's depth, where M micro-batches of
+  // ceil(samples / M) in flight can hold more than fewer did; past that (no pipeline is
+  // kLinear stages deep) the activations, the depth's micro-batches of ceil(samples / M),
+  // only fall as M grows, so the least M that fits is bisected: a share of millions of
+  // samples once took a scan of millions of M.
+  constexpr int kLinear = 4096;
   double best = rank_memory(p, costs, rp).total();
   int best_m = current;
-  for (int m = current + 1; m <= rp.samples; ++m) {
+  for (int m = current + 1; m <= std::min(most, kLinear); ++m) {
     const double total = with_micro_batches(p, costs, rp, m).total();
     if (total <= rp.device.memory_bytes) return m;
     if (total < best) {
@@ -32,7 +40,16 @@ int choose_micro_batches(const Plan& p, const BlockCosts& costs, const RankPlan&
       best_m = m;
     }
   }
-  return best_m;
+  int lo = std::max(current, kLinear);  // does not fit (or is the current M)
+  if (most <= lo) return best_m;
+  const double at_most = with_micro_batches(p, costs, rp, most).total();
+  if (at_most > rp.device.memory_bytes) return at_most < best ? most : best_m;
+  int hi = most;  // fits
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (with_micro_batches(p, costs, rp, mid).total() <= rp.device.memory_bytes ? hi : lo) = mid;
+  }
+  return hi;
 }
 
 // Strategy 3: shard the optimiser state of rp's stage over its data-parallel group in

@@ -33,6 +33,11 @@ const char* to_string(SyncPolicy s);  // "synchronous", "deadline", "local"
 std::vector<std::string> sync_policy_names();
 std::optional<SyncPolicy> parse_sync_policy(std::string_view s);
 
+// The most micro-batches a replica's step may run. The schedules hold instructions per
+// micro-batch, so a plan is built, simulated and read from a file only up to this many:
+// no real step comes near it (a rank that needs more is one the batch does not fit).
+inline constexpr int kMaxMicroBatches = 1 << 16;
+
 struct RankPlan {
   int rank = 0;
   DeviceModel device;

@@ -118,9 +118,8 @@ PipelineLayout read_layout(const Json& j, const std::string& p) {
   l.samples = read_int_array(array(j, p, "samples"), key_path(p, "samples"), 1);
   // The schedules are built from these counts before anything else is cross-checked, so
   // they are bounded here: at most one micro-batch per sample, and no more than
-  // kMaxMicroBatches, which no real step comes near (a plan file asking for 10^9 would
-  // otherwise allocate schedules until memory runs out).
-  constexpr int64_t kMaxMicroBatches = 1 << 16;
+  // kMaxMicroBatches (a plan file asking for 10^9 would otherwise allocate schedules
+  // until memory runs out).
   l.micro_batches = list<int>(array(j, p, "micro_batches"), key_path(p, "micro_batches"),
                               [](const Json& x, const std::string& q) {
                                 const int64_t n = read_int(x, q, 1);

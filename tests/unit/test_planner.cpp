@@ -265,6 +265,37 @@ TEST_CASE("planner: in data parallelism a short rank gets more micro-batches, no
   }
 }
 
+TEST_CASE("planner: a share of many samples gets the least micro-batch count that fits, at most kMaxMicroBatches") {
+  // As above, micro-batches of 4 fit rank 1 and 5 do not; its share of 80,000 samples
+  // needs thousands of them (past the counts tried one by one: bisected).
+  const ClusterModel c = cluster({1e12, 1e12}, {64 * kGiB, 4 * 1e6 * 16 + 20e6});
+  const BlockCosts k = costs(c, 4);
+  const PlannerInput in = input(c, k, 80000, "data");
+  const Plan p = make_plan(in);
+  check_plan(p);
+  const RankPlan& r = p.ranks[1];
+  const int m = p.layout.micro_batches[static_cast<size_t>(r.replica)];
+  CHECK(m > 4096);
+  CHECK(m <= kMaxMicroBatches);
+  CHECK(r.memory.total() <= r.device.memory_bytes);
+  RankPlan fewer = r;
+  fewer.micro_batches = m - 1;
+  fewer.micro_batch_size = (r.samples + m - 2) / (m - 1);
+  CHECK(rank_memory(p, k, fewer).total() > r.device.memory_bytes);
+  // 400,000 samples a rank would take 100,000 micro-batches: more than a step runs.
+  const ClusterModel small = cluster({1e12, 1e12}, {4 * 1e6 * 16 + 20e6, 4 * 1e6 * 16 + 20e6});
+  try {
+    make_plan(input(small, costs(small, 4), 800000, "data"));
+    FAIL("expected NoPlanFits");
+  } catch (const NoPlanFits& e) {
+    CHECK(contains(e.what(), "no plan fits"));
+    REQUIRE(!e.shapes.empty());
+    for (const RuledOutShape& shape : e.shapes)
+      if (shape.problem.kind == LayoutProblemKind::memory)
+        CHECK(shape.problem.shortfall.micro_batches <= kMaxMicroBatches);
+  }
+}
+
 TEST_CASE("planner: a device that cannot hold the model gets fewer layers of a pipeline") {
   // Rank 1 holds 1.5 blocks of weight state: data parallel cannot place it (one replica
   // per rank, no sharding partner for all of it), the pipeline gives it one block.
