@@ -167,6 +167,7 @@ std::string DeadlineLog::add(const comm::StepRecord& r) {
   window_loss_ += r.loss_sum;
   window_samples_ += r.fresh_samples;
   last_loss_sum_ = r.loss_sum;
+  last_loss_samples_ = r.fresh_samples;
   last_short_ = r.closed_short;
   nlohmann::json contributors = nlohmann::json::array();
   for (const comm::Contribution& c : r.contributors) contributors.push_back({c.rank, c.samples, c.staleness});

@@ -109,6 +109,7 @@ class DeadlineLog {
   // none arrived), and the window starts afresh.
   double take_window_loss(int64_t predictions_per_sample);
   double last_loss_sum() const { return last_loss_sum_; }
+  int64_t last_loss_samples() const { return last_loss_samples_; }  // the fresh samples it is over
   // A line for people when a step closes short after one that did not, else "".
   std::string short_line(const comm::StepRecord& r) const;
   std::string summary() const;  // a JSON object: the counts
@@ -117,6 +118,7 @@ class DeadlineLog {
   int64_t steps_ = 0, closed_short_ = 0, samples_dropped_ = 0, stale_ = 0, catch_ups_ = 0, led_elsewhere_ = 0;
   int64_t alignments_ = 0;
   double window_loss_ = 0, last_loss_sum_ = 0;
+  int64_t last_loss_samples_ = 0;
   int64_t window_samples_ = 0;
   bool last_short_ = false;
   int64_t last_step_ = -1;

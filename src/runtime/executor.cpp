@@ -205,7 +205,10 @@ void Executor::forward(int mb, bool keep_graph) {
     }
     if (last_) {
       Tensor loss = summed_loss(h, m.targets);
-      if (!replay) loss_sum_ += static_cast<double>(loss.item());
+      if (!replay) {
+        loss_sum_ += static_cast<double>(loss.item());
+        loss_samples_ += m.targets.shape()[0];
+      }
       if (keep_graph) m.segments.back().second = mul(loss, static_cast<float>(scale_ * step_scale_));
     } else {
       m.output = h.detach();
@@ -265,6 +268,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   }
   r.micro_batches = layout_.micro_batches[static_cast<size_t>(replica_)];
   loss_sum_ = 0;
+  loss_samples_ = 0;
   live_.clear();
   reduce_.reset();
   reduce_order_.clear();
@@ -385,9 +389,12 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   // Gradients are not kept between steps: evaluation and checkpoints get the memory.
   for (const auto& [name, p] : params_) p.zero_grad();
   opt_->zero_grad();  // when sharded, the views of the parts hold their own
-  // A contribution left out may come from a rank whose loss is not finite either: the
-  // step's loss is then that of the samples kept (still divided by the whole batch).
-  r.loss_sum = verdict_ != Verdict::kept && !std::isfinite(loss_sum_) ? 0 : loss_sum_;
+  // A contribution left out may come from a rank whose loss is not finite either: it
+  // takes its samples out of the step's loss, which is then the mean over the others (and
+  // where no sample's loss is left, training has diverged: Run::check_loss).
+  const bool lost = verdict_ != Verdict::kept && !std::isfinite(loss_sum_);
+  r.loss_sum = lost ? 0 : loss_sum_;
+  r.loss_samples = lost ? 0 : loss_samples_;
   r.guard_events = std::move(events_);
   r.update_skipped = skip_update_;
   r.wall_s = seconds_since(start);

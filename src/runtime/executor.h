@@ -52,6 +52,9 @@ struct StepResult {
   // Summed loss over the micro-batches this rank finished as the last stage (0 on other
   // stages); the global mean is the sum over ranks / (global batch x predictions).
   double loss_sum = 0;
+  // The samples whose loss is in loss_sum: those of the micro-batches this rank finished
+  // as the last stage, none where its contribution was left out with a non-finite loss.
+  int64_t loss_samples = 0;
   double compute_s = 0, comm_s = 0;  // this rank's time in each kind of instruction
   double optimizer_s = 0;            // the part of compute_s in OptimizerStep
   double reduce_s = 0;               // the part of comm_s in ReduceGrads and the weights' instructions
@@ -220,6 +223,7 @@ class Executor {
   std::vector<comm::Request> updated_;  // the hub's word of updated weights, in flight
   std::map<int, MicroBatch> live_;   // micro-batches between their Forward and Backward
   double loss_sum_ = 0;
+  int64_t loss_samples_ = 0;  // the samples loss_sum_ holds
   const FaultInjector* faults_ = nullptr;
   std::function<void()> poll_;
   // The bad-node guard (runtime/guard.h). In a pipeline each stage's replicas judge their

@@ -15,6 +15,7 @@ namespace ht::runtime {
 // One rank's figures over the steps since the last log step.
 struct Window {
   double loss_sum = 0, compute_s = 0, comm_s = 0, wall_s = 0;
+  int64_t loss_samples = 0;  // the samples loss_sum is over (StepResult::loss_samples)
   bool interrupted = false;
   std::string checksum;  // of the rank's parameters after the window's last step
   // The bad-node guard's events in the window's steps, each with its step (1-based).

@@ -157,7 +157,9 @@ TrainSummary Run::run() {
     // The records and the progress line are of the step applied: past a catch-up, not the
     // one this rank ran.
     const float done_lr = loop.step == asked ? lr : schedule_.at(loop.step);
-    if (!multi()) loop.last_loss = check_loss(r.loss_sum, 1, done);
+    // A step that kept no sample's loss is judged with its log window (finish_log), as
+    // under several ranks: one whose whole window kept none has diverged.
+    if (!multi() && r.loss_samples > 0) loop.last_loss = check_loss(r.loss_sum, r.loss_samples, done);
     const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
     bool stop_all = finish_due_logs(loop, done, stop_after);
     apply_rebalance(loop);
@@ -278,6 +280,7 @@ StepResult Run::take_step(Loop& loop, float lr, bool trace) {
 
 void Run::add_to_window(Loop& loop, const StepResult& r) {
   loop.window.loss_sum += r.loss_sum;
+  loop.window.loss_samples += r.loss_samples;
   last_loss_sum_ = r.loss_sum;
   for (const GuardEvent& e : r.guard_events) loop.window.guard.emplace_back(loop.step + 1, e);
   loop.window.compute_s += r.compute_s;

@@ -134,14 +134,16 @@ bool Run::finish_log(Loop& loop, PendingLog& p) {
   if (local_) check_outer_identical(checksums, p.done);
   else if (multi()) check_replicas_identical(plan_, checksums, p.done);
   double loss_sum = 0;
+  int64_t loss_samples = 0;
   bool interrupted = false;
   for (const Window& w : ranks) {
     loss_sum += w.loss_sum;
+    loss_samples += w.loss_samples;
     interrupted = interrupted || w.interrupted;
   }
   for (const Window& w : ranks)
     for (const auto& [step, e] : w.guard) report_guard(step, e, loop.metrics);
-  loop.last_loss = check_loss(loss_sum, p.steps, p.done);
+  loop.last_loss = check_loss(loss_sum, loss_samples, p.done);
   // The line's rate is the record's: the window's samples over its slowest rank's steps.
   const double wall = window_wall_s(ranks);
   log_line(loop, p.done, p.lr, p.elapsed_s,
@@ -181,10 +183,15 @@ void Run::report_guard(int64_t step, const GuardEvent& e, std::optional<report::
   if (progress_ && !repeat) progress_->note(line);
 }
 
-// The mean loss of `steps` steps from the summed loss of their samples.
-double Run::check_loss(double loss_sum, int64_t steps, int64_t done) const {
-  const double mean = loss_sum / static_cast<double>(steps * cfg_.train.batch_size *
-                                                     task_->predictions_per_sample());
+// The mean loss per prediction of `samples` samples from their summed loss. None left
+// (every contribution since the last check was left out with a non-finite loss) is a
+// divergence too: a step that keeps no sample changes nothing, and the next one fails
+// alike.
+double Run::check_loss(double loss_sum, int64_t samples, int64_t done) const {
+  HT_CHECK(samples > 0, "training diverged by step ", done,
+           ": no sample's loss was finite since the last check (every contribution was left out); expected a "
+           "finite loss (lower train.optimizer.lr or set train.grad_clip)");
+  const double mean = loss_sum / static_cast<double>(samples * task_->predictions_per_sample());
   HT_CHECK(std::isfinite(mean), "training diverged by step ", done, ": the loss is ", mean,
            "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
   return mean;

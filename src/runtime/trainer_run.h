@@ -123,7 +123,7 @@ class Run {
   bool finish_log(Loop& loop, PendingLog& p);
   std::string with_sync_policy(const std::string& record, int64_t outer_steps, double loss_scale) const;
   void report_guard(int64_t step, const GuardEvent& e, std::optional<report::MetricsLog>& metrics);
-  double check_loss(double loss_sum, int64_t steps, int64_t done) const;
+  double check_loss(double loss_sum, int64_t samples, int64_t done) const;
 
   // trainer_evaluation.cpp
   void check_evaluation_fits();

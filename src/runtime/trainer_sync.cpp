@@ -112,6 +112,7 @@ int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   // that the last step's checkpoint holds the end's weights.
   if (d.ended && executor_->deadline_step() < total_steps_) end_deadline_chain(loop);
   r.loss_sum = deadline_log_.last_loss_sum();
+  r.loss_samples = deadline_log_.last_loss_samples();
   // The step before the one this rank runs next (AlignReplica may have moved it on).
   return d.ended ? total_steps_ - 1 : executor_->deadline_step() - 1;
 }

@@ -5,7 +5,8 @@ and a checkpoint every 5 steps, beside the same run unperturbed, and then the Na
 again under parallel.sync deadline. The loss stays finite,
 rank 1 is named, left out and quarantined in the metrics and the summary, then tried
 again; every checkpoint in the run directory holds only finite values; the final test
-accuracy is close to the unperturbed run's.
+accuracy is close to the unperturbed run's. Last, one process whose every loss turns
+non-finite ends as diverged, with no checkpoint.
 
 The accuracy bound is generous, not derived: the perturbed run trains on 2/3 of the
 samples for 13 of its 60 steps (3 offences, then a 10-step quarantine), so its model
@@ -24,7 +25,7 @@ import os
 import sys
 import tempfile
 
-from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records, safetensors
+from e2e_util import ROOT, check, finish, have_fashion_mnist, load, mpirun, records, run, safetensors
 
 HETRAIN = os.path.abspath(sys.argv[1])
 RANKS = 3
@@ -105,7 +106,34 @@ def main():
           abs(acc_a - acc_b) <= ACCURACY_BOUND, f"{acc_a} vs {acc_b}")
     check("the unperturbed run is left alone", not any(r["type"] == "guard" for r in records(clean)))
     deadline(scratch, acc_a)
+    diverged(scratch)
     return finish(scratch)
+
+
+def diverged(scratch):
+    """A run whose every loss turns non-finite (SGD at a learning rate of 1e30: step 1's
+    update leaves weights whose outputs overflow) ends at the first log step whose window
+    kept no sample's loss, as diverged, before that step's checkpoint; the log step
+    before reports the mean loss of the one step it kept (about ln 10 = 2.30 for a fresh
+    10-way classifier; 1/5 of that if the four left-out steps counted as zero)."""
+    cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
+    cfg["train"].pop("epochs")
+    cfg["train"].update(steps=20, batch_size=32, log_every=5, eval_every=0,
+                        optimizer={"type": "sgd", "lr": 1e30}, schedule={"type": "constant"})
+    cfg["checkpoint"] = {"every": 10, "keep": 3}
+    path = os.path.join(scratch, "diverge.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    run_dir = os.path.join(scratch, "diverge")
+    r = run([HETRAIN, "train", path, "--run-dir", run_dir])
+    check("a run whose every loss is non-finite fails", r.returncode == 1, r.stderr[-2000:])
+    check("it is named as diverged by the log step of its first window without a finite loss",
+          "training diverged by step 10: no sample's loss was finite since the last check" in r.stderr,
+          r.stderr[-2000:])
+    check("no checkpoint is written", not glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")),
+          os.listdir(os.path.join(run_dir, "checkpoints")) if os.path.isdir(os.path.join(run_dir, "checkpoints")) else "")
+    losses = [x["loss"] for x in records(run_dir) if x["type"] == "train"]
+    check("the step-5 loss is the mean over the step it kept", len(losses) == 1 and 2.0 < losses[0] < 2.6, losses)
 
 
 def deadline(scratch, accuracy):

@@ -159,8 +159,19 @@ def failed_starts(tmp):
     check("1e17 epochs: exit 2 naming train.epochs and the steps (it trained 1 step)",
           r.returncode == 2 and "train.epochs: 1e+17 epochs of 60000 samples in batches of 128" in r.stderr, r.stderr)
     check("... and no run directory is left", not os.path.exists(rdir))
-    # A batch of 1e10 samples cannot be allocated on any machine.
+    # A batch of 1e10 samples is past the config's bound (it held the planner for minutes).
     cfg["train"] = {"steps": 2, "batch_size": 10 ** 10, "optimizer": {"type": "adamw", "lr": 0.001}}
+    r = run(["train", write_config(os.path.join(tmp, "huge-batch.json"), cfg), "--run-dir", rdir, "--quiet"])
+    check("a batch of 1e10: exit 2 naming train.batch_size and its bound",
+          r.returncode == 2 and "train.batch_size: 10000000000 samples; expected at most 16777216" in r.stderr, r.stderr)
+    # The largest batch allowed, 2^24 images of 784 floats, is 52.6 GB of input alone: more
+    # than a machine of under 48 GB can allocate (skipped on a larger one, which might).
+    with open("/proc/meminfo") as f:
+        kb = {line.split(":")[0]: int(line.split()[1]) for line in f}
+    if kb["MemTotal"] + kb.get("SwapTotal", 0) >= 48 * 2 ** 20:
+        print("skipped: a batch too large for memory (this machine has 48 GB or more)")
+        return
+    cfg["train"]["batch_size"] = 2 ** 24
     mine = os.path.join(tmp, "users-dir")
     os.makedirs(mine)
     with open(os.path.join(mine, "notes.txt"), "w") as f:
