@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <new>
 #include <sstream>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/device_select.h"
@@ -198,15 +200,26 @@ TrainSummary Run::run() {
 // checkpoints, parallel settings, guard and device may change. The first difference is
 // refused by name, before the recorded config is replaced (a batch size changed on
 // resume trained on silently and counted the earlier steps' samples at the new size).
+// A config.json that is missing is said on stderr (the checkpoint's own checks still
+// apply); one that cannot be read is refused: replacing it would drop the check silently.
 void Run::check_resumed_config() const {
   const std::string path = dir_->file("config.json");
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return;
+  if (!std::filesystem::exists(path, ec)) {
+    std::fprintf(stderr,
+                 "hetrain: warning: %s is missing: the resumed config is not compared with the one the run "
+                 "was trained with (the checkpoint's own checks still apply)\n",
+                 path.c_str());
+    return;
+  }
   json before;
   try {
     before = json::parse(config::schema::read_document_file(path, "the run's resolved config"));
-  } catch (const std::exception&) {
-    return;  // unreadable: the checkpoint's own checks still apply
+    if (!before.is_object()) throw std::runtime_error("it holds " + std::string(before.type_name()) + ", not an object");
+  } catch (const std::exception& e) {
+    throw config::ConfigError("resuming " + cfg_.run.dir + ": " + path + ", the config the run was trained with, " +
+                              "cannot be read (" + e.what() + "); expected the resolved config this run wrote "
+                              "(remove it to resume without comparing the configs)");
   }
   const json now = json::parse(config::to_json(cfg_));
   const auto differs = [&](const std::string& where, const json& a, const json& b) {

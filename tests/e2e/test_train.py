@@ -142,10 +142,28 @@ def changed_resume(tmp):
           r.returncode == 2 and "train.batch_size is 64 but the run was trained with 32" in r.stderr, r.stderr)
     with open(os.path.join(rdir, "config.json")) as f:
         check("... and the run's config.json is as it was", f.read() == recorded)
+    # A recorded config that cannot be read is refused, not replaced unchecked.
+    with open(os.path.join(rdir, "config.json"), "w") as f:
+        f.write("garbage\n")
+    r = run(["train", write_config(os.path.join(tmp, "resume-b.json"), cfg), "--run-dir", rdir, "--resume", "--quiet"])
+    check("changed resume: an unreadable config.json is refused (exit 2), naming it",
+          r.returncode == 2 and os.path.join(rdir, "config.json") + ", the config the run was trained with, cannot be read"
+          in r.stderr, r.stderr)
+    with open(os.path.join(rdir, "config.json")) as f:
+        check("... and left as it was", f.read() == "garbage\n")
+    with open(os.path.join(rdir, "config.json"), "w") as f:
+        f.write(recorded)
     cfg["train"].update(batch_size=32, steps=25, eval_every=5)
     r = run(["train", write_config(os.path.join(tmp, "resume-c.json"), cfg), "--run-dir", rdir, "--resume", "--quiet"])
     check("changed resume: more steps and other evaluations are taken", r.returncode == 0
           and os.path.exists(ckpt(rdir, 25)), r.stderr)
+    # One that is missing is said, and the resume goes on.
+    os.remove(os.path.join(rdir, "config.json"))
+    cfg["train"]["steps"] = 30
+    r = run(["train", write_config(os.path.join(tmp, "resume-d.json"), cfg), "--run-dir", rdir, "--resume", "--quiet"])
+    check("changed resume: a missing config.json is warned of, and the run resumes", r.returncode == 0
+          and "config.json is missing: the resumed config is not compared" in r.stderr
+          and os.path.exists(ckpt(rdir, 30)), r.stderr)
 
 
 def failed_starts(tmp):
