@@ -48,7 +48,7 @@ std::string CheckpointDir::path_for(int64_t step) const {
   return (fs::path(dir_) / file_name(step)).string();
 }
 
-std::vector<CheckpointFile> CheckpointDir::list() const {
+std::vector<CheckpointFile> CheckpointDir::list(bool all) const {
   std::vector<CheckpointFile> out;
   std::error_code ec;
   if (!fs::exists(dir_, ec)) return out;
@@ -56,9 +56,16 @@ std::vector<CheckpointFile> CheckpointDir::list() const {
   HT_CHECK(!ec, "cannot list checkpoints in ", dir_, ": ", ec.message());
   for (; it != fs::directory_iterator(); it.increment(ec)) {
     HT_CHECK(!ec, "cannot list checkpoints in ", dir_, ": ", ec.message());
-    if (!it->is_regular_file(ec)) continue;
-    if (auto step = parse_name(it->path().filename().string()))
-      out.push_back({*step, it->path().string()});
+    const auto step = parse_name(it->path().filename().string());
+    if (!step) continue;
+    std::error_code e;
+    const fs::file_status st = it->status(e);  // through a link
+    std::string what;
+    if (e || st.type() == fs::file_type::not_found) what = it->is_symlink(e) ? "a link to nothing" : "unreadable";
+    else if (st.type() == fs::file_type::directory) what = "a directory";
+    else if (st.type() != fs::file_type::regular) what = "not a regular file";
+    if (!what.empty() && !all) continue;
+    out.push_back({*step, it->path().string(), what});
   }
   std::sort(out.begin(), out.end(),
             [](const CheckpointFile& a, const CheckpointFile& b) { return a.step < b.step; });
@@ -90,10 +97,14 @@ std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>
 }
 
 std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::string>& skipped) const {
-  std::vector<CheckpointFile> files = list();
+  std::vector<CheckpointFile> files = list(true);
   if (files.empty()) return std::nullopt;
   std::vector<std::string> problems;
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    if (!it->not_a_file.empty()) {
+      problems.push_back(it->path + ": " + it->not_a_file + "; expected a checkpoint file");
+      continue;
+    }
     try {
       Checkpoint c = read_checkpoint(it->path);
       const std::string using_ = "; using " + fs::path(it->path).filename().string();

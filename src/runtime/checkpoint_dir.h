@@ -15,6 +15,9 @@ namespace ht::runtime {
 struct CheckpointFile {
   int64_t step = 0;
   std::string path;
+  // Empty for a regular file; else what the entry of a checkpoint's name is instead ("a
+  // directory", "a link to nothing", ...): such an entry is never loaded or deleted.
+  std::string not_a_file;
 };
 
 class CheckpointDir {
@@ -34,12 +37,14 @@ class CheckpointDir {
   std::string save(int64_t step, const std::vector<nn::NamedTensor>& tensors,
                    const std::map<std::string, std::string>& metadata = {});
 
-  // Checkpoint files by ascending step; empty when the directory does not exist.
-  std::vector<CheckpointFile> list() const;
+  // Checkpoint files by ascending step; empty when the directory does not exist. With
+  // `all`, entries of a checkpoint's name that are not regular files too (not_a_file).
+  std::vector<CheckpointFile> list(bool all = false) const;
 
   // Reads checkpoints newest first and returns the first that verifies. Each one passed
-  // over is appended to `skipped` as "<path>: <problem>; using <file>". Empty when there
-  // are no checkpoints; throws ht::Error listing every attempt when none verifies.
+  // over (an entry of a checkpoint's name that is no file included) is appended to
+  // `skipped` as "<path>: <problem>; using <file>". Empty when there are no such entries;
+  // throws ht::Error listing every attempt when none verifies.
   std::optional<Checkpoint> load_newest_valid(std::vector<std::string>& skipped) const;
 
  private:

@@ -357,6 +357,32 @@ TEST_CASE("checkpoint dir: a corrupt newest checkpoint falls back to the previou
   }
 }
 
+TEST_CASE("checkpoint dir: an entry of a checkpoint's name that is no file is named and passed over, never deleted") {
+  TempDir tmp;
+  CheckpointDir dir(tmp / "checkpoints", 2);
+  dir.save(10, small_model(10.f), {{"step", "10"}});
+  std::filesystem::create_directory(dir.path_for(30));
+  std::filesystem::create_symlink(tmp / "nowhere", dir.path_for(20));
+  std::vector<std::string> skipped;
+  std::optional<Checkpoint> c = dir.load_newest_valid(skipped);
+  REQUIRE(c.has_value());
+  CHECK(c->metadata.at("step") == "10");
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0] == dir.path_for(30) + ": a directory; expected a checkpoint file; using ckpt-00000010.safetensors");
+  CHECK(skipped[1] == dir.path_for(20) + ": a link to nothing; expected a checkpoint file; using ckpt-00000010.safetensors");
+  CHECK(dir.list().size() == 1);  // retention and listing see files only
+  dir.save(40, small_model(40.f));
+  dir.save(50, small_model(50.f));  // keep 2: 10 goes, the directory and the link stay
+  CHECK(std::filesystem::is_directory(dir.path_for(30)));
+  CHECK(std::filesystem::is_symlink(dir.path_for(20)));
+  CHECK_FALSE(std::filesystem::exists(dir.path_for(10)));
+  // With no file left, resuming is refused, naming them, rather than starting afresh.
+  std::filesystem::remove(dir.path_for(40));
+  std::filesystem::remove(dir.path_for(50));
+  skipped.clear();
+  CHECK_THROWS_WITH_AS(dir.load_newest_valid(skipped), contains(dir.path_for(30) + ": a directory"), Error);
+}
+
 TEST_CASE("checkpoint: a full disk (EFBIG) leaves the previous checkpoints byte-for-byte intact") {
   TempDir tmp;
   CheckpointDir dir(tmp / "checkpoints", 2);
