@@ -340,8 +340,12 @@ TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
   loop.progress.finish();
   if (interrupted) {
     const int sig = g_interrupted;  // 0 on a rank that stopped on rank 0's word alone
+    // Under deadline each rank stops at its own step, and rank 0 saves the checkpoint of
+    // its own: another rank's step is not the checkpoint's.
+    const bool own = root_ || !executor_->deadline();
     const std::string what = std::string(sig == SIGTERM ? "terminated" : "interrupted") + " at step " +
-                             std::to_string(done) + " of " + std::to_string(total_steps_) + "; a checkpoint was saved" +
+                             std::to_string(done) + " of " + std::to_string(total_steps_) +
+                             (own ? "; a checkpoint was saved" : "; rank 0 saved the checkpoint of the step it stopped at") +
                              resume_hint();
     // The shell's status for the signal: 130 for SIGINT, 143 for SIGTERM.
     const int status = 128 + (sig == SIGTERM ? SIGTERM : SIGINT);
