@@ -33,4 +33,32 @@ inline void check_not_an_input(const std::string& flag, const std::string& outpu
                                     "), which writing there would replace; expected another path");
 }
 
+// Throws ConfigError when an output option was given an empty path (it would write
+// nothing, silently).
+inline void check_given_path(const std::string& flag, bool given, const std::string& path) {
+  if (given && path.empty()) throw ht::config::ConfigError(flag + ": an empty path; expected a file path");
+}
+
+// Throws ConfigError unless every given output ({flag, path}; empty paths are skipped)
+// can be written: its directory exists, it is no directory itself, and no two name one
+// file (one would silently replace the other's output).
+inline void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  namespace fs = std::filesystem;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [flag, path] = outputs[i];
+    if (path.empty()) continue;
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+      throw ht::config::ConfigError(flag + " " + path + ": is a directory; expected a file path");
+    const fs::path parent = fs::path(path).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent, ec))
+      throw ht::config::ConfigError(flag + " " + path + ": directory " + parent.string() +
+                                    " does not exist; expected a file in an existing directory");
+    for (size_t j = 0; j < i; ++j)
+      if (!outputs[j].second.empty() && same_file(path, outputs[j].second))
+        throw ht::config::ConfigError(flag + " " + path + ": is also " + outputs[j].first +
+                                      "'s output, which writing there would replace; expected another path");
+  }
+}
+
 }  // namespace hetrain_cli

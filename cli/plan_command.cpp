@@ -76,13 +76,18 @@ std::string catalogue_path(const std::string& arg) {
   return arg.empty() ? ht::plan::default_catalogue_path() : arg;
 }
 
-void write(const std::string& path, const std::string& text, const char* what);
+// An output of the command, written once everything is computed: a failure on the way
+// leaves none of them half done.
+struct Output {
+  std::string path, text;
+  const char* what;
+};
 
 // Each sync policy's plan over the same planner input as the plan shown, played over
 // --what-if-steps steps under the events, as one table; with `svg`, the picture of it.
 void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& cluster, const ht::plan::Plan& shown,
                    const std::string& catalogue, std::vector<ht::plan::WhatIfEvent> events, int64_t steps,
-                   const std::string& svg) {
+                   const std::string& svg, std::vector<Output>& outputs) {
   ht::plan::WhatIfInput in;
   in.model = ht::runtime::describe_model(cfg);
   in.planner = ht::plan::planner_input_for(cfg, in.model, cluster);
@@ -101,10 +106,11 @@ void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& 
   std::printf("what-if simulated in %.3f s (each policy planned, re-planned after failures and joins, and played)\n",
               took);
   if (!svg.empty())
-    write(svg,
-          ht::report::what_if_to_svg(result, in.events,
-                                     cfg.name + ": what if, over " + std::to_string(steps) + " steps, per sync policy"),
-          "what-if timeline");
+    outputs.push_back({svg,
+                       ht::report::what_if_to_svg(result, in.events,
+                                                  cfg.name + ": what if, over " + std::to_string(steps) +
+                                                      " steps, per sync policy"),
+                       "what-if timeline"});
 }
 
 // --dump RANK names a rank of the planned world; a negative one is refused before the
@@ -149,9 +155,11 @@ void print_schedule(const ht::plan::Plan& plan, int rank) {
               sched.empty() ? "(none: the plan leaves this rank idle)\n" : ht::plan::to_text(sched).c_str());
 }
 
-void write(const std::string& path, const std::string& text, const char* what) {
-  ht::runtime::write_file_atomically(path, text, what);
-  std::printf("%s written to %s\n", what, path.c_str());
+void write(const std::vector<Output>& outputs) {
+  for (const Output& o : outputs) {
+    ht::runtime::write_file_atomically(o.path, o.text, o.what);
+    std::printf("%s written to %s\n", o.what, o.path.c_str());
+  }
 }
 
 }  // namespace
@@ -165,11 +173,12 @@ void register_plan(CLI::App& app) {
                   "catalogue (default: quick-probe this job's ranks)");
   cmd->add_option("--catalogue", args->catalogue, "Device catalogue for synth: clusters")
       ->default_str("configs/devices.json of this build");
-  cmd->add_option("--json", args->json, "Write the plan here (for `hetrain train --plan`)");
-  cmd->add_option("--svg", args->svg,
+  CLI::Option* json_option = cmd->add_option("--json", args->json, "Write the plan here (for `hetrain train --plan`)");
+  CLI::Option* svg_option = cmd->add_option("--svg", args->svg,
                   "Draw the plan here: per-rank timeline and memory bars (with --what-if: the job as each policy "
                   "played it, the events marked)");
-  cmd->add_option("--trace", args->trace, "Write the predicted timeline here (Chrome trace JSON)");
+  CLI::Option* trace_option =
+      cmd->add_option("--trace", args->trace, "Write the predicted timeline here (Chrome trace JSON)");
   args->dump_option = cmd->add_option(
       "--dump", args->dump,
       "After the plan, print rank RANK's instruction list for one step, one instruction per line: the list the "
@@ -186,7 +195,9 @@ void register_plan(CLI::App& app) {
       ->default_val(ht::plan::kDefaultWhatIfSteps)
       ->transform(whole_number<int64_t>(1, ht::plan::kMaxWhatIfSteps))
       ->type_name("N");
-  cmd->callback([args] {
+  cmd->callback([args, json_option, svg_option, trace_option] {
+    for (const CLI::Option* o : {json_option, svg_option, trace_option})
+      check_given_path(o->get_name(), o->count() > 0, o->as<std::string>());
     const std::vector<std::pair<std::string, std::string>> inputs{
         {"the config", args->config},
         {"the cluster file", args->cluster.rfind("synth:", 0) == 0 ? std::string() : args->cluster},
@@ -194,6 +205,7 @@ void register_plan(CLI::App& app) {
     check_not_an_input("--json", args->json, inputs);
     check_not_an_input("--svg", args->svg, inputs);
     check_not_an_input("--trace", args->trace, inputs);
+    check_outputs({{"--json", args->json}, {"--svg", args->svg}, {"--trace", args->trace}});
     const ht::config::Config cfg = ht::config::load_config(args->config);
     const bool dump = args->dump_option->count() > 0;
     if (dump && args->dump < 0) check_dump_rank(args->dump, 0);  // before any probe or search
@@ -212,20 +224,26 @@ void register_plan(CLI::App& app) {
     std::printf("planned in %.3f s (model description %.3f s, costs and search %.3f s)\n",
                 planned.model_s + planned.search_s, planned.model_s,
                 planned.search_s);
-    if (!args->json.empty()) write(args->json, ht::plan::plan_to_json(plan), "plan");
+    std::vector<Output> outputs;
+    if (!args->json.empty()) outputs.push_back({args->json, ht::plan::plan_to_json(plan), "plan"});
     if (dump) print_schedule(plan, args->dump);
     const bool what_if = !events.empty();
-    if (what_if) print_what_if(cfg, cluster, plan, args->catalogue, std::move(events), args->what_if_steps, args->svg);
-    if ((args->svg.empty() || what_if) && args->trace.empty()) return;
-    // A local plan's ranks run their groups' lists and the outer one, not the layout's.
-    const ht::plan::SimResult sim = plan.local ? ht::plan::simulate_local_round(plan, planned.costs, cluster)
-                                               : ht::plan::simulate_plan(plan, planned.costs, cluster);
-    if (!args->svg.empty() && !what_if) write(args->svg, ht::report::plan_to_svg(plan, sim.timeline), "plan picture");
-    if (!args->trace.empty())
-      write(args->trace,
-            ht::report::to_chrome_trace(
-                sim.timeline, "hetrain plan " + cfg.name + (plan.local ? " (predicted, one local round)" : " (predicted)")),
-            "predicted timeline");
+    if (what_if)
+      print_what_if(cfg, cluster, plan, args->catalogue, std::move(events), args->what_if_steps, args->svg, outputs);
+    if ((!args->svg.empty() && !what_if) || !args->trace.empty()) {
+      // A local plan's ranks run their groups' lists and the outer one, not the layout's.
+      const ht::plan::SimResult sim = plan.local ? ht::plan::simulate_local_round(plan, planned.costs, cluster)
+                                                 : ht::plan::simulate_plan(plan, planned.costs, cluster);
+      if (!args->svg.empty() && !what_if)
+        outputs.push_back({args->svg, ht::report::plan_to_svg(plan, sim.timeline), "plan picture"});
+      if (!args->trace.empty())
+        outputs.push_back({args->trace,
+                           ht::report::to_chrome_trace(sim.timeline, "hetrain plan " + cfg.name +
+                                                                         (plan.local ? " (predicted, one local round)"
+                                                                                     : " (predicted)")),
+                           "predicted timeline"});
+    }
+    write(outputs);
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/device_select.h"
 #include "cli/commands.h"
+#include "cli/paths.h"
 #include "cli/planning.h"
 #include "comm/communicator.h"
 #include "config/config.h"
@@ -36,14 +37,19 @@ void register_probe(CLI::App& app) {
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("probe", "Fingerprint each rank's hardware, device rates and links");
   cmd->add_flag("--quick", args->quick, "Shorter measurements (under 5 s on 4 ranks), less accurate");
-  cmd->add_option("--json", args->json, "Write the cluster fingerprint here (for `hetrain plan --cluster`)");
+  CLI::Option* json_option =
+      cmd->add_option("--json", args->json, "Write the cluster fingerprint here (for `hetrain plan --cluster`)");
   cmd->add_option("--model", args->model,
                   "Config whose model blocks are profiled on each rank; its emulate section applies");
   cmd->add_option("--device", args->device,
                   "What each rank probes and trains on: cpu, cuda (the GPU of its local rank), cuda:N or auto; "
                   "or one per world rank, comma-separated (cuda,cpu,cpu: a job of GPU and CPU ranks)")
       ->capture_default_str();
-  cmd->callback([args] {
+  cmd->callback([args, json_option] {
+    // Before the probe's seconds of work: an output that cannot be written fails now.
+    check_given_path("--json", json_option->count() > 0, args->json);
+    check_not_an_input("--json", args->json, {{"the --model config", args->model}});
+    check_outputs({{"--json", args->json}});
     ht::comm::Communicator& world = ht::comm::world();
     std::vector<std::string> devices;
     for (size_t at = 0;;) {

@@ -78,6 +78,19 @@ for bad in "--timeline $tl_dir" "--timeline $tl_dir/missing/t.json" "--run-dir '
   err=$(eval "\"\$hetrain\" train \"$(dirname "$0")/../../configs/fashion_mnist_mlp.json\" --run-dir $tl_dir/run $bad" 2>&1); rc=$?
   check "train $bad: refused before any work (exit 2, no run directory)" test $rc -eq 2 -a ! -e "$tl_dir/run"
 done
+# plan's outputs: checked before any is written, and written only once all are made.
+plan_cfg="$(dirname "$0")/../../configs/fashion_mnist_mlp.json"
+for bad in "--json $tl_dir/same --svg $tl_dir/same" "--json ''" "--json $tl_dir" \
+           "--json $tl_dir/p.json --svg $tl_dir/missing/p.svg"; do
+  err=$(eval "\"\$hetrain\" plan \"$plan_cfg\" --cluster synth:2xrtx3060 $bad" 2>&1); rc=$?
+  check "plan $bad: refused with exit 2 naming the option, nothing written" \
+    test $rc -eq 2 -a -n "$(grep -- '^hetrain: config error: --' <<<"$err")" -a ! -e "$tl_dir/same" -a ! -e "$tl_dir/p.json"
+done
+for bad in "--json ''" "--json $tl_dir/missing/f.json"; do
+  err=$(eval "\"\$hetrain\" probe --quick $bad" 2>&1); rc=$?
+  check "probe $bad: refused before probing (exit 2, one line naming the option)" \
+    test $rc -eq 2 -a "$(wc -l <<<"$err")" -eq 1 -a -n "$(grep -- '^hetrain: config error: --json' <<<"$err")"
+done
 rm -rf "$tl_dir"
 "$hetrain" --help >/dev/null; rc=$?
 check "--help exits 0" test $rc -eq 0

@@ -384,8 +384,9 @@ def what_if_svg(tmp):
           all(f'data-policy="{p}"' in text for p in ("sync", "deadline", "local")) and 'class="legend"' in text, text[:800])
     bad = os.path.join(tmp, "no-such-dir", "x.svg")
     r = plan(CNN, "--cluster", RATES_4211, "--svg", bad, "--what-if", events[0])
-    check("--what-if --svg into a missing directory: nonzero exit naming the file",
-          r.returncode != 0 and f"cannot write what-if timeline {bad}" in r.stderr, r.stderr[-800:])
+    check("--what-if --svg into a missing directory: refused before planning (exit 2), naming the option and the file",
+          r.returncode == 2 and f"--svg {bad}: directory {os.path.dirname(bad)} does not exist" in r.stderr
+          and "predicted" not in r.stdout, r.stderr[-800:])
 
 
 def planning_example_strategies(tmp):
