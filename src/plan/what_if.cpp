@@ -167,6 +167,18 @@ class Play {
     } catch (const Error& e) {
       out_.refused = e.what();
     }
+    // A join waits for a checkpoint: one that none followed before the end changed
+    // nothing, which a cost of 0 alone would not say. (One after the end is said by the
+    // table's notes on late events.)
+    if (out_.refused.empty())
+      for (size_t i = 0; i < events_.size(); ++i)
+        if (!used_[i] && events_[i].kind == WhatIfKind::join && events_[i].at_s < out_.seconds)
+          out_.notes.push_back(events_[i].spec + ": never joined: " +
+                               (in_.checkpoint_every > 0
+                                    ? "no checkpoint (every " + std::to_string(in_.checkpoint_every) +
+                                          " steps) came after it before the job's end"
+                                    : std::string("the job writes no checkpoint (checkpoint.every 0)")) +
+                               ", and a device joins at one");
     return out_;
   }
 

@@ -247,6 +247,23 @@ TEST_CASE("a join re-plans at the next checkpoint boundary, after a restart, wit
   CHECK(sync.work_lost_steps == 0);
 }
 
+TEST_CASE("a join with no checkpoint after it before the end never joins, and says so") {
+  WhatIfInput in = four_equal(100, {});
+  in.catalogue_path = default_catalogue_path();
+  const double step = plan_for_policy(in.planner, Policy::sync, 0).predicted.step_seconds;
+  in.events = {parse_what_if_event("join:device=cpu-16c,at=" + std::to_string(5.5 * step))};
+  for (const int64_t every : {int64_t{100}, int64_t{0}}) {  // the only checkpoint is the end's; none at all
+    in.checkpoint_every = every;
+    const PolicyOutcome sync = outcome(run_what_if(in), Policy::sync);
+    REQUIRE(sync.refused.empty());
+    REQUIRE(sync.notes.size() == 1);
+    CHECK(contains(sync.notes[0], "join:device=cpu-16c,at="));
+    CHECK(contains(sync.notes[0], every ? ": never joined: no checkpoint (every 100 steps) came after it"
+                                        : ": never joined: the job writes no checkpoint (checkpoint.every 0)"));
+    CHECK(sync.seconds == doctest::Approx(100 * step));
+  }
+}
+
 TEST_CASE("deadline's budget follows the median of the last steps' arrivals, as the leader's does") {
   // A link made slow from the start lengthens every rank's part past the plan's budget:
   // the first kDeadlineMinMeasured steps close short for every member, then the budget is
