@@ -366,59 +366,6 @@ LocalPlanResult local_plan_over(const LocalPlanInput& in, const LinkTiers& tiers
   return out;
 }
 
-// `order` (world ranks, fastest first) with the ranks behind slow links moved last. A
-// rank's link cost is the median over the other ranks of an exchange of kLinkProbeBytes
-// with each (latency plus transfer): a rank behind a slow link has it to most ranks, the
-// others to it alone. The ranks within kSlowLinkFactor of the cheapest keep their
-// places; the others follow, cheapest first.
-constexpr double kLinkProbeBytes = 4e6;
-constexpr double kSlowLinkFactor = 2.0;
-std::vector<int> link_last_order(const ClusterModel& cluster, const std::vector<int>& order) {
-  const size_t n = cluster.links.size();
-  if (n != cluster.ranks.size() || n < 3) return order;
-  // Links are per site: over the sites that hold ranks, each with its count, so the cost
-  // is O(ranks + sites^2 log sites), not O(ranks^2), at thousands of ranks.
-  const std::vector<size_t>& site = cluster.links.sites();
-  std::vector<int> first(cluster.links.site_count(), -1), second(cluster.links.site_count(), -1);
-  std::vector<size_t> count(cluster.links.site_count(), 0);
-  for (size_t r = 0; r < n; ++r) {
-    ++count[site[r]];
-    if (first[site[r]] < 0) first[site[r]] = static_cast<int>(r);
-    else if (second[site[r]] < 0) second[site[r]] = static_cast<int>(r);
-  }
-  auto pair_cost = [&](size_t a, size_t b) {
-    const double bw = std::min(cluster.links.bandwidth(a, b), cluster.links.bandwidth(b, a));
-    const double lat = std::max(cluster.links.latency(a, b), cluster.links.latency(b, a));
-    return lat + (bw > 0 ? kLinkProbeBytes / bw : 0);
-  };
-  std::vector<double> site_cost(first.size(), 0);
-  for (size_t s = 0; s < first.size(); ++s) {
-    if (first[s] < 0) continue;
-    const auto a = static_cast<size_t>(first[s]);
-    std::vector<std::pair<double, size_t>> peers;  // (cost, ranks at it)
-    for (size_t t = 0; t < first.size(); ++t) {
-      const int b = t == s ? second[s] : first[t];  // the site's own link: to its second rank
-      if (b >= 0) peers.emplace_back(pair_cost(a, static_cast<size_t>(b)), t == s ? count[t] - 1 : count[t]);
-    }
-    std::sort(peers.begin(), peers.end());
-    size_t seen = 0;
-    for (const auto& [c, k] : peers)
-      if ((seen += k) * 2 >= n - 1) {
-        site_cost[s] = c;
-        break;
-      }
-  }
-  double cheapest = site_cost[site[0]];
-  for (size_t r = 1; r < n; ++r) cheapest = std::min(cheapest, site_cost[site[r]]);
-  std::vector<int> out, slow;
-  for (int r : order) (site_cost[site[static_cast<size_t>(r)]] <= kSlowLinkFactor * cheapest ? out : slow).push_back(r);
-  std::stable_sort(slow.begin(), slow.end(), [&](int a, int b) {
-    return site_cost[site[static_cast<size_t>(a)]] < site_cost[site[static_cast<size_t>(b)]];
-  });
-  out.insert(out.end(), slow.begin(), slow.end());
-  return out;
-}
-
 // make_local_plan, with `bounded` passed on to local_plan_over.
 LocalPlanResult local_plan_of(const LocalPlanInput& in, bool bounded) {
   std::vector<int> order(in.data_plan.ranks.size());

@@ -42,6 +42,14 @@ LinkTiers link_tiers(const ClusterModel& cluster);
 // The tiers of `ranks` alone (world ranks), their links to one another only.
 LinkTiers link_tiers(const ClusterModel& cluster, const std::vector<int>& ranks);
 
+// `order` (world ranks, fastest first) with the ranks behind slow links moved last: those
+// whose link cost (the median over the others of 4 MB's latency and transfer) is within
+// twice the cheapest keep their places; the others follow, cheapest first. Both planners
+// try leaving the moved ranks idle. `kept`, where given, is set to how many kept their
+// places (the order's size when no rank is behind a slow link).
+std::vector<int> link_last_order(const ClusterModel& cluster, const std::vector<int>& order,
+                                 size_t* kept = nullptr);
+
 // Ranks the planner may swap for one another without changing a figure: the classes of
 // device_classes (cluster_model.h), found as the same link tier and alike devices (their
 // DeviceModel and profile rows), split further where the block costs differ (a

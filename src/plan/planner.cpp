@@ -137,7 +137,7 @@ std::vector<int> by_speed(const PlannerInput& in) {
 }
 
 struct Candidate {
-  int used = 0;  // ranks the layout uses (the fastest ones)
+  int used = 0;  // ranks the layout uses (the fastest ones, or those with the cheapest links)
   int stages = 1;
   std::optional<Plan> plan;
   LayoutProblem problem;  // when no plan
@@ -448,8 +448,26 @@ Plan make_plan(const PlannerInput& in) {
   const std::vector<int> klass = class_of_rank(in, tiers);
   std::vector<Outcome> outcomes;  // every candidate, in search order
   std::vector<Candidate> kept;    // the plans that may yet be simulated (see keep_best)
-  for (const auto& [used, stages] : layout_shapes(in, sorted)) {
-    const std::vector<int> fastest(sorted.begin(), sorted.begin() + used);
+  // The shapes over the speed order; then, where some ranks sit behind links at least
+  // twice as costly as the cheapest, over the order with them last (link_last_order, as
+  // the local planner does), cut where the class changes: no cut of the speed order
+  // leaves out a fast rank behind a slow link (three rtx3090 beside one behind a link of
+  // 1 KB/s planned at 459,515 s a step).
+  std::vector<std::pair<const std::vector<int>*, std::pair<int, int>>> searches;
+  for (const auto& shape : layout_shapes(in, sorted)) searches.push_back({&sorted, shape});
+  std::vector<int> by_links;
+  if (in.strategy == Asked::automatic && !in.use_every_rank) {
+    size_t kept = 0;
+    by_links = link_last_order(in.cluster, sorted, &kept);
+    // Every cut among the ranks behind slow links, where the class changes, and before them.
+    for (int used = world - 1; used >= std::max<int>(1, static_cast<int>(kept)); --used)
+      if (used == static_cast<int>(kept) || klass[static_cast<size_t>(by_links[static_cast<size_t>(used)])] !=
+                                                 klass[static_cast<size_t>(by_links[static_cast<size_t>(used - 1)])])
+        for (int stages : stage_counts(in, used)) searches.push_back({&by_links, {used, stages}});
+  }
+  for (const auto& [from, shape] : searches) {
+    const auto [used, stages] = shape;
+    const std::vector<int> fastest(from->begin(), from->begin() + used);
     const int replicas = used / stages;
     std::vector<std::vector<int>> seen;  // the class sequences of the orders tried
     for (const std::vector<int>& groups : group_orders(in, fastest, stages)) {

@@ -296,6 +296,29 @@ TEST_CASE("planner: a share of many samples gets the least micro-batch count tha
   }
 }
 
+TEST_CASE("planner: under auto a fast rank behind a slow link is left idle, as a slow rank is") {
+  // Four equal ranks; rank 3's links take 50 ms and carry 1 KB/s: its share of the
+  // all-reduce would take hours, and no cut of the speed order (all equal) leaves it out.
+  ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, {64 * kGiB, 64 * kGiB, 64 * kGiB, 64 * kGiB});
+  for (size_t j = 0; j < 3; ++j) {
+    set_latency(c, 3, j, 0.05);
+    set_bandwidth(c, 3, j, 1e3);
+  }
+  const PlannerInput in = input(c, costs(c, 4), 64);
+  const Plan p = make_plan(in);
+  check_plan(p);
+  CHECK(p.ranks[3].replica < 0);
+  for (int r = 0; r < 3; ++r) CHECK(p.ranks[r].replica >= 0);
+  CHECK(p.predicted.step_seconds < 10);
+  const auto idle = std::find_if(p.notes.begin(), p.notes.end(),
+                                 [](const PlanNote& n) { return n.kind == NoteKind::idle_ranks; });
+  REQUIRE(idle != p.notes.end());
+  CHECK(idle->ranks == std::vector<int>{3});
+  CHECK(idle->other_seconds > 100 * idle->seconds);  // every rank: its link sets the pace
+  // Asked to use every rank (parallel.strategy data), it does.
+  CHECK(make_plan(input(c, costs(c, 4), 64, "data")).ranks[3].replica >= 0);
+}
+
 TEST_CASE("planner: a device that cannot hold the model gets fewer layers of a pipeline") {
   // Rank 1 holds 1.5 blocks of weight state: data parallel cannot place it (one replica
   // per rank, no sharding partner for all of it), the pipeline gives it one block.
