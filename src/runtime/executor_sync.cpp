@@ -186,7 +186,11 @@ void Executor::record_verdicts(const std::vector<Verdict>& verdicts, bool exclus
   if (loss_scale_)
     loss_scale_->update(std::any_of(verdicts.begin(), verdicts.end(), [](Verdict v) { return v == Verdict::overflow; }));
   if (stage_group_->rank() != 0) return;
-  auto world_rank = [this](int m) { return plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)]; };
+  // The plan's ranks are the executor's communicator's (a local group numbers its own from
+  // 0): the events name world ranks.
+  auto world_rank = [this](int m) {
+    return world_.world_rank(plan_.layout.replicas[static_cast<size_t>(m)][static_cast<size_t>(stage_)]);
+  };
   for (size_t m = 0; exclusions && m < verdicts.size(); ++m)
     if (verdicts[m] != Verdict::kept)
       events_.push_back({world_rank(static_cast<int>(m)), stage_, verdicts[m], layout_.samples[m], 0});

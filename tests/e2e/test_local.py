@@ -214,6 +214,18 @@ def main():
     check("with parallel.rebalance_every 0 the rounds keep the plan's split",
           not [r for r in records(run_dir) if r["type"] == "local_resplit"], run_dir)
 
+    # The guard inside a group names world ranks: rank 1, alone in its group (which
+    # numbers it 0), sends a NaN gradient at step 5.
+    nan_dir = os.path.join(scratch, "nan1")
+    n = mpirun(HETRAIN, 4, ["train", cfg, "--plan", planned, "--run-dir", nan_dir, "--steps", "12",
+                            "--inject", "nan:rank=1,at=5"], timeout=300)
+    check("4 ranks train with a NaN on rank 1 at step 5", n.returncode == 0, n.stderr[-3000:])
+    if n.returncode == 0:
+        guard = [(r["step"], r["rank"]) for r in records(nan_dir) if r["type"] == "guard"]
+        check("the guard names world rank 1 (not its rank in its group)", guard == [(5, 1)], guard)
+        check("... and so does the progress output", "step 5: rank 1 left out of the step" in n.stdout,
+              n.stdout[-2000:])
+
     # The first two ranks of the fixed cluster: a plan that does not depend on this host's load.
     two = load(CLUSTER)
     two["world_size"] = 2
