@@ -94,6 +94,32 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
       throw ht::config::ConfigError(a.plan + ": global_batch is " + std::to_string(p.global_batch) +
                                     " but this run's train.batch_size is " + std::to_string(cfg.train.batch_size) +
                                     "; expected the plan of this config (plan again)");
+    // Nor may it run another policy or strategy than the config asks (the hash covers the
+    // config's fields, not the file's): the run's records would contradict its config.
+    const ht::config::SyncPolicy asked = cfg.parallel.sync_policy();
+    const bool policy_ok =
+        p.sync_policy == ht::plan::SyncPolicy::deadline ? asked == ht::config::SyncPolicy::deadline
+        : p.sync_policy == ht::plan::SyncPolicy::local
+            ? asked == ht::config::SyncPolicy::local || !cfg.parallel.sync  // auto may take local
+            : asked == ht::config::SyncPolicy::sync;
+    if (!policy_ok)
+      throw ht::config::ConfigError(a.plan + ": sync_policy is " + ht::plan::to_string(p.sync_policy) +
+                                    " but this run's parallel.sync is " +
+                                    (cfg.parallel.sync ? ht::config::to_string(asked) : std::string("not given (sync)")) +
+                                    "; expected the plan of this config (plan again)");
+    using PS = ht::config::ParallelStrategy;
+    using S = ht::plan::Strategy;
+    const PS want = cfg.parallel.strategy;
+    // (auto plans data, pipeline or hybrid layouts; an equal split only when asked.)
+    const bool strategy_ok = (want == PS::automatic && p.strategy != S::equal) ||
+                             (want == PS::data && p.strategy == S::data) ||
+                             (want == PS::pipeline && (p.strategy == S::pipeline ||  // or one rank's one stage
+                                                       (p.strategy == S::data && p.stage_ranges.size() == 1))) ||
+                             (want == PS::equal && p.strategy == S::equal);
+    if (!strategy_ok)
+      throw ht::config::ConfigError(a.plan + ": strategy is " + ht::plan::to_string(p.strategy) +
+                                    " but this run's parallel.strategy is " + ht::config::to_string(want) +
+                                    "; expected the plan of this config (plan again)");
     if (p.sync_policy == ht::plan::SyncPolicy::deadline) {
       try {
         ht::plan::check_deadline_ranks(p);

@@ -321,6 +321,18 @@ def main():
     check("a plan for another config: names both configs",
           r.returncode != 0 and "the plan was made for config 'mlp'" in r.stderr and "'other'" in r.stderr,
           r.stderr[-800:])
+    # A plan file edited to another policy or strategy than the config's (the hash covers
+    # the config, not the file): refused, or the run's records would contradict its config.
+    for field, value, said in (("sync_policy", "deadline", "sync_policy is deadline but this run's parallel.sync is"),
+                               ("strategy", "equal", "strategy is equal but this run's parallel.strategy is")):
+        edited = load(plan2)
+        edited[field] = value
+        path = os.path.join(tmp, f"plan-{field}.json")
+        with open(path, "w") as f:
+            json.dump(edited, f)
+        r = mpirun(2, ["train", cfg, "--plan", path, "--run-dir", os.path.join(tmp, f"x-{field}"), "-q"])
+        check(f"a plan edited to {field} {value}: exit 2 naming the field and the config's",
+              r.returncode == 2 and said in r.stderr, r.stderr[-800:])
     # A launcher that leaves only PMIx's rank in the environment (srun --mpi=pmix does;
     # here mpirun with its own variables taken out): one job of two ranks, not two jobs.
     pmix = os.path.join(tmp, "pmix")
