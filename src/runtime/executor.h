@@ -120,6 +120,12 @@ class Executor {
   const DynamicLossScale* loss_scale() const { return loss_scale_ ? &*loss_scale_ : nullptr; }
   // A checkpoint's or a peer's scale and clean steps; nothing without a loss scale.
   void restore_loss_scale(double scale, int64_t clean);
+  // This rank's guard (its norm histories and its stage's quarantine) as JSON text, and
+  // back: a checkpoint keeps it, so that a resumed run leaves out and quarantines as the
+  // run it continues would have. restore_guard_state throws ht::Error naming what does
+  // not fit.
+  std::string guard_state() const;
+  void restore_guard_state(const std::string& text);
   // Whether this rank's stage leaves out replica `replica` as quarantined in the next step.
   bool quarantines(int replica) const { return quarantine_ && quarantine_->quarantined(replica); }
   // parallel.sync deadline (runtime/deadline_sync.h) on a plan whose lists carry its

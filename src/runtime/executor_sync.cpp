@@ -11,8 +11,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "comm/shared_memory.h"
@@ -409,6 +412,35 @@ void Executor::restore_deadline_guard_state(const int64_t* ints, size_t n) {
            "; expected the quarantine's", loss_scale_ ? " and the loss scale's 2" : "");
   ensure_quarantine().restore(ints + 1, n - 1 - scale);
   if (loss_scale_) loss_scale_->restore(std::ldexp(1.0, static_cast<int>(ints[n - 2])), ints[n - 1]);
+}
+
+std::string Executor::guard_state() const {
+  nlohmann::json norms = nlohmann::json::array();
+  for (const auto& [key, h] : guard_.history()) norms.push_back({key, std::vector<double>(h.begin(), h.end())});
+  nlohmann::json j{{"norms", std::move(norms)}};
+  if (quarantine_) j["quarantine"] = quarantine_->state();
+  return j.dump();  // doubles as their shortest exact text: they read back bit for bit
+}
+
+void Executor::restore_guard_state(const std::string& text) {
+  std::map<size_t, std::deque<double>> history;
+  std::vector<int64_t> quarantine;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    for (const nlohmann::json& e : j.at("norms")) {
+      const auto h = e.at(1).get<std::vector<double>>();
+      history[e.at(0).get<size_t>()] = std::deque<double>(h.begin(), h.end());
+    }
+    if (j.contains("quarantine")) quarantine = j["quarantine"].get<std::vector<int64_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("guard state: ", e.what(), "; expected {\"norms\": [[key, [norms]]...], \"quarantine\": [integers]}");
+  }
+  for (const auto& [key, h] : history)
+    for (double v : h)
+      HT_CHECK(std::isfinite(v) && v >= 0, "guard state: group ", key, " holds the norm ", v,
+               "; expected finite norms >= 0");
+  if (!quarantine.empty()) ensure_quarantine().restore(quarantine.data(), quarantine.size());
+  guard_.restore_history(std::move(history));
 }
 
 Quarantine& Executor::ensure_quarantine() {

@@ -68,6 +68,10 @@ class ContributionGuard {
   // outliers cannot raise the median to meet them. Fewer than kMinNormSamples samples
   // are not judged by norm, nor does their norm join the history.
   Verdict judge(size_t key, double sum_squares, int64_t samples, int64_t global);
+  // The norm histories by group key, and back: a checkpoint keeps them, so that a
+  // resumed run judges as the run it continues would have.
+  const std::map<size_t, std::deque<double>>& history() const { return history_; }
+  void restore_history(std::map<size_t, std::deque<double>> h) { history_ = std::move(h); }
 
  private:
   config::GuardConfig cfg_;

@@ -60,6 +60,13 @@ int64_t metadata_int(const Checkpoint& c, const std::string& key) { return metad
 
 namespace trainer_run {
 
+// What the guard's state is of: the world, its replicas and their stages (a quarantine
+// names a stage's members, a norm history a group of its parameters). A resumed run takes
+// the checkpoint's guard only over the same.
+std::string Run::guard_layout() const {
+  return json{{"world", world_.size()}, {"replicas", plan_.layout.replicas}, {"stages", plan_.stage_ranges}}.dump();
+}
+
 std::map<std::string, std::string> Run::metadata(int64_t step) {
   std::map<std::string, std::string> m = {
       {"hetrain.version", HETRAIN_VERSION},
@@ -86,6 +93,7 @@ std::map<std::string, std::string> Run::metadata(int64_t step) {
   // Dropout streams live with each stage's blocks: replica 0's ranks report theirs.
   json mine = json::object();
   mine["loss_finite"] = std::isfinite(last_loss_sum_);  // checked before any checkpoint is written
+  mine["guard"] = executor_->guard_state();
   if (executor_->replica() == 0)
     for (int b = executor_->rank_plan().block_begin; b < executor_->rank_plan().block_end; ++b)
       mine[std::to_string(b)] = model_.block(static_cast<size_t>(b)).random_offset();
@@ -102,8 +110,14 @@ std::map<std::string, std::string> Run::metadata(int64_t step) {
     HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
              "'s loss in that step is not finite, so the model may be poisoned; the newest checkpoint in ",
              checkpoints_.dir(), " stays the newest valid one (lower train.optimizer.lr or set train.grad_clip)");
+    // Every rank's guard, where every rank's item came (not under deadline, whose leader
+    // carries the quarantine in its records and catches up a returning rank with it).
+    if (all.size() == static_cast<size_t>(world_.size())) {
+      m["guard.rank." + std::to_string(r)] = offsets["guard"].get<std::string>();
+      m["guard.layout"] = guard_layout();
+    }
     for (auto it = offsets.begin(); it != offsets.end(); ++it)
-      if (it.key() == "loss_finite") continue;
+      if (it.key() == "loss_finite" || it.key() == "guard") continue;
       else if (const auto off = it.value().get<uint64_t>())
         m["random_offset.block." + it.key()] = std::to_string(off);
   }
@@ -180,6 +194,16 @@ int64_t Run::restore(report::Progress& progress) {
              executor_->loss_scale()->min_scale(), ", ", executor_->loss_scale()->max_scale(),
              "]; expected one within min and max (widen them to resume from it)");
     executor_->restore_loss_scale(scale, get_int("loss_scale_clean_steps"));
+  }
+  // The guard as it was, where the layout is the checkpoint's (a quarantine names members
+  // of this layout's stages); over another one the guard starts afresh.
+  if (const std::string key = "guard.rank." + std::to_string(world_.rank());
+      meta.count(key) && meta.count("guard.layout") && get("guard.layout") == guard_layout()) {
+    try {
+      executor_->restore_guard_state(get(key));
+    } catch (const Error& e) {
+      fail("checkpoint ", loaded->path, ": metadata '", key, "': ", e.what(), " (the file is corrupt)");
+    }
   }
   if (local_) {  // the checkpoint's model is the outer weights
     local_->reset_to_weights();

@@ -170,6 +170,8 @@ void Run::report_guard(int64_t step, const GuardEvent& e, std::optional<report::
   } else {
     record["reason"] = verdict_name(e.verdict);
     record["samples_left_out"] = e.samples;
+    // Held in a quarantine decided before a resume: quarantined in this invocation too.
+    if (e.verdict == Verdict::quarantined) guard_totals_.quarantined.insert(e.rank);
     guard_totals_.steps.insert(step);
     guard_totals_.samples += e.stage == 0 ? e.samples : 0;
     line += " left out of the step (" + std::string(verdict_name(e.verdict)) + ", " + std::to_string(e.samples) +

@@ -131,6 +131,7 @@ class Run {
 
   // trainer_checkpoints.cpp
   std::map<std::string, std::string> metadata(int64_t step);
+  std::string guard_layout() const;
   void save(int64_t step, report::Progress& progress);
   int64_t restore(report::Progress& progress);
 

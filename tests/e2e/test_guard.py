@@ -105,6 +105,7 @@ def main():
     check(f"the final accuracy is within {ACCURACY_BOUND} of the unperturbed run's",
           abs(acc_a - acc_b) <= ACCURACY_BOUND, f"{acc_a} vs {acc_b}")
     check("the unperturbed run is left alone", not any(r["type"] == "guard" for r in records(clean)))
+    resumed(scratch, cfg, poisoned)
     deadline(scratch, acc_a)
     diverged(scratch)
     return finish(scratch)
@@ -134,6 +135,34 @@ def diverged(scratch):
           os.listdir(os.path.join(run_dir, "checkpoints")) if os.path.isdir(os.path.join(run_dir, "checkpoints")) else "")
     losses = [x["loss"] for x in records(run_dir) if x["type"] == "train"]
     check("the step-5 loss is the mean over the step it kept", len(losses) == 1 and 2.0 < losses[0] < 2.6, losses)
+
+
+def resumed(scratch, cfg, reference):
+    """The NaN run stopped at step 15, in rank 1's quarantine (steps 13-22), and resumed:
+    the checkpoint carries the guard (the quarantine and the norm histories), so every
+    checkpoint from 15 on is the uninterrupted run's, byte for byte (it once forgot the
+    quarantine and trained rank 1's steps 16-22 in)."""
+    run_dir = os.path.join(scratch, "resumed")
+    inject = ["--inject", "nan:rank=1,at=10,steps=11"]
+    a = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--stop-after", "15"] + inject, timeout=300)
+    b = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--resume"] + inject, timeout=300)
+    check("resumed: the NaN run stops at step 15 and resumes", a.returncode == 0 and b.returncode == 0,
+          (a.stderr + b.stderr)[-2000:])
+    if a.returncode or b.returncode:
+        return
+    differ = []
+    for step in range(15, STEPS + 1, 5):
+        name = f"ckpt-{step:08d}.safetensors"
+        with open(os.path.join(reference, "checkpoints", name), "rb") as f, \
+                open(os.path.join(run_dir, "checkpoints", name), "rb") as g:
+            if f.read() != g.read():
+                differ.append(step)
+    check("resumed: every checkpoint from step 15 on is the uninterrupted run's, byte for byte", not differ, differ)
+    held = [r["step"] for r in records(run_dir) if r["type"] == "guard" and r.get("reason") == "quarantined"]
+    check("resumed: rank 1 is still left out as quarantined in steps 16-22", held[-7:] == list(range(16, 23)), held)
+    summary = load(os.path.join(run_dir, "summary.json"))
+    check("resumed: the summary of the resumed invocation names the rank it held in quarantine",
+          summary["guard"]["quarantined_ranks"] == [1], summary.get("guard"))
 
 
 def deadline(scratch, accuracy):
