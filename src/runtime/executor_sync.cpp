@@ -6,6 +6,7 @@
 // dispatch and the stage pass.
 #include "runtime/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -226,9 +227,18 @@ void Executor::reduce_grads() {
   for (int& m : missing) m = stage_group_->world_rank(m);
   draining_.reset();
   if (shards_.empty()) draining_ = std::move(reduce_);  // its sums go out while the next step runs
-  if (s != comm::WaitStatus::done)
+  if (s != comm::WaitStatus::done) {
+    // A member waited for may itself have been waiting, for the one that stalled: the
+    // members that timed out here answer a roll call, and those named are the ones that
+    // did not (rank 0 named ranks 1 and 2 where rank 2 alone had stopped).
+    const std::vector<int> absent = absent_from(*stage_group_);
+    std::vector<int> silent;
+    for (int m : missing)
+      if (std::find(absent.begin(), absent.end(), m) != absent.end()) silent.push_back(m);
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        me(), missing, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
+        me(), silent.empty() ? missing : silent, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)",
+        peer_timeout_));
+  }
 }
 
 void Executor::optimizer_step(float lr) {
