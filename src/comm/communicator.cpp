@@ -90,6 +90,14 @@ WaitStatus Request::spin(Timeout timeout) {
   return WaitStatus::done;
 }
 
+std::vector<int> stalled_among(Communicator& c, const std::vector<int>& waited_for, Timeout timeout) {
+  const std::vector<int> absent = c.roll_call(std::min(timeout, Timeout(10)));
+  std::vector<int> stalled;
+  for (int w : waited_for)
+    if (std::find(absent.begin(), absent.end(), w) != absent.end()) stalled.push_back(w);
+  return stalled.empty() ? waited_for : stalled;
+}
+
 std::string peer_timeout_message(int me, const std::vector<int>& missing, std::string_view what,
                                  Timeout waited) {
   std::ostringstream s;

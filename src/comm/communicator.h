@@ -198,6 +198,13 @@ class Communicator {
   virtual const std::vector<LinkEmulation>& link_emulation() const = 0;
 };
 
+// Of `waited_for` (world ranks that a wait on `c` timed out on), those that also miss a
+// roll call of the ranks that timed out with this one (Communicator::roll_call, within
+// min(timeout, 10 s)): a rank waited for may itself have been waiting, for the one that
+// stalled. All of `waited_for` where the roll call finds none of them absent.
+std::vector<int> stalled_among(Communicator& c, const std::vector<int>& waited_for, Timeout timeout);
+
+
 // The process's world: MPI_COMM_WORLD under mpirun, else a single rank.
 Communicator& world();
 

@@ -364,8 +364,9 @@ void DeadlineReduce::handle(int from, const Message& m) {
 void DeadlineReduce::fail_wait(const std::string& what, const std::vector<int>& missing) const {
   std::vector<int> world;  // the message names world ranks
   for (int j : missing) world.push_back(comm_.world_rank(j));
-  fail_as<PeerTimeout>(peer_timeout_message(comm_.world_rank(rank_), world, "the deadline reduction's " + what,
-                                            std::chrono::duration<double>(options_.peer_timeout_s)));
+  const std::chrono::duration<double> waited(options_.peer_timeout_s);
+  fail_as<PeerTimeout>(peer_timeout_message(comm_.world_rank(rank_), stalled_among(comm_, world, waited),
+                                            "the deadline reduction's " + what, waited));
 }
 
 // The history follows this rank's chain: a record replaces those of its step and after
@@ -675,7 +676,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       sent_term = term_;
       wait_until = Clock::now() + seconds(patience());
     }
-    if (Clock::now() >= give_up) fail_wait("the result of step " + std::to_string(step_), {leader()});
+    if (Clock::now() >= give_up) fail_wait("result of step " + std::to_string(step_), {leader()});
     if (Clock::now() >= wait_until) {  // the leader has stalled: on to the next
       suspect_leader();
       continue;

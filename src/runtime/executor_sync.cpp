@@ -231,13 +231,9 @@ void Executor::reduce_grads() {
     // A member waited for may itself have been waiting, for the one that stalled: the
     // members that timed out here answer a roll call, and those named are the ones that
     // did not (rank 0 named ranks 1 and 2 where rank 2 alone had stopped).
-    const std::vector<int> absent = absent_from(*stage_group_);
-    std::vector<int> silent;
-    for (int m : missing)
-      if (std::find(absent.begin(), absent.end(), m) != absent.end()) silent.push_back(m);
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-        me(), silent.empty() ? missing : silent, "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)",
-        peer_timeout_));
+        me(), comm::stalled_among(*stage_group_, missing, peer_timeout_),
+        "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
   }
 }
 

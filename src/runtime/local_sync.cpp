@@ -247,14 +247,15 @@ void LocalSync::start_exchange(bool with_stats) {
 void LocalSync::fail_exchange(const comm::OverlappedAllreduce& x, const std::string& what) const {
   std::vector<int> missing;  // the message names world ranks
   for (int j : x.waiting_on()) missing.push_back(outer_->world_rank(j));
-  fail_as<comm::PeerTimeout>(comm::peer_timeout_message(world_rank_, missing, what, timeout()));
+  fail_as<comm::PeerTimeout>(
+      comm::peer_timeout_message(world_rank_, comm::stalled_among(*outer_, missing, timeout()), what, timeout()));
 }
 
 void LocalSync::finish_exchange() {
   if (board_) {
     if (board_->finish(timeout()) != comm::WaitStatus::done)
       fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-          world_rank_, board_->missing(),
+          world_rank_, comm::stalled_among(*outer_, board_->missing(), timeout()),
           "the outer exchange of round " + std::to_string(outer_steps_ + 1) + " (shared memory)", timeout()));
     exchanges_finished_ = exchanges_;
   } else {
