@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -371,6 +372,25 @@ class Play {
     return -1;
   }
 
+  // Until when after t no event can change a step: the first start of a slow factor or a
+  // link change after t, and of a stall (of a rank that trains), failure or join not yet
+  // spent (one already due, or a join waiting for its checkpoint, gives t: not quiet).
+  double quiet_until(double t) const {
+    double until = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const WhatIfEvent& e = events_[i];
+      if (e.kind == WhatIfKind::slow || e.kind == WhatIfKind::link) {
+        if (e.at_s > t) until = std::min(until, e.at_s);
+      } else if (!used_[i]) {
+        const int r = phase_.index_of(e.rank);
+        if (e.kind == WhatIfKind::stall && !active(r)) continue;  // never played: held_end skips it
+        if (e.kind != WhatIfKind::join && r < 0) continue;
+        until = std::min(until, std::max(t, e.at_s));
+      }
+    }
+    return until;
+  }
+
   // A join that has happened by t and not yet been planned in.
   int join_by(double t) const {
     for (size_t i = 0; i < events_.size(); ++i)
@@ -496,6 +516,15 @@ class Play {
     int64_t done = 0, checkpoint = 0;
     while (done < in_.steps) {
       const double step = parts(t).step;
+      // Steps that end before the next event are alike: each is played as the loop below
+      // would (the same additions, so the same times), without asking every rank.
+      for (const double quiet = quiet_until(t); done < in_.steps && t + step < quiet;) {
+        span(0, t, t + step, WhatIfSpanKind::work);
+        t += step;
+        ++done;
+        if (checkpoint_at(done)) checkpoint = done, since = t;  // no join is waiting (quiet)
+      }
+      if (done >= in_.steps) break;
       double end = t + step;
       for (size_t r = 0; r < phase_.ids.size(); ++r)
         if (active(static_cast<int>(r))) end = std::max(end, held_end(static_cast<int>(r), t, step));
@@ -562,7 +591,24 @@ class Play {
     // nothing from it within its patience moves to the next.
     size_t leader = 0;
     const auto name_of = [&](size_t u) { return phase_.ids[static_cast<size_t>(units[u].ranks.front())]; };
+    // The last step was steady (every unit in by the budget, its window all that step's
+    // arrival, nothing returning): its close, and the state it was played in.
+    bool steady = false;
+    double steady_close = 0, steady_budget = 0;  // a failure counts from before a step's budget ends
+    std::string steady_key;
     while (done < in_.steps) {
+      // Steps alike a steady one that end before the next event are played as the loop
+      // below would play them (the same additions, so the same times), without asking
+      // every unit.
+      if (steady && state_key(t) == steady_key)
+        for (const double quiet = quiet_until(t); done < in_.steps && t + steady_budget < quiet;) {
+          span(0, t, t + steady_close, WhatIfSpanKind::work);
+          window.emplace_back(done, steady_close);
+          while (window.size() > static_cast<size_t>(kDeadlineMedianOf) + 1) window.pop_front();
+          t += steady_close;
+          ++done;  // a checkpoint here changes nothing: no join is waiting (quiet)
+        }
+      if (done >= in_.steps) break;
       const StepParts& p = parts(t);
       for (auto it = returning.begin(); it != returning.end();) {
         const auto [step, when, arrival] = *it;
@@ -649,12 +695,17 @@ class Play {
       span(0, t, t + close, any_missing ? WhatIfSpanKind::short_step : WhatIfSpanKind::work);
       window.emplace_back(done, latest);
       while (window.size() > static_cast<size_t>(kDeadlineMedianOf) + 1) window.pop_front();
+      steady = !any_missing && !leader_silent && returning.empty() && close == latest &&
+               window.size() == static_cast<size_t>(kDeadlineMedianOf) + 1 &&
+               std::all_of(window.begin(), window.end(), [&](const auto& w) { return w.second == latest; });
+      if (steady) steady_close = close, steady_budget = adapted_budget(window, budget), steady_key = state_key(t);
       t += close;
       ++done;
       if (checkpoint_at(done)) {
         if (join_by(t) >= 0 && done < in_.steps) drop_failed(failed_rank);
         const double went_on = join_at_checkpoint(t, done);
         if (went_on != t) {  // a new job: its leader measures afresh from the new plan's step
+          steady = false;
           units = deadline_units();
           missed.assign(units.size(), 0), failed.assign(units.size(), false);
           failed_rank.assign(phase_.ids.size(), false);

@@ -5,7 +5,8 @@
 // and per state of the cluster (each set of slow factors and link changes in force):
 // its step time and every rank's compute are the step parts. The N steps are then played
 // at step granularity against the events, so 4,096 ranks x 1,000 steps cost a few
-// simulations, not 1,000.
+// simulations, not 1,000; under sync and deadline the steps alike the last one that end
+// before the next event are added up without asking every rank (quiet_until).
 //
 // Per policy (each from its own plan, plan_for_policy, on the same PlannerInput):
 //  - sync: a step ends when every rank's part ends. A stall that begins in a step holds
