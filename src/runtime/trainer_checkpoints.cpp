@@ -251,6 +251,21 @@ std::string evaluate_checkpoint(const config::Config& cfg, const std::string& pa
       cfg, 0, cfg.rank_devices.empty() ? 1 : static_cast<int>(cfg.rank_devices.size()), 0);
   if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   Checkpoint ckpt = read_checkpoint(path);
+  // The weights' shapes do not tell every model field (the GPT's heads): the model the
+  // checkpoint records must be the config's, dropout aside (off when evaluating).
+  if (const auto it = ckpt.metadata.find("model_config"); it != ckpt.metadata.end()) {
+    json trained, asked = json::parse(config::to_json(cfg))["model"];
+    try {
+      trained = json::parse(it->second);
+    } catch (const json::exception& e) {
+      fail("checkpoint ", path, ": metadata 'model_config' is not JSON (", e.what(), "); the file is corrupt");
+    }
+    if (trained.is_object()) trained.erase("dropout");
+    asked.erase("dropout");
+    HT_CHECK(trained == asked, "checkpoint ", path, " was trained with the model ", trained.dump(),
+             " but this config's model is ", asked.dump(),
+             "; expected the config it was trained with (evaluating other weights as this model would give wrong figures)");
+  }
   std::unique_ptr<Task> task = make_task(cfg, run_device());
   nn::Sequential model = task->build_model(cfg.train.seed);
   load_into(prefixed("model.", model.named_parameters()), ckpt, "model.");

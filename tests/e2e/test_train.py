@@ -390,7 +390,19 @@ def main():
             print(f"SKIP: {', '.join(absent)} not installed (tools/setup installs them)")
             return 1 if failures else 77
         path, full, split = exact_resume(tmp, "mlp", mlp_config(), 20, 10)
-        exact_resume(tmp, "gpt", gpt_config(), 12, 5)
+        _, gpt_full, _ = exact_resume(tmp, "gpt", gpt_config(), 12, 5)
+        # The GPT's heads do not shape its weights: eval checks the model the checkpoint
+        # records (it evaluated 4 heads' worth of another model without a word).
+        other = gpt_config()
+        other["model"]["heads"] = 4
+        r = run(["eval", write_config(os.path.join(tmp, "gpt-heads.json"), other), "--checkpoint", ckpt(gpt_full, 12)])
+        check("eval with another head count: exit 1 naming both models",
+              r.returncode == 1 and '"heads":2' in r.stderr and '"heads":4' in r.stderr
+              and "was trained with the model" in r.stderr, r.stderr)
+        other["model"]["dropout"] = 0.5  # off when evaluating: not a difference
+        other["model"]["heads"] = 2
+        r = run(["eval", write_config(os.path.join(tmp, "gpt-dropout.json"), other), "--checkpoint", ckpt(gpt_full, 12)])
+        check("... another dropout is no difference", r.returncode == 0, r.stderr)
 
         # The run directory's files.
         with open(os.path.join(full, "metrics.jsonl")) as f:
