@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <system_error>
+
+#include <sys/stat.h>
 
 #include "core/error.h"
 
@@ -32,14 +35,13 @@ std::string join(const std::vector<std::string>& v) {
 void append_file(const std::string& path, std::vector<uint8_t>& out) {
   std::ifstream in(path, std::ios::binary);
   HT_CHECK(in.good(), "text corpus: cannot open ", path);
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  HT_CHECK(!ec, "text corpus: cannot stat ", path, ": ", ec.message());
+  // To its end, not to the size stat gives: a file of procfs says 0 bytes, of sysfs a
+  // page, whatever it holds.
   const size_t start = out.size();
-  out.resize(start + size);
-  in.read(reinterpret_cast<char*>(out.data() + start), static_cast<std::streamsize>(size));
-  HT_CHECK(static_cast<uintmax_t>(in.gcount()) == size, "text corpus: short read of ", path,
-           ": got ", in.gcount(), " of ", size, " bytes");
+  std::vector<char> buf(1 << 16);
+  while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
+    out.insert(out.end(), buf.begin(), buf.begin() + in.gcount());
+  HT_CHECK(in.eof() && !in.bad(), "text corpus: reading ", path, " failed after ", out.size() - start, " bytes");
   // Tokenise in place: one token per byte.
   for (size_t i = start; i < out.size(); ++i) out[i] = byte_to_token(out[i]);
 }
@@ -85,6 +87,9 @@ std::vector<std::string> list_corpus_files(const std::vector<std::string>& paths
   for (const auto& p : paths) {
     std::error_code ec;
     const auto st = fs::status(p, ec);
+    // A link loop or a directory that cannot be searched is not a missing package.
+    HT_CHECK(!ec || ec == std::errc::no_such_file_or_directory, "text corpus: path ", p, " cannot be read (",
+             ec.message(), "); expected a text file or a directory of them");
     HT_CHECK(fs::exists(st), "text corpus: path ", p,
              " not found (the Debian package fortunes provides /usr/share/games/fortunes: "
              "apt-get install fortunes)");
@@ -96,21 +101,29 @@ std::vector<std::string> list_corpus_files(const std::vector<std::string>& paths
       continue;
     }
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(p, ec)) {
-      const std::string name = e.path().filename().string();
-      // is_regular_file follows symlinks, so a link to a regular file is read too.
-      if (e.is_regular_file(ec) && !ends_with_any(name, skip_suffixes)) names.push_back(name);
-    }
+    fs::directory_iterator it(p, ec);
     HT_CHECK(!ec, "text corpus: cannot list directory ", p, ": ", ec.message());
+    for (; it != fs::directory_iterator(); it.increment(ec)) {
+      HT_CHECK(!ec, "text corpus: cannot list directory ", p, ": ", ec.message());
+      const std::string name = it->path().filename().string();
+      // is_regular_file follows symlinks, so a link to a regular file is read too; one to
+      // nothing (or a loop) is no file, and passed over as a subdirectory is.
+      std::error_code entry;
+      if (it->is_regular_file(entry) && !ends_with_any(name, skip_suffixes)) names.push_back(name);
+    }
     std::sort(names.begin(), names.end());
     for (const auto& n : names) files.push_back((fs::path(p) / n).string());
   }
-  // A file reached twice (a path listed twice, or a file beside its directory) would be
-  // trained on twice as often as the rest.
-  std::map<std::string, std::string> seen;  // canonical path -> the path that reached it
+  // A file reached twice (a path listed twice, a file beside its directory, a hard link
+  // to it) would be trained on twice as often as the rest: one file is one device and
+  // inode.
+  std::map<std::string, std::string> seen;  // device:inode -> the path that reached it
   for (const auto& f : files) {
+    struct stat st {};
     std::error_code ec;
-    const std::string key = fs::weakly_canonical(f, ec).string();
+    const std::string key = ::stat(f.c_str(), &st) == 0
+                                ? std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino)
+                                : fs::weakly_canonical(f, ec).string();
     const auto [at, fresh] = seen.try_emplace(ec ? f : key, f);
     HT_CHECK(fresh, "text corpus: ", f, at->second == f ? std::string(" is reached twice") : " is the same file as " + at->second,
              " through data.paths; expected each file once");

@@ -310,6 +310,24 @@ TEST_CASE("data: text corpus reads files and directories in order and splits the
                        doctest::Contains((d.file("alias") + " is the same file as " + d.file("single")).c_str()), Error);
   CHECK_THROWS_WITH_AS(load_text_corpus({"/dev/null"}, {}, 0.1, 2),
                        doctest::Contains("/dev/null is not a regular file or a directory"), Error);
+  // A hard link is the same file too (one device and inode).
+  fs::create_hard_link(d.file("single"), d.file("hard"));
+  CHECK_THROWS_WITH_AS(load_text_corpus({d.file("single"), d.file("hard")}, {}, 0.1, 2),
+                       doctest::Contains((d.file("hard") + " is the same file as " + d.file("single")).c_str()), Error);
+  // In a directory, links to nothing and loops are no files: passed over wherever they
+  // fall in its order (one once made the whole directory "cannot list"). Given itself, a
+  // loop is named as what it is, not as a missing package.
+  fs::create_directories(d.path / "links");
+  write_text(d.file("links/m.txt"), "mmmm");
+  for (const char* name : {"a-broken", "z-broken"}) fs::create_symlink(d.file("nowhere"), d.file(std::string("links/") + name));
+  fs::create_symlink(d.file("links/zz-loop"), d.file("links/zz-loop"));
+  const TextCorpus linked = load_text_corpus({d.file("links")}, {}, 0.0, 1);
+  REQUIRE(linked.files.size() == 1);
+  CHECK(decode(linked.train) == "mmmm");
+  CHECK_THROWS_WITH_AS(load_text_corpus({d.file("links/zz-loop")}, {}, 0.1, 2),
+                       doctest::Contains("links/zz-loop cannot be read (Too many levels of symbolic links)"), Error);
+  // Read to its end, not to the size stat gives (0 for a file of procfs).
+  CHECK(load_text_corpus({"/proc/self/status"}, {}, 0.0, 1).train.size() > 10);
   fs::create_directories(d.path / "empty");
   write_text(d.file("empty/skip.dat"), "x");
   CHECK_THROWS_WITH_AS(load_text_corpus({d.file("empty")}, skip, 0.1, 2),
