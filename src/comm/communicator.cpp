@@ -90,8 +90,10 @@ WaitStatus Request::spin(Timeout timeout) {
   return WaitStatus::done;
 }
 
+std::vector<int> absent_after(Communicator& c, Timeout timeout) { return c.roll_call(std::min(timeout, Timeout(10))); }
+
 std::vector<int> stalled_among(Communicator& c, const std::vector<int>& waited_for, Timeout timeout) {
-  const std::vector<int> absent = c.roll_call(std::min(timeout, Timeout(10)));
+  const std::vector<int> absent = absent_after(c, timeout);
   std::vector<int> stalled;
   for (int w : waited_for)
     if (std::find(absent.begin(), absent.end(), w) != absent.end()) stalled.push_back(w);

@@ -198,12 +198,14 @@ class Communicator {
   virtual const std::vector<LinkEmulation>& link_emulation() const = 0;
 };
 
-// Of `waited_for` (world ranks that a wait on `c` timed out on), those that also miss a
+// After a wait on `c` that timed out after `timeout`: the ranks (world ranks) that miss a
 // roll call of the ranks that timed out with this one (Communicator::roll_call, within
-// min(timeout, 10 s)): a rank waited for may itself have been waiting, for the one that
-// stalled. All of `waited_for` where the roll call finds none of them absent.
+// min(timeout, 10 s): they time out within a step of each other, far under that).
+std::vector<int> absent_after(Communicator& c, Timeout timeout);
+// Of `waited_for` (world ranks that the wait timed out on), those absent_after names: a
+// rank waited for may itself have been waiting, for the one that stalled. All of
+// `waited_for` where it names none of them.
 std::vector<int> stalled_among(Communicator& c, const std::vector<int>& waited_for, Timeout timeout);
-
 
 // The process's world: MPI_COMM_WORLD under mpirun, else a single rank.
 Communicator& world();

@@ -1,9 +1,9 @@
 #include "data/text_corpus.h"
 
-#include <map>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <system_error>
 
 #include <sys/stat.h>

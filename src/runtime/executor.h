@@ -170,10 +170,6 @@ class Executor {
   std::vector<Tensor> final_grads(size_t begin, size_t end);  // contiguous, held by the parameters
   void judge(std::vector<Tensor>& grads, size_t begin, size_t end);
   void settle_guard();
-  // The ranks of `group` (world ranks) that did not take part in a collective on it that
-  // timed out: a roll call of the ranks that timed out with this one (comm::roll_call),
-  // over at most 10 s.
-  std::vector<int> absent_from(comm::Communicator& group) const;
   void settle_deadline_guard(const DeadlineStep& d);
   void record_verdicts(const std::vector<Verdict>& verdicts, bool exclusions);
   Quarantine& ensure_quarantine();  // made on first use (set_guard drops it)

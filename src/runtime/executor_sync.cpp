@@ -153,12 +153,6 @@ void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
   groups_.emplace_back(begin, end);
 }
 
-std::vector<int> Executor::absent_from(comm::Communicator& group) const {
-  // The others time out at the same peer timeout, give or take how far apart they began
-  // the collective: within a step of each other, far under the 10 s they are given.
-  return group.roll_call(std::min(peer_timeout_, comm::Timeout(10)));
-}
-
 // After the reduction every member holds the same counts: each group's sums become the
 // mean over its kept samples, and every member records the same verdicts, so all agree
 // on who is quarantined. One member (the group's first) reports the events.
@@ -167,7 +161,7 @@ void Executor::settle_guard() {
   if (!shards_.empty() && members > 1)  // the sharded all-reduce leaves only this rank's parts summed
     if (stage_group_->allreduce_sum(counts_, peer_timeout_) != comm::WaitStatus::done)
       fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
-          me(), absent_from(*stage_group_), "stage " + std::to_string(stage_) + "'s guard counts", peer_timeout_));
+          me(), comm::absent_after(*stage_group_, peer_timeout_), "stage " + std::to_string(stage_) + "'s guard counts", peer_timeout_));
   std::vector<Verdict> verdicts(static_cast<size_t>(members), Verdict::kept);
   for (size_t g = 0; g < counts_.size(); ++g) {
     const float* c = counts_[g].data();
@@ -228,9 +222,8 @@ void Executor::reduce_grads() {
   draining_.reset();
   if (shards_.empty()) draining_ = std::move(reduce_);  // its sums go out while the next step runs
   if (s != comm::WaitStatus::done) {
-    // A member waited for may itself have been waiting, for the one that stalled: the
-    // members that timed out here answer a roll call, and those named are the ones that
-    // did not (rank 0 named ranks 1 and 2 where rank 2 alone had stopped).
+    // A member waited for may itself have been waiting, for the one that stalled (rank 0
+    // named ranks 1 and 2 where rank 2 alone had stopped).
     fail_as<comm::PeerTimeout>(comm::peer_timeout_message(
         me(), comm::stalled_among(*stage_group_, missing, peer_timeout_),
         "stage " + std::to_string(stage_) + "'s gradient sums (ReduceGrads)", peer_timeout_));
@@ -262,7 +255,7 @@ void Executor::optimizer_step(float lr) {
       std::vector<Tensor> t{Tensor::from_vector({static_cast<float>(local)}, {1}, cpu_backend())};
       if (group.allreduce_sum(t, peer_timeout_) != comm::WaitStatus::done)
         fail_as<comm::PeerTimeout>(
-            comm::peer_timeout_message(me(), absent_from(group), "the gradient norm's sum", peer_timeout_));
+            comm::peer_timeout_message(me(), comm::absent_after(group, peer_timeout_), "the gradient norm's sum", peer_timeout_));
       return static_cast<double>(t[0].item());
     };
     std::function<double(double)> global;

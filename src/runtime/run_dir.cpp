@@ -13,7 +13,6 @@ namespace ht::runtime {
 
 namespace fs = std::filesystem;
 
-
 RunDir RunDir::open(const std::string& path, bool resume) {
   HT_CHECK(!path.empty(), "the run directory path is empty; expected a directory name");
   RunDir rd;

@@ -105,6 +105,8 @@ std::map<std::string, std::string> Run::metadata(int64_t step) {
       : plan_.stage_ranges.size() > 1 && executor_->replica() == 0
           ? executor_->replica_allgather(mine.dump(), "the checkpoint's dropout streams of replica 0")
           : std::vector<std::string>{mine.dump()};
+  const bool every_rank = all.size() == static_cast<size_t>(world_.size());
+  if (every_rank) m["guard.layout"] = guard_layout();
   for (size_t r = 0; r < all.size(); ++r) {
     const json offsets = json::parse(all[r]);
     HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
@@ -112,10 +114,7 @@ std::map<std::string, std::string> Run::metadata(int64_t step) {
              checkpoints_.dir(), " stays the newest valid one (lower train.optimizer.lr or set train.grad_clip)");
     // Every rank's guard, where every rank's item came (not under deadline, whose leader
     // carries the quarantine in its records and catches up a returning rank with it).
-    if (all.size() == static_cast<size_t>(world_.size())) {
-      m["guard.rank." + std::to_string(r)] = offsets["guard"].get<std::string>();
-      m["guard.layout"] = guard_layout();
-    }
+    if (every_rank) m["guard.rank." + std::to_string(r)] = offsets["guard"].get<std::string>();
     for (auto it = offsets.begin(); it != offsets.end(); ++it)
       if (it.key() == "loss_finite" || it.key() == "guard") continue;
       else if (const auto off = it.value().get<uint64_t>())
