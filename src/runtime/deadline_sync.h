@@ -113,6 +113,7 @@ class DeadlineLog {
   // A line for people when a step closes short after one that did not, else "".
   std::string short_line(const comm::StepRecord& r) const;
   std::string summary() const;  // a JSON object: the counts
+  int64_t samples_dropped() const { return samples_dropped_; }
 
  private:
   int64_t steps_ = 0, closed_short_ = 0, samples_dropped_ = 0, stale_ = 0, catch_ups_ = 0, led_elsewhere_ = 0;

@@ -56,6 +56,10 @@ void Run::write_timeline(const StepResult& step) {
 
 void Run::write_summary(int64_t start, double wall, double trained, const std::vector<double>& step_walls,
                         const EvalResult& final_eval) {
+  // Samples/s counts the samples that entered a gradient: a deadline step's dropped shares
+  // and the guard's exclusions were drawn from the stream but trained nothing.
+  int64_t trained_samples = (total_steps_ - start) * cfg_.train.batch_size - guard_totals_.samples;
+  if (executor_->deadline()) trained_samples -= deadline_log_.samples_dropped();
   json summary = {{"config", cfg_.name},
                   {"steps", total_steps_},
                   {"samples", total_steps_ * cfg_.train.batch_size},
@@ -63,8 +67,8 @@ void Run::write_summary(int64_t start, double wall, double trained, const std::v
                   {"resumed_from_step", opts_.resume ? json(start) : json(nullptr)},
                   {"wall_s", wall},
                   {"train_s", trained},
-                  {"mean_samples_per_s",
-                   static_cast<double>((total_steps_ - start) * cfg_.train.batch_size) / wall},
+                  {"samples_trained_this_run", trained_samples},
+                  {"mean_samples_per_s", static_cast<double>(trained_samples) / wall},
                   {"final", json::object()}};
   for (const auto& [k, v] : final_eval.metrics) summary["final"][k] = v;
   summary["guard"] = {{"steps_with_exclusions", guard_totals_.steps.size()},

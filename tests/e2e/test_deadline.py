@@ -156,6 +156,14 @@ def main():
     check("a step closed short left out some share",
           all(r["samples_dropped"] > 0 for r in steps if r["closed_short"]))
     check("the summary names the policy", summary.get("sync_policy") == "deadline", summary.get("sync_policy"))
+    # samples/s counts the samples that entered a gradient: the dropped shares are not in it.
+    g = summary.get("guard", {})
+    batch = load(cfg)["train"]["batch_size"]
+    trained = summary.get("steps_this_run", 0) * batch - d.get("samples_dropped", 0) - g.get("samples_excluded", 0)
+    check("the summary's trained samples are those drawn less those dropped",
+          summary.get("samples_trained_this_run") == trained and d.get("samples_dropped", 0) > 0
+          and math.isclose(summary.get("mean_samples_per_s", 0) * summary.get("wall_s", 0), trained, rel_tol=1e-9),
+          (summary.get("samples_trained_this_run"), trained))
     # A log step that a catch-up took rank 0 past is recorded at the step applied, with
     # that step's learning rate (it once had the lr of the step rank 0 had run).
     trains = [r for r in records if r["type"] == "train"]
