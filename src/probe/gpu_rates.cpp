@@ -7,7 +7,7 @@
 
 namespace ht::probe {
 
-DeviceRates measure_gpu(Backend& be, int device, double seconds) {
+DeviceRates measure_gpu(Backend& be, int device, double seconds, GpuInfo* own) {
   HT_CHECK(be.kind() == DeviceKind::cuda, "probe: measure_gpu was given the ", be.name(),
            " backend; expected a CUDA backend");
   std::string why;
@@ -22,6 +22,11 @@ DeviceRates measure_gpu(Backend& be, int device, double seconds) {
   r.memory_bandwidth_gb_s = t.memory_bandwidth_gb_s;
   r.launch_overhead_s = t.launch_overhead_s;
   r.bf16_gemm_gflops = t.bf16_gemm_gflops;
+  if (own != nullptr) {
+    own->memory_free = t.memory_free;
+    own->host_to_device_gb_s = t.host_to_device_gb_s;
+    own->device_to_host_gb_s = t.device_to_host_gb_s;
+  }
   return r;
 }
 

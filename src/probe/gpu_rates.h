@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_module.h"
+#include "probe/host_info.h"
 #include "probe/microbench.h"
 
 namespace ht::probe {
@@ -19,6 +20,8 @@ inline constexpr int64_t kGpuGemmSize = cuda::kGpuGemmSize;
 // Each figure is the median over rounds of a few calls ended by be.synchronize(), for
 // about `seconds` over all four. Throws ht::Error where the build has no CUDA backend or
 // its module cannot be loaded, naming why.
-DeviceRates measure_gpu(Backend& be, int device, double seconds);
+// `own`, where given, is this host's entry for that GPU: its free memory and pinned copy
+// rates are filled in (the listing leaves them 0, host_info.h).
+DeviceRates measure_gpu(Backend& be, int device, double seconds, GpuInfo* own = nullptr);
 
 }  // namespace ht::probe

@@ -87,7 +87,10 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
   // device memory to time the device, so they count.
   std::optional<Allocator::HostStaging> outside_the_cap;
   if (!gpu) outside_the_cap.emplace();
-  me.rates = gpu ? measure_gpu(be, opts.gpu_index, opts.quick ? 0.6 : 2.0) : measure_device(opts.quick ? 0.6 : 2.0);
+  GpuInfo* own = nullptr;
+  for (GpuInfo& g : me.host.gpus)
+    if (gpu && g.index == opts.gpu_index) own = &g;
+  me.rates = gpu ? measure_gpu(be, opts.gpu_index, opts.quick ? 0.6 : 2.0, own) : measure_device(opts.quick ? 0.6 : 2.0);
   if (opts.model) {
     HT_CHECK(opts.build_model, "probe: a model to profile was given without a way to build it");
     nn::Sequential model = opts.build_model(*opts.model);
@@ -159,13 +162,18 @@ std::string format_cluster(const ClusterFingerprint& c) {
                                              : std::string("not measured (below sm_80)"))
             << ", memory " << fmt("%.0f GB/s", r.rates.memory_bandwidth_gb_s) << ", launch "
             << fmt("%.2f us", r.rates.launch_overhead_s * 1e6) << "\n";
-      for (const GpuInfo& g : r.host.gpus)
+      for (const GpuInfo& g : r.host.gpus) {
         out << "rank " << r.rank << " gpu " << g.index << ": " << g.name << ", sm_" << g.compute_major
-            << g.compute_minor << ", " << g.sm_count << " SMs, "
-            << fmt("%.1f", static_cast<double>(g.memory_free) / (1 << 30)) << " of "
-            << fmt("%.1f GiB free", static_cast<double>(g.memory_total) / (1 << 30)) << ", host->device "
-            << fmt("%.1f GB/s", g.host_to_device_gb_s) << ", device->host "
-            << fmt("%.1f GB/s", g.device_to_host_gb_s) << "\n";
+            << g.compute_minor << ", " << g.sm_count << " SMs, ";
+        // Free memory and copy rates are measured on the rank's own GPU only.
+        if (g.index == r.rates.gpu_index)
+          out << fmt("%.1f", static_cast<double>(g.memory_free) / (1 << 30)) << " of "
+              << fmt("%.1f GiB free", static_cast<double>(g.memory_total) / (1 << 30)) << ", host->device "
+              << fmt("%.1f GB/s", g.host_to_device_gb_s) << ", device->host "
+              << fmt("%.1f GB/s", g.device_to_host_gb_s) << "\n";
+        else
+          out << fmt("%.1f GiB", static_cast<double>(g.memory_total) / (1 << 30)) << "\n";
+      }
     }
     out << "compute relative to rank 0:";
     for (const RankFingerprint& r : c.ranks) out << " " << fmt("%.2f", r.rates.sgemm_gflops / base);

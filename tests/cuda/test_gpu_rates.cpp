@@ -19,8 +19,14 @@ using namespace ht;
 TEST_CASE("gpu rates: GPU 0's rates are positive and finite, bf16 where sm_80 or later") {
   Backend& be = cuda::cuda_backend(0);
   const size_t live = be.allocator().live_bytes();
-  const probe::DeviceRates r = probe::measure_gpu(be, 0, 0.4);
+  probe::GpuInfo own;
+  const probe::DeviceRates r = probe::measure_gpu(be, 0, 0.4, &own);
   CHECK(r.gpu_index == 0);
+  // The free memory and copy rates of the rank's own GPU, measured there (the listing
+  // leaves them 0).
+  CHECK(own.memory_free > 0);
+  CHECK(own.host_to_device_gb_s > 0);
+  CHECK(own.device_to_host_gb_s > 0);
   CHECK(r.sgemm_size == probe::kGpuGemmSize);
   for (double v : {r.sgemm_gflops, r.memory_bandwidth_gb_s, r.launch_overhead_s}) {
     CHECK(std::isfinite(v));

@@ -107,8 +107,15 @@ void check(cudnnStatus_t s, const char* call, const std::string& device) {
 
 void check_launch(const char* op, const std::string& device) {
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) [[unlikely]]
-    throw Error(describe(e, (std::string("the ") + op + " kernel launch").c_str(), device));
+  if (e == cudaSuccess) [[likely]]
+    return;
+  std::string message = describe(e, (std::string("the ") + op + " kernel launch").c_str(), device);
+  // These errors are sticky and kernels run asynchronously: the fault is usually an earlier
+  // kernel's or copy's, only seen at this launch.
+  if (e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure || e == cudaErrorMisalignedAddress)
+    message += " (the fault may be an earlier kernel's or copy's, seen at this launch: run with "
+               "CUDA_LAUNCH_BLOCKING=1 to stop at the one that faulted)";
+  throw Error(message);
 }
 
 }  // namespace ht::cuda

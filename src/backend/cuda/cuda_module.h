@@ -25,7 +25,7 @@
 namespace ht::cuda {
 
 // Bumped whenever ModuleApi or a type it names changes.
-inline constexpr int kModuleAbi = 1;
+inline constexpr int kModuleAbi = 2;
 // The module's file name, looked for beside the running executable.
 inline constexpr const char* kModuleFile = "hetrain-cuda.so";
 // The environment variable naming another path for it.
@@ -37,7 +37,10 @@ struct GpuFacts {
   std::string name;
   int compute_major = 0, compute_minor = 0;
   int sm_count = 0;
-  uint64_t memory_total = 0, memory_free = 0;
+  uint64_t memory_total = 0;
+  // Measured by the rank that trains on this GPU only (time_gpu), 0 for the others: opening
+  // a context on every GPU of the node from every rank held a context per rank on each.
+  uint64_t memory_free = 0;
   double host_to_device_gb_s = 0, device_to_host_gb_s = 0;  // pinned 64 MiB copies
 };
 
@@ -53,6 +56,9 @@ struct GpuTimings {
   double memory_bandwidth_gb_s = 0;
   double launch_overhead_s = 0;
   double bf16_gemm_gflops = 0;  // 0 below sm_80
+  // The GPU's free memory before the benchmarks, and its pinned copy rates (GpuFacts').
+  uint64_t memory_free = 0;
+  double host_to_device_gb_s = 0, device_to_host_gb_s = 0;
 };
 
 struct ModuleApi {

@@ -23,7 +23,7 @@ namespace {
 
 // Copy rates between pinned host memory and the current device: the path activations
 // take between a GPU rank and the (host-staged) MPI layer. Best of a few 64 MiB copies.
-void measure_copies(GpuFacts& g) {
+void measure_copies(double& host_to_device_gb_s, double& device_to_host_gb_s) {
   const size_t bytes = size_t{64} << 20;
   void *host = nullptr, *dev = nullptr;
   if (cudaMallocHost(&host, bytes) != cudaSuccess) return;
@@ -40,8 +40,8 @@ void measure_copies(GpuFacts& g) {
       }
       return best;
     };
-    g.host_to_device_gb_s = rate(cudaMemcpyHostToDevice);
-    g.device_to_host_gb_s = rate(cudaMemcpyDeviceToHost);
+    host_to_device_gb_s = rate(cudaMemcpyHostToDevice);
+    device_to_host_gb_s = rate(cudaMemcpyDeviceToHost);
     cudaFree(dev);
   }
   cudaFreeHost(host);
@@ -106,11 +106,8 @@ std::vector<GpuFacts> list_gpus(std::string& note) {
     g.compute_minor = p.minor;
     g.sm_count = p.multiProcessorCount;
     g.memory_total = p.totalGlobalMem;
-    size_t free_b = 0, total_b = 0;
-    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-      g.memory_free = free_b;
-      measure_copies(g);
-    }
+    // Properties only: cudaGetDeviceProperties opens no context. The free memory and the
+    // copy rates are the training rank's to measure on its own GPU (time_gpu).
     gpus.push_back(g);
   }
   if (gpus.empty()) note = "no GPU visible";
@@ -122,6 +119,12 @@ GpuTimings time_gpu(Backend& be, int device, double seconds) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   GpuTimings r;
+  {
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    r.memory_free = free_b;
+  }
+  measure_copies(r.host_to_device_gb_s, r.device_to_host_gb_s);
   const auto sync = [&] { be.synchronize(); };
   const double share = seconds / 4;
 
