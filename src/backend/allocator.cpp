@@ -11,7 +11,12 @@ Allocator::Allocator(std::string device, std::function<void*(size_t)> raw_alloc,
                      std::function<void(void*)> raw_free)
     : device_(std::move(device)), raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
 
-Allocator::~Allocator() { release_cache_locked(); }
+Allocator::~Allocator() {
+  release_cache_locked();
+  // The staging cache is host memory: a device cap never asks for it back, only the end.
+  for (auto& [size, blocks] : staged_cache_)
+    for (void* p : blocks) staging_free_ ? staging_free_(p) : raw_free_(p);
+}
 
 namespace {
 thread_local int staging_depth = 0;
@@ -43,12 +48,20 @@ void* Allocator::allocate(size_t bytes, const char* what) {
   size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (staging_depth > 0) {
-    void* p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
+    size_t block = size;
+    void* p = staging_reuse_ ? take_fitting(staged_cache_, size, SIZE_MAX, block) : nullptr;
+    if (p) {
+      staged_cached_ -= block;
+      staging_reuse_();
+    } else {
+      block = size;
+      p = staging_alloc_ ? staging_alloc_(size) : raw_alloc_(size);
+    }
     if (!p)
       fail_as<OutOfMemory>(what, ": out of host memory staging ", size, " bytes for ", device_,
                            " with ", staged_live_, " staging bytes in use");
-    staged_.emplace(p, size);
-    staged_live_ += size;
+    staged_.emplace(p, block);
+    staged_live_ += block;
     if (staged_live_ > staged_peak_) staged_peak_ = staged_live_;
     return p;
   }
@@ -90,10 +103,17 @@ void Allocator::deallocate(void* p, size_t bytes) {
   if (!staged_.empty()) {
     auto it = staged_.find(p);
     if (it != staged_.end()) {
-      staged_live_ -= it->second;
+      const size_t block = it->second;
+      staged_live_ -= block;
       staged_.erase(it);
-      if (staging_free_) staging_free_(p);
-      else raw_free_(p);
+      if (staging_reuse_ && staged_cached_ + block <= staged_peak_) {
+        staged_cache_[block].push_back(p);
+        staged_cached_ += block;
+      } else if (staging_free_) {
+        staging_free_(p);
+      } else {
+        raw_free_(p);
+      }
       return;
     }
   }
@@ -122,11 +142,12 @@ size_t Allocator::live_bytes() const { std::lock_guard<std::mutex> l(mu_); retur
 size_t Allocator::peak_bytes() const { std::lock_guard<std::mutex> l(mu_); return peak_; }
 void Allocator::reset_peak() { std::lock_guard<std::mutex> l(mu_); peak_ = live_; }
 
-void Allocator::set_host_staging(std::function<void*(size_t)> alloc,
-                                 std::function<void(void*)> free) {
+void Allocator::set_host_staging(std::function<void*(size_t)> alloc, std::function<void(void*)> free,
+                                 std::function<void()> reuse) {
   std::lock_guard<std::mutex> l(mu_);
   staging_alloc_ = std::move(alloc);
   staging_free_ = std::move(free);
+  staging_reuse_ = std::move(reuse);
 }
 
 size_t Allocator::staged_bytes() const { std::lock_guard<std::mutex> l(mu_); return staged_live_; }

@@ -8,7 +8,8 @@
 // block serves any request up to a quarter smaller than itself, so that the changing
 // batch sizes of a rebalanced run reuse blocks instead of adding new ones; the live and
 // peak counts are of the requests (what the planner predicts), and a cap counts the
-// whole blocks. Host staging blocks are not cached: they go straight back.
+// whole blocks. Host staging blocks go straight back, unless the staging hook has a
+// `reuse` step (set_host_staging).
 #pragma once
 
 #include <cstddef>
@@ -53,7 +54,13 @@ class Allocator {
   bool staged(const void* p) const;  // whether p came from allocate under HostStaging
   // Where host staging blocks come from instead of the raw allocation (see HostStaging);
   // `alloc` returns null when the host is out of memory. Set before the first allocation.
-  void set_host_staging(std::function<void*(size_t)> alloc, std::function<void(void*)> free);
+  // With `reuse`, freed staging blocks are cached (up to the most staging bytes ever live
+  // at once) and `reuse` runs before a cached one is handed out again: pinned memory is
+  // slow to allocate and free (cudaHostAlloc pins pages, cudaFreeHost synchronises the
+  // device), and a staging block may still be read or written by queued device work when
+  // it is freed, which `reuse` waits for (the CUDA backend's synchronises its streams).
+  void set_host_staging(std::function<void*(size_t)> alloc, std::function<void(void*)> free,
+                        std::function<void()> reuse = {});
   size_t staged_bytes() const;       // host staging bytes live now
   size_t staged_peak_bytes() const;  // the most live at once
   void set_cap(size_t bytes);  // 0 removes the cap
@@ -74,7 +81,10 @@ class Allocator {
   std::unordered_map<void*, size_t> oversize_;  // live blocks larger than their request -> block size
   std::function<void*(size_t)> staging_alloc_;  // empty: raw_alloc_
   std::function<void(void*)> staging_free_;
-  std::unordered_map<void*, size_t> staged_;  // host staging blocks (rounded sizes), freed straight back
+  std::function<void()> staging_reuse_;        // empty: staging blocks are not cached
+  std::unordered_map<void*, size_t> staged_;  // live host staging blocks -> block size
+  std::map<size_t, std::vector<void*>> staged_cache_;  // freed staging blocks, with staging_reuse_
+  size_t staged_cached_ = 0;
   size_t cap_ = 0, live_ = 0, peak_ = 0, cached_ = 0, staged_live_ = 0, staged_peak_ = 0,
          slack_ = 0;  // slack_: the live blocks' bytes beyond their requests
 };

@@ -260,6 +260,46 @@ TEST_CASE("allocator: host staging blocks come from the hook, counted apart from
   CHECK(hook_frees == 1);  // a device block goes to the cache, not to the hook
 }
 
+TEST_CASE("allocator: with a reuse step, freed staging blocks are cached and reused after it") {
+  int hook_allocs = 0, hook_frees = 0, reuses = 0;
+  {
+    Allocator a("test", [](size_t n) { return std::malloc(n); }, [](void* p) { std::free(p); });
+    a.set_host_staging(
+        [&](size_t n) {
+          ++hook_allocs;
+          return std::malloc(n);
+        },
+        [&](void* p) {
+          ++hook_frees;
+          std::free(p);
+        },
+        [&] { ++reuses; });
+    Allocator::HostStaging staging;
+    void* first = a.allocate(4096, "staging");
+    a.deallocate(first, 4096);
+    CHECK(hook_frees == 0);  // cached
+    CHECK(a.staged_bytes() == 0);
+    void* again = a.allocate(3500, "staging");  // within a quarter of the block: reused
+    CHECK(again == first);
+    CHECK(hook_allocs == 1);
+    CHECK(reuses == 1);
+    CHECK(a.staged(again));
+    CHECK(a.staged_bytes() == 4096);  // the whole block
+    void* small = a.allocate(1024, "staging");  // too small for the block: a new one
+    CHECK(hook_allocs == 2);
+    CHECK(reuses == 1);
+    a.deallocate(again, 3500);
+    // The cache holds at most the most staging bytes live at once (4096 + 1024).
+    a.deallocate(small, 1024);
+    CHECK(hook_frees == 0);
+    void* big = a.allocate(8192, "staging");
+    CHECK(hook_allocs == 3);
+    a.deallocate(big, 8192);  // 5120 cached + 8192 > the peak of 8192 live: freed
+    CHECK(hook_frees == 1);
+  }
+  CHECK(hook_frees == 3);  // the cached blocks go back with the allocator
+}
+
 TEST_CASE("weighted all-reduce: two ranks end with the exact sums through the CPU's axpy") {
   Backend& be = cpu_backend();
   std::vector<Tensor> a, b;

@@ -40,9 +40,18 @@ CudaBackend::CudaBackend(int device, DeviceParts parts)
   // Host staging (Allocator::HostStaging) on this device is pinned, mapped host memory:
   // with unified addressing its pointers are valid in kernels and copies alike.
   const std::string staging_name = name_ + " host staging";
+  // Freed staging blocks are kept and handed out again once both streams are idle: work
+  // queued before the free may still read or write the block (copies, and kernels through
+  // its mapped address), and cudaHostAlloc/cudaFreeHost per tensor per step cost
+  // milliseconds and a device-wide synchronisation each.
   device_allocator_->set_host_staging(
       [staging_name](size_t bytes) { return pinned_alloc(bytes, staging_name); },
-      [staging_name](void* p) { pinned_free(p, staging_name); });
+      [staging_name](void* p) { pinned_free(p, staging_name); },
+      [this] {
+        activate();
+        HT_CUDA(cudaStreamSynchronize(compute_));
+        HT_CUDA(cudaStreamSynchronize(copy_));
+      });
   // Non-blocking streams: the legacy default stream, which other libraries may use,
   // would otherwise serialise with both.
   HT_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
