@@ -2,6 +2,7 @@
 // inputs (`hetrain plan c.json --json c.json`) is refused before it does anything.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -39,9 +40,19 @@ inline void check_given_path(const std::string& flag, bool given, const std::str
   if (given && path.empty()) throw ht::config::ConfigError(flag + ": an empty path; expected a file path");
 }
 
+// For an input path option: an empty value is refused (CLI11 would take it, and an empty
+// --cluster quick-probed the job as if the option were not there).
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? "an empty path; expected a file path" : ""; },
+      "", "non_empty_path");
+}
+
 // Throws ConfigError unless every given output ({flag, path}; empty paths are skipped)
-// can be written: its directory exists, it is no directory itself, and no two name one
-// file (one would silently replace the other's output).
+// can be written: its directory exists, it is a regular file where it exists (the file
+// is written beside it and renamed over it, which would replace a device such as
+// /dev/null, a pipe or a socket with a plain file), and no two name one file (one would
+// silently replace the other's output).
 inline void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
   namespace fs = std::filesystem;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -50,6 +61,10 @@ inline void check_outputs(const std::vector<std::pair<std::string, std::string>>
     std::error_code ec;
     if (fs::is_directory(path, ec))
       throw ht::config::ConfigError(flag + " " + path + ": is a directory; expected a file path");
+    if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+      throw ht::config::ConfigError(flag + " " + path +
+                                    ": is not a regular file (a device, pipe or socket), which writing there would "
+                                    "replace with one; expected a regular file path");
     const fs::path parent = fs::path(path).parent_path();
     if (!parent.empty() && !fs::is_directory(parent, ec))
       throw ht::config::ConfigError(flag + " " + path + ": directory " + parent.string() +

@@ -167,12 +167,14 @@ void write(const std::vector<Output>& outputs) {
 void register_plan(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   auto* cmd = app.add_subcommand("plan", "Plan the split of a training run over a cluster and show it");
-  cmd->add_option("config", args->config, "Config file (JSON); see configs/")->required();
+  cmd->add_option("config", args->config, "Config file (JSON); see configs/")->required()->check(non_empty_path());
   cmd->add_option("--cluster", args->cluster,
                   "A `hetrain probe --json` file, or synth:COUNTxDEVICE,...[@LINK] from the device "
-                  "catalogue (default: quick-probe this job's ranks)");
+                  "catalogue (default: quick-probe this job's ranks)")
+      ->check(non_empty_path());
   cmd->add_option("--catalogue", args->catalogue, "Device catalogue for synth: clusters")
-      ->default_str("configs/devices.json of this build");
+      ->default_str("configs/devices.json of this build")
+      ->check(non_empty_path());
   CLI::Option* json_option = cmd->add_option("--json", args->json, "Write the plan here (for `hetrain train --plan`)");
   CLI::Option* svg_option = cmd->add_option("--svg", args->svg,
                   "Draw the plan here: per-rank timeline and memory bars (with --what-if: the job as each policy "
@@ -201,7 +203,7 @@ void register_plan(CLI::App& app) {
     const std::vector<std::pair<std::string, std::string>> inputs{
         {"the config", args->config},
         {"the cluster file", args->cluster.rfind("synth:", 0) == 0 ? std::string() : args->cluster},
-        {"the device catalogue", args->catalogue}};
+        {"the device catalogue", args->catalogue.empty() ? ht::plan::default_catalogue_path() : args->catalogue}};
     check_not_an_input("--json", args->json, inputs);
     check_not_an_input("--svg", args->svg, inputs);
     check_not_an_input("--trace", args->trace, inputs);

@@ -40,7 +40,8 @@ void register_probe(CLI::App& app) {
   CLI::Option* json_option =
       cmd->add_option("--json", args->json, "Write the cluster fingerprint here (for `hetrain plan --cluster`)");
   cmd->add_option("--model", args->model,
-                  "Config whose model blocks are profiled on each rank; its emulate section applies");
+                  "Config whose model blocks are profiled on each rank; its emulate section applies")
+      ->check(non_empty_path());
   cmd->add_option("--device", args->device,
                   "What each rank probes and trains on: cpu, cuda (the GPU of its local rank), cuda:N or auto; "
                   "or one per world rank, comma-separated (cuda,cpu,cpu: a job of GPU and CPU ranks)")

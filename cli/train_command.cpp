@@ -160,7 +160,7 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
 void register_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "Train from a config into a run directory");
-  cmd->add_option("config", args->config, "Config file (JSON); see configs/")->required();
+  cmd->add_option("config", args->config, "Config file (JSON); see configs/")->required()->check(non_empty_path());
   auto* run_dir = cmd->add_option("--run-dir", args->run_dir, "Run directory (default: run.dir, or runs/<config name>)");
   cmd->add_flag("--resume", args->resume, "Continue from the newest valid checkpoint of the run directory");
   constexpr int64_t kMost = std::numeric_limits<int64_t>::max();
@@ -173,9 +173,10 @@ void register_train(CLI::App& app) {
   auto* seed = cmd->add_option("--seed", args->seed, "Override train.seed")
                    ->transform(whole_number<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
   cmd->add_flag("--quiet,-q", args->quiet, "No progress bar or log lines");
-  cmd->add_option("--plan", args->plan, "Execute this plan (from `hetrain plan --json`)");
+  cmd->add_option("--plan", args->plan, "Execute this plan (from `hetrain plan --json`)")->check(non_empty_path());
   cmd->add_option("--cluster", args->cluster,
-                  "Plan over this probe file (default under mpirun: quick-probe the job)");
+                  "Plan over this probe file (default under mpirun: quick-probe the job)")
+      ->check(non_empty_path());
   cmd->add_option("--timeline", args->timeline, "Write one step's measured timeline here (Chrome trace JSON)");
   cmd->add_option("--inject", args->inject,
                   "Testing aid, repeatable: stall:rank=R,at=STEP,for=SECONDS | nan:rank=R,at=STEP[,steps=N] | "
@@ -209,17 +210,7 @@ void register_train(CLI::App& app) {
     if (run_dir->count() && args->run_dir.empty())
       throw ht::config::ConfigError("--run-dir is empty; expected a directory path");
     if (!args->run_dir.empty()) opts.run_dir = args->run_dir;
-    if (!args->timeline.empty()) {  // written after some steps: its path is checked now
-      namespace fs = std::filesystem;
-      const fs::path timeline(args->timeline);
-      const fs::path parent = timeline.has_parent_path() ? timeline.parent_path() : fs::path(".");
-      std::error_code ec;
-      if (fs::is_directory(timeline, ec))
-        throw ht::config::ConfigError("--timeline " + args->timeline + ": is a directory; expected a file path");
-      if (!fs::is_directory(parent, ec))
-        throw ht::config::ConfigError("--timeline " + args->timeline + ": its directory " + parent.string() +
-                                      " does not exist; expected a file path in an existing directory");
-    }
+    check_outputs({{"--timeline", args->timeline}});  // written after some steps: its path is checked now
     try {
       ht::runtime::apply_overrides(cfg, opts);
     } catch (const ht::Error& e) {
@@ -296,8 +287,10 @@ void register_eval(CLI::App& app) {
   auto config = std::make_shared<std::string>();
   auto checkpoint = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand("eval", "Evaluate a checkpoint on the config's held-out data");
-  cmd->add_option("config", *config, "Config file (JSON) the checkpoint was trained with")->required();
-  cmd->add_option("--checkpoint", *checkpoint, "Checkpoint file (.safetensors)")->required();
+  cmd->add_option("config", *config, "Config file (JSON) the checkpoint was trained with")
+      ->required()
+      ->check(non_empty_path());
+  cmd->add_option("--checkpoint", *checkpoint, "Checkpoint file (.safetensors)")->required()->check(non_empty_path());
   cmd->callback([config, checkpoint] {
     // Refused before MPI is up where the launcher says how many ranks there are: every
     // rank then exits on its own, where aborting MPI from all at once upsets the launcher.

@@ -15,8 +15,23 @@ namespace {
 std::string os_reason(int err) { return std::system_category().message(err); }
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path, std::string what)
-    : path_(std::move(path)), tmp_(path_ + ".tmp"), what_(std::move(what)) {
+AtomicFile::AtomicFile(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // Written through a link: the rename would replace the link itself and leave the file
+  // it names as it was.
+  if (fs::is_symlink(fs::symlink_status(path_, ec))) {
+    const fs::path target = fs::weakly_canonical(path_, ec);
+    if (!ec) path_ = target.string();
+  }
+  // The rename would put a plain file where a device (/dev/null as root), a pipe or a
+  // socket was.
+  const fs::file_status st = fs::status(path_, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    fail("cannot write ", what_, " ", path_,
+         ": it is not a regular file (a directory, device, pipe or socket), which writing there would replace; "
+         "expected a regular file path (nothing was written)");
+  tmp_ = path_ + ".tmp";
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail_os("creating", errno);
 }

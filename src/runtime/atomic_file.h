@@ -1,7 +1,9 @@
 // Replace a file so that readers (and a crash at any moment) see either the complete old
 // contents or the complete new ones, never a mix: data goes to `path + ".tmp"` in the same
 // directory (so the rename cannot cross filesystems), is fsynced, renamed over `path`, and
-// the directory is fsynced so the rename itself survives a power loss.
+// the directory is fsynced so the rename itself survives a power loss. A link is written
+// through (the file it names is replaced); a path that exists as no regular file (a
+// directory, a device such as /dev/null, a pipe) is refused before anything is written.
 #pragma once
 
 #include <cstddef>

@@ -11,10 +11,13 @@ usage: test_plan.py HETRAIN"""
 import json
 import os
 import re
+import shutil
+import stat
+import subprocess
 import sys
 import tempfile
 
-from e2e_util import FASHION_MNIST, ROOT, check, finish, have_fashion_mnist, load, run
+from e2e_util import ENV, FASHION_MNIST, ROOT, check, finish, have_fashion_mnist, load, run
 from e2e_util import mpirun as mpirun_with
 
 HETRAIN = os.path.abspath(sys.argv[1])
@@ -162,6 +165,23 @@ def bad_clusters(tmp):
         r = plan(*args, timeout=60)
         check(f"{flag} of a {os.path.basename(path)[2:]}: exit 2 naming it, no wait",
               r.returncode == 2 and path + ": " + want in r.stderr, r.stderr)
+    # Outputs are renamed over their path: a pipe (or /dev/null as root) would become a
+    # plain file.
+    for flag in ("--json", "--svg", "--trace"):
+        r = plan(MLP, "--cluster", "synth:2xrtx3060", flag, a_pipe, timeout=60)
+        check(f"{flag} of a pipe: exit 2 naming it, the pipe left a pipe",
+              r.returncode == 2 and a_pipe + ": is not a regular file" in r.stderr
+              and stat.S_ISFIFO(os.lstat(a_pipe).st_mode), r.stderr)
+    r = plan(MLP, "--cluster", "", timeout=60)
+    check("an empty --cluster: exit 2 naming it, no probe", r.returncode == 2 and "--cluster" in r.stderr
+          and "empty path" in r.stderr, r.stderr)
+    catalogue = os.path.join(tmp, "catalogue-copy.json")
+    shutil.copy(os.path.join(ROOT, "configs", "devices.json"), catalogue)
+    before = open(catalogue).read()
+    r = subprocess.run([HETRAIN, "plan", MLP, "--cluster", "synth:2xrtx3060", "--json", catalogue],
+                       capture_output=True, text=True, env=dict(ENV, HETRAIN_DEVICES=catalogue), timeout=60)
+    check("--json of the catalogue $HETRAIN_DEVICES names: exit 2, the catalogue unchanged",
+          r.returncode == 2 and "the device catalogue" in r.stderr and open(catalogue).read() == before, r.stderr)
 
 
 def never_below_baseline():

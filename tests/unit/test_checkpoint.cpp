@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -20,6 +21,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "runtime/atomic_file.h"
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_dir.h"
 #include "tests/unit/temp_dir.h"
@@ -156,6 +158,23 @@ TEST_CASE("checkpoint: bad writes are refused before any file is created") {
   CHECK_THROWS_WITH_AS(write_checkpoint(path, {{"__metadata__", t}}, {}),
                        contains("invalid tensor name"), Error);
   CHECK(fs::is_empty(tmp.path));
+}
+
+TEST_CASE("atomic file: a link is written through; a pipe is refused and left a pipe") {
+  TempDir tmp;
+  const std::string target = tmp / "target.json", link = tmp / "link.json", pipe = tmp / "pipe";
+  { std::ofstream(target) << "old"; }
+  fs::create_symlink(target, link);
+  runtime::write_file_atomically(link, "new", "plan");
+  CHECK(fs::is_symlink(fs::symlink_status(link)));  // the link stays a link
+  std::ifstream in(target);
+  CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "new");
+  REQUIRE(::mkfifo(pipe.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(runtime::write_file_atomically(pipe, "x", "plan"),
+                       contains("is not a regular file"), Error);
+  CHECK(fs::is_fifo(fs::symlink_status(pipe)));
+  CHECK_THROWS_WITH_AS(runtime::write_file_atomically(tmp.path, "x", "plan"), contains("is not a regular file"), Error);
+  CHECK(!fs::exists(pipe + ".tmp"));
 }
 
 TEST_CASE("checkpoint: a non-finite value is never written; the error names the tensor and where") {
