@@ -63,9 +63,12 @@ struct Range {
   static Range open(double lo, double hi) { return {lo, hi, true, true}; }
   // A measured or datasheet figure of a cluster or catalogue file, of any unit: finite
   // and at most kMaxFigure, since past it the planner's sums and products over thousands
-  // of ranks and steps leave a double's range (1e308 GFLOP/s planned as inf).
+  // of ranks and steps leave a double's range (1e308 GFLOP/s planned as inf); a figure
+  // above 0 is at least kMinFigure, since a time divided by one (a link of 1e-300 B/s)
+  // left it just as well.
   static constexpr double kMaxFigure = 1e15;
-  static Range figure_above_0() { return {0, kMaxFigure, true, false}; }
+  static constexpr double kMinFigure = 1e-15;
+  static Range figure_above_0() { return {kMinFigure, kMaxFigure}; }
   static Range figure_at_least_0() { return {0, kMaxFigure}; }
   bool contains(double x) const;
   std::string describe() const;  // "a number in [0, 1)"

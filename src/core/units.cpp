@@ -7,12 +7,17 @@
 namespace ht {
 
 std::string number(const char* format, ...) {
-  char buf[64];
-  va_list args;
+  // Sized by a first pass: a "%.2f" of 1e300 is 304 characters, and a fixed buffer cut
+  // it short without a sign that it had.
+  va_list args, again;
   va_start(args, format);
-  std::vsnprintf(buf, sizeof buf, format, args);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
   va_end(args);
-  return buf;
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, again);
+  va_end(again);
+  return out;
 }
 
 std::string format_bytes(double bytes) {

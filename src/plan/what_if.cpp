@@ -145,6 +145,7 @@ class Play {
       : in_(in), policy_(policy), phase_(start), record_(with_events) {
     if (with_events) events_ = in.events;
     used_.assign(events_.size(), false);
+    has_links_ = std::any_of(events_.begin(), events_.end(), [](const WhatIfEvent& e) { return e.kind == WhatIfKind::link; });
   }
 
   PolicyOutcome run() {
@@ -224,8 +225,14 @@ class Play {
     std::string k = std::to_string(phase_.version) + ":";
     for (const WhatIfEvent& e : events_)
       if (e.kind == WhatIfKind::slow || e.kind == WhatIfKind::link) k += in_force(e, t) ? '1' : '0';
+    // Only link events read gone_ (cluster_at): without one it cannot change a step.
+    if (has_links_)
+      for (size_t i = 0; i < gone_.size(); ++i)
+        if (gone_[i]) k += "|" + std::to_string(i);
     return k;
   }
+
+  bool gone(int index) const { return static_cast<size_t>(index) < gone_.size() && gone_[static_cast<size_t>(index)]; }
 
   bool links_in_force(double t) const {
     return std::any_of(events_.begin(), events_.end(),
@@ -238,7 +245,7 @@ class Play {
     for (const WhatIfEvent& e : events_) {
       if (e.kind != WhatIfKind::link || !in_force(e, t)) continue;
       const int a = phase_.index_of(e.rank), b = phase_.index_of(e.peer);
-      if (a < 0 || b < 0) continue;
+      if (a < 0 || b < 0 || gone(a) || gone(b)) continue;
       const auto i = static_cast<size_t>(a), j = static_cast<size_t>(b);
       c.links.set_latency(i, j, e.latency_s);
       c.links.set_latency(j, i, e.latency_s);
@@ -344,22 +351,28 @@ class Play {
   }
 
   // The end of work of `length` started at t on a rank whose stalls (not yet spent) hold
-  // it: a stall from `at` for S stops it there and its remaining work resumes at at + S.
-  // Marks the stalls that fell in it as spent.
+  // it: the rank is stopped over the union of its stalls (from `at` for S each), and the
+  // work runs in the time between them. Marks the stalls that begin before that end as
+  // spent.
   double held_end(int index, double t, double length, bool spend = true) {
-    double end = t + length;
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (size_t i = 0; i < events_.size(); ++i) {
-        const WhatIfEvent& e = events_[i];
-        if (used_[i] || e.kind != WhatIfKind::stall || phase_.index_of(e.rank) != index) continue;
-        if (e.at_s >= end) continue;
-        if (spend) used_[i] = true;
-        if (e.at_s + e.for_s <= t) continue;
-        const double resumed = e.at_s + e.for_s + (t + length - std::max(e.at_s, t));
-        if (resumed > end) end = resumed, moved = true;
-      }
+    std::vector<std::pair<double, size_t>> stalls;  // (start, event)
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const WhatIfEvent& e = events_[i];
+      if (!used_[i] && e.kind == WhatIfKind::stall && phase_.index_of(e.rank) == index) stalls.emplace_back(e.at_s, i);
     }
+    std::sort(stalls.begin(), stalls.end());
+    double clock = t, left = length;  // the work not yet done at `clock`
+    for (const auto& [at, i] : stalls) {
+      if (at >= clock + left) break;  // the work ends before this stall begins
+      const double resumed = at + events_[i].for_s;
+      if (resumed <= clock) continue;  // over before the work got here, or within an earlier stall
+      if (at > clock) left -= at - clock;
+      clock = resumed;
+    }
+    const double end = clock + left;
+    if (spend)
+      for (const auto& [at, i] : stalls)
+        if (at < end) used_[i] = true;
     return end;
   }
 
@@ -581,7 +594,7 @@ class Play {
     std::vector<DeadlineUnit> units = deadline_units();
     std::vector<int> missed(units.size(), 0);
     std::vector<bool> failed(units.size(), false);
-    std::vector<bool> failed_rank(phase_.ids.size(), false);
+    gone_.assign(phase_.ids.size(), false);
     std::deque<std::pair<int64_t, double>> window;
     // A stalled unit's part of the step it stopped in, sent when it resumes: (step, when,
     // its arrival after that step's start); counted if the step is still in the window.
@@ -627,7 +640,8 @@ class Play {
         const int r = phase_.index_of(e.rank);
         if (r < 0) continue;
         used_[i] = true;
-        failed_rank[static_cast<size_t>(r)] = true;
+        if (gone_[static_cast<size_t>(r)]) continue;  // failed before: nothing more to leave out
+        gone_[static_cast<size_t>(r)] = true;
         for (size_t u = 0; u < units.size(); ++u)
           if (std::find(units[u].ranks.begin(), units[u].ranks.end(), r) != units[u].ranks.end()) failed[u] = true;
         out_.notes.push_back(e.spec + ": left out from step " + std::to_string(done) + " on, no restart");
@@ -702,13 +716,13 @@ class Play {
       t += close;
       ++done;
       if (checkpoint_at(done)) {
-        if (join_by(t) >= 0 && done < in_.steps) drop_failed(failed_rank);
+        if (join_by(t) >= 0 && done < in_.steps) drop_failed(gone_);
         const double went_on = join_at_checkpoint(t, done);
         if (went_on != t) {  // a new job: its leader measures afresh from the new plan's step
           steady = false;
           units = deadline_units();
           missed.assign(units.size(), 0), failed.assign(units.size(), false);
-          failed_rank.assign(phase_.ids.size(), false);
+          gone_.assign(phase_.ids.size(), false);
           leader = 0;
           window.clear(), returning.clear();
           budget = phase_.plan.predicted.step_seconds * (1 + in_.deadline_slack);
@@ -720,7 +734,7 @@ class Play {
     // a rank still stopped then is waited for, and caught up at no charge.
     for (const WhatIfEvent& e : events_) {
       const int r = phase_.index_of(e.rank);
-      if (e.kind == WhatIfKind::stall && e.at_s < t && r >= 0 && active(r) && !failed_rank[static_cast<size_t>(r)])
+      if (e.kind == WhatIfKind::stall && e.at_s < t && r >= 0 && active(r) && !gone_[static_cast<size_t>(r)])
         t = std::max(t, e.at_s + e.for_s);
     }
     out_.samples_dropped = dropped;
@@ -843,6 +857,10 @@ class Play {
   Phase phase_;
   std::vector<WhatIfEvent> events_;
   std::vector<bool> used_;
+  // Under deadline, the phase's ranks failed and left out for good (no restart): a link
+  // event to one changes no step.
+  std::vector<bool> gone_;
+  bool has_links_ = false;
   std::map<std::string, StepParts> cache_;
   int joined_ = 0;
   bool record_ = false;   // the timeline: only for the play with the events

@@ -100,6 +100,8 @@ inline constexpr int64_t kMaxWhatIfSteps = 1000000;
 // slow:factor's bound: a rank a million times slower is a stalled one (use stall:), and
 // past it the step's time leaves the range a double prints and sums exactly enough.
 inline constexpr double kMaxSlowFactor = 1e6;
+// The latest event time and the longest stall, in seconds (about 31 years): sums of them stay finite.
+inline constexpr double kMaxEventSeconds = 1e9;
 
 enum class WhatIfKind { stall, slow, fail, link, join };
 

@@ -26,13 +26,16 @@ int rank_value(const std::string& spec, const std::string& key, const std::strin
   return v;
 }
 
+// A number from `min` (excluded with above_min) to `max`: the upper bounds keep every sum
+// the simulator forms from them finite (a stall of 1.7e308 s printed "inf s").
 double real_value(const std::string& spec, const std::string& key, const std::string& text, double min,
-                  bool above_min, const char* expected) {
+                  bool above_min, double max, const char* expected) {
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
     reject(spec, key + "=" + text + " is not a number; expected " + expected);
-  if (v < min || (above_min && v == min)) reject(spec, key + "=" + text + " is out of range; expected " + expected);
+  if (v < min || (above_min && v == min) || v > max)
+    reject(spec, key + "=" + text + " is out of range; expected " + expected);
   return v;
 }
 
@@ -76,24 +79,25 @@ WhatIfEvent parse_what_if_event(const std::string& spec) {
       e.rank = rank_value(spec, key, value);
     } else if (key == "ranks") {
       const size_t dash = value.find('-');
-      if (dash == std::string::npos)
-        reject(spec, "ranks=" + value + " is not a rank pair; expected A-B, the two ranks the link joins (e.g. 0-3)");
+      if (dash == std::string::npos || dash == 0)
+        reject(spec, "ranks=" + value +
+                         " is not a rank pair; expected A-B, the two ranks (at least 0) the link joins (e.g. 0-3)");
       e.rank = rank_value(spec, key, value.substr(0, dash));
       e.peer = rank_value(spec, key, value.substr(dash + 1));
       if (e.rank == e.peer) reject(spec, "ranks=" + value + " joins a rank to itself; expected two different ranks");
     } else if (key == "at") {
-      e.at_s = real_value(spec, key, value, 0, false, "seconds of job time, at least 0");
+      e.at_s = real_value(spec, key, value, 0, false, kMaxEventSeconds, "seconds of job time, from 0 to 1e9");
     } else if (key == "for") {
-      e.for_s = real_value(spec, key, value, 0, true, "seconds, above 0");
+      e.for_s = real_value(spec, key, value, 0, true, kMaxEventSeconds, "seconds, above 0 and at most 1e9");
     } else if (key == "factor") {
-      constexpr const char* kFactor = "a compute-time multiplier from 1 to 1e6 (2: twice as slow)";
-      e.factor = real_value(spec, key, value, 1, false, kFactor);
-      if (e.factor > kMaxSlowFactor) reject(spec, key + "=" + value + " is out of range; expected " + kFactor);
+      e.factor = real_value(spec, key, value, 1, false, kMaxSlowFactor,
+                            "a compute-time multiplier from 1 to 1e6 (2: twice as slow)");
     } else if (key == "latency") {
-      e.latency_s = real_value(spec, key, value, 0, false, "the one-way latency in milliseconds, at least 0") / 1e3;
+      e.latency_s = real_value(spec, key, value, 0, false, 1e6, "the one-way latency in milliseconds, from 0 to 1e6") / 1e3;
     } else if (key == "bandwidth") {
-      e.bandwidth_bytes_per_s =
-          real_value(spec, key, value, 0, true, "the bandwidth in MB/s (1 MB = 1e6 bytes), above 0") * 1e6;
+      e.bandwidth_bytes_per_s = real_value(spec, key, value, 1e-6, false, 1e9,
+                                           "the bandwidth in MB/s (1 MB = 1e6 bytes), from 1e-6 (a byte a second) to 1e9") *
+                                1e6;
     } else if (key == "device") {
       if (value.empty()) reject(spec, "device= is empty; expected a device id of the catalogue (e.g. rtx3060)");
       e.device = value;

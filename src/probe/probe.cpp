@@ -10,6 +10,7 @@
 #include "comm/emulation.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "core/units.h"
 #include "probe/gpu_rates.h"
 
 namespace ht::probe {
@@ -23,11 +24,7 @@ std::string read_line(const std::string& path) {
   return line;
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
+std::string fmt(const char* f, double v) { return number(f, v); }
 
 }  // namespace
 

@@ -196,7 +196,8 @@ std::string predictions(const plan::Plan& plan) {
     out += "baseline does not fit:\n";
     for (const plan::Shortfall& s : b.shortfalls) out += "  " + shortfall_text(s) + "\n";
   }
-  out += "speed-up over baseline: " + number("%.2fx", plan.speedup) +
+  out += "speed-up over baseline: " +
+         (plan.speedup < 1e6 ? number("%.2fx", plan.speedup) : number("%.3gx", plan.speedup)) +
          (b.fits ? "" : " (as if it fitted; it cannot run)") + "\n";
   return out;
 }

@@ -166,8 +166,8 @@ TEST_CASE("cluster: a missing or malformed catalogue is named with its JSON path
   comma.replace(comma.find("\"id\": \"g\""), 9, "\"id\": \"g,h\"");
   const Case cases[] = {
       {head + ok_dev + "]}", {}},
-      {head + neg + "]}", {"devices[0].fp32_tflops", "-1 is out of range", "(0, 1e+15]"}},
-      {head + huge + "]}", {"devices[0].memory_gb", "1e+308 is out of range", "(0, 1e+15]"}},
+      {head + neg + "]}", {"devices[0].fp32_tflops", "-1 is out of range", "[1e-15, 1e+15]"}},
+      {head + huge + "]}", {"devices[0].memory_gb", "1e+308 is out of range", "[1e-15, 1e+15]"}},
       {head + typo + "]}", {"devices[0].memory_gib", "did you mean 'memory_gb'"}},
       {head + comma + "]}", {"devices[0].id", "which a synth: spec cannot name"}},
       {head + bad_source + "]}", {"devices[0].source", "where the figures come from"}},

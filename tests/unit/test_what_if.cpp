@@ -163,6 +163,37 @@ TEST_CASE("a stall holds local's one group as it holds sync") {
   CHECK(local.lost_seconds == doctest::Approx(4));
 }
 
+TEST_CASE("overlapping stalls of one rank hold it over their union, under sync and local alike") {
+  // Stopped from 3 to 7 and from 6 to 9: 6 s, not the longer stall's 4 nor the sum's 7.
+  const WhatIfInput in = four_equal(1000, {"stall:rank=0,at=3,for=4", "stall:rank=0,at=6,for=3"});
+  const WhatIfResult r = run_what_if(in);
+  for (Policy p : {Policy::sync, Policy::local}) {
+    CAPTURE(ht::config::to_string(p));
+    const PolicyOutcome o = outcome(r, p);
+    REQUIRE(o.refused.empty());
+    CHECK(o.lost_seconds == doctest::Approx(6));
+  }
+  // One stall inside another adds nothing to it.
+  const PolicyOutcome inside = outcome(run_what_if(four_equal(1000, {"stall:rank=0,at=3,for=4", "stall:rank=0,at=4,for=1"})),
+                                       Policy::sync);
+  CHECK(inside.lost_seconds == doctest::Approx(4));
+}
+
+TEST_CASE("deadline: a link to a rank that has failed changes no step; a second failure of it leaves out nothing more") {
+  const WhatIfInput failed = four_equal(200, {"fail:rank=2,at=0"});
+  const WhatIfInput linked = four_equal(200, {"fail:rank=2,at=0", "link:ranks=0-2,at=0.01,latency=500,bandwidth=1"});
+  const WhatIfInput twice = four_equal(200, {"fail:rank=2,at=0", "fail:rank=2,at=0.01"});
+  const PolicyOutcome a = outcome(run_what_if(failed), Policy::deadline);
+  const PolicyOutcome b = outcome(run_what_if(linked), Policy::deadline);
+  const PolicyOutcome c = outcome(run_what_if(twice), Policy::deadline);
+  REQUIRE(a.refused.empty());
+  CHECK(b.seconds == doctest::Approx(a.seconds));
+  CHECK(b.samples_dropped == a.samples_dropped);
+  CHECK(c.seconds == doctest::Approx(a.seconds));
+  CHECK(std::count_if(c.notes.begin(), c.notes.end(),
+                      [](const std::string& n) { return n.find("left out from step") != std::string::npos; }) == 1);
+}
+
 TEST_CASE("what-if event specs: one-line errors naming the spec, the field, the value and what was expected") {
   const auto err = [](const std::string& spec) { return error_of([&] { parse_what_if_event(spec); }); };
   CHECK(err("hang:rank=1") == "what-if event hang:rank=1: unknown kind 'hang'; expected stall, slow, fail, link or "
@@ -171,21 +202,26 @@ TEST_CASE("what-if event specs: one-line errors naming the spec, the field, the 
   CHECK(err("stall:rank=x,at=5,for=5") ==
         "what-if event stall:rank=x,at=5,for=5: rank=x is not a rank; expected an integer of at least 0");
   CHECK(err("stall:rank=1,at=5,for=0") ==
-        "what-if event stall:rank=1,at=5,for=0: for=0 is out of range; expected seconds, above 0");
+        "what-if event stall:rank=1,at=5,for=0: for=0 is out of range; expected seconds, above 0 and at most 1e9");
+  CHECK(err("stall:rank=1,at=5,for=1.7e308") == "what-if event stall:rank=1,at=5,for=1.7e308: for=1.7e308 is out of "
+                                                "range; expected seconds, above 0 and at most 1e9");
   CHECK(err("slow:rank=1,at=5,factor=0.5") == "what-if event slow:rank=1,at=5,factor=0.5: factor=0.5 is out of range; "
                                               "expected a compute-time multiplier from 1 to 1e6 (2: twice as slow)");
   CHECK(err("slow:rank=1,at=5,factor=2e6") == "what-if event slow:rank=1,at=5,factor=2e6: factor=2e6 is out of range; "
                                               "expected a compute-time multiplier from 1 to 1e6 (2: twice as slow)");
   CHECK(err("fail:rank=1,at=-2") ==
-        "what-if event fail:rank=1,at=-2: at=-2 is out of range; expected seconds of job time, at least 0");
+        "what-if event fail:rank=1,at=-2: at=-2 is out of range; expected seconds of job time, from 0 to 1e9");
   CHECK(err("fail:rank=1,at=2,for=3") ==
         "what-if event fail:rank=1,at=2,for=3: unknown field 'for' for fail; expected rank and at");
   CHECK(err("link:ranks=3,at=1,latency=1,bandwidth=10") ==
         "what-if event link:ranks=3,at=1,latency=1,bandwidth=10: ranks=3 is not a rank pair; expected A-B, the two "
-        "ranks the link joins (e.g. 0-3)");
+        "ranks (at least 0) the link joins (e.g. 0-3)");
+  CHECK(err("link:ranks=-1-2,at=1,latency=1,bandwidth=10") ==
+        "what-if event link:ranks=-1-2,at=1,latency=1,bandwidth=10: ranks=-1-2 is not a rank pair; expected A-B, the "
+        "two ranks (at least 0) the link joins (e.g. 0-3)");
   CHECK(err("link:ranks=0-1,at=1,latency=1,bandwidth=0") ==
         "what-if event link:ranks=0-1,at=1,latency=1,bandwidth=0: bandwidth=0 is out of range; expected the "
-        "bandwidth in MB/s (1 MB = 1e6 bytes), above 0");
+        "bandwidth in MB/s (1 MB = 1e6 bytes), from 1e-6 (a byte a second) to 1e9");
   CHECK(err("join:at=1") == "what-if event join:at=1: missing device; expected join:device=...,at=...");
   CHECK(err("stall:rank=1,rank=2,at=1,for=1") ==
         "what-if event stall:rank=1,rank=2,at=1,for=1: field 'rank' is given twice; expected it once");
