@@ -193,7 +193,9 @@ void register_plan(CLI::App& app) {
                   "link:ranks=A-B,at=T,latency=MS,bandwidth=MB_PER_S  join:device=ID,at=T (T and S in seconds of "
                   "job time)")
       ->type_name("EVENT");
+  CLI::Option* what_if_option = cmd->get_option("--what-if");
   cmd->add_option("--what-if-steps", args->what_if_steps, "Steps the what-if simulator plays")
+      ->needs(what_if_option)
       ->default_val(ht::plan::kDefaultWhatIfSteps)
       ->transform(whole_number<int64_t>(1, ht::plan::kMaxWhatIfSteps))
       ->type_name("N");

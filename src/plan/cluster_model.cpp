@@ -140,13 +140,21 @@ std::string join(const std::vector<std::string>& items) {
 }  // namespace
 
 Catalogue read_catalogue(const std::string& path) {
-  const std::string text = config::schema::read_document_file(path, "the device catalogue (configs/devices.json)");
-  Json j = parse_document(text, path);  // names the file itself
-  // The schema helpers name the JSON path only; a catalogue error must also say which file.
+  // A path that came from the environment says so: nothing on the command line named it.
+  const char* env = std::getenv("HETRAIN_DEVICES");
+  const bool from_env = env && *env && path == env;
   try {
-    return parse_catalogue(j);
+    const std::string text = config::schema::read_document_file(path, "the device catalogue (configs/devices.json)");
+    Json j = parse_document(text, path);  // names the file itself
+    // The schema helpers name the JSON path only; a catalogue error must also say which file.
+    try {
+      return parse_catalogue(j);
+    } catch (const config::ConfigError& e) {
+      throw config::ConfigError(path + ": " + e.what());
+    }
   } catch (const config::ConfigError& e) {
-    throw config::ConfigError(path + ": " + e.what());
+    if (!from_env) throw;
+    throw config::ConfigError(std::string(e.what()) + " (the catalogue $HETRAIN_DEVICES names)");
   }
 }
 

@@ -648,7 +648,10 @@ class Play {
       }
       // Nobody left to close a step: the job ends here, as under sync.
       HT_CHECK(std::find(failed.begin(), failed.end(), false) != failed.end(),
-               "what-if: every rank has failed by step ", done, ": no rank left to train");
+               "what-if: by step ", done, " every ",
+               units.front().ranks.size() > 1 ? "replica has lost a rank (deadline leaves a replica out whole)"
+                                              : "rank has failed",
+               ": none left to train");
       bool waited = false, any_missing = false, leader_silent = false;
       double last = 0, latest = 0;  // latest: the arrivals the budget adapts to, late ones included
       for (size_t u = 0; u < units.size(); ++u) {

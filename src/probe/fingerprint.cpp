@@ -94,6 +94,10 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   r.host.memory_total = memory_size(h, hp);
   r.host.memory_available = read_uint(require(h, hp, "memory_available_bytes", "bytes"),
                                       key_path(hp, "memory_available_bytes"));
+  if (r.host.memory_available > r.host.memory_total)
+    fail_at(key_path(hp, "memory_available_bytes"),
+            std::to_string(r.host.memory_available) + " is more than memory_total_bytes (" +
+                std::to_string(r.host.memory_total) + "); expected at most the host's memory");
   const std::string gp = key_path(hp, "gpus");
   const Json& gpus = require(h, hp, "gpus", "an array (empty without GPUs)");
   if (!gpus.is_array()) fail_at(gp, show(gpus) + " is not an array; expected one object per GPU");
@@ -110,6 +114,9 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     g.sm_count = static_cast<int>(read_int(require(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1));
     g.memory_total = memory_size(gpus[i], p);
     g.memory_free = read_uint(require(gpus[i], p, "memory_free_bytes", "bytes"), key_path(p, "memory_free_bytes"));
+    if (g.memory_free > g.memory_total)
+      fail_at(key_path(p, "memory_free_bytes"), std::to_string(g.memory_free) + " is more than memory_total_bytes (" +
+                                                    std::to_string(g.memory_total) + "); expected at most the GPU's memory");
     g.host_to_device_gb_s = read_double(require(gpus[i], p, "host_to_device_gb_s", "GB/s"),
                                         key_path(p, "host_to_device_gb_s"), Range::figure_at_least_0());
     g.device_to_host_gb_s = read_double(require(gpus[i], p, "device_to_host_gb_s", "GB/s"),
@@ -126,6 +133,9 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   expect_object(d, dp, "an object describing the device");
   r.device = *parse_device_kind(
       read_enum(require(d, dp, "kind", "cpu or cuda"), key_path(dp, "kind"), device_kind_names()));
+  // A GPU rank's model is its GPU's: with none listed it would be planned as the host's CPU.
+  if (r.device == DeviceKind::cuda && r.host.gpus.empty())
+    fail_at(key_path(dp, "kind"), "\"cuda\" but host.gpus is empty; expected the host to list the rank's GPU");
   r.threads = static_cast<int>(read_int(require(d, dp, "threads", "an integer >= 1"), key_path(dp, "threads"), 1));
   r.rates.sgemm_gflops = positive(d, dp, "sgemm_gflops");
   r.rates.sgemm_size = read_int(require(d, dp, "sgemm_size", "an integer"), key_path(dp, "sgemm_size"), 1);

@@ -146,6 +146,16 @@ TEST_CASE("gpu probe: malformed GPU rates are refused by path, with what was exp
   nlohmann::json no_gpus = probe_file();
   no_gpus["ranks"][0]["host"]["gpus"] = nlohmann::json::array();
   CHECK(has(read_error(no_gpus), "host.gpus is empty"));
+  for (const char* k : {"gpu_index", "bf16_gemm_gflops", "launch_overhead_s"}) no_gpus["ranks"][0]["device"].erase(k);
+  CHECK(has(read_error(no_gpus), "ranks[0].device.kind: \"cuda\" but host.gpus is empty"));
+  nlohmann::json roomy = probe_file();
+  roomy["ranks"][0]["host"]["gpus"][1]["memory_free_bytes"] =
+      roomy["ranks"][0]["host"]["gpus"][1]["memory_total_bytes"].get<uint64_t>() + 1;
+  CHECK(has(read_error(roomy), "ranks[0].host.gpus[1].memory_free_bytes"));
+  CHECK(has(read_error(roomy), "is more than memory_total_bytes"));
+  roomy = probe_file();
+  roomy["ranks"][0]["host"]["memory_available_bytes"] = roomy["ranks"][0]["host"]["memory_total_bytes"].get<uint64_t>() + 1;
+  CHECK(has(read_error(roomy), "ranks[0].host.memory_available_bytes"));
   nlohmann::json on_cpu = probe_file();
   on_cpu["ranks"][1]["device"]["gpu_index"] = 0;
   on_cpu["ranks"][1]["device"]["bf16_gemm_gflops"] = 1;
