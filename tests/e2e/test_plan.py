@@ -353,7 +353,7 @@ def what_if(tmp):
     r = plan(CNN, "--cluster", "synth:2xrtx3060", "--what-if", "fail:rank=0,at=0", "--what-if", "fail:rank=1,at=0",
              "--what-if-steps", "5")
     check("--what-if failing every rank: deadline not simulated, naming why",
-          r.returncode == 0 and "deadline: not simulated: what-if: every rank has failed" in r.stdout
+          r.returncode == 0 and "deadline: not simulated: what-if: by step 0 every rank has failed" in r.stdout
           and "fell silent" not in r.stdout, r.stdout[-1500:] + r.stderr[-800:])
     r = plan(CNN, "--cluster", RATES_4211, "--what-if", "stall:rank=1,at=5,for=5", "--what-if-steps", "2000000")
     check("--what-if-steps above a million: refused naming the range",
