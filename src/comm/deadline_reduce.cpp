@@ -178,6 +178,8 @@ DeadlineReduce::DeadlineReduce(Communicator& comm, DeadlineOptions options, std:
   hash_ = mix(0x6865747261696eull, static_cast<uint64_t>(first_step));  // every member starts equal
   last_sent_.assign(static_cast<size_t>(size_), first_step - 1);
   missed_in_row_.assign(static_cast<size_t>(size_), 0);
+  noticed_term_.assign(static_cast<size_t>(size_), -1);
+  sent_to_.assign(static_cast<size_t>(size_), 0);
   fin_.assign(static_cast<size_t>(size_), false);
   inbox_.resize(static_cast<size_t>(size_));
   receives_.resize(static_cast<size_t>(size_));
@@ -221,9 +223,11 @@ void DeadlineReduce::send(int dst, std::shared_ptr<std::vector<char>> bytes) {
   Outgoing o{std::move(bytes), Request()};
   o.request = comm_.isend_bytes(o.bytes->data(), o.bytes->size(), dst, tag_);
   outgoing_.push_back(std::move(o));
+  ++sent_to_[static_cast<size_t>(dst)];
 }
 
 void DeadlineReduce::send_notice(int dst) {
+  noticed_term_[static_cast<size_t>(dst)] = term_;
   Header h;
   h.kind = notice;
   h.step = step_;
@@ -524,7 +528,7 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
     if (missed_in_row_[k] < kSendTo) {
       send(j, bytes);
       last_sent_[k] = s;
-    } else {
+    } else if (noticed_term_[k] != term_) {
       send_notice(j);  // small: tells a leader that was replaced and returns who leads now
     }
   }

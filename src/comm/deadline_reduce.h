@@ -155,6 +155,9 @@ class DeadlineReduce {
   int64_t step() const { return step_; }       // the next step to reduce
   uint64_t chain_hash() const { return hash_; }
   int64_t term() const { return term_; }
+  // Messages this rank has sent to member `peer` (results, notices, catch-ups, its own
+  // contributions), for tests: what a stopped member is sent must stay bounded.
+  int64_t messages_sent_to(int peer) const { return sent_to_[static_cast<size_t>(peer)]; }
   int leader() const { return leader_of(term_); }
 
   struct Message;  // the wire form, in deadline_reduce.cpp
@@ -210,6 +213,12 @@ class DeadlineReduce {
   // step, the step asked for).
   std::map<int, std::pair<int64_t, int64_t>> held_;
   std::vector<int64_t> last_sent_;  // leader: the last step whose result went to each member
+  // Leader: the term of the last notice sent to each member it no longer sends results
+  // to. One a term: a notice a step to a stopped member piled up thousands of sends that
+  // every poll tested, slowing the others' steps the longer the stop, and the member,
+  // on its return, read them one a poll before its catch-up.
+  std::vector<int64_t> noticed_term_;
+  std::vector<int64_t> sent_to_;  // messages_sent_to
   std::vector<int> missed_in_row_;  // leader: steps in a row a member's share was missing
   std::deque<StepRecord> history_;  // recent closed steps, for catch-ups' records
   // Leader: per recent step, when it opened and the latest arrival of a contribution to

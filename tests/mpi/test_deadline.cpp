@@ -76,8 +76,17 @@ void run_stall(int stalled, int64_t max_staleness) {
   if (me == releaser) heard = group->irecv_bytes(&stalled_at, sizeof stalled_at, stalled, kStalledAtTag);
   bool known = false;
   int64_t released_at = -1;  // the releaser's step when it released
+  // The releaser's messages to the stalled rank and its term when it learned of the stall.
+  int64_t sent_then = -1, term_then = -1;
   auto release = [&](int64_t s) {
     static const char kGo = 1;
+    // While it is stopped a rank is sent at most kSendTo (4) results by a leader, and a
+    // notice a term: never one a step (they piled up past thousands in a minute's stop).
+    if (sent_then >= 0) {
+      const int64_t sent = reduce.messages_sent_to(stalled) - sent_then, terms = reduce.term() - term_then;
+      CHECK_MESSAGE(sent <= 4 + 2 * (terms + 1), "sent ", sent, " messages to the stopped rank over ", terms,
+                    " term changes");
+    }
     group->send_bytes(&kGo, 1, stalled, kReleaseTag, kLong, "the stalled rank's release");
     released = true;
     released_at = s;
@@ -87,6 +96,7 @@ void run_stall(int stalled, int64_t max_staleness) {
     const int64_t s = reduce.step();
     highest = std::max(highest, s);
     known = known || (me == releaser && heard.test());
+    if (known && sent_then < 0) sent_then = reduce.messages_sent_to(stalled), term_then = reduce.term();
     // After kStallSteps steps without it, or at the end when the stalled rank stopped late
     // (a load that left it out before may have carried it past kStallAt by catch-ups).
     if (me == releaser && known && !released && (s > stalled_at + kStallSteps || s == kSteps - 1)) release(s);
