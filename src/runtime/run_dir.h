@@ -1,9 +1,13 @@
 // The run directory: resolved config, metrics.jsonl, summary.json and checkpoints/.
 // Opening one never destroys a previous run: a directory that already holds one is
-// refused unless the run is being resumed.
+// refused unless the run is being resumed, and one that another hetrain process has open
+// (its lock, .hetrain.lock, held with flock) is refused either way: two runs started at
+// once into one directory wrote into each other's files, and the one refused removed the
+// other's as its own.
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -18,6 +22,13 @@ class RunDirInUse : public Error {
 
 class RunDir {
  public:
+  RunDir() = default;
+  RunDir(RunDir&& other) noexcept : path_(std::move(other.path_)), lock_fd_(other.lock_fd_) { other.lock_fd_ = -1; }
+  RunDir& operator=(RunDir&&) = delete;
+  RunDir(const RunDir&) = delete;
+  ~RunDir();
+  // The lock's file name in the run directory.
+  static constexpr const char* kLockFile = ".hetrain.lock";
   // Creates `path` (and parents) for a new run, or opens it to resume one. Throws
   // naming the path and the reason when it cannot be created or written, and
   // RunDirInUse when a new run would overwrite an earlier one.
@@ -32,6 +43,8 @@ class RunDir {
   // checkpoint, no metrics record) the files it wrote go, and `path` itself when
   // `remove_dir` and nothing else is in it, so that the next try is not refused as
   // "already holds a run". The caller knows `path` held no run before (holds_run).
+  // Nothing is touched while another process holds the directory's lock: the files are
+  // then that process's.
   static void discard_unused(const std::string& path, bool remove_dir);
 
   const std::string& path() const { return path_; }
@@ -40,6 +53,7 @@ class RunDir {
 
  private:
   std::string path_;
+  int lock_fd_ = -1;  // holds the flock for the run's life
 };
 
 }  // namespace ht::runtime

@@ -24,6 +24,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_dir.h"
+#include "runtime/run_dir.h"
 #include "tests/unit/temp_dir.h"
 
 using namespace ht;
@@ -175,6 +176,23 @@ TEST_CASE("atomic file: a link is written through; a pipe is refused and left a 
   CHECK(fs::is_fifo(fs::symlink_status(pipe)));
   CHECK_THROWS_WITH_AS(runtime::write_file_atomically(tmp.path, "x", "plan"), contains("is not a regular file"), Error);
   CHECK(!fs::exists(pipe + ".tmp"));
+}
+
+TEST_CASE("run dir: one hetrain process at a time; a refused run's cleanup leaves the holder's files") {
+  TempDir tmp;
+  const std::string dir = tmp / "run";
+  {
+    RunDir held = RunDir::open(dir, false);
+    { std::ofstream(held.file("config.json")) << "{}"; }
+    // flock conflicts between two opens even within one process, as between two processes.
+    CHECK_THROWS_WITH_AS(RunDir::open(dir, true), contains("is in use by another hetrain process (pid "), Error);
+    CHECK_THROWS_WITH_AS(RunDir::open(dir, false), contains("is in use by another hetrain process"), Error);
+    RunDir::discard_unused(dir, true);  // as the refused run's failure path calls it
+    CHECK(fs::exists(held.file("config.json")));
+  }
+  // Released with its holder: a failed new run's cleanup takes the files, and the directory.
+  RunDir::discard_unused(dir, true);
+  CHECK(!fs::exists(dir));
 }
 
 TEST_CASE("checkpoint: a non-finite value is never written; the error names the tensor and where") {
