@@ -80,10 +80,10 @@ std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>
   HT_CHECK(!ec, "cannot create the checkpoint directory ", dir_, ": ", ec.message());
   write_checkpoint(path, tensors, metadata);  // throws before retention: nothing deleted
 
-  // Retention by step, not by file time: the lowest steps go first until `keep` remain.
-  // The file just written always stays, even when higher steps exist (a run resumed from
-  // an older checkpoint overwrites its abandoned future).
+  // Retention by step, not by file time: the lowest steps of this run's line go first
+  // until `keep` remain (save's comment in the header says which files count).
   std::vector<CheckpointFile> files = list();
+  std::erase_if(files, [&](const CheckpointFile& f) { return f.step > step || passed_over_.count(f.path) > 0; });
   int64_t excess = static_cast<int64_t>(files.size()) - keep_;
   for (const CheckpointFile& f : files) {
     if (excess <= 0) break;
@@ -96,7 +96,7 @@ std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>
   return path;
 }
 
-std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::string>& skipped) const {
+std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::string>& skipped) {
   std::vector<CheckpointFile> files = list(true);
   if (files.empty()) return std::nullopt;
   std::vector<std::string> problems;
@@ -114,6 +114,7 @@ std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::stri
       throw;  // not a property of the file: trying older ones would not help
     } catch (const Error& e) {
       problems.push_back(e.what());
+      passed_over_.insert(it->path);
     }
   }
   std::string msg = "no valid checkpoint in " + dir_ + "; tried newest first:";

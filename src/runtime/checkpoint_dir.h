@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,9 +32,12 @@ class CheckpointDir {
   std::string path_for(int64_t step) const;
 
   // Writes the checkpoint for `step` atomically (creating the directory if needed), then
-  // deletes the oldest checkpoints beyond `keep`, never the one just written and never a
-  // file that does not match the name pattern. A failed save deletes nothing. Returns the
-  // path written.
+  // deletes the oldest checkpoints beyond `keep` among those of steps up to `step` (this
+  // run's line: a higher step is of a future a resume left, which only an unreadable file
+  // can be, as a readable one would have been resumed), never the one just written, never
+  // one load_newest_valid passed over as unreadable (it is the user's to look at, and no
+  // checkpoint to count) and never a file that does not match the name pattern. A failed
+  // save deletes nothing. Returns the path written.
   std::string save(int64_t step, const std::vector<nn::NamedTensor>& tensors,
                    const std::map<std::string, std::string>& metadata = {});
 
@@ -45,11 +49,12 @@ class CheckpointDir {
   // over (an entry of a checkpoint's name that is no file included) is appended to
   // `skipped` as "<path>: <problem>; using <file>". Empty when there are no such entries;
   // throws ht::Error listing every attempt when none verifies.
-  std::optional<Checkpoint> load_newest_valid(std::vector<std::string>& skipped) const;
+  std::optional<Checkpoint> load_newest_valid(std::vector<std::string>& skipped);
 
  private:
   std::string dir_;
   int64_t keep_;
+  std::set<std::string> passed_over_;  // paths load_newest_valid could not read
 };
 
 }  // namespace ht::runtime

@@ -308,13 +308,38 @@ TEST_CASE("checkpoint dir: keeps the newest K and never touches other files") {
   for (const std::string& o : others) CHECK(slurp(dir.dir() + "/" + o) == "mine: " + o);
   CHECK(fs::is_directory(dir.dir() + "/ckpt-00000009.safetensors"));
 
-  // Saving a lower step (a run resumed from an older checkpoint) never deletes itself.
+  // Saving a lower step (a run resumed from an older checkpoint) never deletes itself,
+  // nor the higher steps, which are not of its line.
   dir.save(3, small_model());
   files = dir.list();
-  REQUIRE(files.size() == 2);
+  REQUIRE(files.size() == 3);
   CHECK(files[0].step == 3);
-  CHECK(files[1].step == 5);
+  CHECK(files[1].step == 4);
+  CHECK(files[2].step == 5);
   CHECK_THROWS_WITH_AS(CheckpointDir(tmp.path, 0), contains("expected at least 1"), Error);
+}
+
+TEST_CASE("checkpoint dir: a resume past unreadable newer checkpoints keeps its own newest K and leaves those be") {
+  TempDir tmp;
+  {
+    CheckpointDir first(tmp / "checkpoints", 3);
+    for (int64_t step : {10, 20, 30}) first.save(step, small_model(static_cast<float>(step)), {{"step", std::to_string(step)}});
+  }
+  spit(tmp / "checkpoints/ckpt-00000035.safetensors", "");         // empty
+  spit(tmp / "checkpoints/ckpt-00000098.safetensors", "garbage");  // a future left corrupt
+  spit(tmp / "checkpoints/ckpt-00000099.safetensors", "garbage");
+  CheckpointDir dir(tmp / "checkpoints", 2);
+  std::vector<std::string> skipped;
+  REQUIRE(dir.load_newest_valid(skipped).has_value());
+  CHECK(skipped.size() == 3);
+  dir.save(40, small_model(40.f), {{"step", "40"}});
+  dir.save(50, small_model(50.f), {{"step", "50"}});
+  std::vector<int64_t> steps;
+  for (const CheckpointFile& f : dir.list()) steps.push_back(f.step);
+  // 10, 20 and 30 went as 40 and 50 came: two readable ones remain, and the three it could
+  // not read were neither counted nor deleted.
+  CHECK(steps == std::vector<int64_t>{35, 40, 50, 98, 99});
+  CHECK(slurp(tmp / "checkpoints/ckpt-00000098.safetensors") == "garbage");
 }
 
 TEST_CASE("checkpoint: a changed byte anywhere in the header fails the read") {
