@@ -257,12 +257,40 @@ void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
                  // At most a week: past a year the waits' deadlines were dropped as none,
                  // and past 1e10 s the conversion to clock ticks overflows.
                  number("peer_timeout_s", c.peer_timeout_s, Range{0, ParallelConfig::kMaxPeerTimeoutS, true, false}),
-                 number("deadline_slack", c.deadline_slack, Range::at_least(0)),
+                 // At most 1e4 (the tests take 1e3: a step closes when every rank is in): past
+                 // 1e12 or so the budget overflowed and every step closed short at once.
+                 number("deadline_slack", c.deadline_slack, Range{0, 1e4}),
                  int_field("max_staleness", {}, c.max_staleness, 0),
                  int_field("local_steps", {}, c.local_steps, 0),
                  int_field("outer_delay", {}, c.outer_delay, 0),
                  number("outer_lr", c.outer_lr, Range::above(0)),
                  number("outer_momentum", c.outer_momentum, Range::closed_open(0, 1))});
+  // A setting of another policy than the one asked for would do nothing, silently; a
+  // default value is no setting (a resolved config.json holds every field).
+  if (c.sync) {
+    const ParallelConfig defaults;
+    const auto unused = [&](const char* key, bool is_default, const char* policy) {
+      if (j.contains(key) && !is_default)
+        fail_at(key_path(path, key), show(j[key]) + " is a setting of parallel.sync \"" + policy + "\", which is \"" +
+                                         to_string(*c.sync) + "\" here; expected it only with \"" + policy +
+                                         "\" (or sync not given, where the planner may choose it)");
+    };
+    if (*c.sync != SyncPolicy::local) {
+      unused("local_steps", c.local_steps == defaults.local_steps, "local");
+      unused("outer_delay", c.outer_delay == defaults.outer_delay, "local");
+      unused("outer_lr", c.outer_lr == defaults.outer_lr, "local");
+      unused("outer_momentum", c.outer_momentum == defaults.outer_momentum, "local");
+    }
+    if (*c.sync != SyncPolicy::deadline) {
+      unused("deadline_slack", c.deadline_slack == defaults.deadline_slack, "deadline");
+      unused("max_staleness", c.max_staleness == defaults.max_staleness, "deadline");
+    }
+  }
+  // The outer step of a round lands within the next round (plan/local_plan.h).
+  if (c.local_steps > 0 && c.outer_delay > c.local_steps)
+    fail_at(key_path(path, "outer_delay"), std::to_string(c.outer_delay) + " is above parallel.local_steps " +
+                                               std::to_string(c.local_steps) +
+                                               "; expected at most H, the round's steps (0: at the round's end)");
   // Local groups are data-parallel replicas of the whole model: no pipeline, no equal split.
   if (c.sync == SyncPolicy::local && c.strategy != ParallelStrategy::automatic && c.strategy != ParallelStrategy::data)
     fail_at(key_path(path, "sync"), "\"local\" with strategy \"" + std::string(to_string(c.strategy)) +
