@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "comm/comm_internal.h"
 #include "core/error.h"
@@ -90,7 +91,19 @@ WaitStatus Request::spin(Timeout timeout) {
   return WaitStatus::done;
 }
 
-std::vector<int> absent_after(Communicator& c, Timeout timeout) { return c.roll_call(std::min(timeout, Timeout(10))); }
+namespace {
+// The seconds this thread's last roll call took, for the message that follows it: the
+// job ends that much after the peer timeout, and a message saying "after 5 s" 10 s in
+// read as if the bound were not kept.
+thread_local double last_roll_call_s = 0;
+}  // namespace
+
+std::vector<int> absent_after(Communicator& c, Timeout timeout) {
+  const auto t0 = Clock::now();
+  std::vector<int> absent = c.roll_call(std::min(timeout, Timeout(10)));
+  last_roll_call_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return absent;
+}
 
 std::vector<int> stalled_among(Communicator& c, const std::vector<int>& waited_for, Timeout timeout) {
   const std::vector<int> absent = absent_after(c, timeout);
@@ -104,15 +117,19 @@ std::string peer_timeout_message(int me, const std::vector<int>& missing, std::s
                                  Timeout waited) {
   std::ostringstream s;
   s << "rank " << me << ": ";
+  // A roll call (absent_after) just before this message lengthened the wait.
+  const double roll_call = std::exchange(last_roll_call_s, 0.0);
+  const std::string tail =
+      roll_call >= 0.5 ? " (a roll call naming who was absent took " + std::to_string(std::lround(roll_call)) + " s more)" : "";
   if (missing.empty()) {
     s << "timed out after " << waited.count() << " s waiting for " << what
-      << "; a rank of the group has stalled or died";
+      << "; a rank of the group has stalled or died" << tail;
     return s.str();
   }
   s << "no word from rank" << (missing.size() > 1 ? "s " : " ");
   for (size_t i = 0; i < missing.size(); ++i) s << (i ? ", " : "") << missing[i];
   s << " after " << waited.count() << " s waiting for " << what << "; "
-    << (missing.size() > 1 ? "they have" : "it has") << " stalled or died";
+    << (missing.size() > 1 ? "they have" : "it has") << " stalled or died" << tail;
   return s.str();
 }
 
