@@ -163,7 +163,11 @@ int64_t Run::restore(report::Progress& progress) {
   if (root_)
     for (const std::string& s : skipped) std::fprintf(stderr, "hetrain: warning: %s\n", s.c_str());
   if (!loaded) {
-    progress.note("no checkpoint in " + checkpoints_.dir() + " to resume from; starting at step 0");
+    // On stderr too: a resume that starts afresh (a mistyped directory, say) must not pass
+    // unseen under --quiet.
+    if (root_)
+      std::fprintf(stderr, "hetrain: warning: no checkpoint in %s to resume from; training starts at step 0\n",
+                   checkpoints_.dir().c_str());
     return 0;
   }
   const auto& meta = loaded->metadata;

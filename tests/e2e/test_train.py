@@ -165,6 +165,14 @@ def changed_resume(tmp):
     check("changed resume: a missing config.json is warned of, and the run resumes", r.returncode == 0
           and "config.json is missing: the resumed config is not compared" in r.stderr
           and os.path.exists(ckpt(rdir, 30)), r.stderr)
+    # A resume of a directory with no checkpoint (a mistyped one) starts afresh, and says
+    # so on stderr, --quiet or not.
+    typo = os.path.join(tmp, "resume-rnu")
+    cfg["train"]["steps"] = 2
+    r = run(["train", write_config(os.path.join(tmp, "resume-e.json"), cfg), "--run-dir", typo, "--resume", "--quiet"])
+    check("resume of a directory without checkpoints: warned of on stderr under --quiet, training from step 0",
+          r.returncode == 0 and "no checkpoint in " + os.path.join(typo, "checkpoints") + " to resume from" in r.stderr,
+          r.stderr)
 
 
 def failed_starts(tmp):
