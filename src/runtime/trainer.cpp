@@ -130,6 +130,9 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
 TrainSummary Run::run() {
   report::Progress progress(report::Progress::detect(opts_.quiet || !root_, opts_.terminal), total_steps_);
   progress_ = &progress;
+  // Before the checkpoint is read: a changed model, seed or optimiser is then refused as
+  // the config error it is, naming the setting, not as a checkpoint that does not fit.
+  if (root_ && opts_.resume) check_resumed_config();
   const int64_t start = opts_.resume ? restore(progress) : 0;
   if (opts_.resume) executor_->weights_loaded();
   if (plan_.sync_policy == plan::SyncPolicy::deadline) start_deadline(start, progress);
@@ -243,7 +246,6 @@ void Run::check_resumed_config() const {
 
 // Rank 0's: the resolved config, the plan and the metrics log, in the run directory.
 void Run::open_run_files(int64_t start, std::optional<report::MetricsLog>& metrics) {
-  if (opts_.resume) check_resumed_config();
   write_file_atomically(dir_->file("config.json"), config::to_json(cfg_) + "\n", "resolved config");
   if (!opts_.plan_json.empty()) write_file_atomically(dir_->file("plan.json"), opts_.plan_json, "plan");
   metrics.emplace(dir_->file("metrics.jsonl"));

@@ -143,6 +143,14 @@ def changed_resume(tmp):
           r.returncode == 2 and "train.batch_size is 64 but the run was trained with 32" in r.stderr, r.stderr)
     with open(os.path.join(rdir, "config.json")) as f:
         check("... and the run's config.json is as it was", f.read() == recorded)
+    # A changed model is a config error too, named before the checkpoint is read (it was
+    # refused as a checkpoint that does not fit the model, exit 1).
+    other = json.loads(json.dumps(cfg))
+    other["train"]["batch_size"] = 32
+    other["model"]["hidden"] = [16]
+    r = run(["train", write_config(os.path.join(tmp, "resume-m.json"), other), "--run-dir", rdir, "--resume", "--quiet"])
+    check("changed resume: another model is refused (exit 2), naming model and both values",
+          r.returncode == 2 and "resuming " + rdir + ": model is" in r.stderr, r.stderr)
     # A recorded config that cannot be read is refused, not replaced unchecked.
     with open(os.path.join(rdir, "config.json"), "w") as f:
         f.write("garbage\n")
