@@ -106,7 +106,15 @@ std::map<std::string, std::string> Run::metadata(int64_t step) {
           ? executor_->replica_allgather(mine.dump(), "the checkpoint's dropout streams of replica 0")
           : std::vector<std::string>{mine.dump()};
   const bool every_rank = all.size() == static_cast<size_t>(world_.size());
-  if (every_rank) m["guard.layout"] = guard_layout();
+  if (every_rank || executor_->deadline()) m["guard.layout"] = guard_layout();
+  // Under deadline no exchange may wait for every rank, but the quarantine is derived from
+  // the records every member applies, so rank 0's is every member's: it is the checkpoint's
+  // for all of them (the norm histories, each rank's own, start afresh on resume).
+  if (!every_rank && executor_->deadline()) {
+    json state = json::parse(executor_->guard_state());
+    state["norms"] = json::array();
+    m["guard.quarantine"] = state.dump();
+  }
   for (size_t r = 0; r < all.size(); ++r) {
     const json offsets = json::parse(all[r]);
     HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
@@ -200,8 +208,9 @@ int64_t Run::restore(report::Progress& progress) {
   }
   // The guard as it was, where the layout is the checkpoint's (a quarantine names members
   // of this layout's stages); over another one the guard starts afresh.
-  if (const std::string key = "guard.rank." + std::to_string(world_.rank());
-      meta.count(key) && meta.count("guard.layout") && get("guard.layout") == guard_layout()) {
+  std::string key = "guard.rank." + std::to_string(world_.rank());
+  if (!meta.count(key) && plan_.sync_policy == plan::SyncPolicy::deadline) key = "guard.quarantine";
+  if (meta.count(key) && meta.count("guard.layout") && get("guard.layout") == guard_layout()) {
     try {
       executor_->restore_guard_state(get(key));
     } catch (const Error& e) {

@@ -47,7 +47,10 @@ bool Run::finish_due_logs(Loop& loop, int64_t done, bool stop_after) {
 // to rank 0, finished at once with one process or when no step follows. True when a
 // finished log says some rank was interrupted.
 bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final_step) {
-  if (executor_->deadline() && (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_)) {
+  // A stop before the end logs its window too: its guard records and loss are of steps that
+  // the resumed run will not log again.
+  if (executor_->deadline() &&
+      (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_ || final_step)) {
     loop.last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
     log_line(loop, done, lr, seconds_since(loop.t0));
     if (loop.metrics) {
@@ -58,7 +61,7 @@ bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final
     }
     return false;
   }
-  if (done % cfg_.train.log_every != 0 && done != total_steps_) return false;
+  if (done % cfg_.train.log_every != 0 && done != total_steps_ && !final_step) return false;
   loop.window.interrupted = interrupt_requested();
   if (multi() && !local_) loop.window.checksum = executor_->parameter_checksum();
   // Under local a CRC of the whole model costs a throttled rank a good part of a

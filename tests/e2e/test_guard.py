@@ -159,7 +159,9 @@ def resumed(scratch, cfg, reference):
                 differ.append(step)
     check("resumed: every checkpoint from step 15 on is the uninterrupted run's, byte for byte", not differ, differ)
     held = [r["step"] for r in records(run_dir) if r["type"] == "guard" and r.get("reason") == "quarantined"]
-    check("resumed: rank 1 is still left out as quarantined in steps 16-22", held[-7:] == list(range(16, 23)), held)
+    # Steps 13-15 are the stopped invocation's: its stop logs the window it ends in.
+    check("resumed: rank 1 is left out as quarantined in steps 13-22, before the stop and after",
+          held == list(range(13, 23)), held)
     summary = load(os.path.join(run_dir, "summary.json"))
     check("resumed: the summary of the resumed invocation names the rank it held in quarantine",
           summary["guard"]["quarantined_ranks"] == [1], summary.get("guard"))
@@ -220,6 +222,24 @@ def deadline(scratch, accuracy):
     print(f"final test accuracy under deadline, NaN on rank 1: {acc:.4f}")
     check(f"deadline: the final accuracy is within {ACCURACY_BOUND} of the unperturbed sync run's",
           abs(acc - accuracy) <= ACCURACY_BOUND, f"{acc} vs {accuracy}")
+    # Stopped in the quarantine and resumed: the checkpoint carries the quarantine (rank 0's,
+    # which every member's equals), so the resumed run goes on leaving rank 1 out.
+    if q >= 15:
+        return
+    stopped = os.path.join(scratch, "deadline-resumed")
+    inject = ["--inject", "nan:rank=1,at=10,steps=11"]
+    a = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", stopped, "--stop-after", "15"] + inject, timeout=300)
+    b = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", stopped, "--resume"] + inject, timeout=300)
+    check("deadline resumed: stops at step 15 and resumes", a.returncode == 0 and b.returncode == 0,
+          (a.stderr + b.stderr)[-2000:])
+    if a.returncode or b.returncode:
+        return
+    after = [x["step"] for x in records(stopped) if x["type"] == "guard" and x.get("reason") == "quarantined"
+             and x["step"] > 15]
+    check(f"deadline resumed: rank 1 is still left out as quarantined in steps 16-{q + 10}",
+          after == list(range(16, q + 11)), after)
+    check("deadline resumed: the resumed invocation's summary names the rank it held in quarantine",
+          load(os.path.join(stopped, "summary.json"))["guard"]["quarantined_ranks"] == [1])
 
 
 if __name__ == "__main__":
