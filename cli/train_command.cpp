@@ -166,7 +166,7 @@ void register_train(CLI::App& app) {
   constexpr int64_t kMost = std::numeric_limits<int64_t>::max();
   auto* steps = cmd->add_option("--steps", args->steps,
                                 "Train this many steps in total (overrides train.steps/epochs)")
-                    ->transform(whole_number<int64_t>(1, kMost));
+                    ->transform(whole_number<int64_t>(1, ht::config::TrainConfig::kMaxSteps));
   auto* stop_after = cmd->add_option("--stop-after", args->stop_after,
                   "Stop with a checkpoint after this many steps of this invocation; --resume continues")
                          ->transform(whole_number<int64_t>(1, kMost));

@@ -185,7 +185,13 @@ void read_loss_scale(const Json& j, const std::string& path, LossScaleSettings& 
 void read_train(const Json& j, const std::string& path, TrainConfig& t) {
   expect_object(j, path, "an object with \"optimizer\" and \"steps\" or \"epochs\"");
   walk(j, path,
-       {{"steps", {}, [&](const Json& v, const std::string& p) { t.steps = read_int(v, p, 1); }},
+       {{"steps", {}, [&](const Json& v, const std::string& p) {
+          t.steps = read_int(v, p, 1);
+          // The checkpoint keeps the optimiser's step count as an int32.
+          if (t.steps > TrainConfig::kMaxSteps)
+            fail_at(p, std::to_string(*t.steps) + " is out of range; expected at most " +
+                           std::to_string(TrainConfig::kMaxSteps) + " (2^31 - 1: the checkpoint's step counter)");
+        }},
         {"epochs", {}, [&](const Json& v, const std::string& p) {
            t.epochs = read_double(v, p, Range::above(0));
          }},

@@ -75,6 +75,8 @@ struct LossScaleSettings {
 };
 
 struct TrainConfig {
+  // The most steps a run may take: the checkpoint keeps the optimiser's step count as an int32.
+  static constexpr int64_t kMaxSteps = 2147483647;
   // Exactly one of steps / epochs is given; epochs become steps from the dataset
   // size (resolved_steps, filled in once the data is known).
   std::optional<int64_t> steps;

@@ -60,11 +60,13 @@ int64_t resolve_steps(const config::TrainConfig& t, int64_t train_size) {
   if (t.steps) return *t.steps;
   double steps = std::ceil(*t.epochs * static_cast<double>(train_size) /
                            static_cast<double>(t.batch_size));
-  // Past int64's range the conversion is undefined (it gave 1 step for 1e17 epochs).
-  if (!(steps < 9.2e18)) {
+  // At most what the checkpoint's int32 step counter holds (past int64's range the
+  // conversion was undefined too: it gave 1 step for 1e17 epochs).
+  if (!(steps <= static_cast<double>(config::TrainConfig::kMaxSteps))) {
     std::ostringstream what;
     what << "train.epochs: " << *t.epochs << " epochs of " << train_size << " samples in batches of " << t.batch_size
-         << " are " << steps << " steps; expected at most 9.2e18 steps";
+         << " are " << steps << " steps; expected at most " << config::TrainConfig::kMaxSteps
+         << " (2^31 - 1: the checkpoint's step counter)";
     throw config::ConfigError(what.str());
   }
   return std::max<int64_t>(1, static_cast<int64_t>(steps));
