@@ -67,8 +67,9 @@ inline void check_outputs(const std::vector<std::pair<std::string, std::string>>
                                     "replace with one; expected a regular file path");
     const fs::path parent = fs::path(path).parent_path();
     if (!parent.empty() && !fs::is_directory(parent, ec))
-      throw ht::config::ConfigError(flag + " " + path + ": directory " + parent.string() +
-                                    " does not exist; expected a file in an existing directory");
+      throw ht::config::ConfigError(flag + " " + path + ": " + parent.string() +
+                                    (fs::exists(parent, ec) ? " is not a directory" : ", its directory, does not exist") +
+                                    "; expected a file in an existing directory");
     for (size_t j = 0; j < i; ++j)
       if (!outputs[j].second.empty() && same_file(path, outputs[j].second))
         throw ht::config::ConfigError(flag + " " + path + ": is also " + outputs[j].first +

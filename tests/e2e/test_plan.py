@@ -405,7 +405,7 @@ def what_if_svg(tmp):
     bad = os.path.join(tmp, "no-such-dir", "x.svg")
     r = plan(CNN, "--cluster", RATES_4211, "--svg", bad, "--what-if", events[0])
     check("--what-if --svg into a missing directory: refused before planning (exit 2), naming the option and the file",
-          r.returncode == 2 and f"--svg {bad}: directory {os.path.dirname(bad)} does not exist" in r.stderr
+          r.returncode == 2 and f"--svg {bad}: {os.path.dirname(bad)}, its directory, does not exist" in r.stderr
           and "predicted" not in r.stdout, r.stderr[-800:])
 
 
