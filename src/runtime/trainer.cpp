@@ -261,7 +261,17 @@ void Run::announce(int64_t start, report::Progress& progress) {
                   std::to_string(model_.param_count()) + " parameters" +
                   (multi() ? ", " + std::to_string(world_.size()) + " ranks (" + plan::to_string(plan_.strategy) + ")" : "") +
                   ", run directory " + cfg_.run.dir);
-  for (const Fault& f : opts_.faults) progress.note("testing aid: injecting " + f.spec);
+  for (const Fault& f : opts_.faults) {
+    progress.note("testing aid: injecting " + f.spec);
+    // A resumed run's steps begin after `start`: a fault wholly before them never acts (a
+    // slow factor holds from its step on; a stall at 0 is before start-up, any run's).
+    bool before = false;
+    if (f.kind == FaultKind::nan || f.kind == FaultKind::scale) before = f.at + f.steps - 1 <= start;
+    if (f.kind == FaultKind::stall) before = f.at > 0 && f.at <= start;
+    if (before && root_)
+      std::fprintf(stderr, "hetrain: warning: testing aid %s acts before this run's first step (%lld): it does not act\n",
+                   f.spec.c_str(), static_cast<long long>(start + 1));
+  }
   if (executor_->shares_weights())
     progress.note("weights: the replicas compute with the hub's, in shared memory; only word of an update travels");
   else if (!executor_->why_weights_apart().empty())

@@ -163,9 +163,12 @@ def changed_resume(tmp):
     with open(os.path.join(rdir, "config.json"), "w") as f:
         f.write(recorded)
     cfg["train"].update(batch_size=32, steps=25, eval_every=5)
-    r = run(["train", write_config(os.path.join(tmp, "resume-c.json"), cfg), "--run-dir", rdir, "--resume", "--quiet"])
+    r = run(["train", write_config(os.path.join(tmp, "resume-c.json"), cfg), "--run-dir", rdir, "--resume", "--quiet",
+             "--inject", "nan:rank=0,at=3"])
     check("changed resume: more steps and other evaluations are taken", r.returncode == 0
           and os.path.exists(ckpt(rdir, 25)), r.stderr)
+    check("... and a testing aid of steps before the resumed ones is said not to act",
+          "testing aid nan:rank=0,at=3 acts before this run's first step (11): it does not act" in r.stderr, r.stderr)
     # One that is missing is said, and the resume goes on.
     os.remove(os.path.join(rdir, "config.json"))
     cfg["train"]["steps"] = 30
