@@ -56,6 +56,25 @@ T metadata_number(const Checkpoint& c, const std::string& key) {
 
 int64_t metadata_int(const Checkpoint& c, const std::string& key) { return metadata_number<int64_t>(c, key); }
 
+// The model a checkpoint records (its metadata 'model_config', where it has one) must be
+// the config's, dropout aside: the weights' shapes do not tell every model field (the
+// GPT's heads).
+void check_model_config(const Checkpoint& ckpt, const config::Config& cfg, const std::string& path) {
+  const auto it = ckpt.metadata.find("model_config");
+  if (it == ckpt.metadata.end()) return;
+  json trained, asked = json::parse(config::to_json(cfg))["model"];
+  try {
+    trained = json::parse(it->second);
+  } catch (const json::exception& e) {
+    fail("checkpoint ", path, ": metadata 'model_config' is not JSON (", e.what(), "); the file is corrupt");
+  }
+  if (trained.is_object()) trained.erase("dropout");
+  asked.erase("dropout");
+  HT_CHECK(trained == asked, "checkpoint ", path, " was trained with the model ", trained.dump(),
+           " but this config's model is ", asked.dump(),
+           "; expected the config it was trained with (other weights taken as this model would give wrong figures)");
+}
+
 }  // namespace
 
 namespace trainer_run {
@@ -178,6 +197,7 @@ int64_t Run::restore(report::Progress& progress) {
                    checkpoints_.dir().c_str());
     return 0;
   }
+  check_model_config(*loaded, cfg_, loaded->path);
   const auto& meta = loaded->metadata;
   auto get = [&](const std::string& key) { return metadata_text(*loaded, key); };
   auto get_int = [&](const std::string& key) { return metadata_int(*loaded, key); };
@@ -263,21 +283,7 @@ std::string evaluate_checkpoint(const config::Config& cfg, const std::string& pa
       cfg, 0, cfg.rank_devices.empty() ? 1 : static_cast<int>(cfg.rank_devices.size()), 0);
   if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   Checkpoint ckpt = read_checkpoint(path);
-  // The weights' shapes do not tell every model field (the GPT's heads): the model the
-  // checkpoint records must be the config's, dropout aside (off when evaluating).
-  if (const auto it = ckpt.metadata.find("model_config"); it != ckpt.metadata.end()) {
-    json trained, asked = json::parse(config::to_json(cfg))["model"];
-    try {
-      trained = json::parse(it->second);
-    } catch (const json::exception& e) {
-      fail("checkpoint ", path, ": metadata 'model_config' is not JSON (", e.what(), "); the file is corrupt");
-    }
-    if (trained.is_object()) trained.erase("dropout");
-    asked.erase("dropout");
-    HT_CHECK(trained == asked, "checkpoint ", path, " was trained with the model ", trained.dump(),
-             " but this config's model is ", asked.dump(),
-             "; expected the config it was trained with (evaluating other weights as this model would give wrong figures)");
-  }
+  check_model_config(ckpt, cfg, path);  // dropout aside: it is off when evaluating
   std::unique_ptr<Task> task = make_task(cfg, run_device());
   nn::Sequential model = task->build_model(cfg.train.seed);
   load_into(prefixed("model.", model.named_parameters()), ckpt, "model.");
