@@ -62,7 +62,7 @@ RunDir RunDir::open(const std::string& path, bool resume) {
   if (rd.lock_fd_ < 0)
     fail("run directory '", path, "' is in use by another hetrain process (",
          holder.empty() ? std::string("it holds ") + kLockFile : holder,
-         "); expected one run in a directory at a time: wait for it to end, or pass another --run-dir");
+         "); expected one run in a directory at a time: wait for it to end, or use another run directory");
   // Who holds it, for the message of a process refused while it does.
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
