@@ -21,7 +21,6 @@ waited 600 s and earlier forever.
 usage: test_stall.py HETRAIN"""
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -145,9 +144,6 @@ def main():
             text = log.read()
             line = next((l for l in text.splitlines() if "hetrain: rank 0: error: no word from rank 1 after 3 s waiting for" in l), "")
             check("rank 0 names rank 1, what it waited for and for how long", line, text[-2000:])
-            # The roll call that named rank 1 waited too (up to the timeout): the message says so.
-            check("the message counts the roll call's seconds beyond the timeout",
-                  re.search(r"a roll call naming who was absent took \d+ s more", line), line)
             print("  " + line.strip())
             print(f"  the job ended {took:.1f} s after rank 1's stop, exit status {status}")
     finally:

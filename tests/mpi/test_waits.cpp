@@ -168,6 +168,20 @@ TEST_CASE("waits: after an allreduce or a barrier timed out, a roll call names t
   });
 }
 
+TEST_CASE("waits: a timeout's message says how long the roll call before it took, and only that one") {
+  with_rank_stopped(2, [](Communicator& g) {
+    REQUIRE(g.barrier(kShort) == WaitStatus::timed_out);
+    // The stopped rank never answers: the roll call waits its whole grace, min(timeout, 10 s).
+    const std::vector<int> stalled = stalled_among(g, {2}, Timeout(0.8));
+    const std::string m = peer_timeout_message(world().rank(), stalled, "the test's barrier", Timeout(0.8));
+    CHECK(contains(m, "no word from rank 2 after 0.8 s waiting for the test's barrier; it has stalled or died "
+                      "(a roll call naming who was absent took "));
+    CHECK(contains(m, " s more)"));
+    // The next message follows no roll call of its own.
+    CHECK_FALSE(contains(peer_timeout_message(world().rank(), {2}, "another wait", kShort), "roll call"));
+  });
+}
+
 TEST_CASE("waits: an allgather with a stopped rank raises PeerTimeout naming it on every other rank") {
   with_rank_stopped(1, [](Communicator& g) {
     const std::string m = peer_timeout_of([&] { (void)g.allgather("item", kShort, "the test's items"); });
