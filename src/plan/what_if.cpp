@@ -448,25 +448,29 @@ class Play {
     }
   }
 
-  // A rank of the catalogue device joins, linked to every rank as rank 0's median link.
-  void replan_with(int join_event) {
-    const WhatIfEvent& e = events_[static_cast<size_t>(join_event)];
+  // Ranks of the catalogue devices join (one restart for all of them), each linked to
+  // every rank as rank 0's median link.
+  void replan_with(const std::vector<int>& join_events) {
     ClusterModel c = phase_.cluster();
-    const DeviceModel device = cluster_from_synth("synth:1x" + e.device, in_.catalogue_path).ranks.at(0);
     std::vector<double> lat, bw;
     for (size_t j = 1; j < c.ranks.size(); ++j) lat.push_back(c.links.latency(0, j)), bw.push_back(c.links.bandwidth(0, j));
     const double latency = lat.empty() ? 0 : median(lat), bandwidth = bw.empty() ? 1e9 : median(bw);
-    c.ranks.push_back(device);
-    c.links.add_rank(latency, bandwidth);
-    // The joined rank is modelled from its datasheet (no profile row of its own).
+    std::vector<int> ids = phase_.ids;
+    std::string specs;
+    for (int j : join_events) {
+      const WhatIfEvent& e = events_[static_cast<size_t>(j)];
+      c.ranks.push_back(cluster_from_synth("synth:1x" + e.device, in_.catalogue_path).ranks.at(0));
+      c.links.add_rank(latency, bandwidth);
+      ids.push_back(static_cast<int>(in_.planner.cluster.ranks.size()) + joined_++);
+      specs += (specs.empty() ? "" : " and ") + e.spec;
+    }
+    // A joined rank is modelled from its datasheet (no profile row of its own).
     for (auto* rows : {&c.block_seconds, &c.block_step_seconds, &c.block_call_seconds})
       if (!rows->empty()) rows->resize(c.ranks.size());
-    std::vector<int> ids = phase_.ids;
-    ids.push_back(static_cast<int>(in_.planner.cluster.ranks.size()) + joined_++);
     try {
       replan(c, block_costs(in_.model, c, in_.optimizer), std::move(ids));
     } catch (const Error& err) {
-      throw Error("after " + e.spec + ", no plan with the new rank: " + err.what());
+      throw Error("after " + specs + ", no plan with the new rank" + (join_events.size() > 1 ? "s: " : ": ") + err.what());
     }
   }
 
@@ -485,13 +489,19 @@ class Play {
   // At a checkpoint boundary (time t, after the step): a pending join restarts the job on
   // the larger world. Returns the time the job goes on.
   double join_at_checkpoint(double t, int64_t done) {
-    const int j = join_by(t);
-    if (j < 0 || done >= in_.steps) return t;
-    used_[static_cast<size_t>(j)] = true;
-    replan_with(j);
-    out_.notes.push_back(events_[static_cast<size_t>(j)].spec + ": joined at the checkpoint of step " +
-                         std::to_string(done) + " (" + format_seconds(t) + "), re-planned: step " +
-                         format_seconds(phase_.plan.predicted.step_seconds));
+    if (join_by(t) < 0 || done >= in_.steps) return t;
+    // Every join waiting by now comes in with the one restart.
+    std::vector<int> joins;
+    for (int j = join_by(t); j >= 0; j = join_by(t)) {
+      used_[static_cast<size_t>(j)] = true;
+      joins.push_back(j);
+    }
+    replan_with(joins);
+    for (int j : joins)
+      out_.notes.push_back(events_[static_cast<size_t>(j)].spec + ": joined at the checkpoint of step " +
+                           std::to_string(done) + " (" + format_seconds(t) + "), re-planned: step " +
+                           format_seconds(phase_.plan.predicted.step_seconds) +
+                           (joins.size() > 1 ? " (" + std::to_string(joins.size()) + " joined with one restart)" : ""));
     span_all(t, t + kRestartSeconds, WhatIfSpanKind::restart);
     return t + kRestartSeconds;
   }

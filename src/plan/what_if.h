@@ -59,7 +59,8 @@
 //    cluster (the all-reduce and pipeline transfers that cross it change).
 //  - join (device=D, a catalogue id): a rank of that device, modelled from its datasheet,
 //    linked to every rank by rank 0's median link. sync and deadline: the job re-plans at the first checkpoint
-//    boundary after the join (a restart: kRestartSeconds, no work lost); without
+//    boundary after the join (a restart: kRestartSeconds, no work lost; joins waiting at
+//    one boundary share it); without
 //    checkpoint.every, or with no checkpoint after it before the end, it never joins (a
 //    note says so). local: the same, re-planned as a local plan.
 // Events apply to the ranks of the world they were given for; once a failure or a join

@@ -281,6 +281,20 @@ TEST_CASE("a join re-plans at the next checkpoint boundary, after a restart, wit
   const double step5 = plan_for_policy(bigger, Policy::sync, 0).predicted.step_seconds;
   CHECK(sync.seconds == doctest::Approx(10 * step + kRestartSeconds + 90 * step5));
   CHECK(sync.work_lost_steps == 0);
+
+  // Two joins waiting at one checkpoint come in with one restart, on six ranks.
+  in.events.push_back(parse_what_if_event("join:device=cpu-16c,at=" + std::to_string(6.5 * step)));
+  const PolicyOutcome two = outcome(run_what_if(in), Policy::sync);
+  REQUIRE(two.refused.empty());
+  REQUIRE(two.notes.size() == 2);
+  CHECK(contains(two.notes[1], "(2 joined with one restart)"));
+  ClusterModel six = five;
+  six.ranks.push_back(cpu);
+  six.links.add_rank(1e-5, 1e10);
+  bigger.cluster = six;
+  bigger.costs = block_costs(in.model, six, in.optimizer);
+  const double step6 = plan_for_policy(bigger, Policy::sync, 0).predicted.step_seconds;
+  CHECK(two.seconds == doctest::Approx(10 * step + kRestartSeconds + 90 * step6));
 }
 
 TEST_CASE("a join with no checkpoint after it before the end never joins, and says so") {
