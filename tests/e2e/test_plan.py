@@ -182,6 +182,16 @@ def bad_clusters(tmp):
                        capture_output=True, text=True, env=dict(ENV, HETRAIN_DEVICES=catalogue), timeout=60)
     check("--json of the catalogue $HETRAIN_DEVICES names: exit 2, the catalogue unchanged",
           r.returncode == 2 and "the device catalogue" in r.stderr and open(catalogue).read() == before, r.stderr)
+    with open(catalogue, "w") as f:
+        f.write("{")
+    r = subprocess.run([HETRAIN, "plan", MLP, "--cluster", "synth:2xrtx3060"],
+                       capture_output=True, text=True, env=dict(ENV, HETRAIN_DEVICES=catalogue), timeout=60)
+    check("a malformed catalogue from $HETRAIN_DEVICES: exit 2 naming the file and where its path came from",
+          r.returncode == 2 and catalogue in r.stderr and "(the catalogue $HETRAIN_DEVICES names)" in r.stderr,
+          r.stderr)
+    r = plan(MLP, "--cluster", "synth:2xrtx3060", "--what-if-steps", "10", timeout=60)
+    check("--what-if-steps without --what-if: exit 2 naming both", r.returncode == 2
+          and "--what-if-steps requires --what-if" in r.stderr, r.stderr)
 
 
 def never_below_baseline():
