@@ -489,13 +489,14 @@ class Play {
   // At a checkpoint boundary (time t, after the step): a pending join restarts the job on
   // the larger world. Returns the time the job goes on.
   double join_at_checkpoint(double t, int64_t done) {
-    if (join_by(t) < 0 || done >= in_.steps) return t;
+    if (done >= in_.steps) return t;
     // Every join waiting by now comes in with the one restart.
     std::vector<int> joins;
     for (int j = join_by(t); j >= 0; j = join_by(t)) {
       used_[static_cast<size_t>(j)] = true;
       joins.push_back(j);
     }
+    if (joins.empty()) return t;
     replan_with(joins);
     for (int j : joins)
       out_.notes.push_back(events_[static_cast<size_t>(j)].spec + ": joined at the checkpoint of step " +

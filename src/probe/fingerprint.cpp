@@ -68,6 +68,16 @@ double positive(const Json& obj, const std::string& path, const char* key) {
   return read_double(require(obj, path, key, "a positive number"), key_path(path, key), Range::figure_above_0());
 }
 
+// A part of a memory (`key`: free or available bytes) that cannot exceed its total.
+uint64_t memory_part(const Json& obj, const std::string& path, const char* key, uint64_t total, const char* whose) {
+  const std::string at = key_path(path, key);
+  const uint64_t bytes = read_uint(require(obj, path, key, "bytes"), at);
+  if (bytes > total)
+    fail_at(at, std::to_string(bytes) + " is more than memory_total_bytes (" + std::to_string(total) +
+                    "); expected at most " + whose + " memory");
+  return bytes;
+}
+
 // A device's or host's memory: a size of 0 would be planned as a device that holds nothing.
 uint64_t memory_size(const Json& obj, const std::string& path) {
   const std::string at = key_path(path, "memory_total_bytes");
@@ -92,12 +102,7 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   r.host.hardware_threads = static_cast<int>(read_int(require(h, hp, "hardware_threads", "an integer"),
                                                       key_path(hp, "hardware_threads"), 0));
   r.host.memory_total = memory_size(h, hp);
-  r.host.memory_available = read_uint(require(h, hp, "memory_available_bytes", "bytes"),
-                                      key_path(hp, "memory_available_bytes"));
-  if (r.host.memory_available > r.host.memory_total)
-    fail_at(key_path(hp, "memory_available_bytes"),
-            std::to_string(r.host.memory_available) + " is more than memory_total_bytes (" +
-                std::to_string(r.host.memory_total) + "); expected at most the host's memory");
+  r.host.memory_available = memory_part(h, hp, "memory_available_bytes", r.host.memory_total, "the host's");
   const std::string gp = key_path(hp, "gpus");
   const Json& gpus = require(h, hp, "gpus", "an array (empty without GPUs)");
   if (!gpus.is_array()) fail_at(gp, show(gpus) + " is not an array; expected one object per GPU");
@@ -113,10 +118,7 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
       fail_at(key_path(p, "compute_capability"), show(Json(cc)) + " is not a version; expected \"major.minor\"");
     g.sm_count = static_cast<int>(read_int(require(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1));
     g.memory_total = memory_size(gpus[i], p);
-    g.memory_free = read_uint(require(gpus[i], p, "memory_free_bytes", "bytes"), key_path(p, "memory_free_bytes"));
-    if (g.memory_free > g.memory_total)
-      fail_at(key_path(p, "memory_free_bytes"), std::to_string(g.memory_free) + " is more than memory_total_bytes (" +
-                                                    std::to_string(g.memory_total) + "); expected at most the GPU's memory");
+    g.memory_free = memory_part(gpus[i], p, "memory_free_bytes", g.memory_total, "the GPU's");
     g.host_to_device_gb_s = read_double(require(gpus[i], p, "host_to_device_gb_s", "GB/s"),
                                         key_path(p, "host_to_device_gb_s"), Range::figure_at_least_0());
     g.device_to_host_gb_s = read_double(require(gpus[i], p, "device_to_host_gb_s", "GB/s"),

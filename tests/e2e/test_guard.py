@@ -137,18 +137,23 @@ def diverged(scratch):
     check("the step-5 loss is the mean over the step it kept", len(losses) == 1 and 2.0 < losses[0] < 2.6, losses)
 
 
+def stopped_and_resumed(cfg, run_dir, what):
+    """The NaN run (rank 1, steps 10-20) stopped at step 15 and resumed into `run_dir`;
+    checks both exit 0 (as `what`) and returns whether they did."""
+    inject = ["--inject", "nan:rank=1,at=10,steps=11"]
+    a = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--stop-after", "15"] + inject, timeout=300)
+    b = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--resume"] + inject, timeout=300)
+    check(what, a.returncode == 0 and b.returncode == 0, (a.stderr + b.stderr)[-2000:])
+    return a.returncode == 0 and b.returncode == 0
+
+
 def resumed(scratch, cfg, reference):
     """The NaN run stopped at step 15, in rank 1's quarantine (steps 13-22), and resumed:
     the checkpoint carries the guard (the quarantine and the norm histories), so every
     checkpoint from 15 on is the uninterrupted run's, byte for byte (it once forgot the
     quarantine and trained rank 1's steps 16-22 in)."""
     run_dir = os.path.join(scratch, "resumed")
-    inject = ["--inject", "nan:rank=1,at=10,steps=11"]
-    a = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--stop-after", "15"] + inject, timeout=300)
-    b = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--resume"] + inject, timeout=300)
-    check("resumed: the NaN run stops at step 15 and resumes", a.returncode == 0 and b.returncode == 0,
-          (a.stderr + b.stderr)[-2000:])
-    if a.returncode or b.returncode:
+    if not stopped_and_resumed(cfg, run_dir, "resumed: the NaN run stops at step 15 and resumes"):
         return
     differ = []
     for step in range(15, STEPS + 1, 5):
@@ -227,12 +232,7 @@ def deadline(scratch, accuracy):
     if q >= 15:
         return
     stopped = os.path.join(scratch, "deadline-resumed")
-    inject = ["--inject", "nan:rank=1,at=10,steps=11"]
-    a = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", stopped, "--stop-after", "15"] + inject, timeout=300)
-    b = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", stopped, "--resume"] + inject, timeout=300)
-    check("deadline resumed: stops at step 15 and resumes", a.returncode == 0 and b.returncode == 0,
-          (a.stderr + b.stderr)[-2000:])
-    if a.returncode or b.returncode:
+    if not stopped_and_resumed(cfg, stopped, "deadline resumed: stops at step 15 and resumes"):
         return
     after = [x["step"] for x in records(stopped) if x["type"] == "guard" and x.get("reason") == "quarantined"
              and x["step"] > 15]

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -221,6 +222,24 @@ TEST_CASE("backend: axpy adds exactly x + y at alpha 1, and alpha * x otherwise"
   for (size_t i = 0; i < x.size(); ++i) CHECK(got2[i] == doctest::Approx(got[i] - 0.5f * x[i]));
 }
 
+namespace {
+// Host staging hooks over malloc that count their calls (and, with `reuses`, a reuse step).
+void counting_staging(Allocator& a, int& allocs, int& frees, int* reuses = nullptr) {
+  std::function<void()> reuse;
+  if (reuses) reuse = [reuses] { ++*reuses; };
+  a.set_host_staging(
+      [&allocs](size_t n) {
+        ++allocs;
+        return std::malloc(n);
+      },
+      [&frees](void* p) {
+        ++frees;
+        std::free(p);
+      },
+      std::move(reuse));
+}
+}  // namespace
+
 TEST_CASE("allocator: host staging blocks come from the hook, counted apart from the cap") {
   int hook_allocs = 0, hook_frees = 0, raw_allocs = 0;
   Allocator a(
@@ -230,15 +249,7 @@ TEST_CASE("allocator: host staging blocks come from the hook, counted apart from
         return std::malloc(n);
       },
       [](void* p) { std::free(p); });
-  a.set_host_staging(
-      [&](size_t n) {
-        ++hook_allocs;
-        return std::malloc(n);
-      },
-      [&](void* p) {
-        ++hook_frees;
-        std::free(p);
-      });
+  counting_staging(a, hook_allocs, hook_frees);
   a.set_cap(1024);
   void* dev = a.allocate(512, "device");
   void* host = nullptr;
@@ -264,16 +275,7 @@ TEST_CASE("allocator: with a reuse step, freed staging blocks are cached and reu
   int hook_allocs = 0, hook_frees = 0, reuses = 0;
   {
     Allocator a("test", [](size_t n) { return std::malloc(n); }, [](void* p) { std::free(p); });
-    a.set_host_staging(
-        [&](size_t n) {
-          ++hook_allocs;
-          return std::malloc(n);
-        },
-        [&](void* p) {
-          ++hook_frees;
-          std::free(p);
-        },
-        [&] { ++reuses; });
+    counting_staging(a, hook_allocs, hook_frees, &reuses);
     Allocator::HostStaging staging;
     void* first = a.allocate(4096, "staging");
     a.deallocate(first, 4096);
