@@ -33,6 +33,9 @@ constexpr double kSpeedStep = 0.85;
 // more ranks: a margin for the model's error, since using every rank is what a user
 // expects of a job started on them.
 constexpr double kIdleMinGain = 0.10;
+// A stage count that does not divide the ranks is tried over fewer of them when it
+// leaves at most this many idle (shapes_over).
+constexpr int kMaxShapeIdle = 3;
 
 Strategy strategy_of(int stages, int replicas) {
   return stages == 1 ? Strategy::data : replicas == 1 ? Strategy::pipeline : Strategy::hybrid;
@@ -300,11 +303,29 @@ std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sor
   return out;
 }
 
+// The (ranks used, stages) shapes over `used` of the fastest ranks: the stage counts that
+// divide them and, under auto, every other stage count S that leaves at most
+// kMaxShapeIdle of them over, on the fastest S x floor(used / S), the rest idle. Without
+// those a rank added could make the plan worse: the 1.3B-class GPT on 11 rtx3060
+// planned as an 11-stage pipeline at 291 s a step where 10 of them as 2 x 5 take 230 s,
+// 11 having no other divisor. The idle rule (kIdleMinGain) then weighs them. Every
+// stage count was too many to try: the 1,024 ranks of tools/bench-plan took 2.4 s
+// where they take 0.15 s.
+std::vector<std::pair<int, int>> shapes_over(const PlannerInput& in, int used) {
+  std::vector<std::pair<int, int>> out;
+  for (int stages : stage_counts(in, used)) out.emplace_back(used, stages);
+  if (in.strategy != Asked::automatic || in.use_every_rank) return out;
+  const int blocks = static_cast<int>(in.costs.params.size());
+  for (int stages = 2; stages <= std::min(used, blocks); ++stages)
+    if (used % stages != 0 && used % stages <= kMaxShapeIdle) out.emplace_back(stages * (used / stages), stages);
+  return out;
+}
+
 // The (ranks used, stages) shapes to search, in order: for every count of the fastest
-// ranks (rank_counts), the stage counts that divide it; and under auto, where the count
-// has more replicas of S stages than the batch has samples, the fastest S x batch ranks
-// as S stages of one-sample-or-more replicas (every replica needs a sample), the rest
-// idle. The count's own shape is kept too: it is ruled out, and says why.
+// ranks (rank_counts), shapes_over it; and under auto, where the count has more
+// replicas of S stages than the batch has samples, the fastest S x batch ranks as S
+// stages of one-sample-or-more replicas (every replica needs a sample), the rest idle.
+// The count's own shape is kept too: it is ruled out, and says why.
 std::vector<std::pair<int, int>> layout_shapes(const PlannerInput& in, const std::vector<int>& sorted) {
   const int blocks = static_cast<int>(in.costs.params.size());
   std::vector<std::pair<int, int>> out;
@@ -312,7 +333,9 @@ std::vector<std::pair<int, int>> layout_shapes(const PlannerInput& in, const std
     if (std::find(out.begin(), out.end(), std::pair{used, stages}) == out.end()) out.emplace_back(used, stages);
   };
   for (int used : rank_counts(in, sorted)) {
-    for (int stages : stage_counts(in, used)) add(used, stages);
+    for (const auto& [u, stages] : shapes_over(in, used))
+      if (static_cast<int64_t>(u / stages) <= in.global_batch) add(u, stages);
+    for (int stages : stage_counts(in, used)) add(used, stages);  // ruled out where too many replicas: says why
     if (in.strategy != Asked::automatic) continue;
     for (int stages = 1; stages <= std::min(used, blocks); ++stages)
       if (static_cast<int64_t>(used) > stages * in.global_batch)
@@ -463,7 +486,7 @@ Plan make_plan(const PlannerInput& in) {
     for (int used = world - 1; used >= std::max<int>(1, static_cast<int>(kept)); --used)
       if (used == static_cast<int>(kept) || klass[static_cast<size_t>(by_links[static_cast<size_t>(used)])] !=
                                                  klass[static_cast<size_t>(by_links[static_cast<size_t>(used - 1)])])
-        for (int stages : stage_counts(in, used)) searches.push_back({&by_links, {used, stages}});
+        for (const auto& shape : shapes_over(in, used)) searches.push_back({&by_links, shape});
   }
   for (const auto& [from, shape] : searches) {
     const auto [used, stages] = shape;

@@ -192,8 +192,9 @@ std::string note_text(const plan::PlanNote& n) {
       return (one ? "rank " : "ranks ") + ranks_text(n.ranks) + " left idle: the best plan over all " +
              std::to_string(n.world) + " ranks is predicted at " + format_seconds(n.other_seconds) +
              " a step against " + format_seconds(n.seconds) +
-             " without " + (one ? "it (its" : "them (their") + " compute does not pay for the communication " +
-             (one ? "it adds)" : "they add)");
+             " without " + (one ? "it (what it adds" : "them (what they add") +
+             ", in communication or in the layouts all " + std::to_string(n.world) +
+             " ranks divide into, costs more than " + (one ? "its" : "their") + " compute gives)";
     case K::uniform_baseline:
       return baseline_name(n.stages) + ": predicted step " + format_seconds(n.seconds) + ", " +
              (n.problem ? "does not fit (" + layout_problem_text(*n.problem) + ")" : std::string("fits"));

@@ -382,7 +382,8 @@ TEST_CASE("plan text: each note kind, and the planner's refusal") {
   n.other_seconds = 0.02;
   CHECK(report::note_text(n) ==
         "ranks 1, 2 left idle: the best plan over all 3 ranks is predicted at 20.00 ms a step against 10.00 ms "
-        "without them (their compute does not pay for the communication they add)");
+        "without them (what they add, in communication or in the layouts all 3 ranks divide into, costs more "
+        "than their compute gives)");
   n = PlanNote{};
   n.kind = NoteKind::uniform_baseline;
   n.stages = 2;

@@ -851,3 +851,21 @@ TEST_CASE("planner: the search depends on the device classes, not on how many ra
     if (hi > 0) CHECK(hi - lo <= 1);
   }
 }
+
+TEST_CASE("planner: under auto one more like rank never makes the predicted step much slower") {
+  // A model that needs a pipeline of several stages on these ranks: a rank count with no
+  // divisor near that (11, 13) once planned far slower than the count before it. A plan
+  // over every rank is kept unless fewer are kIdleMinGain (10%) faster, so one more rank
+  // may cost up to 1 / 0.9 of the step, no more.
+  const int most = 17;
+  double before = 0;
+  for (int n = 2; n <= most; ++n) {
+    CAPTURE(n);
+    const ClusterModel c = cluster(std::vector(static_cast<size_t>(n), 8e12), std::vector(static_cast<size_t>(n), 0.3 * kGiB),
+                                   1e-4, 1e9);
+    const Plan p = make_plan(input(c, costs(c, 12, 4e6), 64));
+    check_plan(p);
+    if (n > 2) CHECK(p.predicted.step_seconds <= before / 0.9 * (1 + 1e-12));
+    before = p.predicted.step_seconds;
+  }
+}
