@@ -96,6 +96,7 @@ void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& 
   in.catalogue_path = catalogue_path(catalogue);
   in.steps = steps;
   in.checkpoint_every = cfg.checkpoint.every;
+  in.log_every = cfg.train.log_every;
   in.deadline_slack = cfg.parallel.deadline_slack;
   in.local_steps = cfg.parallel.local_steps;
   in.events = std::move(events);

@@ -145,6 +145,7 @@ class Play {
       : in_(in), policy_(policy), phase_(start), record_(with_events) {
     if (with_events) events_ = in.events;
     used_.assign(events_.size(), false);
+    finish_points_.assign(events_.size(), 0);
     has_links_ = std::any_of(events_.begin(), events_.end(), [](const WhatIfEvent& e) { return e.kind == WhatIfKind::link; });
   }
 
@@ -396,7 +397,9 @@ class Play {
         if (e.at_s > t) until = std::min(until, e.at_s);
       } else if (!used_[i]) {
         const int r = phase_.index_of(e.rank);
-        if (e.kind == WhatIfKind::stall && !active(r)) continue;  // never played: held_end skips it
+        // An idle rank's stall holds no step (held_end skips it); under sync it holds the
+        // job at a log exchange (idle_stall_hold), played step by step from its start.
+        if (e.kind == WhatIfKind::stall && !active(r) && (policy_ != Policy::sync || r < 0)) continue;
         if (e.kind != WhatIfKind::join && r < 0) continue;
         until = std::min(until, std::max(t, e.at_s));
       }
@@ -528,6 +531,26 @@ class Play {
     return at + kRestartSeconds;
   }
 
+  // Under sync, after job step `done` ended at t: the stalls of idle ranks that hold the
+  // job here (what_if.h): at the second log exchange finished since the stall began (rank
+  // 0 finishes log step kE's after step kE + 1), at a checkpoint or at the job's end.
+  // Returns when the job goes on.
+  double idle_stall_hold(double t, int64_t done) {
+    const int64_t every = std::max<int64_t>(1, in_.log_every);
+    const bool finish_point = done > 1 && (done - 1) % every == 0;
+    double go_on = t;
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const WhatIfEvent& e = events_[i];
+      const int r = phase_.index_of(e.rank);
+      if (used_[i] || e.kind != WhatIfKind::stall || r < 0 || active(r) || e.at_s >= t) continue;
+      if (finish_point) ++finish_points_[i];
+      if (finish_points_[i] < 2 && !checkpoint_at(done) && done < in_.steps) continue;
+      used_[i] = true;
+      go_on = std::max(go_on, e.at_s + e.for_s);
+    }
+    return go_on;
+  }
+
   void finish(double seconds, int64_t samples) {
     out_.seconds = seconds;
     out_.samples_per_s = seconds > 0 ? static_cast<double>(samples) / seconds : 0;
@@ -561,6 +584,11 @@ class Play {
       span(0, t + step, end, WhatIfSpanKind::held);
       t = end;
       ++done;
+      if (policy_ == Policy::sync) {
+        const double go_on = idle_stall_hold(t, done);
+        span(0, t, go_on, WhatIfSpanKind::held);
+        t = go_on;
+      }
       if (checkpoint_at(done)) {
         checkpoint = done;
         t = since = join_at_checkpoint(t, done);
@@ -871,6 +899,7 @@ class Play {
   Phase phase_;
   std::vector<WhatIfEvent> events_;
   std::vector<bool> used_;
+  std::vector<int> finish_points_;  // per event: sync's log exchanges finished since an idle rank's stall began
   // Under deadline, the phase's ranks failed and left out for good (no restart): a link
   // event to one changes no step.
   std::vector<bool> gone_;

@@ -787,3 +787,27 @@ TEST_CASE("deadline on a hybrid plan: a stalled rank's replica is left out of ev
   CHECK(contains(piped.notes[0], "a pipeline has no stand-in for a stalled stage"));
   CHECK(piped.lost_seconds >= 5 - 1e-9);
 }
+
+TEST_CASE("sync: an idle rank's stall holds the job at the second log exchange after it begins, or at the end") {
+  // Rank 1 a thousand times slower: sync's plan trains on rank 0 alone.
+  const ClusterModel c = fx::cluster({1e11, 1e8}, {8 * fx::kGiB, 8 * fx::kGiB}, 1e-5, 1e10);
+  WhatIfInput in;
+  in.planner = fx::input(c, fx::costs(c, 4), 8);
+  in.steps = 200;
+  in.log_every = 10;
+  const Plan plan = plan_for_policy(in.planner, Policy::sync, 0);
+  REQUIRE(plan.ranks[1].replica < 0);
+  const double s = plan.predicted.step_seconds;
+  const auto lost = [&](double at_steps, double for_steps) {
+    in.events = {parse_what_if_event("stall:rank=1,at=" + std::to_string(at_steps * s) +
+                                     ",for=" + std::to_string(for_steps * s))};
+    return outcome(run_what_if(in), Policy::sync).lost_seconds / s;
+  };
+  // Begun in step 13: log step 20's exchange (finished after step 21) has its item; log
+  // step 30's (after step 31) waits for the stall's end at step 42.5.
+  CHECK(lost(12.5, 30) == doctest::Approx(11.5).epsilon(1e-6));
+  CHECK(lost(12.5, 10) == doctest::Approx(0).epsilon(1e-6));  // over by step 22.5
+  CHECK(lost(195.5, 20) == doctest::Approx(15.5).epsilon(1e-6));  // the job's end waits
+  in.checkpoint_every = 25;  // a checkpoint (step 25) comes before step 31: it waits there
+  CHECK(lost(12.5, 30) == doctest::Approx(42.5 - 25).epsilon(1e-6));
+}
