@@ -9,6 +9,7 @@
 #include "config/config.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <iterator>
 
@@ -131,13 +132,24 @@ void read_optimizer(const Json& j, const std::string& path, OptimizerConfig& o) 
         float_field("beta1", {"adamw"}, o.beta1, beta),
         float_field("beta2", {"adamw"}, o.beta2, beta),
         float_field("eps", {"adamw"}, o.eps, Range::above(0)),
-        float_field("momentum", {"sgd"}, o.momentum, Range::at_least(0)),
+        // Below 1: at 1 the velocity never decays, and above it grows without bound.
+        float_field("momentum", {"sgd"}, o.momentum, Range::closed_open(0, 1)),
         {"nesterov", {"sgd"}, [&](const Json& v, const std::string& p) {
            o.nesterov = read_bool(v, p);
          }},
         float_field("weight_decay", {}, o.weight_decay, Range::at_least(0))},
        key_path(path, "type"), o.type);
   if (!j.contains("lr")) fail_missing(key_path(path, "lr"), "a number > 0 (the learning rate)");
+  // Each step scales the weights by (1 - lr x weight_decay), AdamW's decoupled decay and
+  // SGD's alike: at lr x weight_decay >= 1 that zeroes or flips them (1e30 trained a run
+  // of non-finite steps to exit 0).
+  if (const double decay = static_cast<double>(o.lr) * o.weight_decay; decay >= 1) {
+    char factor[32];
+    std::snprintf(factor, sizeof factor, "%.3g", 1 - decay);
+    fail_at(key_path(path, "weight_decay"), show(float_json(o.weight_decay)) + " with lr " + show(float_json(o.lr)) +
+                                                " scales the weights by 1 - lr x weight_decay = " + factor +
+                                                " each step; expected lr x weight_decay below 1");
+  }
   // Nesterov looks ahead along the momentum; without momentum it silently does nothing.
   if (o.nesterov && o.momentum <= 0)
     fail_at(key_path(path, "nesterov"), "true needs momentum; expected " +
@@ -158,6 +170,8 @@ void read_schedule(const Json& j, const std::string& path, ScheduleConfig& s) {
 void read_loss_scale(const Json& j, const std::string& path, LossScaleSettings& l) {
   expect_object(j, path, "an object with \"mode\" (auto, dynamic or none) and its settings");
   // Powers of two, so that scaling a gradient and unscaling it again is exact.
+  // From 2^-64 to 2^64: a float's range holds a loss and its gradients scaled by it (2^200
+  // is inf as a float, and a run whose every step overflowed exited 0).
   auto power_of_two = [](const char* key, double& dst) -> Field {
     return {key, {}, [&dst](const Json& v, const std::string& p) {
               dst = read_double(v, p, Range::above(0));
@@ -165,6 +179,10 @@ void read_loss_scale(const Json& j, const std::string& path, LossScaleSettings& 
               if (std::frexp(dst, &e) != 0.5 || !std::isfinite(dst))
                 fail_at(p, show(v) + " is not a power of two; expected one, such as 65536 (2^16), so that "
                                      "scaling by it is exact");
+              if (e - 1 < -LossScaleSettings::kMaxLog2 || e - 1 > LossScaleSettings::kMaxLog2)
+                fail_at(p, show(v) + " is 2^" + std::to_string(e - 1) + "; expected a power of two from 2^-" +
+                               std::to_string(LossScaleSettings::kMaxLog2) + " to 2^" +
+                               std::to_string(LossScaleSettings::kMaxLog2));
             }};
   };
   walk(j, path,
@@ -278,8 +296,10 @@ void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
     const auto unused = [&](const char* key, bool is_default, const char* policy) {
       if (j.contains(key) && !is_default)
         fail_at(key_path(path, key), show(j[key]) + " is a setting of parallel.sync \"" + policy + "\", which is \"" +
-                                         to_string(*c.sync) + "\" here; expected it only with \"" + policy +
-                                         "\" (or sync not given, where the planner may choose it)");
+                                         to_string(*c.sync) + "\" here; expected it only with \"" + policy + "\"" +
+                                         (std::string(policy) == "local"
+                                              ? " (or sync not given, where the planner may choose it)"
+                                              : ""));
     };
     if (*c.sync != SyncPolicy::local) {
       unused("local_steps", c.local_steps == defaults.local_steps, "local");
@@ -290,6 +310,27 @@ void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
     if (*c.sync != SyncPolicy::deadline) {
       unused("deadline_slack", c.deadline_slack == defaults.deadline_slack, "deadline");
       unused("max_staleness", c.max_staleness == defaults.max_staleness, "deadline");
+    }
+  } else {
+    // Not given, the planner may choose local (under strategy auto only), never deadline.
+    const ParallelConfig defaults;
+    const auto ignored = [&](const char* key, bool is_default, const std::string& why) {
+      if (j.contains(key) && !is_default)
+        fail_at(key_path(path, key), show(j[key]) + " would be ignored: " + why);
+    };
+    const std::string no_deadline =
+        "it is a setting of parallel.sync \"deadline\", which the planner never chooses; expected it only with "
+        "\"sync\": \"deadline\"";
+    ignored("deadline_slack", c.deadline_slack == defaults.deadline_slack, no_deadline);
+    ignored("max_staleness", c.max_staleness == defaults.max_staleness, no_deadline);
+    if (c.strategy != ParallelStrategy::automatic) {
+      const std::string no_local = "it is a setting of parallel.sync \"local\", which the planner chooses only "
+                                   "under strategy \"auto\" (it is \"" + std::string(to_string(c.strategy)) +
+                                   "\"); expected it with \"sync\": \"local\" or strategy \"auto\"";
+      ignored("local_steps", c.local_steps == defaults.local_steps, no_local);
+      ignored("outer_delay", c.outer_delay == defaults.outer_delay, no_local);
+      ignored("outer_lr", c.outer_lr == defaults.outer_lr, no_local);
+      ignored("outer_momentum", c.outer_momentum == defaults.outer_momentum, no_local);
     }
   }
   // The outer step of a round lands within the next round (plan/local_plan.h).
@@ -337,11 +378,17 @@ void read_emulate(const Json& j, const std::string& path, EmulateConfig& e) {
                                r.rank = read_int(x, xp, 0);
                                has_rank = true;
                              }},
+                            // Bounded as the what-if's link events are: past them the
+                            // delay's conversion to clock ticks overflowed, and 1e13 ms or
+                            // 1e-300 MB/s emulated no delay at all.
                             {"latency_ms", {}, [&](const Json& x, const std::string& xp) {
-                               r.latency_ms = read_double(x, xp, Range::at_least(0));
+                               r.latency_ms = read_double(x, xp, Range{0, RankEmulation::kMaxLatencyMs});
                              }},
                             {"bandwidth_mb_s", {}, [&](const Json& x, const std::string& xp) {
-                               r.bandwidth_mb_s = read_double(x, xp, Range::at_least(0));
+                               r.bandwidth_mb_s = read_double(x, xp, Range{0, RankEmulation::kMaxBandwidthMbS});
+                               if (r.bandwidth_mb_s > 0 && r.bandwidth_mb_s < RankEmulation::kMinBandwidthMbS)
+                                 fail_at(xp, show(x) + " is above 0 but below 1e-6; expected 0 (no limit) or a "
+                                                 "bandwidth in MB/s from 1e-6 (a byte a second) to 1e9");
                              }},
                             int_field("memory_cap_mb", {}, r.memory_cap_mb, 0)});
                       if (!has_rank) fail_missing(key_path(ip, "rank"), "the rank this entry emulates");

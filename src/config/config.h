@@ -67,6 +67,7 @@ struct ScheduleConfig {
 // to zero). The scale halves after a step whose gradients overflowed and doubles after
 // growth_interval clean steps, within [min, max].
 struct LossScaleSettings {
+  static constexpr int kMaxLog2 = 64;  // initial, min and max: powers of two from 2^-64 to 2^64
   std::string mode = "auto";
   double initial = 65536;
   int64_t growth_interval = 2000;
@@ -111,6 +112,8 @@ struct CheckpointConfig {
 // it shows). Per rank: an added link latency and a bandwidth limit on every message the
 // rank sends or receives, and a cap on the engine's device memory.
 struct RankEmulation {
+  // The what-if's bounds for a link (plan/what_if.h): 1,000 s; a byte a second to 1 TB/s.
+  static constexpr double kMaxLatencyMs = 1e6, kMinBandwidthMbS = 1e-6, kMaxBandwidthMbS = 1e9;
   int64_t rank = 0;
   double latency_ms = 0;
   double bandwidth_mb_s = 0;  // megabytes (1e6) per second; 0 = unlimited

@@ -190,7 +190,16 @@ int64_t read_int(const Json& v, const std::string& path, int64_t min) {
 
 uint64_t read_uint(const Json& v, const std::string& path) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
-  return static_cast<uint64_t>(read_int(v, path, 0));
+  const std::string expect = "an integer from 0 to 18446744073709551615";
+  if (v.is_number_integer()) {  // negative
+    fail_at(path, show(v) + " is out of range; expected " + expect);
+  } else if (v.is_number_float()) {  // past 2^64 the parser reads a float
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::trunc(d)) fail_at(path, show(v) + " is not an integer; expected " + expect);
+    if (d < 0 || d >= 18446744073709551616.0) fail_at(path, show(v) + " is out of range; expected " + expect);
+    return static_cast<uint64_t>(d);
+  }
+  fail_at(path, show(v) + " is not an integer; expected " + expect);
 }
 
 double read_double(const Json& v, const std::string& path, const Range& r) {
