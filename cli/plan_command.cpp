@@ -114,12 +114,9 @@ void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& 
                        "what-if timeline"});
 }
 
-// --dump RANK names a rank of the planned world; a negative one is refused before the
-// cluster (and so the world size) is known.
+// --dump RANK names a rank of the planned world (a negative one is refused as the option
+// is read).
 void check_dump_rank(int rank, size_t world) {
-  if (rank < 0)
-    throw ht::config::ConfigError("--dump " + std::to_string(rank) +
-                                  ": no such rank; expected a rank from 0 up to the cluster's size - 1");
   if (static_cast<size_t>(rank) >= world)
     throw ht::config::ConfigError("--dump " + std::to_string(rank) + ": no such rank; expected 0 to " +
                                   std::to_string(world - 1) + " (the cluster has " + std::to_string(world) + " ranks)");
@@ -187,7 +184,7 @@ void register_plan(CLI::App& app) {
       "After the plan, print rank RANK's instruction list for one step, one instruction per line: the list the "
       "executor runs and the simulator times (where a stage's replicas compute with its hub's weights in shared "
       "memory, the executor runs ShareWeights/AwaitWeights in place of GatherWeights)");
-  args->dump_option->transform(whole_number<int>(-1000000, 1000000))->type_name("RANK");
+  args->dump_option->transform(whole_number<int>(0, 1000000))->type_name("RANK");
   cmd->add_option("--what-if", args->what_if,
                   "Predict the job under an event, for each sync policy (repeatable, combinable): "
                   "stall:rank=R,at=T,for=S  slow:rank=R,at=T,factor=F  fail:rank=R,at=T  "
@@ -213,7 +210,6 @@ void register_plan(CLI::App& app) {
     check_outputs({{"--json", args->json}, {"--svg", args->svg}, {"--trace", args->trace}});
     const ht::config::Config cfg = ht::config::load_config(args->config);
     const bool dump = args->dump_option->count() > 0;
-    if (dump && args->dump < 0) check_dump_rank(args->dump, 0);  // before any probe or search
     std::vector<ht::plan::WhatIfEvent> events = parse_what_if(args->what_if);
     ht::comm::set_blocking_call_limit(std::chrono::duration<double>(cfg.parallel.peer_timeout_s));
     ht::comm::Communicator& world = ht::comm::world();

@@ -182,7 +182,7 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     r.blocks.push_back(t);
   }
   auto em = j.find("emulation");
-  if (em != j.end()) r.emulation = read_string_array(*em, key_path(path, "emulation"), "a note");
+  if (em != j.end()) r.emulation = read_string_array(*em, key_path(path, "emulation"), "notes");
   if (auto q = j.find("cpu_quota"); q != j.end()) {
     const std::string qp = key_path(path, "cpu_quota");
     expect_object(*q, qp, "an object with fraction and period_s");
@@ -255,6 +255,12 @@ ClusterFingerprint parse_cluster(const Json& j, const std::string& path,
   if (auto sig = j.find("model_signature"); sig != j.end()) {  // files from before it have none
     if (!sig->is_string()) fail_at("model_signature", show(*sig) + " is not a string; expected the probe's word for the model");
     c.model_signature = sig->get<std::string>();
+    // The probe writes a CRC-32 in hex (model_signature), or "" where it profiled no
+    // model; anything else matches no model.
+    if (!c.model_signature.empty() && (c.model_signature.size() != 8 ||
+                                       c.model_signature.find_first_not_of("0123456789abcdef") != std::string::npos))
+      fail_at("model_signature", show(*sig) + " is not eight lowercase hex digits; expected the signature the probe "
+                                              "wrote (its model's blocks' shapes), or \"\"");
   }
   const Json& ranks = require(j, "", "ranks", "an array of ranks");
   if (!ranks.is_array() || ranks.size() != n)

@@ -280,7 +280,7 @@ def dump_instructions(tmp):
           len(gathers) == 2 and all(e["dur"] > 0 and abs(e["ts"] + e["dur"] - ends) <= 1e-12 * ends
                                     for e in gathers), str(gathers))
     for bad, expected in (("2", "--dump 2: no such rank; expected 0 to 1 (the cluster has 2 ranks)"),
-                          ("-1", "--dump -1: no such rank; expected a rank from 0")):
+                          ("-1", "--dump: -1 is out of range; expected a whole number from 0 to 1000000")):
         r = plan(MLP, "--cluster", CAPPED, "--dump", bad)
         check(f"--dump {bad}: refused as a bad option (exit 2), naming the value and the range",
               r.returncode == 2 and expected in r.stderr and "instructions of rank" not in r.stdout, r.stderr)

@@ -186,6 +186,8 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   CHECK(error_for(replaced("\"kind\": \"cpu\"", "\"kind\": \"tpu\"")).find("ranks[0].device.kind") !=
         std::string::npos);
   CHECK(error_for(replaced("\"rank\": 1", "\"rank\": 0")).find("out of order") != std::string::npos);
+  CHECK(error_for(replaced("\"8b09e915\"", "\"zzzz\"")).find(
+            "model_signature: \"zzzz\" is not eight lowercase hex digits") != std::string::npos);
   // Files from before optimiser steps were timed still load, as "not measured".
   nlohmann::json old = nlohmann::json::parse(good);
   old["ranks"][0]["blocks"][0].erase("optimizer_step_s");
