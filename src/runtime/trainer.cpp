@@ -211,6 +211,9 @@ void Run::check_resumed_config() const {
   const std::string path = dir_->file("config.json");
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
+    // Nothing of a run there at all (a new or mistyped directory): the restore's warning
+    // that training starts at step 0 says it once.
+    if (!RunDir::holds_run(cfg_.run.dir)) return;
     std::fprintf(stderr,
                  "hetrain: warning: %s is missing: the resumed config is not compared with the one the run "
                  "was trained with (the checkpoint's own checks still apply)\n",
