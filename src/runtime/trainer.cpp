@@ -160,18 +160,21 @@ TrainSummary Run::run() {
     if (trace && asked == trace_end) write_timeline(loop.trace);
     rebalancer_.record(r);
     add_to_window(loop, r);
-    const int64_t done = loop.step + 1;
     // The records and the progress line are of the step applied: past a catch-up, not the
     // one this rank ran.
     const float done_lr = loop.step == asked ? lr : schedule_.at(loop.step);
     // A step that kept no sample's loss is judged with its log window (finish_log), as
     // under several ranks: one whose whole window kept none has diverged.
+    int64_t done = loop.step + 1;
     if (!multi() && r.loss_samples > 0) loop.last_loss = check_loss(r.loss_sum, r.loss_samples, done);
     const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
     bool stop_all = finish_due_logs(loop, done, stop_after);
     apply_rebalance(loop);
+    // Under deadline no exchange carries an interrupt: a rank stops at its own step when it
+    // was signalled, or where another's stop ended the chain (take_deadline).
+    const bool deadline_stop = executor_->deadline() && (g_interrupted != 0 || deadline_ended_early_);
     // No step follows to wait through: the exchange ends here.
-    const bool final_step = done == total_steps_ || stop_after || stop_all;
+    const bool final_step = done == total_steps_ || stop_after || stop_all || deadline_stop;
     stop_all = log_step(loop, asked, done, done_lr, final_step) || stop_all;
     if (!stop_all && !stop_after) rebalancer_.start_check(done, total_steps_);
     show_progress(loop, done, done_lr);
@@ -181,10 +184,16 @@ TrainSummary Run::run() {
       evaluate_at(loop, done);
     // One process stops at once; many agree on the step after a log step (every rank saw
     // the flag in rank 0's answer).
-    // Under deadline no exchange carries the flag: each rank stops at its own step.
-    const bool interrupted = multi() && !executor_->deadline() ? stop_all : g_interrupted != 0;
+    const bool interrupted =
+        executor_->deadline() ? deadline_stop : multi() ? stop_all : g_interrupted != 0;
     const bool stop = interrupted || stop_after;
-    if (stop && !last && executor_->deadline()) finish_deadline(loop);
+    if (stop && !last && executor_->deadline()) {
+      // Every member ends on one chain: the step saved is that chain's, where a catch-up
+      // in it moved this rank on (a checkpoint labelled with the step before held a
+      // later step's weights).
+      finish_deadline(loop);
+      done = executor_->deadline_step();
+    }
     if (last) {
       // The training's end: the final outer step under local (the checkpoint's and the
       // evaluation's flush then finds nothing left), not the checkpoint or evaluation.
@@ -357,16 +366,17 @@ TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
   loop.progress.finish();
   if (interrupted) {
     const int sig = g_interrupted;  // 0 on a rank that stopped on rank 0's word alone
-    // Under deadline each rank stops at its own step, and rank 0 saves the checkpoint of
-    // its own: another rank's step is not the checkpoint's.
+    // Under deadline rank 0 alone writes the checkpoint, of the step every member ended its
+    // chain at (this one).
     const bool own = root_ || !executor_->deadline();
     const std::string what = std::string(sig == SIGTERM ? "terminated" : "interrupted") + " at step " +
                              std::to_string(done) + " of " + std::to_string(total_steps_) +
-                             (own ? "; a checkpoint was saved" : "; rank 0 saved the checkpoint of the step it stopped at") +
+                             (own ? "; a checkpoint was saved" : "; rank 0 saved the checkpoint of this step") +
                              resume_hint();
     // The shell's status for the signal: 130 for SIGINT, 143 for SIGTERM.
     const int status = 128 + (sig == SIGTERM ? SIGTERM : SIGINT);
-    if (multi() && !executor_->deadline()) throw InterruptedTogether(what, status);
+    // Under deadline too: every member ended its chain at this step (finish_deadline).
+    if (multi()) throw InterruptedTogether(what, status);
     throw Interrupted(what, status);
   }
   loop.progress.note("stopped after " + std::to_string(done - loop.start) + " steps at step " +

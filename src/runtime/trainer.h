@@ -48,7 +48,7 @@ class Interrupted : public Error {
   int status_;
 };
 // The same where every rank of the job stopped at that step, having agreed on it through
-// rank 0's answers (not under deadline, where each stops at its own): each can end
+// rank 0's answers (under deadline, by ending the reduction's chain there): each can end
 // through MPI_Finalize, with no rank ending the others.
 class InterruptedTogether : public Interrupted {
  public:

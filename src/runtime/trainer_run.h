@@ -166,6 +166,9 @@ class Run {
   FaultInjector faults_;  // --inject's, for this rank
   DeadlineLog deadline_log_;  // under parallel.sync deadline
   bool deadline_agreed_ = false;  // this rank's deadline reduction has ended on one chain
+  // Under deadline: a member ended the chain before the last step (it was interrupted:
+  // its finish caught this rank up to where it ended), so the job stops there.
+  bool deadline_ended_early_ = false;
   double last_loss_sum_ = 0;  // this rank's, of the last step
   report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines
   struct {

@@ -93,11 +93,7 @@ void Run::start_deadline(int64_t start, report::Progress& progress) {
 int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   const DeadlineStep& d = *r.deadline;
   if (!d.passed.empty()) deadline_log_.aligned();
-  if (d.caught_up) {
-    deadline_log_.caught_up();
-    loop.progress.note("caught up: this rank was left out and took the current weights at step " +
-                  std::to_string(d.ended ? total_steps_ : executor_->deadline_step() - 1));
-  }
+  if (d.caught_up) deadline_log_.caught_up();
   std::vector<comm::StepRecord> records = d.missed;
   if (d.record.step >= 0) records.push_back(d.record);
   records.insert(records.end(), d.passed.begin(), d.passed.end());
@@ -111,10 +107,19 @@ int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   // ends on one chain now (the leader that ended the other stage is at the end too), so
   // that the last step's checkpoint holds the end's weights.
   if (d.ended && executor_->deadline_step() < total_steps_) end_deadline_chain(loop);
+  // Still short of the last step on that chain: the member that ended it stopped there (an
+  // interrupt), not at the end of training, and the job stops at that step. (Taken as the
+  // end, it once wrote the step-200 weights as the checkpoint of step 2000.)
+  if (d.ended && executor_->deadline_step() < total_steps_) deadline_ended_early_ = true;
+  const int64_t applied = d.ended && !deadline_ended_early_ ? total_steps_ : executor_->deadline_step();
+  if (d.caught_up)
+    loop.progress.note("caught up: this rank was left out and took the current weights at step " +
+                       std::to_string(applied) +
+                       (deadline_ended_early_ ? " (another rank stopped the job there)" : ""));
   r.loss_sum = deadline_log_.last_loss_sum();
   r.loss_samples = deadline_log_.last_loss_samples();
   // The step before the one this rank runs next (AlignReplica may have moved it on).
-  return d.ended ? total_steps_ - 1 : executor_->deadline_step() - 1;
+  return applied - 1;
 }
 
 void Run::end_deadline_chain(Loop& loop) {

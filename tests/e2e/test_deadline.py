@@ -200,7 +200,55 @@ def main():
         check("the last checkpoint is valid (hetrain eval reads it)", e.returncode == 0, (e.stdout + e.stderr)[-2000:])
         print("final:", summary["final"])
     hybrid(scratch)
+    interrupt_one(scratch)
     return finish(scratch)
+
+
+def interrupt_one(scratch):
+    """SIGTERM to one rank that is not rank 0: its finish ends every member's chain at one
+    step, and the job stops there with a checkpoint of that step (once taken for the end
+    of training: rank 0 wrote the step-200 weights as the checkpoint of the last step)."""
+    cluster = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_2_1_1.json")
+    steps = 4000  # the signal comes about 200 steps in: far short of the end, whatever the machine
+    cfg = config(os.path.join(scratch, "interrupt.json"), "deadline", steps=steps)
+    c = load(cfg)
+    c["train"]["log_every"] = 10
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    run_dir = os.path.join(scratch, "interrupt")
+    p = subprocess.Popen(["mpirun", "-np", str(RANKS), "--bind-to", "none", HETRAIN, "train", cfg, "--run-dir",
+                          run_dir, "--cluster", cluster], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=ENV)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None and len(metrics_records(metrics)) < 20:
+            time.sleep(0.05)
+        pids = rank_pids(p.pid)
+        if p.poll() is None and 2 in pids:
+            os.kill(pids[2], signal.SIGTERM)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    ckpts = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))
+    last = int(os.path.basename(ckpts[-1])[5:13]) if ckpts else -1
+    check("interrupt: SIGTERM to rank 2 stops the job (nonzero exit) with a checkpoint short of the end",
+          p.returncode != 0 and 0 < last < steps and not os.path.exists(os.path.join(run_dir, "summary.json")),
+          f"rc {p.returncode}, checkpoints {[os.path.basename(x) for x in ckpts]}\n{err[-2000:]}")
+    said = [line for line in err.splitlines() if "terminated at step" in line or "interrupted at step" in line]
+    check("interrupt: every rank says it stopped at the checkpoint's step",
+          len(said) == RANKS and all(f"at step {last} of {steps}" in line for line in said), "\n".join(said))
+    if not 0 < last < steps:
+        return
+    c["train"]["steps"] = last + 20
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    r = subprocess.run(["mpirun", "-np", str(RANKS), "--bind-to", "none", HETRAIN, "train", cfg, "--run-dir", run_dir,
+                        "--cluster", cluster, "--resume"], capture_output=True, text=True, env=ENV, timeout=300)
+    check("interrupt: --resume goes on from that checkpoint's step",
+          r.returncode == 0 and f"at step {last} of {last + 20}" in r.stderr + r.stdout, (r.stdout + r.stderr)[-2000:])
 
 
 def hybrid(scratch):
