@@ -253,10 +253,13 @@ int64_t Run::restore(report::Progress& progress) {
     model_.block(i).set_random_offset(meta.count(key) ? metadata_number<uint64_t>(*loaded, key) : 0);
   }
   int64_t step = get_int("step");
-  HT_CHECK(step >= 0 && step <= total_steps_, "checkpoint ", loaded->path, " is at step ", step, ", ",
-           step < 0 ? "before the first" : "past the configured " + std::to_string(total_steps_) + " steps",
-           "; expected 0 to ", total_steps_,
-           step < 0 ? " (the file is corrupt)" : " (raise train.steps to train further)");
+  HT_CHECK(step >= 0, "checkpoint ", loaded->path, " is at step ", step, ", before the first; expected 0 to ",
+           total_steps_, " (the file is corrupt)");
+  // The config asks for fewer steps than the run has taken: a setting to change (exit 2).
+  if (step > total_steps_)
+    throw config::ConfigError("checkpoint " + loaded->path + " is at step " + std::to_string(step) +
+                              ", past the configured " + std::to_string(total_steps_) + " steps; expected 0 to " +
+                              std::to_string(total_steps_) + " (raise train.steps to train further)");
   // Continue the data stream where it stopped, even if train.batch_size changed; every
   // position the rest of the run reads must fit its 64 bits.
   const int64_t position = get_int("sample_position");

@@ -176,6 +176,12 @@ def changed_resume(tmp):
     check("changed resume: a missing config.json is warned of, and the run resumes", r.returncode == 0
           and "config.json is missing: the resumed config is not compared" in r.stderr
           and os.path.exists(ckpt(rdir, 30)), r.stderr)
+    # Fewer steps than the checkpoint's: a setting to raise, refused as a config error.
+    r = run(["train", write_config(os.path.join(tmp, "resume-f.json"), cfg), "--run-dir", rdir, "--resume", "--quiet",
+             "--steps", "20"])
+    check("resume past the configured steps: exit 2 naming the checkpoint's step and train.steps",
+          r.returncode == 2 and "is at step 30, past the configured 20 steps" in r.stderr
+          and "raise train.steps" in r.stderr, r.stderr)
     # A resume of a directory with no checkpoint (a mistyped one) starts afresh, and says
     # so on stderr, --quiet or not.
     typo = os.path.join(tmp, "resume-rnu")
