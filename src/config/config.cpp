@@ -311,27 +311,6 @@ void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
       unused("deadline_slack", c.deadline_slack == defaults.deadline_slack, "deadline");
       unused("max_staleness", c.max_staleness == defaults.max_staleness, "deadline");
     }
-  } else {
-    // Not given, the planner may choose local (under strategy auto only), never deadline.
-    const ParallelConfig defaults;
-    const auto ignored = [&](const char* key, bool is_default, const std::string& why) {
-      if (j.contains(key) && !is_default)
-        fail_at(key_path(path, key), show(j[key]) + " would be ignored: " + why);
-    };
-    const std::string no_deadline =
-        "it is a setting of parallel.sync \"deadline\", which the planner never chooses; expected it only with "
-        "\"sync\": \"deadline\"";
-    ignored("deadline_slack", c.deadline_slack == defaults.deadline_slack, no_deadline);
-    ignored("max_staleness", c.max_staleness == defaults.max_staleness, no_deadline);
-    if (c.strategy != ParallelStrategy::automatic) {
-      const std::string no_local = "it is a setting of parallel.sync \"local\", which the planner chooses only "
-                                   "under strategy \"auto\" (it is \"" + std::string(to_string(c.strategy)) +
-                                   "\"); expected it with \"sync\": \"local\" or strategy \"auto\"";
-      ignored("local_steps", c.local_steps == defaults.local_steps, no_local);
-      ignored("outer_delay", c.outer_delay == defaults.outer_delay, no_local);
-      ignored("outer_lr", c.outer_lr == defaults.outer_lr, no_local);
-      ignored("outer_momentum", c.outer_momentum == defaults.outer_momentum, no_local);
-    }
   }
   // The outer step of a round lands within the next round (plan/local_plan.h).
   if (c.local_steps > 0 && c.outer_delay > c.local_steps)

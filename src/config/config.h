@@ -112,7 +112,7 @@ struct CheckpointConfig {
 // it shows). Per rank: an added link latency and a bandwidth limit on every message the
 // rank sends or receives, and a cap on the engine's device memory.
 struct RankEmulation {
-  // The what-if's bounds for a link (plan/what_if.h): 1,000 s; a byte a second to 1 TB/s.
+  // The what-if's bounds for a link (plan/what_if.h): 1,000 s; a byte a second to 1 PB/s.
   static constexpr double kMaxLatencyMs = 1e6, kMinBandwidthMbS = 1e-6, kMaxBandwidthMbS = 1e9;
   int64_t rank = 0;
   double latency_ms = 0;

@@ -314,7 +314,7 @@ std::vector<int> rank_counts(const PlannerInput& in, const std::vector<int>& sor
 std::vector<std::pair<int, int>> shapes_over(const PlannerInput& in, int used) {
   std::vector<std::pair<int, int>> out;
   for (int stages : stage_counts(in, used)) out.emplace_back(used, stages);
-  if (in.strategy != Asked::automatic || in.use_every_rank) return out;
+  if (in.strategy != Asked::automatic || in.use_every_rank || in.one_stage) return out;
   const int blocks = static_cast<int>(in.costs.params.size());
   for (int stages = 2; stages <= std::min(used, blocks); ++stages)
     if (used % stages != 0 && used % stages <= kMaxShapeIdle) out.emplace_back(stages * (used / stages), stages);

@@ -397,9 +397,10 @@ class Play {
         if (e.at_s > t) until = std::min(until, e.at_s);
       } else if (!used_[i]) {
         const int r = phase_.index_of(e.rank);
-        // An idle rank's stall holds no step (held_end skips it); under sync it holds the
-        // job at a log exchange (idle_stall_hold), played step by step from its start.
-        if (e.kind == WhatIfKind::stall && !active(r) && (policy_ != Policy::sync || r < 0)) continue;
+        // An idle rank's stall holds no step (held_end skips it); where the play is sync's
+        // it holds the job at a log exchange (idle_stall_hold), played step by step from
+        // its start.
+        if (e.kind == WhatIfKind::stall && !active(r) && (!sync_play_ || r < 0)) continue;
         if (e.kind != WhatIfKind::join && r < 0) continue;
         until = std::min(until, std::max(t, e.at_s));
       }
@@ -415,6 +416,8 @@ class Play {
   }
 
   void replan(const ClusterModel& cluster, const BlockCosts& costs, std::vector<int> ids) {
+    // A new job (a restart, a join): its log exchanges count from none.
+    std::fill(finish_points_.begin(), finish_points_.end(), 0);
     PlannerInput pin;
     pin.cluster = cluster;
     pin.costs = costs;
@@ -557,6 +560,7 @@ class Play {
   }
 
   void run_sync() {
+    sync_play_ = true;
     if (policy_ == Policy::deadline)
       out_.notes.push_back("a pipeline has no stand-in for a stalled stage: deadline waits for it as sync does");
     double t = 0, since = 0;  // since: when the work after the newest checkpoint began
@@ -584,8 +588,14 @@ class Play {
       span(0, t + step, end, WhatIfSpanKind::held);
       t = end;
       ++done;
-      if (policy_ == Policy::sync) {
-        const double go_on = idle_stall_hold(t, done);
+      // Held by an idle rank's stall (sync's plan, and deadline's pure pipeline, which
+      // runs as sync does): a failure while the job waits ends it there, the step's
+      // checkpoint not written.
+      if (const double go_on = idle_stall_hold(t, done); go_on > t) {
+        if (const int f = failure_before(go_on); f >= 0) {
+          t = since = restart(f, t, since, done, checkpoint);
+          continue;
+        }
         span(0, t, go_on, WhatIfSpanKind::held);
         t = go_on;
       }
@@ -900,6 +910,7 @@ class Play {
   std::vector<WhatIfEvent> events_;
   std::vector<bool> used_;
   std::vector<int> finish_points_;  // per event: sync's log exchanges finished since an idle rank's stall began
+  bool sync_play_ = false;          // run_sync plays: sync, and deadline's pure pipeline
   // Under deadline, the phase's ranks failed and left out for good (no restart): a link
   // event to one changes no step.
   std::vector<bool> gone_;

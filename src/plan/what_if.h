@@ -19,7 +19,9 @@
 //    0 waits at the second log exchange finished after the stall began (the first one
 //    already holds the idle rank's item, sent a window ahead), at a checkpoint or at the
 //    job's end, whichever comes first, until the stall ends (log_every; one run of the
-//    MLP at 0.8/0.4/0.2/0.2 lost 5.2 s to an idle rank stopped for 5 s).
+//    MLP at 0.8/0.4/0.2/0.2 lost 5.2 s to an idle rank stopped for 5 s); a failure in
+//    that wait finds the step's checkpoint not written. So does deadline's pure pipeline,
+//    which runs as sync does.
 //  - deadline: a step's budget adapts as comm/deadline_reduce's leader adapts it: the
 //    plan's predicted step x (1 + deadline_slack) until kDeadlineMinMeasured steps have
 //    closed, then (1 + deadline_slack) x the median (the upper one of an even count) of

@@ -171,7 +171,8 @@ TrainSummary Run::run() {
     bool stop_all = finish_due_logs(loop, done, stop_after);
     apply_rebalance(loop);
     // Under deadline no exchange carries an interrupt: a rank stops at its own step when it
-    // was signalled, or where another's stop ended the chain (take_deadline).
+    // was signalled, or where another's stop ended the chain (take_deadline): an interrupt,
+    // or --stop-after (every rank has it) reached by a rank ahead.
     const bool deadline_stop = executor_->deadline() && (g_interrupted != 0 || deadline_ended_early_);
     // No step follows to wait through: the exchange ends here.
     const bool final_step = done == total_steps_ || stop_after || stop_all || deadline_stop;
@@ -184,9 +185,10 @@ TrainSummary Run::run() {
       evaluate_at(loop, done);
     // One process stops at once; many agree on the step after a log step (every rank saw
     // the flag in rank 0's answer).
-    const bool interrupted =
-        executor_->deadline() ? deadline_stop : multi() ? stop_all : g_interrupted != 0;
-    const bool stop = interrupted || stop_after;
+    const bool interrupted = executor_->deadline()
+                                 ? g_interrupted != 0 || (deadline_ended_early_ && !opts_.stop_after)
+                                 : multi() ? stop_all : g_interrupted != 0;
+    const bool stop = interrupted || stop_after || deadline_stop;
     if (stop && !last && executor_->deadline()) {
       // Every member ends on one chain: the step saved is that chain's, where a catch-up
       // in it moved this rank on (a checkpoint labelled with the step before held a

@@ -810,4 +810,11 @@ TEST_CASE("sync: an idle rank's stall holds the job at the second log exchange a
   CHECK(lost(195.5, 20) == doctest::Approx(15.5).epsilon(1e-6));  // the job's end waits
   in.checkpoint_every = 25;  // a checkpoint (step 25) comes before step 31: it waits there
   CHECK(lost(12.5, 30) == doctest::Approx(42.5 - 25).epsilon(1e-6));
+  // A failure while the job waits there: the checkpoint of step 25 was not written, so the
+  // restart is from step 0's, at the failure's time.
+  in.events = {parse_what_if_event("stall:rank=1,at=" + std::to_string(12.5 * s) + ",for=" + std::to_string(30 * s)),
+               parse_what_if_event("fail:rank=0,at=" + std::to_string(30 * s))};
+  const PolicyOutcome failed = outcome(run_what_if(in), Policy::sync);
+  CHECK(failed.work_lost_steps == 25);
+  CHECK(failed.work_lost_seconds == doctest::Approx(30 * s + kRestartSeconds));
 }
