@@ -869,3 +869,19 @@ TEST_CASE("planner: under auto one more like rank never makes the predicted step
     before = p.predicted.step_seconds;
   }
 }
+
+TEST_CASE("planner: a plan that must be one stage (fp16, a dynamic loss scale) gets no pipeline over fewer ranks") {
+  for (int n = 2; n <= 9; ++n) {
+    CAPTURE(n);
+    const ClusterModel c = cluster(std::vector(static_cast<size_t>(n), 8e12), std::vector(static_cast<size_t>(n), 0.3 * kGiB),
+                                   1e-4, 1e9);
+    PlannerInput in = input(c, costs(c, 12, 4e6), 64);
+    in.one_stage = true;
+    try {
+      const Plan p = make_plan(in);
+      CHECK(p.stage_ranges.size() == 1);
+    } catch (const NoPlanFits&) {
+      // none fits in one stage: said so, not planned as a pipeline the job would refuse
+    }
+  }
+}
