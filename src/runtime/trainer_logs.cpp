@@ -144,9 +144,16 @@ bool Run::finish_log(Loop& loop, PendingLog& p) {
     loss_samples += w.loss_samples;
     interrupted = interrupted || w.interrupted;
   }
-  for (const Window& w : ranks)
+  bool left_out = false;
+  for (const Window& w : ranks) {
     for (const auto& [step, e] : w.guard) report_guard(step, e, loop.metrics);
-  loop.last_loss = check_loss(loss_sum, loss_samples, p.done);
+    left_out = left_out || !w.guard.empty();
+  }
+  // Under local a group's inner steps are front-loaded in its round, so a window of job
+  // steps may hold none on any rank (a round's last steps; log_every 1): no sample was
+  // trained, none was left out, and the record keeps the last loss. (Judged a divergence,
+  // it ended such runs at their last step or a Ctrl-C with exit 1 and no checkpoint.)
+  if (!(local_ && loss_samples == 0 && !left_out)) loop.last_loss = check_loss(loss_sum, loss_samples, p.done);
   // The line's rate is the record's: the window's samples over its slowest rank's steps.
   const double wall = window_wall_s(ranks);
   log_line(loop, p.done, p.lr, p.elapsed_s,

@@ -284,7 +284,26 @@ def main():
               (s["rank_shares"], s["groups"]))
 
     interrupt(scratch, cfg, planned)
+    empty_windows(scratch, cfg, planned)
     return finish(scratch)
+
+
+def empty_windows(scratch, cfg, planned):
+    """The plan's groups take their inner steps in a round's first two job steps, so with
+    log_every 1 the windows of job steps 3 and 4 of every round hold no inner step on any
+    rank: no sample trained, none left out. Judged as "no finite loss", they ended the run
+    as diverged (exit 1, no checkpoint)."""
+    c = load(cfg)
+    c["train"]["log_every"] = 1
+    one = os.path.join(scratch, "log-every-1.json")
+    with open(one, "w") as f:
+        json.dump(c, f)
+    run_dir = os.path.join(scratch, "empty-windows")
+    a = mpirun(HETRAIN, 4, ["train", one, "--plan", planned, "--run-dir", run_dir, "--stop-after", "8"], timeout=300)
+    losses = [r["loss"] for r in records(run_dir) if r["type"] == "train"] if os.path.exists(run_dir) else []
+    check("log_every 1: windows with no inner step on any rank are no divergence; 8 steps logged, every loss finite",
+          a.returncode == 0 and len(losses) == 8 and all(isinstance(x, float) and x == x for x in losses),
+          f"rc {a.returncode}, losses {losses}\n{a.stderr[-2000:]}")
 
 
 if __name__ == "__main__":
