@@ -286,8 +286,8 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
         *stage_group_, plan::stage_reduce_parts(plan_, plan_.layout, static_cast<size_t>(stage_)), !shards_.empty());
   const auto start = Clock::now();
   r.start_s = comm::clock_seconds(start);
-  if (faults_ && faults_->stall_seconds() > 0)  // --inject stall: before any instruction
-    std::this_thread::sleep_for(std::chrono::duration<double>(faults_->stall_seconds()));
+  if (const double stall = faults_ ? faults_->take_stall() : 0; stall > 0)  // --inject stall: before any instruction
+    std::this_thread::sleep_for(std::chrono::duration<double>(stall));
   for (const plan::Instruction& in : schedule_) {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();

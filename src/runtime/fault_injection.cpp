@@ -99,16 +99,22 @@ void check_fault_ranks(const std::vector<Fault>& faults, int world_size) {
 FaultInjector::FaultInjector(std::vector<Fault> faults, int rank) {
   for (Fault& f : faults)
     if (f.rank == rank) faults_.push_back(std::move(f));
+  slept_.assign(faults_.size(), false);
 }
 
 void FaultInjector::begin_step(int64_t step) {
-  stall_s_ = 0;
+  if (first_step_ < 0) first_step_ = step;
+  due_.clear();
   factor_ = 1;
   poison_ = false;
   scale_ = 1;
-  for (const Fault& f : faults_) switch (f.kind) {
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    const Fault& f = faults_[i];
+    switch (f.kind) {
       case FaultKind::stall:
-        if (step == f.at) stall_s_ += f.seconds;
+        // At 0: slept before the world was made (stall_before_start); before this run's
+        // first step: a resumed run's, which never acts.
+        if (f.at >= 1 && f.at >= first_step_ && f.at <= step && !slept_[i]) due_.push_back(i);
         break;
       case FaultKind::nan:
         if (step >= f.at && step < f.at + f.steps) poison_ = true;
@@ -120,6 +126,17 @@ void FaultInjector::begin_step(int64_t step) {
         if (step >= f.at && step < f.at + f.steps) scale_ *= f.factor;
         break;
     }
+  }
+}
+
+double FaultInjector::take_stall() const {
+  double seconds = 0;
+  for (size_t i : due_)
+    if (!slept_[i]) {
+      seconds += faults_[i].seconds;
+      slept_[i] = true;
+    }
+  return seconds;
 }
 
 }  // namespace ht::runtime

@@ -51,14 +51,21 @@ class FaultInjector {
   FaultInjector(std::vector<Fault> faults, int rank);
   bool empty() const { return faults_.empty(); }
   void begin_step(int64_t step);  // 1-based
-  double stall_seconds() const { return stall_s_; }  // to sleep at the start of this step
+  // To sleep at the start of the step the executor runs now: the stalls due by this job
+  // step that no step has slept yet, each once. Under local a rank's group computes at
+  // some job steps only (its inner steps are front-loaded in a round): a stall at a job
+  // step with none waits for the group's next inner step, where before it never acted.
+  double take_stall() const;
   bool poison_gradient() const { return poison_; }   // a NaN into this step's gradient
   double slow_factor() const { return factor_; }     // 1: full speed
   double gradient_scale() const { return scale_; }   // 1: the gradient as computed
 
  private:
   std::vector<Fault> faults_;  // this rank's only
-  double stall_s_ = 0, factor_ = 1, scale_ = 1;
+  mutable std::vector<bool> slept_;  // per fault: a stall taken (take_stall)
+  std::vector<size_t> due_;          // the stalls take_stall would take now
+  int64_t first_step_ = -1;          // this run's first step: stalls before it never act
+  double factor_ = 1, scale_ = 1;
   bool poison_ = false;
 };
 
