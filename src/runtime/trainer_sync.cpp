@@ -116,9 +116,11 @@ int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   if (d.ended && plan_.stage_ranges.size() == 1 && executor_->deadline_step() < total_steps_)
     deadline_ended_early_ = true;
   const int64_t applied = d.ended && !deadline_ended_early_ ? total_steps_ : executor_->deadline_step();
+  // Weights after that many steps: the end's where the chain ended, else those the step
+  // just applied started from.
   if (d.caught_up)
     loop.progress.note("caught up: this rank was left out and took the current weights at step " +
-                       std::to_string(applied) +
+                       std::to_string(d.ended ? applied : executor_->deadline_step() - 1) +
                        (deadline_ended_early_ ? " (another rank stopped the job there)" : ""));
   r.loss_sum = deadline_log_.last_loss_sum();
   r.loss_samples = deadline_log_.last_loss_samples();

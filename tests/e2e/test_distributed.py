@@ -210,7 +210,7 @@ def main():
     r = run([HETRAIN, "train", short, "--run-dir", one, "-q"])
     check("one process reference", r.returncode == 0, r.stderr[-1500:])
     layouts = {"pipeline of 3": (3, "synth:3xcpu-16c", {"strategy": "pipeline"}),
-               "hybrid 2 x 2": (4, "synth:2xa100-80g,2xa100-40g@ethernet-1g", {"strategy": "auto"})}
+               "hybrid 2 x 2": (4, "synth:4xcpu-64c@ib-200g", {"strategy": "auto"})}
     for name, (n, cluster, parallel) in layouts.items():
         c = config(os.path.join(tmp, name.replace(" ", "") + ".json"), 15, parallel=parallel)
         plan = os.path.join(tmp, name.replace(" ", "") + ".plan.json")
