@@ -112,3 +112,10 @@ def safetensors(path):
 def load(path):
     with open(path) as f:
         return json.load(f)
+
+
+def save(path, data):
+    """Writes `data` as JSON to `path` (a config or plan a case varies); returns the path."""
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return path

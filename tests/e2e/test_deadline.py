@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, run
+from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, run, save
 
 HETRAIN = os.path.abspath(sys.argv[1])
 RANKS = 4
@@ -47,8 +47,7 @@ def config(path, sync, strategy="data", steps=STEPS):
     cfg["train"].update(steps=steps, eval_every=50, eval_max_samples=200, log_every=50)
     cfg["checkpoint"] = {"every": 100, "keep": 10}
     cfg["parallel"] = {"strategy": strategy, "sync": sync}
-    with open(path, "w") as f:
-        json.dump(cfg, f)
+    save(path, cfg)
     return path
 
 
@@ -213,8 +212,7 @@ def interrupt_one(scratch):
     cfg = config(os.path.join(scratch, "interrupt.json"), "deadline", steps=steps)
     c = load(cfg)
     c["train"]["log_every"] = 10
-    with open(cfg, "w") as f:
-        json.dump(c, f)
+    save(cfg, c)
     run_dir = os.path.join(scratch, "interrupt")
     p = subprocess.Popen(["mpirun", "-np", str(RANKS), "--bind-to", "none", HETRAIN, "train", cfg, "--run-dir",
                           run_dir, "--cluster", cluster], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -243,8 +241,7 @@ def interrupt_one(scratch):
     if not 0 < last < steps:
         return
     c["train"]["steps"] = last + 20
-    with open(cfg, "w") as f:
-        json.dump(c, f)
+    save(cfg, c)
     r = subprocess.run(["mpirun", "-np", str(RANKS), "--bind-to", "none", HETRAIN, "train", cfg, "--run-dir", run_dir,
                         "--cluster", cluster, "--resume"], capture_output=True, text=True, env=ENV, timeout=300)
     check("interrupt: --resume goes on from that checkpoint's step",
@@ -258,8 +255,7 @@ def hybrid(scratch):
     # rank's own (rank 1's plan fills 99% of its 8 MiB).
     c = load(cfg)
     c["emulate"] = {"ranks": [{"rank": r, "memory_cap_mb": 8} for r in (1, 2, 3)]}
-    with open(cfg, "w") as f:
-        json.dump(c, f)
+    save(cfg, c)
     run_dir = os.path.join(scratch, "hybrid")
     plan = run([HETRAIN, "plan", cfg, "--cluster", cluster, "--json", os.path.join(scratch, "hybrid.plan.json")])
     check("hybrid: the fixed cluster plans 2 replicas x 2 stages under deadline", plan.returncode == 0

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, mpirun, records, run
+from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, mpirun, records, run, save
 
 HETRAIN = os.path.abspath(sys.argv[1])
 CLUSTER = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_2_1_1.json")
@@ -43,8 +43,7 @@ def config(path):
     cfg["checkpoint"] = {"every": 30, "keep": 5}
     cfg["parallel"] = {"sync": "local", "local_steps": H, "outer_delay": 1, "outer_lr": 1.0, "outer_momentum": 0.2,
                        "rebalance_every": 0}
-    with open(path, "w") as f:
-        json.dump(cfg, f)
+    save(path, cfg)
     return path
 
 
@@ -79,8 +78,7 @@ def interrupt(scratch, cfg, planned):
     long_cfg["train"]["steps"] = 100000
     long_cfg["checkpoint"] = {"every": 50000, "keep": 2}
     path = os.path.join(scratch, "mlp-long.json")
-    with open(path, "w") as f:
-        json.dump(long_cfg, f)
+    save(path, long_cfg)
     run_dir = os.path.join(scratch, "interrupted")
     out_path = os.path.join(scratch, "interrupted.out")
     with open(out_path, "w") as out:
@@ -153,8 +151,7 @@ def main():
     plan["layout"]["samples"] = shares
     for r, n in zip(plan["ranks"], shares):
         r["samples"] = n
-    with open(planned, "w") as f:
-        json.dump(plan, f)
+    save(planned, plan)
 
     run_dir = os.path.join(scratch, "run")
     timeline = os.path.join(scratch, "timeline.json")
@@ -197,8 +194,7 @@ def main():
     resplit_cfg = load(cfg)
     resplit_cfg["parallel"]["rebalance_every"] = 10
     resplit_path = os.path.join(scratch, "mlp-resplit.json")
-    with open(resplit_path, "w") as f:
-        json.dump(resplit_cfg, f)
+    save(resplit_path, resplit_cfg)
     slow_dir = os.path.join(scratch, "slow0")
     s = mpirun(HETRAIN, 4, ["train", resplit_path, "--plan", planned, "--run-dir", slow_dir, "--steps", "60",
                             "--inject", "slow:rank=0,at=1,factor=16"], timeout=300)
@@ -233,8 +229,7 @@ def main():
     for key in ("latency_s", "bandwidth_bytes_per_s"):
         two["links"][key] = [row[:2] for row in two["links"][key][:2]]
     two_path = os.path.join(scratch, "cluster2.json")
-    with open(two_path, "w") as f:
-        json.dump(two, f)
+    save(two_path, two)
     b = mpirun(HETRAIN, 2, ["train", cfg, "--resume", "--cluster", two_path, "--run-dir", run_dir],
                timeout=300)
     check("2 ranks resume the 4 ranks' checkpoint and train to step 60", b.returncode == 0, b.stderr[-3000:])
@@ -271,8 +266,7 @@ def main():
     slow = load(CLUSTER)
     slow["ranks"][3]["device"]["sgemm_gflops"] = 0.02
     slow_path = os.path.join(scratch, "cluster_slow3.json")
-    with open(slow_path, "w") as f:
-        json.dump(slow, f)
+    save(slow_path, slow)
     idle_dir = os.path.join(scratch, "idle")
     c = mpirun(HETRAIN, 4, ["train", cfg, "--cluster", slow_path, "--run-dir", idle_dir, "--steps", "20"], timeout=300)
     check("4 ranks train under local with the slowest left idle", c.returncode == 0, c.stderr[-3000:])
@@ -296,8 +290,7 @@ def empty_windows(scratch, cfg, planned):
     c = load(cfg)
     c["train"]["log_every"] = 1
     one = os.path.join(scratch, "log-every-1.json")
-    with open(one, "w") as f:
-        json.dump(c, f)
+    save(one, c)
     run_dir = os.path.join(scratch, "empty-windows")
     a = mpirun(HETRAIN, 4, ["train", one, "--plan", planned, "--run-dir", run_dir, "--stop-after", "8"], timeout=300)
     losses = [r["loss"] for r in records(run_dir) if r["type"] == "train"] if os.path.exists(run_dir) else []
