@@ -279,6 +279,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   events_.clear();
   verdict_ = Verdict::kept;
   skip_update_ = false;
+  stop_agreed_ = false;
   step_scale_ = loss_scale_ ? loss_scale_->scale() : 1.0;
   if (stage_group_->size() > 1) ensure_quarantine();
   if (stage_group_->size() > 1 && !deadline_)
@@ -397,6 +398,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   r.loss_samples = lost ? 0 : loss_samples_;
   r.guard_events = std::move(events_);
   r.update_skipped = skip_update_;
+  r.stop_agreed = stop_agreed_;
   r.wall_s = seconds_since(start);
   return r;
 }

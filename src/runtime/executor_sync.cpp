@@ -124,8 +124,9 @@ std::vector<Tensor> Executor::final_grads(size_t begin, size_t end) {
 
 // This rank's verdict on parameters [begin, end)'s gradients `grads`; a contribution left
 // out becomes zeros. Its counts: [samples kept, then one verdict per member of the
-// stage group, this rank's in its own slot], so that their sum tells every member
-// the samples kept and each member's verdict.
+// stage group, this rank's in its own slot, then 1 where this rank asks to stop
+// (set_stop_request)], so that their sum tells every member the samples kept, each
+// member's verdict and whether any asked to stop.
 void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
   const int members = stage_group_->size(), me = stage_group_->rank();
   const int64_t samples = layout_.samples[static_cast<size_t>(replica_)];
@@ -146,9 +147,10 @@ void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
       p.set_grad(grads[k]);
     }
   }
-  Tensor c = Tensor::zeros({1 + members}, cpu_backend());  // host: written through data() here
+  Tensor c = Tensor::zeros({2 + members}, cpu_backend());  // host: written through data() here
   c.data()[0] = v == Verdict::kept ? static_cast<float>(samples) : 0.f;
   c.data()[1 + me] = static_cast<float>(static_cast<int>(v));
+  c.data()[1 + members] = stop_requested_ && stop_requested_() ? 1.f : 0.f;
   counts_.push_back(c);
   groups_.emplace_back(begin, end);
 }
@@ -166,6 +168,9 @@ void Executor::settle_guard() {
   for (size_t g = 0; g < counts_.size(); ++g) {
     const float* c = counts_[g].data();
     if (c[0] <= 0) skip_update_ = true;
+    // Every member reads the same sums; only where the group is the whole world does the
+    // request reach every rank in this step.
+    if (c[1 + members] > 0 && members == world_.size()) stop_agreed_ = true;
     std::vector<Tensor> sums;
     for (size_t i = groups_[g].first; i < groups_[g].second; ++i) sums.push_back(params_[i].second.grad());
     rescale_to_kept(sums, plan_.global_batch, c[0]);

@@ -113,6 +113,7 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
   config::GuardConfig guard = cfg_.guard;
   if (local_group_) guard.norm_ratio = 0;
   executor_->set_guard(guard);
+  agree_stops_in_steps();
   // Rank 0 evaluates and checkpoints the whole model, so all of it goes onto its device;
   // the others hold only their stage there (the executor moved it), the rest of the
   // model staying in host memory.
@@ -168,7 +169,8 @@ TrainSummary Run::run() {
     int64_t done = loop.step + 1;
     if (!multi() && r.loss_samples > 0) loop.last_loss = check_loss(r.loss_sum, r.loss_samples, done);
     const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
-    bool stop_all = finish_due_logs(loop, done, stop_after);
+    // One process stops at once, and logs its last window as a stop agreed by many does.
+    bool stop_all = finish_due_logs(loop, done, stop_after) || r.stop_agreed || (!multi() && g_interrupted != 0);
     apply_rebalance(loop);
     // Under deadline no exchange carries an interrupt: a rank stops at its own step when it
     // was signalled, or where another's stop ended the chain (take_deadline): an interrupt,
@@ -331,6 +333,17 @@ void Run::add_to_window(Loop& loop, const StepResult& r) {
   ++loop.window_steps;
 }
 
+// A signal's stop, agreed in the step's gradient reduction where that spans every rank
+// (Executor::set_stop_request): every rank stops after the step in which some rank was
+// signalled, where the log exchange agrees only on the step after the next log step,
+// train.log_every steps on (50 by default): mpirun kills its ranks 1 s after passing on a
+// Ctrl-C, and the CNN's ranks took 2.5-4.7 s to reach that step. Not under local (the
+// executor steps a group) or deadline (its own chain ends the steps).
+void Run::agree_stops_in_steps() {
+  if (multi() && !local_group_ && plan_.sync_policy == plan::SyncPolicy::synchronous)
+    executor_->set_stop_request([] { return interrupt_requested(); });
+}
+
 // The rebalancer's answer to the check of a step before, which applies from the next step.
 void Run::apply_rebalance(Loop& loop) {
   auto o = rebalancer_.finish_check(plan_);
@@ -340,6 +353,7 @@ void Run::apply_rebalance(Loop& loop) {
   else if (o->changed) executor_->reshare();
   if (o->relayout && !faults_.empty()) executor_->inject(&faults_);
   if (o->relayout) executor_->set_guard(cfg_.guard);
+  if (o->relayout) agree_stops_in_steps();
   if (o->changed) loop.step_walls.clear();  // the measured step is the current shares'
   if (root_) {
     loop.metrics->write(o->record(rebalancer_.check_step()));

@@ -93,6 +93,7 @@ class Run {
   static void add_spans(StepResult& into, const StepResult& r);
   void add_to_window(Loop& loop, const StepResult& r);
   void apply_rebalance(Loop& loop);
+  void agree_stops_in_steps();  // see trainer.cpp
   void show_progress(const Loop& loop, int64_t done, float lr);
   void log_line(const Loop& loop, int64_t done, float lr, double elapsed_s, double rate = -1) const;
   void check_resumed_config() const;

@@ -12,11 +12,13 @@ import glob
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 
-from e2e_util import ROOT, check, finish, load, run, safetensors
+from e2e_util import ENV, ROOT, check, finish, load, records, run, safetensors
 from e2e_util import mpirun as mpirun_with
 
 HETRAIN = os.path.abspath(sys.argv[1])
@@ -119,6 +121,63 @@ def capped_stop_resume(tmp, name, cap_mb, **sections):
     dist = weights(d) if plan and r.returncode == 0 else {}
     check_close(f"{name}, stopped and resumed", weights(one), dist, lr_sum(c, 15), first + r.stderr[-1500:])
     return plan, first
+
+
+def rank_pids(text, n, within_s=60):
+    """The pids of the n ranks whose command line holds `text`, by MPI rank."""
+    deadline, found = time.monotonic() + within_s, {}
+    while time.monotonic() < deadline and len(found) < n:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or not in_cmdline(pid, text) or in_cmdline(pid, "mpirun"):
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+            except OSError:
+                continue
+            if b"OMPI_COMM_WORLD_RANK" in env:
+                found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
+        time.sleep(0.1)
+    return found
+
+
+def signal_stop(tmp, equal):
+    """SIGTERM to rank 1 alone of a data-parallel job whose log steps lie far apart: the
+    request travels in the step's gradient reduction, so both ranks stop at one step soon
+    after (the log exchange would agree only after the next log step, 100,000 steps on),
+    rank 0 saves that step with its last window logged, and --resume goes on from it."""
+    d = os.path.join(tmp, "signalled")
+    cfg = config(os.path.join(tmp, "signalled.json"), 200000, train={"log_every": 100000})
+    job = subprocess.Popen(["mpirun", "-np", "2", "--bind-to", "none", HETRAIN, "train", cfg, "--cluster", equal,
+                            "--run-dir", d, "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                           start_new_session=True)
+    pids = rank_pids(d, 2)
+    plan = os.path.join(d, "plan.json")
+    deadline = time.monotonic() + 60
+    while job.poll() is None and time.monotonic() < deadline and not os.path.exists(plan):
+        time.sleep(0.1)
+    time.sleep(1.0)  # into the steps
+    if 1 in pids and job.poll() is None:
+        os.kill(pids[1], signal.SIGTERM)
+    try:
+        _, err = job.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)  # mpirun and its ranks
+        _, err = job.communicate()
+        err += "\n(still running 120 s after the signal)"
+    steps = [int(x) for x in re.findall(r"(?:terminated|interrupted) at step (\d+) of", err)]
+    stop = steps[0] if steps else None
+    check("a signal to rank 1 of a data-parallel job: both ranks stop at one step, long before the next log step",
+          len(steps) == 2 and len(set(steps)) == 1 and stop < 100000 and job.returncode != 0, err[-1500:])
+    train = [x for x in records(d) if x["type"] == "train"] if stop else []
+    check("... rank 0 saves that step, its window logged",
+          stop is not None and os.path.exists(os.path.join(d, "checkpoints", f"ckpt-{stop:08d}.safetensors"))
+          and train and train[-1]["step"] == stop, str(train[-1:]))
+    if stop is not None:
+        r = mpirun(2, ["train", cfg, "--cluster", equal, "--run-dir", d, "--resume", "--steps", str(stop + 5), "-q"])
+        s = load(os.path.join(d, "summary.json")) if r.returncode == 0 else {}
+        check("... and --resume goes on from it", s.get("resumed_from_step") == stop and s.get("steps") == stop + 5,
+              r.stderr[-1500:])
 
 
 def differences(a, b):
@@ -343,6 +402,7 @@ def main():
     check("launched through PMIx alone: one job of two ranks",
           r.returncode == 0 and os.path.exists(os.path.join(pmix, "summary.json"))
           and load(os.path.join(pmix, "summary.json")).get("ranks") == 2, r.stderr[-800:])
+    signal_stop(tmp, equal)
     longer = config(os.path.join(tmp, "mlp.json"), 12)  # same model and batch: the plan still holds
     r = mpirun(2, ["train", longer, "--plan", plan2, "--run-dir", os.path.join(tmp, "x5"), "-q"])
     check("a plan stays valid when only the length of the run changes", r.returncode == 0, r.stderr[-800:])

@@ -334,14 +334,16 @@ def damaged_inputs(tmp, full):
 
     # SIGTERM (a scheduler's stop, or mpirun passing on a Ctrl-C) stops as Ctrl-C does:
     # at a step boundary, after a checkpoint, with the shell's status for the signal.
-    long_path = write_config(os.path.join(tmp, "mlp-long.json"), mlp_config(steps=1000000))
+    # Its log steps far apart, so that the step it stops at is not one of them.
+    long_cfg = mlp_config(steps=1000000)
+    long_cfg["train"]["log_every"] = 100000
+    long_path = write_config(os.path.join(tmp, "mlp-long.json"), long_cfg)
     term_dir = os.path.join(tmp, "mlp-term")
     job = subprocess.Popen([HETRAIN, "train", long_path, "--run-dir", term_dir, "--quiet"], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     metrics = os.path.join(term_dir, "metrics.jsonl")
     deadline = time.monotonic() + 60
-    while job.poll() is None and time.monotonic() < deadline and not (
-            os.path.exists(metrics) and '"train"' in open(metrics).read()):
+    while job.poll() is None and time.monotonic() < deadline and not os.path.exists(ckpt(term_dir, 10)):
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
     try:
@@ -352,6 +354,10 @@ def damaged_inputs(tmp, full):
     m = re.search(r"terminated at step (\d+)", err)
     check("SIGTERM: exit 143 after a checkpoint at the step it stopped at",
           job.returncode == 143 and m is not None and os.path.exists(ckpt(term_dir, int(m.group(1)))), err[-600:])
+    logged = [json.loads(x) for x in open(metrics)] if m else []
+    logged = [x["step"] for x in logged if x["type"] == "train"]
+    check("SIGTERM: the window it stopped in is logged (its guard records and loss are not logged again on resume)",
+          m is not None and logged and logged[-1] == int(m.group(1)), str(logged[-3:]))
 
     # A directory of the user's files: a new run neither overwrites nor deletes them.
     users = os.path.join(tmp, "users-files")
