@@ -185,11 +185,11 @@ TrainSummary Run::run() {
     // As the checkpoint below: a catch-up past an evaluation step evaluates at the step applied.
     if (cfg_.train.eval_every > 0 && done / cfg_.train.eval_every > asked / cfg_.train.eval_every && !last)
       evaluate_at(loop, done);
-    // One process stops at once; many agree on the step after a log step (every rank saw
-    // the flag in rank 0's answer).
+    // One process stops at once; many agree in the step's reduction (agree_stops_in_steps)
+    // or on the step after a log step (every rank saw the flag in rank 0's answer).
     const bool interrupted = executor_->deadline()
                                  ? g_interrupted != 0 || (deadline_ended_early_ && !opts_.stop_after)
-                                 : multi() ? stop_all : g_interrupted != 0;
+                                 : stop_all;  // one process's: the flag as read for stop_all, once
     const bool stop = interrupted || stop_after || deadline_stop;
     if (stop && !last && executor_->deadline()) {
       // Every member ends on one chain: the step saved is that chain's, where a catch-up
@@ -335,7 +335,7 @@ void Run::add_to_window(Loop& loop, const StepResult& r) {
 
 // A signal's stop, agreed in the step's gradient reduction where that spans every rank
 // (Executor::set_stop_request): every rank stops after the step in which some rank was
-// signalled, where the log exchange agrees only on the step after the next log step,
+// signalled (or the next, for a signal after its last gradients left), where the log exchange agrees only on the step after the next log step,
 // train.log_every steps on (50 by default): mpirun kills its ranks 1 s after passing on a
 // Ctrl-C, and the CNN's ranks took 2.5-4.7 s to reach that step. Not under local (the
 // executor steps a group) or deadline (its own chain ends the steps).

@@ -147,16 +147,18 @@ def signal_stop(tmp, equal):
     after (the log exchange would agree only after the next log step, 100,000 steps on),
     rank 0 saves that step with its last window logged, and --resume goes on from it."""
     d = os.path.join(tmp, "signalled")
-    cfg = config(os.path.join(tmp, "signalled.json"), 200000, train={"log_every": 100000})
+    cfg = config(os.path.join(tmp, "signalled.json"), 200000,
+                 train={"log_every": 100000, "eval_every": 20, "eval_max_samples": 100})
     job = subprocess.Popen(["mpirun", "-np", "2", "--bind-to", "none", HETRAIN, "train", cfg, "--cluster", equal,
                             "--run-dir", d, "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                            start_new_session=True)
     pids = rank_pids(d, 2)
-    plan = os.path.join(d, "plan.json")
+    # Every rank is past its first evaluation, so into the steps with its signal handler.
+    metrics = os.path.join(d, "metrics.jsonl")
     deadline = time.monotonic() + 60
-    while job.poll() is None and time.monotonic() < deadline and not os.path.exists(plan):
+    while job.poll() is None and time.monotonic() < deadline and not (
+            os.path.exists(metrics) and '"eval"' in open(metrics).read()):
         time.sleep(0.1)
-    time.sleep(1.0)  # into the steps
     if 1 in pids and job.poll() is None:
         os.kill(pids[1], signal.SIGTERM)
     try:

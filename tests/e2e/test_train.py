@@ -343,7 +343,8 @@ def damaged_inputs(tmp, full):
                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     metrics = os.path.join(term_dir, "metrics.jsonl")
     deadline = time.monotonic() + 60
-    while job.poll() is None and time.monotonic() < deadline and not os.path.exists(ckpt(term_dir, 10)):
+    while job.poll() is None and time.monotonic() < deadline and not (
+            os.path.exists(metrics) and '"eval"' in open(metrics).read()):
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
     try:
