@@ -298,6 +298,11 @@ void check_plan(const Plan& p) {
   HT_CHECK(!p.layout.replicas.empty() && !p.layout.replicas[0].empty(), "layout.replicas ",
            p.layout.replicas.empty() ? "is empty" : "holds a replica of no stages",
            "; expected at least one replica of one stage or more");
+  // Before the schedules are built from them: those index each replica by stage (a file
+  // whose stage_ranges had more stages than its replicas ended in a segfault).
+  for (size_t r = 0; r < p.layout.replicas.size(); ++r)
+    HT_CHECK(p.layout.replicas[r].size() == stages, "layout.replicas[", r, "] has ", p.layout.replicas[r].size(),
+             " stages but stage_ranges has ", stages, "; expected every replica to hold one rank per stage");
   const std::vector<Schedule> schedules = plan_schedules(p);  // validates the layout
   const std::vector<int>& alternate = p.layout.alternate_micro_batches;
   HT_CHECK(alternate.empty() || alternate.size() == p.layout.replicas.size(), "the layout has ",
@@ -305,8 +310,6 @@ void check_plan(const Plan& p) {
   for (size_t r = 0; r < alternate.size(); ++r)
     HT_CHECK(alternate[r] <= p.layout.samples[r], "replica ", r, " alternates with ", alternate[r],
              " micro-batches but has ", p.layout.samples[r], " samples; expected 0 (none) to ", p.layout.samples[r]);
-  HT_CHECK(p.layout.replicas[0].size() == stages, "the layout has ", p.layout.replicas[0].size(),
-           " stages but stage_ranges has ", stages);
   int64_t total = 0;
   for (int64_t n : p.layout.samples)
     HT_CHECK(!__builtin_add_overflow(total, n, &total), "the replicas' samples sum past 2^63; ",

@@ -507,6 +507,17 @@ TEST_CASE("plan file: round trip, and malformed files name the problem") {
   CHECK(contains(error(edit("\"reduce_owner\": -1", "\"reduce_owner\": 2")),
                  "layout.reduce_owner is 2; expected -1 (parts in proportion to the shares) or a replica, 0 to 1"));
   CHECK(plan_from_json(edit("\"reduce_owner\": -1", "\"reduce_owner\": 1"), "hub.json").layout.reduce_owner == 1);
+  {  // more stages than the replicas hold: refused before a schedule indexes a replica by stage (a segfault)
+    nlohmann::json more = nlohmann::json::parse(text);
+    auto& ranges = more["stage_ranges"];
+    const size_t stages = ranges.size();
+    const int b = ranges[0][0], e = ranges[0][1];
+    REQUIRE(e - b >= 2);
+    ranges[0][1] = b + 1;
+    ranges.insert(ranges.begin() + 1, nlohmann::json::array({b + 1, e}));
+    CHECK(contains(error(more.dump()), "layout.replicas[0] has " + std::to_string(stages) +
+                                           " stages but stage_ranges has " + std::to_string(stages + 1)));
+  }
   nlohmann::json old = nlohmann::json::parse(text);  // a plan from before the field
   old["layout"].erase("reduce_owner");
   CHECK(plan_from_json(old.dump(), "old.json").layout.reduce_owner == -1);
