@@ -78,6 +78,15 @@ std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>
   std::error_code ec;
   fs::create_directories(dir_, ec);
   HT_CHECK(!ec, "cannot create the checkpoint directory ", dir_, ": ", ec.message());
+  if (passed_over_.count(path) > 0) {  // the unreadable file the resume passed over, of this step
+    const std::string aside = path + ".unreadable";
+    fs::rename(path, aside, ec);
+    HT_CHECK(!ec, "cannot move the unreadable checkpoint ", path, " aside to ", aside,
+             " before saving this step's: ", ec.message());
+    passed_over_.erase(path);
+    std::fprintf(stderr, "hetrain: warning: the unreadable checkpoint of step %lld is kept as %s\n",
+                 static_cast<long long>(step), aside.c_str());
+  }
   write_checkpoint(path, tensors, metadata);  // throws before retention: nothing deleted
 
   // Retention by step, not by file time: the lowest steps of this run's line go first

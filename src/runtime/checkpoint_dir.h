@@ -36,8 +36,10 @@ class CheckpointDir {
   // run's line: a higher step is of a future a resume left, which only an unreadable file
   // can be, as a readable one would have been resumed), never the one just written, never
   // one load_newest_valid passed over as unreadable (it is the user's to look at, and no
-  // checkpoint to count) and never a file that does not match the name pattern. A failed
-  // save deletes nothing. Returns the path written.
+  // checkpoint to count) and never a file that does not match the name pattern. Such a
+  // file at `step` itself is first renamed to <path>.unreadable (said on stderr), so that
+  // the new checkpoint neither replaces it nor goes uncounted. A failed save deletes
+  // nothing. Returns the path written.
   std::string save(int64_t step, const std::vector<nn::NamedTensor>& tensors,
                    const std::map<std::string, std::string>& metadata = {});
 

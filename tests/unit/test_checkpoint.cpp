@@ -340,6 +340,15 @@ TEST_CASE("checkpoint dir: a resume past unreadable newer checkpoints keeps its 
   // not read were neither counted nor deleted.
   CHECK(steps == std::vector<int64_t>{35, 40, 50, 98, 99});
   CHECK(slurp(tmp / "checkpoints/ckpt-00000098.safetensors") == "garbage");
+  // Reaching the step of one it passed over: that file moves aside, kept, and the new
+  // checkpoint of the step counts (it had replaced the file and stayed uncounted, keep + 1
+  // readable checkpoints left).
+  dir.save(98, small_model(98.f), {{"step", "98"}});
+  steps.clear();
+  for (const CheckpointFile& f : dir.list()) steps.push_back(f.step);
+  CHECK(steps == std::vector<int64_t>{35, 50, 98, 99});
+  CHECK(slurp(tmp / "checkpoints/ckpt-00000098.safetensors.unreadable") == "garbage");
+  CHECK(read_checkpoint(tmp / "checkpoints/ckpt-00000098.safetensors").metadata.at("step") == "98");
 }
 
 TEST_CASE("checkpoint: a changed byte anywhere in the header fails the read") {
