@@ -434,6 +434,13 @@ std::string select_run_device(const config::Config& cfg, int world_rank, int wor
   return d.note;
 }
 
+size_t cap_host_memory(Allocator& a, size_t available) {
+  if (a.cap() != 0 || available == 0) return 0;
+  const auto cap = static_cast<size_t>(static_cast<double>(available) * (1 - kHostReserve));
+  a.set_cap(cap);
+  return cap;
+}
+
 TrainSummary train(config::Config cfg, const TrainOptions& opts,
                    std::optional<plan::Plan> plan) {
   apply_overrides(cfg, opts);
@@ -444,6 +451,13 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   set_thread_count(resolve_thread_count(0, comm::world().local_size()));
   // The config's emulate section and tools/hetero-local's memory cap, as the probe saw them.
   comm::apply_emulation(cfg.emulate, comm::world());
+  // One process has no plan to fit its memory: its host tensors are capped at what the
+  // machine has free now, so that a batch too large for it ends in the out-of-memory
+  // error below, not in the kernel's OOM killer (a 100,000-sample batch of the GPT grew
+  // to 22 GB and was killed, its new run directory left behind).
+  const size_t host_cap = comm::world().size() == 1
+                               ? cap_host_memory(cpu_backend().allocator(), cpu_backend().memory_info().available)
+                               : 0;
   // A new run that fails before its first step worth keeping takes its files back (rank 0
   // writes them), so the next try is not refused; a directory that held a run is left be.
   const std::string dir = cfg.run.dir;
@@ -455,6 +469,12 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   try {
     trainer_run::Run run(std::move(cfg), opts, std::move(plan));
     return run.run();
+  } catch (const OutOfMemory& e) {
+    if (discardable) RunDir::discard_unused(dir, fresh);
+    if (host_cap == 0 || cpu_backend().allocator().cap() != host_cap) throw;
+    fail("rank 0 ran out of host memory training the ", model, " model in batches of ", batch,
+         " (train.batch_size): ", e.what(), " (the cap: this machine's available memory at the start, less ",
+         static_cast<int>(kHostReserve * 100), "%): lower train.batch_size or the model's size");
   } catch (const std::bad_alloc&) {
     if (discardable) RunDir::discard_unused(dir, fresh);
     // A bare "std::bad_alloc" names nothing the user can change.

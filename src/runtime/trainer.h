@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "backend/allocator.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "plan/plan.h"
@@ -73,10 +74,20 @@ void apply_overrides(config::Config& cfg, const TrainOptions& opts);
 // it again with the same config changes nothing.
 std::string select_run_device(const config::Config& cfg, int world_rank, int world_size, int local_rank);
 
+// The share of the host's available memory a one-process run leaves outside its cap:
+// for what is not a tensor (the data set's arrays, the libraries' buffers) and for
+// other processes' growth.
+inline constexpr double kHostReserve = 0.1;
+// Caps the host's allocator `a` at (1 - kHostReserve) of `available` (the host's free
+// memory now), where it has no cap (an emulated one stays) and `available` is known (not
+// 0). Returns the cap set, 0 where none.
+size_t cap_host_memory(Allocator& a, size_t available);
+
 // Collective under MPI: every rank calls it with the same config and plan. Without a
-// plan (one process only) the whole model trains in train.micro_batches micro-batches.
-// Many ranks agree on Ctrl-C at the next log step, so the stop (with its checkpoint)
-// can lag by up to train.log_every steps.
+// plan (one process only) the whole model trains in train.micro_batches micro-batches,
+// its host memory capped (cap_host_memory). Many ranks agree on Ctrl-C in the step's
+// reduction where it spans every rank, else at the next log step, so the stop (with its
+// checkpoint) can lag by up to train.log_every steps.
 TrainSummary train(config::Config cfg, const TrainOptions& opts,
                    std::optional<plan::Plan> plan = std::nullopt);
 

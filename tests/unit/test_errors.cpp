@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "runtime/trainer.h"
 
 using namespace ht;
 
@@ -65,4 +66,21 @@ TEST_CASE("errors: a memory cap turns an oversized activation into OutOfMemory, 
                   OutOfMemory);
   CHECK(matmul(x, x).shape() == Shape{64, 64});  // the engine still works afterwards
   a.set_cap(0);
+}
+
+TEST_CASE("errors: one process's host memory is capped below what the machine has free, an emulated cap kept") {
+  Allocator& a = cpu_backend().allocator();
+  const size_t before = a.cap();
+  a.set_cap(0);
+  CHECK(runtime::cap_host_memory(a, 0) == 0);  // unknown: no cap
+  CHECK(a.cap() == 0);
+  const size_t available = size_t{10} << 30;
+  const size_t cap = runtime::cap_host_memory(a, available);
+  CHECK(cap == static_cast<size_t>(static_cast<double>(available) * (1 - runtime::kHostReserve)));
+  CHECK(a.cap() == cap);
+  CHECK(runtime::cap_host_memory(a, available) == 0);  // capped already
+  a.set_cap(123 << 20);  // an emulated device's (emulate.ranks[].memory_cap_mb)
+  CHECK(runtime::cap_host_memory(a, available) == 0);
+  CHECK(a.cap() == (123u << 20));
+  a.set_cap(before);
 }
