@@ -1,5 +1,6 @@
 #include "cli/planning.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -41,6 +42,7 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
   }
   ht::probe::ProbeOptions opts;
   opts.quick = true;
+  opts.peer_timeout_s = std::max(cfg.parallel.peer_timeout_s, ht::probe::kJobProbeLeastTimeoutS);
   opts.model = cfg;
   // Each rank probes the device it trains on (train selects it first; plan leaves the CPU).
   opts.backend = &ht::run_device();

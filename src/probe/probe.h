@@ -17,6 +17,10 @@ namespace ht::probe {
 // config whose parallel.peer_timeout_s would apply, and its ranks time seconds of their
 // own work between exchanges: a rank a minute late has stalled.
 inline constexpr double kProbePeerTimeoutS = 60;
+// The least bound of the quick probe a job runs before it plans, which otherwise takes
+// the job's parallel.peer_timeout_s (a job that allows longer stalls allows them there
+// too; one that allows less still gives a throttled rank's benchmarks their time).
+inline constexpr double kJobProbeLeastTimeoutS = 30;
 
 struct ProbeOptions {
   bool quick = false;                   // shorter benchmarks: under 5 s on 4 ranks
