@@ -39,6 +39,23 @@ std::optional<int64_t> parse_name(const std::string& name) {
 
 }  // namespace
 
+int CheckpointDir::remove_partial_writes() const {
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return 0;
+  constexpr std::string_view kPartial = ".tmp";
+  std::vector<fs::path> partial;
+  for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code e;
+    if (name.ends_with(kPartial) && parse_name(name.substr(0, name.size() - kPartial.size())) &&
+        it->is_regular_file(e) && !it->is_symlink(e))
+      partial.push_back(it->path());
+  }
+  int removed = 0;
+  for (const fs::path& p : partial) removed += fs::remove(p, ec) ? 1 : 0;
+  return removed;
+}
+
 CheckpointDir::CheckpointDir(std::string dir, int64_t keep) : dir_(std::move(dir)), keep_(keep) {
   HT_CHECK(keep_ >= 1, "checkpoints in ", dir_, ": keep is ", keep_, "; expected at least 1");
 }

@@ -53,6 +53,12 @@ class CheckpointDir {
   // throws ht::Error listing every attempt when none verifies.
   std::optional<Checkpoint> load_newest_valid(std::vector<std::string>& skipped);
 
+  // Removes the partial writes (<checkpoint name>.tmp, regular files) that a run stopped
+  // while writing left: never a checkpoint (the rename that makes one never came), and
+  // 30-40 MB each of the MLP's. Only by the process holding the run directory's lock, so
+  // that no write of its is in progress. Returns how many it removed.
+  int remove_partial_writes() const;
+
  private:
   std::string dir_;
   int64_t keep_;

@@ -105,6 +105,7 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
       checkpoints_(cfg_.run.dir + "/checkpoints", cfg_.checkpoint.keep),
       faults_(opts.faults, world_.rank()) {
   if (!faults_.empty()) executor_->inject(&faults_);
+  if (root_) checkpoints_.remove_partial_writes();  // rank 0 holds the run directory's lock (dir_)
   // Under local the outer step moves a group's weights by a whole round's progress at
   // once, so the next inner gradients' norms are no outliers of the group's own recent
   // ones: the guard keeps its non-finite check there and leaves out the norm check
@@ -382,12 +383,12 @@ TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
   loop.progress.finish();
   if (interrupted) {
     const int sig = g_interrupted;  // 0 on a rank that stopped on rank 0's word alone
-    // Under deadline rank 0 alone writes the checkpoint, of the step every member ended its
-    // chain at (this one).
-    const bool own = root_ || !executor_->deadline();
+    // Rank 0 alone writes the checkpoint (under deadline of the step every member ended its
+    // chain at, this one); the others may get here while it still writes, so they do not
+    // say it was saved (a rank 0 stopped in the write left only a .tmp file behind them).
     const std::string what = std::string(sig == SIGTERM ? "terminated" : "interrupted") + " at step " +
                              std::to_string(done) + " of " + std::to_string(total_steps_) +
-                             (own ? "; a checkpoint was saved" : "; rank 0 saved the checkpoint of this step") +
+                             (root_ ? "; a checkpoint was saved" : "; rank 0 writes the checkpoint of this step") +
                              resume_hint();
     // The shell's status for the signal: 130 for SIGINT, 143 for SIGTERM.
     const int status = 128 + (sig == SIGTERM ? SIGTERM : SIGINT);

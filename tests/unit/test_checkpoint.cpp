@@ -351,6 +351,21 @@ TEST_CASE("checkpoint dir: a resume past unreadable newer checkpoints keeps its 
   CHECK(read_checkpoint(tmp / "checkpoints/ckpt-00000098.safetensors").metadata.at("step") == "98");
 }
 
+TEST_CASE("checkpoint dir: the partial writes a stopped run left are removed, nothing else") {
+  TempDir tmp;
+  CheckpointDir dir(tmp / "checkpoints", 3);
+  CHECK(dir.remove_partial_writes() == 0);  // no directory yet
+  dir.save(10, small_model(10.f), {{"step", "10"}});
+  spit(tmp / "checkpoints/ckpt-00000020.safetensors.tmp", "half a checkpoint");
+  spit(tmp / "checkpoints/ckpt-20.safetensors.tmp", "not of a checkpoint's name");
+  spit(tmp / "checkpoints/notes.tmp", "the user's");
+  CHECK(dir.remove_partial_writes() == 1);
+  CHECK(!std::filesystem::exists(tmp / "checkpoints/ckpt-00000020.safetensors.tmp"));
+  CHECK(slurp(tmp / "checkpoints/ckpt-20.safetensors.tmp") == "not of a checkpoint's name");
+  CHECK(slurp(tmp / "checkpoints/notes.tmp") == "the user's");
+  CHECK(dir.list().size() == 1);
+}
+
 TEST_CASE("checkpoint: a changed byte anywhere in the header fails the read") {
   TempDir tmp;
   const std::string good = tmp / "good.safetensors";
