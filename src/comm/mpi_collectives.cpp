@@ -267,8 +267,10 @@ namespace {
 
 class MpiConsultation final : public Consultation {
  public:
-  MpiConsultation(MpiCommunicator& control, std::string mine, int tag)
-      : c_(control), mine_(std::make_shared<const std::string>(std::move(mine))), tag_(tag) {
+  // `owner`: the communicator whose consult made it (its roll call names who stalled);
+  // `control`: the owner's, which carries the messages.
+  MpiConsultation(MpiCommunicator& owner, MpiCommunicator& control, std::string mine, int tag)
+      : owner_(owner), c_(control), mine_(std::make_shared<const std::string>(std::move(mine))), tag_(tag) {
     if (c_.rank() == 0) {
       for (int r = 1; r < c_.size(); ++r) {
         items_.push_back(std::make_shared<std::vector<char>>());
@@ -318,8 +320,15 @@ class MpiConsultation final : public Consultation {
       recvs_[0] = std::move(both[1]);
       if (late) {
         for (Request& r : sends_) (void)r.wait(Timeout(0));
-        fail_as<PeerTimeout>(peer_timeout_message(c_.world_rank(c_.rank()), {c_.world_rank(0)},
-                                                  concat("rank 0's answer to ", what), timeout));
+        // Rank 0 may itself be waiting, for another rank's item: then it answers the roll
+        // call (it takes one on its own timeout) and the absent are the ones to name (a
+        // stopped idle rank's peers, waiting here first, named rank 0 and ended the job).
+        const int root = c_.world_rank(0);
+        const std::vector<int> absent = absent_after(owner_, timeout);
+        const bool root_waits = !absent.empty() && std::find(absent.begin(), absent.end(), root) == absent.end();
+        fail_as<PeerTimeout>(peer_timeout_message(
+            c_.world_rank(c_.rank()), root_waits ? absent : std::vector<int>{root},
+            concat("rank 0's answer to ", what, root_waits ? " (rank 0 was waiting too)" : ""), timeout));
       }
       return std::string(items_[0]->begin(), items_[0]->end());
     }
@@ -327,6 +336,8 @@ class MpiConsultation final : public Consultation {
     if (!left.empty()) {
       std::vector<int> missing;
       for (size_t i : left) missing.push_back(c_.world_rank(static_cast<int>(i) + 1));
+      // The roll call the others take on their timeout, waiting for this answer.
+      missing = stalled_among(owner_, missing, timeout);
       fail_as<PeerTimeout>(peer_timeout_message(c_.world_rank(0), missing, concat("every rank's item of ", what),
                                                 timeout));
     }
@@ -341,6 +352,7 @@ class MpiConsultation final : public Consultation {
   }
 
  private:
+  MpiCommunicator& owner_;
   MpiCommunicator& c_;
   std::shared_ptr<const std::string> mine_, answer_;
   int tag_;
@@ -353,7 +365,7 @@ class MpiConsultation final : public Consultation {
 }  // namespace
 
 std::unique_ptr<Consultation> MpiCommunicator::consult(const std::string& mine) {
-  return std::make_unique<MpiConsultation>(*control_, mine, next_control_tag());
+  return std::make_unique<MpiConsultation>(*this, *control_, mine, next_control_tag());
 }
 
 void MpiCommunicator::set_link_emulation(std::vector<LinkEmulation> links) {
