@@ -24,11 +24,15 @@ struct World {
   bool launched = false;
 
   // Every rank's arrival, point to point, before the collective end: MPI_Finalize cannot
-  // say whom it waits for, so a rank stalled on its way here is named now. A world left
+  // say whom it waits for, so a rank stalled on its way here is named now. Twice: the
+  // others wait in the first for rank 0's final evaluation, and one stopped there had
+  // sent its arrival already, so only the second, which none enters before every rank
+  // has arrived, misses it (it was left to MPI_Finalize's unnamed timeout). A world left
   // unusable by an abandoned collective skips it (the watchdog still bounds the end).
   void arrive_at_end() {
     try {
       (void)comm->allgather("", blocking_call_limit(), "every rank at the job's end (MPI_Finalize)");
+      (void)comm->allgather("", blocking_call_limit(), "every rank leaving at the job's end (MPI_Finalize)");
     } catch (const PeerTimeout& e) {
       end_with_peer_timeout(e.what());
     } catch (const std::exception&) {

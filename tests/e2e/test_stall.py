@@ -21,6 +21,7 @@ waited 600 s and earlier forever.
 usage: test_stall.py HETRAIN"""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,72 @@ def startup_stall(cfg, scratch):
     print(f"  the job with a stall before start-up ended after {took:.1f} s, exit status {status}")
 
 
+def final_evaluation_stall(scratch):
+    """Rank 1 stopped while rank 0 runs the final evaluation (the CNN on 10,000 images, a
+    few seconds), rank 1 waiting at the job's end meanwhile: rank 0 names it. Its arrival
+    had gone out before the stop, and the end was left to MPI_Finalize's watchdog, which
+    names no rank. Returns what could not be checked ([] or a reason)."""
+    cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_cnn.json"))
+    cfg["train"].pop("epochs")
+    cfg["train"].update(steps=6, eval_every=0, eval_max_samples=10000, log_every=2)
+    cfg["checkpoint"] = {"every": 0, "keep": 1}
+    cfg["parallel"] = {"strategy": "equal", "sync": "sync", "peer_timeout_s": PEER_TIMEOUT_S, "rebalance_every": 0}
+    run_dir = os.path.join(scratch, "final-run")
+    cfg["run"] = {"dir": run_dir}
+    path = os.path.join(scratch, "cnn-final.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    last = os.path.join(run_dir, "checkpoints", "ckpt-00000006.safetensors")  # written before the evaluation
+    with open(os.path.join(scratch, "final.log"), "w+") as log:
+        job = subprocess.Popen(["mpirun", "-np", "2", "--bind-to", "none", HETRAIN, "train", path],
+                               stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+        stopped, missing = None, []
+        try:
+            start, ranks = time.monotonic(), {}
+            while not os.path.exists(last) and job.poll() is None and time.monotonic() - start < START_BOUND_S:
+                if 1 not in ranks:  # mpirun starts them one after the other
+                    ranks = ranks_of(job.pid)
+                time.sleep(0.02)
+            if 1 not in ranks:
+                ranks = ranks_of(job.pid)
+            # Into rank 1's wait at the end, its arrival sent (the evaluation takes seconds):
+            # a stop before it would be named at the arrival already.
+            time.sleep(1.0)
+            try:
+                os.kill(ranks[1], signal.SIGSTOP)
+                stopped = ranks[1]
+            except (KeyError, ProcessLookupError):
+                pass
+            log.seek(0)
+            # Rank 0 prints the evaluation's line before it goes to the end: where it is out
+            # already, rank 1 may be past the exchanges (this script was too slow to react).
+            if stopped is None or "final (step 6)" in log.read():
+                missing = ["a stop of rank 1 before rank 0's final evaluation ended (this machine was too slow)"]
+            else:
+                try:
+                    status = job.wait(timeout=STOP_BOUND_S)
+                except subprocess.TimeoutExpired:
+                    status = None
+                log.seek(0)
+                text = log.read()
+                check("a rank stopped during the final evaluation: the job ends, nonzero", status not in (None, 0),
+                      f"exit {status}")
+                # At its arrival, or (the stop came after rank 1 had sent that) at its leaving.
+                said = re.search(rf"hetrain: rank 0: error: no word from rank 1 after {PEER_TIMEOUT_S} s waiting for "
+                                 r"every rank (leaving )?at the job's end", text)
+                check("... rank 0 names it, at the job's end", said, text[-2000:])
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+            if stopped is not None:
+                try:
+                    os.kill(stopped, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            job.wait()
+    return missing
+
+
 def main():
     if not have_fashion_mnist():
         print("SKIP: Fashion-MNIST is not installed")
@@ -157,6 +224,7 @@ def main():
         job.wait()
         log.close()
     startup_stall(cfg, scratch)
+    missing = final_evaluation_stall(scratch)
     newest = checkpoints(run_dir)[-1:]
     check("no partial checkpoint is left in the run directory",
           all(not f.endswith(".tmp") for f in os.listdir(os.path.join(run_dir, "checkpoints")))
@@ -165,7 +233,7 @@ def main():
         r = run([HETRAIN, "eval", cfg, "--checkpoint", newest[0]], timeout=120)
         check("the newest checkpoint loads and evaluates (hetrain eval)", r.returncode == 0 and "accuracy" in r.stdout,
               r.stdout + r.stderr)
-    return finish(scratch)
+    return finish(scratch, missing)
 
 
 if __name__ == "__main__":
