@@ -287,6 +287,13 @@ std::string evaluate_checkpoint(const config::Config& cfg, const std::string& pa
   if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   Checkpoint ckpt = read_checkpoint(path);
   check_model_config(ckpt, cfg, path);  // dropout aside: it is off when evaluating
+  // As a resume checks them (one edited by hand, its CRC made again, was evaluated).
+  if (ckpt.metadata.count("model"))
+    HT_CHECK(metadata_text(ckpt, "model") == cfg.model.type, "checkpoint ", path, " holds a ",
+             metadata_text(ckpt, "model"), " model but the config builds a ", cfg.model.type, " model");
+  const bool has_step = ckpt.metadata.count("step") > 0;
+  const int64_t step = has_step ? metadata_int(ckpt, "step") : 0;
+  HT_CHECK(step >= 0, "checkpoint ", path, ": metadata 'step' is ", step, "; expected a count of steps, 0 or more");
   std::unique_ptr<Task> task = make_task(cfg, run_device());
   nn::Sequential model = task->build_model(cfg.train.seed);
   load_into(prefixed("model.", model.named_parameters()), ckpt, "model.");
@@ -295,7 +302,7 @@ std::string evaluate_checkpoint(const config::Config& cfg, const std::string& pa
   NoGradGuard no_grad;
   EvalResult r = task->evaluate(model);
   json out = {{"checkpoint", path}, {"config", cfg.name}};
-  if (ckpt.metadata.count("step")) out["step"] = metadata_int(ckpt, "step");
+  if (has_step) out["step"] = step;
   for (const auto& [k, v] : r.metrics) out[k] = v;
   std::fprintf(stderr, "%s: %s\n", path.c_str(), r.line.c_str());
   return out.dump();

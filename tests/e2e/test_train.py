@@ -399,6 +399,13 @@ def damaged_inputs(tmp, full):
     r = run(["train", path, "--run-dir", bad_step, "--resume", "--quiet"])
     check("a signed checkpoint at step -5: exit 1 naming it and the step",
           r.returncode == 1 and "ckpt-00000010" in r.stderr and "step -5" in r.stderr, r.stderr)
+    r = run(["eval", path, "--checkpoint", ckpt(bad_step, 10)])
+    check("... and eval refuses it too, naming the step",
+          r.returncode == 1 and "metadata 'step' is -5" in r.stderr, r.stderr)
+    resign(ckpt(bad_step, 10), b'"model":"mlp"', b'"model":"cnn"')
+    r = run(["eval", path, "--checkpoint", ckpt(bad_step, 10)])
+    check("a signed checkpoint naming another model: eval refuses it, naming both",
+          r.returncode == 1 and "holds a cnn model but the config builds a mlp model" in r.stderr, r.stderr)
 
     # A signed checkpoint holding a NaN: eval refuses it; resume passes over it to the one
     # before (it trained on, and then could never checkpoint again).
