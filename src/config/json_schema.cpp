@@ -1,5 +1,6 @@
 #include "config/json_schema.h"
 
+#include <cstdio>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -371,6 +372,17 @@ Json parse_document(const std::string& text, const std::string& source) {
       reason = reason.substr(p + 2);
     constexpr size_t kMaxReason = 160;
     if (reason.size() > kMaxReason) reason = reason.substr(0, kMaxReason - 3) + "...";
+    // The token it quotes may be any bytes (a binary file, a checkpoint's corrupt header):
+    // written as \xNN outside printable ASCII, so that the message is text.
+    std::string shown;
+    for (const unsigned char c : reason)
+      if (c >= 0x20 && c < 0x7f) shown += static_cast<char>(c);
+      else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02x", c);
+        shown += hex;
+      }
+    reason = shown;
     const auto* pe = dynamic_cast<const Json::parse_error*>(&e);
     throw ConfigError(source + ": invalid JSON" +
                       (pe ? " at byte " + std::to_string(pe->byte) : std::string()) + ": " +

@@ -240,6 +240,17 @@ TEST_CASE("checkpoint: corrupt files fail with an error naming the file and the 
   std::string json_broken = bytes;
   json_broken[8] = '[';
   check_bad(json_broken, "header: invalid JSON at byte");
+  // A byte outside ASCII in the header is quoted as \xNN: the message stays text.
+  std::string binary = bytes;
+  binary[9] = static_cast<char>(0xff);
+  check_bad(binary, "header: invalid JSON at byte");
+  try {
+    (void)read_checkpoint(bad);
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("\\xff") != std::string::npos);
+    CHECK(std::none_of(m.begin(), m.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; }));
+  }
 
   std::string too_long = bytes;
   too_long[0] = static_cast<char>(0xff);  // N grows by 255 - (N & 0xff): past the file end
