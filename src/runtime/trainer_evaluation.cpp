@@ -42,18 +42,25 @@ void Run::check_evaluation_fits() {
   };
   model_.set_training(false);
   double at4 = 0, per_sample = 0;
+  // A batch of at most 8 is measured itself (as "4" with no growth past it): a message
+  // about 8 samples was wrong for an eval_batch_size of 1.
+  const int64_t small = std::min<int64_t>(batch, 4), second = std::min<int64_t>(batch, 8);
+  int64_t trying = small;
   try {
-    at4 = forward_bytes(4);
-    per_sample = (forward_bytes(8) - at4) / 4;
+    at4 = forward_bytes(small);
+    trying = second;
+    per_sample = second > small ? (forward_bytes(second) - at4) / static_cast<double>(second - small) : 0;
   } catch (const OutOfMemory& e) {
-    fail("rank 0 cannot evaluate the whole model in batches of even 8 samples under its cap (", e.what(),
-         "); give rank 0 more memory");
+    fail("rank 0 cannot evaluate the whole model in batches of even ", trying, " samples under its cap (", e.what(),
+         "); ", trying == small ? std::string("give rank 0 more memory")
+                                : "set train.eval_batch_size to " + std::to_string(small) + " or give rank 0 more memory");
   }
   model_.set_training(true);
   const double in_use = static_cast<double>(memory.live_bytes()), cap = static_cast<double>(memory.cap());
-  const double need = kMargin * (in_use + at4 + per_sample * static_cast<double>(batch - 4));
+  const double need = kMargin * (in_use + at4 + per_sample * static_cast<double>(batch - small));
   if (need <= cap) return;
-  const double fits = per_sample > 0 ? std::floor((cap / kMargin - in_use - at4) / per_sample) + 4 : 0;
+  const double fits =
+      per_sample > 0 ? std::floor((cap / kMargin - in_use - at4) / per_sample) + static_cast<double>(small) : 0;
   fail("rank 0 would run out of memory evaluating the whole model in batches of ", batch, ": about ",
        format_bytes(need), " with the ", format_bytes(in_use),
        " it holds for training, under its cap of ", format_bytes(cap), "; ",
