@@ -1,10 +1,10 @@
 #include "config/json_schema.h"
 
-#include <cstdio>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>

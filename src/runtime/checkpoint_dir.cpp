@@ -96,7 +96,8 @@ std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>
   fs::create_directories(dir_, ec);
   HT_CHECK(!ec, "cannot create the checkpoint directory ", dir_, ": ", ec.message());
   if (passed_over_.count(path) > 0) {  // the unreadable file the resume passed over, of this step
-    const std::string aside = path + ".unreadable";
+    std::string aside = path + ".unreadable";  // never over one set aside before
+    for (int k = 1; fs::exists(fs::symlink_status(aside, ec)); ++k) aside = path + ".unreadable." + std::to_string(k);
     fs::rename(path, aside, ec);
     HT_CHECK(!ec, "cannot move the unreadable checkpoint ", path, " aside to ", aside,
              " before saving this step's: ", ec.message());

@@ -37,9 +37,9 @@ class CheckpointDir {
   // can be, as a readable one would have been resumed), never the one just written, never
   // one load_newest_valid passed over as unreadable (it is the user's to look at, and no
   // checkpoint to count) and never a file that does not match the name pattern. Such a
-  // file at `step` itself is first renamed to <path>.unreadable (said on stderr), so that
-  // the new checkpoint neither replaces it nor goes uncounted. A failed save deletes
-  // nothing. Returns the path written.
+  // file at `step` itself is first renamed to <path>.unreadable (.unreadable.N where that
+  // is taken; said on stderr), so that the new checkpoint neither replaces it nor goes
+  // uncounted. A failed save deletes nothing. Returns the path written.
   std::string save(int64_t step, const std::vector<nn::NamedTensor>& tensors,
                    const std::map<std::string, std::string>& metadata = {});
 

@@ -336,10 +336,11 @@ void Run::add_to_window(Loop& loop, const StepResult& r) {
 
 // A signal's stop, agreed in the step's gradient reduction where that spans every rank
 // (Executor::set_stop_request): every rank stops after the step in which some rank was
-// signalled (or the next, for a signal after its last gradients left), where the log exchange agrees only on the step after the next log step,
-// train.log_every steps on (50 by default): mpirun kills its ranks 1 s after passing on a
-// Ctrl-C, and the CNN's ranks took 2.5-4.7 s to reach that step. Not under local (the
-// executor steps a group) or deadline (its own chain ends the steps).
+// signalled (or the next, for a signal after its last gradients left). The log exchange
+// agrees only on the step after the next log step, train.log_every steps on (50 by
+// default): mpirun kills its ranks 1 s after passing on a Ctrl-C, and the CNN's ranks
+// took 2.5-4.7 s to reach that step. Not under local (the executor steps a group) or
+// deadline (its own chain ends the steps).
 void Run::agree_stops_in_steps() {
   if (multi() && !local_group_ && plan_.sync_policy == plan::SyncPolicy::synchronous)
     executor_->set_stop_request([] { return interrupt_requested(); });
@@ -452,13 +453,14 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   set_thread_count(resolve_thread_count(0, comm::world().local_size()));
   // The config's emulate section and tools/hetero-local's memory cap, as the probe saw them.
   comm::apply_emulation(cfg.emulate, comm::world());
-  // One process has no plan to fit its memory: its host tensors are capped at what the
-  // machine has free now, so that a batch too large for it ends in the out-of-memory
-  // error below, not in the kernel's OOM killer (a 100,000-sample batch of the GPT grew
-  // to 22 GB and was killed, its new run directory left behind).
-  const size_t host_cap = comm::world().size() == 1
-                               ? cap_host_memory(cpu_backend().allocator(), cpu_backend().memory_info().available)
-                               : 0;
+  // One process on the CPU without a plan has nothing that fits its memory: its tensors
+  // are capped at what the machine has free now, so that a batch too large for it ends in
+  // the out-of-memory error below, not in the kernel's OOM killer (a 100,000-sample batch
+  // of the GPT grew to 22 GB and was killed, its new run directory left behind). A GPU's
+  // out of memory is its own allocator's, named as such (backend/cuda).
+  const size_t host_cap = comm::world().size() == 1 && !plan && run_device().kind() == DeviceKind::cpu
+                              ? cap_host_memory(cpu_backend().allocator(), cpu_backend().memory_info().available)
+                              : 0;
   // A new run that fails before its first step worth keeping takes its files back (rank 0
   // writes them), so the next try is not refused; a directory that held a run is left be.
   const std::string dir = cfg.run.dir;

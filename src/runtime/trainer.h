@@ -85,9 +85,9 @@ size_t cap_host_memory(Allocator& a, size_t available);
 
 // Collective under MPI: every rank calls it with the same config and plan. Without a
 // plan (one process only) the whole model trains in train.micro_batches micro-batches,
-// its host memory capped (cap_host_memory). Many ranks agree on Ctrl-C in the step's
-// reduction where it spans every rank, else at the next log step, so the stop (with its
-// checkpoint) can lag by up to train.log_every steps.
+// its host memory capped on the CPU (cap_host_memory). Many ranks agree on Ctrl-C in the
+// step's reduction where it spans every rank under sync, at a round end under local, at
+// the signalled rank's step under deadline, else on the step after the next log step.
 TrainSummary train(config::Config cfg, const TrainOptions& opts,
                    std::optional<plan::Plan> plan = std::nullopt);
 

@@ -42,9 +42,9 @@ void Run::check_evaluation_fits() {
   };
   model_.set_training(false);
   double at4 = 0, per_sample = 0;
-  // A batch of at most 8 is measured itself (as "4" with no growth past it): a message
-  // about 8 samples was wrong for an eval_batch_size of 1.
-  const int64_t small = std::min<int64_t>(batch, 4), second = std::min<int64_t>(batch, 8);
+  // A batch of at most 8 is measured itself, and from 1 sample where at most 4, so that
+  // what fits is known below it too (a message said 8 samples for an eval_batch_size of 1).
+  const int64_t small = batch <= 4 ? 1 : 4, second = std::min<int64_t>(batch, 8);
   int64_t trying = small;
   try {
     at4 = forward_bytes(small);
@@ -52,8 +52,9 @@ void Run::check_evaluation_fits() {
     per_sample = second > small ? (forward_bytes(second) - at4) / static_cast<double>(second - small) : 0;
   } catch (const OutOfMemory& e) {
     fail("rank 0 cannot evaluate the whole model in batches of even ", trying, " samples under its cap (", e.what(),
-         "); ", trying == small ? std::string("give rank 0 more memory")
-                                : "set train.eval_batch_size to " + std::to_string(small) + " or give rank 0 more memory");
+         "); ",
+         trying == small ? std::string("give rank 0 more memory")
+                         : "set train.eval_batch_size to " + std::to_string(small) + " or give rank 0 more memory");
   }
   model_.set_training(true);
   const double in_use = static_cast<double>(memory.live_bytes()), cap = static_cast<double>(memory.cap());

@@ -149,7 +149,8 @@ def final_evaluation_stall(scratch):
             # Rank 0 prints the evaluation's line before it goes to the end: where it is out
             # already, rank 1 may be past the exchanges (this script was too slow to react).
             if stopped is None or "final (step 6)" in log.read():
-                missing = ["a stop of rank 1 before rank 0's final evaluation ended (this machine was too slow)"]
+                missing = ["a final evaluation long enough to stop rank 1 in (rank 0's had ended before this script "
+                           "stopped rank 1)"]
             else:
                 try:
                     status = job.wait(timeout=STOP_BOUND_S)

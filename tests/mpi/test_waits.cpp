@@ -206,15 +206,18 @@ TEST_CASE("waits: the deadline reduction's end with a stopped member names a ran
 }
 
 TEST_CASE("waits: consult with a stopped rank: every rank names it, rank 0 being found waiting too") {
-  with_rank_stopped(1, [](Communicator& g) {
+  // The roll call's grace is the timeout (up to 10 s): 2 s, so that every rank that
+  // waits, four on two cores, answers it in time.
+  const Timeout timeout(2.0);
+  with_rank_stopped(1, [&](Communicator& g) {
     auto c = g.consult("item");
     const std::string m = peer_timeout_of([&] {
-      (void)c->finish([](const std::vector<std::string>&) { return std::string("answer"); }, kShort, "the test consultation");
+      (void)c->finish([](const std::vector<std::string>&) { return std::string("answer"); }, timeout, "the test consultation");
     });
     if (g.rank() == 0)
-      CHECK(contains(m, "rank 0: no word from rank 1 after 0.3 s waiting for every rank's item of the test consultation"));
+      CHECK(contains(m, "rank 0: no word from rank 1 after 2 s waiting for every rank's item of the test consultation"));
     else
-      CHECK(contains(m, "no word from rank 1 after 0.3 s waiting for rank 0's answer to the test consultation "
+      CHECK(contains(m, "no word from rank 1 after 2 s waiting for rank 0's answer to the test consultation "
                         "(rank 0 was waiting too)"));
   });
 }
