@@ -2,6 +2,7 @@
 the ok/FAIL report, what this machine lacks, and running commands. A script runs every
 check it can here; when some could not run and none failed, it exits 77, which meson
 reports as skipped (see finish)."""
+import glob
 import json
 import os
 import shutil
@@ -91,6 +92,25 @@ def run(cmd, timeout=180):
 
 def mpirun(hetrain, n, args, timeout=180, wrapper=None):
     return run(["mpirun", "-np", str(n), "--bind-to", "none"] + (wrapper or []) + [hetrain] + args, timeout)
+
+
+
+def rank_pids(mpirun_pid):
+    """{world rank: pid} of mpirun's children, from OMPI_COMM_WORLD_RANK in their environment."""
+    pids = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open(d + "/environ", "rb") as f:
+                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+            if b"OMPI_COMM_WORLD_RANK" in env:
+                pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(os.path.basename(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
 
 
 def records(run_dir):

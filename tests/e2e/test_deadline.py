@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, run, save
+from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, rank_pids, run, save
 
 HETRAIN = os.path.abspath(sys.argv[1])
 RANKS = 4
@@ -59,24 +59,6 @@ def lr_at(step):
         return base * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, STEPS - warmup - 1))
     return 0.5 * base * (1 + math.cos(math.pi * progress))
-
-
-def rank_pids(mpirun_pid):
-    """{world rank: pid} of mpirun's children, from OMPI_COMM_WORLD_RANK in their environment."""
-    pids = {}
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(d + "/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != mpirun_pid:
-                continue
-            with open(d + "/environ", "rb") as f:
-                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
-            if b"OMPI_COMM_WORLD_RANK" in env:
-                pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(os.path.basename(d))
-        except (OSError, ValueError, IndexError):
-            continue
-    return pids
 
 
 def metrics_records(path):

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from e2e_util import ENV, ROOT, check, finish, load, records, run, safetensors
+from e2e_util import ENV, ROOT, check, finish, load, rank_pids, records, run, safetensors
 from e2e_util import mpirun as mpirun_with
 
 HETRAIN = os.path.abspath(sys.argv[1])
@@ -123,24 +123,6 @@ def capped_stop_resume(tmp, name, cap_mb, **sections):
     return plan, first
 
 
-def rank_pids(text, n, within_s=60):
-    """The pids of the n ranks whose command line holds `text`, by MPI rank."""
-    deadline, found = time.monotonic() + within_s, {}
-    while time.monotonic() < deadline and len(found) < n:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or not in_cmdline(pid, text) or in_cmdline(pid, "mpirun"):
-                continue
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
-            except OSError:
-                continue
-            if b"OMPI_COMM_WORLD_RANK" in env:
-                found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
-        time.sleep(0.1)
-    return found
-
-
 def signal_stop(tmp, equal):
     """SIGTERM to rank 1 alone of a data-parallel job whose log steps lie far apart: the
     request travels in the step's gradient reduction, so both ranks stop at one step soon
@@ -152,7 +134,10 @@ def signal_stop(tmp, equal):
     job = subprocess.Popen(["mpirun", "-np", "2", "--bind-to", "none", HETRAIN, "train", cfg, "--cluster", equal,
                             "--run-dir", d, "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                            start_new_session=True)
-    pids = rank_pids(d, 2)
+    deadline, pids = time.monotonic() + 60, {}
+    while len(pids) < 2 and job.poll() is None and time.monotonic() < deadline:  # mpirun starts them in turn
+        pids = rank_pids(job.pid)
+        time.sleep(0.1)
     # Every rank is past its first evaluation, so into the steps with its signal handler.
     metrics = os.path.join(d, "metrics.jsonl")
     deadline = time.monotonic() + 60

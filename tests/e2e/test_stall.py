@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, run
+from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, rank_pids, run
 
 HETRAIN = os.path.abspath(sys.argv[1])
 PEER_TIMEOUT_S = 3
@@ -51,34 +51,24 @@ def config(path, run_dir):
     return path
 
 
-def rank_of(pid):
-    """The MPI world rank of process `pid` (from its environment), or None."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                    return int(item.split(b"=", 1)[1])
-    except OSError:
-        pass
-    return None
-
-
-def ranks_of(launcher):
-    """{rank: pid} of the hetrain processes under `launcher` (mpirun starts them itself)."""
-    out = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout
-    ranks = {}
-    for line in out.split():
-        r = rank_of(int(line))
-        if r is not None:
-            ranks[r] = int(line)
-    return ranks
-
-
 def checkpoints(run_dir):
     d = os.path.join(run_dir, "checkpoints")
     if not os.path.isdir(d):
         return []
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".safetensors"))
+
+
+def end_job(job, stopped):
+    """Ends `job` (mpirun and its ranks) where it still runs, and continues the rank
+    `stopped` (a pid, or None), so that nothing of the case is left behind."""
+    if job.poll() is None:
+        os.killpg(job.pid, signal.SIGKILL)
+    if stopped is not None:
+        try:
+            os.kill(stopped, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    job.wait()
 
 
 def startup_stall(cfg, scratch):
@@ -133,10 +123,10 @@ def final_evaluation_stall(scratch):
             start, ranks = time.monotonic(), {}
             while not os.path.exists(last) and job.poll() is None and time.monotonic() - start < START_BOUND_S:
                 if 1 not in ranks:  # mpirun starts them one after the other
-                    ranks = ranks_of(job.pid)
+                    ranks = rank_pids(job.pid)
                 time.sleep(0.02)
             if 1 not in ranks:
-                ranks = ranks_of(job.pid)
+                ranks = rank_pids(job.pid)
             # Into rank 1's wait at the end, its arrival sent (the evaluation takes seconds):
             # a stop before it would be named at the arrival already.
             time.sleep(1.0)
@@ -165,14 +155,7 @@ def final_evaluation_stall(scratch):
                                  r"every rank (leaving )?at the job's end", text)
                 check("... rank 0 names it, at the job's end", said, text[-2000:])
         finally:
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-            if stopped is not None:
-                try:
-                    os.kill(stopped, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-            job.wait()
+            end_job(job, stopped)
     return missing
 
 
@@ -191,7 +174,7 @@ def main():
         start = time.monotonic()
         while not checkpoints(run_dir) and job.poll() is None and time.monotonic() - start < START_BOUND_S:
             time.sleep(0.2)
-        ranks = ranks_of(job.pid)
+        ranks = rank_pids(job.pid)
         check("the job runs and writes a checkpoint", job.poll() is None and checkpoints(run_dir) and 1 in ranks,
               f"exit {job.poll()}, checkpoints {checkpoints(run_dir)}, ranks {ranks}")
         if job.poll() is None and 1 in ranks:
@@ -215,14 +198,7 @@ def main():
             print("  " + line.strip())
             print(f"  the job ended {took:.1f} s after rank 1's stop, exit status {status}")
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-        if stopped is not None:
-            try:
-                os.kill(stopped, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        job.wait()
+        end_job(job, stopped)
         log.close()
     startup_stall(cfg, scratch)
     missing = final_evaluation_stall(scratch)
