@@ -159,7 +159,10 @@ TrainSummary Run::run() {
     const int64_t asked = loop.step;
     StepResult r = take_step(loop, lr, trace);  // may move loop.step on (a deadline catch-up)
     if (trace) add_spans(loop.trace, r);
-    if (trace && asked == trace_end) write_timeline(loop.trace);
+    if (trace && asked == trace_end) {
+      write_timeline(loop.trace);
+      loop.timeline_written = true;
+    }
     rebalancer_.record(r);
     add_to_window(loop, r);
     // The records and the progress line are of the step applied: past a catch-up, not the
@@ -382,6 +385,11 @@ void Run::evaluate_at(Loop& loop, int64_t done) {
 // stop_after ends the run.
 TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
   loop.progress.finish();
+  // The timeline is written at the end of its traced step (or round); a stop before that
+  // leaves no file, which is said rather than left for the user to find out.
+  if (root_ && !opts_.timeline.empty() && !loop.timeline_written)
+    std::fprintf(stderr, "hetrain: note: no timeline written to %s: the run stopped at step %lld, before its traced step %lld ended\n",
+                 opts_.timeline.c_str(), static_cast<long long>(done), static_cast<long long>(loop.traced + 1));
   if (interrupted) {
     const int sig = g_interrupted;  // 0 on a rank that stopped on rank 0's word alone
     // Rank 0 alone writes the checkpoint (under deadline of the step every member ended its

@@ -80,6 +80,7 @@ class Run {
     // Under local the traced step's whole round (a group takes its inner steps spread over
     // it, none in most job steps): its steps' spans, on the first's clock.
     StepResult trace;
+    bool timeline_written = false;
     // Since t0, when the last step was done (under local with its final outer step),
     // before the final checkpoint and evaluation; 0 until then.
     double trained_s = 0;

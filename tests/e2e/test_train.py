@@ -192,6 +192,23 @@ def changed_resume(tmp):
           r.stderr)
 
 
+def timeline_stops(tmp):
+    """--timeline is written at the end of the invocation's sixth step; a stop before it
+    says that nothing was written (it left no file and no word)."""
+    path = write_config(os.path.join(tmp, "timeline.json"), mlp_config(steps=20))
+    early, late = os.path.join(tmp, "timeline-early.json"), os.path.join(tmp, "timeline-late.json")
+    r = run(["train", path, "--run-dir", os.path.join(tmp, "timeline-a"), "--quiet", "--stop-after", "3",
+             "--timeline", early])
+    check("--timeline, stopped at step 3: no file, and a note naming it and the traced step 6",
+          r.returncode == 0 and not os.path.exists(early)
+          and f"no timeline written to {early}: the run stopped at step 3, before its traced step 6 ended" in r.stderr,
+          r.stderr)
+    r = run(["train", path, "--run-dir", os.path.join(tmp, "timeline-b"), "--quiet", "--stop-after", "6",
+             "--timeline", late])
+    check("--timeline, stopped at step 6: written, no note",
+          r.returncode == 0 and os.path.exists(late) and "no timeline written" not in r.stderr, r.stderr)
+
+
 def failed_starts(tmp):
     """A run that fails before its first step worth keeping takes its run directory back,
     so the next try is not refused as "already holds a run"; a directory of the user's
@@ -431,6 +448,7 @@ def main():
             print(f"SKIP: {', '.join(absent)} not installed (tools/setup installs them)")
             return 1 if failures else 77
         path, full, split = exact_resume(tmp, "mlp", mlp_config(), 20, 10)
+        timeline_stops(tmp)
         _, gpt_full, _ = exact_resume(tmp, "gpt", gpt_config(), 12, 5)
         # The GPT's heads do not shape its weights: eval checks the model the checkpoint
         # records (it evaluated 4 heads' worth of another model without a word).
