@@ -395,7 +395,10 @@ TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
     // Rank 0 alone writes the checkpoint (under deadline of the step every member ended its
     // chain at, this one); the others may get here while it still writes, so they do not
     // say it was saved (a rank 0 stopped in the write left only a .tmp file behind them).
-    const std::string what = std::string(sig == SIGTERM ? "terminated" : "interrupted") + " at step " +
+    // A rank that was not signalled stopped on another's word: it says so, rather than
+    // that it was interrupted itself.
+    const std::string how = sig == SIGTERM ? "terminated" : sig != 0 ? "interrupted" : "stopped with the signalled rank";
+    const std::string what = how + " at step " +
                              std::to_string(done) + " of " + std::to_string(total_steps_) +
                              (root_ ? "; a checkpoint was saved" : "; rank 0 writes the checkpoint of this step") +
                              resume_hint();

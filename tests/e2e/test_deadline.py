@@ -217,9 +217,11 @@ def interrupt_one(scratch):
     check("interrupt: SIGTERM to rank 2 stops the job (nonzero exit) with a checkpoint short of the end",
           p.returncode != 0 and 0 < last < steps and not os.path.exists(os.path.join(run_dir, "summary.json")),
           f"rc {p.returncode}, checkpoints {[os.path.basename(x) for x in ckpts]}\n{err[-2000:]}")
-    said = [line for line in err.splitlines() if "terminated at step" in line or "interrupted at step" in line]
-    check("interrupt: every rank says it stopped at the checkpoint's step",
-          len(said) == RANKS and all(f"at step {last} of {steps}" in line for line in said), "\n".join(said))
+    said = [line for line in err.splitlines()
+            if any(f"{how} at step" in line for how in ("terminated", "interrupted", "stopped with the signalled rank"))]
+    check("interrupt: every rank says it stopped at the checkpoint's step, rank 2 alone that it was terminated",
+          len(said) == RANKS and all(f"at step {last} of {steps}" in line for line in said)
+          and sum("terminated at step" in line for line in said) == 1, "\n".join(said))
     if not 0 < last < steps:
         return
     c["train"]["steps"] = last + 20

@@ -152,10 +152,13 @@ def signal_stop(tmp, equal):
         os.killpg(job.pid, signal.SIGKILL)  # mpirun and its ranks
         _, err = job.communicate()
         err += "\n(still running 120 s after the signal)"
-    steps = [int(x) for x in re.findall(r"(?:terminated|interrupted) at step (\d+) of", err)]
+    steps = [int(x) for x in re.findall(r"(?:terminated|interrupted|stopped with the signalled rank) at step (\d+) of", err)]
     stop = steps[0] if steps else None
     check("a signal to rank 1 of a data-parallel job: both ranks stop at one step, long before the next log step",
           len(steps) == 2 and len(set(steps)) == 1 and stop < 100000 and job.returncode != 0, err[-1500:])
+    check("... rank 1 says it was terminated, rank 0 that it stopped with the signalled rank",
+          len(re.findall(r"terminated at step", err)) == 1
+          and len(re.findall(r"stopped with the signalled rank at step", err)) == 1, err[-1500:])
     train = [x for x in records(d) if x["type"] == "train"] if stop else []
     check("... rank 0 saves that step, its window logged",
           stop is not None and os.path.exists(os.path.join(d, "checkpoints", f"ckpt-{stop:08d}.safetensors"))
