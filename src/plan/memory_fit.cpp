@@ -165,7 +165,14 @@ void sync_rank_shares(Plan& plan) {
 }
 
 MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rp) {
-  if (rp.replica < 0) return {};
+  // Rank 0 evaluates and checkpoints the whole model, so it holds every block's weights on
+  // its device (runtime/trainer.cpp), idle or not; an idle rank holds nothing else.
+  const double all_weights = kWeightBytesPerParam * std::accumulate(costs.params.begin(), costs.params.end(), 0.0);
+  if (rp.replica < 0) {
+    MemoryUse idle;
+    if (rp.rank == 0) idle.params = all_weights;
+    return idle;
+  }
   StageMemoryParams params;
   params.stage = rp.stage;
   params.stages = static_cast<int>(plan.stage_ranges.size());
@@ -174,10 +181,7 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
   params.recompute = rp.recompute;
   params.optimizer_shard = rp.optimizer_shard;
   MemoryUse m = stage_memory(stage_footprint(costs, rp.block_begin, rp.block_end), params);
-  // Rank 0 evaluates and checkpoints the whole model, so it also holds the other stages'
-  // weights (runtime/trainer.cpp).
-  if (rp.rank == 0 && params.stages > 1)
-    m.params = kWeightBytesPerParam * std::accumulate(costs.params.begin(), costs.params.end(), 0.0);
+  if (rp.rank == 0 && params.stages > 1) m.params = all_weights;  // the other stages' too
   return m;
 }
 
@@ -193,6 +197,7 @@ Shortfall shortfall_of(const RankPlan& rp) {
   s.need = rp.memory;
   s.micro_batches = rp.micro_batches;
   s.micro_batch_size = rp.micro_batch_size;
+  s.idle = rp.replica < 0;
   return s;
 }
 

@@ -31,7 +31,9 @@ MemoryStep over_capacity_step(const MemoryUse& use, double capacity);
 MemoryStep activations_step(MemoryStepKind kind, double before, double after);
 void add_strategy(RankPlan& rp, MemoryStrategy strategy, const MemoryStep& step);
 
-// What `rank` holds under the plan's current decisions.
+// What `rank` holds under the plan's current decisions. Rank 0 evaluates and checkpoints
+// the whole model, so it holds every block's weights on its device, in a pipeline and
+// when idle too (runtime/trainer.cpp); another idle rank holds nothing.
 MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 
 // What `rank` lacks under rank.memory (report::shortfall_text spells it).

@@ -68,6 +68,9 @@ struct Shortfall {
   int micro_batches = 1;
   int64_t micro_batch_size = 0;
   bool sharding_possible = false;
+  // An idle rank 0, short of room for the whole model's weights, which it holds to
+  // evaluate and checkpoint (memory_fit.h's rank_memory).
+  bool idle = false;
 };
 
 // Why no contiguous pipeline split fits (stage_partition.h), for the first reason found.

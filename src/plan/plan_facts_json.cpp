@@ -77,7 +77,8 @@ Json shortfall_json(const Shortfall& s) {
           {"after_strategies", s.after_strategies},
           {"micro_batches", s.micro_batches},
           {"micro_batch_size", s.micro_batch_size},
-          {"sharding_possible", s.sharding_possible}};
+          {"sharding_possible", s.sharding_possible},
+          {"idle", s.idle}};
 }
 
 Shortfall read_shortfall(const Json& j, const std::string& p) {
@@ -97,6 +98,7 @@ Shortfall read_shortfall(const Json& j, const std::string& p) {
   s.micro_batches = integer(j, p, "micro_batches", 1);
   s.micro_batch_size = read_int(at(j, p, "micro_batch_size"), key_path(p, "micro_batch_size"), 0);
   s.sharding_possible = read_bool(at(j, p, "sharding_possible"), key_path(p, "sharding_possible"));
+  s.idle = j.contains("idle") && read_bool(j.at("idle"), key_path(p, "idle"));
   return s;
 }
 

@@ -217,6 +217,7 @@ Candidate build(const PlannerInput& in, const LinkTiers& tiers, int stages, cons
     if (pin.whole_model_stage >= 0) {
       for (double params : in.costs.params) pin.weight_bytes.push_back(kWeightBytesPerParam * params);
       pin.whole_model_capacity = in.cluster.ranks[0].memory_bytes;
+      pin.whole_model_device = in.cluster.ranks[0].label();
     }
     pin.micro_batches = micro_batches;
     pin.micro_batch_size = std::max<int64_t>(1, in.global_batch / replicas / micro_batches);

@@ -129,8 +129,13 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
     f.stage = s;
     f.block = b;
     const DeviceModel& d = c.in.devices[static_cast<size_t>(s)];
-    f.device = d.label();
-    f.device_memory = d.memory_bytes;
+    // Where rank 0, holding the other blocks' weights too, is the stage's bound, its
+    // device is named with its capacity (the group's smallest device was named with
+    // rank 0's capacity).
+    const bool rank0 = c.rank0_tighter(s, b, b + 1);
+    f.device = rank0 ? "rank 0's " + (c.in.whole_model_device.empty() ? std::string("device") : c.in.whole_model_device)
+                     : d.label();
+    f.device_memory = rank0 ? c.in.whole_model_capacity : d.memory_bytes;
     f.needed = c.memory(s, b, b + 1);
     f.capacity = c.capacity(s, b, b + 1);
     throw StageSplitError(f);

@@ -29,6 +29,7 @@ struct StagePartitionInput {
   int whole_model_stage = -1;
   std::vector<double> weight_bytes;
   double whole_model_capacity = 0;
+  std::string whole_model_device;  // rank 0's label, named where its memory is the bound
 };
 
 struct StagePartition {

@@ -363,6 +363,42 @@ TEST_CASE("planner: the pipeline split counts the other stages' weights that ran
   CHECK(p.ranks[1].block_end - p.ranks[1].block_begin == 2);
 }
 
+TEST_CASE("planner: an idle rank 0 still holds the whole model's weights, which must fit it") {
+  // Rank 0's links take 50 ms and carry 1 KB/s, so under auto it is left idle; it still
+  // evaluates and checkpoints, with all 4 blocks' weights (16 MB) on its device.
+  const auto slow_rank0 = [](double memory) {
+    ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, {memory, 64 * kGiB, 64 * kGiB, 64 * kGiB});
+    for (size_t j = 1; j < 4; ++j) {
+      set_latency(c, 0, j, 0.05);
+      set_bandwidth(c, 0, j, 1e3);
+    }
+    return c;
+  };
+  const ClusterModel roomy = slow_rank0(64 * kGiB);
+  const Plan p = make_plan(input(roomy, costs(roomy, 4), 64));
+  check_plan(p);
+  REQUIRE(p.ranks[0].replica < 0);
+  CHECK(p.ranks[0].memory.params == doctest::Approx(16e6));
+  CHECK(p.ranks[0].memory.total() == doctest::Approx(16e6));
+  CHECK(p.ranks[1].memory.params == doctest::Approx(16e6));  // its own replica's
+  // 10 MB: neither idle nor in any layout can rank 0 hold them; the refusal says so.
+  const ClusterModel small = slow_rank0(10e6);
+  try {
+    make_plan(input(small, costs(small, 4), 64));
+    FAIL("expected NoPlanFits");
+  } catch (const NoPlanFits& e) {
+    const auto idle = std::find_if(e.shapes.begin(), e.shapes.end(), [](const auto& s) {
+      return s.problem.kind == LayoutProblemKind::memory && s.problem.shortfall.idle;
+    });
+    REQUIRE(idle != e.shapes.end());
+    CHECK(idle->problem.shortfall.rank == 0);
+    CHECK(idle->problem.shortfall.need.total() == doctest::Approx(16e6));
+    CHECK(report::shortfall_text(idle->problem.shortfall) ==
+          "rank 0 (dev0, 9.5 MiB), idle in this layout, still evaluates and checkpoints the whole model, whose "
+          "weights alone need 15.3 MiB, 5.7 MiB short; a rank with room for them must be rank 0");
+  }
+}
+
 TEST_CASE("planner: bad inputs get errors naming the numbers") {
   const ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB));
   try {

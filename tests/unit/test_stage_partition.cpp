@@ -308,11 +308,16 @@ TEST_CASE("stage partition: the whole-model stage also holds every other block's
   tight.weight_bytes.assign(2, 1.0);
   tight.whole_model_stage = 0;
   tight.whole_model_capacity = 4.5;
+  tight.whole_model_device = "gpu0";
   const StageSplitFailure f = split_failure(tight);
   CHECK(f.problem == StageSplitProblem::block_too_large);
   CHECK(f.block == 0);
   CHECK(f.needed == 5);  // its state 4 and the other block's weights 1
   CHECK(f.stage == f.whole_model_stage);
+  // Rank 0 binds: its device and capacity are named, not the stage group's smallest's.
+  CHECK(f.device == "rank 0's gpu0");
+  CHECK(f.device_memory == 4.5);
+  CHECK(f.capacity == 4.5);
   // Bad input names the field.
   in.whole_model_stage = 2;
   CHECK_THROWS_WITH_AS(partition_stages(in), doctest::Contains("whole_model_stage 2"), Error);
