@@ -377,6 +377,15 @@ class Play {
     return end;
   }
 
+  // The first failure, not yet spent, of the phase's rank `index` before `end`; -1 if none.
+  int failure_of(int index, double end) const {
+    for (size_t i = 0; i < events_.size(); ++i)
+      if (!used_[i] && events_[i].kind == WhatIfKind::fail && events_[i].at_s < end &&
+          phase_.index_of(events_[i].rank) == index)
+        return static_cast<int>(i);
+    return -1;
+  }
+
   // The first failure, not yet spent, of a rank of the phase before `end`.
   int failure_before(double end) const {
     for (size_t i = 0; i < events_.size(); ++i)
@@ -683,17 +692,40 @@ class Play {
         it = returning.erase(it);
       }
       budget = adapted_budget(window, budget);
-      for (size_t i = 0; i < events_.size(); ++i) {
-        const WhatIfEvent& e = events_[i];
-        if (used_[i] || e.kind != WhatIfKind::fail || e.at_s >= t + budget) continue;
-        const int r = phase_.index_of(e.rank);
-        if (r < 0) continue;
-        used_[i] = true;
-        if (gone_[static_cast<size_t>(r)]) continue;  // failed before: nothing more to leave out
-        gone_[static_cast<size_t>(r)] = true;
-        for (size_t u = 0; u < units.size(); ++u)
-          if (std::find(units[u].ranks.begin(), units[u].ranks.end(), r) != units[u].ranks.end()) failed[u] = true;
-        out_.notes.push_back(e.spec + ": left out from step " + std::to_string(done) + " on, no restart");
+      // Each unit as the step finds it: silent (failed, or stalled past the budget), or its
+      // contribution's arrival after the step's start.
+      struct Seen {
+        bool silent = false, held = false;
+        double arrival = 0, end = 0;  // end: when it arrives, stalls included
+      };
+      std::vector<Seen> seen(units.size());
+      for (size_t u = 0; u < units.size(); ++u) {
+        Seen& x = seen[u];
+        x.silent = failed[u];
+        x.end = t;
+        for (int idx : units[u].ranks) {
+          const auto r = static_cast<size_t>(idx);
+          const double part = p.arrival[r] + p.copy[r] + p.tail;
+          x.arrival = std::max(x.arrival, part);
+          if (x.silent) continue;
+          const double e = held_end(idx, t, part, false);  // t + part exactly when no stall holds it
+          // A failure before the rank's contribution left leaves it out from this step on
+          // (one after it, or after the job's last step, does not touch this step).
+          if (const int f = failure_of(idx, e); f >= 0) {
+            used_[static_cast<size_t>(f)] = true;
+            gone_[r] = true;
+            failed[u] = x.silent = true;
+            out_.notes.push_back(events_[static_cast<size_t>(f)].spec + ": left out from step " +
+                                 std::to_string(done) + " on, no restart");
+            continue;
+          }
+          x.held = x.held || e > t + part;
+          x.end = std::max(x.end, e);
+        }
+        if (!x.silent) {
+          x.arrival = std::max(x.arrival, x.end - t);
+          x.silent = x.held && x.arrival > budget;  // stalled past the budget: nothing heard
+        }
       }
       // Nobody left to close a step: the job ends here, as under sync.
       HT_CHECK(std::find(failed.begin(), failed.end(), false) != failed.end(),
@@ -701,39 +733,35 @@ class Play {
                units.front().ranks.size() > 1 ? "replica has lost a rank (deadline leaves a replica out whole)"
                                               : "rank has failed",
                ": none left to train");
+      // Every unit stalled past the budget: no step closes while all are stopped. The first
+      // back leads and waits a budget for the others, so this step's budget runs from then.
+      double step_budget = budget;
+      if (std::all_of(seen.begin(), seen.end(), [](const Seen& x) { return x.silent; })) {
+        double first = std::numeric_limits<double>::infinity();
+        for (size_t u = 0; u < units.size(); ++u)
+          if (!failed[u]) first = std::min(first, seen[u].end);
+        step_budget = first - t + budget;
+        for (size_t u = 0; u < units.size(); ++u)
+          if (!failed[u] && seen[u].arrival <= step_budget) seen[u].silent = false;
+      }
       bool waited = false, any_missing = false, leader_silent = false;
       double last = 0, latest = 0;  // latest: the arrivals the budget adapts to, late ones included
       for (size_t u = 0; u < units.size(); ++u) {
-        bool silent = failed[u];
-        double arrival = 0, end = t;
-        bool held = false;
-        for (int idx : units[u].ranks) {
-          const auto r = static_cast<size_t>(idx);
-          const double part = p.arrival[r] + p.copy[r] + p.tail;
-          arrival = std::max(arrival, part);
-          if (silent) continue;
-          const double e = held_end(idx, t, part, false);  // t + part exactly when no stall holds it
-          held = held || e > t + part;
-          end = std::max(end, e);
-        }
-        if (!silent) {
-          arrival = std::max(arrival, end - t);
-          silent = held && arrival > budget;  // stalled past the budget: nothing heard
-          if (silent && missed[u] == 0) returning.emplace_back(done, end, arrival);  // one send, on resuming
-        }
-        if (!silent) latest = std::max(latest, arrival);
-        if (arrival <= budget && !silent) {
-          last = std::max(last, arrival);
+        const Seen& x = seen[u];
+        if (x.silent && !failed[u] && missed[u] == 0) returning.emplace_back(done, x.end, x.arrival);  // one send, on resuming
+        if (!x.silent) latest = std::max(latest, x.arrival);
+        if (x.arrival <= step_budget && !x.silent) {
+          last = std::max(last, x.arrival);
           missed[u] = 0;
           continue;
         }
         any_missing = true;
-        leader_silent = leader_silent || (silent && u == leader);
+        leader_silent = leader_silent || (x.silent && u == leader);
         dropped += units[u].samples;
-        waited = waited || !silent || missed[u] < kDeadlineWaitedSteps;
-        missed[u] = silent ? missed[u] + 1 : 0;
+        waited = waited || !x.silent || missed[u] < kDeadlineWaitedSteps;
+        missed[u] = x.silent ? missed[u] + 1 : 0;
       }
-      double close = waited ? budget : last;
+      double close = waited ? step_budget : last;
       if (leader_silent) {
         // The members wait their patience after sending, then the next unit leads from
         // then on: it waits a budget for the silent one (new to its count), and measures

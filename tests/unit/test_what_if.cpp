@@ -603,6 +603,39 @@ TEST_CASE("deadline: a stall that outlasts the job holds its end, which hears fr
   CHECK(deadline.seconds == doctest::Approx(in.events[0].at_s + in.events[0].for_s));
 }
 
+TEST_CASE("deadline: with every rank stopped no step closes; the job waits as sync does") {
+  WhatIfInput in = four_equal(200, {});
+  const double step = plan_for_policy(in.planner, Policy::deadline, 0).predicted.step_seconds;
+  const double at = 10.5 * step, S = 50 * step;
+  for (int r = 0; r < 4; ++r)
+    in.events.push_back(parse_what_if_event("stall:rank=" + std::to_string(r) + ",at=" + std::to_string(at) +
+                                            ",for=" + std::to_string(S)));
+  const PolicyOutcome deadline = outcome(run_what_if(in), Policy::deadline);
+  REQUIRE(deadline.refused.empty());
+  // It closed dozens of empty steps, each dropping the whole batch.
+  CHECK(deadline.steps_closed_short == 0);
+  CHECK(deadline.samples_dropped == 0);
+  CHECK(deadline.lost_seconds == doctest::Approx(S).epsilon(0.02));
+}
+
+TEST_CASE("deadline: a failure counts from the step its rank had not yet sent to; one after the end changes nothing") {
+  WhatIfInput in = four_equal(20, {});
+  const double step = plan_for_policy(in.planner, Policy::deadline, 0).predicted.step_seconds;
+  const PolicyOutcome clean = outcome(run_what_if(in), Policy::deadline);
+  // Just after the last step closed, inside what would have been its budget: nothing.
+  in.events = {parse_what_if_event("fail:rank=1,at=" + std::to_string(clean.seconds + 0.2 * step))};
+  const PolicyOutcome late = outcome(run_what_if(in), Policy::deadline);
+  CHECK(late.seconds == doctest::Approx(clean.seconds));
+  CHECK(late.samples_dropped == 0);
+  // Early in step 6 (a step is clean.seconds / 20 as played), within step 5's budget: step
+  // 5 is whole, 6 on are short (14 of 20). It was charged to step 5, whose budget ran on.
+  in.events = {parse_what_if_event("fail:rank=1,at=" + std::to_string(6.2 * clean.seconds / 20))};
+  const PolicyOutcome mid = outcome(run_what_if(in), Policy::deadline);
+  CHECK(mid.steps_closed_short == 14);
+  REQUIRE(!mid.notes.empty());
+  CHECK(contains(mid.notes[0], "left out from step 6 on"));
+}
+
 TEST_CASE("deadline: a stalled leader costs its step the members' patience and the next leader's budget") {
   WhatIfInput in = four_equal(100, {});
   const double step = plan_for_policy(in.planner, Policy::deadline, 0).predicted.step_seconds;
