@@ -358,8 +358,11 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
     if (dev == cat.devices.end())
       spec_error(spec, std::to_string(count) + "x" + id, "names an unknown device \"" + id + "\"" + hint(id, device_ids) +
                                                            "; known devices: " + join(device_ids));
+    // kUsableMemory of the datasheet's memory, as of a probed device's: the same hardware
+    // plans alike as a synth: spec and as a cluster file (a card at 100% of its nominal
+    // memory was planned full, which its CUDA context alone rules out).
     DeviceModel m{dev->id, dev->name, dev->kind, dev->fp32_tflops * 1e12 * dev->efficiency,
-                  dev->memory_gb * kGiB, dev->memory_bandwidth_gb_s * 1e9, false};
+                  dev->memory_gb * kGiB * kUsableMemory, dev->memory_bandwidth_gb_s * 1e9, false};
     m.bf16_flops = bf16_gemm_flops(0, &*dev);
     c.ranks.insert(c.ranks.end(), static_cast<size_t>(count), m);
   }

@@ -78,7 +78,7 @@ TEST_CASE("cluster: synth spec gives ranks in order with one link class") {
   CHECK(c.ranks[3].kind == DeviceKind::cpu);
   CHECK(!c.ranks[0].measured);
   CHECK(c.ranks[0].flops == doctest::Approx(12.74e12 * 0.45));
-  CHECK(c.ranks[2].memory_bytes == doctest::Approx(40.0 * (1 << 30)));
+  CHECK(c.ranks[2].memory_bytes == doctest::Approx(40.0 * (1 << 30) * kUsableMemory));  // as a probed card
   CHECK(c.ranks[2].memory_bandwidth == doctest::Approx(1555e9));
   CHECK(c.block_seconds.empty());
   for (size_t i = 0; i < 6; ++i)
