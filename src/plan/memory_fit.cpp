@@ -220,6 +220,21 @@ std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool ma
     }
     if (!changed) break;
   }
+  // Recomputation costs a forward each step. A rank that took it before the replica's
+  // micro-batches grew (for another of its ranks, or later for itself) may fit without
+  // it now: it is taken back there, and the step says so (it stayed on, a fifth of a
+  // step's time on a 1.3B model's pipeline whose ranks were left at a third of memory).
+  for (RankPlan& rp : plan.ranks) {
+    if (rp.replica < 0 || !rp.recompute) continue;
+    RankPlan trial = rp;
+    trial.recompute = false;
+    const MemoryUse with = rank_memory(plan, costs, rp), without = rank_memory(plan, costs, trial);
+    if (without.total() > rp.device.memory_bytes) continue;
+    rp.recompute = false;
+    auto& s = rp.memory_strategies;
+    s.erase(std::remove(s.begin(), s.end(), MemoryStrategy::recompute), s.end());
+    rp.memory_steps.push_back(activations_step(MemoryStepKind::recompute_dropped, with.activations, without.activations));
+  }
   auto& recompute = plan.layout.recompute;
   recompute.assign(plan.layout.replicas.size(), std::vector<bool>(plan.stage_ranges.size(), false));
   for (RankPlan& rp : plan.ranks) {

@@ -17,7 +17,8 @@ constexpr EnumName<MemoryStepKind> kMemoryStepNames[] = {
     {MemoryStepKind::recompute, "recompute"},
     {MemoryStepKind::micro_batches, "micro_batches"},
     {MemoryStepKind::optimizer_sharding, "optimizer_sharding"},
-    {MemoryStepKind::shard_for_peer, "shard_for_peer"}};
+    {MemoryStepKind::shard_for_peer, "shard_for_peer"},
+    {MemoryStepKind::recompute_dropped, "recompute_dropped"}};
 
 constexpr EnumName<StageSplitProblem> kStageSplitNames[] = {
     {StageSplitProblem::block_too_large, "block_too_large"},

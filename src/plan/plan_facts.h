@@ -36,6 +36,9 @@ enum class MemoryStepKind {
   micro_batches,       // micro_batches of at most micro_batch_size; activations before -> after
   optimizer_sharding,  // the stage's state_bytes split over group_size ranks; this one keeps kept_fraction
   shard_for_peer,      // keeps kept_fraction of stage's state, sharded so that for_rank fits
+  // Recomputation taken back: with the micro-batches the replica ended with (raised for
+  // another of its ranks, or further for this one), activations_after fits without it.
+  recompute_dropped,   // activations_before (recomputing) -> activations_after (kept)
 };
 const char* to_string(MemoryStepKind k);  // the plan file's "kind"
 std::vector<std::string> memory_step_kind_names();

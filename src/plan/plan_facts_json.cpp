@@ -165,6 +165,7 @@ Json memory_steps_json(const std::vector<MemoryStep>& steps) {
         j["micro_batch_size"] = s.micro_batch_size;
         [[fallthrough]];
       case MemoryStepKind::recompute:
+      case MemoryStepKind::recompute_dropped:
         j["activations_before"] = s.activations_before;
         j["activations_after"] = s.activations_after;
         break;
@@ -187,7 +188,7 @@ std::vector<MemoryStep> read_memory_steps(const Json& v, const std::string& path
     MemoryStep s;
     const std::string kind = kind_of(j, p, memory_step_kind_names());
     s.kind = *parse_memory_step_kind(kind);
-    const std::vector<std::string> saving{"recompute", "micro_batches"};
+    const std::vector<std::string> saving{"recompute", "micro_batches", "recompute_dropped"};
     const std::vector<std::string> sharding{"optimizer_sharding", "shard_for_peer"};
     walk(j, p,
          {kind_field(),

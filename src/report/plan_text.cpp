@@ -53,6 +53,9 @@ std::string memory_step_text(const plan::MemoryStep& s) {
              breakdown(s.use) + ")";
     case K::recompute:
       return "recompute: " + activations_change(s);
+    case K::recompute_dropped:
+      return "recomputation dropped: with the replica's final micro-batches the activations fit without it, " +
+             activations_change(s);
     case K::micro_batches:
       return "micro-batches: " + std::to_string(s.micro_batches) + " of at most " +
              std::to_string(s.micro_batch_size) + " samples, " + activations_change(s);

@@ -155,6 +155,26 @@ TEST_CASE("planner: memory strategies in order: recompute, micro-batches that fi
     for (int r = 1; r < 4; ++r) CHECK(p.ranks[r].memory_strategies.empty());
     check_plan(p);
   }
+  SUBCASE("recompute taken back where its replica's micro-batches, grown for another rank, make it needless") {
+    // Rank 0 alone takes recompute (as above); rank 1, capped at 45 MB, then needs 4
+    // micro-batches of 8 for the replica, and at those rank 0 fits without recomputing
+    // (2 in flight x 8 samples x 2 MB = 32 MB with its 44 MB: 76 MB of 92).
+    Plan p = hybrid_skeleton(92e6);
+    p.ranks[1].device.memory_bytes = 45e6;
+    REQUIRE_FALSE(fit_memory(p, k));
+    CHECK(p.layout.micro_batches[0] > 2);
+    CHECK_FALSE(p.ranks[0].recompute);
+    CHECK_FALSE(p.layout.recompute[0][0]);
+    CHECK(p.ranks[0].memory_strategies.empty());
+    const auto& steps = p.ranks[0].memory_steps;
+    REQUIRE(steps.size() == 3);
+    CHECK(steps[1].kind == MemoryStepKind::recompute);
+    CHECK(steps[2].kind == MemoryStepKind::recompute_dropped);
+    CHECK(steps[2].activations_after == doctest::Approx(p.ranks[0].memory.activations));
+    CHECK(steps[2].activations_after > steps[2].activations_before);
+    CHECK(p.ranks[0].memory.total() <= 92e6);
+    check_plan(p);
+  }
   SUBCASE("recompute + micro-batches") {
     // 3 micro-batches of 11: 67.4 MB; 4 of 8: 61.05 MB fits 62 MB.
     Plan p = hybrid_skeleton(62e6);
