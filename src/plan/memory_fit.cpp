@@ -198,6 +198,7 @@ Shortfall shortfall_of(const RankPlan& rp) {
   s.micro_batches = rp.micro_batches;
   s.micro_batch_size = rp.micro_batch_size;
   s.idle = rp.replica < 0;
+  s.sharded = rp.optimizer_shard < 1;
   return s;
 }
 

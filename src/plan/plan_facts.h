@@ -71,6 +71,9 @@ struct Shortfall {
   int micro_batches = 1;
   int64_t micro_batch_size = 0;
   bool sharding_possible = false;
+  // Whether its optimiser state was sharded: where sharding was open but the group's
+  // free memory could not hold the stage's state, it keeps all of it (need says so).
+  bool sharded = false;
   // An idle rank 0, short of room for the whole model's weights, which it holds to
   // evaluate and checkpoint (memory_fit.h's rank_memory).
   bool idle = false;

@@ -78,6 +78,7 @@ Json shortfall_json(const Shortfall& s) {
           {"micro_batches", s.micro_batches},
           {"micro_batch_size", s.micro_batch_size},
           {"sharding_possible", s.sharding_possible},
+          {"sharded", s.sharded},
           {"idle", s.idle}};
 }
 
@@ -98,6 +99,7 @@ Shortfall read_shortfall(const Json& j, const std::string& p) {
   s.micro_batches = integer(j, p, "micro_batches", 1);
   s.micro_batch_size = read_int(at(j, p, "micro_batch_size"), key_path(p, "micro_batch_size"), 0);
   s.sharding_possible = read_bool(at(j, p, "sharding_possible"), key_path(p, "sharding_possible"));
+  s.sharded = j.contains("sharded") && read_bool(j.at("sharded"), key_path(p, "sharded"));
   s.idle = j.contains("idle") && read_bool(j.at("idle"), key_path(p, "idle"));
   return s;
 }

@@ -112,7 +112,10 @@ std::string shortfall_text(const plan::Shortfall& s) {
          ", " + std::to_string(s.samples) + " samples) even with recomputation, " +
          std::to_string(s.micro_batches) + (s.micro_batches == 1 ? " micro-batch of " : " micro-batches of ") +
          std::to_string(s.micro_batch_size) +
-         (s.sharding_possible ? " and optimizer sharding" : " (no optimizer sharding: one replica, or parallel.sync deadline)") +
+         (!s.sharding_possible ? " (no optimizer sharding: one replica, or parallel.sync deadline)"
+          : s.sharded         ? " and optimizer sharding"
+                              : " (optimizer sharding tried: the stage's replicas have too little free memory for its "
+                                "optimizer state, so it keeps all of it)") +
          ": needs " + need;
 }
 

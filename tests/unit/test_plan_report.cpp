@@ -313,10 +313,16 @@ TEST_CASE("plan text: memory steps, shortfalls and stage splits read as sentence
   s.micro_batches = 32;
   s.micro_batch_size = 1;
   s.sharding_possible = true;
+  s.sharded = true;
   CHECK(report::shortfall_text(s) ==
         "rank 0 (dev0, 22.9 MiB) cannot hold stage 0 (blocks 0-1, 32 samples) even with recomputation, 32 "
         "micro-batches of 1 and optimizer sharding: needs 26.7 MiB (params 15.3 MiB, grads 7.6 MiB, optimizer "
         "0 B, activations 3.8 MiB), 3.8 MiB short");
+  // Open but not taken (the replicas' free memory could not hold the state): need holds
+  // all of the state, and the text does not claim it was sharded.
+  s.sharded = false;
+  CHECK(contains(report::shortfall_text(s), "micro-batches of 1 (optimizer sharding tried: the stage's replicas have "
+                                            "too little free memory for its optimizer state, so it keeps all of it): needs"));
   s.sharding_possible = false;
   CHECK(contains(report::shortfall_text(s), "micro-batches of 1 (no optimizer sharding: one replica, or parallel.sync deadline): needs"));
   s.micro_batches = 1;

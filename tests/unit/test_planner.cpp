@@ -229,6 +229,7 @@ TEST_CASE("planner: memory strategies in order: recompute, micro-batches that fi
     CHECK(s->samples == 32);
     CHECK(s->after_strategies);
     CHECK(s->sharding_possible);
+    CHECK(s->sharded == (p.ranks[0].optimizer_shard < 1));
     CHECK(s->need.total() > s->capacity);
   }
 }
