@@ -43,4 +43,16 @@ std::string join(const std::vector<int64_t>& items, const std::string& separator
   return out;
 }
 
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (j - i < 2) j = i;  // a run of one or two: one by one
+    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
 }  // namespace ht

@@ -21,4 +21,9 @@ std::string format_seconds(double seconds);
 // Numbers joined for people: "0, 2, 3" (ranks), or with "/" "64/32/16/16" (shares).
 std::string join(const std::vector<int64_t>& items, const std::string& separator = ", ");
 
+// Ranks for people: ascending runs of three or more as "a-b", others one by one,
+// "0-11, 16, 17" (a volunteer pool's 56 idle ranks were a line of 56 numbers, thousands
+// at scale).
+std::string join_ranks(const std::vector<int>& ranks);
+
 }  // namespace ht

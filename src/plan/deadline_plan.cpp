@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "plan/planner.h"
 
 namespace ht::plan {
@@ -36,12 +37,15 @@ void first_replica_rank_0(Plan& plan) {
 
 void check_deadline_ranks(const Plan& plan) {
   if (plan.layout.replicas.size() < 2) return;  // a pure pipeline runs as under sync, idle ranks and all
-  std::string idle;
+  std::vector<int> idle;
   for (const RankPlan& r : plan.ranks)
-    if (r.replica < 0) idle += (idle.empty() ? "" : ", ") + std::to_string(r.rank);
-  HT_CHECK(idle.empty(), "parallel.sync deadline: the plan leaves rank", idle.find(',') != std::string::npos ? "s " : " ",
-           idle, " idle; under deadline every rank trains (an idle rank has no step to keep it with the job until "
-           "its end): plan again with parallel.sync deadline, whose plans use every rank, or give fewer ranks");
+    if (r.replica < 0) idle.push_back(r.rank);
+  // A plan file made for another policy is what this refuses; the planner's own deadline
+  // plans use every rank.
+  HT_CHECK(idle.empty(), "parallel.sync deadline: the plan leaves rank", idle.size() > 1 ? "s " : " ", join_ranks(idle),
+           " idle; under deadline every rank trains (an idle rank has no step to keep it with the job until "
+           "its end), and a plan made for it uses every rank the global batch has a sample for: give fewer ranks "
+           "or a larger batch");
 }
 
 void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster) {

@@ -50,7 +50,8 @@ Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps)
           apply_deadline_sync(p, pin.costs, pin.cluster);
           return p;
         } catch (const Error& e) {
-          why_not += (why_not.empty() ? "" : "; ") + std::string(e.what());
+          // Attempts refused for one reason (a world larger than the batch) say it once.
+          if (why_not.find(e.what()) == std::string::npos) why_not += (why_not.empty() ? "" : "; ") + std::string(e.what());
           return std::nullopt;
         }
       };

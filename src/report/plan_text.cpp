@@ -12,9 +12,7 @@ namespace {
 // Whole bytes beside the rounded ones: they can be grepped for and compared exactly.
 std::string whole(double bytes) { return std::to_string(std::llround(bytes)); }
 
-std::string ranks_text(const std::vector<int>& ranks) {
-  return join(std::vector<int64_t>(ranks.begin(), ranks.end()));
-}
+std::string ranks_text(const std::vector<int>& ranks) { return join_ranks(ranks); }
 
 std::string breakdown(const plan::MemoryUse& m) {
   return "params " + format_bytes(m.params) + ", grads " + format_bytes(m.grads) +

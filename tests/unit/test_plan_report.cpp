@@ -444,6 +444,17 @@ TEST_CASE("durations read in the unit of their size, a negative one (time gained
   CHECK(format_bytes(1e308) == "9.31e+298 GiB");
 }
 
+TEST_CASE("ranks for people: runs of three or more as ranges, others one by one") {
+  CHECK(join_ranks({}).empty());
+  CHECK(join_ranks({3}) == "3");
+  CHECK(join_ranks({1, 2}) == "1, 2");
+  CHECK(join_ranks({0, 1, 2}) == "0-2");
+  CHECK(join_ranks({0, 1, 2, 3, 5, 7, 8, 10, 11, 12}) == "0-3, 5, 7, 8, 10-12");
+  std::vector<int> many(1536);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 2560 + static_cast<int>(i);
+  CHECK(join_ranks(many) == "2560-4095");
+}
+
 TEST_CASE("plan report: a rank whose layout runs more micro-batches than memory asked for says so") {
   ht::plan::RankPlan r;
   r.micro_batches = 295;
