@@ -449,17 +449,21 @@ class Play {
   }
 
   // The job restarts without the failed rank at t (after the restart): re-planned.
-  void replan_without(int failed_event) {
-    const int gone = phase_.index_of(events_[static_cast<size_t>(failed_event)].rank);
+  void replan_without(const std::vector<int>& failed_events) {
+    std::vector<bool> gone(phase_.ids.size(), false);
+    std::string specs;
+    for (int f : failed_events) {
+      gone[static_cast<size_t>(phase_.index_of(events_[static_cast<size_t>(f)].rank))] = true;
+      specs += (specs.empty() ? "" : " and ") + events_[static_cast<size_t>(f)].spec;
+    }
     std::vector<int> keep, ids;
     for (size_t i = 0; i < phase_.ids.size(); ++i)
-      if (static_cast<int>(i) != gone) keep.push_back(static_cast<int>(i)), ids.push_back(phase_.ids[i]);
-    HT_CHECK(!keep.empty(), "what-if: ", events_[static_cast<size_t>(failed_event)].spec, " leaves no rank to restart on");
+      if (!gone[i]) keep.push_back(static_cast<int>(i)), ids.push_back(phase_.ids[i]);
+    HT_CHECK(!keep.empty(), "what-if: ", specs, " leave", failed_events.size() > 1 ? "" : "s", " no rank to restart on");
     try {
       replan(cluster_of(phase_.cluster(), keep), costs_of(phase_.costs(), keep), std::move(ids));
     } catch (const Error& e) {
-      throw Error(std::string("after ") + events_[static_cast<size_t>(failed_event)].spec +
-                  ", no plan on the ranks left: " + e.what());
+      throw Error("after " + specs + ", no plan on the ranks left: " + e.what());
     }
   }
 
@@ -525,21 +529,40 @@ class Play {
   bool checkpoint_at(int64_t done) const { return in_.checkpoint_every > 0 && done % in_.checkpoint_every == 0; }
 
   // A failure at T ends the job: restart from the newest checkpoint on the ranks left.
-  // Returns the time the job goes on; `done` becomes the checkpoint's step.
+  // Returns the time the job goes on; `done` becomes the checkpoint's step. Failures of
+  // other ranks by the restart's end (at the same time, or while it restarts) are left out
+  // by the same restart: the ranks it starts on are those still there.
   double restart(int failed, double t, double since, int64_t& done, int64_t checkpoint) {
-    used_[static_cast<size_t>(failed)] = true;
     const WhatIfEvent& e = events_[static_cast<size_t>(failed)];
     const double at = std::max(e.at_s, t);
+    std::vector<int> together{failed};
+    used_[static_cast<size_t>(failed)] = true;
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const WhatIfEvent& o = events_[i];
+      if (used_[i] || o.kind != WhatIfKind::fail || o.at_s >= at + kRestartSeconds) continue;
+      const int r = phase_.index_of(o.rank);
+      if (r < 0) continue;
+      used_[i] = true;  // a second failure of a rank already gone changes nothing more
+      if (std::none_of(together.begin(), together.end(),
+                       [&](int f) { return phase_.index_of(events_[static_cast<size_t>(f)].rank) == r; }))
+        together.push_back(static_cast<int>(i));
+    }
     out_.work_lost_steps += done - checkpoint;
     out_.work_lost_seconds += at - since + kRestartSeconds;
     const int64_t lost = done - checkpoint;
     done = checkpoint;
     span_all(since, at, WhatIfSpanKind::lost);
     span_all(at, at + kRestartSeconds, WhatIfSpanKind::restart);
-    replan_without(failed);
-    out_.notes.push_back(e.spec + ": restart from the checkpoint of step " + std::to_string(checkpoint) + " (" +
+    replan_without(together);
+    std::string specs;
+    for (int f : together) specs += (specs.empty() ? "" : " and ") + events_[static_cast<size_t>(f)].spec;
+    // The re-plan is of the ranks left as first given: a slow factor or link change in
+    // force is played from then on but not planned around.
+    out_.notes.push_back(specs + ": restart from the checkpoint of step " + std::to_string(checkpoint) + " (" +
                          std::to_string(lost) + " steps lost) on " + std::to_string(phase_.ids.size()) +
-                         " ranks, re-planned: step " + format_seconds(phase_.plan.predicted.step_seconds));
+                         " ranks, re-planned on their planned speeds: step " +
+                         format_seconds(phase_.plan.predicted.step_seconds) +
+                         (together.size() > 1 ? " (" + std::to_string(together.size()) + " failed, one restart)" : ""));
     return at + kRestartSeconds;
   }
 

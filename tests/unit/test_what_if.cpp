@@ -117,6 +117,25 @@ TEST_CASE("a failure under sync loses the steps since the checkpoint and the res
   CHECK(deadline.samples_dropped == deadline.steps_closed_short * 2);
 }
 
+TEST_CASE("failures at one time, or during the restart, share one restart") {
+  WhatIfInput in = four_equal(100, {});
+  const double step = plan_for_policy(in.planner, Policy::sync, 0).predicted.step_seconds;
+  const double at = 25.5 * step;
+  const std::string t = std::to_string(at), during = std::to_string(at + kRestartSeconds / 2);
+  for (const auto& specs : {std::vector<std::string>{"fail:rank=2,at=" + t, "fail:rank=3,at=" + t},
+                            std::vector<std::string>{"fail:rank=2,at=" + t, "fail:rank=3,at=" + during}}) {
+    in.events.clear();
+    for (const std::string& s : specs) in.events.push_back(parse_what_if_event(s));
+    const PolicyOutcome sync = outcome(run_what_if(in), Policy::sync);
+    REQUIRE(sync.refused.empty());
+    // It played two restarts back to back, 60 s of work lost.
+    CHECK(sync.work_lost_seconds == doctest::Approx(at - 20 * step + kRestartSeconds));
+    REQUIRE(sync.notes.size() == 1);
+    CHECK(contains(sync.notes[0], "on 2 ranks"));
+    CHECK(contains(sync.notes[0], "(2 failed, one restart)"));
+  }
+}
+
 TEST_CASE("a slow rank under deadline is left out until the budget has adapted to it; sync waits for it") {
   const WhatIfInput in = four_equal(50, {"slow:rank=3,at=0,factor=4"});
   const WhatIfResult r = run_what_if(in);
