@@ -10,6 +10,36 @@
 
 namespace ht::runtime {
 
+std::vector<int64_t> reorder_quarantine(const std::vector<int64_t>& state, const std::vector<std::vector<int>>& before,
+                                        const std::vector<std::vector<int>>& after, int stage) {
+  const size_t members = after.size();
+  if (before.size() != members || state.size() < 2 + members || state[1] != static_cast<int64_t>(members) || stage < 0)
+    return {};
+  const auto s = static_cast<size_t>(stage);
+  std::map<int, std::pair<int64_t, std::vector<int64_t>>> by_rank;  // release, offences
+  size_t at = 2 + members;
+  for (size_t m = 0; m < members; ++m) {
+    if (before[m].size() <= s || at >= state.size() || state[at] < 0) return {};
+    const auto n = static_cast<size_t>(state[at]);
+    if (n > state.size() - at - 1) return {};
+    const auto first = state.begin() + static_cast<std::ptrdiff_t>(at + 1);
+    by_rank[before[m][s]] = {state[2 + m], std::vector<int64_t>(first, first + static_cast<std::ptrdiff_t>(n))};
+    at += 1 + n;
+  }
+  if (at != state.size()) return {};
+  std::vector<int64_t> out{state[0], state[1]}, offences;
+  for (size_t m = 0; m < members; ++m) {
+    const auto it = after[m].size() > s ? by_rank.find(after[m][s]) : by_rank.end();
+    if (it == by_rank.end()) return {};
+    out.push_back(it->second.first);
+    offences.push_back(static_cast<int64_t>(it->second.second.size()));
+    offences.insert(offences.end(), it->second.second.begin(), it->second.second.end());
+    by_rank.erase(it);  // each rank once
+  }
+  out.insert(out.end(), offences.begin(), offences.end());
+  return out;
+}
+
 const char* verdict_name(Verdict v) {
   switch (v) {
     case Verdict::kept: return "kept";

@@ -25,6 +25,15 @@ enum class Verdict : int { kept = 0, non_finite = 1, norm = 2, quarantined = 3, 
 // "kept", "non-finite gradient", "gradient norm outlier", "quarantined", "overflow (loss scale halved)"
 const char* verdict_name(Verdict v);
 
+// A quarantine's state (Quarantine::state: steps, members, each member's release step,
+// then each member's offences) of one stage's members in the replica order `before`
+// ([replica][stage] world ranks) for the same ranks in the order `after`: each member's
+// release and offences follow its world rank, so that a resume whose new plan put the
+// replicas in another order keeps a quarantined rank quarantined. Empty where the state
+// is malformed or the two orders do not hold the same ranks on `stage`.
+std::vector<int64_t> reorder_quarantine(const std::vector<int64_t>& state, const std::vector<std::vector<int>>& before,
+                                        const std::vector<std::vector<int>>& after, int stage);
+
 // The sum of the squares of a float32 tensor's values: NaN when one is NaN, infinite
 // when one is, finite for any finite values. On the CPU one pass over the values, in
 // float by blocks added in double (guard.cpp says why and how close).

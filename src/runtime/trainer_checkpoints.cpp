@@ -1,6 +1,7 @@
 // The run's checkpoints: their metadata (what a resume and a reader outside hetrain need),
 // the collective save of the whole model, the resume from the newest valid one, and the
 // evaluation of one checkpoint on its own.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -73,6 +74,24 @@ void check_model_config(const Checkpoint& ckpt, const config::Config& cfg, const
   HT_CHECK(trained == asked, "checkpoint ", path, " was trained with the model ", trained.dump(),
            " but this config's model is ", asked.dump(),
            "; expected the config it was trained with (other weights taken as this model would give wrong figures)");
+}
+
+// A guard state ({"norms", "quarantine"}) of the checkpoint's layout `before`, for a rank of
+// `stage` of the layout `after` (guard_layout's JSON), where the two are one world and one
+// split into stages whose replicas a new plan put in another order: the quarantine follows
+// the ranks (reorder_quarantine); the norm histories, the rank's own, stand. Empty where
+// the layouts differ otherwise.
+std::string guard_state_for(const std::string& state, const json& before, const json& after, int stage) {
+  if (before.value("world", -1) != after.value("world", -2) || before.value("stages", json()) != after.value("stages", json()))
+    return {};
+  json j = json::parse(state);
+  if (!j.contains("quarantine")) return state;
+  const std::vector<int64_t> q = reorder_quarantine(j["quarantine"].get<std::vector<int64_t>>(),
+                                                    before.at("replicas").get<std::vector<std::vector<int>>>(),
+                                                    after.at("replicas").get<std::vector<std::vector<int>>>(), stage);
+  if (q.empty()) return {};
+  j["quarantine"] = q;
+  return j.dump();
 }
 
 }  // namespace
@@ -227,15 +246,32 @@ int64_t Run::restore(report::Progress& progress) {
     executor_->restore_loss_scale(scale, get_int("loss_scale_clean_steps"));
   }
   // The guard as it was, where the layout is the checkpoint's (a quarantine names members
-  // of this layout's stages); over another one the guard starts afresh.
+  // of this layout's stages), or the same world and stages with the replicas in another
+  // order (a new probe's plan: the quarantine follows the ranks); over another one the
+  // guard starts afresh, which rank 0 says where it drops a quarantine.
   std::string key = "guard.rank." + std::to_string(world_.rank());
   if (!meta.count(key) && plan_.sync_policy == plan::SyncPolicy::deadline) key = "guard.quarantine";
-  if (meta.count(key) && meta.count("guard.layout") && get("guard.layout") == guard_layout()) {
+  if (meta.count(key) && meta.count("guard.layout")) {
+    std::string state = get(key);
+    bool held = false;  // the checkpoint's quarantine holds an offence or a release step
     try {
-      executor_->restore_guard_state(get(key));
+      if (const json j = json::parse(state); j.contains("quarantine")) {
+        const auto q = j["quarantine"].get<std::vector<int64_t>>();
+        held = q.size() > 2 && std::any_of(q.begin() + 2, q.end(), [](int64_t v) { return v != 0; });
+      }
+      if (get("guard.layout") != guard_layout())
+        state = executor_->active() ? guard_state_for(state, json::parse(get("guard.layout")), json::parse(guard_layout()),
+                                                      executor_->stage())
+                                    : std::string();
+      if (!state.empty()) executor_->restore_guard_state(state);
+    } catch (const json::exception& e) {
+      fail("checkpoint ", loaded->path, ": metadata '", key, "' or 'guard.layout': ", e.what(), " (the file is corrupt)");
     } catch (const Error& e) {
       fail("checkpoint ", loaded->path, ": metadata '", key, "': ", e.what(), " (the file is corrupt)");
     }
+    if (state.empty() && root_ && held && executor_->active())
+      std::fprintf(stderr, "hetrain: note: the checkpoint's bad-node guard is of another world or split into stages "
+                           "(%s); its quarantine starts afresh\n", get("guard.layout").c_str());
   }
   if (local_) {  // the checkpoint's model is the outer weights
     local_->reset_to_weights();

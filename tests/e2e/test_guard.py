@@ -240,6 +240,38 @@ def deadline(scratch, accuracy):
           after == list(range(16, q + 11)), after)
     check("deadline resumed: the resumed invocation's summary names the rank it held in quarantine",
           load(os.path.join(stopped, "summary.json"))["guard"]["quarantined_ranks"] == [1])
+    reordered(scratch, cfg, q)
+
+
+def reordered(scratch, cfg, q):
+    """Resumed under a plan whose replicas are in another order (a new probe's plan may
+    order them anew): the quarantine follows rank 1, now replica 2 (it was dropped, and
+    rank 1 trained on in its quarantine with nothing said)."""
+    first, second = os.path.join(scratch, "plan-a.json"), os.path.join(scratch, "plan-b.json")
+    r = run([HETRAIN, "plan", cfg, "--cluster", "synth:3xcpu-16c", "--json", first])
+    check("reordered: the plan of 3 equal ranks is made", r.returncode == 0, r.stderr[-1500:])
+    if r.returncode:
+        return
+    plan = load(first)
+    layout = plan["layout"]
+    for key in ("replicas", "samples", "micro_batches", "forward_seconds", "backward_seconds"):
+        layout[key][1], layout[key][2] = layout[key][2], layout[key][1]
+    plan["ranks"][1]["replica"], plan["ranks"][2]["replica"] = 2, 1
+    with open(second, "w") as f:
+        json.dump(plan, f)
+    run_dir = os.path.join(scratch, "deadline-reordered")
+    inject = ["--inject", "nan:rank=1,at=10,steps=11"]
+    a = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--plan", first, "--stop-after", "15"] + inject,
+               timeout=300)
+    b = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", run_dir, "--plan", second, "--resume"] + inject, timeout=300)
+    check("reordered: stops at step 15 under one plan and resumes under the other",
+          a.returncode == 0 and b.returncode == 0, (a.stderr + b.stderr)[-2000:])
+    if a.returncode or b.returncode:
+        return
+    after = [x["step"] for x in records(run_dir) if x["type"] == "guard" and x.get("reason") == "quarantined"
+             and x["step"] > 15]
+    check(f"reordered: rank 1 is still left out as quarantined in steps 16-{q + 10}", after == list(range(16, q + 11)),
+          after)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,36 @@ TEST_CASE("guard: quarantine after quarantine_after offences within the window, 
   CHECK(!q.quarantined(2));  // one offence at step 6
 }
 
+TEST_CASE("guard: a quarantine resumed under the replicas in another order follows the ranks") {
+  // Members are a stage's replicas in replica order: world ranks 0, 2, 1, 3 before.
+  using V = Verdict;
+  const V k = V::kept, n = V::non_finite;
+  Quarantine a(guard_config(10, 4, 2, 5), 4);
+  CHECK(a.record({k, n, k, k}).empty());
+  CHECK(a.record({k, n, k, k}) == std::vector<int>{1});  // member 1: world rank 2
+  CHECK(a.record({k, k, n, k}).empty());                 // member 2 (rank 1): one offence
+  const std::vector<std::vector<int>> before{{0}, {2}, {1}, {3}}, after{{0}, {1}, {2}, {3}};
+  const std::vector<int64_t> moved = reorder_quarantine(a.state(), before, after, 0);
+  REQUIRE_FALSE(moved.empty());
+  Quarantine b(guard_config(10, 4, 2, 5), 4);
+  b.restore(moved.data(), moved.size());
+  CHECK(b.quarantined(2));  // world rank 2, now member 2
+  CHECK_FALSE(b.quarantined(1));
+  // Rank 1's offence moved with it: a second quarantines it (member 1 now), as under `a`.
+  CHECK(b.record({k, n, k, k}) == std::vector<int>{1});
+  CHECK(a.record({k, k, n, k}) == std::vector<int>{2});
+  // Back to the first order: the same state as the run that never moved.
+  const std::vector<int64_t> back = reorder_quarantine(b.state(), after, before, 0);
+  CHECK(back == a.state());
+  // Other ranks, another count or a malformed state: nothing to take.
+  CHECK(reorder_quarantine(a.state(), before, {{0}, {1}, {2}, {4}}, 0).empty());
+  CHECK(reorder_quarantine(a.state(), before, {{0}, {1}, {2}}, 0).empty());
+  CHECK(reorder_quarantine(a.state(), before, after, 1).empty());
+  std::vector<int64_t> cut = a.state();
+  cut.pop_back();
+  CHECK(reorder_quarantine(cut, before, after, 0).empty());
+}
+
 TEST_CASE("guard: a quarantine's state survives the trip a deadline catch-up gives it") {
   // A rank that takes another's state must then decide every later step as that one does.
   using V = Verdict;
