@@ -369,8 +369,22 @@ void DeadlineReduce::fail_wait(const std::string& what, const std::vector<int>& 
   std::vector<int> world;  // the message names world ranks
   for (int j : missing) world.push_back(comm_.world_rank(j));
   const std::chrono::duration<double> waited(options_.peer_timeout_s);
-  fail_as<PeerTimeout>(peer_timeout_message(comm_.world_rank(rank_), stalled_among(comm_, world, waited),
-                                            "the deadline reduction's " + what, waited));
+  // A roll call of the ranks whose waits timed out too: a member that waited for its leader
+  // while the leader waited for a stalled member names that member, not the leader (it
+  // named rank 0 while rank 0 named the stopped rank).
+  const std::vector<int> absent = absent_after(comm_, waited);
+  std::vector<int> stalled;
+  for (int w : world)
+    if (std::find(absent.begin(), absent.end(), w) != absent.end()) stalled.push_back(w);
+  std::string also;
+  const int leader_rank = comm_.world_rank(leader());
+  if (stalled.empty() && world == std::vector<int>{leader_rank} && leader() != rank_ && !absent.empty()) {
+    stalled = absent;
+    also = " (its leader, rank " + std::to_string(leader_rank) + ", was waiting too)";
+  }
+  if (stalled.empty()) stalled = world;
+  fail_as<PeerTimeout>(
+      peer_timeout_message(comm_.world_rank(rank_), stalled, "the deadline reduction's " + what + also, waited));
 }
 
 // The history follows this rank's chain: a record replaces those of its step and after
