@@ -61,8 +61,20 @@ class Sequential : public Module {
   std::vector<NamedTensor> named_parameters(size_t begin, size_t end) const;
   void set_training(bool on) override;
 
+  // Weights kept off the device the forward runs on (rank 0 holds the other stages'
+  // weights in host memory, so that a model larger than its device can be evaluated and
+  // checkpointed): while set, forward and forward_range run each block whose parameters
+  // live on another backend with a copy of them on `device`, made just before its forward
+  // and dropped just after, the parameters' own storage untouched. Without autograd only:
+  // a graph would hold the copies. nullptr (the default) turns it off.
+  void stream_weights_to(Backend* device) { stream_to_ = device; }
+  Backend* streams_weights_to() const { return stream_to_; }
+
  private:
+  Tensor forward_streamed(size_t block, const Tensor& h) const;
+
   std::vector<std::unique_ptr<Block>> blocks_;
+  Backend* stream_to_ = nullptr;
 };
 
 }  // namespace ht::nn

@@ -85,22 +85,11 @@ bool shard_optimizer(Plan& p, const BlockCosts& costs, RankPlan& rp) {
 }
 
 // One rank that does not fit: apply the strategies in order until it does.
-bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp, bool may_shard) {
+bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp, bool may_shard, bool micro_batches_first) {
   const double cap = rp.device.memory_bytes;
   MemoryUse use = rank_memory(p, costs, rp);
   rp.memory_steps.push_back(over_capacity_step(use, cap));
   const auto saving = activations_step;
-  if (!rp.recompute) {
-    RankPlan trial = rp;
-    trial.recompute = true;
-    const MemoryUse u = rank_memory(p, costs, trial);
-    if (u.activations < use.activations) {
-      rp.recompute = true;
-      add_strategy(rp, MemoryStrategy::recompute,
-                   saving(MemoryStepKind::recompute, use.activations, u.activations));
-      use = u;
-    }
-  }
   // More micro-batches first only when they alone make the rank fit: sharding costs no
   // compute, while many small micro-batches can cost several times the step (a rank
   // whose weights, not activations, overflow would otherwise run one sample at a time).
@@ -117,6 +106,18 @@ bool fit_rank(Plan& p, const BlockCosts& costs, RankPlan& rp, bool may_shard) {
     add_strategy(rp, MemoryStrategy::micro_batches, step);
     use = u;
   };
+  if (micro_batches_first) more_micro_batches(true);
+  if (!rp.recompute && use.total() > cap) {
+    RankPlan trial = rp;
+    trial.recompute = true;
+    const MemoryUse u = rank_memory(p, costs, trial);
+    if (u.activations < use.activations) {
+      rp.recompute = true;
+      add_strategy(rp, MemoryStrategy::recompute,
+                   saving(MemoryStepKind::recompute, use.activations, u.activations));
+      use = u;
+    }
+  }
   if (use.total() > cap) more_micro_batches(true);
   // Sharding splits what the group has free; a rank whose activations leave it none
   // shards after the micro-batches instead.
@@ -164,13 +165,24 @@ void sync_rank_shares(Plan& plan) {
   }
 }
 
+// The weights rank 0 holds on its device beside its stage's (blocks [begin, end); none
+// when idle): it evaluates and checkpoints the whole model (runtime/trainer.cpp). A CPU
+// rank holds them all (its device is host memory); a GPU rank keeps them in host memory
+// and streams one block at a time through its device to evaluate, so the largest.
+static double rank0_other_weights(const BlockCosts& costs, const RankPlan& rp, int begin, int end) {
+  double all = 0, largest = 0;
+  for (size_t b = 0; b < costs.params.size(); ++b) {
+    if (static_cast<int>(b) >= begin && static_cast<int>(b) < end) continue;
+    all += kWeightBytesPerParam * costs.params[b];
+    largest = std::max(largest, kWeightBytesPerParam * costs.params[b]);
+  }
+  return rp.device.kind == DeviceKind::cpu ? all : largest;
+}
+
 MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rp) {
-  // Rank 0 evaluates and checkpoints the whole model, so it holds every block's weights on
-  // its device (runtime/trainer.cpp), idle or not; an idle rank holds nothing else.
-  const double all_weights = kWeightBytesPerParam * std::accumulate(costs.params.begin(), costs.params.end(), 0.0);
-  if (rp.replica < 0) {
+  if (rp.replica < 0) {  // an idle rank holds nothing but, as rank 0, the weights above
     MemoryUse idle;
-    if (rp.rank == 0) idle.params = all_weights;
+    if (rp.rank == 0) idle.params = rank0_other_weights(costs, rp, 0, 0);
     return idle;
   }
   StageMemoryParams params;
@@ -181,7 +193,7 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
   params.recompute = rp.recompute;
   params.optimizer_shard = rp.optimizer_shard;
   MemoryUse m = stage_memory(stage_footprint(costs, rp.block_begin, rp.block_end), params);
-  if (rp.rank == 0 && params.stages > 1) m.params = all_weights;  // the other stages' too
+  if (rp.rank == 0 && params.stages > 1) m.params += rank0_other_weights(costs, rp, rp.block_begin, rp.block_end);
   return m;
 }
 
@@ -202,7 +214,7 @@ Shortfall shortfall_of(const RankPlan& rp) {
   return s;
 }
 
-std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool may_shard) {
+std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool may_shard, bool micro_batches_first) {
   // A later rank's decision can only lower what others hold, except more micro-batches,
   // which can raise a deeper stage's in-flight total by rounding; so repeat until stable.
   for (int pass = 0; pass < 4; ++pass) {
@@ -211,7 +223,7 @@ std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool ma
       if (rp.replica < 0 || rank_memory(plan, costs, rp).total() <= rp.device.memory_bytes)
         continue;
       changed = true;
-      if (!fit_rank(plan, costs, rp, may_shard)) {
+      if (!fit_rank(plan, costs, rp, may_shard, micro_batches_first)) {
         rp.memory = rank_memory(plan, costs, rp);
         Shortfall s = shortfall_of(rp);
         s.after_strategies = true;

@@ -43,7 +43,10 @@ Shortfall shortfall_of(const RankPlan& rank);
 // fills every rank's memory. Returns nothing when everything fits, else the first rank
 // that cannot fit even with every strategy, with its numbers. Without `may_shard` the
 // optimiser state is never sharded (parallel.sync deadline: a stalled rank's shard would
-// have no stand-in).
-std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool may_shard = true);
+// have no stand-in). With `micro_batches_first`, more micro-batches are tried before
+// recomputation where they alone make a rank fit (recomputation costs a forward each
+// step, many small micro-batches their calls' fixed costs: the planner prices both).
+std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool may_shard = true,
+                                    bool micro_batches_first = false);
 
 }  // namespace ht::plan

@@ -98,6 +98,9 @@ struct StageSplitFailure {
   double needed = 0, capacity = 0;
   int whole_model_stage = -1;  // rank 0's stage, which also holds every block's weights
   double all_weights = 0;      // those weights, when whole_model_stage >= 0
+  // Rank 0 streams the other blocks' weights from host memory (a GPU rank): its stage
+  // holds the largest of them while it evaluates, not all.
+  bool whole_model_streamed = false;
 };
 
 // Why a layout the planner tried has no plan.

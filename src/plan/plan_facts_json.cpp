@@ -46,7 +46,7 @@ Json split_json(const StageSplitFailure& f) {
           {"stage", f.stage},                {"device", f.device},
           {"device_memory", f.device_memory}, {"needed", f.needed},
           {"capacity", f.capacity},          {"whole_model_stage", f.whole_model_stage},
-          {"all_weights", f.all_weights}};
+          {"all_weights", f.all_weights},    {"whole_model_streamed", f.whole_model_streamed}};
 }
 
 StageSplitFailure read_split(const Json& j, const std::string& p) {
@@ -63,6 +63,8 @@ StageSplitFailure read_split(const Json& j, const std::string& p) {
   f.capacity = nonneg(j, p, "capacity");
   f.whole_model_stage = integer(j, p, "whole_model_stage", -1);
   f.all_weights = nonneg(j, p, "all_weights");
+  f.whole_model_streamed = j.contains("whole_model_streamed") &&
+                           read_bool(j.at("whole_model_streamed"), key_path(p, "whole_model_streamed"));
   return f;
 }
 

@@ -56,6 +56,9 @@ struct Costs {
   int S, B;
   std::vector<std::vector<double>> time_prefix;  // [s][b]
   std::vector<double> mem_prefix, act_prefix, weight_prefix;
+  // The largest weights of blocks [0, b) and of blocks [b, B): a streaming rank 0's
+  // others() in O(1).
+  std::vector<double> weight_max_before, weight_max_from;
 
   explicit Costs(const StagePartitionInput& input)
       : in(input),
@@ -72,6 +75,14 @@ struct Costs {
       act_prefix[b + 1] = act_prefix[b] + in.activation_bytes[b];
       if (in.whole_model_stage >= 0) weight_prefix[b + 1] = weight_prefix[b] + in.weight_bytes[b];
     }
+    if (in.whole_model_stage >= 0 && in.whole_model_streamed) {
+      weight_max_before.assign(static_cast<size_t>(B) + 1, 0);
+      weight_max_from.assign(static_cast<size_t>(B) + 1, 0);
+      for (size_t b = 0; b < static_cast<size_t>(B); ++b)
+        weight_max_before[b + 1] = std::max(weight_max_before[b], in.weight_bytes[b]);
+      for (size_t b = static_cast<size_t>(B); b-- > 0;)
+        weight_max_from[b] = std::max(weight_max_from[b + 1], in.weight_bytes[b]);
+    }
   }
   double seconds(int s, int i, int j) const {
     const auto& p = time_prefix[static_cast<size_t>(s)];
@@ -84,9 +95,12 @@ struct Costs {
     return (mem_prefix[static_cast<size_t>(j)] - mem_prefix[static_cast<size_t>(i)]) +
            held * (act_prefix[static_cast<size_t>(j)] - act_prefix[static_cast<size_t>(i)]);
   }
-  // The other blocks' weights, which rank 0 holds on the whole-model stage.
+  // The other blocks' weights, which rank 0 holds on the whole-model stage: all of them,
+  // or streaming them from host memory the largest.
   double others(int s, int i, int j) const {
     if (s != in.whole_model_stage) return 0;
+    if (in.whole_model_streamed)
+      return std::max(weight_max_before[static_cast<size_t>(i)], weight_max_from[static_cast<size_t>(j)]);
     return weight_prefix.back() - (weight_prefix[static_cast<size_t>(j)] - weight_prefix[static_cast<size_t>(i)]);
   }
   // Whether rank 0 with them is the stage's tightest device (else the group's smallest,
@@ -124,6 +138,7 @@ StagePartition evaluate(const Costs& c, std::vector<std::pair<int, int>> ranges)
   f.stages = c.S;
   f.whole_model_stage = c.in.whole_model_stage;
   if (f.whole_model_stage >= 0) f.all_weights = c.weight_prefix.back();
+  f.whole_model_streamed = c.in.whole_model_streamed;
   auto at = [&](StageSplitProblem problem, int s, int b) {
     f.problem = problem;
     f.stage = s;

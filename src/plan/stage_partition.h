@@ -26,9 +26,12 @@ struct StagePartitionInput {
   // weights of every block outside its stage. With whole_model_stage >= 0 that stage's
   // memory counts them (weight_bytes, per block) against whole_model_capacity (rank 0's
   // memory); its own blocks must still fit devices[stage] (the stage group's smallest).
+  // whole_model_streamed: rank 0 keeps them in host memory and streams one block at a
+  // time through its device (a GPU rank), so the largest of them counts.
   int whole_model_stage = -1;
   std::vector<double> weight_bytes;
   double whole_model_capacity = 0;
+  bool whole_model_streamed = false;
   std::string whole_model_device;  // rank 0's label, named where its memory is the bound
 };
 

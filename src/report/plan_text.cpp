@@ -31,7 +31,10 @@ std::string activations_change(const plan::MemoryStep& s) {
 
 // "with the other blocks' weights" when the stage is rank 0's.
 std::string rank0_clause(const plan::StageSplitFailure& f) {
-  return f.stage == f.whole_model_stage ? " (with the other blocks' weights, which rank 0 holds)" : "";
+  if (f.stage != f.whole_model_stage) return "";
+  return f.whole_model_streamed ? " (with the largest other block's weights, which rank 0 streams through its device to "
+                                  "evaluate)"
+                                : " (with the other blocks' weights, which rank 0 holds)";
 }
 
 }  // namespace
@@ -140,6 +143,9 @@ std::string stage_split_text(const plan::StageSplitFailure& f) {
              "in-flight activations" +
              (f.whole_model_stage < 0
                   ? std::string()
+                  : f.whole_model_streamed
+                  ? "; and stage " + std::to_string(f.whole_model_stage) + " is rank 0's, which also holds the " +
+                        "largest other block's weights while it evaluates (streamed from host memory)"
                   : "; and stage " + std::to_string(f.whole_model_stage) + " is rank 0's, which also holds " +
                         "every other stage's weights (it evaluates and checkpoints the whole model: " +
                         format_bytes(f.all_weights) + " of weights in all)");

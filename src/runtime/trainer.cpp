@@ -115,11 +115,10 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
   if (local_group_) guard.norm_ratio = 0;
   executor_->set_guard(guard);
   agree_stops_in_steps();
-  // Rank 0 evaluates and checkpoints the whole model, so all of it goes onto its device;
-  // the others hold only their stage there (the executor moved it), the rest of the
-  // model staying in host memory.
-  if (root_)
-    for (const auto& [name, p] : model_.named_parameters()) p.rehome(task_->device(), false);
+  // Rank 0 evaluates and checkpoints the whole model. Like every rank it holds only its
+  // stage on its device (the executor moved it there), the rest in host memory: its
+  // evaluation streams those blocks through the device one at a time (evaluate), so that
+  // a model larger than rank 0's device can be trained (on a CPU rank both are host memory).
   // Rank 0 keeps the whole model's outer weights even when idle: it evaluates and checkpoints.
   if (local_group_) {
     local_ = std::make_unique<LocalSync>(plan_, executor_->active() ? executor_->parameters() : model_.named_parameters(),

@@ -12,6 +12,23 @@
 
 namespace ht::runtime::trainer_run {
 
+namespace {
+
+// Rank 0's model for the scope of an evaluation: blocks whose weights are in host memory
+// (other stages', nn::Sequential::stream_weights_to) run on `device` with a copy of them.
+class Streamed {
+ public:
+  Streamed(nn::Sequential& model, Backend& device) : model_(model) { model_.stream_weights_to(&device); }
+  ~Streamed() { model_.stream_weights_to(nullptr); }
+  Streamed(const Streamed&) = delete;
+  Streamed& operator=(const Streamed&) = delete;
+
+ private:
+  nn::Sequential& model_;
+};
+
+}  // namespace
+
 // Rank 0 evaluates the whole model in batches of train.eval_batch_size, which under a
 // memory cap can need far more than a training step (at 1000 samples the CNN's first
 // convolution's output alone is 100 MB). So before the first step it measures no-grad
@@ -22,7 +39,7 @@ namespace ht::runtime::trainer_run {
 // samples: 272 MiB predicted from the forwards; 240 MiB of cap ran out, 250 held).
 void Run::check_evaluation_fits() {
   constexpr double kMargin = 1.1;
-  Backend& device = model_.named_parameters().front().second.backend();
+  Backend& device = task_->device();
   Allocator& memory = device.allocator();
   if (memory.cap() == 0) return;
   int64_t batch = cfg_.train.eval_batch_size;
@@ -37,9 +54,10 @@ void Run::check_evaluation_fits() {
     Tensor h = first.input_dtype() == DType::i32
                    ? Tensor::from_ints(std::vector<int32_t>(numel(shape), 0), shape, device)
                    : Tensor::zeros(shape, device);
-    for (size_t b = 0; b < model_.size(); ++b) h = model_.block(b).forward(h);
+    h = model_.forward(h);  // streamed as evaluate() does
     return static_cast<double>(memory.peak_bytes() - before);
   };
+  Streamed streamed(model_, device);
   model_.set_training(false);
   double at4 = 0, per_sample = 0;
   // A batch of at most 8 is measured itself, and from 1 sample where at most 4, so that
@@ -80,6 +98,7 @@ std::optional<EvalResult> Run::evaluate() {
   EvalResult r;
   try {
     NoGradGuard no_grad;
+    Streamed streamed(model_, task_->device());  // the blocks of other stages, from host memory
     r = task_->evaluate(model_);
   } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
     fail("rank 0 ran out of memory evaluating the whole model in batches of ", cfg_.train.eval_batch_size,

@@ -10,6 +10,8 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_select.h"
 #include "backend/registry.h"
+#include "models/models.h"
+#include "nn/block.h"
 #include "ops/ops.h"
 
 using namespace ht;
@@ -86,4 +88,35 @@ TEST_CASE("device to: the registry finds the GPU's backend by device, and GPU to
   sum(mul(b, b)).to(g).backward();
   CHECK(&a.grad().backend() == &g);
   CHECK(a.grad().to_vector() == std::vector<float>{10, 12, 14});
+}
+
+TEST_CASE("device to: a model in host memory evaluates on the GPU block by block, as rank 0 does") {
+  // Rank 0 keeps the other stages' weights in host memory and streams them through its
+  // GPU to evaluate (nn::Sequential::stream_weights_to): logits within float rounding of
+  // the CPU's (the GPU's kernels sum in another order), the weights back where they were
+  // and the GPU's copies freed.
+  Backend& g = gpu();
+  nn::Sequential model = models::build_gpt({.vocab = 16, .context = 8, .layers = 2, .heads = 2, .d_model = 8}, 7);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 2 * 8; ++i) ids.push_back(i % 16);
+  NoGradGuard no_grad;
+  const std::vector<float> want = model.forward(Tensor::from_ints(ids, {2, 8}, cpu_backend())).to_vector();
+  std::vector<const void*> storage;
+  for (const auto& [name, p] : model.named_parameters()) storage.push_back(p.raw());
+  const size_t live = g.allocator().live_bytes();
+  model.stream_weights_to(&g);
+  Tensor out = model.forward(Tensor::from_ints(ids, {2, 8}, g));
+  model.stream_weights_to(nullptr);
+  CHECK(&out.backend() == &g);
+  const std::vector<float> got = out.to_vector();
+  REQUIRE(got.size() == want.size());
+  // Logits of a 2-layer model of width 8 with weights of order 0.02-1: well within 1e-4.
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-4));
+  out = Tensor();
+  CHECK(g.allocator().live_bytes() == live);
+  size_t i = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    CHECK(&p.backend() == &cpu_backend());
+    CHECK(p.raw() == storage[i++]);
+  }
 }

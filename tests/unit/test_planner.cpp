@@ -384,6 +384,22 @@ TEST_CASE("planner: the pipeline split counts the other stages' weights that ran
   CHECK(p.ranks[1].block_end - p.ranks[1].block_begin == 2);
 }
 
+TEST_CASE("planner: a GPU rank 0 streams the other stages' weights from host memory, holding the largest") {
+  // 4 blocks, rank 0 half as fast: its stage is one block (16 MB of state, 2 MB of
+  // activations, 4 MB of gradients while it accumulates: 22 MB). Holding the other three
+  // blocks' weights (12 MB) it needs 34 MB of its 30; streaming them one at a time to
+  // evaluate, the largest (4 MB): 26 MB.
+  ClusterModel c = cluster({1e12, 2e12}, {30e6, 64 * kGiB});
+  CHECK_THROWS_AS(make_plan(input(c, costs(c, 4, 1e6), 2, "pipeline")), NoPlanFits);
+  c.ranks[0].kind = DeviceKind::cuda;
+  const PlannerInput in = input(c, costs(c, 4, 1e6), 2, "pipeline");
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.ranks[0].block_end - p.ranks[0].block_begin == 1);
+  CHECK(p.ranks[0].memory.params == doctest::Approx(4e6 + 4e6));  // its own block's and one other's
+  CHECK(p.ranks[0].memory.total() <= 30e6);
+}
+
 TEST_CASE("planner: an idle rank 0 still holds the whole model's weights, which must fit it") {
   // Rank 0's links take 50 ms and carry 1 KB/s, so under auto it is left idle; it still
   // evaluates and checkpoints, with all 4 blocks' weights (16 MB) on its device.
@@ -402,6 +418,13 @@ TEST_CASE("planner: an idle rank 0 still holds the whole model's weights, which 
   CHECK(p.ranks[0].memory.params == doctest::Approx(16e6));
   CHECK(p.ranks[0].memory.total() == doctest::Approx(16e6));
   CHECK(p.ranks[1].memory.params == doctest::Approx(16e6));  // its own replica's
+  // A GPU rank 0 keeps them in host memory and streams one block at a time through its
+  // device to evaluate: idle, it holds the largest block's weights (4 MB).
+  ClusterModel gpu = slow_rank0(64 * kGiB);
+  gpu.ranks[0].kind = DeviceKind::cuda;
+  const Plan g = make_plan(input(gpu, costs(gpu, 4), 64));
+  REQUIRE(g.ranks[0].replica < 0);
+  CHECK(g.ranks[0].memory.total() == doctest::Approx(4e6));
   // 10 MB: neither idle nor in any layout can rank 0 hold them; the refusal says so.
   const ClusterModel small = slow_rank0(10e6);
   try {

@@ -295,6 +295,17 @@ TEST_CASE("stage partition: the whole-model stage also holds every other block's
   p = partition_stages(in);
   CHECK(p.ranges[0] == std::pair{0, 3});
   CHECK(p.stage_memory_bytes[0] == doctest::Approx(15));
+  // Streaming the others from host memory (a GPU rank 0), it holds the largest one only:
+  // four blocks and one other's weights, 17.
+  in.whole_model_streamed = true;
+  p = partition_stages(in);
+  CHECK(p.ranges[0] == std::pair{0, 4});
+  CHECK(p.stage_memory_bytes[0] == doctest::Approx(17));
+  in.weight_bytes[5] = 2;  // the largest outside the stage now: 18 does not fit 17
+  p = partition_stages(in);
+  CHECK(p.ranges[0] == std::pair{0, 3});
+  in.weight_bytes[5] = 1;
+  in.whole_model_streamed = false;
   // Another device of the stage group tighter for the stage's own blocks than rank 0 is
   // with the extra weights: its capacity binds.
   in.whole_model_capacity = 1000;

@@ -11,6 +11,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/registry.h"
 #include "core/error.h"
+#include "models/models.h"
+#include "nn/block.h"
 #include "ops/ops.h"
 
 using namespace ht;
@@ -178,4 +180,40 @@ TEST_CASE("copy_between: host to host within one backend and across two") {
   copy_between(cpu_backend(), c.raw(), cpu_backend(), a.raw(), 3 * sizeof(float));
   CHECK(c.to_vector() == src);
   CHECK_THROWS_AS(copy_between(cpu_backend(), c.raw(), cpu_backend(), a.raw(), 5), Error);
+}
+
+TEST_CASE("streamed weights: a model in host memory evaluates on another device, block by block") {
+  // Rank 0 keeps the other stages' weights in host memory and evaluates through its device
+  // (nn::Sequential::stream_weights_to): the same logits as the model on one device, bit
+  // for bit, and afterwards every weight where it was and the device's copies gone.
+  nn::Sequential model = models::build_gpt({.vocab = 16, .context = 8, .layers = 2, .heads = 2, .d_model = 8}, 7);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 2 * 8; ++i) ids.push_back(i % 16);
+  const Tensor host_ids = Tensor::from_ints(ids, {2, 8}, cpu_backend());
+  const Tensor device_ids = Tensor::from_ints(ids, {2, 8}, other_device());
+  const std::vector<nn::NamedTensor> before = model.named_parameters();
+  std::vector<const void*> storage;
+  for (const auto& [name, p] : before) storage.push_back(p.raw());
+  model.stream_weights_to(&other_device());
+  // With autograd on it refuses: a graph would hold the copies.
+  CHECK_THROWS_WITH_AS(model.forward(device_ids), doctest::Contains("expected an evaluation"), Error);
+  {
+    NoGradGuard no_grad;
+    model.stream_weights_to(nullptr);
+    const std::vector<float> want = model.forward(host_ids).to_vector();
+    // Without streaming the first op meets weights on another device and says so.
+    CHECK_THROWS_WITH_AS(model.forward(device_ids), doctest::Contains("expected both on one device"), Error);
+    const size_t live = other_device().allocator().live_bytes();
+    model.stream_weights_to(&other_device());
+    Tensor out = model.forward(device_ids);
+    CHECK(&out.backend() == &other_device());
+    CHECK(out.to_vector() == want);
+    out = Tensor();
+    CHECK(other_device().allocator().live_bytes() == live);  // every copy dropped
+  }
+  for (size_t i = 0; i < before.size(); ++i) {
+    CHECK(&before[i].second.backend() == &cpu_backend());
+    CHECK(before[i].second.raw() == storage[i]);
+  }
+  model.stream_weights_to(nullptr);
 }
