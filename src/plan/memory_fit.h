@@ -32,8 +32,10 @@ MemoryStep activations_step(MemoryStepKind kind, double before, double after);
 void add_strategy(RankPlan& rp, MemoryStrategy strategy, const MemoryStep& step);
 
 // What `rank` holds under the plan's current decisions. Rank 0 evaluates and checkpoints
-// the whole model, so it holds every block's weights on its device, in a pipeline and
-// when idle too (runtime/trainer.cpp); another idle rank holds nothing.
+// the whole model, in a pipeline and when idle too (runtime/trainer.cpp): beside its
+// stage it holds the other blocks' weights, all of them on a CPU rank (host memory is
+// its device), the largest on a GPU rank (which streams them from host memory to
+// evaluate). Another idle rank holds nothing.
 MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 
 // What `rank` lacks under rank.memory (report::shortfall_text spells it).

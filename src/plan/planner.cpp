@@ -151,8 +151,8 @@ struct Candidate {
   double estimate = kInf;
   int seq = 0;  // its place in the search: ties go to the earlier
   // Where the plan recomputes: its skeleton before the memory strategies, for the
-  // micro-batches-first variant (try_micro_batches_first), tried only on the candidates
-  // kept for simulation (on every one it tripled the search at 64 ranks).
+  // micro-batches-first variant (try_micro_batches_first, which complete() tries on every
+  // candidate that recomputes).
   std::optional<Plan> bare;
 };
 

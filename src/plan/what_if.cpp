@@ -730,18 +730,22 @@ class Play {
           const auto r = static_cast<size_t>(idx);
           const double part = p.arrival[r] + p.copy[r] + p.tail;
           x.arrival = std::max(x.arrival, part);
-          if (x.silent) continue;
-          const double e = held_end(idx, t, part, false);  // t + part exactly when no stall holds it
+          // t + part exactly when no stall holds it (a rank of a unit already silent is
+          // not played, but its failure is still taken: another rank of a replica that
+          // failed is gone too, and a failure left due would hold every later step).
+          const double e = x.silent ? t + part : held_end(idx, t, part, false);
           // A failure before the rank's contribution left leaves it out from this step on
           // (one after it, or after the job's last step, does not touch this step).
           if (const int f = failure_of(idx, e); f >= 0) {
             used_[static_cast<size_t>(f)] = true;
+            if (!gone_[r])
+              out_.notes.push_back(events_[static_cast<size_t>(f)].spec + ": left out from step " +
+                                   std::to_string(done) + " on, no restart");
             gone_[r] = true;
             failed[u] = x.silent = true;
-            out_.notes.push_back(events_[static_cast<size_t>(f)].spec + ": left out from step " +
-                                 std::to_string(done) + " on, no restart");
             continue;
           }
+          if (x.silent) continue;
           x.held = x.held || e > t + part;
           x.end = std::max(x.end, e);
         }

@@ -103,8 +103,8 @@ std::string shortfall_text(const plan::Shortfall& s) {
   const std::string need = format_bytes(s.need.total()) + " (" + breakdown(s.need) + "), " +
                            format_bytes(s.need.total() - s.capacity) + " short";
   if (s.idle)  // rank 0 (memory_fit.h's rank_memory)
-    return who + ", idle in this layout, still evaluates and checkpoints the whole model, whose weights alone need " +
-           format_bytes(s.need.total()) + ", " + format_bytes(s.need.total() - s.capacity) +
+    return who + ", idle in this layout, still evaluates and checkpoints the whole model, which needs " +
+           format_bytes(s.need.total()) + " of its memory for weights, " + format_bytes(s.need.total() - s.capacity) +
            " short; a rank with room for them must be rank 0";
   if (!s.after_strategies)
     return who + ": " + std::to_string(s.samples) + " samples on " + blocks_text(s.block_begin, s.block_end) +

@@ -1,5 +1,7 @@
 #include "runtime/guard.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -9,6 +11,39 @@
 #include "ops/ops.h"
 
 namespace ht::runtime {
+
+// The stage world rank `rank` runs in a guard_layout's JSON, or -1.
+int stage_in(const nlohmann::json& layout, int rank) {
+  const nlohmann::json& replicas = layout.at("replicas");
+  for (const nlohmann::json& replica : replicas)
+    for (size_t s = 0; s < replica.size(); ++s)
+      if (replica.at(s).get<int>() == rank) return static_cast<int>(s);
+  return -1;
+}
+
+// A guard state ({"norms", "quarantine"}) of the checkpoint's layout `before`, for world
+// rank `rank` running `stage` of the layout `after` (guard_layout's JSON), where the two
+// are one world split into the same stages whose replicas a new plan put in another order:
+// the quarantine follows the ranks (reorder_quarantine, by the ranks of stage `column`,
+// so that every stage reorders it alike); the norm histories, of the rank's own stage's
+// parameter groups, stand where the rank runs the same stage, else start afresh. Empty
+// where the quarantine cannot be carried over (another world, other stages, other ranks).
+std::string guard_state_for(const std::string& state, const nlohmann::json& before, const nlohmann::json& after,
+                            int rank, int stage, int column) {
+  if (before.value("world", -1) != after.value("world", -2) || before.value("stages", nlohmann::json()) != after.value("stages", nlohmann::json()))
+    return {};
+  nlohmann::json j = nlohmann::json::parse(state);
+  if (stage_in(before, rank) != stage) j["norms"] = nlohmann::json::array();
+  if (j.contains("quarantine")) {
+    const std::vector<int64_t> q = reorder_quarantine(j["quarantine"].get<std::vector<int64_t>>(),
+                                                      before.at("replicas").get<std::vector<std::vector<int>>>(),
+                                                      after.at("replicas").get<std::vector<std::vector<int>>>(), column);
+    if (q.empty()) return {};
+    j["quarantine"] = q;
+  }
+  return j.dump();
+}
+
 
 std::vector<int64_t> reorder_quarantine(const std::vector<int64_t>& state, const std::vector<std::vector<int>>& before,
                                         const std::vector<std::vector<int>>& after, int stage) {

@@ -13,6 +13,9 @@
 #include <map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
 #include "config/config.h"
 #include "tensor/tensor.h"
 
@@ -33,6 +36,20 @@ const char* verdict_name(Verdict v);
 // is malformed or the two orders do not hold the same ranks on `stage`.
 std::vector<int64_t> reorder_quarantine(const std::vector<int64_t>& state, const std::vector<std::vector<int>>& before,
                                         const std::vector<std::vector<int>>& after, int stage);
+
+// The stage world rank `rank` runs in a guard layout's JSON ({"world", "replicas",
+// "stages"}, the trainer's guard_layout), or -1.
+int stage_in(const nlohmann::json& layout, int rank);
+// A checkpoint's guard state ({"norms", "quarantine"} as JSON text) of layout `before`,
+// for world rank `rank` running `stage` of layout `after`, where the two are one world
+// split into the same stages, its replicas in another order: the quarantine follows the
+// ranks (reorder_quarantine by the ranks of stage `column`, one for every stage so that
+// all reorder it alike); the norm histories, of the rank's own stage's parameter groups,
+// stand where it runs the same stage, else start afresh. Empty where the quarantine
+// cannot be carried over (another world, other stages, other ranks). Throws
+// nlohmann::json's errors on malformed JSON.
+std::string guard_state_for(const std::string& state, const nlohmann::json& before, const nlohmann::json& after,
+                            int rank, int stage, int column);
 
 // The sum of the squares of a float32 tensor's values: NaN when one is NaN, infinite
 // when one is, finite for any finite values. On the CPU one pass over the values, in

@@ -76,24 +76,6 @@ void check_model_config(const Checkpoint& ckpt, const config::Config& cfg, const
            "; expected the config it was trained with (other weights taken as this model would give wrong figures)");
 }
 
-// A guard state ({"norms", "quarantine"}) of the checkpoint's layout `before`, for a rank of
-// `stage` of the layout `after` (guard_layout's JSON), where the two are one world and one
-// split into stages whose replicas a new plan put in another order: the quarantine follows
-// the ranks (reorder_quarantine); the norm histories, the rank's own, stand. Empty where
-// the layouts differ otherwise.
-std::string guard_state_for(const std::string& state, const json& before, const json& after, int stage) {
-  if (before.value("world", -1) != after.value("world", -2) || before.value("stages", json()) != after.value("stages", json()))
-    return {};
-  json j = json::parse(state);
-  if (!j.contains("quarantine")) return state;
-  const std::vector<int64_t> q = reorder_quarantine(j["quarantine"].get<std::vector<int64_t>>(),
-                                                    before.at("replicas").get<std::vector<std::vector<int>>>(),
-                                                    after.at("replicas").get<std::vector<std::vector<int>>>(), stage);
-  if (q.empty()) return {};
-  j["quarantine"] = q;
-  return j.dump();
-}
-
 }  // namespace
 
 namespace trainer_run {
@@ -259,19 +241,23 @@ int64_t Run::restore(report::Progress& progress) {
         const auto q = j["quarantine"].get<std::vector<int64_t>>();
         held = q.size() > 2 && std::any_of(q.begin() + 2, q.end(), [](int64_t v) { return v != 0; });
       }
-      if (get("guard.layout") != guard_layout())
-        state = executor_->active() ? guard_state_for(state, json::parse(get("guard.layout")), json::parse(guard_layout()),
-                                                      executor_->stage())
-                                    : std::string();
+      if (get("guard.layout") != guard_layout()) {
+        const json before = json::parse(get("guard.layout")), after = json::parse(guard_layout());
+        const int stage = executor_->active() ? executor_->stage() : 0;
+        // Under deadline the checkpoint holds rank 0's quarantine, of its stage's replicas:
+        // every rank reorders it by the ranks of that stage, so that all agree.
+        const int column = key == "guard.quarantine" ? std::max(0, stage_in(before, 0)) : stage;
+        state = guard_state_for(state, before, after, world_.rank(), stage, column);
+      }
       if (!state.empty()) executor_->restore_guard_state(state);
     } catch (const json::exception& e) {
       fail("checkpoint ", loaded->path, ": metadata '", key, "' or 'guard.layout': ", e.what(), " (the file is corrupt)");
     } catch (const Error& e) {
       fail("checkpoint ", loaded->path, ": metadata '", key, "': ", e.what(), " (the file is corrupt)");
     }
-    if (state.empty() && root_ && held && executor_->active())
-      std::fprintf(stderr, "hetrain: note: the checkpoint's bad-node guard is of another world or split into stages "
-                           "(%s); its quarantine starts afresh\n", get("guard.layout").c_str());
+    if (state.empty() && root_ && held)
+      std::fprintf(stderr, "hetrain: note: the checkpoint's bad-node guard is of another layout (%s) whose ranks this "
+                           "one does not hold alike; its quarantine starts afresh\n", get("guard.layout").c_str());
   }
   if (local_) {  // the checkpoint's model is the outer weights
     local_->reset_to_weights();
@@ -333,7 +319,15 @@ std::string evaluate_checkpoint(const config::Config& cfg, const std::string& pa
   std::unique_ptr<Task> task = make_task(cfg, run_device());
   nn::Sequential model = task->build_model(cfg.train.seed);
   load_into(prefixed("model.", model.named_parameters()), ckpt, "model.");
-  for (const auto& [name, p] : model.named_parameters()) p.rehome(task->device(), false);
+  // The whole model onto the device; where it does not fit (one trained with its stages on
+  // several devices), it stays in host memory and streams through the device a block at
+  // a time, as rank 0's evaluation in training does.
+  try {
+    for (const auto& [name, p] : model.named_parameters()) p.rehome(task->device(), false);
+  } catch (const OutOfMemory&) {
+    for (const auto& [name, p] : model.named_parameters()) p.rehome(cpu_backend(), false);
+    model.stream_weights_to(&task->device());
+  }
   model.set_training(false);
   NoGradGuard no_grad;
   EvalResult r = task->evaluate(model);

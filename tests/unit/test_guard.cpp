@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "comm/local_communicator.h"
 #include "models/models.h"
@@ -135,6 +136,37 @@ TEST_CASE("guard: a quarantine resumed under the replicas in another order follo
   std::vector<int64_t> cut = a.state();
   cut.pop_back();
   CHECK(reorder_quarantine(cut, before, after, 0).empty());
+}
+
+TEST_CASE("guard: a checkpoint's guard state for another order of the replicas, as a resume takes it") {
+  using nlohmann::json;
+  // Two stages, two replicas: world ranks 0 and 1 run stage 0, 2 and 3 stage 1.
+  const json before = {{"world", 4}, {"replicas", {{0, 2}, {1, 3}}}, {"stages", {{0, 2}, {2, 4}}}};
+  const json swapped = {{"world", 4}, {"replicas", {{1, 3}, {0, 2}}}, {"stages", {{0, 2}, {2, 4}}}};
+  const json crossed = {{"world", 4}, {"replicas", {{2, 0}, {3, 1}}}, {"stages", {{0, 2}, {2, 4}}}};
+  // Member 1 (world rank 1 on stage 0) quarantined until step 30, one offence at step 9.
+  const std::string state = json{{"norms", {{0, {1.0, 2.0}}}}, {"quarantine", {12, 2, 0, 30, 0, 1, 9}}}.dump();
+  const json a = json::parse(guard_state_for(state, before, swapped, 0, 0, 0));
+  CHECK(a["quarantine"] == json{12, 2, 30, 0, 1, 9, 0});  // follows rank 1, now member 0
+  CHECK(a["norms"] == json::parse(state)["norms"]);     // rank 0 runs stage 0 still
+  // Rank 0 now runs stage 1 (one replica of each stage holds another's ranks, so no
+  // quarantine carries over): a state of norms alone, a pipeline's, loses them, since they
+  // were of stage 0's parameter groups (kept, a group's norms were judged against another
+  // stage's, and a stage of one replica could leave every step out).
+  CHECK(guard_state_for(state, before, crossed, 0, 1, 0).empty());
+  const std::string norms = json{{"norms", {{0, {1.0, 2.0}}}}}.dump();
+  CHECK(json::parse(guard_state_for(norms, before, crossed, 0, 1, 1))["norms"].empty());
+  CHECK(json::parse(guard_state_for(norms, before, crossed, 2, 0, 0))["norms"].empty());
+  CHECK(json::parse(guard_state_for(norms, before, swapped, 2, 1, 1))["norms"] == json::parse(norms)["norms"]);
+  // Another world, other stages, or ranks the column does not hold: nothing carried over.
+  json other = before;
+  other["world"] = 5;
+  CHECK(guard_state_for(state, before, other, 0, 0, 0).empty());
+  other = before;
+  other["stages"] = {{0, 1}, {1, 4}};
+  CHECK(guard_state_for(state, before, other, 0, 0, 0).empty());
+  CHECK(stage_in(crossed, 0) == 1);
+  CHECK(stage_in(crossed, 7) == -1);
 }
 
 TEST_CASE("guard: a quarantine's state survives the trip a deadline catch-up gives it") {

@@ -438,8 +438,8 @@ TEST_CASE("planner: an idle rank 0 still holds the whole model's weights, which 
     CHECK(idle->problem.shortfall.rank == 0);
     CHECK(idle->problem.shortfall.need.total() == doctest::Approx(16e6));
     CHECK(report::shortfall_text(idle->problem.shortfall) ==
-          "rank 0 (dev0, 9.5 MiB), idle in this layout, still evaluates and checkpoints the whole model, whose "
-          "weights alone need 15.3 MiB, 5.7 MiB short; a rank with room for them must be rank 0");
+          "rank 0 (dev0, 9.5 MiB), idle in this layout, still evaluates and checkpoints the whole model, which "
+          "needs 15.3 MiB of its memory for weights, 5.7 MiB short; a rank with room for them must be rank 0");
   }
 }
 

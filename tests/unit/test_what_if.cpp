@@ -828,6 +828,19 @@ TEST_CASE("deadline on a hybrid plan: a stalled rank's replica is left out of ev
   CHECK(static_cast<double>(deadline.steps_closed_short) >= S / step - kDeadlineWaitedSteps - 1);
   CHECK(static_cast<double>(deadline.steps_closed_short) <= S / step + 1);
   CHECK(deadline.samples_dropped == deadline.steps_closed_short * plan.layout.samples[1]);
+  // Both ranks of that replica fail, one after the other: each is named, both are gone (the
+  // second, of a replica already out, was never taken: no note, and left due it held every
+  // later step from the fast path).
+  in.events.clear();
+  for (size_t k = 0; k < plan.layout.replicas[1].size(); ++k)
+    in.events.push_back(parse_what_if_event("fail:rank=" + std::to_string(plan.layout.replicas[1][k]) +
+                                            ",at=" + std::to_string((20.5 + 10 * static_cast<double>(k)) * step)));
+  const PolicyOutcome failing = outcome(run_what_if(in), Policy::deadline);
+  REQUIRE(failing.refused.empty());
+  for (const WhatIfEvent& e : in.events)
+    CHECK(std::count_if(failing.notes.begin(), failing.notes.end(), [&](const std::string& n) {
+            return n.rfind(e.spec + ": left out from step ", 0) == 0;
+          }) == 1);
   // A pure pipeline has no stand-in: it waits as sync does, and says so.
   WhatIfInput two = in;
   const ClusterModel pair = fx::cluster({1e13, 1e13}, std::vector(2, 64 * fx::kGiB), 1e-4, 2e8);
