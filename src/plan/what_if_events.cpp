@@ -21,6 +21,9 @@ namespace {
 int rank_value(const std::string& spec, const std::string& key, const std::string& text) {
   int v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  // All digits but past an int: out of range, not malformed.
+  if (ec == std::errc::result_out_of_range && end == text.data() + text.size())
+    reject(spec, key + "=" + text + " is out of range; expected a rank of the cluster (an integer of at least 0)");
   if (ec != std::errc() || end != text.data() + text.size() || v < 0)
     reject(spec, key + "=" + text + " is not a rank; expected an integer of at least 0");
   return v;
@@ -79,7 +82,7 @@ WhatIfEvent parse_what_if_event(const std::string& spec) {
       e.rank = rank_value(spec, key, value);
     } else if (key == "ranks") {
       const size_t dash = value.find('-');
-      if (dash == std::string::npos || dash == 0)
+      if (dash == std::string::npos || dash == 0 || value.find('-', dash + 1) != std::string::npos)
         reject(spec, "ranks=" + value +
                          " is not a rank pair; expected A-B, the two ranks (at least 0) the link joins (e.g. 0-3)");
       e.rank = rank_value(spec, key, value.substr(0, dash));

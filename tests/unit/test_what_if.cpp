@@ -220,6 +220,12 @@ TEST_CASE("what-if event specs: one-line errors naming the spec, the field, the 
   CHECK(err("stall:rank=1,at=5") == "what-if event stall:rank=1,at=5: missing for; expected stall:rank=...,at=...,for=...");
   CHECK(err("stall:rank=x,at=5,for=5") ==
         "what-if event stall:rank=x,at=5,for=5: rank=x is not a rank; expected an integer of at least 0");
+  CHECK(err("stall:rank=99999999999999999999,at=5,for=5") ==
+        "what-if event stall:rank=99999999999999999999,at=5,for=5: rank=99999999999999999999 is out of range; "
+        "expected a rank of the cluster (an integer of at least 0)");
+  CHECK(err("link:ranks=0-1-2,at=1,latency=1,bandwidth=10") ==
+        "what-if event link:ranks=0-1-2,at=1,latency=1,bandwidth=10: ranks=0-1-2 is not a rank pair; expected A-B, the "
+        "two ranks (at least 0) the link joins (e.g. 0-3)");
   CHECK(err("stall:rank=1,at=5,for=0") ==
         "what-if event stall:rank=1,at=5,for=0: for=0 is out of range; expected seconds, above 0 and at most 1e9");
   CHECK(err("stall:rank=1,at=5,for=1.7e308") == "what-if event stall:rank=1,at=5,for=1.7e308: for=1.7e308 is out of "
