@@ -516,11 +516,15 @@ class Play {
       joins.push_back(j);
     }
     if (joins.empty()) return t;
+    // The step before, so that a join that slows the job says so (under deadline every rank
+    // trains: a slow device that joins sets the pace).
+    const double before = phase_.plan.predicted.step_seconds;
     replan_with(joins);
+    const double after = phase_.plan.predicted.step_seconds;
     for (int j : joins)
       out_.notes.push_back(events_[static_cast<size_t>(j)].spec + ": joined at the checkpoint of step " +
                            std::to_string(done) + " (" + format_seconds(t) + "), re-planned: step " +
-                           format_seconds(phase_.plan.predicted.step_seconds) +
+                           format_seconds(after) + " (was " + format_seconds(before) + ")" +
                            (joins.size() > 1 ? " (" + std::to_string(joins.size()) + " joined with one restart)" : ""));
     span_all(t, t + kRestartSeconds, WhatIfSpanKind::restart);
     return t + kRestartSeconds;

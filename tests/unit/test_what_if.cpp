@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "config/config.h"
+#include "core/units.h"
 #include "error_message.h"
 #include "plan/local_plan.h"
 #include "plan/plan_costs.h"
@@ -296,6 +297,7 @@ TEST_CASE("a join re-plans at the next checkpoint boundary, after a restart, wit
   REQUIRE(sync.refused.empty());
   REQUIRE(sync.notes.size() == 1);
   CHECK(contains(sync.notes[0], "joined at the checkpoint of step 10"));
+  CHECK(contains(sync.notes[0], "(was " + ht::format_seconds(step) + ")"));
   ClusterModel five = in.planner.cluster;
   const DeviceModel cpu = cluster_from_synth("synth:1xcpu-16c", in.catalogue_path).ranks[0];
   five.ranks.push_back(cpu);
