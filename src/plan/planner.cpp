@@ -185,6 +185,24 @@ void keep_best(std::vector<Candidate>& kept) {
 
 void try_micro_batches_first(const PlannerInput& in, const LinkTiers& tiers, Candidate& c);
 
+// The hub holds every sum, so it can step the optimiser for all and send the weights
+// instead (the same traffic): the others skip the step and keep no state. A slow rank's
+// step then costs it nothing, and the hub's memory does not change. `p` (of `used` ranks,
+// estimated at `estimate`) becomes that plan where it is estimated faster.
+void hub_step_if_faster(const PlannerInput& in, const LinkTiers& tiers, int used, Plan& p, double& estimate) {
+  const bool unsharded = std::all_of(p.ranks.begin(), p.ranks.end(), [](const RankPlan& r) { return r.optimizer_shard == 1; });
+  if (!in.hub_may_step_optimizer || p.layout.reduce_owner < 0 || !unsharded ||
+      used != static_cast<int>(in.cluster.ranks.size()))
+    return;
+  Plan h = p;
+  set_hub_steps_optimizer(h, true);
+  for (RankPlan& rp : h.ranks) rp.memory = rank_memory(h, in.costs, rp);
+  if (const double e = finish(h, in.costs, in.cluster, false, {}, &tiers); e < estimate) {
+    estimate = e;
+    p = std::move(h);
+  }
+}
+
 // A layout and its stage split made a candidate: shares by speed, the memory strategies,
 // the reduce owner and the estimate (or why it does not fit), into `c`.
 void complete(const PlannerInput& in, const LinkTiers& tiers, std::vector<std::vector<int>> layout,
@@ -211,20 +229,7 @@ void complete(const PlannerInput& in, const LinkTiers& tiers, std::vector<std::v
   p.layout.reduce_owner = cheapest_reduce_owner(p, in.costs, in.cluster, &tiers).owner;
   c.estimate = finish(p, in.costs, in.cluster, false, {}, &tiers);
   if (std::any_of(p.ranks.begin(), p.ranks.end(), [](const RankPlan& r) { return r.recompute; })) c.bare = bare;
-  // The hub holds every sum, so it can step the optimiser for all and send the weights
-  // instead (the same traffic): the others skip the step and keep no state. A slow
-  // rank's step then costs it nothing, and the hub's memory does not change.
-  const bool unsharded = std::all_of(p.ranks.begin(), p.ranks.end(), [](const RankPlan& r) { return r.optimizer_shard == 1; });
-  if (in.hub_may_step_optimizer && p.layout.reduce_owner >= 0 && unsharded &&
-      c.used == static_cast<int>(in.cluster.ranks.size())) {
-    Plan h = p;
-    set_hub_steps_optimizer(h, true);
-    for (RankPlan& rp : h.ranks) rp.memory = rank_memory(h, in.costs, rp);
-    if (const double e = finish(h, in.costs, in.cluster, false, {}, &tiers); e < c.estimate) {
-      c.estimate = e;
-      p = std::move(h);
-    }
-  }
+  hub_step_if_faster(in, tiers, c.used, p, c.estimate);
   c.plan = std::move(p);
   try_micro_batches_first(in, tiers, c);
 }
@@ -242,19 +247,8 @@ void try_micro_batches_first(const PlannerInput& in, const LinkTiers& tiers, Can
   q.layout.reduce_owner = cheapest_reduce_owner(q, in.costs, in.cluster, &tiers).owner;
   const double e = finish(q, in.costs, in.cluster, false, {}, &tiers);
   if (e >= kVariantMinGain * c.estimate) return;
-  // The hub's optimizer step, as complete() weighs it.
-  const bool unsharded = std::all_of(q.ranks.begin(), q.ranks.end(), [](const RankPlan& r) { return r.optimizer_shard == 1; });
   c.estimate = e;
-  if (in.hub_may_step_optimizer && q.layout.reduce_owner >= 0 && unsharded &&
-      c.used == static_cast<int>(in.cluster.ranks.size())) {
-    Plan h = q;
-    set_hub_steps_optimizer(h, true);
-    for (RankPlan& rp : h.ranks) rp.memory = rank_memory(h, in.costs, rp);
-    if (const double eh = finish(h, in.costs, in.cluster, false, {}, &tiers); eh < c.estimate) {
-      c.estimate = eh;
-      q = std::move(h);
-    }
-  }
+  hub_step_if_faster(in, tiers, c.used, q, c.estimate);
   c.plan = std::move(q);
 }
 
