@@ -150,10 +150,7 @@ struct Candidate {
   LayoutProblem problem;  // when no plan
   double estimate = kInf;
   int seq = 0;  // its place in the search: ties go to the earlier
-  // Where the plan recomputes: its skeleton before the memory strategies, for the
-  // micro-batches-first variant (try_micro_batches_first, which complete() tries on every
-  // candidate that recomputes).
-  std::optional<Plan> bare;
+  bool simulated = false;  // estimate is the simulation's (make_plan)
 };
 
 // What the notes and NoPlanFits keep of every candidate: the plan itself is kept only
@@ -183,8 +180,6 @@ void keep_best(std::vector<Candidate>& kept) {
   kept = std::move(out);
 }
 
-void try_micro_batches_first(const PlannerInput& in, const LinkTiers& tiers, Candidate& c);
-
 // The hub holds every sum, so it can step the optimiser for all and send the weights
 // instead (the same traffic): the others skip the step and keep no state. A slow rank's
 // step then costs it nothing, and the hub's memory does not change. `p` (of `used` ranks,
@@ -203,6 +198,22 @@ void hub_step_if_faster(const PlannerInput& in, const LinkTiers& tiers, int used
   }
 }
 
+// Where a candidate recomputes, more micro-batches first may fit without: recomputation
+// costs a forward a step, many small micro-batches their calls' fixed costs, and the
+// estimate weighs them (a 7B-class model's pipeline on 4 v100s and 4 a100s recomputed in
+// 147 micro-batches of 7, 2,216 s a step, where 1,024 of 1 fit without it: 1,622 s). The
+// variant, fitted from the candidate's skeleton `q`, replaces its plan where its estimate
+// is lower.
+void try_micro_batches_first(const PlannerInput& in, const LinkTiers& tiers, Plan q, Candidate& c) {
+  if (fit_memory(q, in.costs, in.may_shard_optimizer, true)) return;
+  q.layout.reduce_owner = cheapest_reduce_owner(q, in.costs, in.cluster, &tiers).owner;
+  const double e = finish(q, in.costs, in.cluster, false, {}, &tiers);
+  if (e >= kVariantMinGain * c.estimate) return;
+  c.estimate = e;
+  hub_step_if_faster(in, tiers, c.used, q, c.estimate);
+  c.plan = std::move(q);
+}
+
 // A layout and its stage split made a candidate: shares by speed, the memory strategies,
 // the reduce owner and the estimate (or why it does not fit), into `c`.
 void complete(const PlannerInput& in, const LinkTiers& tiers, std::vector<std::vector<int>> layout,
@@ -218,9 +229,8 @@ void complete(const PlannerInput& in, const LinkTiers& tiers, std::vector<std::v
     }
     speed[static_cast<size_t>(r)].samples_per_s = 1 / slowest;
   }
-  const Plan bare = skeleton(in, std::move(layout), std::move(ranges), split_batch(in.global_batch, speed),
-                             micro_batches);
-  Plan p = bare;
+  const std::vector<int64_t> shares = split_batch(in.global_batch, speed);
+  Plan p = skeleton(in, layout, ranges, shares, micro_batches);
   if (std::optional<Shortfall> shortfall = fit_memory(p, in.costs, in.may_shard_optimizer)) {
     c.problem.kind = LayoutProblemKind::memory;
     c.problem.shortfall = std::move(*shortfall);
@@ -228,28 +238,11 @@ void complete(const PlannerInput& in, const LinkTiers& tiers, std::vector<std::v
   }
   p.layout.reduce_owner = cheapest_reduce_owner(p, in.costs, in.cluster, &tiers).owner;
   c.estimate = finish(p, in.costs, in.cluster, false, {}, &tiers);
-  if (std::any_of(p.ranks.begin(), p.ranks.end(), [](const RankPlan& r) { return r.recompute; })) c.bare = bare;
+  const bool recomputes = std::any_of(p.ranks.begin(), p.ranks.end(), [](const RankPlan& r) { return r.recompute; });
   hub_step_if_faster(in, tiers, c.used, p, c.estimate);
   c.plan = std::move(p);
-  try_micro_batches_first(in, tiers, c);
-}
-
-// Where a candidate recomputes, more micro-batches first may fit without: recomputation
-// costs a forward a step, many small micro-batches their calls' fixed costs, and the
-// estimate weighs them (a 7B-class model's pipeline on 4 v100s and 4 a100s recomputed in
-// 147 micro-batches of 7, 2,216 s a step, where 1,024 of 1 fit without it: 1,622 s). The
-// variant replaces the candidate's plan where its estimate is lower.
-void try_micro_batches_first(const PlannerInput& in, const LinkTiers& tiers, Candidate& c) {
-  if (!c.bare) return;
-  Plan q = std::move(*c.bare);
-  c.bare.reset();
-  if (fit_memory(q, in.costs, in.may_shard_optimizer, true)) return;
-  q.layout.reduce_owner = cheapest_reduce_owner(q, in.costs, in.cluster, &tiers).owner;
-  const double e = finish(q, in.costs, in.cluster, false, {}, &tiers);
-  if (e >= kVariantMinGain * c.estimate) return;
-  c.estimate = e;
-  hub_step_if_faster(in, tiers, c.used, q, c.estimate);
-  c.plan = std::move(q);
+  if (recomputes)
+    try_micro_batches_first(in, tiers, skeleton(in, std::move(layout), std::move(ranges), shares, micro_batches), c);
 }
 
 // Layout `stages` x R over `order` (ranks, grouped R at a time: group g -> stage g).
@@ -603,6 +596,7 @@ Plan make_plan(const PlannerInput& in) {
     if (i < kSimulatedCandidates || c->estimate <= kUnsimulatedRatio * kept.front().estimate) {
       finish(*c->plan, in.costs, in.cluster, true, {}, &tiers);
       c->estimate = outcomes[static_cast<size_t>(c->seq)].estimate = c->plan->predicted.step_seconds;
+      c->simulated = true;
     } else {
       c->plan->predicted.step_seconds = c->estimate;  // the idle-ranks note's figure
     }
@@ -615,7 +609,7 @@ Plan make_plan(const PlannerInput& in) {
     if (!chosen || it->second->estimate < (1 - kIdleMinGain) * chosen->estimate) chosen = it->second;
   // One weighed by its estimate alone wins only where the simulation put the best far above
   // its estimate: the plan shown is simulated all the same.
-  if (chosen->plan->predicted.samples_per_s <= 0) finish(*chosen->plan, in.costs, in.cluster, true, {}, &tiers);
+  if (!chosen->simulated) finish(*chosen->plan, in.costs, in.cluster, true, {}, &tiers);
   Plan plan = std::move(*chosen->plan);
   plan.candidates = static_cast<int>(outcomes.size());
 

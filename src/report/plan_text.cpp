@@ -12,8 +12,6 @@ namespace {
 // Whole bytes beside the rounded ones: they can be grepped for and compared exactly.
 std::string whole(double bytes) { return std::to_string(std::llround(bytes)); }
 
-std::string ranks_text(const std::vector<int>& ranks) { return join_ranks(ranks); }
-
 std::string breakdown(const plan::MemoryUse& m) {
   return "params " + format_bytes(m.params) + ", grads " + format_bytes(m.grads) +
          ", optimizer " + format_bytes(m.optimizer) + ", activations " + format_bytes(m.activations);
@@ -182,7 +180,7 @@ std::string baseline_name(int stages) {
 std::string note_text(const plan::PlanNote& n) {
   using K = plan::NoteKind;
   const bool one = n.ranks.size() == 1;
-  const std::string hub = (one ? "rank " : "ranks ") + ranks_text(n.ranks);
+  const std::string hub = (one ? "rank " : "ranks ") + join_ranks(n.ranks);
   switch (n.kind) {
     case K::work_by_device: {
       std::string out = "work per step by device:";
@@ -203,7 +201,7 @@ std::string note_text(const plan::PlanNote& n) {
              "predicted step " + format_seconds(n.seconds) + " against " + format_seconds(n.other_seconds) +
              " with every rank stepping its own";
     case K::idle_ranks:
-      return (one ? "rank " : "ranks ") + ranks_text(n.ranks) + " left idle: the best plan over all " +
+      return (one ? "rank " : "ranks ") + join_ranks(n.ranks) + " left idle: the best plan over all " +
              std::to_string(n.world) + " ranks is predicted at " + format_seconds(n.other_seconds) +
              " a step against " + format_seconds(n.seconds) +
              " without " + (one ? "it (what it adds" : "them (what they add") +

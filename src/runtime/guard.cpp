@@ -30,7 +30,8 @@ int stage_in(const nlohmann::json& layout, int rank) {
 // where the quarantine cannot be carried over (another world, other stages, other ranks).
 std::string guard_state_for(const std::string& state, const nlohmann::json& before, const nlohmann::json& after,
                             int rank, int stage, int column) {
-  if (before.value("world", -1) != after.value("world", -2) || before.value("stages", nlohmann::json()) != after.value("stages", nlohmann::json()))
+  if (before.value("world", -1) != after.value("world", -2) ||
+      before.value("stages", nlohmann::json()) != after.value("stages", nlohmann::json()))
     return {};
   nlohmann::json j = nlohmann::json::parse(state);
   if (stage_in(before, rank) != stage) j["norms"] = nlohmann::json::array();
@@ -43,7 +44,6 @@ std::string guard_state_for(const std::string& state, const nlohmann::json& befo
   }
   return j.dump();
 }
-
 
 std::vector<int64_t> reorder_quarantine(const std::vector<int64_t>& state, const std::vector<std::vector<int>>& before,
                                         const std::vector<std::vector<int>>& after, int stage) {
