@@ -30,6 +30,28 @@ constexpr size_t kMedianOf = 9;
 // doorbell, comm/doorbell.h).
 constexpr std::chrono::microseconds kPollSleep{200};
 
+// A member's deadlines on its leader count the time this rank was there to hear. One back
+// from a stop of its own (SIGSTOP, a host that descheduled it) finds its patience spent
+// with its leader's answer still in flight (a large message moves only while both sides
+// poll): a member stopped 5 s in its wait made the next rank leader on waking, a change
+// that nothing had called for. A gap between two checks longer than `away_s` moves both
+// deadlines on by the gap, and leaves at least `patience_s` from now.
+class Presence {
+ public:
+  void check(double away_s, double patience_s, Clock::time_point& wait_until, Clock::time_point& give_up) {
+    const Clock::time_point now = Clock::now();
+    const Clock::duration gap = now - last_;
+    last_ = now;
+    if (gap <= std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(away_s))) return;
+    give_up += gap;
+    wait_until = std::max(wait_until + gap,
+                          now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(patience_s)));
+  }
+
+ private:
+  Clock::time_point last_ = Clock::now();
+};
+
 enum Kind : int64_t { contribution = 1, result, catch_up_request, catch_up, notice, done, done_ok, fin, catch_up_at };
 
 struct Header {
@@ -621,8 +643,9 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
   int64_t sent_term = -1;  // the term whose leader has this rank's contribution
   const int64_t entry_term = term_;
   auto wait_until = Clock::now();
-  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(options_.peer_timeout_s));
+  auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(options_.peer_timeout_s));
+  Presence presence;
   auto seconds = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
   poll();  // a term change or a catch-up that arrived during the step
   for (;;) {
@@ -693,7 +716,9 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       }
       sent_term = term_;
       wait_until = Clock::now() + seconds(patience());
+      if (options_.after_contribution) options_.after_contribution();
     }
+    presence.check(patience() / 2, patience(), wait_until, give_up);
     if (Clock::now() >= give_up) fail_wait("result of step " + std::to_string(step_), {leader()});
     if (Clock::now() >= wait_until) {  // the leader has stalled: on to the next
       suspect_leader();
@@ -718,12 +743,13 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
   DeadlineOutcome out;
   if (step_ >= target) return out;
   const auto seconds = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
-  const auto give_up = Clock::now() + seconds(options_.peer_timeout_s);
+  auto give_up = Clock::now() + seconds(options_.peer_timeout_s);
   // The leader holds the request until it is at `target`, a step or two of its own: a few
   // patiences before it counts as silent.
   constexpr double kAlignPatiences = 3;
   int64_t asked_term = -1;
   auto wait_until = Clock::now();
+  Presence presence;
   for (;;) {
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
@@ -741,6 +767,7 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
       asked_term = term_;
       wait_until = Clock::now() + seconds(kAlignPatiences * patience());
     }
+    presence.check(patience() / 2, kAlignPatiences * patience(), wait_until, give_up);
     if (Clock::now() >= give_up)
       fail_wait("a catch-up to step " + std::to_string(target) + " for its replica's other stages", {leader()});
     if (Clock::now() >= wait_until) {
@@ -755,10 +782,11 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
 }
 
 std::vector<StepRecord> DeadlineReduce::finish() {
-  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(options_.peer_timeout_s));
+  auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(options_.peer_timeout_s));
   bool agreed = false, sent = false;
   auto wait_until = Clock::now();
+  Presence presence;
   auto send_done = [&] {
     send(leader(), word(done, step_, term_, hash_));
     sent = true;
@@ -768,6 +796,7 @@ std::vector<StepRecord> DeadlineReduce::finish() {
   while (!agreed) {
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
+    presence.check(patience() / 2, patience(), wait_until, give_up);
     if (Clock::now() >= give_up) {
       std::vector<int> missing;  // the leader: members that have not reported; a member: its leader
       if (leader() == rank_) {

@@ -59,6 +59,9 @@ struct DeadlineOptions {
   // test of what one leader does sets it long, so that a loaded host's delays of tens
   // of milliseconds cannot hand the lead on mid-test.
   double min_patience_s = 0;
+  // A test's seam: runs right after this rank's contribution to a step leaves, on the
+  // rank's own thread, so that a test can stop the rank there (null: nothing).
+  std::function<void()> after_contribution;
 };
 
 // Weights, optimiser state and anything else a replica must hold identically, flattened.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/deadline_reduce.h"
@@ -355,4 +356,53 @@ TEST_CASE("deadline: align_to takes the leader's state at exactly the step asked
     const std::vector<std::string> all = group->allgather(crc(weights), kLong, "the weights' checksums");
     CHECK_MESSAGE(all[1] == all[0], "member 1's weights differ from member 0's at the end");
   }
+}
+
+TEST_CASE("deadline: a member stopped past its patience reads its leader's answer before suspecting the leader") {
+  // Member 1 stops for kStop seconds right after its contribution to step 1 leaves (the
+  // seam where a SIGSTOP from outside finds a waiting rank). The leader answers in that
+  // time. On waking, member 1's patience is long spent, but the answer is there: it applies
+  // it and the lead stays with rank 0. Its patience for step 1 is max(2 x the plan's budget
+  // + 0.02, 2) = 2 s whatever the load (the budget adapts only after three closed steps).
+  Communicator& w = world();
+  REQUIRE(w.size() >= 2);
+  constexpr double kStop = 4;
+  constexpr int64_t kEnd = 5;
+  std::unique_ptr<Communicator> group = w.split(w.rank() < 2 ? 0 : -1, w.rank(), kLong, "the test's group");
+  if (!group) return;
+  const int me = group->rank();
+  std::vector<float> weights(kN, 0.5f);
+  bool stop_now = false;
+  DeadlineOptions options;
+  options.predicted_step_s = 0.1;
+  options.slack = 1;
+  options.min_patience_s = 2;
+  options.peer_timeout_s = 30;
+  options.after_contribution = [&] {
+    if (!stop_now) return;
+    stop_now = false;
+    std::this_thread::sleep_for(std::chrono::duration<double>(kStop));
+  };
+  const std::vector<int64_t> shares{5, 3};
+  DeadlineReduce reduce(
+      *group, options, shares, 0, [&] { return ReplicaState{weights, {}}; },
+      [&](const ReplicaState& s) { weights = s.floats; });
+  while (reduce.step() < kEnd) {
+    const int64_t s = reduce.step();
+    stop_now = me == 1 && s == 1;
+    std::vector<Tensor> grads{Tensor::from_vector(contribution(me, s, weights), {kN}, cpu_backend())};
+    const DeadlineOutcome o = reduce.reduce(grads, shares[static_cast<size_t>(me)], 0.0, Clock::now());
+    if (o.ended) break;
+    CHECK_MESSAGE(reduce.term() == 0, "rank ", me, " moved to term ", reduce.term(), " at step ", s);
+    CHECK(o.record.leader == 0);
+    if (o.record.samples == 0) continue;
+    const std::vector<float> sum = grads[0].to_vector();
+    const float rescale = static_cast<float>(kGlobal) / static_cast<float>(o.record.samples);
+    for (int i = 0; i < kN; ++i) weights[static_cast<size_t>(i)] -= 0.1f * sum[static_cast<size_t>(i)] * rescale;
+  }
+  reduce.finish();
+  CHECK(reduce.term() == 0);
+  const std::vector<std::string> all =
+      group->allgather(crc32_hex(crc32_update(0, weights.data(), kN * sizeof(float))), kLong, "the weights' checksums");
+  CHECK_MESSAGE(all[1] == all[0], "member 1's weights differ from member 0's at the end");
 }
