@@ -194,7 +194,7 @@ std::string predictions(const plan::Plan& plan) {
          " samples/s\n";
   if (!b.fits) {
     out += "baseline does not fit:\n";
-    for (const plan::Shortfall& s : b.shortfalls) out += "  " + shortfall_text(s) + "\n";
+    for (const std::string& line : shortfall_lines(b.shortfalls)) out += "  " + line + "\n";
   }
   out += "speed-up over baseline: " +
          (plan.speedup < 1e6 ? number("%.2fx", plan.speedup) : number("%.3gx", plan.speedup)) +

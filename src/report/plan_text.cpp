@@ -118,6 +118,25 @@ std::string shortfall_text(const plan::Shortfall& s) {
          ": needs " + need;
 }
 
+std::vector<std::string> shortfall_lines(const std::vector<plan::Shortfall>& shortfalls) {
+  // The text with the rank left out: "rank " + its number opens every form of it.
+  auto rest = [](const plan::Shortfall& s) {
+    const std::string t = shortfall_text(s);
+    return t.substr(("rank " + std::to_string(s.rank)).size());
+  };
+  std::vector<std::string> out;
+  for (size_t i = 0; i < shortfalls.size();) {
+    const std::string tail = rest(shortfalls[i]);
+    std::vector<int> ranks{shortfalls[i].rank};
+    size_t j = i + 1;
+    for (; j < shortfalls.size() && shortfalls[j].rank == ranks.back() + 1 && rest(shortfalls[j]) == tail; ++j)
+      ranks.push_back(shortfalls[j].rank);
+    out.push_back((ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks) + tail);
+    i = j;
+  }
+  return out;
+}
+
 std::string stage_split_text(const plan::StageSplitFailure& f) {
   using P = plan::StageSplitProblem;
   const std::string head = "no pipeline split of " + std::to_string(f.blocks) + " blocks over " +

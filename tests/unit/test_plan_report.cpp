@@ -329,6 +329,22 @@ TEST_CASE("plan text: memory steps, shortfalls and stage splits read as sentence
   s.micro_batch_size = 32;
   CHECK(contains(report::shortfall_text(s), "even with recomputation, 1 micro-batch of 32 (no optimizer"));
 
+  // Runs of consecutive ranks that read alike but for the rank share a line; a rank that
+  // differs (another device) or a gap in the numbers starts another.
+  std::vector<Shortfall> list;
+  for (int r : {0, 1, 2, 3, 4, 6}) {
+    Shortfall x = s;
+    x.rank = r;
+    if (r == 4) x.device = "dev4";
+    list.push_back(x);
+  }
+  const std::vector<std::string> lines = report::shortfall_lines(list);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0].rfind("ranks 0-3 (dev0, 22.9 MiB) cannot hold stage 0", 0) == 0);
+  CHECK(lines[1].rfind("rank 4 (dev4, 22.9 MiB) cannot hold stage 0", 0) == 0);
+  CHECK(lines[2] == report::shortfall_text(list[5]));
+  CHECK(lines[0].substr(std::string("ranks 0-3").size()) == report::shortfall_text(s).substr(std::string("rank 0").size()));
+
   StageSplitFailure f;
   f.problem = StageSplitProblem::block_too_large;
   f.blocks = 12;
