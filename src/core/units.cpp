@@ -30,7 +30,9 @@ std::string format_bytes(double bytes) {
 }
 
 std::string format_seconds(double s) {
-  // By magnitude: a negative duration (time gained) reads in the unit of its size.
+  // By magnitude: a negative duration (time gained) reads in the unit of its size. None at
+  // all is "0 s" (as "0.0 µs" it read as a measured sliver, -0 as time gained).
+  if (s == 0) return "0 s";
   if (std::fabs(s) < 1e-3) return number("%.1f µs", s * 1e6);
   if (std::fabs(s) < 1) return number("%.2f ms", s * 1e3);
   if (std::fabs(s) < 1e6) return number("%.2f s", s);
@@ -49,7 +51,12 @@ std::string join_ranks(const std::vector<int>& ranks) {
     size_t j = i;
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
     if (j - i < 2) j = i;  // a run of one or two: one by one
-    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) {
+      out += '-';
+      out += std::to_string(ranks[j]);
+    }
     i = j + 1;
   }
   return out;

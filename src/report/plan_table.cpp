@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/units.h"
+#include "plan/local_plan.h"
 #include "report/plan_text.h"
 
 namespace ht::report {
@@ -95,10 +97,6 @@ std::string range(int first, int last) {
 
 std::string rank_range(const Group& g) { return range(g.first->rank, g.last->rank); }
 
-std::string ranks_label(const Group& g) {
-  return (g.first == g.last ? "rank " : "ranks ") + rank_range(g);
-}
-
 std::string shape(const plan::Plan& plan) {
   const auto& replicas = plan.layout.replicas;
   const std::string name = plan::to_string(plan.strategy);
@@ -158,15 +156,48 @@ std::string header(const plan::Plan& plan) {
                 {"sync policy:", to_string(plan.sync_policy)}});
 }
 
+// Under local, per replica: its share of its group's first inner step of a round, in
+// the micro-batches the executor runs it in (size_group_step). The layout's shares are
+// the groups' nominal split of one global batch, which the inner steps scale: at 1,024
+// ranks in one-rank groups every rank showed the whole global batch.
+std::vector<std::string> local_shares(const plan::Plan& plan) {
+  std::vector<std::string> out(plan.layout.samples.size());
+  if (!plan.local) return out;
+  for (size_t g = 0; g < plan.local->groups.size(); ++g) {
+    const int group = static_cast<int>(g);
+    const std::vector<int> replicas = plan.local->groups[g];
+    const std::vector<int64_t> shares = plan::step_shares(plan, group, plan::inner_step_samples(plan, group, 0));
+    // Replicas of one nominal share get the step's split within one sample of each other
+    // (cumulative floor): shown as one range, so that their rows stay one.
+    std::map<int64_t, std::pair<int64_t, int64_t>> range;  // nominal share -> least, most
+    for (size_t i = 0; i < shares.size(); ++i) {
+      const int64_t nominal = plan.layout.samples[static_cast<size_t>(replicas[i])];
+      auto [it, fresh] = range.try_emplace(nominal, shares[i], shares[i]);
+      it->second = {std::min(it->second.first, shares[i]), std::max(it->second.second, shares[i])};
+    }
+    for (size_t i = 0; i < shares.size(); ++i) {
+      const int replica = replicas[i];
+      const auto [least, most_share] = range.at(plan.layout.samples[static_cast<size_t>(replica)]);
+      const int64_t most = plan::fitting_micro_batch(plan, replica);
+      const int64_t mbs = std::max<int64_t>(1, std::min(most_share, (most_share + most - 1) / most));
+      out[static_cast<size_t>(replica)] =
+          (least == most_share ? std::to_string(least) : std::to_string(least) + "-" + std::to_string(most_share)) +
+          " (" + std::to_string(mbs) + "x" + std::to_string((most_share + mbs - 1) / mbs) + ")";
+    }
+  }
+  return out;
+}
+
 std::string rank_table(const plan::Plan& plan) {
   std::vector<Row> rows = {
       {"rank", "device", "r/s", "GFLOP/s", "layers", "share", "memory", "p/g/o/a", "busy", "strategy"}};
+  const std::vector<std::string> inner = local_shares(plan);
   const auto groups = group_ranks(plan, [&](const plan::RankPlan& r) -> Row {
     return {r.device.id + (r.slow_link ? "*" : ""),
             // Probed ranks of one CPU model differ only here (quotas, contention).
             number("%.0f", r.device.flops / 1e9),
             layers(plan, r),
-            share(r),
+            plan.local && r.replica >= 0 ? inner[static_cast<size_t>(r.replica)] : share(r),
             memory_total(r),
             memory_kinds(r.memory),
             percent(r.busy_fraction),
@@ -180,6 +211,7 @@ std::string rank_table(const plan::Plan& plan) {
   const bool any_slow = std::any_of(plan.ranks.begin(), plan.ranks.end(),
                                     [](const plan::RankPlan& r) { return r.slow_link; });
   if (any_slow) out += "(* slow link: see below)\n";
+  if (plan.local) out += "(share: of the rank's group's first inner step of a round, under sync: local below)\n";
   return out;
 }
 
@@ -202,20 +234,33 @@ std::string predictions(const plan::Plan& plan) {
   return out;
 }
 
-// "title:" and one line per group of ranks that `line_of` has a line for (an empty Row:
-// nothing to say about that rank).
+// "title:" and one line per distinct line that `line_of` has for some rank, with every
+// rank that has it, in the order of its first rank: an interleaved cluster of two
+// devices gave one line per rank when only consecutive ranks shared one.
 template <class LineOf>
 std::string rank_section(const plan::Plan& plan, const std::string& title, LineOf line_of) {
-  const auto groups =
-      group_ranks(plan, line_of, [](const plan::RankPlan&, const plan::RankPlan&) { return true; });
-  if (groups.empty()) return "";
+  std::vector<std::pair<std::string, std::vector<int>>> lines;
+  std::map<std::string, size_t> index;
+  for (const plan::RankPlan& r : plan.ranks) {
+    const Row cells = line_of(r);
+    if (cells.empty()) continue;
+    const auto [it, fresh] = index.try_emplace(cells[0], lines.size());
+    if (fresh) lines.push_back({cells[0], {}});
+    lines[it->second].second.push_back(r.rank);
+  }
+  if (lines.empty()) return "";
   std::string out = title + ":\n";
-  for (const Group& g : groups) out += "  " + ranks_label(g) + ": " + g.cells[0] + "\n";
+  for (const auto& [line, ranks] : lines)
+    out += std::string("  ") + (ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks) + ": " + line + "\n";
   return out;
 }
 
 std::string sections(const plan::Plan& plan) {
-  std::string out = rank_section(plan, "memory strategies", [](const plan::RankPlan& r) {
+  // Under local the memory fit is of the groups' nominal split of one global batch; the
+  // inner steps take the fitting micro-batch as often as their shares need.
+  std::string out = rank_section(plan, plan.local ? "memory strategies (at the groups' nominal split of one global batch)"
+                                                  : "memory strategies",
+                                 [](const plan::RankPlan& r) {
     const std::string reason = memory_reason_text(r);
     return reason.empty() ? Row{} : Row{reason};
   });

@@ -1,6 +1,7 @@
 #include "report/plan_text.h"
 
 #include <cmath>
+#include <map>
 
 #include "core/units.h"
 #include "plan/plan_notes.h"
@@ -120,20 +121,16 @@ std::string shortfall_text(const plan::Shortfall& s) {
 
 std::vector<std::string> shortfall_lines(const std::vector<plan::Shortfall>& shortfalls) {
   // The text with the rank left out: "rank " + its number opens every form of it.
-  auto rest = [](const plan::Shortfall& s) {
-    const std::string t = shortfall_text(s);
-    return t.substr(("rank " + std::to_string(s.rank)).size());
-  };
-  std::vector<std::string> out;
-  for (size_t i = 0; i < shortfalls.size();) {
-    const std::string tail = rest(shortfalls[i]);
-    std::vector<int> ranks{shortfalls[i].rank};
-    size_t j = i + 1;
-    for (; j < shortfalls.size() && shortfalls[j].rank == ranks.back() + 1 && rest(shortfalls[j]) == tail; ++j)
-      ranks.push_back(shortfalls[j].rank);
-    out.push_back((ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks) + tail);
-    i = j;
+  std::vector<std::pair<std::string, std::vector<int>>> lines;
+  std::map<std::string, size_t> index;
+  for (const plan::Shortfall& s : shortfalls) {
+    const std::string rest = shortfall_text(s).substr(("rank " + std::to_string(s.rank)).size());
+    const auto [it, fresh] = index.try_emplace(rest, lines.size());
+    if (fresh) lines.push_back({rest, {}});
+    lines[it->second].second.push_back(s.rank);
   }
+  std::vector<std::string> out;
+  for (const auto& [rest, ranks] : lines) out.push_back((ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks) + rest);
   return out;
 }
 

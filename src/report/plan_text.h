@@ -29,8 +29,9 @@ std::string slow_link_text(const plan::RankPlan& rank);
 // short", or, after every strategy, "rank 3 (...) cannot hold stage 1 (...) even with ...".
 std::string shortfall_text(const plan::Shortfall& s);
 
-// One line per run of consecutive ranks whose shortfalls read alike but for the rank,
-// "ranks 0-7 (rtx3060, 12.0 GiB): ..." (a baseline on 1,024 ranks was 1,024 lines).
+// One line per shortfall text, but for the rank, with every rank that has it, in the order
+// of its first: "ranks 0-7 (rtx3060, 12.0 GiB): ..." (a baseline on 1,024 ranks was
+// 1,024 lines, and an interleaved cluster one line per rank).
 std::vector<std::string> shortfall_lines(const std::vector<plan::Shortfall>& shortfalls);
 
 // "no pipeline split of 6 blocks over 2 devices fits: block 0 alone needs ...".
