@@ -140,7 +140,8 @@ enum class NoteKind {
   uniform_baseline,     // stages; seconds: DeepSpeed's uniform split's step; problem
                         // (memory) when it does not fit
   shape,                // stages, replicas, ranks_used of world; seconds: the estimate, or
-                        // problem when ruled out
+                        // problem when ruled out; other_seconds: the chosen plan's estimate
+                        // where this one over fewer ranks is below it (not by kIdleMinGain)
   deadline_leader,      // replicas; seconds: the deadline plan's step, other_seconds: the
                         // same layout's synchronous step
 };

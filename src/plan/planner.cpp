@@ -33,10 +33,6 @@ constexpr double kUnsimulatedRatio = 2.0;
 // order wherever the next rank is more than this much slower than the one before: a
 // class of slow ranks can cost more in communication than its compute gives back.
 constexpr double kSpeedStep = 0.85;
-// ... and takes such a plan only when it is predicted this much faster than the best with
-// more ranks: a margin for the model's error, since using every rank is what a user
-// expects of a job started on them.
-constexpr double kIdleMinGain = 0.10;
 // A stage count that does not divide the ranks is tried over fewer of them when it
 // leaves at most this many idle (shapes_over).
 constexpr int kMaxShapeIdle = 3;
@@ -692,6 +688,8 @@ Plan make_plan(const PlannerInput& in) {
     shape.world = world;
     if (c->feasible) shape.seconds = c->estimate;
     else shape.problem = c->problem;
+    // Faster than the plan over more ranks, but not by kIdleMinGain: say why not taken.
+    if (c->feasible && c->used < chosen->used && c->estimate < chosen->estimate) shape.other_seconds = chosen->estimate;
     plan.notes.push_back(shape);
   }
   return plan;

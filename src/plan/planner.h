@@ -43,6 +43,11 @@ namespace ht::plan {
 
 struct LinkTiers;  // plan_costs.h
 
+// The planner tries the fastest ranks alone too, and takes such a plan only when it is
+// predicted this much faster than the best with more ranks: a margin for the model's
+// error, since using every rank is what a user expects of a job started on them.
+inline constexpr double kIdleMinGain = 0.10;
+
 struct PlannerInput {
   BlockCosts costs;
   ClusterModel cluster;

@@ -231,6 +231,13 @@ std::string predictions(const plan::Plan& plan) {
   out += "speed-up over baseline: " +
          (plan.speedup < 1e6 ? number("%.2fx", plan.speedup) : number("%.3gx", plan.speedup)) +
          (b.fits ? "" : " (as if it fitted; it cannot run)") + "\n";
+  // Against a baseline that cannot run, the one that can, where the notes have it: the
+  // uniform layers of the plan's shape (DeepSpeed's default), which fits.
+  if (!b.fits)
+    for (const plan::PlanNote& n : plan.notes)
+      if (n.kind == plan::NoteKind::uniform_baseline && !n.problem && n.seconds > 0 && p.step_seconds > 0)
+        out += "speed-up over uniform layers over " + std::to_string(n.stages) +
+               " stages (DeepSpeed's default, which fits): " + number("%.2fx", n.seconds / p.step_seconds) + "\n";
   return out;
 }
 

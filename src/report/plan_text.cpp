@@ -5,6 +5,7 @@
 
 #include "core/units.h"
 #include "plan/plan_notes.h"
+#include "plan/planner.h"
 
 namespace ht::report {
 
@@ -236,7 +237,11 @@ std::string note_text(const plan::PlanNote& n) {
       return shape_name(n.stages, n.replicas) +
              (n.ranks_used < n.world ? " over the fastest " + std::to_string(n.ranks_used) : "") + ": " +
              (n.problem ? "ruled out: " + layout_problem_text(*n.problem)
-                        : "estimated step " + format_seconds(n.seconds));
+                        : "estimated step " + format_seconds(n.seconds)) +
+             (n.other_seconds > 0 ? ", below the chosen plan's estimate of " + format_seconds(n.other_seconds) +
+                                        " by less than the " + number("%.0f%%", 100 * plan::kIdleMinGain) +
+                                        " that leaving ranks idle must gain"
+                                  : "");
   }
   return "?";
 }

@@ -135,6 +135,18 @@ TEST_CASE("plan report: format_plan shows ranks, prediction, baseline and reason
                       "15.50 GiB (params 4.00 GiB, grads 4.00 GiB, optimizer 4.00 GiB, activations 3.50 GiB), "
                       "3.50 GiB short\n"));
   CHECK(contains(out, "speed-up over baseline: 2.00x"));
+  CHECK_FALSE(contains(out, "speed-up over uniform layers"));
+  // Beside a baseline that cannot run, the uniform layers of the plan's shape when they fit.
+  Plan with_uniform = sample_plan();
+  PlanNote u;
+  u.kind = NoteKind::uniform_baseline;
+  u.stages = 2;
+  u.seconds = 0.15;
+  with_uniform.notes.push_back(u);
+  CHECK(contains(report::format_plan(with_uniform),
+                 "\nspeed-up over uniform layers over 2 stages (DeepSpeed's default, which fits): 1.50x\n"));
+  with_uniform.notes.back().problem = LayoutProblem{};
+  CHECK_FALSE(contains(report::format_plan(with_uniform), "speed-up over uniform layers"));
   CHECK(contains(out, "  rank 1: recompute: needs 13.50 GiB of 12.00 GiB (params 4.00 GiB, grads 4.00 GiB, "
                       "optimizer 2.00 GiB, activations 3.50 GiB); recompute: activations 3.50 GiB -> 512.0 MiB\n"));
   // A reason that starts with its strategy does not repeat it.
@@ -425,6 +437,10 @@ TEST_CASE("plan text: each note kind, and the planner's refusal") {
   n.world = 4;
   n.seconds = 0.25;
   CHECK(report::note_text(n) == "pipeline (2 stages) over the fastest 2: estimated step 250.00 ms");
+  n.other_seconds = 0.26;  // the chosen plan's estimate, over more ranks: why this one was not taken
+  CHECK(report::note_text(n) == "pipeline (2 stages) over the fastest 2: estimated step 250.00 ms, below the chosen "
+                                "plan's estimate of 260.00 ms by less than the 10% that leaving ranks idle must gain");
+  n.other_seconds = 0;
   n.ranks_used = n.world = 2;
   n.problem = LayoutProblem{};
   n.problem->kind = LayoutProblemKind::batch_below_replicas;
