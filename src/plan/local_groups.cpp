@@ -464,7 +464,8 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
   }
   if (wanted) {
     HT_CHECK(r.plan, "parallel.sync local: no local plan fits: ", problem,
-             "; expected two ranks or more, each holding the whole model (use sync for one rank or a pipeline)");
+             "; expected a data-parallel plan over two ranks or more, each holding the whole model and a sample of "
+             "the global batch at least (use sync for one rank or a pipeline)");
     return r.plan;
   }
   if (!r.plan || r.plan->local->gain < 1 + kLocalMinGain || r.plan->local->inner_steps > kMaxRoundSteps)

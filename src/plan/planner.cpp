@@ -493,7 +493,9 @@ Plan make_plan(const PlannerInput& in) {
     problem.kind = LayoutProblemKind::batch_below_replicas;
     problem.global_batch = in.global_batch;
     problem.replicas = world;
-    throw NoPlanFits("planner: the global batch is smaller than the data-parallel replicas", world,
+    throw NoPlanFits("planner: the global batch, " + std::to_string(in.global_batch) +
+                         ", is smaller than the data-parallel replicas, " + std::to_string(world) + " (one sample each at least)",
+                     world,
                      in.cluster.source, config::to_string(in.strategy), {{1, world, world, std::move(problem)}});
   }
 

@@ -152,8 +152,11 @@ std::string stage_split_text(const plan::StageSplitFailure& f) {
              std::to_string(f.block) + ", needs " + format_bytes(f.needed) + " (" + whole(f.needed) +
              " bytes) vs capacity " + whole(f.capacity) + " bytes" + rank0_clause(f);
     case P::no_contiguous_split:
-      return head + "every block fits some stage alone, but no contiguous split does; the weight state alone "
-             "totals " + format_bytes(f.needed) + " (" + whole(f.needed) + " bytes) against " +
+      // Where the weights alone outgrow every stage together, the split's contiguity is
+      // not what stands in the way.
+      return head + "every block fits some stage alone, but " +
+             (f.needed > f.capacity ? "not all of them together" : "no contiguous split does") +
+             "; the weight state alone totals " + format_bytes(f.needed) + " (" + whole(f.needed) + " bytes) against " +
              format_bytes(f.capacity) + " (" + whole(f.capacity) + " bytes) of total capacity, before "
              "in-flight activations" +
              (f.whole_model_stage < 0

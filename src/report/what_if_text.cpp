@@ -69,6 +69,23 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
            (late == played ? "every policy: " : "") + after +
            ", so it changes nothing there; give an earlier time or play more steps\n";
   }
+  // Events that cost no policy anything: said once, or a table of zeros reads as a
+  // prediction that the job shrugs them off (a link event between two ranks that exchange
+  // nothing, read as a range of ranks, changed nothing and said nothing).
+  bool any_played = false, none_cost = true, any_link = false;
+  for (const plan::PolicyOutcome& p : result.policies) {
+    if (!p.refused.empty()) continue;
+    any_played = true;
+    none_cost = none_cost && p.lost_seconds == 0 && p.samples_dropped == 0 && p.samples_waited_for == 0 &&
+                p.work_lost_steps == 0 && p.work_lost_seconds == 0;
+  }
+  for (const plan::WhatIfEvent& e : events) any_link = any_link || e.kind == plan::WhatIfKind::link;
+  if (any_played && none_cost && !events.empty())
+    out += std::string("  the events change nothing under any policy played") +
+           (any_link ? " (link:ranks=A-B slows the one link between ranks A and B, which counts only where the "
+                       "plans send data over it)"
+                     : "") +
+           "\n";
   out += "  (a restart, after a failure or for a join, is assumed to take " + format_seconds(plan::kRestartSeconds) +
          "; dropped/waited: deadline's samples left out; local drops none and applies none staler than the "
          "round its design delays every group's progress: its exchange waits, and 'N w' counts the samples of rounds "

@@ -381,8 +381,10 @@ TEST_CASE("plan text: memory steps, shortfalls and stage splits read as sentence
   f.capacity = 3;
   f.all_weights = 2;
   CHECK(contains(report::stage_split_text(f),
-                 "no contiguous split does; the weight state alone totals 4 B (4 bytes) against 3 B (3 bytes) of "
+                 "not all of them together; the weight state alone totals 4 B (4 bytes) against 3 B (3 bytes) of "
                  "total capacity, before in-flight activations; and stage 2 is rank 0's"));
+  f.capacity = 5;  // the weights fit the stages together: the split's contiguity is what fails
+  CHECK(contains(report::stage_split_text(f), "but no contiguous split does; the weight state alone totals 4 B"));
 
   LayoutProblem small;
   small.kind = LayoutProblemKind::batch_below_replicas;

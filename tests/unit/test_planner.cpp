@@ -454,6 +454,8 @@ TEST_CASE("planner: bad inputs get errors naming the numbers") {
     CHECK(e.shapes[0].problem.kind == LayoutProblemKind::batch_below_replicas);
     CHECK(e.shapes[0].problem.global_batch == 3);
     CHECK(e.shapes[0].problem.replicas == 4);
+    CHECK(std::string(e.what()) ==
+          "planner: the global batch, 3, is smaller than the data-parallel replicas, 4 (one sample each at least)");
   }
   // auto still plans: a pipeline or hybrid needs fewer replicas than samples.
   const Plan p = make_plan(input(c, costs(c, 4), 3));
