@@ -558,6 +558,14 @@ class Play {
     span_all(since, at, WhatIfSpanKind::lost);
     span_all(at, at + kRestartSeconds, WhatIfSpanKind::restart);
     replan_without(together);
+    // Devices waiting to join by the restart's end come in with it: the job is re-planned
+    // anyway (they waited for a checkpoint, and the failure restarts from one).
+    std::vector<int> joins;
+    for (int j = join_by(at + kRestartSeconds); j >= 0; j = join_by(at + kRestartSeconds)) {
+      used_[static_cast<size_t>(j)] = true;
+      joins.push_back(j);
+    }
+    if (!joins.empty()) replan_with(joins);
     std::string specs;
     for (int f : together) specs += (specs.empty() ? "" : " and ") + events_[static_cast<size_t>(f)].spec;
     // The re-plan is of the ranks left as first given: a slow factor or link change in
@@ -567,6 +575,8 @@ class Play {
                          " ranks, re-planned on their planned speeds: step " +
                          format_seconds(phase_.plan.predicted.step_seconds) +
                          (together.size() > 1 ? " (" + std::to_string(together.size()) + " failed, one restart)" : ""));
+    for (int j : joins)
+      out_.notes.push_back(events_[static_cast<size_t>(j)].spec + ": joined with the restart after " + specs);
     return at + kRestartSeconds;
   }
 

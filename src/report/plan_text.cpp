@@ -80,8 +80,9 @@ std::string memory_reason_text(const plan::RankPlan& r) {
   for (auto it = r.memory_steps.rbegin(); it != r.memory_steps.rend(); ++it)
     if (it->kind == plan::MemoryStepKind::micro_batches) {
       if (it->micro_batches != r.micro_batches)
-        steps += "; the layout runs " + std::to_string(r.micro_batches) + " of at most " +
-                 std::to_string(r.micro_batch_size) + " samples";
+        steps += "; the layout then runs " + std::to_string(r.micro_batches) + " micro-batches of at most " +
+                 std::to_string(r.micro_batch_size) + (r.micro_batch_size == 1 ? " sample" : " samples") +
+                 (r.micro_batch_size <= it->micro_batch_size ? ", within that bound" : "");
       break;
     }
   const std::string name = memory_strategies_text(r.memory_strategies);

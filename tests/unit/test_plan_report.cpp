@@ -505,7 +505,7 @@ TEST_CASE("plan report: a rank whose layout runs more micro-batches than memory 
   r.memory_steps = {over, step};
   const std::string text = ht::report::memory_reason_text(r);
   CHECK(text.find("micro-batches: 99 of at most 3 samples") != std::string::npos);
-  CHECK(text.find("; the layout runs 295 of at most 1 samples") != std::string::npos);
+  CHECK(text.find("; the layout then runs 295 micro-batches of at most 1 sample, within that bound") != std::string::npos);
   r.micro_batches = 99;  // as memory asked: nothing more to say
   r.micro_batch_size = 3;
   CHECK(ht::report::memory_reason_text(r).find("the layout runs") == std::string::npos);

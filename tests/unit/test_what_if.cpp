@@ -339,6 +339,25 @@ TEST_CASE("a join with no checkpoint after it before the end never joins, and sa
                                         : ": never joined: the job writes no checkpoint (checkpoint.every 0)"));
     CHECK(sync.seconds == doctest::Approx(100 * step));
   }
+  // A failure's restart re-plans: a join waiting then comes in with it, checkpoint or none
+  // after it (the restart is from the checkpoint before both).
+  in.checkpoint_every = 100;
+  in.events.push_back(parse_what_if_event("fail:rank=3,at=" + std::to_string(7.5 * step)));
+  for (size_t b = 0; b < 4; ++b) {  // the joined rank's block costs come from the shapes
+    ht::nn::BlockShape shape;
+    shape.params = 1000000;
+    shape.flops_per_sample = 1000000000;
+    shape.activation_bytes_per_sample = 1000000;
+    in.model.blocks.push_back(shape);
+  }
+  const PolicyOutcome both = outcome(run_what_if(in), Policy::sync);
+  INFO(both.refused);
+  REQUIRE(both.refused.empty());
+  REQUIRE(both.notes.size() == 2);
+  CHECK(contains(both.notes[0], "fail:rank=3,at="));
+  CHECK(contains(both.notes[0], ": restart from the checkpoint of step 0 (7 steps lost) on 4 ranks"));
+  CHECK(contains(both.notes[1], "join:device=cpu-16c,at="));
+  CHECK(contains(both.notes[1], ": joined with the restart after fail:rank=3,at="));
 }
 
 TEST_CASE("deadline's budget follows the median of the last steps' arrivals, as the leader's does") {
