@@ -54,8 +54,38 @@ double tick_step(double end) {
   return 10 * magnitude;
 }
 
+// Up to this many ranks every rank has a lane; past it a lane stands for a run of
+// consecutive ranks that the plan gives the same device, stage, layers, share and
+// memory, drawn as its first rank (1,024 ranks were lanes of 3 px and 3 MB of rects no one
+// could read, 4,096 of 2 px and 12 MB).
+constexpr size_t kLanesPerRank = 64;
+
+struct Lane {
+  int first = 0, last = 0;  // ranks; `first` is drawn
+  size_t index = 0;         // its entry in plan.ranks
+};
+
+bool same_lane(const plan::RankPlan& a, const plan::RankPlan& b) {
+  return b.rank == a.rank + 1 && a.device.id == b.device.id && a.stage == b.stage &&
+         (a.replica < 0) == (b.replica < 0) && a.block_begin == b.block_begin && a.block_end == b.block_end &&
+         a.samples == b.samples && a.micro_batches == b.micro_batches && a.micro_batch_size == b.micro_batch_size &&
+         a.memory.total() == b.memory.total() && a.device.memory_bytes == b.device.memory_bytes;
+}
+
+std::vector<Lane> lanes_of(const plan::Plan& plan) {
+  std::vector<Lane> lanes;
+  const bool merge = plan.ranks.size() > kLanesPerRank;
+  for (size_t i = 0; i < plan.ranks.size(); ++i) {
+    if (merge && !lanes.empty() && same_lane(plan.ranks[i - 1], plan.ranks[i]))
+      lanes.back().last = plan.ranks[i].rank;
+    else
+      lanes.push_back({plan.ranks[i].rank, plan.ranks[i].rank, i});
+  }
+  return lanes;
+}
+
 struct Geometry {
-  double lane;  // height per rank, the same in both sections
+  double lane;  // height per lane, the same in both sections
   double timeline_top, timeline_bottom, memory_top, height;
   double time_end;  // seconds at the right end of the time axis
   TimeUnit unit;
@@ -64,15 +94,15 @@ struct Geometry {
   double x(double t) const { return kPlotLeft + t / time_end * kPlotWidth; }
 };
 
-Geometry geometry(const plan::Plan& plan, const std::vector<Span>& timeline) {
+Geometry geometry(const plan::Plan& plan, const std::vector<Lane>& lanes, const std::vector<Span>& timeline) {
   Geometry g;
-  const double ranks = static_cast<double>(std::max<size_t>(plan.ranks.size(), 1));
+  const double ranks = static_cast<double>(std::max<size_t>(lanes.size(), 1));
   // Small worlds get readable lanes; large ones shrink to keep each section near 600 px.
   g.lane = std::clamp(std::floor(600 / ranks), 2.0, 18.0);
   g.timeline_top = 72;
   g.timeline_bottom = g.timeline_top + ranks * g.lane;
   g.memory_top = g.timeline_bottom + 48;
-  g.height = g.memory_top + ranks * g.lane + 16;
+  g.height = g.memory_top + ranks * g.lane + 16 + (lanes.size() < plan.ranks.size() ? 18 : 0);  // the lanes' note
   g.time_end = plan.predicted.step_seconds;
   for (const Span& s : timeline) g.time_end = std::max(g.time_end, s.end_s);
   if (g.time_end <= 0) g.time_end = 1e-3;  // nothing to draw; keep the axis finite
@@ -104,26 +134,29 @@ std::string legend(double y, std::span<const Swatch> swatches, bool with_over) {
   return out + "</g>\n";
 }
 
-// One text per rank at `x`, centred on its lane; none when lanes are too thin to read.
+// One text per lane at `x`, centred on it; none when lanes are too thin to read.
 template <class TextOf>
-std::string lane_texts(const plan::Plan& plan, const Geometry& g, double top, double x,
-                       const std::string& attributes, TextOf text_of) {
+std::string lane_texts(const plan::Plan& plan, const std::vector<Lane>& lanes, const Geometry& g, double top,
+                       double x, const std::string& attributes, TextOf text_of) {
   if (!g.labels()) return "";
   std::string out = "<g font-size=\"" + px(g.font()) + "\"" + attributes + ">\n";
-  for (size_t i = 0; i < plan.ranks.size(); ++i) {
+  for (size_t i = 0; i < lanes.size(); ++i) {
     const double y = top + static_cast<double>(i) * g.lane + g.lane / 2 + g.font() * 0.35;
-    out += text(x, y, text_of(plan.ranks[i]));
+    out += text(x, y, text_of(plan.ranks[lanes[i].index], lanes[i]));
   }
   return out + "</g>\n";
 }
 
-// "rank N device" beside each lane, clipped to the label column so long names cannot run
-// into the bars.
-std::string lane_labels(const plan::Plan& plan, const Geometry& g, double top) {
-  return lane_texts(plan, g, top, 4, " clip-path=\"url(#label-column)\"",
-                    [](const plan::RankPlan& r) {
-                      return "rank " + std::to_string(r.rank) + " " + r.device.id;
-                    });
+std::string lane_name(const plan::RankPlan& r, const Lane& l) {
+  return (l.first == l.last ? "rank " + std::to_string(l.first)
+                            : "ranks " + std::to_string(l.first) + "-" + std::to_string(l.last)) +
+         " " + r.device.id;
+}
+
+// "rank N device" (or "ranks A-B device") beside each lane, clipped to the label column so
+// long names cannot run into the bars.
+std::string lane_labels(const plan::Plan& plan, const std::vector<Lane>& lanes, const Geometry& g, double top) {
+  return lane_texts(plan, lanes, g, top, 4, " clip-path=\"url(#label-column)\"", lane_name);
 }
 
 std::string usage_text(const plan::RankPlan& r) {
@@ -154,23 +187,28 @@ const Swatch& checked_swatch(const Span& s, size_t index, size_t ranks) {
 }
 
 std::string span_title(const Span& s, const TimeUnit& unit) {
-  std::string title = s.name;
+  std::string title = "rank " + std::to_string(s.rank) + ": " + s.name;
   if (s.micro_batch >= 0) title += " mb=" + std::to_string(s.micro_batch);
   if (s.stage >= 0) title += " stage=" + std::to_string(s.stage);
   return title + " " + number("%.3f", s.start_s / unit.scale) + "–" +
          number("%.3f", s.end_s / unit.scale) + " " + unit.name;
 }
 
-std::string spans(const plan::Plan& plan, const std::vector<Span>& timeline,
+std::string spans(const plan::Plan& plan, const std::vector<Lane>& lanes, const std::vector<Span>& timeline,
                   const Geometry& g) {
+  std::vector<int> lane_of(plan.ranks.size(), -1);  // the lane a rank is drawn in (-1: another's stands for it)
+  for (size_t i = 0; i < lanes.size(); ++i)
+    if (lanes[i].first >= 0 && static_cast<size_t>(lanes[i].first) < lane_of.size())
+      lane_of[static_cast<size_t>(lanes[i].first)] = static_cast<int>(i);
   // A hairline between neighbouring spans tells back-to-back micro-batches apart, where
   // lanes are tall enough to spare it.
   std::string out = g.labels() ? "<g stroke=\"#FFFFFF\" stroke-width=\"0.5\">\n" : "<g>\n";
   for (size_t i = 0; i < timeline.size(); ++i) {
     const Span& s = timeline[i];
     const Swatch& sw = checked_swatch(s, i, plan.ranks.size());
-    if (s.end_s <= s.start_s) continue;
-    const double y = g.timeline_top + s.rank * g.lane + g.lane * 0.1;
+    const int lane = lane_of[static_cast<size_t>(s.rank)];
+    if (s.end_s <= s.start_s || lane < 0) continue;
+    const double y = g.timeline_top + lane * g.lane + g.lane * 0.1;
     out += rect("class=\"" + std::string(sw.cls) + "\" x=\"" + px(g.x(s.start_s)) + "\" y=\"" +
                     px(y) + "\" width=\"" + px(g.x(s.end_s) - g.x(s.start_s)) +
                     "\" height=\"" + px(g.lane * 0.8) + "\" fill=\"" + sw.colour + "\"",
@@ -181,15 +219,14 @@ std::string spans(const plan::Plan& plan, const std::vector<Span>& timeline,
 
 // The capacity as a grey bar (outlined where lanes are tall enough for a line to show),
 // the four kinds stacked over it, and a red outline on top when they exceed it.
-std::string memory_bar(const plan::RankPlan& r, const Geometry& g, double top, double scale) {
+std::string memory_bar(const plan::RankPlan& r, const Lane& l, const Geometry& g, double top, double scale) {
   const std::string vertical =
       "\" y=\"" + px(top + g.lane * 0.1) + "\" height=\"" + px(g.lane * 0.8) + "\"";
   const std::string capacity_width = " width=\"" + px(r.device.memory_bytes * scale) + "\"";
   std::string out = rect("class=\"capacity\" x=\"" + px(kPlotLeft) + vertical + capacity_width +
                              " fill=\"#EEEEEE\"" +
                              (g.labels() ? " stroke=\"#333333\" stroke-width=\"1\"" : ""),
-                         "rank " + std::to_string(r.rank) + " " + r.device.id + ": " +
-                             usage_text(r));
+                         lane_name(r, l) + ": " + usage_text(r) + (l.first == l.last ? "" : " each"));
   const double kinds[] = {r.memory.params, r.memory.grads, r.memory.optimizer,
                           r.memory.activations};
   double x = kPlotLeft;
@@ -206,14 +243,14 @@ std::string memory_bar(const plan::RankPlan& r, const Geometry& g, double top, d
 }
 
 // Every bar shares one scale, so capacities compare across ranks.
-std::string memory_bars(const plan::Plan& plan, const Geometry& g) {
+std::string memory_bars(const plan::Plan& plan, const std::vector<Lane>& lanes, const Geometry& g) {
   double largest = 1;
   for (const plan::RankPlan& r : plan.ranks)
     largest = std::max({largest, r.device.memory_bytes, r.memory.total()});
   std::string out;
-  for (size_t i = 0; i < plan.ranks.size(); ++i)
-    out += memory_bar(plan.ranks[i], g, g.memory_top + static_cast<double>(i) * g.lane,
-                      kPlotWidth / largest);
+  for (size_t i = 0; i < lanes.size(); ++i)
+    out += memory_bar(plan.ranks[lanes[i].index], lanes[i], g,
+                      g.memory_top + static_cast<double>(i) * g.lane, kPlotWidth / largest);
   return out;
 }
 
@@ -229,7 +266,10 @@ std::string title(const plan::Plan& plan) {
 }  // namespace
 
 std::string plan_to_svg(const plan::Plan& plan, const std::vector<Span>& timeline) {
-  const Geometry g = geometry(plan, timeline);
+  // Spans are checked against every rank, drawn or not, before anything is drawn.
+  for (size_t i = 0; i < timeline.size(); ++i) (void)checked_swatch(timeline[i], i, plan.ranks.size());
+  const std::vector<Lane> lanes = lanes_of(plan);
+  const Geometry g = geometry(plan, lanes, timeline);
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   out += "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" + px(kWidth) +
          "\" height=\"" + px(g.height) + "\" viewBox=\"0 0 " + px(kWidth) + " " + px(g.height) +
@@ -243,13 +283,19 @@ std::string plan_to_svg(const plan::Plan& plan, const std::vector<Span>& timelin
   out += text(8, g.timeline_top - 30, what, " font-weight=\"bold\"");
   out += legend(g.timeline_top - 30, kActivities, false);
   out += time_axis(g);
-  out += lane_labels(plan, g, g.timeline_top);
-  out += spans(plan, timeline, g);
+  out += lane_labels(plan, lanes, g, g.timeline_top);
+  out += spans(plan, lanes, timeline, g);
   out += text(8, g.memory_top - 14, "memory per rank", " font-weight=\"bold\"");
   out += legend(g.memory_top - 14, kMemoryKinds, true);
-  out += lane_labels(plan, g, g.memory_top);
-  out += memory_bars(plan, g);
-  out += lane_texts(plan, g, g.memory_top, kPlotRight + 6, "", usage_text);
+  out += lane_labels(plan, lanes, g, g.memory_top);
+  out += memory_bars(plan, lanes, g);
+  out += lane_texts(plan, lanes, g, g.memory_top, kPlotRight + 6, "",
+                    [](const plan::RankPlan& r, const Lane& l) { return usage_text(r) + (l.first == l.last ? "" : " each"); });
+  if (lanes.size() < plan.ranks.size())
+    out += text(8, g.height - 6,
+                std::to_string(plan.ranks.size()) + " ranks in " + std::to_string(lanes.size()) +
+                    " lanes: a lane is a run of ranks with the same device, stage, layers, share and memory, "
+                    "drawn as its first rank");
   return out + "</svg>\n";
 }
 

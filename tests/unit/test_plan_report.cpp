@@ -243,7 +243,7 @@ TEST_CASE("plan report: svg draws one rect per span of positive length") {
   CHECK(occurrences(svg, "class=\"idle\"") == 1);
   CHECK_FALSE(contains(svg, "RecvActivation"));
   CHECK_FALSE(contains(svg, "LoadMicroBatch"));
-  CHECK(contains(svg, "<title>ReduceGrads stage=0 20.000–30.000 ms</title>"));
+  CHECK(contains(svg, "<title>rank 2: ReduceGrads stage=0 20.000–30.000 ms</title>"));
 }
 
 TEST_CASE("plan report: svg escapes device names and marks over-capacity ranks") {
@@ -259,20 +259,33 @@ TEST_CASE("plan report: svg escapes device names and marks over-capacity ranks")
   CHECK(contains(svg, "24.00 GiB / 12.00 GiB"));
 }
 
-TEST_CASE("plan report: svg of a large world keeps every rect and drops lane labels") {
+TEST_CASE("plan report: svg of a large world draws a lane per run of alike ranks, as its first") {
   Plan p = sample_plan();
   p.ranks.clear();
   std::vector<Span> timeline;
   for (int i = 0; i < 1024; ++i) {
-    p.ranks.push_back(rank(i, "h100", 80, 128, 8, 0.7));
+    p.ranks.push_back(rank(i, i < 512 ? "h100" : "a100", 80, 128, 8, 0.7));
     timeline.push_back({i, "Forward", "compute", 0.0, 0.05, 0, 0});
   }
   const std::string svg = report::plan_to_svg(p, timeline);
-  CHECK(occurrences(svg, "class=\"compute\"") == 1024);
-  CHECK(occurrences(svg, "class=\"capacity\"") == 1024);
-  // 2 px lanes: each rank has a span and five memory rects (capacity, four kinds).
-  CHECK(occurrences(svg, " height=\"1.60\"") == 6 * 1024);
-  CHECK_FALSE(contains(svg, ">rank 5 h100<"));
+  // Two lanes (the h100s, the a100s), each labelled with its ranks, in both sections.
+  CHECK(occurrences(svg, "class=\"compute\"") == 2);
+  CHECK(occurrences(svg, "class=\"capacity\"") == 2);
+  CHECK(occurrences(svg, ">ranks 0-511 h100<") == 2);
+  CHECK(occurrences(svg, ">ranks 512-1023 a100<") == 2);
+  CHECK(contains(svg, "<title>rank 512: Forward mb=0 stage=0"));
+  CHECK(contains(svg, "1024 ranks in 2 lanes"));
+  // A rank that differs (its share) is a lane of its own; up to 64 ranks every rank is one.
+  p.ranks[700].samples = 64;
+  CHECK(occurrences(report::plan_to_svg(p, timeline), "class=\"compute\"") == 4);
+  p.ranks.resize(64);
+  timeline.resize(64);
+  const std::string small = report::plan_to_svg(p, timeline);
+  CHECK(occurrences(small, "class=\"compute\"") == 64);
+  CHECK_FALSE(contains(small, " lanes: "));
+  // A span of a rank beyond the plan is refused even where its lane would not be drawn.
+  timeline.push_back({64, "Forward", "compute", 0.0, 0.05, 0, 0});
+  CHECK_THROWS_AS(report::plan_to_svg(p, timeline), Error);
 }
 
 TEST_CASE("plan report: svg rejects spans it cannot place") {
