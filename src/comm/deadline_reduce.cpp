@@ -34,22 +34,32 @@ constexpr std::chrono::microseconds kPollSleep{200};
 // from a stop of its own (SIGSTOP, a host that descheduled it) finds its patience spent
 // with its leader's answer still in flight (a large message moves only while both sides
 // poll): a member stopped 5 s in its wait made the next rank leader on waking, a change
-// that nothing had called for. A gap between two checks longer than `away_s` moves both
-// deadlines on by the gap, and leaves at least `patience_s` from now.
+// that nothing had called for. A gap between two checks of at least kAway (a stop, not a
+// quota's throttling of tens of milliseconds, which a member that waits must ride out)
+// moves the patience on by the gap, and leaves a patience from now; the peer timeout moves
+// by the gap too, by at most the timeout once over, so every wait stays bounded.
+constexpr double kAway = 0.5;
+
 class Presence {
  public:
-  void check(double away_s, double patience_s, Clock::time_point& wait_until, Clock::time_point& give_up) {
+  explicit Presence(double timeout_s) : spare_(std::chrono::duration<double>(timeout_s)) {}
+  // A deadline was just set: time before it is not a gap against it.
+  void armed() { last_ = Clock::now(); }
+  void check(double patience_s, Clock::time_point& wait_until, Clock::time_point& give_up) {
     const Clock::time_point now = Clock::now();
     const Clock::duration gap = now - last_;
     last_ = now;
-    if (gap <= std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(away_s))) return;
-    give_up += gap;
+    if (gap < std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kAway))) return;
+    const Clock::duration more = std::min(std::chrono::duration_cast<Clock::duration>(spare_), gap);
+    give_up += more;
+    spare_ -= more;
     wait_until = std::max(wait_until + gap,
                           now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(patience_s)));
   }
 
  private:
   Clock::time_point last_ = Clock::now();
+  std::chrono::duration<double> spare_;  // what the peer timeout may still be moved by
 };
 
 enum Kind : int64_t { contribution = 1, result, catch_up_request, catch_up, notice, done, done_ok, fin, catch_up_at };
@@ -645,7 +655,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
   auto wait_until = Clock::now();
   auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(options_.peer_timeout_s));
-  Presence presence;
+  Presence presence(options_.peer_timeout_s);
   auto seconds = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
   poll();  // a term change or a catch-up that arrived during the step
   for (;;) {
@@ -683,6 +693,7 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
         send(from, word(catch_up_request, step_, term_, hash_));
         catch_up_asked_ = true;
         wait_until = Clock::now() + seconds(patience());
+        presence.armed();
       }
     }
     if (applied) break;
@@ -716,9 +727,10 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       }
       sent_term = term_;
       wait_until = Clock::now() + seconds(patience());
+      presence.armed();
       if (options_.after_contribution) options_.after_contribution();
     }
-    presence.check(patience() / 2, patience(), wait_until, give_up);
+    presence.check(patience(), wait_until, give_up);
     if (Clock::now() >= give_up) fail_wait("result of step " + std::to_string(step_), {leader()});
     if (Clock::now() >= wait_until) {  // the leader has stalled: on to the next
       suspect_leader();
@@ -749,7 +761,7 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
   constexpr double kAlignPatiences = 3;
   int64_t asked_term = -1;
   auto wait_until = Clock::now();
-  Presence presence;
+  Presence presence(options_.peer_timeout_s);
   for (;;) {
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
@@ -763,11 +775,13 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
       send(leader(), word(catch_up_at, step_, term_, hash_, target));
       asked_term = term_;
       wait_until = Clock::now() + seconds(kAlignPatiences * patience());
+      presence.armed();
     } else if (asked_term != term_) {  // this rank leads by an old term it has not yet heard replaced
       asked_term = term_;
       wait_until = Clock::now() + seconds(kAlignPatiences * patience());
+      presence.armed();
     }
-    presence.check(patience() / 2, kAlignPatiences * patience(), wait_until, give_up);
+    presence.check(kAlignPatiences * patience(), wait_until, give_up);
     if (Clock::now() >= give_up)
       fail_wait("a catch-up to step " + std::to_string(target) + " for its replica's other stages", {leader()});
     if (Clock::now() >= wait_until) {
@@ -786,17 +800,18 @@ std::vector<StepRecord> DeadlineReduce::finish() {
                                     std::chrono::duration<double>(options_.peer_timeout_s));
   bool agreed = false, sent = false;
   auto wait_until = Clock::now();
-  Presence presence;
+  Presence presence(options_.peer_timeout_s);
   auto send_done = [&] {
     send(leader(), word(done, step_, term_, hash_));
     sent = true;
     done_ok_ = false;
     wait_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(patience()));
+    presence.armed();
   };
   while (!agreed) {
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
-    presence.check(patience() / 2, patience(), wait_until, give_up);
+    presence.check(patience(), wait_until, give_up);
     if (Clock::now() >= give_up) {
       std::vector<int> missing;  // the leader: members that have not reported; a member: its leader
       if (leader() == rank_) {

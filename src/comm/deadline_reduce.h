@@ -33,7 +33,9 @@
 //
 // Waits poll with a short sleep between tests (ranks share cores here), which a peer's
 // message on this host ends at once (the doorbell). Every wait is bounded by
-// peer_timeout_s, past which the job fails naming what it waited for.
+// peer_timeout_s, past which the job fails naming what it waited for. A member's waits on
+// its leader count the time it was there to hear: a stop of its own (kAway or longer)
+// moves its patience on and its timeout too, by at most the timeout once over.
 #pragma once
 
 #include <chrono>

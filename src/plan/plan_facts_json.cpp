@@ -262,6 +262,7 @@ Json notes_json(const std::vector<PlanNote>& notes) {
         j["world"] = n.world;
         if (n.problem) j["problem"] = problem_json(*n.problem);
         else j["seconds"] = n.seconds;
+        if (n.other_seconds > 0) j["other_seconds"] = n.other_seconds;
         break;
     }
     out.push_back(std::move(j));
@@ -287,7 +288,8 @@ std::vector<PlanNote> read_notes(const Json& v, const std::string& path) {
            }},
           {"ranks", compared, [&](const Json& x, const std::string& q) { n.ranks = read_ranks(x, q); }},
           number_field("seconds", n.seconds, timed),
-          number_field("other_seconds", n.other_seconds, compared),
+          number_field("other_seconds", n.other_seconds,
+                       {"hub_reduces", "hub_steps_optimizer", "idle_ranks", "deadline_leader", "shape"}),
           int_field("stages", n.stages, 1, {"uniform_baseline", "shape"}),
           int_field("replicas", n.replicas, 1, {"shape", "deadline_leader"}),
           int_field("ranks_used", n.ranks_used, 1, {"shape"}),

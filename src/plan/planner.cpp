@@ -691,7 +691,9 @@ Plan make_plan(const PlannerInput& in) {
     if (c->feasible) shape.seconds = c->estimate;
     else shape.problem = c->problem;
     // Faster than the plan over more ranks, but not by kIdleMinGain: say why not taken.
-    if (c->feasible && c->used < chosen->used && c->estimate < chosen->estimate) shape.other_seconds = chosen->estimate;
+    // (Not where DDP's equal split replaced the chosen plan: the plan shown is another.)
+    if (!ddp_instead && c->feasible && c->used < chosen->used && c->estimate < chosen->estimate)
+      shape.other_seconds = chosen->estimate;
     plan.notes.push_back(shape);
   }
   return plan;

@@ -167,22 +167,23 @@ std::vector<std::string> local_shares(const plan::Plan& plan) {
     const int group = static_cast<int>(g);
     const std::vector<int> replicas = plan.local->groups[g];
     const std::vector<int64_t> shares = plan::step_shares(plan, group, plan::inner_step_samples(plan, group, 0));
-    // Replicas of one nominal share get the step's split within one sample of each other
-    // (cumulative floor): shown as one range, so that their rows stay one.
-    std::map<int64_t, std::pair<int64_t, int64_t>> range;  // nominal share -> least, most
+    // Each replica's micro-batches as size_group_step runs them. Replicas of one nominal
+    // share and count get the step's split within one sample of each other (cumulative
+    // floor): shown as one range, so that their rows stay one.
+    std::vector<int64_t> mbs(shares.size());
+    std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> range;  // (nominal, count) -> least, most
+    auto key = [&](size_t i) { return std::make_pair(plan.layout.samples[static_cast<size_t>(replicas[i])], mbs[i]); };
     for (size_t i = 0; i < shares.size(); ++i) {
-      const int64_t nominal = plan.layout.samples[static_cast<size_t>(replicas[i])];
-      auto [it, fresh] = range.try_emplace(nominal, shares[i], shares[i]);
+      const int64_t most = plan::fitting_micro_batch(plan, replicas[i]);
+      mbs[i] = std::max<int64_t>(1, std::min(shares[i], (shares[i] + most - 1) / most));
+      auto [it, fresh] = range.try_emplace(key(i), shares[i], shares[i]);
       it->second = {std::min(it->second.first, shares[i]), std::max(it->second.second, shares[i])};
     }
     for (size_t i = 0; i < shares.size(); ++i) {
-      const int replica = replicas[i];
-      const auto [least, most_share] = range.at(plan.layout.samples[static_cast<size_t>(replica)]);
-      const int64_t most = plan::fitting_micro_batch(plan, replica);
-      const int64_t mbs = std::max<int64_t>(1, std::min(most_share, (most_share + most - 1) / most));
-      out[static_cast<size_t>(replica)] =
+      const auto [least, most_share] = range.at(key(i));
+      out[static_cast<size_t>(replicas[i])] =
           (least == most_share ? std::to_string(least) : std::to_string(least) + "-" + std::to_string(most_share)) +
-          " (" + std::to_string(mbs) + "x" + std::to_string((most_share + mbs - 1) / mbs) + ")";
+          " (" + std::to_string(mbs[i]) + "x" + std::to_string((most_share + mbs[i] - 1) / mbs[i]) + ")";
     }
   }
   return out;

@@ -361,17 +361,20 @@ TEST_CASE("deadline: align_to takes the leader's state at exactly the step asked
 TEST_CASE("deadline: a member stopped past its patience reads its leader's answer before suspecting the leader") {
   // Member 1 stops for kStop seconds right after its contribution to step 1 leaves (the
   // seam where a SIGSTOP from outside finds a waiting rank). The leader answers in that
-  // time. On waking, member 1's patience is long spent, but the answer is there: it applies
-  // it and the lead stays with rank 0. Its patience for step 1 is max(2 x the plan's budget
-  // + 0.02, 2) = 2 s whatever the load (the budget adapts only after three closed steps).
+  // time, with a gradient of 1 MiB: past OpenMPI's eager limits, so that it moves only
+  // once member 1 polls again. On waking, member 1's patience is long spent, but it was
+  // not there to hear: it waits on, takes the answer and the lead stays with rank 0. Its
+  // patience for step 1 is max(2 x the plan's budget + 0.02, 2) = 2 s whatever the load
+  // (the budget adapts only after three closed steps).
   Communicator& w = world();
   REQUIRE(w.size() >= 2);
   constexpr double kStop = 4;
   constexpr int64_t kEnd = 5;
+  constexpr int kBig = 1 << 18;  // floats: 1 MiB
   std::unique_ptr<Communicator> group = w.split(w.rank() < 2 ? 0 : -1, w.rank(), kLong, "the test's group");
   if (!group) return;
   const int me = group->rank();
-  std::vector<float> weights(kN, 0.5f);
+  std::vector<float> weights(kBig, 0.5f);
   bool stop_now = false;
   DeadlineOptions options;
   options.predicted_step_s = 0.1;
@@ -390,7 +393,9 @@ TEST_CASE("deadline: a member stopped past its patience reads its leader's answe
   while (reduce.step() < kEnd) {
     const int64_t s = reduce.step();
     stop_now = me == 1 && s == 1;
-    std::vector<Tensor> grads{Tensor::from_vector(contribution(me, s, weights), {kN}, cpu_backend())};
+    std::vector<float> g(kBig);
+    for (int i = 0; i < kBig; ++i) g[static_cast<size_t>(i)] = weights[static_cast<size_t>(i)] - 0.01f * static_cast<float>(me + 1);
+    std::vector<Tensor> grads{Tensor::from_vector(g, {kBig}, cpu_backend())};
     const DeadlineOutcome o = reduce.reduce(grads, shares[static_cast<size_t>(me)], 0.0, Clock::now());
     if (o.ended) break;
     CHECK_MESSAGE(reduce.term() == 0, "rank ", me, " moved to term ", reduce.term(), " at step ", s);
@@ -398,11 +403,12 @@ TEST_CASE("deadline: a member stopped past its patience reads its leader's answe
     if (o.record.samples == 0) continue;
     const std::vector<float> sum = grads[0].to_vector();
     const float rescale = static_cast<float>(kGlobal) / static_cast<float>(o.record.samples);
-    for (int i = 0; i < kN; ++i) weights[static_cast<size_t>(i)] -= 0.1f * sum[static_cast<size_t>(i)] * rescale;
+    for (int i = 0; i < kBig; ++i) weights[static_cast<size_t>(i)] -= 0.1f * sum[static_cast<size_t>(i)] * rescale;
   }
   reduce.finish();
   CHECK(reduce.term() == 0);
   const std::vector<std::string> all =
-      group->allgather(crc32_hex(crc32_update(0, weights.data(), kN * sizeof(float))), kLong, "the weights' checksums");
+      group->allgather(crc32_hex(crc32_update(0, weights.data(), weights.size() * sizeof(float))), kLong,
+                       "the weights' checksums");
   CHECK_MESSAGE(all[1] == all[0], "member 1's weights differ from member 0's at the end");
 }
