@@ -542,12 +542,13 @@ TEST_CASE("what-if picture: every event's mark at its time's x, the stall held a
   const double step = plan_for_policy(in.planner, Policy::sync, 0).predicted.step_seconds;
   const auto at = [&](double steps) { return std::to_string(steps * step); };
   // The stall in the middle of step 10 (sync holds that step for all of it); the failure
-  // before the next checkpoint; the join after it.
+  // before the next checkpoint; the join after its restart has ended (one waiting by then
+  // would come in with that restart).
   const std::vector<std::string> specs = {"stall:rank=1,at=" + at(10.5) + ",for=" + at(20),
                                           "slow:rank=2,at=" + at(60) + ",factor=2",
                                           "link:ranks=0-1,at=" + at(90) + ",latency=1,bandwidth=100",
                                           "fail:rank=3,at=" + at(125.5),
-                                          "join:device=cpu-16c,at=" + at(200)};
+                                          "join:device=cpu-16c,at=" + std::to_string(135.5 * step + kRestartSeconds)};
   for (const std::string& s : specs) in.events.push_back(parse_what_if_event(s));
   const WhatIfResult r = run_what_if(in);
   for (const PolicyOutcome& o : r.policies) REQUIRE(o.refused.empty());
