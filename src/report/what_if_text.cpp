@@ -53,6 +53,7 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
   }
   // An event timed after the job's end changes nothing: say so, or a stall of seconds
   // that "costs 0" reads as a prediction.
+  bool every_late = true;  // every event after the job's end under every policy played
   for (const plan::WhatIfEvent& e : events) {
     std::string after;
     size_t played = 0, late = 0;
@@ -64,6 +65,7 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
       after += std::string(after.empty() ? "" : ", ") + config::to_string(p.policy) + " (" +
                format_seconds(p.seconds) + ")";
     }
+    every_late = every_late && late > 0 && late == played;
     if (late == 0) continue;
     out += "  " + e.spec + ": at " + format_seconds(e.at_s) + ", after the job's end under " +
            (late == played ? "every policy: " : "") + after +
@@ -80,7 +82,7 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
                 p.work_lost_steps == 0 && p.work_lost_seconds == 0;
   }
   for (const plan::WhatIfEvent& e : events) any_link = any_link || e.kind == plan::WhatIfKind::link;
-  if (any_played && none_cost && !events.empty())
+  if (any_played && none_cost && !events.empty() && !every_late)  // (late events are said above)
     out += std::string("  the events change nothing under any policy played") +
            (any_link ? " (link:ranks=A-B slows the one link between ranks A and B, which counts only where the "
                        "plans send data over it)"

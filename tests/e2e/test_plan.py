@@ -357,7 +357,13 @@ def what_if(tmp):
     r = plan(CNN, "--cluster", RATES_4211, "--what-if", "join:device=rtx4090,at=100000")
     check("--what-if after the job's end: named as changing nothing under every policy",
           r.returncode == 0 and "join:device=rtx4090,at=100000: at 100000.00 s, after the job's end under every policy"
-          in r.stdout, r.stdout[-1500:] + r.stderr[-800:])
+          in r.stdout and "the events change nothing" not in r.stdout, r.stdout[-1500:] + r.stderr[-800:])
+    # Within the job but costing nothing (a link between ranks 0 and 1 made no slower than
+    # it is): said once, naming what A-B means.
+    r = plan(CNN, "--cluster", RATES_4211, "--what-if", "link:ranks=0-1,at=1,latency=0,bandwidth=1e9")
+    check("--what-if of an event that costs no policy anything: said to change nothing",
+          r.returncode == 0 and "the events change nothing under any policy played (link:ranks=A-B slows the one link "
+          "between ranks A and B" in r.stdout, r.stdout[-1500:] + r.stderr[-800:])
     # Every rank failed: no policy plays on with nobody (deadline once printed a row and a
     # leader change a step).
     r = plan(CNN, "--cluster", "synth:2xrtx3060", "--what-if", "fail:rank=0,at=0", "--what-if", "fail:rank=1,at=0",
