@@ -40,6 +40,20 @@ WhatIfInput four_equal(int64_t steps, const std::vector<std::string>& specs) {
   return in;
 }
 
+// The fixture's four blocks as shapes, which a joined rank's block costs come from, and
+// the catalogue its device is read from.
+void can_join(WhatIfInput& in) {
+  in.catalogue_path = default_catalogue_path();
+  in.model.blocks.clear();
+  for (size_t b = 0; b < 4; ++b) {
+    ht::nn::BlockShape shape;
+    shape.params = 1000000;
+    shape.flops_per_sample = 1000000000;
+    shape.activation_bytes_per_sample = 1000000;
+    in.model.blocks.push_back(shape);
+  }
+}
+
 PolicyOutcome outcome(const WhatIfResult& r, Policy p) {
   for (const PolicyOutcome& o : r.policies)
     if (o.policy == p) return o;
@@ -281,18 +295,10 @@ TEST_CASE("what-if event specs: one-line errors naming the spec, the field, the 
 
 TEST_CASE("a join re-plans at the next checkpoint boundary, after a restart, with the datasheet device") {
   WhatIfInput in = four_equal(100, {});
-  in.catalogue_path = default_catalogue_path();
   const Plan plan = plan_for_policy(in.planner, Policy::sync, 0);
   const double step = plan.predicted.step_seconds;
   in.events = {parse_what_if_event("join:device=cpu-16c,at=" + std::to_string(5.5 * step))};
-  // The model's shapes for the joined rank's block costs: the fixture's four blocks.
-  for (size_t b = 0; b < 4; ++b) {
-    ht::nn::BlockShape shape;
-    shape.params = 1000000;
-    shape.flops_per_sample = 1000000000;
-    shape.activation_bytes_per_sample = 1000000;
-    in.model.blocks.push_back(shape);
-  }
+  can_join(in);
   const PolicyOutcome sync = outcome(run_what_if(in), Policy::sync);
   REQUIRE(sync.refused.empty());
   REQUIRE(sync.notes.size() == 1);
@@ -343,13 +349,7 @@ TEST_CASE("a join with no checkpoint after it before the end never joins, and sa
   // after it (the restart is from the checkpoint before both).
   in.checkpoint_every = 100;
   in.events.push_back(parse_what_if_event("fail:rank=3,at=" + std::to_string(7.5 * step)));
-  for (size_t b = 0; b < 4; ++b) {  // the joined rank's block costs come from the shapes
-    ht::nn::BlockShape shape;
-    shape.params = 1000000;
-    shape.flops_per_sample = 1000000000;
-    shape.activation_bytes_per_sample = 1000000;
-    in.model.blocks.push_back(shape);
-  }
+  can_join(in);
   const PolicyOutcome both = outcome(run_what_if(in), Policy::sync);
   INFO(both.refused);
   REQUIRE(both.refused.empty());
@@ -531,14 +531,7 @@ std::vector<double> span_widths(const std::string& band_svg, const std::string& 
 
 TEST_CASE("what-if picture: every event's mark at its time's x, the stall held and the restart drawn to scale") {
   WhatIfInput in = four_equal(300, {});
-  in.catalogue_path = default_catalogue_path();
-  for (size_t b = 0; b < 4; ++b) {  // the joined rank's block costs: the fixture's four blocks
-    ht::nn::BlockShape shape;
-    shape.params = 1000000;
-    shape.flops_per_sample = 1000000000;
-    shape.activation_bytes_per_sample = 1000000;
-    in.model.blocks.push_back(shape);
-  }
+  can_join(in);
   const double step = plan_for_policy(in.planner, Policy::sync, 0).predicted.step_seconds;
   const auto at = [&](double steps) { return std::to_string(steps * step); };
   // The stall in the middle of step 10 (sync holds that step for all of it); the failure
