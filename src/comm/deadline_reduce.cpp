@@ -377,7 +377,8 @@ void DeadlineReduce::handle(int from, const Message& m) {
       catch_up_ = std::make_unique<Pending>(Pending{from, m});
       return;
     case catch_up_request:
-      if (leader() == rank_) send_catch_up(from, h.step);
+      // A finished member serves one behind it too (see ahead_done_), with its final state.
+      if (leader() == rank_ || (finishing_ && h.step < step_)) send_catch_up(from, h.step, finishing_);
       return;
     case catch_up_at:
       if (leader() != rank_) return;
@@ -386,6 +387,7 @@ void DeadlineReduce::handle(int from, const Message& m) {
       missed_in_row_[static_cast<size_t>(from)] = std::max(missed_in_row_[static_cast<size_t>(from)], kWaitFor);
       return;
     case done:
+      if (!finishing_ && h.step > step_) ahead_done_ = from;
       if (leader() != rank_) return;
       done_[from] = {h.step, h.hash};
       return;
@@ -455,7 +457,7 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
   for (;;) {
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
-    if (leader() != rank_) return false;
+    if (leader() != rank_ || ahead_done_ >= 0) return false;
     // Sort what arrived: this step's on this chain, late ones, and out-of-step senders.
     for (auto it = arrived_.begin(); it != arrived_.end();) {
       const auto [c, from] = it->first;
@@ -605,6 +607,8 @@ void DeadlineReduce::take_catch_up() {
   chain_.clear();
   catch_up_.reset();
   catch_up_asked_ = false;
+  ahead_done_ = -1;
+  asked_end_term_ = -1;
 }
 
 void DeadlineReduce::take_waiting_catch_up() {
@@ -670,6 +674,26 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
         return out;
       }
       sent_term = -1;  // say so to the leader: present, at the step it gave
+    }
+    if (ahead_done_ >= 0) {
+      // A member has ended its training at a later step than this rank's: the job's chain
+      // went on without this rank, which leading or contributing would only extend alone
+      // (a rank 0 back from a stop past the peer timeout led itself through a thousand
+      // steps, and its checkpoints replaced the job's). It takes that member's final state
+      // (asked again at each new term, which a lower-term request does not get served at).
+      if (asked_end_term_ != term_) {
+        send(ahead_done_, word(catch_up_request, step_, term_, hash_));
+        asked_end_term_ = term_;
+        wait_until = Clock::now() + seconds(patience());
+        presence.armed();
+      }
+      presence.check(patience(), wait_until, give_up);
+      if (Clock::now() >= give_up)
+        fail_wait("the final state of rank " + std::to_string(ahead_done_) + ", which ended training ahead of it",
+                  {ahead_done_});
+      const uint32_t heard = doorbell_heard();
+      if (!poll()) sleep_unless_rung(heard, kPollSleep);
+      continue;
     }
     bool applied = false;
     while (!results_.empty() && !applied) {
@@ -796,6 +820,8 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
 }
 
 std::vector<StepRecord> DeadlineReduce::finish() {
+  finishing_ = true;
+  ahead_done_ = -1;
   auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(options_.peer_timeout_s));
   bool agreed = false, sent = false;
@@ -822,7 +848,17 @@ std::vector<StepRecord> DeadlineReduce::finish() {
       }
       fail_wait("agreeing on the final step", missing);
     }
-    if (leader() == rank_) {
+    if (leader() == rank_ && catch_up_) take_catch_up();  // from a member that ended ahead of it (below)
+    // A leader behind a member that ended at a later step (back from a stop that the
+    // others trained through) takes that member's state, rather than sending its own older
+    // one to every member as the end.
+    const auto ahead = std::find_if(done_.begin(), done_.end(), [&](const auto& d) { return d.second.first > step_; });
+    if (leader() == rank_ && ahead != done_.end()) {
+      if (asked_end_term_ != term_) {
+        send(ahead->first, word(catch_up_request, step_, term_, hash_));
+        asked_end_term_ = term_;
+      }
+    } else if (leader() == rank_) {
       // Members behind (still stepping, or back from a stall) catch up to the end.
       for (auto it = arrived_.begin(); it != arrived_.end(); it = arrived_.erase(it))
         if (it->first.first < step_ || it->second->message.header.hash != hash_) send_catch_up(it->first.second, it->first.first, true);

@@ -234,6 +234,13 @@ class DeadlineReduce {
   // Finish: members' reported (step, hash); the leader's answer.
   std::map<int, std::pair<int64_t, uint64_t>> done_;
   bool done_ok_ = false;
+  // In finish(): this rank's training is over, and a rank behind it may take its state.
+  bool finishing_ = false;
+  // A member that reported the end of its training (done) at a later step than this
+  // rank's, while this rank still steps: it takes that member's state instead of stepping
+  // on (-1: none), having asked at term asked_end_term_.
+  int ahead_done_ = -1;
+  int64_t asked_end_term_ = -1;
   std::vector<bool> fin_;
 
   std::vector<std::shared_ptr<std::vector<char>>> inbox_;  // one posted receive per peer

@@ -412,3 +412,63 @@ TEST_CASE("deadline: a member stopped past its patience reads its leader's answe
                        "the weights' checksums");
   CHECK_MESSAGE(all[1] == all[0], "member 1's weights differ from member 0's at the end");
 }
+
+TEST_CASE("deadline: a leader back from a stop the others trained through to the end takes their final state") {
+  // Rank 0 stops before step 2 until ranks 1 and 2 have trained on without it (rank 1
+  // leading) and entered finish. There the leader waits for rank 0's report, so the
+  // members suspect each leader in turn, one patience (1 s) each: term 2, term 3 (rank
+  // 0's), term 4. Rank 0 returns about 2.5 s in, where it is most likely the leader of
+  // the term, with both members' reports of the end. It must not lead itself through the
+  // steps the others trained (and push its state on them as the end): it applies the
+  // results rank 1 sent it before giving up on it, if any, and then ends its training with
+  // their final state, whichever term it came back in.
+  Communicator& w = world();
+  REQUIRE(w.size() >= 3);
+  constexpr int64_t kEnd = 12, kStopAt = 2;
+  constexpr int kInFinishTag = 780;
+  std::unique_ptr<Communicator> group = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the test's group");
+  if (!group) return;
+  const int me = group->rank();
+  std::vector<float> weights(kN, 0.5f);
+  DeadlineOptions options;
+  options.predicted_step_s = 0.005;
+  options.slack = 0.5;
+  options.min_patience_s = 1;
+  options.peer_timeout_s = 30;
+  const std::vector<int64_t> shares{5, 3, 2};
+  DeadlineReduce reduce(
+      *group, options, shares, 0, [&] { return ReplicaState{weights, {}}; },
+      [&](const ReplicaState& s) { weights = s.floats; });
+  bool returned = false;
+  while (reduce.step() < kEnd) {
+    const int64_t s = reduce.step();
+    if (me == 0 && s == kStopAt && !returned) {
+      char in_finish = 0;
+      for (int from : {1, 2}) REQUIRE(group->recv_bytes(&in_finish, 1, from, kInFinishTag, kLong) == WaitStatus::done);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      returned = true;
+    }
+    std::vector<Tensor> grads{Tensor::from_vector(contribution(me, s, weights), {kN}, cpu_backend())};
+    const DeadlineOutcome o = reduce.reduce(grads, shares[static_cast<size_t>(me)], 0.0, Clock::now());
+    if (returned && !o.ended)
+      CHECK_MESSAGE(o.record.leader != 0, "rank 0, back at step ", kStopAt, ", led step ", o.record.step,
+                    " itself after the others had ended");
+    if (o.ended) break;
+    if (o.record.samples == 0) continue;
+    const std::vector<float> sum = grads[0].to_vector();
+    const float rescale = static_cast<float>(kGlobal) / static_cast<float>(o.record.samples);
+    for (int i = 0; i < kN; ++i) weights[static_cast<size_t>(i)] -= 0.1f * sum[static_cast<size_t>(i)] * rescale;
+  }
+  const std::string before = crc32_hex(crc32_update(0, weights.data(), kN * sizeof(float)));
+  if (me != 0) {
+    static const char kIn = 1;
+    group->send_bytes(&kIn, 1, 0, kInFinishTag, kLong, "word that this rank is in finish");
+  }
+  reduce.finish();
+  CHECK(reduce.step() == kEnd);
+  const std::string after = crc32_hex(crc32_update(0, weights.data(), kN * sizeof(float)));
+  // The members' end is the job's: they keep the state they finished with, and rank 0 has it.
+  if (me != 0) CHECK_MESSAGE(after == before, "rank ", me, "'s final state was replaced at the end");
+  const std::vector<std::string> all = group->allgather(after, kLong, "the weights' checksums");
+  for (size_t j = 1; j < all.size(); ++j) CHECK_MESSAGE(all[j] == all[0], "member ", j, "'s weights differ from rank 0's");
+}
