@@ -36,7 +36,8 @@ constexpr EnumName<NoteKind> kNoteNames[] = {{NoteKind::work_by_device, "work_by
                                              {NoteKind::idle_ranks, "idle_ranks"},
                                              {NoteKind::uniform_baseline, "uniform_baseline"},
                                              {NoteKind::shape, "shape"},
-                                             {NoteKind::deadline_leader, "deadline_leader"}};
+                                             {NoteKind::deadline_leader, "deadline_leader"},
+                                             {NoteKind::rank0_host, "rank0_host"}};
 
 }  // namespace
 

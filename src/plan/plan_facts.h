@@ -144,6 +144,9 @@ enum class NoteKind {
                         // where this one over fewer ranks is below it (not by kIdleMinGain)
   deadline_leader,      // replicas; seconds: the deadline plan's step, other_seconds: the
                         // same layout's synchronous step
+  rank0_host,           // bytes: the weights of the blocks outside rank 0's stage, which it
+                        // keeps in host memory to evaluate and checkpoint the whole model;
+                        // other_bytes: their optimizer state, gathered there at a checkpoint
 };
 const char* to_string(NoteKind k);
 std::vector<std::string> note_kind_names();
@@ -154,6 +157,7 @@ struct PlanNote {
   std::vector<int> ranks;
   std::vector<DeviceWork> work;
   double seconds = 0, other_seconds = 0;
+  double bytes = 0, other_bytes = 0;
   int stages = 0, replicas = 0, ranks_used = 0, world = 0;
   std::optional<LayoutProblem> problem;
 };

@@ -250,6 +250,10 @@ Json notes_json(const std::vector<PlanNote>& notes) {
         j["seconds"] = n.seconds;
         j["other_seconds"] = n.other_seconds;
         break;
+      case NoteKind::rank0_host:
+        j["bytes"] = n.bytes;
+        j["other_bytes"] = n.other_bytes;
+        break;
       case NoteKind::uniform_baseline:
         j["stages"] = n.stages;
         j["seconds"] = n.seconds;
@@ -290,6 +294,8 @@ std::vector<PlanNote> read_notes(const Json& v, const std::string& path) {
           number_field("seconds", n.seconds, timed),
           number_field("other_seconds", n.other_seconds,
                        {"hub_reduces", "hub_steps_optimizer", "idle_ranks", "deadline_leader", "shape"}),
+          number_field("bytes", n.bytes, {"rank0_host"}),
+          number_field("other_bytes", n.other_bytes, {"rank0_host"}),
           int_field("stages", n.stages, 1, {"uniform_baseline", "shape"}),
           int_field("replicas", n.replicas, 1, {"shape", "deadline_leader"}),
           int_field("ranks_used", n.ranks_used, 1, {"shape"}),

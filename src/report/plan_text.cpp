@@ -237,6 +237,11 @@ std::string note_text(const plan::PlanNote& n) {
              " gradients over the leader's link a step: predicted step " + format_seconds(n.seconds) + " against " +
              format_seconds(n.other_seconds) +
              " for this layout under sync; parallel.sync sync or local trains faster here";
+    case K::rank0_host:
+      return "rank 0 keeps the weights of the blocks outside its stage in its host's memory to evaluate and "
+             "checkpoint the whole model, " + format_bytes(n.bytes) + ", and gathers their optimizer state there at "
+             "each checkpoint: " + format_bytes(n.bytes + n.other_bytes) +
+             " of host memory then, beside its own process (no cluster file gives a host's memory: not checked)";
     case K::shape:
       return shape_name(n.stages, n.replicas) +
              (n.ranks_used < n.world ? " over the fastest " + std::to_string(n.ranks_used) : "") + ": " +

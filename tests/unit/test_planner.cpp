@@ -398,6 +398,19 @@ TEST_CASE("planner: a GPU rank 0 streams the other stages' weights from host mem
   CHECK(p.ranks[0].block_end - p.ranks[0].block_begin == 1);
   CHECK(p.ranks[0].memory.params == doctest::Approx(4e6 + 4e6));  // its own block's and one other's
   CHECK(p.ranks[0].memory.total() <= 30e6);
+  // What its host holds is said, not checked (no cluster file gives it): the other three
+  // blocks' weights, and at a checkpoint their optimizer state too; kept in the plan file.
+  const auto host = std::find_if(p.notes.begin(), p.notes.end(), [](const PlanNote& n) { return n.kind == NoteKind::rank0_host; });
+  REQUIRE(host != p.notes.end());
+  CHECK(host->bytes == doctest::Approx(3 * 4e6));
+  CHECK(host->other_bytes == doctest::Approx(3 * 1e6 * in.costs.optimizer_bytes_per_param));
+  CHECK(report::note_text(*host).rfind("rank 0 keeps the weights of the blocks outside its stage in its host's memory", 0) == 0);
+  const Plan back = plan_from_json(plan_to_json(p), "plan.json");
+  CHECK(std::count_if(back.notes.begin(), back.notes.end(),
+                      [&](const PlanNote& n) { return n.kind == NoteKind::rank0_host && n.bytes == host->bytes && n.other_bytes == host->other_bytes; }) == 1);
+  // A data-parallel plan keeps the whole model on rank 0's device: nothing in its host.
+  const Plan data = make_plan(input(cluster({1e12, 1e12}, {64 * kGiB, 64 * kGiB}), costs(c, 4, 1e6), 2, "data"));
+  CHECK(std::none_of(data.notes.begin(), data.notes.end(), [](const PlanNote& n) { return n.kind == NoteKind::rank0_host; }));
 }
 
 TEST_CASE("planner: an idle rank 0 still holds the whole model's weights, which must fit it") {
