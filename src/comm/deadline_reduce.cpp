@@ -414,7 +414,9 @@ void DeadlineReduce::fail_wait(const std::string& what, const std::vector<int>& 
   const int leader_rank = comm_.world_rank(leader());
   if (stalled.empty() && world == std::vector<int>{leader_rank} && leader() != rank_ && !absent.empty()) {
     stalled = absent;
-    also = " (its leader, rank " + std::to_string(leader_rank) + ", was waiting too)";
+    // Named as this rank's: "its leader" read as the absent rank's.
+    also = " (rank " + std::to_string(comm_.world_rank(rank_)) + "'s leader then, rank " + std::to_string(leader_rank) +
+           ", was waiting for it too)";
   }
   if (stalled.empty()) stalled = world;
   fail_as<PeerTimeout>(

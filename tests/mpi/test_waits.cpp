@@ -205,6 +205,9 @@ TEST_CASE("waits: the deadline reduction's end with a stopped member names it on
     const std::string m = peer_timeout_of([&] { (void)reduce.finish(); });
     CHECK(contains(m, "rank " + std::to_string(world().rank()) + ": no word from rank 1 after 2 s"));
     CHECK(contains(m, "waiting for the deadline reduction's agreeing on the final step"));
+    // Where this rank's leader answered the roll call, the message says whose leader it was.
+    if (contains(m, "was waiting for it too"))
+      CHECK(contains(m, "(rank " + std::to_string(world().rank()) + "'s leader then, rank "));
   });
 }
 
