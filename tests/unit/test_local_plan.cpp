@@ -16,6 +16,7 @@
 #include "plan/plan_json.h"
 #include "plan/planner.h"
 #include "report/local_sync_text.h"
+#include "report/plan_table.h"
 
 using namespace ht;
 using namespace ht::plan;
@@ -130,6 +131,23 @@ TEST_CASE("local plan: throttled 4/2/1/1 ranks step alone, inner steps follow sp
   const bool alike = p.local->round_samples[2] == n3 && p.local->group_steps[2] == h3;
   CHECK(text.find(alike ? "groups 2, 3: ranks 2, 3, one each, each " + rest : "group 3: rank 3, " + rest) !=
         std::string::npos);
+  // The table's share is of a group's inner step (a group of one rank takes it whole), not
+  // the nominal split of one global batch that every one-rank group's layout holds.
+  const std::string table = report::format_plan(p);
+  CHECK(table.find("(share: of the rank's group's first inner step of a round") != std::string::npos);
+  for (int g = 0; g < 4; ++g) {
+    CAPTURE(g);
+    REQUIRE(p.layout.samples[static_cast<size_t>(p.local->groups[static_cast<size_t>(g)][0])] == 128);
+    const int64_t inner = inner_step_samples(p, g, 0);
+    std::string row(1, '\n');  // (appended: GCC 12 warns falsely on "\n" + a temporary)
+    row += std::to_string(group_ranks(p, g)[0]);
+    row += ' ';
+    const size_t at = table.find(row);
+    REQUIRE(at != std::string::npos);
+    const std::string line = table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+    CHECK(line.find(' ' + std::to_string(inner) + " (") != std::string::npos);
+    if (inner != 128) CHECK(line.find(" 128 (") == std::string::npos);
+  }
 }
 
 // The fixed cluster file of the e2e tests (speeds 4/2/1/1), its links made 5 ms slow so
