@@ -613,6 +613,13 @@ void DeadlineReduce::take_catch_up() {
   asked_end_term_ = -1;
 }
 
+bool DeadlineReduce::ask_final_state(int member) {
+  if (asked_end_term_ == term_) return false;
+  send(member, word(catch_up_request, step_, term_, hash_));
+  asked_end_term_ = term_;
+  return true;
+}
+
 void DeadlineReduce::take_waiting_catch_up() {
   poll();
   if (!catch_up_ || catch_up_->message.header.samples == 1) return;
@@ -681,11 +688,8 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
       // A member has ended its training at a later step than this rank's: the job's chain
       // went on without this rank, which leading or contributing would only extend alone
       // (a rank 0 back from a stop past the peer timeout led itself through a thousand
-      // steps, and its checkpoints replaced the job's). It takes that member's final state
-      // (asked again at each new term, which a lower-term request does not get served at).
-      if (asked_end_term_ != term_) {
-        send(ahead_done_, word(catch_up_request, step_, term_, hash_));
-        asked_end_term_ = term_;
+      // steps, and its checkpoints replaced the job's). It takes that member's final state.
+      if (ask_final_state(ahead_done_)) {
         wait_until = Clock::now() + seconds(patience());
         presence.armed();
       }
@@ -856,10 +860,7 @@ std::vector<StepRecord> DeadlineReduce::finish() {
     // one to every member as the end.
     const auto ahead = std::find_if(done_.begin(), done_.end(), [&](const auto& d) { return d.second.first > step_; });
     if (leader() == rank_ && ahead != done_.end()) {
-      if (asked_end_term_ != term_) {
-        send(ahead->first, word(catch_up_request, step_, term_, hash_));
-        asked_end_term_ = term_;
-      }
+      ask_final_state(ahead->first);
     } else if (leader() == rank_) {
       // Members behind (still stepping, or back from a stall) catch up to the end.
       for (auto it = arrived_.begin(); it != arrived_.end(); it = arrived_.erase(it))

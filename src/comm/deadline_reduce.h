@@ -183,6 +183,9 @@ class DeadlineReduce {
                                                  int64_t samples = 0);
   void send_notice(int dst);
   void send_catch_up(int dst, int64_t since, bool final = false);
+  // Asks `member`, which ended its training ahead of this rank, for its final state: once a
+  // term (a lower-term request is not served). Whether it asked now.
+  bool ask_final_state(int member);
   void take_catch_up();
   void serve_held();
   void send_contribution();

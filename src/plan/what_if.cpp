@@ -424,6 +424,23 @@ class Play {
     return -1;
   }
 
+  // Every join waiting by t, taken (one restart brings them all in).
+  std::vector<int> take_joins_by(double t) {
+    std::vector<int> joins;
+    for (int j = join_by(t); j >= 0; j = join_by(t)) {
+      used_[static_cast<size_t>(j)] = true;
+      joins.push_back(j);
+    }
+    return joins;
+  }
+
+  // "fail:rank=1,at=5 and fail:rank=2,at=5": the events' specs, for notes and errors.
+  std::string specs_of(const std::vector<int>& events) const {
+    std::string specs;
+    for (int e : events) specs += (specs.empty() ? "" : " and ") + events_[static_cast<size_t>(e)].spec;
+    return specs;
+  }
+
   void replan(const ClusterModel& cluster, const BlockCosts& costs, std::vector<int> ids) {
     // A new job (a restart, a join): its log exchanges count from none.
     std::fill(finish_points_.begin(), finish_points_.end(), 0);
@@ -451,11 +468,8 @@ class Play {
   // The job restarts without the failed rank at t (after the restart): re-planned.
   void replan_without(const std::vector<int>& failed_events) {
     std::vector<bool> gone(phase_.ids.size(), false);
-    std::string specs;
-    for (int f : failed_events) {
-      gone[static_cast<size_t>(phase_.index_of(events_[static_cast<size_t>(f)].rank))] = true;
-      specs += (specs.empty() ? "" : " and ") + events_[static_cast<size_t>(f)].spec;
-    }
+    for (int f : failed_events) gone[static_cast<size_t>(phase_.index_of(events_[static_cast<size_t>(f)].rank))] = true;
+    const std::string specs = specs_of(failed_events);
     std::vector<int> keep, ids;
     for (size_t i = 0; i < phase_.ids.size(); ++i)
       if (!gone[i]) keep.push_back(static_cast<int>(i)), ids.push_back(phase_.ids[i]);
@@ -475,13 +489,11 @@ class Play {
     for (size_t j = 1; j < c.ranks.size(); ++j) lat.push_back(c.links.latency(0, j)), bw.push_back(c.links.bandwidth(0, j));
     const double latency = lat.empty() ? 0 : median(lat), bandwidth = bw.empty() ? 1e9 : median(bw);
     std::vector<int> ids = phase_.ids;
-    std::string specs;
     for (int j : join_events) {
       const WhatIfEvent& e = events_[static_cast<size_t>(j)];
       c.ranks.push_back(cluster_from_synth("synth:1x" + e.device, in_.catalogue_path).ranks.at(0));
       c.links.add_rank(latency, bandwidth);
       ids.push_back(static_cast<int>(in_.planner.cluster.ranks.size()) + joined_++);
-      specs += (specs.empty() ? "" : " and ") + e.spec;
     }
     // A joined rank is modelled from its datasheet (no profile row of its own).
     for (auto* rows : {&c.block_seconds, &c.block_step_seconds, &c.block_call_seconds})
@@ -489,7 +501,8 @@ class Play {
     try {
       replan(c, block_costs(in_.model, c, in_.optimizer), std::move(ids));
     } catch (const Error& err) {
-      throw Error("after " + specs + ", no plan with the new rank" + (join_events.size() > 1 ? "s: " : ": ") + err.what());
+      throw Error("after " + specs_of(join_events) + ", no plan with the new rank" + (join_events.size() > 1 ? "s: " : ": ") +
+                  err.what());
     }
   }
 
@@ -509,12 +522,7 @@ class Play {
   // the larger world. Returns the time the job goes on.
   double join_at_checkpoint(double t, int64_t done) {
     if (done >= in_.steps) return t;
-    // Every join waiting by now comes in with the one restart.
-    std::vector<int> joins;
-    for (int j = join_by(t); j >= 0; j = join_by(t)) {
-      used_[static_cast<size_t>(j)] = true;
-      joins.push_back(j);
-    }
+    const std::vector<int> joins = take_joins_by(t);
     if (joins.empty()) return t;
     // The step before, so that a join that slows the job says so (under deadline every rank
     // trains: a slow device that joins sets the pace).
@@ -560,14 +568,9 @@ class Play {
     replan_without(together);
     // Devices waiting to join by the restart's end come in with it: the job is re-planned
     // anyway (they waited for a checkpoint, and the failure restarts from one).
-    std::vector<int> joins;
-    for (int j = join_by(at + kRestartSeconds); j >= 0; j = join_by(at + kRestartSeconds)) {
-      used_[static_cast<size_t>(j)] = true;
-      joins.push_back(j);
-    }
+    const std::vector<int> joins = take_joins_by(at + kRestartSeconds);
     if (!joins.empty()) replan_with(joins);
-    std::string specs;
-    for (int f : together) specs += (specs.empty() ? "" : " and ") + events_[static_cast<size_t>(f)].spec;
+    const std::string specs = specs_of(together);
     // The re-plan is of the ranks left as first given: a slow factor or link change in
     // force is played from then on but not planned around.
     out_.notes.push_back(specs + ": restart from the checkpoint of step " + std::to_string(checkpoint) + " (" +

@@ -247,19 +247,12 @@ std::string predictions(const plan::Plan& plan) {
 // devices gave one line per rank when only consecutive ranks shared one.
 template <class LineOf>
 std::string rank_section(const plan::Plan& plan, const std::string& title, LineOf line_of) {
-  std::vector<std::pair<std::string, std::vector<int>>> lines;
-  std::map<std::string, size_t> index;
-  for (const plan::RankPlan& r : plan.ranks) {
-    const Row cells = line_of(r);
-    if (cells.empty()) continue;
-    const auto [it, fresh] = index.try_emplace(cells[0], lines.size());
-    if (fresh) lines.push_back({cells[0], {}});
-    lines[it->second].second.push_back(r.rank);
-  }
-  if (lines.empty()) return "";
+  std::vector<std::pair<int, std::string>> items;
+  for (const plan::RankPlan& r : plan.ranks)
+    if (const Row cells = line_of(r); !cells.empty()) items.emplace_back(r.rank, cells[0]);
+  if (items.empty()) return "";
   std::string out = title + ":\n";
-  for (const auto& [line, ranks] : lines)
-    out += std::string("  ") + (ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks) + ": " + line + "\n";
+  for (const auto& [line, ranks] : ranks_by_text(items)) out += "  " + ranks_text(ranks) + ": " + line + "\n";
   return out;
 }
 

@@ -121,18 +121,28 @@ std::string shortfall_text(const plan::Shortfall& s) {
          ": needs " + need;
 }
 
+std::vector<std::pair<std::string, std::vector<int>>> ranks_by_text(const std::vector<std::pair<int, std::string>>& items) {
+  std::vector<std::pair<std::string, std::vector<int>>> out;
+  std::map<std::string, size_t> index;
+  for (const auto& [rank, text] : items) {
+    const auto [it, fresh] = index.try_emplace(text, out.size());
+    if (fresh) out.push_back({text, {}});
+    out[it->second].second.push_back(rank);
+  }
+  return out;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks);
+}
+
 std::vector<std::string> shortfall_lines(const std::vector<plan::Shortfall>& shortfalls) {
   // The text with the rank left out: "rank " + its number opens every form of it.
-  std::vector<std::pair<std::string, std::vector<int>>> lines;
-  std::map<std::string, size_t> index;
-  for (const plan::Shortfall& s : shortfalls) {
-    const std::string rest = shortfall_text(s).substr(("rank " + std::to_string(s.rank)).size());
-    const auto [it, fresh] = index.try_emplace(rest, lines.size());
-    if (fresh) lines.push_back({rest, {}});
-    lines[it->second].second.push_back(s.rank);
-  }
+  std::vector<std::pair<int, std::string>> items;
+  for (const plan::Shortfall& s : shortfalls)
+    items.emplace_back(s.rank, shortfall_text(s).substr(("rank " + std::to_string(s.rank)).size()));
   std::vector<std::string> out;
-  for (const auto& [rest, ranks] : lines) out.push_back((ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks) + rest);
+  for (const auto& [rest, ranks] : ranks_by_text(items)) out.push_back(ranks_text(ranks) + rest);
   return out;
 }
 

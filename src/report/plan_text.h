@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plan/plan.h"
@@ -28,6 +29,11 @@ std::string slow_link_text(const plan::RankPlan& rank);
 // "rank 3 (rtx3060, 12.0 GiB): 32 samples on blocks 0-47 need 14.2 GiB (...), 2.2 GiB
 // short", or, after every strategy, "rank 3 (...) cannot hold stage 1 (...) even with ...".
 std::string shortfall_text(const plan::Shortfall& s);
+
+// Texts paired with the rank each is of, as (text, every rank with it) in the order of its
+// first rank; and "rank 3" or "ranks 0-7, 9" for such a list.
+std::vector<std::pair<std::string, std::vector<int>>> ranks_by_text(const std::vector<std::pair<int, std::string>>& items);
+std::string ranks_text(const std::vector<int>& ranks);
 
 // One line per shortfall text, but for the rank, with every rank that has it, in the order
 // of its first: "ranks 0-7 (rtx3060, 12.0 GiB): ..." (a baseline on 1,024 ranks was
