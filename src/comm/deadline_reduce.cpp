@@ -252,6 +252,10 @@ void DeadlineReduce::post_receive(int peer) {
 }
 
 void DeadlineReduce::send(int dst, std::shared_ptr<std::vector<char>> bytes) {
+  // No receive is posted for this rank's own messages: a large one would never complete,
+  // and the drain at the end would wait for it until the peer timeout.
+  HT_CHECK(dst != rank_, "deadline reduce: rank ", rank_, " sent a message of kind ",
+           reinterpret_cast<const Header*>(bytes->data())->kind, " to itself");
   Outgoing o{std::move(bytes), Request()};
   o.request = comm_.isend_bytes(o.bytes->data(), o.bytes->size(), dst, tag_);
   outgoing_.push_back(std::move(o));
@@ -457,6 +461,7 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
   std::vector<const Pending*> stale(static_cast<size_t>(size_), nullptr);
   bool all_in = false;
   for (;;) {
+    if (options_.while_leading) options_.while_leading();
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
     const bool any = poll();
     if (leader() != rank_ || ahead_done_ >= 0) return false;
@@ -747,7 +752,10 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
         led = true;
         break;
       }
-      sent_term = -1;  // replaced while leading: contribute to the new leader
+      // Replaced while leading (contribute to the new leader), or a member ended ahead
+      // (above): either way from the top, where this rank may still lead.
+      sent_term = -1;
+      continue;
     }
     if (sent_term != term_) {
       if (own_is_current()) {

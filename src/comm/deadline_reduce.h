@@ -64,6 +64,8 @@ struct DeadlineOptions {
   // A test's seam: runs right after this rank's contribution to a step leaves, on the
   // rank's own thread, so that a test can stop the rank there (null: nothing).
   std::function<void()> after_contribution;
+  // A test's seam: runs before each poll of a step this rank leads (null: nothing).
+  std::function<void()> while_leading;
 };
 
 // Weights, optimiser state and anything else a replica must hold identically, flattened.

@@ -46,7 +46,9 @@ def config(path, sync, strategy="data", steps=STEPS):
     cfg["train"].pop("epochs")
     cfg["train"].update(steps=steps, eval_every=50, eval_max_samples=200, log_every=50)
     cfg["checkpoint"] = {"every": 100, "keep": 10}
-    cfg["parallel"] = {"strategy": strategy, "sync": sync}
+    # A wait that goes wrong fails within the test's time, naming the rank, rather than at
+    # the default 300 s, when the test runner kills the test without a word.
+    cfg["parallel"] = {"strategy": strategy, "sync": sync, "peer_timeout_s": 60}
     save(path, cfg)
     return path
 
