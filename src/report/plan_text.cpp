@@ -14,6 +14,17 @@ namespace {
 // Whole bytes beside the rounded ones: they can be grepped for and compared exactly.
 std::string whole(double bytes) { return std::to_string(std::llround(bytes)); }
 
+// A need against a capacity, each in GiB or the like; where the two print alike (a few
+// bytes apart), each with its exact byte count, so that the shortfall shows.
+std::pair<std::string, std::string> need_and_room(double needed, double capacity) {
+  std::string a = format_bytes(needed), b = format_bytes(capacity);
+  if (a == b) {
+    a += " (" + whole(needed) + " bytes)";
+    b += " (" + whole(capacity) + " bytes)";
+  }
+  return {a, b};
+}
+
 std::string breakdown(const plan::MemoryUse& m) {
   return "params " + format_bytes(m.params) + ", grads " + format_bytes(m.grads) +
          ", optimizer " + format_bytes(m.optimizer) + ", activations " + format_bytes(m.activations);
@@ -152,23 +163,21 @@ std::string stage_split_text(const plan::StageSplitFailure& f) {
                            std::to_string(f.stages) + " devices fits: ";
   const std::string stage = "stage " + std::to_string(f.stage) + " (" + f.device + ", " +
                             format_bytes(f.device_memory) + ")";
+  const auto [need, room] = need_and_room(f.needed, f.capacity);
   switch (f.problem) {
     case P::block_too_large:
-      return head + "block " + std::to_string(f.block) + " alone needs " + format_bytes(f.needed) + " (" +
-             whole(f.needed) + " bytes) on " + stage + ", the roomiest stage that could take it; capacity " +
-             whole(f.capacity) + " bytes" + rank0_clause(f) +
+      return head + "block " + std::to_string(f.block) + " alone needs " + need + " on " + stage +
+             ", the roomiest stage that could take it; capacity " + room + rank0_clause(f) +
              ". Use devices with more memory, fewer in-flight micro-batches or a smaller micro-batch";
     case P::stage_too_small:
       return head + stage + " cannot hold any block it could be given: the lightest, block " +
-             std::to_string(f.block) + ", needs " + format_bytes(f.needed) + " (" + whole(f.needed) +
-             " bytes) vs capacity " + whole(f.capacity) + " bytes" + rank0_clause(f);
+             std::to_string(f.block) + ", needs " + need + " vs capacity " + room + rank0_clause(f);
     case P::no_contiguous_split:
       // Where the weights alone outgrow every stage together, the split's contiguity is
       // not what stands in the way.
       return head + "every block fits some stage alone, but " +
              (f.needed > f.capacity ? "not all of them together" : "no contiguous split does") +
-             "; the weight state alone totals " + format_bytes(f.needed) + " (" + whole(f.needed) + " bytes) against " +
-             format_bytes(f.capacity) + " (" + whole(f.capacity) + " bytes) of total capacity, before "
+             "; the weight state alone totals " + need + " against " + room + " of total capacity, before "
              "in-flight activations" +
              (f.whole_model_stage < 0
                   ? std::string()

@@ -381,11 +381,16 @@ TEST_CASE("plan text: memory steps, shortfalls and stage splits read as sentence
   f.needed = 13 * kGiB;
   f.capacity = 12 * kGiB;
   CHECK(report::stage_split_text(f) ==
-        "no pipeline split of 12 blocks over 3 devices fits: block 7 alone needs 13.00 GiB (13958643712 bytes) on "
-        "stage 2 (rtx3060, 12.00 GiB), the roomiest stage that could take it; capacity 12884901888 bytes. Use "
+        "no pipeline split of 12 blocks over 3 devices fits: block 7 alone needs 13.00 GiB on "
+        "stage 2 (rtx3060, 12.00 GiB), the roomiest stage that could take it; capacity 12.00 GiB. Use "
         "devices with more memory, fewer in-flight micro-batches or a smaller micro-batch");
   f.whole_model_stage = 2;
-  CHECK(contains(report::stage_split_text(f), "12884901888 bytes (with the other blocks' weights, which rank 0 holds)"));
+  CHECK(contains(report::stage_split_text(f), "capacity 12.00 GiB (with the other blocks' weights, which rank 0 holds)"));
+  // Amounts that print alike carry their exact bytes, so that the shortfall shows.
+  f.needed = 12 * kGiB + 3;
+  CHECK(contains(report::stage_split_text(f),
+                 "alone needs 12.00 GiB (12884901891 bytes) on stage 2 (rtx3060, 12.00 GiB), the roomiest stage that "
+                 "could take it; capacity 12.00 GiB (12884901888 bytes)"));
   f.problem = StageSplitProblem::stage_too_small;
   CHECK(contains(report::stage_split_text(f),
                  "fits: stage 2 (rtx3060, 12.00 GiB) cannot hold any block it could be given: the lightest, block 7,"));
@@ -394,7 +399,7 @@ TEST_CASE("plan text: memory steps, shortfalls and stage splits read as sentence
   f.capacity = 3;
   f.all_weights = 2;
   CHECK(contains(report::stage_split_text(f),
-                 "not all of them together; the weight state alone totals 4 B (4 bytes) against 3 B (3 bytes) of "
+                 "not all of them together; the weight state alone totals 4 B against 3 B of "
                  "total capacity, before in-flight activations; and stage 2 is rank 0's"));
   f.capacity = 5;  // the weights fit the stages together: the split's contiguity is what fails
   CHECK(contains(report::stage_split_text(f), "but no contiguous split does; the weight state alone totals 4 B"));
