@@ -261,6 +261,9 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catal
       d.id = r.host.cpu_model.empty() ? to_string(r.device) : r.host.cpu_model;
       d.memory_bytes = static_cast<double>(r.host.memory_total) / ranks_on_host[r.host.host];
     }
+    d.host = r.host.host;
+    d.host_memory_bytes = kUsableMemory * static_cast<double>(r.host.memory_total);
+    d.device_in_host = r.device == DeviceKind::cpu && r.memory_cap == 0;
     // The allocator cap is what the engine enforces (and how a small device is emulated).
     if (r.memory_cap > 0) d.memory_bytes = static_cast<double>(r.memory_cap);
     d.memory_bytes *= kUsableMemory;
@@ -377,7 +380,8 @@ bool same_device(const DeviceModel& a, const DeviceModel& b) {
   return a.id == b.id && a.name == b.name && a.kind == b.kind && a.flops == b.flops &&
          a.memory_bytes == b.memory_bytes && a.memory_bandwidth == b.memory_bandwidth &&
          a.measured == b.measured && a.cpu_quota == b.cpu_quota && a.cpu_quota_period_s == b.cpu_quota_period_s &&
-         a.call_seconds == b.call_seconds && a.bf16_flops == b.bf16_flops;
+         a.call_seconds == b.call_seconds && a.bf16_flops == b.bf16_flops &&
+         a.host == b.host && a.host_memory_bytes == b.host_memory_bytes && a.device_in_host == b.device_in_host;
 }
 
 // Row `a` and row `b` of a per-rank table agree (both absent counts as agreeing).

@@ -32,6 +32,13 @@ struct DeviceModel {
   // Effective FLOP/s of its products under train.precision bf16 (block_costs.h's gemm_rate); 0:
   // none (a CPU, a GPU below sm_80, no figure), and bf16 plans it at `flops`.
   double bf16_flops = 0;
+  // Its host (the probe's host name; ranks of one host share its memory) and that host's
+  // memory (kUsableMemory of its total), where the model's blocks outside a rank's stage
+  // live (memory_fit.h's host_memory); 0 where the cluster gives no host memory (a synth:
+  // cluster): unchecked.
+  std::string host;
+  double host_memory_bytes = 0;
+  bool device_in_host = false;  // its device is that memory: a CPU rank without a cap
 
   // What tables and messages call the device: the id, or the name where there is none.
   const std::string& label() const { return id.empty() ? name : id; }

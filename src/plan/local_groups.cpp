@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "plan/batch_split.h"
 #include "plan/local_plan.h"
 #include "plan/memory_fit.h"
@@ -129,6 +130,13 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
   // a rank that cannot hold it in its micro-batches gets the least count that fits (as
   // the synchronous planner's memory strategy 2), found once per class and share.
   std::map<std::pair<int, int64_t>, int> fitted;  // (class, share) -> micro-batches
+  // A CPU rank computing in its host's memory keeps the outer state there too (four
+  // copies of the weights: memory_fit.h's host_memory), so its step fits in the rest.
+  const double outer_state =
+      4 * kWeightBytesPerParam * std::accumulate(in.costs.params.begin(), in.costs.params.end(), 0.0);
+  const auto room = [&](const RankPlan& rp) {
+    return rp.device.memory_bytes - (rp.device.device_in_host ? outer_state : 0);
+  };
   for (RankPlan& rp : p.ranks) {
     // The synchronous plan's strategies were for its shares: these are recorded afresh
     // for the group's (`hetrain plan` showed "14 of at most 11" beside 24 micro-batches).
@@ -140,18 +148,18 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
       RankPlan without = rp;
       without.recompute = false;
       const MemoryUse all = rank_memory(p, in.costs, without);
-      rp.memory_steps.push_back(over_capacity_step(all, rp.device.memory_bytes));
+      rp.memory_steps.push_back(over_capacity_step(all, room(rp)));
       add_strategy(rp, MemoryStrategy::recompute,
                    activations_step(MemoryStepKind::recompute, all.activations, rp.memory.activations));
     }
-    if (rp.memory.total() <= rp.device.memory_bytes) continue;
+    if (rp.memory.total() <= room(rp)) continue;
     auto [known, fresh] = fitted.try_emplace({classes[static_cast<size_t>(rp.rank)], rp.samples}, 0);
     if (fresh) {
       RankPlan trial = rp;
       auto fits = [&](int m) {
         trial.micro_batches = m;
         trial.micro_batch_size = (trial.samples + m - 1) / m;
-        return rank_memory(p, in.costs, trial).total() <= trial.device.memory_bytes;
+        return rank_memory(p, in.costs, trial).total() <= room(trial);
       };
       // lo does not fit; past kMaxMicroBatches the share does not fit at all.
       int lo = rp.micro_batches, hi = static_cast<int>(std::min<int64_t>(rp.samples, kMaxMicroBatches));
@@ -181,7 +189,7 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
     whole.micro_batch_size = whole.samples;
     const MemoryUse before = rank_memory(p, in.costs, whole);
     rp.memory = rank_memory(p, in.costs, rp);
-    if (rp.memory_steps.empty()) rp.memory_steps.push_back(over_capacity_step(before, rp.device.memory_bytes));
+    if (rp.memory_steps.empty()) rp.memory_steps.push_back(over_capacity_step(before, room(rp)));
     MemoryStep step = activations_step(MemoryStepKind::micro_batches, before.activations, rp.memory.activations);
     step.micro_batches = rp.micro_batches;
     step.micro_batch_size = rp.micro_batch_size;
@@ -194,6 +202,14 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
   // A parallel.local_steps below the groups is refused here (not worked round by leaving
   // ranks idle): the setting is what is wrong.
   predict_local(p, in.costs, in.cluster, in.sync_step_seconds, in.local_steps);
+  if (const std::optional<Shortfall> s = fit_host_memory(p, in.costs)) {
+    out.problem = "rank " + std::to_string(s->rank) + " (" + s->device + ") cannot keep the outer state (" +
+                  format_bytes(s->host_need.outer_state) + ": the model's weights 4 times) beside " +
+                  format_bytes(s->host_need.total() - s->host_need.outer_state + s->host_others) + " in its host " +
+                  s->host_name + "'s memory, " + format_bytes(s->capacity);
+    return out;
+  }
+  note_host_memory(p);
   out.plan = std::move(p);
   return out;
 }

@@ -1,7 +1,9 @@
 #include "plan/memory_fit.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <string>
 
 #include "core/error.h"
 #include "plan/stage_memory.h"
@@ -197,6 +199,130 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
   return m;
 }
 
+namespace {
+
+// What host_memory needs beside the rank, made once per plan: the blocks' weights as
+// prefix sums, and which replicas are in a local group (O(ranks + blocks) for a plan).
+struct HostFacts {
+  std::vector<double> weights_before;  // [b]: the weights of blocks [0, b)
+  std::vector<char> grouped;           // [replica]: in a local group (empty: not local)
+};
+
+HostFacts host_facts(const Plan& plan, const BlockCosts& costs) {
+  HostFacts f;
+  f.weights_before.push_back(0);
+  for (double p : costs.params) f.weights_before.push_back(f.weights_before.back() + kWeightBytesPerParam * p);
+  if (plan.local) {
+    f.grouped.assign(plan.layout.replicas.size(), 0);
+    for (const std::vector<int>& g : plan.local->groups)
+      for (int r : g)
+        if (r >= 0 && static_cast<size_t>(r) < f.grouped.size()) f.grouped[static_cast<size_t>(r)] = 1;
+  }
+  return f;
+}
+
+HostUse host_use(const Plan& plan, const BlockCosts& costs, const RankPlan& rp, const HostFacts& f) {
+  HostUse h;
+  const double all = f.weights_before.back();
+  const bool idle = rp.replica < 0;
+  const auto at = [&](int b) { return f.weights_before[static_cast<size_t>(std::clamp<int>(b, 0, static_cast<int>(f.weights_before.size()) - 1))]; };
+  const double outside = idle ? all : all - (at(rp.block_end) - at(rp.block_begin));
+  if (rp.device.device_in_host) {
+    h.device = rank_memory(plan, costs, rp).total();
+    // rank_memory already holds rank 0's (its device is this memory: all of them).
+    if (rp.rank != 0) h.other_weights = outside;
+  } else {
+    h.other_weights = outside;
+  }
+  if (rp.rank == 0) h.checkpoint_state = costs.optimizer_bytes_per_param * outside / kWeightBytesPerParam;
+  // The outer exchange's members (outer_members): the groups' ranks and rank 0.
+  const bool member = rp.rank == 0 || (!idle && static_cast<size_t>(rp.replica) < f.grouped.size() &&
+                                       f.grouped[static_cast<size_t>(rp.replica)]);
+  if (plan.local && member) h.outer_state = 4 * all;
+  return h;
+}
+
+}  // namespace
+
+HostUse host_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rp) {
+  return host_use(plan, costs, rp, host_facts(plan, costs));
+}
+
+namespace {
+
+// Ranks by host, for the hosts the cluster gives memory for; in order of first rank. A
+// rank whose host has no name is a host of its own.
+std::vector<std::vector<const RankPlan*>> ranks_by_host(const Plan& plan) {
+  std::vector<std::vector<const RankPlan*>> out;
+  std::map<std::string, size_t> index;
+  for (const RankPlan& rp : plan.ranks) {
+    if (!(rp.device.host_memory_bytes > 0)) continue;
+    const std::string key = rp.device.host.empty() ? std::string(1, '\0') + std::to_string(rp.rank) : rp.device.host;
+    const auto [it, fresh] = index.try_emplace(key, out.size());
+    if (fresh) out.emplace_back();
+    out[it->second].push_back(&rp);
+  }
+  return out;
+}
+
+double host_total(const std::vector<const RankPlan*>& ranks) {
+  double sum = 0;
+  for (const RankPlan* rp : ranks) sum += rp->host.total();
+  return sum;
+}
+
+}  // namespace
+
+std::optional<Shortfall> fit_host_memory(Plan& plan, const BlockCosts& costs) {
+  const HostFacts facts = host_facts(plan, costs);
+  for (RankPlan& rp : plan.ranks) rp.host = host_use(plan, costs, rp, facts);
+  for (const auto& ranks : ranks_by_host(plan)) {
+    const double sum = host_total(ranks), capacity = ranks.front()->device.host_memory_bytes;
+    if (sum <= capacity) continue;
+    const RankPlan* most = ranks.front();
+    for (const RankPlan* rp : ranks)
+      if (rp->host.total() > most->host.total()) most = rp;
+    Shortfall s = shortfall_of(*most);
+    s.host = true;
+    s.host_name = most->device.host;
+    s.host_need = most->host;
+    s.host_others = sum - most->host.total();
+    s.capacity = capacity;
+    return s;
+  }
+  return std::nullopt;
+}
+
+void note_host_memory(Plan& plan) {
+  auto& notes = plan.notes;
+  notes.erase(std::remove_if(notes.begin(), notes.end(), [](const PlanNote& n) { return n.kind == NoteKind::host_memory; }),
+              notes.end());
+  bool beside = false;
+  for (const RankPlan& rp : plan.ranks) beside = beside || rp.host.total() > rp.host.device;
+  if (!beside) return;
+  PlanNote n;
+  n.kind = NoteKind::host_memory;
+  // The fullest host, where hosts give their memory; else the rank keeping the most.
+  double fullest = -1;
+  for (const auto& ranks : ranks_by_host(plan)) {
+    const double sum = host_total(ranks), capacity = ranks.front()->device.host_memory_bytes;
+    if (sum / capacity <= fullest) continue;
+    fullest = sum / capacity;
+    n.ranks.clear();
+    for (const RankPlan* rp : ranks) n.ranks.push_back(rp->rank);
+    n.bytes = sum;
+    n.other_bytes = capacity;
+  }
+  if (n.ranks.empty()) {
+    const RankPlan* most = &plan.ranks.front();
+    for (const RankPlan& rp : plan.ranks)
+      if (rp.host.total() > most->host.total()) most = &rp;
+    n.ranks = {most->rank};
+    n.bytes = most->host.total();
+  }
+  notes.push_back(n);
+}
+
 Shortfall shortfall_of(const RankPlan& rp) {
   Shortfall s;
   s.rank = rp.rank;
@@ -256,7 +382,7 @@ std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool ma
   }
   for (const RankPlan& rp : plan.ranks)
     if (rp.memory.total() > rp.device.memory_bytes) return shortfall_of(rp);
-  return std::nullopt;
+  return fit_host_memory(plan, costs);
 }
 
 }  // namespace ht::plan

@@ -38,12 +38,34 @@ void add_strategy(RankPlan& rp, MemoryStrategy strategy, const MemoryStep& step)
 // evaluate). Another idle rank holds nothing.
 MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 
+// What `rank` keeps in its host's memory, outside its device. Every rank builds the whole
+// model in host memory from one seed (runtime/trainer.cpp) and moves only its stage's
+// blocks onto its device, so the other blocks' weights stay there, on an idle rank all of
+// them; rank 0 gathers their optimiser state there at each checkpoint; under
+// parallel.sync local every member of the outer exchange keeps the outer weights, momentum,
+// anchor and delta there (runtime/local_sync.h), four copies of the model's weights.
+// Where the device is that memory (a CPU rank without a cap) its device use counts too.
+// Not counted: the data set, the process itself, and a checkpoint file's write buffers.
+HostUse host_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
+
+// Sets every rank's host use (rank.host) and returns the first host whose memory
+// (DeviceModel::host_memory_bytes, where the cluster gives one) cannot hold its ranks'
+// host use, as a shortfall of the rank there that keeps the most. No memory strategy
+// lowers it: the layout does not fit.
+std::optional<Shortfall> fit_host_memory(Plan& plan, const BlockCosts& costs);
+
+// Replaces the plan's host_memory note with one for its ranks' host use as it stands
+// (rank.host): the host whose memory is fullest, or where the cluster gives none the rank
+// keeping the most. None where no rank keeps anything beside its device's use.
+void note_host_memory(Plan& plan);
+
 // What `rank` lacks under rank.memory (report::shortfall_text spells it).
 Shortfall shortfall_of(const RankPlan& rank);
 
 // Applies the strategies where needed, recording per rank what was chosen and why, and
-// fills every rank's memory. Returns nothing when everything fits, else the first rank
-// that cannot fit even with every strategy, with its numbers. Without `may_shard` the
+// fills every rank's memory and host use. Returns nothing when everything fits, else the
+// first rank that cannot fit even with every strategy, with its numbers (or, once every
+// device fits, the first whose host cannot hold its host use: fit_host_memory). Without `may_shard` the
 // optimiser state is never sharded (parallel.sync deadline: a stalled rank's shard would
 // have no stand-in). With `micro_batches_first`, more micro-batches are tried before
 // recomputation where they alone make a rank fit (recomputation costs a forward each

@@ -53,6 +53,7 @@ struct RankPlan {
   std::vector<MemoryStrategy> memory_strategies;
   std::vector<MemoryStep> memory_steps;
   MemoryUse memory;
+  HostUse host;              // what it keeps in its host's memory (memory_fit.h's host_memory)
   double busy_fraction = 0;  // predicted compute / step
   bool slow_link = false;    // a note for people (plan_notes.h); nothing acts on it
   // When slow_link: its typical 1 MiB transfer against the cluster's typical one.

@@ -37,7 +37,8 @@ constexpr EnumName<NoteKind> kNoteNames[] = {{NoteKind::work_by_device, "work_by
                                              {NoteKind::uniform_baseline, "uniform_baseline"},
                                              {NoteKind::shape, "shape"},
                                              {NoteKind::deadline_leader, "deadline_leader"},
-                                             {NoteKind::rank0_host, "rank0_host"}};
+                                             {NoteKind::rank0_host, "rank0_host"},
+                                             {NoteKind::host_memory, "host_memory"}};
 
 }  // namespace
 

@@ -22,6 +22,17 @@ struct MemoryUse {
   double total() const { return params + grads + optimizer + activations; }
 };
 
+// What a rank keeps in its host's memory beside its device (memory_fit.h's
+// host_memory). Every rank builds the whole model there (runtime/trainer.cpp), and its
+// device takes only its stage's blocks.
+struct HostUse {
+  double other_weights = 0;     // the weights of the blocks outside its stage (all, when idle)
+  double checkpoint_state = 0;  // rank 0: those blocks' optimiser state, gathered at a checkpoint
+  double outer_state = 0;       // parallel.sync local: outer weights, momentum, anchor and delta
+  double device = 0;            // where its device is host memory (a CPU rank, no cap): its use
+  double total() const { return other_weights + checkpoint_state + outer_state + device; }
+};
+
 // The memory strategies, in the order the planner tries them (memory_fit.h).
 enum class MemoryStrategy { recompute, micro_batches, optimizer_sharding };
 const char* to_string(MemoryStrategy s);  // "recompute", "micro-batches", "optimizer sharding"
@@ -77,6 +88,13 @@ struct Shortfall {
   // An idle rank 0, short of room for the whole model's weights, which it holds to
   // evaluate and checkpoint (memory_fit.h's rank_memory).
   bool idle = false;
+  // Short of host memory, not of device memory: capacity is then its host's memory,
+  // host_need what this rank keeps there, host_others what the other ranks on that host
+  // keep (need: its device's use, which fits).
+  bool host = false;
+  std::string host_name;
+  HostUse host_need;
+  double host_others = 0;
 };
 
 // Why no contiguous pipeline split fits (stage_partition.h), for the first reason found.
@@ -144,9 +162,13 @@ enum class NoteKind {
                         // where this one over fewer ranks is below it (not by kIdleMinGain)
   deadline_leader,      // replicas; seconds: the deadline plan's step, other_seconds: the
                         // same layout's synchronous step
-  rank0_host,           // bytes: the weights of the blocks outside rank 0's stage, which it
+  rank0_host,           // (plan files from before host_memory) bytes: the weights of the blocks outside rank 0's stage, which it
                         // keeps in host memory to evaluate and checkpoint the whole model;
                         // other_bytes: their optimizer state, gathered there at a checkpoint
+  host_memory,          // ranks: the ranks of the host whose memory is fullest (HostUse,
+                        // summed over them); bytes: that sum, other_bytes: that host's
+                        // memory (0: the cluster gives none, as a synth: one, so nothing was
+                        // checked: then the rank keeping the most, alone)
 };
 const char* to_string(NoteKind k);
 std::vector<std::string> note_kind_names();

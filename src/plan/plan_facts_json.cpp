@@ -17,6 +17,22 @@ MemoryUse read_memory(const Json& m, const std::string& p) {
   return {nonneg(m, p, "params"), nonneg(m, p, "grads"), nonneg(m, p, "optimizer"), nonneg(m, p, "activations")};
 }
 
+}  // namespace
+
+Json host_use_json(const HostUse& h) {
+  return {{"other_weights", h.other_weights},
+          {"checkpoint_state", h.checkpoint_state},
+          {"outer_state", h.outer_state},
+          {"device", h.device}};
+}
+
+HostUse read_host_use(const Json& h, const std::string& p) {
+  return {nonneg(h, p, "other_weights"), nonneg(h, p, "checkpoint_state"), nonneg(h, p, "outer_state"),
+          nonneg(h, p, "device")};
+}
+
+namespace {
+
 // Readers for walk(): each stores one field.
 Field number_field(const char* key, double& out, std::vector<std::string> only_for = {}) {
   return {key, std::move(only_for), [&out](const Json& v, const std::string& p) {
@@ -69,7 +85,7 @@ StageSplitFailure read_split(const Json& j, const std::string& p) {
 }
 
 Json shortfall_json(const Shortfall& s) {
-  return {{"rank", s.rank},
+  Json j{{"rank", s.rank},
           {"device", s.device},
           {"capacity", s.capacity},
           {"stage", s.stage},
@@ -82,6 +98,13 @@ Json shortfall_json(const Shortfall& s) {
           {"sharding_possible", s.sharding_possible},
           {"sharded", s.sharded},
           {"idle", s.idle}};
+  if (s.host) {
+    j["host"] = true;
+    j["host_name"] = s.host_name;
+    j["host_need"] = host_use_json(s.host_need);
+    j["host_others"] = s.host_others;
+  }
+  return j;
 }
 
 Shortfall read_shortfall(const Json& j, const std::string& p) {
@@ -103,6 +126,12 @@ Shortfall read_shortfall(const Json& j, const std::string& p) {
   s.sharding_possible = read_bool(at(j, p, "sharding_possible"), key_path(p, "sharding_possible"));
   s.sharded = j.contains("sharded") && read_bool(j.at("sharded"), key_path(p, "sharded"));
   s.idle = j.contains("idle") && read_bool(j.at("idle"), key_path(p, "idle"));
+  s.host = j.contains("host") && read_bool(j.at("host"), key_path(p, "host"));
+  if (s.host) {
+    s.host_name = text(j, p, "host_name");
+    s.host_need = read_host_use(at(j, p, "host_need"), key_path(p, "host_need"));
+    s.host_others = nonneg(j, p, "host_others");
+  }
   return s;
 }
 
@@ -250,6 +279,9 @@ Json notes_json(const std::vector<PlanNote>& notes) {
         j["seconds"] = n.seconds;
         j["other_seconds"] = n.other_seconds;
         break;
+      case NoteKind::host_memory:
+        j["ranks"] = n.ranks;
+        [[fallthrough]];
       case NoteKind::rank0_host:
         j["bytes"] = n.bytes;
         j["other_bytes"] = n.other_bytes;
@@ -281,7 +313,8 @@ std::vector<PlanNote> read_notes(const Json& v, const std::string& path) {
     n.kind = *parse_note_kind(kind);
     const std::vector<std::string> timed{"hub_reduces", "hub_steps_optimizer", "idle_ranks",
                                          "uniform_baseline", "shape", "deadline_leader"};
-    const std::vector<std::string> compared{"hub_reduces", "hub_steps_optimizer", "idle_ranks", "deadline_leader"};
+    const std::vector<std::string> compared{"hub_reduces", "hub_steps_optimizer", "idle_ranks", "deadline_leader",
+                                            "host_memory"};
     walk(j, p,
          {kind_field(),
           {"work", {"work_by_device"}, [&](const Json& x, const std::string& q) {
@@ -294,8 +327,8 @@ std::vector<PlanNote> read_notes(const Json& v, const std::string& path) {
           number_field("seconds", n.seconds, timed),
           number_field("other_seconds", n.other_seconds,
                        {"hub_reduces", "hub_steps_optimizer", "idle_ranks", "deadline_leader", "shape"}),
-          number_field("bytes", n.bytes, {"rank0_host"}),
-          number_field("other_bytes", n.other_bytes, {"rank0_host"}),
+          number_field("bytes", n.bytes, {"rank0_host", "host_memory"}),
+          number_field("other_bytes", n.other_bytes, {"rank0_host", "host_memory"}),
           int_field("stages", n.stages, 1, {"uniform_baseline", "shape"}),
           int_field("replicas", n.replicas, 1, {"shape", "deadline_leader"}),
           int_field("ranks_used", n.ranks_used, 1, {"shape"}),

@@ -69,11 +69,17 @@ Json layout_json(const PipelineLayout& l) {
 }
 
 Json device_json(const DeviceModel& d) {
-  return {{"id", d.id},       {"name", d.name},
-          {"kind", to_string(d.kind)},   {"flops", d.flops},
-          {"memory_bytes", d.memory_bytes},
-          {"memory_bandwidth", d.memory_bandwidth},
-          {"measured", d.measured}};
+  Json j{{"id", d.id},       {"name", d.name},
+         {"kind", to_string(d.kind)},   {"flops", d.flops},
+         {"memory_bytes", d.memory_bytes},
+         {"memory_bandwidth", d.memory_bandwidth},
+         {"measured", d.measured}};
+  if (d.host_memory_bytes > 0) {
+    j["host"] = d.host;
+    j["host_memory_bytes"] = d.host_memory_bytes;
+  }
+  if (d.device_in_host) j["device_in_host"] = true;
+  return j;
 }
 
 Json rank_json(const RankPlan& r) {
@@ -93,6 +99,7 @@ Json rank_json(const RankPlan& r) {
                       {"grads", r.memory.grads},
                       {"optimizer", r.memory.optimizer},
                       {"activations", r.memory.activations}}},
+          {"host_memory", host_use_json(r.host)},
           {"busy_fraction", r.busy_fraction},
           {"slow_link", r.slow_link},
           {"link_seconds", r.link_seconds},
@@ -177,6 +184,12 @@ RankPlan read_rank(const Json& j, const std::string& p) {
   r.device.memory_bytes = nonneg(d, dp, "memory_bytes");
   r.device.memory_bandwidth = nonneg(d, dp, "memory_bandwidth");
   r.device.measured = read_bool(at(d, dp, "measured"), key_path(dp, "measured"));
+  // Optional: plan files from before the host check have neither.
+  if (d.contains("host_memory_bytes")) {
+    r.device.host = text(d, dp, "host");
+    r.device.host_memory_bytes = nonneg(d, dp, "host_memory_bytes");
+  }
+  r.device.device_in_host = d.contains("device_in_host") && read_bool(d.at("device_in_host"), key_path(dp, "device_in_host"));
   r.replica = integer(j, p, "replica", -1);
   r.stage = integer(j, p, "stage", -1);
   const auto blocks = read_ranges(Json::array({at(j, p, "blocks")}), key_path(p, "blocks"));
@@ -193,6 +206,7 @@ RankPlan read_rank(const Json& j, const std::string& p) {
   const Json& m = at(j, p, "memory");
   r.memory = {nonneg(m, mp, "params"), nonneg(m, mp, "grads"), nonneg(m, mp, "optimizer"),
               nonneg(m, mp, "activations")};
+  if (j.contains("host_memory")) r.host = read_host_use(j.at("host_memory"), key_path(p, "host_memory"));
   r.busy_fraction = read_double(at(j, p, "busy_fraction"), key_path(p, "busy_fraction"), Range{0, 1});
   r.slow_link = read_bool(at(j, p, "slow_link"), key_path(p, "slow_link"));
   r.link_seconds = nonneg(j, p, "link_seconds");

@@ -484,23 +484,6 @@ SimResult simulate_plan(const Plan& plan, const BlockCosts& costs, const Cluster
   return simulate(plan_schedules(plan), plan_cost_model(plan, table, cluster));
 }
 
-// What rank 0's host holds beside its stage (memory_fit's rank_memory: the other blocks'
-// weights, to evaluate and checkpoint the whole model, and at a checkpoint their optimizer
-// state gathered too). No cluster file gives a host's memory, so it is said, not checked.
-PlanNote rank0_host_note(const Plan& plan, const BlockCosts& costs) {
-  PlanNote n;
-  n.kind = NoteKind::rank0_host;
-  const auto r0 = std::find_if(plan.ranks.begin(), plan.ranks.end(), [](const RankPlan& r) { return r.rank == 0; });
-  if (r0 == plan.ranks.end()) return n;
-  const int begin = r0->replica < 0 ? 0 : r0->block_begin, end = r0->replica < 0 ? 0 : r0->block_end;
-  double params = 0;
-  for (size_t b = 0; b < costs.params.size(); ++b)
-    if (static_cast<int>(b) < begin || static_cast<int>(b) >= end) params += costs.params[b];
-  n.bytes = kWeightBytesPerParam * params;
-  n.other_bytes = costs.optimizer_bytes_per_param * params;
-  return n;
-}
-
 Plan make_plan(const PlannerInput& in) {
   validate(in);
   const int world = static_cast<int>(in.cluster.ranks.size());
@@ -698,7 +681,7 @@ Plan make_plan(const PlannerInput& in) {
     const Outcome*& b = best_of[{-c.used, c.stages}];
     if (!b || (c.feasible && (!b->feasible || c.estimate < b->estimate))) b = &c;
   }
-  if (PlanNote host = rank0_host_note(plan, in.costs); host.bytes > 0) plan.notes.push_back(host);
+  note_host_memory(plan);
   for (const auto& [key, c] : best_of) {
     PlanNote shape;
     shape.kind = NoteKind::shape;

@@ -110,7 +110,25 @@ std::string slow_link_text(const plan::RankPlan& r) {
          format_seconds(r.cluster_link_seconds);
 }
 
+std::string host_use_text(const plan::HostUse& h) {
+  std::vector<std::string> parts;
+  if (h.device > 0) parts.push_back(format_bytes(h.device) + " of its device's use (its device is that memory)");
+  if (h.other_weights > 0) parts.push_back(format_bytes(h.other_weights) + " of weights of blocks outside its stage");
+  if (h.checkpoint_state > 0) parts.push_back(format_bytes(h.checkpoint_state) + " of their optimizer state at a checkpoint");
+  if (h.outer_state > 0) parts.push_back(format_bytes(h.outer_state) + " of outer state (local)");
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+  return out;
+}
+
 std::string shortfall_text(const plan::Shortfall& s) {
+  if (s.host)
+    return "rank " + std::to_string(s.rank) + " (" + s.device + ") fits its device, but its host " +
+           (s.host_name.empty() ? std::string("?") : s.host_name) + "'s memory, " + format_bytes(s.capacity) +
+           ", cannot hold the " + format_bytes(s.host_need.total()) +
+           " it keeps there (every rank builds the whole model in host memory): " + host_use_text(s.host_need) +
+           (s.host_others > 0 ? ", beside " + format_bytes(s.host_others) + " for the host's other ranks" : std::string()) +
+           "; " + format_bytes(s.host_need.total() + s.host_others - s.capacity) + " short";
   const std::string who = "rank " + std::to_string(s.rank) + " (" + s.device + ", " + format_bytes(s.capacity) + ")";
   const std::string need = format_bytes(s.need.total()) + " (" + breakdown(s.need) + "), " +
                            format_bytes(s.need.total() - s.capacity) + " short";
@@ -260,7 +278,15 @@ std::string note_text(const plan::PlanNote& n) {
       return "rank 0 keeps the weights of the blocks outside its stage in its host's memory to evaluate and "
              "checkpoint the whole model, " + format_bytes(n.bytes) + ", and gathers their optimizer state there at "
              "each checkpoint: " + format_bytes(n.bytes + n.other_bytes) +
-             " of host memory then, beside its own process (no cluster file gives a host's memory: not checked)";
+             " of host memory then, beside its own process";
+    case K::host_memory:
+      return "every rank builds the whole model in its host's memory and keeps there the blocks its device does not "
+             "hold (rank 0 also their optimizer state at a checkpoint, under local every member the outer state, and a "
+             "CPU rank computes there): " +
+             (n.other_bytes > 0 ? format_bytes(n.bytes) + " for " + ranks_text(n.ranks) + " on the fullest host, against its " +
+                                      format_bytes(n.other_bytes)
+                                : "at most " + format_bytes(n.bytes) + ", on " + ranks_text(n.ranks) +
+                                      "; the cluster gives no host memory (a synth: cluster), so it was not checked");
     case K::shape:
       return shape_name(n.stages, n.replicas) +
              (n.ranks_used < n.world ? " over the fastest " + std::to_string(n.ranks_used) : "") + ": " +

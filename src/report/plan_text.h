@@ -29,6 +29,9 @@ std::string slow_link_text(const plan::RankPlan& rank);
 // "rank 3 (rtx3060, 12.0 GiB): 32 samples on blocks 0-47 need 14.2 GiB (...), 2.2 GiB
 // short", or, after every strategy, "rank 3 (...) cannot hold stage 1 (...) even with ...".
 std::string shortfall_text(const plan::Shortfall& s);
+// What a rank keeps in its host's memory, part by part ("12.00 MiB of weights of blocks
+// outside its stage and ...").
+std::string host_use_text(const plan::HostUse& h);
 
 // Texts paired with the rank each is of, as (text, every rank with it) in the order of its
 // first rank; and "rank 3" or "ranks 0-7, 9" for such a list.

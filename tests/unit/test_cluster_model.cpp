@@ -244,6 +244,14 @@ TEST_CASE("cluster: from a probe fingerprint") {
   // Host a's 64 GiB is shared by its two ranks; rank 2's engine cap wins.
   CHECK(c.ranks[1].memory_bytes == doctest::Approx(kUsableMemory * 32.0 * gib));
   CHECK(c.ranks[2].memory_bytes == doctest::Approx(kUsableMemory * 2.0 * gib));
+  // Every rank keeps the model's other blocks in its host's memory, shared by that host's
+  // ranks: the host's name and whole memory; a CPU rank without a cap computes in it.
+  CHECK(c.ranks[0].host == "a");
+  CHECK(c.ranks[2].host == "b");
+  for (const DeviceModel& d : c.ranks) CHECK(d.host_memory_bytes == doctest::Approx(kUsableMemory * 64.0 * gib));
+  CHECK(!c.ranks[0].device_in_host);  // a GPU
+  CHECK(c.ranks[1].device_in_host);
+  CHECK(!c.ranks[2].device_in_host);  // its cap stands for a device of its own
   CHECK(c.links.latency(0, 2) == doctest::Approx(5e-5));
   CHECK(c.links.bandwidth(1, 0) == doctest::Approx(1e10));
   REQUIRE(c.block_seconds.size() == 3);

@@ -420,6 +420,33 @@ TEST_CASE("local plan: a rank whose one-sample step outlasts the others' rounds 
   CHECK(p->layout.samples == std::vector<int64_t>{128, 128, 128});  // each group's step: the whole batch
 }
 
+TEST_CASE("local plan: a member's host must hold the outer state; a rank whose host cannot is left idle") {
+  // The MLP's 6.6e5 parameters: 2.64 MB of weights, 10.56 MB of outer state (four copies)
+  // on every member of the outer exchange. Rank 3's host holds 5 MB: enough for the
+  // whole model's weights, which an idle rank builds there too, not for the outer state.
+  ClusterModel c = throttled();
+  for (DeviceModel& d : c.ranks) {
+    d.host = "big";
+    d.host_memory_bytes = 64 * kGiB;
+  }
+  c.ranks[3].host = "small";
+  c.ranks[3].host_memory_bytes = 5e6;
+  const PlannerInput in = input(c, mlp_costs(c), 128);
+  const std::optional<Plan> p = local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
+  REQUIRE(p);
+  check_plan(*p);
+  CHECK(p->local->groups == std::vector<std::vector<int>>{{0}, {1}, {2}});
+  CHECK(p->ranks[3].replica == -1);
+  CHECK(p->ranks[3].host.outer_state == 0);
+  CHECK(p->ranks[3].host.other_weights == doctest::Approx(4 * 6.6e5));
+  for (int r = 0; r < 3; ++r) CHECK(p->ranks[static_cast<size_t>(r)].host.outer_state == doctest::Approx(4 * 4 * 6.6e5));
+  // Where every host is that small, no member can keep it, and asking for local names why.
+  for (DeviceModel& d : c.ranks) d.host_memory_bytes = 5e6;
+  const PlannerInput none = input(c, mlp_costs(c), 128);
+  const std::string why = error_of([&] { local_plan_for(none, make_plan(none), config::SyncPolicy::local, 0); });
+  CHECK(why.find("cannot keep the outer state (10.1 MiB: the model's weights 4 times)") != std::string::npos);
+}
+
 TEST_CASE("local plan: a rank behind a link too slow to hide is left idle, outside the outer exchange") {
   ClusterModel c = throttled();
   const PlannerInput fast = input(c, mlp_costs(c), 128);

@@ -25,14 +25,15 @@ def load_catalogue():
 
 
 def cluster(description, hosts, link_of, catalogue):
-    """hosts: [(host name, site, [device id per rank])]; link_of(a, b) -> link class for two
-    ranks given as (host, site) pairs."""
+    """hosts: [(host name, site, [device id per rank][, host memory in GiB])]; link_of(a, b)
+    -> link class for two ranks given as (host, site) pairs. A host's memory is its CPU
+    rank's catalogue memory, else the GiB given, else 64 GiB (a desktop's)."""
     devices, efficiency, links = catalogue
     ranks, where = [], []
-    for host, site, ids in hosts:
+    for host, site, ids, *given in hosts:
         gpus = [devices[i] for i in ids if devices[i]["kind"] == "cuda"]
         cpu = next((devices[i] for i in ids if devices[i]["kind"] == "cpu"), None)
-        host_memory = cpu["memory_gb"] * GIB if cpu else 64 * GIB
+        host_memory = cpu["memory_gb"] * GIB if cpu else (given[0] if given else 64) * GIB
         gpu_list = [{"index": k, "name": g["name"], "compute_capability": "0.0", "sm_count": 1,
                      "memory_total_bytes": int(g["memory_gb"] * GIB),
                      "memory_free_bytes": int(g["memory_gb"] * GIB),
@@ -80,9 +81,10 @@ def home_lab(cat):
 
 
 def university_lab(cat):
-    hosts = [("dgx-v100", "lab", ["v100-32g"] * 4), ("hgx-a100", "lab", ["a100-40g"] * 4)]
-    return cluster("University lab: two hosts, 4x V100 SXM2 32GB and 4x A100 SXM4 40GB, NVLink within "
-                   "a host and 10 GbE between them.", hosts,
+    # Servers, not desktops: 512 GiB of host memory each (a DGX-1's 512 GB).
+    hosts = [("dgx-v100", "lab", ["v100-32g"] * 4, 512), ("hgx-a100", "lab", ["a100-40g"] * 4, 512)]
+    return cluster("University lab: two hosts of 512 GiB, 4x V100 SXM2 32GB and 4x A100 SXM4 40GB, NVLink "
+                   "within a host and 10 GbE between them.", hosts,
                    lambda a, b: "nvlink" if a[0] == b[0] else "ethernet-10g", cat)
 
 
