@@ -45,7 +45,9 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
 // parallel.sync local every member of the outer exchange keeps the outer weights, momentum,
 // anchor and delta there (runtime/local_sync.h), four copies of the model's weights.
 // Where the device is that memory (a CPU rank without a cap) its device use counts too.
-// Not counted: the data set, the process itself, and a checkpoint file's write buffers.
+// Not counted: the data set, the process itself, a checkpoint file's write buffers, and a
+// resume's peak, when every rank reads the whole checkpoint into host memory
+// (runtime/trainer_checkpoints.cpp's restore).
 HostUse host_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 
 // Sets every rank's host use (rank.host) and returns the first host whose memory
