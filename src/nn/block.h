@@ -7,6 +7,7 @@
 // its config without building it and get the same figures.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,7 +48,24 @@ class Block : public Module {
 // A model: Blocks applied in order.
 class Sequential : public Module {
  public:
-  void add(std::unique_ptr<Block> block) { blocks_.push_back(std::move(block)); }
+  // While one lives on this thread, add() releases the parameters (Tensor::release) of
+  // every block whose index `keep` refuses, as soon as the block is made: a model is
+  // built whole from one seed on every rank, so that all agree, and a rank that computes
+  // only one pipeline stage then holds the other blocks' weights one at a time, not all
+  // at once (runtime/trainer.cpp).
+  class KeepOnly {
+   public:
+    explicit KeepOnly(std::function<bool(size_t)> keep);
+    ~KeepOnly();
+    KeepOnly(const KeepOnly&) = delete;
+    KeepOnly& operator=(const KeepOnly&) = delete;
+
+   private:
+    std::function<bool(size_t)> keep_;
+    const std::function<bool(size_t)>* outer_;
+  };
+
+  void add(std::unique_ptr<Block> block);
   Tensor forward(const Tensor& x) const;  // all blocks
   // Blocks [begin, end): what one pipeline stage runs.
   Tensor forward_range(const Tensor& x, size_t begin, size_t end) const;

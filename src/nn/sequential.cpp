@@ -5,6 +5,24 @@
 
 namespace ht::nn {
 
+namespace {
+
+thread_local const std::function<bool(size_t)>* t_keep = nullptr;
+
+}  // namespace
+
+Sequential::KeepOnly::KeepOnly(std::function<bool(size_t)> keep) : keep_(std::move(keep)), outer_(t_keep) {
+  t_keep = &keep_;
+}
+
+Sequential::KeepOnly::~KeepOnly() { t_keep = outer_; }
+
+void Sequential::add(std::unique_ptr<Block> block) {
+  if (t_keep && !(*t_keep)(blocks_.size()))
+    for (const auto& [name, p] : block->named_parameters()) p.release();
+  blocks_.push_back(std::move(block));
+}
+
 Tensor Sequential::forward(const Tensor& x) const { return forward_range(x, 0, blocks_.size()); }
 
 Tensor Sequential::forward_range(const Tensor& x, size_t begin, size_t end) const {

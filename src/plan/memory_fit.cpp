@@ -226,7 +226,11 @@ HostUse host_use(const Plan& plan, const BlockCosts& costs, const RankPlan& rp, 
   const double all = f.weights_before.back();
   const bool idle = rp.replica < 0;
   const auto at = [&](int b) { return f.weights_before[static_cast<size_t>(std::clamp<int>(b, 0, static_cast<int>(f.weights_before.size()) - 1))]; };
-  const double outside = idle ? all : all - (at(rp.block_end) - at(rp.block_begin));
+  // In a plan of several stages (not local) a rank other than rank 0 releases the other
+  // blocks' weights as each is made (runtime/trainer.cpp's build_in_host_staging): it
+  // holds one of them at a time while the model is built, and none after.
+  const bool releases = rp.rank != 0 && !plan.local && plan.stage_ranges.size() > 1;
+  const double outside = releases ? 0 : idle ? all : all - (at(rp.block_end) - at(rp.block_begin));
   if (rp.device.device_in_host) {
     h.device = rank_memory(plan, costs, rp).total();
     // rank_memory already holds rank 0's (its device is this memory: all of them).

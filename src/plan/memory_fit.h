@@ -40,8 +40,11 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
 
 // What `rank` keeps in its host's memory, outside its device. Every rank builds the whole
 // model in host memory from one seed (runtime/trainer.cpp) and moves only its stage's
-// blocks onto its device, so the other blocks' weights stay there, on an idle rank all of
-// them; rank 0 gathers their optimiser state there at each checkpoint; under
+// blocks onto its device. Rank 0 keeps the other blocks' weights there (it evaluates and
+// checkpoints the whole model), and so does every rank of a one-stage plan (an idle one
+// all of them: a relayout may bring it in); in a plan of several stages the other ranks
+// release them as they are made. Rank 0 gathers their optimiser state there at each
+// checkpoint; under
 // parallel.sync local every member of the outer exchange keeps the outer weights, momentum,
 // anchor and delta there (runtime/local_sync.h), four copies of the model's weights.
 // Where the device is that memory (a CPU rank without a cap) its device use counts too.

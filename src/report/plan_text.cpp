@@ -125,8 +125,7 @@ std::string shortfall_text(const plan::Shortfall& s) {
   if (s.host)
     return "rank " + std::to_string(s.rank) + " (" + s.device + ") fits its device, but its host " +
            (s.host_name.empty() ? std::string("?") : s.host_name) + "'s memory, " + format_bytes(s.capacity) +
-           ", cannot hold the " + format_bytes(s.host_need.total()) +
-           " it keeps there (every rank builds the whole model in host memory): " + host_use_text(s.host_need) +
+           ", cannot hold the " + format_bytes(s.host_need.total()) + " it keeps there: " + host_use_text(s.host_need) +
            (s.host_others > 0 ? ", beside " + format_bytes(s.host_others) + " for the host's other ranks" : std::string()) +
            "; " + format_bytes(s.host_need.total() + s.host_others - s.capacity) + " short";
   const std::string who = "rank " + std::to_string(s.rank) + " (" + s.device + ", " + format_bytes(s.capacity) + ")";
@@ -280,9 +279,8 @@ std::string note_text(const plan::PlanNote& n) {
              "each checkpoint: " + format_bytes(n.bytes + n.other_bytes) +
              " of host memory then, beside its own process";
     case K::host_memory:
-      return "every rank builds the whole model in its host's memory and keeps there the blocks its device does not "
-             "hold (rank 0 also their optimizer state at a checkpoint, under local every member the outer state, and a "
-             "CPU rank computes there): " +
+      return "host memory (what devices do not hold: rank 0's other blocks' weights, and their optimizer state at a "
+             "checkpoint; in a one-stage plan every rank's; under local the outer state; a CPU rank's own use): " +
              (n.other_bytes > 0 ? format_bytes(n.bytes) + " for " + ranks_text(n.ranks) + " on the fullest host, against its " +
                                       format_bytes(n.other_bytes)
                                 : "at most " + format_bytes(n.bytes) + ", on " + ranks_text(n.ranks) +

@@ -286,7 +286,8 @@ void load_into(const std::vector<nn::NamedTensor>& into, const Checkpoint& check
 
   for (const auto& [name, t] : into) {
     const Tensor& src = checkpoint.tensors.at(name);
-    if (t.numel() == 0) continue;
+    // A released tensor (a block outside this rank's stage) was checked above, kept not.
+    if (t.numel() == 0 || t.released()) continue;
     Backend& be = t.backend();
     const bool f32 = t.dtype() == DType::f32;
     std::vector<float> fv;

@@ -46,7 +46,9 @@ Checkpoint read_checkpoint(const std::string& path);
 // in `into` are full names. First checks that names, shapes and dtypes match exactly;
 // otherwise throws an ht::Error naming every mismatched, missing and unexpected tensor
 // ("checkpoint ckpt-00000010.safetensors does not match the model: tensor 'w' has shape
-// [512, 784] in the checkpoint and [256, 784] in the model"), and copies nothing.
+// [512, 784] in the checkpoint and [256, 784] in the model"), and copies nothing. A
+// released tensor (Tensor::release: a block outside the rank's stage) is checked, not
+// loaded.
 void load_into(const std::vector<nn::NamedTensor>& into, const Checkpoint& checkpoint,
                const std::string& prefix = "");
 

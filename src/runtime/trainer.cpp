@@ -74,9 +74,24 @@ int64_t resolve_steps(const config::TrainConfig& t, int64_t train_size) {
 
 // The whole model in host staging (outside an emulated device cap): a pipeline stage's
 // device holds only its own blocks, and a model larger than any one device is still built
-// identically, from one seed, on every rank.
-nn::Sequential build_in_host_staging(const Task& task, uint64_t seed) {
+// identically, from one seed, on every rank. In a plan of several stages (not under
+// local) a rank other than rank 0 releases the weights of the blocks outside its stage
+// as each is made (an idle one all of them): nothing reads them there, and keeping them
+// would hold the whole model in every rank's host memory (plan/memory_fit.h's
+// host_memory counts what this keeps). Rank 0 keeps them all: it evaluates and
+// checkpoints the whole model. A one-stage plan keeps them too: a relayout may bring an
+// idle rank in (runtime/stage_gather.h).
+nn::Sequential build_in_host_staging(const Task& task, uint64_t seed, const std::optional<plan::Plan>& plan,
+                                     int rank) {
   Allocator::HostStaging staging;
+  if (!plan || rank == 0 || plan->local || plan->stage_ranges.size() < 2 ||
+      static_cast<size_t>(rank) >= plan->ranks.size())
+    return task.build_model(seed);
+  const plan::RankPlan& mine = plan->ranks[static_cast<size_t>(rank)];
+  const int begin = mine.replica < 0 ? 0 : mine.block_begin, end = mine.replica < 0 ? 0 : mine.block_end;
+  nn::Sequential::KeepOnly keep([begin, end](size_t b) {
+    return static_cast<int>(b) >= begin && static_cast<int>(b) < end;
+  });
   return task.build_model(seed);
 }
 
@@ -91,7 +106,7 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
       root_(world_.rank() == 0),
       task_(make_task(cfg_, run_device())),
       dir_(root_ ? std::optional<RunDir>(RunDir::open(cfg_.run.dir, opts.resume)) : std::nullopt),
-      model_(build_in_host_staging(*task_, cfg_.train.seed)),
+      model_(build_in_host_staging(*task_, cfg_.train.seed, plan, world_.rank())),
       plan_(plan ? std::move(*plan)
                  : single_process_plan(static_cast<int>(model_.size()), cfg_.train.batch_size,
                                        static_cast<int>(cfg_.train.micro_batches))),

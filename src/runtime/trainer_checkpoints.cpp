@@ -207,6 +207,8 @@ int64_t Run::restore(report::Progress& progress) {
   HT_CHECK(get("seed") == std::to_string(cfg_.train.seed), "checkpoint ", loaded->path,
            " was trained with seed ", get("seed"), " but this run's train.seed is ",
            cfg_.train.seed, "; resuming with another seed would not continue the same run");
+  // Every weight is checked against the checkpoint; those this rank released
+  // (build_in_host_staging) are not loaded (load_into).
   std::vector<nn::NamedTensor> weights = model_.named_parameters();
   if (executor_->borrows_weights()) {  // the hub loads those it shares; they are checked here all the same
     Allocator::HostStaging staging;

@@ -148,8 +148,9 @@ class Run {
   bool root_;
   std::unique_ptr<Task> task_;  // loads the data first: a missing dataset creates no run dir
   std::optional<RunDir> dir_;   // rank 0's
-  nn::Sequential model_;        // whole on every rank; each trains its stage's blocks, which
-                                // alone sit on its device (all of it on rank 0)
+  nn::Sequential model_;        // every block on every rank, each trains its stage's, which
+                                // alone sit on its device; in a pipeline the other blocks'
+                                // weights are released (Tensor::release) except on rank 0
   plan::Plan plan_;
   std::unique_ptr<LocalGroup> local_group_;  // under parallel.sync local: this rank's group
   std::unique_ptr<Executor> executor_;  // owns this rank's optimiser

@@ -68,16 +68,36 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+namespace {
+
+void check_not_released(const TensorImpl& t) {
+  HT_CHECK(!t.released, "a tensor of shape ", to_string(t.shape),
+           " was released (a weight of a block outside this rank's stage, which it does not keep)");
+}
+
+}  // namespace
+
 float* Tensor::data() const {
   HT_CHECK(impl_->dtype == DType::f32, "data(): tensor of shape ", to_string(shape()), " is ",
            dtype_name(dtype()), "; expected float32");
+  check_not_released(*impl_);
   return static_cast<float*>(impl_->storage->data) + impl_->offset;
 }
 
 int32_t* Tensor::data_i32() const {
   HT_CHECK(impl_->dtype == DType::i32, "data_i32(): tensor of shape ", to_string(shape()),
            " is ", dtype_name(dtype()), "; expected int32");
+  check_not_released(*impl_);
   return static_cast<int32_t*>(impl_->storage->data) + impl_->offset;
+}
+
+void Tensor::release() const {
+  // Memory of no allocator's (a keeper of nothing), so that nothing frees it again.
+  impl_->storage = std::make_shared<Storage>(backend(), nullptr, 0, std::make_shared<int>(0));
+  impl_->strides = contiguous_strides(impl_->shape);
+  impl_->offset = 0;
+  impl_->grad.reset();
+  impl_->released = true;
 }
 
 void Tensor::rehome(Backend& device, bool host_staging) const {
@@ -103,6 +123,7 @@ void Tensor::rehome(Backend& device, bool host_staging) const {
 }
 
 void* Tensor::raw() const {
+  check_not_released(*impl_);
   return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(impl_->dtype);
 }
 

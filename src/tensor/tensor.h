@@ -43,6 +43,7 @@ struct TensorImpl {
   std::shared_ptr<Node> grad_fn;       // set on op outputs
   std::shared_ptr<Node> grad_acc;      // leaves: accumulates into `grad`, made on first use
   std::shared_ptr<TensorImpl> grad;
+  bool released = false;  // Tensor::release: the shape stays, the values are gone
 };
 
 class Tensor {
@@ -84,6 +85,12 @@ class Tensor {
   // the values already there. Ranks of one host hand tensors over this way, mapping the
   // same shared memory (comm/shared_memory.h). CPU tensors only.
   void move_to(void* at, std::shared_ptr<void> keeper, bool copy) const;
+  // Frees this tensor's values (and its gradient), in place for every handle of it; its
+  // shape and dtype stay. A rank drops the weights of the blocks outside its pipeline
+  // stage this way as the model is built (runtime/trainer.cpp): reading or writing them
+  // afterwards is an error naming the shape, not a read of freed memory.
+  void release() const;
+  bool released() const { return impl_->released; }
 
   // Device pointers to the first element of this view.
   float* data() const;

@@ -5,10 +5,12 @@
 
 #include "tests/unit/error_message.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
 #include "autograd/graph.h"
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/models.h"
@@ -308,6 +310,46 @@ TEST_CASE("blocks: builders are deterministic in the seed; dropout only in train
   a.set_training(false);
   nodrop.set_training(false);
   CHECK(a.forward(ids).to_vector() == nodrop.forward(ids).to_vector());
+}
+
+TEST_CASE("blocks: a build that keeps some blocks releases the others' weights as each is made") {
+  // A rank of a pipeline keeps its stage's blocks only (runtime/trainer.cpp): the same
+  // seed gives its blocks the whole build's values, and the others' weights are gone
+  // before the next block is made.
+  const nn::Sequential whole = models::build_gpt(small_gpt(), 9);
+  Allocator& alloc = cpu_backend().allocator();
+  const auto rounded = [](const Tensor& t) { return (static_cast<size_t>(t.numel()) * 4 + 63) & ~size_t{63}; };
+  size_t kept = 0, largest_other = 0;
+  for (size_t b = 0; b < whole.size(); ++b) {
+    size_t block = 0;
+    for (const auto& [name, p] : whole.block(b).named_parameters()) block += rounded(p);
+    if (b == 2) kept = block;
+    else largest_other = std::max(largest_other, block);
+  }
+  const size_t live = alloc.live_bytes();
+  alloc.reset_peak();
+  nn::Sequential part = [] {
+    nn::Sequential::KeepOnly keep([](size_t b) { return b == 2; });
+    return models::build_gpt(small_gpt(), 9);
+  }();
+  REQUIRE(part.size() == whole.size());
+  for (size_t b = 0; b < whole.size(); ++b) {
+    const auto mine = part.block(b).named_parameters(), all = whole.block(b).named_parameters();
+    REQUIRE(mine.size() == all.size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      CHECK(mine[i].second.shape() == all[i].second.shape());
+      CHECK(mine[i].second.released() == (b != 2));
+      if (b == 2) CHECK(mine[i].second.to_vector() == all[i].second.to_vector());
+    }
+  }
+  // What stays is the kept block's weights; at most one other block's were ever held.
+  CHECK(alloc.live_bytes() - live == kept);
+  CHECK(alloc.peak_bytes() - live <= kept + largest_other);
+  // A released weight is an error to read, naming it as such.
+  CHECK(contains(error_of([&] { (void)part.block(0).named_parameters()[0].second.to_vector(); }), "was released"));
+  // Outside the scope every block keeps its weights.
+  const nn::Sequential again = models::build_gpt(small_gpt(), 9);
+  for (const auto& [name, p] : again.named_parameters()) CHECK(!p.released());
 }
 
 TEST_CASE("blocks: bad input raises an error naming the block and the shapes") {
