@@ -23,10 +23,9 @@ struct MemoryUse {
 };
 
 // What a rank keeps in its host's memory beside its device (memory_fit.h's
-// host_memory). Every rank builds the whole model there (runtime/trainer.cpp), and its
-// device takes only its stage's blocks.
+// host_memory: which ranks keep what).
 struct HostUse {
-  double other_weights = 0;     // the weights of the blocks outside its stage (all, when idle)
+  double other_weights = 0;     // the weights of the blocks outside its stage it keeps
   double checkpoint_state = 0;  // rank 0: those blocks' optimiser state, gathered at a checkpoint
   double outer_state = 0;       // parallel.sync local: outer weights, momentum, anchor and delta
   double device = 0;            // where its device is host memory (a CPU rank, no cap): its use
@@ -162,9 +161,9 @@ enum class NoteKind {
                         // where this one over fewer ranks is below it (not by kIdleMinGain)
   deadline_leader,      // replicas; seconds: the deadline plan's step, other_seconds: the
                         // same layout's synchronous step
-  rank0_host,           // (plan files from before host_memory) bytes: the weights of the blocks outside rank 0's stage, which it
-                        // keeps in host memory to evaluate and checkpoint the whole model;
-                        // other_bytes: their optimizer state, gathered there at a checkpoint
+  rank0_host,           // read from plan files from before host_memory: bytes, the weights
+                        // of the blocks outside rank 0's stage; other_bytes, their
+                        // optimizer state, gathered at a checkpoint
   host_memory,          // ranks: the ranks of the host whose memory is fullest (HostUse,
                         // summed over them); bytes: that sum, other_bytes: that host's
                         // memory (0: the cluster gives none, as a synth: one, so nothing was
