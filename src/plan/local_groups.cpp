@@ -130,10 +130,9 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
   // a rank that cannot hold it in its micro-batches gets the least count that fits (as
   // the synchronous planner's memory strategy 2), found once per class and share.
   std::map<std::pair<int, int64_t>, int> fitted;  // (class, share) -> micro-batches
-  // A CPU rank computing in its host's memory keeps the outer state there too (four
-  // copies of the weights: memory_fit.h's host_memory), so its step fits in the rest.
-  const double outer_state =
-      4 * kWeightBytesPerParam * std::accumulate(in.costs.params.begin(), in.costs.params.end(), 0.0);
+  // A CPU rank computing in its host's memory keeps the outer state there too, so its
+  // step fits in the rest.
+  const double outer_state = outer_state_bytes(in.costs);
   const auto room = [&](const RankPlan& rp) {
     return rp.device.memory_bytes - (rp.device.device_in_host ? outer_state : 0);
   };

@@ -225,28 +225,32 @@ HostUse host_use(const Plan& plan, const BlockCosts& costs, const RankPlan& rp, 
   HostUse h;
   const double all = f.weights_before.back();
   const bool idle = rp.replica < 0;
-  const auto at = [&](int b) { return f.weights_before[static_cast<size_t>(std::clamp<int>(b, 0, static_cast<int>(f.weights_before.size()) - 1))]; };
   // In a plan of several stages (not local) a rank other than rank 0 releases the other
   // blocks' weights as each is made (runtime/trainer.cpp's build_in_host_staging): it
   // holds one of them at a time while the model is built, and none after.
   const bool releases = rp.rank != 0 && !plan.local && plan.stage_ranges.size() > 1;
-  const double outside = releases ? 0 : idle ? all : all - (at(rp.block_end) - at(rp.block_begin));
-  if (rp.device.device_in_host) {
-    h.device = rank_memory(plan, costs, rp).total();
-    // rank_memory already holds rank 0's (its device is this memory: all of them).
-    if (rp.rank != 0) h.other_weights = outside;
-  } else {
-    h.other_weights = outside;
-  }
+  const double outside =
+      releases ? 0
+      : idle   ? all
+               : all - (f.weights_before[static_cast<size_t>(rp.block_end)] -
+                        f.weights_before[static_cast<size_t>(rp.block_begin)]);
+  // Where its device is this memory, its use counts, and rank_memory already holds rank
+  // 0's other weights (all of them, on a CPU rank).
+  if (rp.device.device_in_host) h.device = rank_memory(plan, costs, rp).total();
+  h.other_weights = rp.device.device_in_host && rp.rank == 0 ? 0 : outside;
   if (rp.rank == 0) h.checkpoint_state = costs.optimizer_bytes_per_param * outside / kWeightBytesPerParam;
   // The outer exchange's members (outer_members): the groups' ranks and rank 0.
   const bool member = rp.rank == 0 || (!idle && static_cast<size_t>(rp.replica) < f.grouped.size() &&
                                        f.grouped[static_cast<size_t>(rp.replica)]);
-  if (plan.local && member) h.outer_state = 4 * all;
+  if (plan.local && member) h.outer_state = outer_state_bytes(costs);
   return h;
 }
 
 }  // namespace
+
+double outer_state_bytes(const BlockCosts& costs) {
+  return 4 * kWeightBytesPerParam * std::accumulate(costs.params.begin(), costs.params.end(), 0.0);
+}
 
 HostUse host_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rp) {
   return host_use(plan, costs, rp, host_facts(plan, costs));

@@ -53,6 +53,11 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
 // (runtime/trainer_checkpoints.cpp's restore).
 HostUse host_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 
+// What a member of a local plan's outer exchange keeps in host memory for it: the outer
+// weights, momentum, anchor and delta, four copies of the model's weights
+// (runtime/local_sync.h).
+double outer_state_bytes(const BlockCosts& costs);
+
 // Sets every rank's host use (rank.host) and returns the first host whose memory
 // (DeviceModel::host_memory_bytes, where the cluster gives one) cannot hold its ranks'
 // host use, as a shortfall of the rank there that keeps the most. No memory strategy
