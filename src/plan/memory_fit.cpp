@@ -205,13 +205,24 @@ namespace {
 // prefix sums, and which replicas are in a local group (O(ranks + blocks) for a plan).
 struct HostFacts {
   std::vector<double> weights_before;  // [b]: the weights of blocks [0, b)
+  double largest_block = 0;            // the most parameters of one block
+  bool receives_state = false;         // rank 0 receives optimiser state at a checkpoint
   std::vector<char> grouped;           // [replica]: in a local group (empty: not local)
 };
 
 HostFacts host_facts(const Plan& plan, const BlockCosts& costs) {
   HostFacts f;
   f.weights_before.push_back(0);
-  for (double p : costs.params) f.weights_before.push_back(f.weights_before.back() + kWeightBytesPerParam * p);
+  for (double p : costs.params) {
+    f.weights_before.push_back(f.weights_before.back() + kWeightBytesPerParam * p);
+    f.largest_block = std::max(f.largest_block, p);
+  }
+  // Every rank's state but rank 0's own, where rank 0 holds not all of it: another stage,
+  // a shard, or all of it when idle (not under local: rank 0 writes its group's).
+  bool shards = false;
+  for (const RankPlan& r : plan.ranks) shards = shards || (r.replica >= 0 && r.optimizer_shard < 1);
+  f.receives_state = !plan.local && plan.world_size > 1 &&
+                     (plan.stage_ranges.size() > 1 || shards || plan.ranks.empty() || plan.ranks[0].replica < 0);
   if (plan.local) {
     f.grouped.assign(plan.layout.replicas.size(), 0);
     for (const std::vector<int>& g : plan.local->groups)
@@ -238,7 +249,12 @@ HostUse host_use(const Plan& plan, const BlockCosts& costs, const RankPlan& rp, 
   // 0's other weights (all of them, on a CPU rank).
   if (rp.device.device_in_host) h.device = rank_memory(plan, costs, rp).total();
   h.other_weights = rp.device.device_in_host && rp.rank == 0 ? 0 : outside;
-  if (rp.rank == 0) h.checkpoint_state = costs.optimizer_bytes_per_param * outside / kWeightBytesPerParam;
+  // A checkpoint streams the optimiser state through rank 0 a tensor at a time
+  // (runtime/stage_gather.h's stream_optimizer_state): a tensor it receives from another
+  // rank, or one of its own copied off a GPU, is in host memory on its way to the file, at
+  // most one block's. Rank 0's own state in host memory is written where it is.
+  if (rp.rank == 0 && (f.receives_state || rp.device.kind != DeviceKind::cpu))
+    h.checkpoint_state = costs.optimizer_bytes_per_param * f.largest_block;
   // The outer exchange's members (outer_members): the groups' ranks and rank 0.
   const bool member = rp.rank == 0 || (!idle && static_cast<size_t>(rp.replica) < f.grouped.size() &&
                                        f.grouped[static_cast<size_t>(rp.replica)]);

@@ -43,14 +43,16 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
 // blocks onto its device. Rank 0 keeps the other blocks' weights there (it evaluates and
 // checkpoints the whole model), and so does every rank of a one-stage plan (an idle one
 // all of them: a relayout may bring it in); in a plan of several stages the other ranks
-// release them as they are made. Rank 0 gathers their optimiser state there at each
-// checkpoint; under
-// parallel.sync local every member of the outer exchange keeps the outer weights, momentum,
+// release them as they are made. At each checkpoint rank 0 streams the model's optimiser
+// state into the file a tensor at a time (runtime/stage_gather.h): counted as the largest
+// block's. Under parallel.sync local every member of the outer exchange keeps the outer weights, momentum,
 // anchor and delta there (runtime/local_sync.h), four copies of the model's weights.
 // Where the device is that memory (a CPU rank without a cap) its device use counts too.
-// Not counted: the data set, the process itself, a checkpoint file's write buffers, and a
-// resume's peak, when every rank reads the whole checkpoint into host memory
-// (runtime/trainer_checkpoints.cpp's restore).
+// Not counted: the data set, the process itself, the checkpoint reader's and writer's
+// buffers (a few MiB), the one tensor a resume holds while loading it (each rank reads
+// the tensors it loads from the verified file one at a time: runtime/checkpoint.h), and
+// at a resume its stage's optimiser state once more, read whole before the optimiser
+// takes it (runtime/stage_gather.cpp's load_stage).
 HostUse host_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 
 // What a member of a local plan's outer exchange keeps in host memory for it: the outer

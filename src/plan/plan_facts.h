@@ -26,7 +26,7 @@ struct MemoryUse {
 // host_memory: which ranks keep what).
 struct HostUse {
   double other_weights = 0;     // the weights of the blocks outside its stage it keeps
-  double checkpoint_state = 0;  // rank 0: those blocks' optimiser state, gathered at a checkpoint
+  double checkpoint_state = 0;  // rank 0: the largest block's optimiser state, held while a checkpoint streams
   double outer_state = 0;       // parallel.sync local: outer weights, momentum, anchor and delta
   double device = 0;            // where its device is host memory (a CPU rank, no cap): its use
   double total() const { return other_weights + checkpoint_state + outer_state + device; }

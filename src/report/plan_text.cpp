@@ -114,7 +114,7 @@ std::string host_use_text(const plan::HostUse& h) {
   std::vector<std::string> parts;
   if (h.device > 0) parts.push_back(format_bytes(h.device) + " of its device's use (its device is that memory)");
   if (h.other_weights > 0) parts.push_back(format_bytes(h.other_weights) + " of weights of blocks outside its stage");
-  if (h.checkpoint_state > 0) parts.push_back(format_bytes(h.checkpoint_state) + " of their optimizer state at a checkpoint");
+  if (h.checkpoint_state > 0) parts.push_back(format_bytes(h.checkpoint_state) + " of one block's optimizer state as a checkpoint streams");
   if (h.outer_state > 0) parts.push_back(format_bytes(h.outer_state) + " of outer state (local)");
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) out += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
@@ -279,8 +279,9 @@ std::string note_text(const plan::PlanNote& n) {
              "each checkpoint: " + format_bytes(n.bytes + n.other_bytes) +
              " of host memory then, beside its own process";
     case K::host_memory:
-      return "host memory (what devices do not hold: rank 0's other blocks' weights, and their optimizer state at a "
-             "checkpoint; in a one-stage plan every rank's; under local the outer state; a CPU rank's own use): " +
+      return "host memory (what devices do not hold: rank 0's other blocks' weights, and one block's optimizer "
+             "state as a checkpoint streams through it; in a one-stage plan every rank's weights; under local the outer "
+             "state; a CPU rank's own use): " +
              (n.other_bytes > 0 ? format_bytes(n.bytes) + " for " + ranks_text(n.ranks) + " on the fullest host, against its " +
                                       format_bytes(n.other_bytes)
                                 : "at most " + format_bytes(n.bytes) + ", on " + ranks_text(n.ranks) +

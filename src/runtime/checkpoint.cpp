@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -68,7 +69,7 @@ size_t crc_digits_at(const std::string& header) {
 
 // The body of read_checkpoint; errors here describe the problem and the caller prefixes
 // the file name once.
-Checkpoint read_unprefixed(const std::string& path) {
+Checkpoint read_unprefixed(const std::string& path, bool keep_values) {
   // Non-blocking, so that opening a FIFO returns at once and is refused below instead of
   // waiting for a writer (no effect on a regular file's reads).
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
@@ -115,45 +116,75 @@ Checkpoint read_unprefixed(const std::string& path) {
   // The checksum covers the file as written with its own digits zeroed; find them in the
   // raw header text, where the writer put them (the parsed header cannot say where).
   const size_t at = crc_digits_at(text);
-
-  std::vector<unsigned char> data;
-  try {
-    data.resize(data_bytes);
-  } catch (const std::bad_alloc&) {
-    fail("its ", data_bytes, " bytes of tensor data do not fit in this host's memory (the header declares them; "
-         "expected a checkpoint of this config's model)");
-  } catch (const std::length_error&) {
-    fail("its ", data_bytes, " bytes of tensor data are more than one buffer can hold");
-  }
-  read_exact(f.fd, st::kLengthBytes + n, data.data(), data.size(), "tensor data");
   std::string zeroed = text;
   zeroed.replace(at, 8, crc32_hex(0));
   uint32_t got = crc32_update(0, len, sizeof len);
   got = crc32_update(got, zeroed.data(), zeroed.size());
-  got = crc32_update(got, data.data(), data.size());
-  HT_CHECK(got == want, "checksum mismatch: the header records crc32 ", crc32_hex(want),
-           ", the file has ", crc32_hex(got), " (the header or the data is corrupt)");
 
   Checkpoint ck;
   ck.path = path;
-  for (const st::Entry& e : h.entries) {
-    const unsigned char* src = data.data() + e.begin;
-    const size_t count = static_cast<size_t>((e.end - e.begin) / dtype_size(e.dtype));
-    if (e.dtype == DType::f32) {
-      std::vector<float> v(count);
-      if (count) std::memcpy(v.data(), src, count * sizeof(float));
-      // Written finite (write_checkpoint refuses anything else), so a non-finite value is
-      // damage the checksum did not catch, or another writer's: resuming from it would
-      // train on and never checkpoint again.
-      for (size_t i = 0; i < count; ++i)
-        HT_CHECK(std::isfinite(v[i]), "tensor '", e.name, "' holds ", v[i], " at element ", i, " of ", count,
-                 "; expected finite values, as hetrain writes them");
-      ck.tensors.emplace(e.name, Tensor::from_vector(v, e.shape, cpu_backend()));
-    } else {
-      std::vector<int32_t> v(count);
-      if (count) std::memcpy(v.data(), src, count * sizeof(int32_t));
-      ck.tensors.emplace(e.name, Tensor::from_ints(v, e.shape, cpu_backend()));
+  // The data is read in chunks, summed, checked finite and, with keep_values, copied into
+  // tensors; without, the reader holds one chunk, not the file, and get() reads a tensor
+  // from the verified file when asked (every rank of a pipeline resumes from the whole
+  // model's checkpoint and keeps its own stage).
+  std::vector<Tensor> into(h.entries.size());
+  auto source = std::make_shared<CheckpointSource>();
+  for (size_t e = 0; e < h.entries.size(); ++e) {
+    const st::Entry& entry = h.entries[e];
+    ck.table.emplace(entry.name, CheckpointSlot{entry.name, entry.dtype, entry.shape});
+    source->ranges.emplace(entry.name, std::make_pair(st::kLengthBytes + n + entry.begin, entry.end - entry.begin));
+    if (keep_values) into[e] = Tensor::empty(entry.shape, entry.dtype, cpu_backend(), "checkpoint tensor");
+  }
+  // A multiple of 4 bytes, so that no float straddles two chunks (every entry starts at a
+  // multiple of 4 within the data).
+  constexpr uint64_t kChunk = 8u << 20;
+  std::vector<unsigned char> chunk(static_cast<size_t>(std::min<uint64_t>(kChunk, std::max<uint64_t>(data_bytes, 1))));
+  size_t e = 0;
+  std::string non_finite;  // the first non-finite value found
+  for (uint64_t done = 0; done < data_bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), data_bytes - done));
+    read_exact(f.fd, st::kLengthBytes + text.size() + done, chunk.data(), n, "tensor data");
+    got = crc32_update(got, chunk.data(), n);
+    // The entries over [done, done + n), in file order.
+    while (e < h.entries.size() && h.entries[e].end <= done) ++e;
+    for (size_t k = e; k < h.entries.size() && h.entries[k].begin < done + n; ++k) {
+      const st::Entry& entry = h.entries[k];
+      const uint64_t from = std::max(entry.begin, done), to = std::min(entry.end, done + n);
+      if (from >= to) continue;
+      const unsigned char* src = chunk.data() + (from - done);
+      if (entry.dtype == DType::f32) {
+        // Written finite (write_checkpoint refuses anything else), so a non-finite value is
+        // damage the checksum did not catch, or another writer's: resuming from it would
+        // train on and never checkpoint again.
+        // Said after the checksum, which names damage first.
+        const uint64_t first = (from - entry.begin) / sizeof(float), count = (to - from) / sizeof(float);
+        for (uint64_t i = 0; i < count && non_finite.empty(); ++i) {
+          float v;
+          std::memcpy(&v, src + i * sizeof(float), sizeof v);
+          if (!std::isfinite(v)) {
+            std::ostringstream m;
+            m << "tensor '" << entry.name << "' holds " << v << " at element " << first + i << " of "
+              << (entry.end - entry.begin) / sizeof(float) << "; expected finite values, as hetrain writes them";
+            non_finite = m.str();
+          }
+        }
+      }
+      if (into[k].defined())
+        std::memcpy(static_cast<unsigned char*>(into[k].raw()) + (from - entry.begin), src, static_cast<size_t>(to - from));
     }
+    done += n;
+  }
+  HT_CHECK(got == want, "checksum mismatch: the header records crc32 ", crc32_hex(want),
+           ", the file has ", crc32_hex(got), " (the header or the data is corrupt)");
+  HT_CHECK(non_finite.empty(), non_finite);
+  for (size_t k = 0; k < h.entries.size(); ++k)
+    if (into[k].defined()) ck.tensors.emplace(h.entries[k].name, std::move(into[k]));
+  if (!keep_values) {
+    source->fd = f.fd;
+    f.fd = -1;  // the source closes it
+    source->size = size;
+    source->mtime_ns = static_cast<int64_t>(sb.st_mtim.tv_sec) * 1'000'000'000 + sb.st_mtim.tv_nsec;
+    ck.source = std::move(source);
   }
   h.metadata.erase(kFormatKey);
   h.metadata.erase(kCrcKey);
@@ -167,72 +198,157 @@ namespace {
 
 // A checkpoint with valid CRC is what --resume trusts: a non-finite value would poison
 // every run resumed from it, so such a model is never written.
-void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
-  const std::vector<float> v = t.to_vector();
-  for (size_t i = 0; i < v.size(); ++i)
+void check_finite(const std::string& path, const std::string& name, const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i)
     HT_CHECK(std::isfinite(v[i]), "not writing checkpoint ", path, ": tensor '", name, "' holds ", v[i],
-             " at element ", i, " of ", v.size(), "; a non-finite model is never written, so the newest "
+             " at element ", i, " of ", n, "; a non-finite model is never written, so the newest "
              "checkpoint already written stays the newest valid one");
+}
+
+uint64_t slot_bytes(const CheckpointSlot& s) {
+  return static_cast<uint64_t>(numel(s.shape)) * dtype_size(s.dtype);
 }
 
 }  // namespace
 
-void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+CheckpointWriter::CheckpointWriter(const std::string& path, std::vector<CheckpointSlot> slots,
+                                   const std::map<std::string, std::string>& metadata)
+    : path_(path), slots_(std::move(slots)), metadata_(metadata) {
   // Everything that can be checked without the disk is checked first, so a bad call
   // never creates a file.
   for (const char* key : {kCrcKey, kFormatKey})
-    HT_CHECK(!metadata.count(key), "write_checkpoint ", path, ": metadata key '", key,
+    HT_CHECK(!metadata_.count(key), "write_checkpoint ", path, ": metadata key '", key,
              "' is reserved for the writer");
   std::set<std::string> seen;
   std::vector<st::Entry> entries;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    HT_CHECK(!name.empty() && name != "__metadata__", "write_checkpoint ", path,
-             ": invalid tensor name '", name, "'");
-    HT_CHECK(seen.insert(name).second, "write_checkpoint ", path, ": duplicate tensor name '",
-             name, "'");
-    HT_CHECK(t.defined(), "write_checkpoint ", path, ": tensor '", name, "' is undefined");
-    if (t.dtype() == DType::f32) check_finite(path, name, t);
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype());
-    entries.push_back({name, t.dtype(), t.shape(), offset, offset + bytes});
+  for (const CheckpointSlot& slot : slots_) {
+    HT_CHECK(!slot.name.empty() && slot.name != "__metadata__", "write_checkpoint ", path,
+             ": invalid tensor name '", slot.name, "'");
+    HT_CHECK(seen.insert(slot.name).second, "write_checkpoint ", path, ": duplicate tensor name '", slot.name, "'");
+    const uint64_t bytes = slot_bytes(slot);
+    entries.push_back({slot.name, slot.dtype, slot.shape, offset, offset + bytes});
     offset += bytes;
   }
-
   // The CRC goes in the header but covers the whole file with its own digits zeroed, so
   // the header is written with zeros in their place (that is what is summed) and
-  // rewritten at the end. This streams one tensor at a time instead of holding a host
-  // copy of the whole model.
-  std::map<std::string, std::string> meta = metadata;
-  meta.insert_or_assign(kFormatKey, std::string(kFormat));  // not operator=: GCC 12 -Wrestrict false positive
-  meta[kCrcKey] = crc32_hex(0);
-  const std::string zeroed_header = st::encode_header(entries, meta);
+  // rewritten at the end.
+  metadata_.insert_or_assign(kFormatKey, std::string(kFormat));  // not operator=: GCC 12 -Wrestrict false positive
+  metadata_[kCrcKey] = crc32_hex(0);
+  zeroed_header_ = st::encode_header(entries, metadata_);
+  out_ = std::make_unique<AtomicFile>(path, "checkpoint");
+  out_->write(zeroed_header_.data(), zeroed_header_.size());
+  crc_ = crc32_update(0, zeroed_header_.data(), zeroed_header_.size());
+}
 
-  AtomicFile out(path, "checkpoint");
-  out.write(zeroed_header.data(), zeroed_header.size());
-  uint32_t crc = crc32_update(0, zeroed_header.data(), zeroed_header.size());
-  for (const auto& [name, t] : tensors) {
-    if (t.numel() == 0) continue;
-    if (t.dtype() == DType::f32) {
-      std::vector<float> v = t.to_vector();
-      crc = crc32_update(crc, v.data(), v.size() * sizeof(float));
-      out.write(v.data(), v.size() * sizeof(float));
-    } else {
-      std::vector<int32_t> v = t.to_ints();
-      crc = crc32_update(crc, v.data(), v.size() * sizeof(int32_t));
-      out.write(v.data(), v.size() * sizeof(int32_t));
+CheckpointWriter::~CheckpointWriter() = default;  // AtomicFile removes an uncommitted file
+
+void CheckpointWriter::write(const Tensor& t) {
+  HT_CHECK(out_ && next_ < slots_.size(), "write_checkpoint ", path_, ": a tensor past the table's ", slots_.size());
+  const CheckpointSlot& slot = slots_[next_];
+  HT_CHECK(t.defined(), "write_checkpoint ", path_, ": tensor '", slot.name, "' is undefined");
+  HT_CHECK(t.shape() == slot.shape && t.dtype() == slot.dtype, "write_checkpoint ", path_, ": tensor '", slot.name,
+           "' is ", dtype_name(t.dtype()), " ", to_string(t.shape()), "; its table entry says ",
+           dtype_name(slot.dtype), " ", to_string(slot.shape));
+  const size_t n = static_cast<size_t>(t.numel());
+  const size_t bytes = n * dtype_size(t.dtype());
+  // A dense host tensor is written from its own memory; any other is copied out first
+  // (one tensor at a time: the writer never holds more).
+  const bool direct = t.backend().kind() == DeviceKind::cpu && t.is_contiguous();
+  std::vector<float> f;
+  std::vector<int32_t> i;
+  const void* host = nullptr;
+  if (n == 0) {
+  } else if (t.dtype() == DType::f32) {
+    host = direct ? static_cast<const void*>(t.data()) : (f = t.to_vector()).data();
+    try {
+      check_finite(path_, slot.name, static_cast<const float*>(host), n);
+    } catch (const Error&) {
+      out_.reset();  // the temporary file goes before the error does
+      throw;
     }
+  } else {
+    host = direct ? static_cast<const void*>(t.data_i32()) : (i = t.to_ints()).data();
   }
-  meta[kCrcKey] = crc32_hex(crc);
-  const std::string header = st::encode_header(entries, meta);
-  HT_CHECK(header.size() == zeroed_header.size(), "write_checkpoint: header size changed");
-  out.write_at(0, header.data(), header.size());
+  if (n > 0) {
+    crc_ = crc32_update(crc_, host, bytes);
+    out_->write(host, bytes);
+  }
+  ++next_;
+}
+
+void CheckpointWriter::commit() {
+  HT_CHECK(out_ && next_ == slots_.size(), "write_checkpoint ", path_, ": ", next_, " of the table's ",
+           slots_.size(), " tensors written; expected all before the commit");
+  metadata_[kCrcKey] = crc32_hex(crc_);
+  std::vector<st::Entry> entries;
+  uint64_t offset = 0;
+  for (const CheckpointSlot& slot : slots_) {
+    entries.push_back({slot.name, slot.dtype, slot.shape, offset, offset + slot_bytes(slot)});
+    offset += slot_bytes(slot);
+  }
+  const std::string header = st::encode_header(entries, metadata_);
+  HT_CHECK(header.size() == zeroed_header_.size(), "write_checkpoint: header size changed");
+  out_->write_at(0, header.data(), header.size());
+  out_->commit();
+  out_.reset();
+}
+
+void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<CheckpointSlot> slots;
+  for (const auto& [name, t] : tensors) {
+    HT_CHECK(t.defined(), "write_checkpoint ", path, ": tensor '", name, "' is undefined");
+    if (t.dtype() == DType::f32 && t.numel() > 0) {  // before the file exists: a bad model never creates one
+      if (t.backend().kind() == DeviceKind::cpu && t.is_contiguous()) {
+        check_finite(path, name, t.data(), static_cast<size_t>(t.numel()));
+      } else {
+        const std::vector<float> v = t.to_vector();
+        check_finite(path, name, v.data(), v.size());
+      }
+    }
+    slots.push_back({name, t.dtype(), t.shape()});
+  }
+  CheckpointWriter out(path, std::move(slots), metadata);
+  for (const auto& [name, t] : tensors) out.write(t);
   out.commit();
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
+CheckpointSource::~CheckpointSource() {
+  if (fd >= 0) ::close(fd);
+}
+
+Tensor Checkpoint::get(const std::string& name) const {
+  if (const auto it = tensors.find(name); it != tensors.end()) return it->second;
+  const auto slot = table.find(name);
+  HT_CHECK(slot != table.end(), "checkpoint ", path, " holds no tensor '", name, "'");
+  HT_CHECK(source != nullptr, "checkpoint ", path, ": tensor '", name,
+           "' was not kept when the file was read; expected it read with its values");
+  // The file stays open from its verification; one changed since (another writer over the
+  // same file, not a rename, which leaves the open one as it was) is refused.
+  struct stat sb {};
+  HT_CHECK(::fstat(source->fd, &sb) == 0 && static_cast<uint64_t>(sb.st_size) == source->size &&
+               static_cast<int64_t>(sb.st_mtim.tv_sec) * 1'000'000'000 + sb.st_mtim.tv_nsec == source->mtime_ns,
+           "checkpoint ", path, " changed after it was verified; expected it left as it was while the run resumes");
+  const auto [offset, bytes] = source->ranges.at(name);
+  Tensor t;
+  {
+    // A host copy on its way into a tensor the caller holds (on its device, or under the
+    // cap a CPU rank's device is): staging, outside that cap.
+    Allocator::HostStaging staging;
+    t = Tensor::empty(slot->second.shape, slot->second.dtype, cpu_backend(), "checkpoint tensor");
+  }
   try {
-    return read_unprefixed(path);
+    if (bytes > 0) read_exact(source->fd, offset, t.raw(), static_cast<size_t>(bytes), "tensor data");
+  } catch (const Error& e) {
+    fail("checkpoint ", path, ": tensor '", name, "': ", e.what());
+  }
+  return t;
+}
+
+Checkpoint read_checkpoint(const std::string& path, bool keep_values) {
+  try {
+    return read_unprefixed(path, keep_values);
   } catch (const OutOfMemory&) {
     throw;
   } catch (const Error& e) {
@@ -251,23 +367,23 @@ void load_into(const std::vector<nn::NamedTensor>& into, const Checkpoint& check
       problems.push_back("tensor '" + name + "' appears twice in the model");
       continue;
     }
-    auto it = checkpoint.tensors.find(name);
-    if (it == checkpoint.tensors.end()) {
+    auto it = checkpoint.table.find(name);
+    if (it == checkpoint.table.end()) {
       problems.push_back("tensor '" + name + "' of shape " + to_string(t.shape()) +
                          " is missing from the checkpoint");
       continue;
     }
-    const Tensor& src = it->second;
-    if (src.shape() != t.shape())
-      problems.push_back("tensor '" + name + "' has shape " + to_string(src.shape()) +
+    const CheckpointSlot& src = it->second;
+    if (src.shape != t.shape())
+      problems.push_back("tensor '" + name + "' has shape " + to_string(src.shape) +
                          " in the checkpoint and " + to_string(t.shape()) + " in the model");
-    else if (src.dtype() != t.dtype())
-      problems.push_back("tensor '" + name + "' is " + dtype_name(src.dtype()) +
+    else if (src.dtype != t.dtype())
+      problems.push_back("tensor '" + name + "' is " + dtype_name(src.dtype) +
                          " in the checkpoint and " + dtype_name(t.dtype()) + " in the model");
   }
-  for (const auto& [name, t] : checkpoint.tensors)
+  for (const auto& [name, slot] : checkpoint.table)
     if (name.starts_with(prefix) && !names.count(name))
-      problems.push_back("tensor '" + name + "' of shape " + to_string(t.shape()) +
+      problems.push_back("tensor '" + name + "' of shape " + to_string(slot.shape) +
                          " is in the checkpoint but not in the model");
   if (!problems.empty()) {
     // A checkpoint of another model differs in every tensor: the first few say what is
@@ -279,30 +395,26 @@ void load_into(const std::vector<nn::NamedTensor>& into, const Checkpoint& check
     if (problems.size() > kShown)
       s << "; and " << problems.size() - kShown << " more of " << problems.size() << " mismatches";
     size_t shared = 0;
-    for (const auto& [name, t] : into) shared += checkpoint.tensors.count(name);
+    for (const auto& [name, t] : into) shared += checkpoint.table.count(name);
     if (shared == 0) s << " (none of the model's tensors is in it: it holds another model)";
     throw Error(s.str());
   }
 
   for (const auto& [name, t] : into) {
-    const Tensor& src = checkpoint.tensors.at(name);
     // A released tensor (a block outside this rank's stage) was checked above, kept not.
     if (t.numel() == 0 || t.released()) continue;
+    // One at a time, from the file where the read kept none: a dense host tensor, copied
+    // from where it is.
+    const Tensor src = checkpoint.get(name);
     Backend& be = t.backend();
-    const bool f32 = t.dtype() == DType::f32;
-    std::vector<float> fv;
-    std::vector<int32_t> iv;
-    const void* host = nullptr;
-    if (f32) host = (fv = src.to_vector()).data();
-    else host = (iv = src.to_ints()).data();
     const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
     if (t.is_contiguous()) {
-      be.copy_from_host(f32 ? static_cast<void*>(t.data()) : static_cast<void*>(t.data_i32()),
-                        host, bytes);
+      be.copy_from_host(t.raw(), src.raw(), bytes);
     } else {
       // A strided view (rare for parameters): stage densely on its backend, then let the
       // backend scatter through the view's strides.
-      Tensor staged = f32 ? Tensor::from_vector(fv, t.shape(), be) : Tensor::from_ints(iv, t.shape(), be);
+      Tensor staged = Tensor::empty(t.shape(), t.dtype(), be);
+      be.copy_from_host(staged.raw(), src.raw(), bytes);
       be.copy(staged.raw(), staged.strides(), t.raw(), t.strides(), t.shape());
     }
   }

@@ -91,6 +91,24 @@ std::vector<CheckpointFile> CheckpointDir::list(bool all) const {
 
 std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>& tensors,
                                 const std::map<std::string, std::string>& metadata) {
+  const std::string path = prepare(step);
+  write_checkpoint(path, tensors, metadata);  // throws before retention: nothing deleted
+  retain(step, path);
+  return path;
+}
+
+std::string CheckpointDir::save(int64_t step, std::vector<CheckpointSlot> slots,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<void(CheckpointWriter&)>& fill) {
+  const std::string path = prepare(step);
+  CheckpointWriter out(path, std::move(slots), metadata);
+  fill(out);
+  out.commit();  // throws before retention: nothing deleted
+  retain(step, path);
+  return path;
+}
+
+std::string CheckpointDir::prepare(int64_t step) {
   const std::string path = path_for(step);
   std::error_code ec;
   fs::create_directories(dir_, ec);
@@ -105,8 +123,11 @@ std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>
     std::fprintf(stderr, "hetrain: warning: the unreadable checkpoint of step %lld is kept as %s\n",
                  static_cast<long long>(step), aside.c_str());
   }
-  write_checkpoint(path, tensors, metadata);  // throws before retention: nothing deleted
+  return path;
+}
 
+void CheckpointDir::retain(int64_t step, const std::string& path) {
+  std::error_code ec;
   // Retention by step, not by file time: the lowest steps of this run's line go first
   // until `keep` remain (save's comment in the header says which files count).
   std::vector<CheckpointFile> files = list();
@@ -120,10 +141,9 @@ std::string CheckpointDir::save(int64_t step, const std::vector<nn::NamedTensor>
              ec.message());
     --excess;
   }
-  return path;
 }
 
-std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::string>& skipped) {
+std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::string>& skipped, bool keep_values) {
   std::vector<CheckpointFile> files = list(true);
   if (files.empty()) return std::nullopt;
   std::vector<std::string> problems;
@@ -133,7 +153,7 @@ std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::stri
       continue;
     }
     try {
-      Checkpoint c = read_checkpoint(it->path);
+      Checkpoint c = read_checkpoint(it->path, keep_values);
       const std::string using_ = "; using " + fs::path(it->path).filename().string();
       for (const std::string& p : problems) skipped.push_back(p + using_);
       return c;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -42,6 +43,10 @@ class CheckpointDir {
   // uncounted. A failed save deletes nothing. Returns the path written.
   std::string save(int64_t step, const std::vector<nn::NamedTensor>& tensors,
                    const std::map<std::string, std::string>& metadata = {});
+  // The same, for a checkpoint written as its tensors come: `fill` writes every slot
+  // (CheckpointWriter::write); whatever it throws leaves no file and deletes nothing.
+  std::string save(int64_t step, std::vector<CheckpointSlot> slots, const std::map<std::string, std::string>& metadata,
+                   const std::function<void(CheckpointWriter&)>& fill);
 
   // Checkpoint files by ascending step; empty when the directory does not exist. With
   // `all`, entries of a checkpoint's name that are not regular files too (not_a_file).
@@ -51,7 +56,8 @@ class CheckpointDir {
   // over (an entry of a checkpoint's name that is no file included) is appended to
   // `skipped` as "<path>: <problem>; using <file>". Empty when there are no such entries;
   // throws ht::Error listing every attempt when none verifies.
-  std::optional<Checkpoint> load_newest_valid(std::vector<std::string>& skipped);
+  // keep_values as read_checkpoint's.
+  std::optional<Checkpoint> load_newest_valid(std::vector<std::string>& skipped, bool keep_values = true);
 
   // Removes the partial writes (<checkpoint name>.tmp, regular files) that a run stopped
   // while writing left: never a checkpoint (the rename that makes one never came), and
@@ -60,6 +66,9 @@ class CheckpointDir {
   int remove_partial_writes() const;
 
  private:
+  std::string prepare(int64_t step);               // the directory made, an unreadable file set aside
+  void retain(int64_t step, const std::string& path);  // the oldest beyond keep deleted
+
   std::string dir_;
   int64_t keep_;
   std::set<std::string> passed_over_;  // paths load_newest_valid could not read

@@ -497,11 +497,11 @@ std::vector<nn::NamedTensor> LocalSync::outer_state() const {
 
 void LocalSync::load_outer_state(const Checkpoint& c) {
   for (size_t i = 0; i < params_.size(); ++i) {
-    const auto it = c.tensors.find("outer.momentum." + params_[i].first);
-    if (it == c.tensors.end()) continue;  // a checkpoint of a synchronous run: momentum starts at 0
-    HT_CHECK(it->second.shape() == momentum_[i].shape(), "checkpoint ", c.path, ": 'outer.momentum.", params_[i].first,
-             "' has shape ", to_string(it->second.shape()), "; expected ", to_string(momentum_[i].shape()));
-    copy_into(momentum_[i], it->second);
+    const auto it = c.table.find("outer.momentum." + params_[i].first);
+    if (it == c.table.end()) continue;  // a checkpoint of a synchronous run: momentum starts at 0
+    HT_CHECK(it->second.shape == momentum_[i].shape(), "checkpoint ", c.path, ": 'outer.momentum.", params_[i].first,
+             "' has shape ", to_string(it->second.shape), "; expected ", to_string(momentum_[i].shape()));
+    copy_into(momentum_[i], c.get(it->first));
   }
 }
 

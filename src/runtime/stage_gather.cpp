@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "optim/make_optimizer.h"
 
@@ -49,59 +50,148 @@ std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Execut
                                             const config::OptimizerConfig& opt,
                                             bool optimizer_state, comm::Timeout timeout,
                                             std::string_view what) {
-  std::vector<nn::NamedTensor> state;
-  std::set<std::string> seen;
   const bool root = world.rank() == 0;
   for (size_t s = 0; s < plan.stage_ranges.size(); ++s) {
     const int src = plan.layout.replicas[0][s];
-    // When the stage is sharded, every replica sends its part of the optimiser state.
-    const std::vector<double> shards = optimizer_state ? plan::optimizer_shards(plan, s) : std::vector<double>{};
     if (src == world.rank() && !root) send_all(executor.parameters(), world, 0, timeout, what);
-    if (optimizer_state && !root && executor.stage() == static_cast<int>(s) &&
-        (src == world.rank() || !shards.empty()))
+    if (!root || src == 0) continue;
+    const auto [begin, end] = plan.stage_ranges[s];
+    std::vector<nn::NamedTensor> params =
+        model.named_parameters(static_cast<size_t>(begin), static_cast<size_t>(end));
+    receive_all(params, world, src, timeout, what);
+  }
+  if (!optimizer_state) return {};
+  const std::vector<CheckpointSlot> slots = root ? optimizer_state_slots(plan, model, opt) : std::vector<CheckpointSlot>{};
+  std::vector<nn::NamedTensor> state;
+  stream_optimizer_state(plan, executor, model, world, opt, timeout, what, [&](const Tensor& t) {
+    state.emplace_back(slots[state.size()].name, t.dense_copy());
+  });
+  return state;
+}
+
+namespace {
+
+// What an optimiser of `opt` lists per parameter (the suffix after the parameter's name;
+// f32 slots of the parameter's shape, counters of their own) and once for all, learnt from
+// one over a single parameter of two elements.
+struct StateShape {
+  std::vector<CheckpointSlot> per_param;  // names are suffixes (".exp_avg"); an empty shape: the parameter's
+  std::vector<CheckpointSlot> global;
+};
+
+StateShape state_shape(const config::OptimizerConfig& opt) {
+  Allocator::HostStaging staging;
+  const Tensor p = Tensor::zeros({2}, cpu_backend());
+  StateShape out;
+  for (const auto& [name, t] : optim::make_optimizer(opt, {{"p", p}})->state()) {
+    if (name.rfind("p.", 0) != 0) {
+      out.global.push_back({name, t.dtype(), t.shape()});
+      continue;
+    }
+    // A float slot is of the parameter's shape (optimizer_state_part shards it so).
+    const bool slot = t.dtype() == DType::f32;
+    HT_CHECK(!slot || t.shape() == p.shape(), "optimizer state '", name, "' has shape ", to_string(t.shape()),
+             "; expected its parameter's ", to_string(p.shape()));
+    out.per_param.push_back({name.substr(1), t.dtype(), slot ? Shape{} : t.shape()});
+  }
+  return out;
+}
+
+// One stage's state slots, in its optimiser's order.
+std::vector<CheckpointSlot> stage_slots(const StateShape& shape, const std::vector<nn::NamedTensor>& params) {
+  std::vector<CheckpointSlot> out;
+  for (const auto& [name, p] : params)
+    for (const CheckpointSlot& s : shape.per_param)
+      out.push_back({name + s.name, s.dtype, s.dtype == DType::f32 ? p.shape() : s.shape});
+  for (const CheckpointSlot& s : shape.global) out.push_back(s);
+  return out;
+}
+
+}  // namespace
+
+std::vector<CheckpointSlot> optimizer_state_slots(const plan::Plan& plan, nn::Sequential& model,
+                                                  const config::OptimizerConfig& opt) {
+  const StateShape shape = state_shape(opt);
+  std::vector<CheckpointSlot> out;
+  std::set<std::string> seen;
+  for (const auto& [begin, end] : plan.stage_ranges)
+    for (CheckpointSlot& s :
+         stage_slots(shape, model.named_parameters(static_cast<size_t>(begin), static_cast<size_t>(end))))
+      if (seen.insert(s.name).second) out.push_back(std::move(s));  // one "step" for all stages
+  return out;
+}
+
+void stream_optimizer_state(const plan::Plan& plan, const Executor& executor, nn::Sequential& model,
+                            comm::Communicator& world, const config::OptimizerConfig& opt,
+                            comm::Timeout timeout, std::string_view what,
+                            const std::function<void(const Tensor&)>& sink) {
+  const bool root = world.rank() == 0;
+  const StateShape shape = root ? state_shape(opt) : StateShape{};
+  std::set<std::string> seen;
+  for (size_t s = 0; s < plan.stage_ranges.size(); ++s) {
+    const int src = plan.layout.replicas[0][s];
+    // When the stage is sharded, every replica sends its part of the optimiser state.
+    const std::vector<double> shards = plan::optimizer_shards(plan, s);
+    if (!root && executor.stage() == static_cast<int>(s) && (src == world.rank() || !shards.empty()))
       send_all(executor.optimizer()->state(), world, 0, timeout, what);
     if (!root) continue;
 
     const auto [begin, end] = plan.stage_ranges[s];
-    std::vector<nn::NamedTensor> params =
+    const std::vector<nn::NamedTensor> params =
         model.named_parameters(static_cast<size_t>(begin), static_cast<size_t>(end));
-    if (src != 0) receive_all(params, world, src, timeout, what);
-    if (!optimizer_state) continue;
-    // Names and shapes to receive into: a whole stage's optimiser.
-    std::vector<nn::NamedTensor> stage_state = optim::make_optimizer(opt, params)->state();
     const int replicas = shards.empty() ? 1 : static_cast<int>(plan.layout.replicas.size());
-    for (int r = 0; r < replicas; ++r) {
-      const int from = plan.layout.replicas[static_cast<size_t>(r)][s];
-      std::vector<nn::NamedTensor> into =
-          shards.empty() ? stage_state : optimizer_state_part(stage_state, params, shards, r);
-      if (from == 0) copy_into(into, executor.optimizer()->state());
-      else receive_all(into, world, from, timeout, what);
+    // Rank 0's own part, where it holds one: live buffers, not copies.
+    bool mine = false;
+    for (int r = 0; r < replicas; ++r) mine = mine || plan.layout.replicas[static_cast<size_t>(r)][s] == 0;
+    const std::vector<nn::NamedTensor> own = mine ? executor.optimizer()->state() : std::vector<nn::NamedTensor>{};
+    const std::vector<CheckpointSlot> slots = stage_slots(shape, params);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const CheckpointSlot& slot = slots[i];
+      Tensor whole;
+      if (shards.empty() && src == 0) {
+        whole = own[i].second;
+      } else {
+        Allocator::HostStaging staging;
+        whole = Tensor::empty(slot.shape, slot.dtype, cpu_backend());
+        for (int r = 0; r < replicas; ++r) {
+          const int from = plan.layout.replicas[static_cast<size_t>(r)][s];
+          std::vector<nn::NamedTensor> into =
+              shards.empty() ? std::vector<nn::NamedTensor>{{slot.name, whole}}
+                             : optimizer_state_part({{slot.name, whole}}, params, shards, r);
+          if (from == 0) copy_into(into, {own[i]});
+          else receive_all(into, world, from, timeout, what);
+        }
+      }
+      if (seen.insert(slot.name).second) sink(whole);  // one "step" for all stages
     }
-    for (auto& nt : stage_state)
-      if (seen.insert(nt.first).second) state.push_back(nt);  // one "step" for all stages
   }
-  return state;
 }
 
 void load_stage(const Checkpoint& checkpoint, const Executor& executor) {
   if (!executor.active()) return;  // an idle rank holds nothing
-  Checkpoint params = checkpoint;
-  params.tensors.clear();
+  // The stage's part of the checkpoint: its weights (load_into names any missing or
+  // mismatched) and its optimiser state, read from the file as they are loaded.
+  Checkpoint params;
+  params.path = checkpoint.path;
+  params.source = checkpoint.source;
   std::vector<nn::NamedTensor> into;
   for (const auto& [name, t] : executor.parameters()) {
     into.emplace_back("model." + name, t);
-    auto it = checkpoint.tensors.find("model." + name);
-    if (it != checkpoint.tensors.end()) params.tensors.insert(*it);
+    if (auto it = checkpoint.tensors.find("model." + name); it != checkpoint.tensors.end()) params.tensors.insert(*it);
+    if (auto it = checkpoint.table.find("model." + name); it != checkpoint.table.end()) params.table.insert(*it);
   }
-  load_into(into, params, "model.");  // names a missing or mismatched tensor
+  load_into(into, params, "model.");
 
+  std::set<std::string> own;
+  for (const auto& p : executor.parameters()) own.insert(p.first);
   std::vector<nn::NamedTensor> state;
-  for (const auto& [name, t] : checkpoint.tensors) {
+  for (const auto& [name, slot] : checkpoint.table) {
     if (name.rfind("optim.", 0) != 0) continue;
+    // "optim.step", or "optim.<parameter>.<slot>" of one of the stage's parameters.
     const std::string rest = name.substr(6);
-    bool mine = rest == "step";
-    for (const auto& p : executor.parameters()) mine = mine || rest.rfind(p.first + ".", 0) == 0;
-    if (mine) state.emplace_back(rest, t);
+    const size_t dot = rest.rfind('.');
+    if (rest == "step" || (dot != std::string::npos && own.count(rest.substr(0, dot)) > 0))
+      state.emplace_back(rest, checkpoint.get(name));
   }
   try {
     executor.load_optimizer_state(state);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -151,14 +152,20 @@ std::map<std::string, std::string> Run::metadata(int64_t step) {
   return m;
 }
 
-// Collective: rank 0 writes one whole-model checkpoint, whatever the world size.
+// Collective: rank 0 writes one whole-model checkpoint, whatever the world size. Over
+// several ranks (not local, whose members each hold the whole model) the other stages'
+// weights come into rank 0's model first (it evaluates with them too), and their
+// optimiser state is streamed into the file a tensor at a time as the ranks holding it
+// send it: rank 0 never holds the whole model's state (plan::host_memory counts one
+// block's).
 void Run::save(int64_t step, report::Progress& progress) {
   Allocator::HostStaging staging;
-  std::vector<nn::NamedTensor> state =
-      local_ ? local_inner_state()
-      : multi() ? gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, true, peer_timeout(),
-                               "the checkpoint gather of step " + std::to_string(step))
-              : executor_->optimizer()->state();
+  const std::string what = "the checkpoint gather of step " + std::to_string(step);
+  const bool streamed = !local_ && multi();
+  if (streamed) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), what);
+  const std::vector<nn::NamedTensor> state = local_     ? local_inner_state()
+                                             : streamed ? std::vector<nn::NamedTensor>{}
+                                                        : executor_->optimizer()->state();
   std::map<std::string, std::string> meta = metadata(step);
   // Rank 0's loss scale (under local, its group's), for every rank on resume; none when
   // rank 0 is idle, and a resumed run starts from train.loss_scale.initial.
@@ -170,12 +177,30 @@ void Run::save(int64_t step, report::Progress& progress) {
     meta["sync_policy"] = "local";
     meta["outer_steps"] = std::to_string(local_->outer_steps());
   }
-  if (!root_) return;
-  std::vector<nn::NamedTensor> tensors = prefixed("model.", model_.named_parameters());
-  for (auto& nt : prefixed("optim.", state)) tensors.push_back(nt);
-  if (local_)
-    for (auto& nt : local_->outer_state()) tensors.push_back(nt);
-  std::string path = checkpoints_.save(step, tensors, meta);
+  auto stream = [&](const std::function<void(const Tensor&)>& sink) {
+    stream_optimizer_state(plan_, *executor_, model_, world_, cfg_.train.optimizer, peer_timeout(), what, sink);
+  };
+  if (!root_) {
+    if (streamed) stream([](const Tensor&) {});  // sends; only rank 0's sink is called
+    return;
+  }
+  const std::vector<nn::NamedTensor> weights = prefixed("model.", model_.named_parameters());
+  const std::vector<nn::NamedTensor> outer = local_ ? local_->outer_state() : std::vector<nn::NamedTensor>{};
+  std::vector<CheckpointSlot> slots;
+  for (const auto& [name, t] : weights) slots.push_back({name, t.dtype(), t.shape()});
+  if (streamed)
+    for (CheckpointSlot& s : optimizer_state_slots(plan_, model_, cfg_.train.optimizer)) {
+      s.name = "optim." + s.name;
+      slots.push_back(std::move(s));
+    }
+  for (const auto& [name, t] : prefixed("optim.", state)) slots.push_back({name, t.dtype(), t.shape()});
+  for (const auto& [name, t] : outer) slots.push_back({name, t.dtype(), t.shape()});
+  const std::string path = checkpoints_.save(step, std::move(slots), meta, [&](CheckpointWriter& out) {
+    for (const auto& [name, t] : weights) out.write(t);
+    if (streamed) stream([&](const Tensor& t) { out.write(t); });
+    for (const auto& [name, t] : state) out.write(t);
+    for (const auto& [name, t] : outer) out.write(t);
+  });
   progress.note("checkpoint " + path);
 }
 
@@ -185,7 +210,10 @@ int64_t Run::restore(report::Progress& progress) {
   std::optional<Checkpoint> loaded;
   {
     Allocator::HostStaging staging;
-    loaded = checkpoints_.load_newest_valid(skipped);
+    // Verified whole, kept not: each rank reads what it loads from the file, a tensor at
+    // a time (the weights it keeps, its stage's optimiser state), never the whole model's
+    // state.
+    loaded = checkpoints_.load_newest_valid(skipped, false);
   }
   // On stderr, --quiet or not: the newest checkpoint being passed over matters.
   if (root_)
@@ -309,7 +337,9 @@ std::string evaluate_checkpoint(const config::Config& cfg, const std::string& pa
   const std::string note = select_run_device(
       cfg, 0, cfg.rank_devices.empty() ? 1 : static_cast<int>(cfg.rank_devices.size()), 0);
   if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
-  Checkpoint ckpt = read_checkpoint(path);
+  // The weights alone are read, one at a time as they load: the optimiser state, two
+  // thirds of an AdamW checkpoint, is verified as it streams past and not kept.
+  Checkpoint ckpt = read_checkpoint(path, false);
   check_model_config(ckpt, cfg, path);  // dropout aside: it is off when evaluating
   // As a resume checks them (one edited by hand, its CRC made again, was evaluated).
   if (ckpt.metadata.count("model"))

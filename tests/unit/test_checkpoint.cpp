@@ -1,7 +1,9 @@
 // Checkpoints: the safetensors layout, integrity checks, atomic writes under failure,
-// retention, resume from the newest valid file, and loading into existing tensors.
+// retention, resume from the newest valid file, loading into existing tensors, and
+// writing and reading them a tensor at a time.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -17,14 +19,19 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
+#include "backend/registry.h"
 #include "core/error.h"
+#include "models/models.h"
 #include "ops/ops.h"
+#include "optim/make_optimizer.h"
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/run_dir.h"
+#include "runtime/stage_gather.h"
 #include "tests/unit/temp_dir.h"
 
 using namespace ht;
@@ -210,6 +217,137 @@ TEST_CASE("checkpoint: a non-finite value is never written; the error names the 
                          Error);
   }
   CHECK(fs::is_empty(tmp.path));
+}
+
+TEST_CASE("checkpoint writer: a file written tensor by tensor is byte for byte write_checkpoint's") {
+  TempDir tmp;
+  const std::vector<nn::NamedTensor> tensors = small_model(2.f);
+  const std::map<std::string, std::string> meta = {{"step", "7"}};
+  write_checkpoint(tmp / "whole.safetensors", tensors, meta);
+  std::vector<CheckpointSlot> slots;
+  for (const auto& [name, t] : tensors) slots.push_back({name, t.dtype(), t.shape()});
+  {
+    CheckpointWriter out(tmp / "streamed.safetensors", slots, meta);
+    // A strided view is written densely, as write_checkpoint writes it.
+    const Tensor view = transpose(Tensor::from_vector({2, 5, 3, 6, 4, 7}, {3, 2}, cpu_backend()), 0, 1);
+    REQUIRE(!view.is_contiguous());
+    out.write(view);
+    out.write(tensors[1].second);
+    out.commit();
+  }
+  CHECK(slurp(tmp / "streamed.safetensors") == slurp(tmp / "whole.safetensors"));
+  CHECK(read_checkpoint(tmp / "streamed.safetensors").metadata.at("step") == "7");
+}
+
+TEST_CASE("checkpoint writer: a tensor unlike its slot, a non-finite one, or a short table leaves no file") {
+  TempDir tmp;
+  const std::string path = tmp / "c.safetensors";
+  write_checkpoint(path, small_model(1.f), {});
+  const std::string before = slurp(path);
+  const std::vector<CheckpointSlot> slots = {{"w", DType::f32, {2, 3}}, {"ids", DType::i32, {3}}};
+  {
+    CheckpointWriter out(path, slots, {});
+    CHECK_THROWS_WITH_AS(out.write(Tensor::from_vector(iota(6), {3, 2}, cpu_backend())),
+                         contains("tensor 'w' is float32 [3, 2]; its table entry says float32 [2, 3]"), Error);
+  }
+  {
+    CheckpointWriter out(path, slots, {});
+    out.write(small_model()[0].second);
+    CHECK_THROWS_WITH_AS(out.write(Tensor::from_vector({1.f, 2.f, 3.f}, {3}, cpu_backend())),
+                         contains("tensor 'ids' is float32 [3]; its table entry says int32 [3]"), Error);
+    CHECK_THROWS_WITH_AS(out.commit(), contains("1 of the table's 2 tensors written"), Error);
+  }
+  {
+    CheckpointWriter out(path, {{"w", DType::f32, {2, 3}}}, {});
+    CHECK_THROWS_WITH_AS(out.write(Tensor::from_vector({0, 1, 2, NAN, 4, 5}, {2, 3}, cpu_backend())),
+                         contains("tensor 'w' holds nan at element 3 of 6"), Error);
+    CHECK(!fs::exists(path + ".tmp"));  // gone with the error, before the writer is
+  }
+  CHECK_THROWS_WITH_AS(CheckpointWriter(path, {{"w", DType::f32, {1}}, {"w", DType::f32, {1}}}, {}),
+                       contains("duplicate tensor name 'w'"), Error);
+  CHECK(slurp(path) == before);
+  CHECK(!fs::exists(path + ".tmp"));
+}
+
+TEST_CASE("checkpoint: the streamed optimizer state's slots are each stage's optimizer's, without allocating them") {
+  models::MlpSpec spec;
+  spec.input = 5;
+  spec.hidden = {4, 3};
+  spec.classes = 2;
+  nn::Sequential model = models::build_mlp(spec, 3);
+  REQUIRE(model.size() >= 3);
+  plan::Plan p;
+  p.stage_ranges = {{0, 1}, {1, static_cast<int>(model.size())}};
+  config::OptimizerConfig sgd, momentum, adamw;
+  sgd.type = momentum.type = "sgd";
+  momentum.momentum = 0.9f;
+  for (const config::OptimizerConfig& opt : {adamw, sgd, momentum}) {
+    CAPTURE(opt.type);
+    CAPTURE(opt.momentum);
+    // What gather_to_root gave: each stage's optimiser's list in turn, "step" once.
+    std::vector<std::pair<std::string, Tensor>> want;
+    std::set<std::string> seen;
+    for (const auto& [begin, end] : p.stage_ranges)
+      for (const auto& nt : optim::make_optimizer(opt, model.named_parameters(begin, end))->state())
+        if (seen.insert(nt.first).second) want.push_back(nt);
+    const size_t live = cpu_backend().allocator().live_bytes();
+    const std::vector<CheckpointSlot> got = optimizer_state_slots(p, model, opt);
+    CHECK(cpu_backend().allocator().live_bytes() == live);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(want[i].first);
+      CHECK(got[i].name == want[i].first);
+      CHECK(got[i].dtype == want[i].second.dtype());
+      CHECK(got[i].shape == want[i].second.shape());
+    }
+  }
+}
+
+TEST_CASE("checkpoint: read without its values, it verifies every byte and then gives each tensor when asked") {
+  TempDir tmp;
+  const std::string path = tmp / "c.safetensors";
+  std::vector<float> big(3 << 20);  // 12 MiB: more than the reader's chunk
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 1000);
+  write_checkpoint(path,
+                   {{"model.w", Tensor::from_vector(iota(6), {2, 3}, cpu_backend())},
+                    {"optim.m", Tensor::from_vector(big, {static_cast<int64_t>(big.size())}, cpu_backend())},
+                    {"model.b", Tensor::from_vector({7.f, 8.f}, {2}, cpu_backend())}},
+                   {});
+  const size_t live = cpu_backend().allocator().live_bytes();
+  {
+    const Checkpoint c = read_checkpoint(path, false);
+    CHECK(c.tensors.empty());
+    REQUIRE(c.table.size() == 3);
+    CHECK(c.table.at("optim.m").shape == Shape{static_cast<int64_t>(big.size())});
+    CHECK(cpu_backend().allocator().live_bytes() == live);  // no tensor held
+    // Loading checks the names and shapes against the whole table, and reads each value.
+    const Tensor w = Tensor::zeros({2, 3}, cpu_backend()), b = Tensor::zeros({2}, cpu_backend());
+    load_into({{"model.w", w}, {"model.b", b}}, c, "model.");
+    CHECK(w.to_vector() == iota(6));
+    CHECK(b.to_vector() == std::vector<float>{7.f, 8.f});
+    CHECK_THROWS_WITH_AS(load_into({{"model.w", w}}, c, "model."),
+                         contains("tensor 'model.b' of shape [2] is in the checkpoint but not in the model"), Error);
+    CHECK(c.get("optim.m").to_vector() == big);
+    CHECK_THROWS_WITH_AS(c.get("optim.v"), contains("holds no tensor 'optim.v'"), Error);
+    // The file rewritten in place after it was verified: refused, not read.
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(-4, std::ios::end);
+      f.write("\0\0\0\0", 4);
+    }
+    struct timespec later[2] = {{0, UTIME_OMIT}, {2'000'000'000, 0}};  // a changed mtime, whatever the clock's grain
+    REQUIRE(::utimensat(AT_FDCWD, path.c_str(), later, 0) == 0);
+    CHECK_THROWS_WITH_AS(c.get("model.b"), contains("changed after it was verified"), Error);
+  }
+  CHECK(cpu_backend().allocator().live_bytes() == live);
+  // A byte changed in a tensor that a caller would never ask for still fails the read.
+  write_checkpoint(path, {{"model.w", Tensor::from_vector(iota(6), {2, 3}, cpu_backend())},
+                          {"optim.m", Tensor::from_vector(big, {static_cast<int64_t>(big.size())}, cpu_backend())}},
+                   {});
+  std::string bytes = slurp(path);
+  bytes[bytes.size() - 5 * sizeof(float)] ^= 1;  // within optim.m
+  spit(path, bytes);
+  CHECK_THROWS_WITH_AS(read_checkpoint(path, false), contains("checksum mismatch"), Error);
 }
 
 TEST_CASE("checkpoint: corrupt files fail with an error naming the file and the problem") {

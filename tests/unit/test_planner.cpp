@@ -399,12 +399,12 @@ TEST_CASE("planner: a GPU rank 0 streams the other stages' weights from host mem
   CHECK(p.ranks[0].block_end - p.ranks[0].block_begin == 1);
   CHECK(p.ranks[0].memory.params == doctest::Approx(4e6 + 4e6));  // its own block's and one other's
   CHECK(p.ranks[0].memory.total() <= 30e6);
-  // What its host keeps: the other three blocks' weights (12 MB) and, gathered at a
-  // checkpoint, their optimizer state (3 x 1e6 parameters x 8 bytes); rank 1 releases the
-  // block outside its stage as it is built. This cluster gives no host memory: the note
+  // What its host keeps: the other three blocks' weights (12 MB) and, as a checkpoint
+  // streams the optimizer state through it, one block's (1e6 parameters x 8 bytes); rank
+  // 1 releases the block outside its stage as it is built. This cluster gives no host memory: the note
   // says so and names the rank keeping the most. Both are kept in the plan file.
   CHECK(p.ranks[0].host.other_weights == doctest::Approx(3 * 4e6));
-  CHECK(p.ranks[0].host.checkpoint_state == doctest::Approx(3 * 1e6 * in.costs.optimizer_bytes_per_param));
+  CHECK(p.ranks[0].host.checkpoint_state == doctest::Approx(1e6 * in.costs.optimizer_bytes_per_param));
   CHECK(p.ranks[0].host.device == 0);
   CHECK(p.ranks[1].host.total() == 0);
   const auto host = std::find_if(p.notes.begin(), p.notes.end(), [](const PlanNote& n) { return n.kind == NoteKind::host_memory; });
@@ -417,16 +417,18 @@ TEST_CASE("planner: a GPU rank 0 streams the other stages' weights from host mem
   CHECK(std::count_if(back.notes.begin(), back.notes.end(),
                       [&](const PlanNote& n) { return n.kind == NoteKind::host_memory && n.bytes == host->bytes && n.ranks == host->ranks; }) == 1);
   CHECK(back.ranks[0].host.checkpoint_state == p.ranks[0].host.checkpoint_state);
-  // A data-parallel plan keeps the whole model on every device: nothing beside it.
+  // A data-parallel plan of CPU ranks keeps the whole model on every device, and rank 0
+  // writes its own optimizer state from where it is: nothing beside it.
   const Plan data = make_plan(input(cluster({1e12, 1e12}, {64 * kGiB, 64 * kGiB}), costs(c, 4, 1e6), 2, "data"));
   CHECK(std::none_of(data.notes.begin(), data.notes.end(), [](const PlanNote& n) { return n.kind == NoteKind::host_memory; }));
 }
 
 TEST_CASE("planner: every host holds what its ranks keep beside their devices, summed over its ranks") {
   // Two GPU ranks, 4 blocks of 1e6 parameters, as a pipeline of 2 + 2 blocks. Rank 0
-  // keeps blocks 2-3's weights (8e6) and, at a checkpoint, their optimizer state (2e6 x
-  // 8 = 16e6): 24e6; rank 1 releases blocks 0-1's weights as they are built. A third
-  // rank, idle in a one-stage plan, keeps the whole model's (16e6).
+  // keeps blocks 2-3's weights (8e6) and, as a checkpoint streams the optimizer state
+  // through it, one block's (1e6 x 8 = 8e6): 16e6; rank 1 releases blocks 0-1's weights
+  // as they are built. A third rank, idle in a one-stage plan, keeps the whole model's
+  // (16e6).
   const auto two_gpus = [](const std::string& host0, const std::string& host1, double memory) {
     ClusterModel c = cluster({1e12, 1e12}, {64 * kGiB, 64 * kGiB});
     for (DeviceModel& d : c.ranks) {
@@ -437,22 +439,22 @@ TEST_CASE("planner: every host holds what its ranks keep beside their devices, s
     c.ranks[1].host = host1;
     return c;
   };
-  const ClusterModel roomy = two_gpus("h", "h", 25e6);
+  const ClusterModel roomy = two_gpus("h", "h", 17e6);
   const PlannerInput in = input(roomy, costs(roomy, 4, 1e6), 8, "pipeline");
   const Plan p = make_plan(in);
   check_fits_and_agrees(p, in);
   REQUIRE(p.stage_ranges == std::vector<std::pair<int, int>>{{0, 2}, {2, 4}});
   REQUIRE(p.ranks[0].block_begin == 0);
-  CHECK(p.ranks[0].host.total() == doctest::Approx(24e6));
+  CHECK(p.ranks[0].host.total() == doctest::Approx(16e6));
   CHECK(p.ranks[1].host.total() == 0);
   const auto note = std::find_if(p.notes.begin(), p.notes.end(), [](const PlanNote& n) { return n.kind == NoteKind::host_memory; });
   REQUIRE(note != p.notes.end());
   CHECK(note->ranks == std::vector<int>{0, 1});
-  CHECK(note->bytes == doctest::Approx(24e6));
-  CHECK(note->other_bytes == doctest::Approx(25e6));
+  CHECK(note->bytes == doctest::Approx(16e6));
+  CHECK(note->other_bytes == doctest::Approx(17e6));
   // One byte less than that on their host: refused, naming the host, the rank keeping the
   // most and its parts.
-  const ClusterModel tight = two_gpus("h", "h", 24e6 - 1);
+  const ClusterModel tight = two_gpus("h", "h", 16e6 - 1);
   try {
     make_plan(input(tight, costs(tight, 4, 1e6), 8, "pipeline"));
     FAIL("expected NoPlanFits");
@@ -463,14 +465,14 @@ TEST_CASE("planner: every host holds what its ranks keep beside their devices, s
     CHECK(s.host);
     CHECK(s.rank == 0);
     CHECK(s.host_name == "h");
-    CHECK(s.capacity == 24e6 - 1);
+    CHECK(s.capacity == 16e6 - 1);
     CHECK(s.host_need.other_weights == doctest::Approx(8e6));
-    CHECK(s.host_need.checkpoint_state == doctest::Approx(16e6));
+    CHECK(s.host_need.checkpoint_state == doctest::Approx(8e6));
     CHECK(s.host_others == 0);
     CHECK(report::shortfall_text(s) ==
-          "rank 0 (dev0) fits its device, but its host h's memory, 22.9 MiB, cannot hold the 22.9 MiB it keeps there: "
-          "7.6 MiB of weights of blocks outside its stage and 15.3 MiB of their optimizer state at a checkpoint; 1 B "
-          "short");
+          "rank 0 (dev0) fits its device, but its host h's memory, 15.3 MiB, cannot hold the 15.3 MiB it keeps there: "
+          "7.6 MiB of weights of blocks outside its stage and 7.6 MiB of one block's optimizer state as a checkpoint "
+          "streams; 1 B short");
     // A plan file's shortfall keeps the host's figures.
     const Shortfall back = read_shortfalls(shortfalls_json({s}), "shortfalls").at(0);
     CHECK(back.host);
@@ -479,10 +481,15 @@ TEST_CASE("planner: every host holds what its ranks keep beside their devices, s
     CHECK(back.host_others == s.host_others);
     CHECK(back.capacity == s.capacity);
   }
-  // Data parallel keeps the whole model on each device, and nothing beside it; an idle
-  // rank keeps all of it in host memory (a relayout may bring it in).
-  const Plan data = make_plan(input(two_gpus("h", "h", 1e6), costs(tight, 4, 1e6), 8, "data"));
-  for (const RankPlan& r : data.ranks) CHECK(r.host.total() == 0);
+  // Data parallel keeps the whole model on each device, and nothing beside it but rank 0's
+  // copy of one block's optimizer state off its GPU as a checkpoint streams (which 1 byte
+  // less room refuses); an idle rank keeps all of it in host memory (a relayout may bring
+  // it in).
+  const Plan data = make_plan(input(two_gpus("h", "h", 8e6), costs(tight, 4, 1e6), 8, "data"));
+  CHECK(data.ranks[0].host.total() == doctest::Approx(8e6));
+  CHECK(data.ranks[0].host.checkpoint_state == doctest::Approx(8e6));
+  CHECK(data.ranks[1].host.total() == 0);
+  CHECK_THROWS_AS(make_plan(input(two_gpus("h", "h", 8e6 - 1), costs(tight, 4, 1e6), 8, "data")), NoPlanFits);
   RankPlan idle = data.ranks[1];
   idle.replica = idle.stage = -1;
   idle.block_begin = idle.block_end = 0;
