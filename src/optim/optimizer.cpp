@@ -125,31 +125,41 @@ std::vector<nn::NamedTensor> Optimizer::state() const {
 
 void Optimizer::load_state(const std::vector<nn::NamedTensor>& state) {
   std::unordered_map<std::string, const Tensor*> given;
+  StateSource source;
   for (const auto& [name, t] : state) {
     HT_CHECK(t.defined(), what_, ": load_state: '", name, "' is an undefined tensor");
-    HT_CHECK(given.emplace(name, &t).second, what_, ": load_state: '", name,
-             "' appears twice; expected each state tensor once");
+    given.emplace(name, &t);
+    source.names.push_back(name);
   }
+  source.shape = [&](const std::string& name) { return std::make_pair(given.at(name)->shape(), given.at(name)->dtype()); };
+  source.read = [&](const std::string& name) { return *given.at(name); };
+  load_state(source);
+}
+
+void Optimizer::load_state(const StateSource& source) {
+  std::unordered_set<std::string> given;
+  for (const std::string& name : source.names)
+    HT_CHECK(given.insert(name).second, what_, ": load_state: '", name,
+             "' appears twice; expected each state tensor once");
   std::vector<nn::NamedTensor> mine = this->state();
   std::unordered_set<std::string> expected;
   for (const auto& [name, m] : mine) {
     expected.insert(name);
-    auto it = given.find(name);
-    HT_CHECK(it != given.end(), what_, ": load_state: no tensor named '", name,
+    HT_CHECK(given.count(name), what_, ": load_state: no tensor named '", name,
              "'; expected every name state() gives (was the state saved for other parameters "
              "or another optimiser?)");
-    const Tensor& t = *it->second;
-    HT_CHECK(t.shape() == m.shape(), what_, ": load_state: '", name, "' has shape ",
-             to_string(t.shape()), "; expected ", to_string(m.shape()));
-    HT_CHECK(t.dtype() == m.dtype(), what_, ": load_state: '", name, "' is ",
-             dtype_name(t.dtype()), "; expected ", dtype_name(m.dtype()));
+    const auto [shape, dtype] = source.shape(name);
+    HT_CHECK(shape == m.shape(), what_, ": load_state: '", name, "' has shape ", to_string(shape), "; expected ",
+             to_string(m.shape()));
+    HT_CHECK(dtype == m.dtype(), what_, ": load_state: '", name, "' is ", dtype_name(dtype), "; expected ",
+             dtype_name(m.dtype()));
   }
-  for (const auto& [name, t] : state)
+  for (const std::string& name : source.names)
     HT_CHECK(expected.count(name), what_, ": load_state: unexpected tensor '", name,
              "'; this optimiser's state has no such entry");
 
   auto read_counter = [&](const std::string& name) {
-    int32_t v = given.at(name)->to_ints()[0];
+    int32_t v = source.read(name).to_ints()[0];
     HT_CHECK(v >= 0, what_, ": load_state: counter '", name, "' is ", v,
              "; expected a count >= 0");
     return static_cast<int64_t>(v);
@@ -158,11 +168,12 @@ void Optimizer::load_state(const std::vector<nn::NamedTensor>& state) {
   for (size_t i = 0; i < params_.size(); ++i) updates[i] = read_counter(params_[i].first + ".step");
   int64_t steps = read_counter("step");
 
-  // All checked: now copy. Going through the host lets the source live on any backend.
+  // All checked: now copy, one tensor at a time. Going through the host lets the source
+  // live on any backend.
   for (size_t i = 0; i < params_.size(); ++i)
     for (size_t k = 0; k < slot_names_.size(); ++k) {
       const Tensor& dst = slots_[i][k];
-      std::vector<float> host = given.at(params_[i].first + "." + slot_names_[k])->to_vector();
+      std::vector<float> host = source.read(params_[i].first + "." + slot_names_[k]).to_vector();
       dst.backend().copy_from_host(dst.data(), host.data(), host.size() * sizeof(float));
     }
   updates_ = std::move(updates);

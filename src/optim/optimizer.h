@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/module.h"
@@ -40,6 +42,15 @@ class Optimizer {
   // Copies `state` into this optimiser's buffers, from any backend. The names and
   // shapes must match state() exactly; everything is checked before anything changes.
   void load_state(const std::vector<nn::NamedTensor>& state);
+  // The same from a source that reads each tensor when asked, so that one is held at a
+  // time (a resume reads the state from the checkpoint file): `shape` says a tensor's
+  // shape and dtype without reading it, so everything is checked before anything changes.
+  struct StateSource {
+    std::vector<std::string> names;  // every tensor it holds
+    std::function<std::pair<Shape, DType>(const std::string&)> shape;
+    std::function<Tensor(const std::string&)> read;
+  };
+  void load_state(const StateSource& source);
 
  protected:
   // `what` names the optimiser in errors; `slots` names its per-parameter buffers,

@@ -49,10 +49,9 @@ MemoryUse rank_memory(const Plan& plan, const BlockCosts& costs, const RankPlan&
 // anchor and delta there (runtime/local_sync.h), four copies of the model's weights.
 // Where the device is that memory (a CPU rank without a cap) its device use counts too.
 // Not counted: the data set, the process itself, the checkpoint reader's and writer's
-// buffers (a few MiB), the one tensor a resume holds while loading it (each rank reads
-// the tensors it loads from the verified file one at a time: runtime/checkpoint.h), and
-// at a resume its stage's optimiser state once more, read whole before the optimiser
-// takes it (runtime/stage_gather.cpp's load_stage).
+// buffers (a few MiB), and the one tensor a resume holds while loading it (each rank
+// reads the weights and optimiser state it loads from the verified file one at a time:
+// runtime/checkpoint.h, runtime/stage_gather.cpp's load_stage).
 HostUse host_memory(const Plan& plan, const BlockCosts& costs, const RankPlan& rank);
 
 // What a member of a local plan's outer exchange keeps in host memory for it: the outer

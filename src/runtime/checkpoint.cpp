@@ -327,9 +327,10 @@ Tensor Checkpoint::get(const std::string& name) const {
   // The file stays open from its verification; one changed since (another writer over the
   // same file, not a rename, which leaves the open one as it was) is refused.
   struct stat sb {};
-  HT_CHECK(::fstat(source->fd, &sb) == 0 && static_cast<uint64_t>(sb.st_size) == source->size &&
-               static_cast<int64_t>(sb.st_mtim.tv_sec) * 1'000'000'000 + sb.st_mtim.tv_nsec == source->mtime_ns,
-           "checkpoint ", path, " changed after it was verified; expected it left as it was while the run resumes");
+  if (::fstat(source->fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) != source->size ||
+      static_cast<int64_t>(sb.st_mtim.tv_sec) * 1'000'000'000 + sb.st_mtim.tv_nsec != source->mtime_ns)
+    fail_as<CheckpointReadError>("checkpoint ", path,
+                                 " changed after it was verified; expected it left as it was while the run resumes");
   const auto [offset, bytes] = source->ranges.at(name);
   Tensor t;
   {
@@ -341,7 +342,7 @@ Tensor Checkpoint::get(const std::string& name) const {
   try {
     if (bytes > 0) read_exact(source->fd, offset, t.raw(), static_cast<size_t>(bytes), "tensor data");
   } catch (const Error& e) {
-    fail("checkpoint ", path, ": tensor '", name, "': ", e.what());
+    fail_as<CheckpointReadError>("checkpoint ", path, ": tensor '", name, "': ", e.what());
   }
   return t;
 }

@@ -33,6 +33,13 @@ struct CheckpointSlot {
   Shape shape;
 };
 
+// A checkpoint that cannot be read on demand any more (Checkpoint::get: changed since it
+// was verified, or unreadable): about the file, not about what the caller loads into.
+class CheckpointReadError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A verified checkpoint file held open, for reading its tensors one at a time.
 struct CheckpointSource {
   int fd = -1;
@@ -50,7 +57,8 @@ struct Checkpoint {
   std::shared_ptr<const CheckpointSource> source;  // the open file, when read without the values
 
   // A tensor's values: from `tensors`, or read from the verified file now (a fresh CPU
-  // tensor, held only as long as the caller holds it). An unknown name is an ht::Error.
+  // tensor, held only as long as the caller holds it). An unknown name is an ht::Error; a
+  // file changed or unreadable since it was verified a CheckpointReadError.
   Tensor get(const std::string& name) const;
 };
 

@@ -407,6 +407,31 @@ void Executor::load_optimizer_state(const std::vector<nn::NamedTensor>& whole) c
   opt_->load_state(shards_.empty() ? whole : optimizer_state_part(whole, params_, shards_, replica_));
 }
 
+void Executor::load_optimizer_state(const optim::Optimizer::StateSource& whole) const {
+  if (shards_.empty()) return opt_->load_state(whole);
+  // This rank's part of each slot tensor (optimizer_state_part's, a tensor at a time): a
+  // flat view of a float tensor of its parameter's shape; any other as it is.
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, p] : params_) shapes.emplace(name, p.shape());
+  auto sharded = [this, shapes, whole](const std::string& name) {
+    const size_t dot = name.rfind('.');
+    const auto it = dot == std::string::npos ? shapes.end() : shapes.find(name.substr(0, dot));
+    return it != shapes.end() && whole.shape(name) == std::make_pair(it->second, DType::f32);
+  };
+  optim::Optimizer::StateSource part;
+  part.names = whole.names;
+  part.shape = [this, whole, sharded](const std::string& name) {
+    if (!sharded(name)) return whole.shape(name);
+    const std::vector<int64_t> off = comm::part_offsets(numel(whole.shape(name).first), shards_);
+    return std::make_pair(Shape{off[static_cast<size_t>(replica_) + 1] - off[static_cast<size_t>(replica_)]}, DType::f32);
+  };
+  part.read = [this, whole, sharded](const std::string& name) {
+    const Tensor t = whole.read(name);
+    return sharded(name) ? part_view(t, shards_, replica_) : t;
+  };
+  opt_->load_state(part);
+}
+
 std::string Executor::parameter_checksum() const {
   if (!active()) return "";
   uint32_t crc = 0;

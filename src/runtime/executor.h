@@ -102,6 +102,9 @@ class Executor {
   // Loads the stage's whole optimiser state (as an optimiser over parameters() names it),
   // keeping this rank's part when sharded.
   void load_optimizer_state(const std::vector<nn::NamedTensor>& whole) const;
+  // The same from a source that reads each tensor of the whole state when asked (a resume
+  // from the checkpoint file): one held at a time.
+  void load_optimizer_state(const optim::Optimizer::StateSource& whole) const;
 
   // The plan it was made with now holds new shares (layout unchanged, see
   // plan/rebalance.h); the next step runs them. Every rank calls it at the same step.

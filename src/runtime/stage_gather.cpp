@@ -182,20 +182,28 @@ void load_stage(const Checkpoint& checkpoint, const Executor& executor) {
   }
   load_into(into, params, "model.");
 
+  // The stage's optimiser state, read from the file a tensor at a time as the optimiser
+  // takes it.
   std::set<std::string> own;
   for (const auto& p : executor.parameters()) own.insert(p.first);
-  std::vector<nn::NamedTensor> state;
+  optim::Optimizer::StateSource state;
   for (const auto& [name, slot] : checkpoint.table) {
     if (name.rfind("optim.", 0) != 0) continue;
     // "optim.step", or "optim.<parameter>.<slot>" of one of the stage's parameters.
     const std::string rest = name.substr(6);
     const size_t dot = rest.rfind('.');
-    if (rest == "step" || (dot != std::string::npos && own.count(rest.substr(0, dot)) > 0))
-      state.emplace_back(rest, checkpoint.get(name));
+    if (rest == "step" || (dot != std::string::npos && own.count(rest.substr(0, dot)) > 0)) state.names.push_back(rest);
   }
+  state.shape = [&](const std::string& rest) {
+    const CheckpointSlot& slot = checkpoint.table.at("optim." + rest);
+    return std::make_pair(slot.shape, slot.dtype);
+  };
+  state.read = [&](const std::string& rest) { return checkpoint.get("optim." + rest); };
   try {
     executor.load_optimizer_state(state);
   } catch (const OutOfMemory&) {
+    throw;
+  } catch (const CheckpointReadError&) {
     throw;
   } catch (const Error& e) {  // the optimizer names the state it lacks; say whose it is
     fail("checkpoint ", checkpoint.path, ": its optimizer state does not fit this config's optimizer (",

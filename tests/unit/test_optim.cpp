@@ -6,7 +6,10 @@
 
 #include "tests/unit/error_message.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -292,6 +295,45 @@ TEST_CASE("optim/state names and load_state mismatches") {
   CHECK(contains(error_of([&] { opt.load_state(late); }), "'fc.bias.step' has shape [2]"));
   check_close(opt.state()[0].second, {0.0, 0.0, 0.0, 0.0});
   CHECK(opt.step_count() == 0);
+}
+
+TEST_CASE("optim/load_state from a source reads one tensor at a time, and none before all is checked") {
+  Tensor w = make_param(), b = Tensor::zeros({3}, cpu_backend()).set_requires_grad();
+  AdamW opt({{"fc.weight", w}, {"fc.bias", b}});
+  // A checkpoint's state: every slot a distinct value.
+  std::map<std::string, Tensor> saved;
+  float v = 1.f;
+  for (const auto& [name, t] : opt.state())
+    saved[name] = t.dtype() == DType::i32 ? Tensor::from_ints({3}, {1}, cpu_backend())
+                                          : Tensor::full(t.shape(), v++, cpu_backend());
+  std::vector<std::string> reads;
+  // The allocator's live bytes as each read starts: a tensor read before and still held
+  // would show as a rise between reads.
+  std::vector<size_t> live;
+  optim::Optimizer::StateSource source;
+  for (const auto& [name, t] : saved) source.names.push_back(name);
+  source.shape = [&](const std::string& name) { return std::make_pair(saved.at(name).shape(), saved.at(name).dtype()); };
+  source.read = [&](const std::string& name) {
+    reads.push_back(name);
+    live.push_back(cpu_backend().allocator().live_bytes());
+    const Tensor& t = saved.at(name);
+    return t.dtype() == DType::i32 ? Tensor::from_ints(t.to_ints(), t.shape(), cpu_backend())
+                                   : Tensor::from_vector(t.to_vector(), t.shape(), cpu_backend());
+  };
+  // A wrong shape is found before anything is read.
+  optim::Optimizer::StateSource bad = source;
+  bad.shape = [&](const std::string& name) {
+    return name == "fc.bias.exp_avg_sq" ? std::make_pair(Shape{4}, DType::f32) : source.shape(name);
+  };
+  CHECK(contains(error_of([&] { opt.load_state(bad); }), "'fc.bias.exp_avg_sq' has shape [4]; expected [3]"));
+  CHECK(reads.empty());
+  opt.load_state(source);
+  CHECK(opt.step_count() == 3);
+  for (const auto& [name, t] : opt.state())
+    if (t.dtype() == DType::f32) CHECK(t.to_vector() == saved.at(name).to_vector());
+  CHECK(reads.size() == saved.size());
+  REQUIRE(!live.empty());
+  CHECK(*std::max_element(live.begin(), live.end()) == *std::min_element(live.begin(), live.end()));
 }
 
 TEST_CASE("optim/bad hyperparameters and parameters are rejected") {
