@@ -9,7 +9,6 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <cmath>
 #include <set>
 #include <sstream>
