@@ -81,6 +81,7 @@ TEST_CASE("fuzz: IDX images") { fuzz("idx-images"); }
 TEST_CASE("fuzz: IDX labels") { fuzz("idx-labels"); }
 TEST_CASE("fuzz: gzipped IDX file") { fuzz("idx-gzip"); }
 TEST_CASE("fuzz: checkpoint (safetensors) reader") { fuzz("checkpoint"); }
+TEST_CASE("fuzz: checkpoint reader without its values, each tensor then read") { fuzz("checkpoint-lazy"); }
 
 // Byte mutations change one number at a time, which the cross-checks catch; a plan scaled
 // consistently to 10^9 micro-batches passes them, and its schedules alone would take
