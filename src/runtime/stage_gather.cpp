@@ -145,6 +145,8 @@ void stream_optimizer_state(const plan::Plan& plan, const Executor& executor, nn
     for (int r = 0; r < replicas; ++r) mine = mine || plan.layout.replicas[static_cast<size_t>(r)][s] == 0;
     const std::vector<nn::NamedTensor> own = mine ? executor.optimizer()->state() : std::vector<nn::NamedTensor>{};
     const std::vector<CheckpointSlot> slots = stage_slots(shape, params);
+    HT_CHECK(!mine || own.size() == slots.size(), "the checkpoint stream: rank 0's optimiser lists ", own.size(),
+             " state tensors for stage ", s, "; expected ", slots.size(), " (its stage's parameters' slots)");
     for (size_t i = 0; i < slots.size(); ++i) {
       const CheckpointSlot& slot = slots[i];
       Tensor whole;
