@@ -23,8 +23,9 @@ namespace ht::runtime {
 // model's optimiser state, named as one process's optimiser names it (copies of what
 // stream_optimizer_state gives); other ranks get {}.
 // Every send and receive waits up to `timeout`; a miss raises comm::PeerTimeout naming
-// the rank not heard from and `what` ("the evaluation gather"). It raises before the
-// caller writes anything, so a checkpoint whose gather timed out leaves no file behind.
+// the rank not heard from and `what` ("the evaluation gather"). Raised while a checkpoint
+// streams (stream_optimizer_state), it unwinds the CheckpointWriter, which removes its
+// temporary file: a checkpoint whose gather timed out leaves no file behind.
 std::vector<nn::NamedTensor> gather_to_root(const plan::Plan& plan, const Executor& executor,
                                             nn::Sequential& model, comm::Communicator& world,
                                             const config::OptimizerConfig& opt,
