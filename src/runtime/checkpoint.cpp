@@ -204,8 +204,24 @@ void check_finite(const std::string& path, const std::string& name, const float*
              "checkpoint already written stays the newest valid one");
 }
 
-uint64_t slot_bytes(const CheckpointSlot& s) {
-  return static_cast<uint64_t>(numel(s.shape)) * dtype_size(s.dtype);
+// The table's entries, laid out in order from the start of the data section.
+std::vector<st::Entry> entries_of(const std::vector<CheckpointSlot>& slots) {
+  std::vector<st::Entry> entries;
+  uint64_t offset = 0;
+  for (const CheckpointSlot& slot : slots) {
+    const uint64_t bytes = static_cast<uint64_t>(numel(slot.shape)) * dtype_size(slot.dtype);
+    entries.push_back({slot.name, slot.dtype, slot.shape, offset, offset + bytes});
+    offset += bytes;
+  }
+  return entries;
+}
+
+// A tensor's values in host memory: its own where it is a dense host tensor, else a copy
+// made in `f` or `i` (one tensor at a time: the writer never holds more).
+const void* host_values(const Tensor& t, std::vector<float>& f, std::vector<int32_t>& i) {
+  if (t.backend().kind() == DeviceKind::cpu && t.is_contiguous()) return t.raw();
+  if (t.dtype() == DType::f32) return (f = t.to_vector()).data();
+  return (i = t.to_ints()).data();
 }
 
 }  // namespace
@@ -219,22 +235,17 @@ CheckpointWriter::CheckpointWriter(const std::string& path, std::vector<Checkpoi
     HT_CHECK(!metadata_.count(key), "write_checkpoint ", path, ": metadata key '", key,
              "' is reserved for the writer");
   std::set<std::string> seen;
-  std::vector<st::Entry> entries;
-  uint64_t offset = 0;
   for (const CheckpointSlot& slot : slots_) {
     HT_CHECK(!slot.name.empty() && slot.name != "__metadata__", "write_checkpoint ", path,
              ": invalid tensor name '", slot.name, "'");
     HT_CHECK(seen.insert(slot.name).second, "write_checkpoint ", path, ": duplicate tensor name '", slot.name, "'");
-    const uint64_t bytes = slot_bytes(slot);
-    entries.push_back({slot.name, slot.dtype, slot.shape, offset, offset + bytes});
-    offset += bytes;
   }
   // The CRC goes in the header but covers the whole file with its own digits zeroed, so
   // the header is written with zeros in their place (that is what is summed) and
   // rewritten at the end.
   metadata_.insert_or_assign(kFormatKey, std::string(kFormat));  // not operator=: GCC 12 -Wrestrict false positive
   metadata_[kCrcKey] = crc32_hex(0);
-  zeroed_header_ = st::encode_header(entries, metadata_);
+  zeroed_header_ = st::encode_header(entries_of(slots_), metadata_);
   out_ = std::make_unique<AtomicFile>(path, "checkpoint");
   out_->write(zeroed_header_.data(), zeroed_header_.size());
   crc_ = crc32_update(0, zeroed_header_.data(), zeroed_header_.size());
@@ -250,26 +261,19 @@ void CheckpointWriter::write(const Tensor& t) {
            "' is ", dtype_name(t.dtype()), " ", to_string(t.shape()), "; its table entry says ",
            dtype_name(slot.dtype), " ", to_string(slot.shape));
   const size_t n = static_cast<size_t>(t.numel());
-  const size_t bytes = n * dtype_size(t.dtype());
-  // A dense host tensor is written from its own memory; any other is copied out first
-  // (one tensor at a time: the writer never holds more).
-  const bool direct = t.backend().kind() == DeviceKind::cpu && t.is_contiguous();
-  std::vector<float> f;
-  std::vector<int32_t> i;
-  const void* host = nullptr;
-  if (n == 0) {
-  } else if (t.dtype() == DType::f32) {
-    host = direct ? static_cast<const void*>(t.data()) : (f = t.to_vector()).data();
-    try {
-      check_finite(path_, slot.name, static_cast<const float*>(host), n);
-    } catch (const Error&) {
-      out_.reset();  // the temporary file goes before the error does
-      throw;
-    }
-  } else {
-    host = direct ? static_cast<const void*>(t.data_i32()) : (i = t.to_ints()).data();
-  }
   if (n > 0) {
+    std::vector<float> f;
+    std::vector<int32_t> i;
+    const void* host = host_values(t, f, i);
+    if (t.dtype() == DType::f32) {
+      try {
+        check_finite(path_, slot.name, static_cast<const float*>(host), n);
+      } catch (const Error&) {
+        out_.reset();  // the temporary file goes before the error does
+        throw;
+      }
+    }
+    const size_t bytes = n * dtype_size(t.dtype());
     crc_ = crc32_update(crc_, host, bytes);
     out_->write(host, bytes);
   }
@@ -280,13 +284,7 @@ void CheckpointWriter::commit() {
   HT_CHECK(out_ && next_ == slots_.size(), "write_checkpoint ", path_, ": ", next_, " of the table's ",
            slots_.size(), " tensors written; expected all before the commit");
   metadata_[kCrcKey] = crc32_hex(crc_);
-  std::vector<st::Entry> entries;
-  uint64_t offset = 0;
-  for (const CheckpointSlot& slot : slots_) {
-    entries.push_back({slot.name, slot.dtype, slot.shape, offset, offset + slot_bytes(slot)});
-    offset += slot_bytes(slot);
-  }
-  const std::string header = st::encode_header(entries, metadata_);
+  const std::string header = st::encode_header(entries_of(slots_), metadata_);
   HT_CHECK(header.size() == zeroed_header_.size(), "write_checkpoint: header size changed");
   out_->write_at(0, header.data(), header.size());
   out_->commit();
@@ -299,12 +297,9 @@ void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor
   for (const auto& [name, t] : tensors) {
     HT_CHECK(t.defined(), "write_checkpoint ", path, ": tensor '", name, "' is undefined");
     if (t.dtype() == DType::f32 && t.numel() > 0) {  // before the file exists: a bad model never creates one
-      if (t.backend().kind() == DeviceKind::cpu && t.is_contiguous()) {
-        check_finite(path, name, t.data(), static_cast<size_t>(t.numel()));
-      } else {
-        const std::vector<float> v = t.to_vector();
-        check_finite(path, name, v.data(), v.size());
-      }
+      std::vector<float> f;
+      std::vector<int32_t> i;
+      check_finite(path, name, static_cast<const float*>(host_values(t, f, i)), static_cast<size_t>(t.numel()));
     }
     slots.push_back({name, t.dtype(), t.shape()});
   }

@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <map>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "autograd/graph.h"
 #include "comm/clock_sync.h"
@@ -26,11 +28,37 @@ using Clock = std::chrono::steady_clock;
 constexpr int kTagActivation = 11;
 constexpr int kTagGrad = 12;  // executor_sync.cpp has 13
 
+// Replica `part`'s elements [begin, end) of `numel` when its stage is sharded by `shards`.
+std::pair<int64_t, int64_t> part_range(int64_t numel, const std::vector<double>& shards, int part) {
+  const std::vector<int64_t> off = comm::part_offsets(numel, shards);
+  return {off[static_cast<size_t>(part)], off[static_cast<size_t>(part) + 1]};
+}
+
 // Replica `part`'s part of `t` when its stage is sharded by `shards`: a flat view.
 Tensor part_view(const Tensor& t, const std::vector<double>& shards, int part) {
-  const std::vector<int64_t> off = comm::part_offsets(t.numel(), shards);
-  const int64_t begin = off[static_cast<size_t>(part)], end = off[static_cast<size_t>(part) + 1];
+  const auto [begin, end] = part_range(t.numel(), shards, part);
   return t.view_as({end - begin}, {1}, t.offset() + begin);
+}
+
+// The parameter whose slot an optimiser state entry is ("<parameter>.<slot>", float32),
+// or null: a counter, or not a parameter's slot (kept whole by every part).
+const Tensor* slot_parameter(const std::string& name, DType dtype, const std::map<std::string, const Tensor*>& by_name) {
+  const size_t dot = name.rfind('.');
+  if (dtype != DType::f32 || dot == std::string::npos) return nullptr;
+  const auto it = by_name.find(name.substr(0, dot));
+  return it == by_name.end() ? nullptr : it->second;
+}
+
+std::map<std::string, const Tensor*> parameters_by_name(const std::vector<nn::NamedTensor>& params) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, p] : params) by_name.emplace(name, &p);
+  return by_name;
+}
+
+// A slot is sharded as a flat run of its parameter's elements: it must be that dense shape.
+void check_slot_shape(const std::string& name, const Shape& shape, const Tensor& param, bool dense = true) {
+  HT_CHECK(shape == param.shape() && dense, "optimizer state '", name, "' has shape ", to_string(shape),
+           "; expected its parameter's ", to_string(param.shape()));
 }
 
 }  // namespace
@@ -409,25 +437,19 @@ void Executor::load_optimizer_state(const std::vector<nn::NamedTensor>& whole) c
 
 void Executor::load_optimizer_state(const optim::Optimizer::StateSource& whole) const {
   if (shards_.empty()) return opt_->load_state(whole);
-  // This rank's part of each slot tensor (optimizer_state_part's, a tensor at a time): a
-  // flat view of a float tensor of its parameter's shape; any other as it is.
-  std::map<std::string, Shape> shapes;
-  for (const auto& [name, p] : params_) shapes.emplace(name, p.shape());
-  auto sharded = [this, shapes, whole](const std::string& name) {
-    const size_t dot = name.rfind('.');
-    const auto it = dot == std::string::npos ? shapes.end() : shapes.find(name.substr(0, dot));
-    return it != shapes.end() && whole.shape(name) == std::make_pair(it->second, DType::f32);
+  // This rank's part of each tensor, as optimizer_state_part takes it, a tensor at a time.
+  const std::map<std::string, const Tensor*> by_name = parameters_by_name(params_);
+  optim::Optimizer::StateSource part = whole;
+  part.shape = [this, whole, by_name](const std::string& name) {
+    const auto [shape, dtype] = whole.shape(name);
+    const Tensor* p = slot_parameter(name, dtype, by_name);
+    if (!p) return std::make_pair(shape, dtype);
+    check_slot_shape(name, shape, *p);
+    const auto [begin, end] = part_range(numel(shape), shards_, replica_);
+    return std::make_pair(Shape{end - begin}, dtype);
   };
-  optim::Optimizer::StateSource part;
-  part.names = whole.names;
-  part.shape = [this, whole, sharded](const std::string& name) {
-    if (!sharded(name)) return whole.shape(name);
-    const std::vector<int64_t> off = comm::part_offsets(numel(whole.shape(name).first), shards_);
-    return std::make_pair(Shape{off[static_cast<size_t>(replica_) + 1] - off[static_cast<size_t>(replica_)]}, DType::f32);
-  };
-  part.read = [this, whole, sharded](const std::string& name) {
-    const Tensor t = whole.read(name);
-    return sharded(name) ? part_view(t, shards_, replica_) : t;
+  part.read = [this, whole](const std::string& name) {
+    return optimizer_state_part({{name, whole.read(name)}}, params_, shards_, replica_).front().second;
   };
   opt_->load_state(part);
 }
@@ -488,19 +510,15 @@ plan::Plan single_process_plan(int blocks, int64_t global_batch, int micro_batch
 std::vector<nn::NamedTensor> optimizer_state_part(const std::vector<nn::NamedTensor>& whole,
                                                   const std::vector<nn::NamedTensor>& params,
                                                   const std::vector<double>& shards, int part) {
-  std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, p] : params) by_name.emplace(name, &p);
+  const std::map<std::string, const Tensor*> by_name = parameters_by_name(params);
   std::vector<nn::NamedTensor> out;
   for (const auto& [name, t] : whole) {
-    const size_t dot = name.rfind('.');
-    const auto it = dot == std::string::npos ? by_name.end() : by_name.find(name.substr(0, dot));
-    if (t.dtype() != DType::f32 || it == by_name.end()) {  // a counter, or not a parameter's slot
+    const Tensor* p = slot_parameter(name, t.dtype(), by_name);
+    if (!p) {
       out.emplace_back(name, t);
       continue;
     }
-    const Tensor& p = *it->second;
-    HT_CHECK(t.shape() == p.shape() && t.is_contiguous(), "optimizer state '", name, "' has shape ",
-             to_string(t.shape()), "; expected its parameter's ", to_string(p.shape()));
+    check_slot_shape(name, t.shape(), *p, t.is_contiguous());
     out.emplace_back(name, part_view(t, shards, part));
   }
   return out;
