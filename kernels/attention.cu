@@ -210,7 +210,7 @@ void causal_attention(const float* q, const float* k, const float* v, float* o, 
   if (bh * t == 0) return;
   check_head(d, "causal_attention");
   int64_t row_blocks = (t + kWarps - 1) / kWarps;
-  forward_kernel<<<static_cast<unsigned>(bh * row_blocks), kBlockThreads, 0, stream>>>(
+  forward_kernel<<<row_grid(bh * row_blocks, "causal_attention"), kBlockThreads, 0, stream>>>(
       q, k, v, o, lse, AttnShape{t, d, scale}, row_blocks);
 }
 
@@ -221,7 +221,7 @@ void causal_attention_backward(const float* q, const float* k, const float* v, c
   if (bh * t == 0) return;
   check_head(d, "causal_attention_backward");
   int64_t row_blocks = (t + kWarps - 1) / kWarps;
-  auto blocks = static_cast<unsigned>(bh * row_blocks);
+  const unsigned blocks = row_grid(bh * row_blocks, "causal_attention_backward");
   AttnShape s{t, d, scale};
   delta_kernel<<<blocks, kBlockThreads, 0, stream>>>(o, go, delta, bh * t, d);
   grad_q_kernel<<<blocks, kBlockThreads, 0, stream>>>(q, k, v, lse, go, delta, gq, s, row_blocks);

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/launch.cuh"
+
 namespace ht::kernels::detail {
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -48,7 +50,7 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 constexpr int kColX = 32, kColY = 16, kColThreads = kColX * kColY;
 
 inline dim3 column_grid(int64_t outer, int64_t inner) {
-  return dim3(static_cast<unsigned>(((inner + kColX - 1) / kColX) * outer));
+  return dim3(row_grid(((inner + kColX - 1) / kColX) * outer, "column sums"));
 }
 inline dim3 column_block() { return dim3(kColX, kColY); }
 

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/error.h"
+
 namespace ht::kernels::detail {
 
 constexpr int kThreads = 256;
@@ -22,6 +24,16 @@ __device__ __forceinline__ int64_t global_index() {
 }
 __device__ __forceinline__ int64_t grid_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// A grid of one block per row (or per tile of rows): gridDim.x holds at most 2^31 - 1,
+// and a count past it would launch an error, or past 2^32 silently fewer blocks (the
+// cast wraps), leaving rows unwritten. Reached only with 16 GiB or more of degenerate
+// shapes; refused by name rather than computed wrong.
+inline unsigned row_grid(int64_t blocks, const char* op) {
+  HT_CHECK(blocks >= 0 && blocks <= INT32_MAX, op, ": ", blocks,
+           " rows (blocks) in one launch; expected at most 2^31 - 1 (the CUDA grid's x limit)");
+  return static_cast<unsigned>(blocks);
 }
 
 // Threads per row for the row-wise kernels (and reduce over rows): a warp for short

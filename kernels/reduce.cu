@@ -116,7 +116,7 @@ void reduce(ReduceOp op, const float* x, float* y, int32_t* argmax, int64_t oute
   // An empty sum is 0 (the kernels give that); an empty max has no value to give.
   if (n == 0 && op == ReduceOp::max) return;
   bool rows = inner == 1;
-  auto row_blocks = static_cast<unsigned>(outer);
+  const unsigned row_blocks = rows ? row_grid(outer, "reduce") : 0;
   int threads = row_threads(n);
   if (op == ReduceOp::sum) {
     if (rows)

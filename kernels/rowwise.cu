@@ -162,20 +162,20 @@ __global__ void __launch_bounds__(kColThreads)
 
 void softmax(const float* x, float* y, int64_t rows, int64_t n, bool log, cudaStream_t stream) {
   if (rows * n == 0) return;
-  softmax_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(x, y, n, log);
+  softmax_kernel<<<row_grid(rows, "softmax"), row_threads(n), 0, stream>>>(x, y, n, log);
 }
 
 void softmax_backward(const float* y, const float* gy, float* gx, int64_t rows, int64_t n, bool log,
                       cudaStream_t stream) {
   if (rows * n == 0) return;
-  softmax_backward_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(y, gy, gx, n,
+  softmax_backward_kernel<<<row_grid(rows, "softmax_backward"), row_threads(n), 0, stream>>>(y, gy, gx, n,
                                                                                       log);
 }
 
 void cross_entropy(const float* logits, const int32_t* labels, float* loss, float* lse,
                    int64_t rows, int64_t classes, int* error_flag, cudaStream_t stream) {
   if (rows == 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(rows), row_threads(classes), 0, stream>>>(
+  cross_entropy_kernel<<<row_grid(rows, "cross_entropy"), row_threads(classes), 0, stream>>>(
       logits, labels, loss, lse, classes, error_flag);
 }
 
@@ -183,14 +183,14 @@ void cross_entropy_backward(const float* logits, const float* lse, const int32_t
                             const float* gloss, float* glogits, int64_t rows, int64_t classes,
                             cudaStream_t stream) {
   if (rows * classes == 0) return;
-  cross_entropy_backward_kernel<<<static_cast<unsigned>(rows), row_threads(classes), 0, stream>>>(
+  cross_entropy_backward_kernel<<<row_grid(rows, "cross_entropy_backward"), row_threads(classes), 0, stream>>>(
       logits, lse, labels, gloss, glogits, classes);
 }
 
 void layernorm(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                float* rstd, int64_t rows, int64_t n, float eps, cudaStream_t stream) {
   if (rows * n == 0) return;
-  layernorm_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(x, gamma, beta, y,
+  layernorm_kernel<<<row_grid(rows, "layernorm"), row_threads(n), 0, stream>>>(x, gamma, beta, y,
                                                                                mean, rstd, n, eps);
 }
 
@@ -199,7 +199,7 @@ void layernorm_backward(const float* x, const float* gamma, const float* mean, c
                         int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (rows > 0)
-    layernorm_backward_kernel<<<static_cast<unsigned>(rows), row_threads(n), 0, stream>>>(
+    layernorm_backward_kernel<<<row_grid(rows, "layernorm_backward"), row_threads(n), 0, stream>>>(
         x, gamma, mean, rstd, gy, gx, n);
   layernorm_params_kernel<<<column_grid(1, n), column_block(), 0, stream>>>(x, mean, rstd, gy,
                                                                             ggamma, gbeta, rows, n);
