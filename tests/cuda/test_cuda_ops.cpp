@@ -177,6 +177,32 @@ TEST_CASE("cuda ops: max pooling through cuDNN and through the argmax kernels ma
   CHECK(!gpu().maxpool2d_keeps_argmax());
 }
 
+TEST_CASE("cuda ops: max pooling routes a tied window's gradient as the CPU does (to its first "
+          "maximum)") {
+  // After a ReLU many windows hold equal maxima (zeros; here also equal positive values),
+  // and cuDNN documents no rule for which one takes the gradient. The CPU gives it to the
+  // first in window order; the GPU must too, through cuDNN and through the argmax kernels.
+  const Window2d g{2, 3, 8, 9, 2, 2, 2, 0};
+  const Shape xs{g.n, g.c, g.h, g.w}, ys{g.n, g.c, g.out_h(), g.out_w()};
+  std::vector<float> xv(static_cast<size_t>(numel(xs)));
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = (i / 5) % 3 == 0 ? 0.5f : 0.f;
+  Pair x(xv, xs), gy(random_values(static_cast<size_t>(numel(ys)), 5), ys);
+  Pair gx(xs, 9.f), gx2(xs, 9.f), y(ys, 9.f), y2(ys, 9.f);
+  Tensor argmax = Tensor::empty(ys, DType::i32, cpu_backend());
+  cpu_backend().maxpool2d(x.cpu.data(), y.cpu.data(), argmax.data_i32(), g);
+  cpu_backend().maxpool2d_backward(nullptr, nullptr, gy.cpu.data(), argmax.data_i32(), gx.cpu.data(), g);
+  gpu().maxpool2d(x.gpu.data(), y.gpu.data(), nullptr, g);
+  gpu().maxpool2d_backward(x.gpu.data(), y.gpu.data(), gy.gpu.data(), nullptr, gx.gpu.data(), g);
+  CHECK(y.gpu.to_vector() == y.cpu.to_vector());
+  CHECK_MESSAGE(gx.gpu.to_vector() == gx.cpu.to_vector(),
+                "cuDNN routed a tied window's gradient elsewhere than the CPU's first maximum");
+  Tensor gpu_argmax = Tensor::empty(ys, DType::i32, gpu());
+  gpu().maxpool2d(x.gpu.data(), y2.gpu.data(), gpu_argmax.data_i32(), g);
+  gpu().maxpool2d_backward(nullptr, nullptr, gy.gpu.data(), gpu_argmax.data_i32(), gx2.gpu.data(), g);
+  CHECK(y2.gpu.to_vector() == y.cpu.to_vector());
+  CHECK(gx2.gpu.to_vector() == gx.cpu.to_vector());
+}
+
 TEST_CASE("cuda ops: the fused causal attention matches the CPU's composition, forward, "
           "log-sum-exp and backward") {
   for (int64_t t : {1, 31, 33, 100})

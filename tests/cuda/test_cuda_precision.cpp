@@ -110,8 +110,11 @@ Outcome run_product(const Product& p, uint32_t seed, Rounding rounding = kBf16) 
         const double rounded_bound = fp32_bound + rounding.roundoff * s;
         const double want_rounded = p.alpha * rounded + p.beta * c;
         const double want_plain = p.alpha * plain + p.beta * c;
-        out.worst_vs_rounded = std::max(out.worst_vs_rounded, std::fabs(got[at] - want_rounded) / rounded_bound);
-        out.worst_vs_fp32 = std::max(out.worst_vs_fp32, std::fabs(got[at] - want_plain) / fp32_bound);
+        // Kept as NaN once one is met (std::max drops a NaN that comes after a number).
+        const double vs_rounded = std::fabs(got[at] - want_rounded) / rounded_bound;
+        const double vs_fp32 = std::fabs(got[at] - want_plain) / fp32_bound;
+        if (!(vs_rounded <= out.worst_vs_rounded)) out.worst_vs_rounded = vs_rounded;
+        if (!(vs_fp32 <= out.worst_vs_fp32)) out.worst_vs_fp32 = vs_fp32;
       }
   return out;
 }
@@ -139,7 +142,11 @@ void check_products(Precision p, Rounding rounding) {
       reduced = run_product(q, 7, rounding);
     }
     CHECK(reduced.worst_vs_rounded <= 1.0);
-    CHECK(reduced.worst_vs_fp32 > 1.0);  // the mode took effect: not an fp32 product
+    // The mode took effect: not an fp32 product. cuBLAS's FAST_16BF/16F compute types
+    // allow the down-conversion rather than promise it, and for shapes off the tensor
+    // cores' multiples of 8 it may keep an fp32 kernel: checked on the aligned ones only.
+    if (q.m % 8 == 0 && q.n % 8 == 0 && q.k % 8 == 0)
+      CHECK(reduced.worst_vs_fp32 > 1.0);
     // Back in fp32, the same product is fp32's again.
     const Outcome fp32 = run_product(q, 7, rounding);
     CHECK(fp32.worst_vs_fp32 <= 1.0);
@@ -154,9 +161,12 @@ void check_op_cases(Precision p) {
   for (const harness::OpCase& c : harness::all_op_cases()) {
     CAPTURE(c.name);
     for (uint64_t seed : {1u, 2u}) {
-      const harness::Report r = harness::check_against_cpu(c, gpu(), seed);
-      // The harness's own verdict is fp32's (1e-5); in a reduced precision the figure is the issue's.
-      CHECK_MESSAGE(r.worst <= 1e-2, r.detail);
+      // The harness's own tolerance is fp32's (1e-5); in a reduced precision the figure is
+      // the issue's. Its verdict, not `worst` alone, also fails a NaN and a shape mismatch.
+      harness::OpCase reduced = c;
+      reduced.forward_tol = reduced.grad_tol = 1e-2;
+      const harness::Report r = harness::check_against_cpu(reduced, gpu(), seed);
+      CHECK_MESSAGE(r.ok, r.detail);
       MESSAGE(c.name << " seed " << seed << ": vs cpu " << r.worst);
     }
   }

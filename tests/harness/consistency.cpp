@@ -105,7 +105,9 @@ std::string describe(const OpCase& c, const std::string& what, double err, doubl
 }
 
 void note(Report& r, double err, double tol, const OpCase& c, const std::string& what) {
-  r.worst = std::max(r.worst, err);
+  // A NaN is kept as the worst (std::max would drop one that comes after a number), so a
+  // caller that reads only `worst` sees it.
+  if (std::isnan(err) || err > r.worst) r.worst = err;
   if (!(err <= tol)) {  // NaN fails too
     r.ok = false;
     if (!r.detail.empty()) r.detail += "; ";
@@ -168,6 +170,7 @@ Report check_against_cpu(const OpCase& c, Backend& be, uint64_t seed) {
   Report r;
   if (got.out_shape != want.out_shape) {
     r.ok = false;
+    r.worst = INFINITY;
     r.detail = c.name + ": output shape " + to_string(got.out_shape) + " on " + be.name() +
                " vs " + to_string(want.out_shape) + " on cpu";
     return r;

@@ -54,6 +54,17 @@ TEST_CASE("op consistency: the harness catches a wrong gradient") {
   CHECK_FALSE(check_gradients(wrong, cpu_backend()).ok);
 }
 
+TEST_CASE("op consistency: a NaN gradient after a finite forward is the report's worst") {
+  // sqrt(x * x) at x = 0: a forward of 0, a gradient of inf * 0 = NaN. A caller that reads
+  // only `worst` (the reduced-precision checks) must see the NaN, not the forward's 0.
+  OpCase nan_grad{"nan_gradient", {InputSpec{{3}, InputSpec::Kind::real, 0, 0, 0, 0}},
+                  [](const std::vector<Tensor>& x) { return sqrt(mul(x[0], x[0])); },
+                  [](const std::vector<Values>& v) { return Values(v[0].size(), 0.0); }};
+  const Report r = check_against_cpu(nan_grad, cpu_backend());
+  CHECK_FALSE(r.ok);
+  CHECK(std::isnan(r.worst));
+}
+
 TEST_CASE("op consistency: the backend comparison runs every case") {
   // The CUDA suite compares each case with the CPU through check_against_cpu; here the
   // CPU against itself must agree exactly, which exercises the same path end to end.

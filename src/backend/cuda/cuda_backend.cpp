@@ -46,7 +46,14 @@ CudaBackend::CudaBackend(int device, DeviceParts parts)
   // milliseconds and a device-wide synchronisation each.
   device_allocator_->set_host_staging(
       [staging_name](size_t bytes) { return pinned_alloc(bytes, staging_name); },
-      [staging_name](void* p) { pinned_free(p, staging_name); },
+      // A block freed for good (the staging cache full) waits for both streams first:
+      // cudaFreeHost is not promised to, and queued work may still read the block.
+      [this, staging_name](void* p) {
+        if (compute_) cudaStreamSynchronize(compute_);
+        if (copy_) cudaStreamSynchronize(copy_);
+        cudaGetLastError();  // a free reports, never throws: the next checked call sees a sticky fault
+        pinned_free(p, staging_name);
+      },
       [this] {
         activate();
         HT_CUDA(cudaStreamSynchronize(compute_));
@@ -67,6 +74,13 @@ CudaBackend::CudaBackend(int device, DeviceParts parts)
   HT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flags_device_), flags_host_, 0));
   HT_CUDA(cublasCreate(&blas_));
   HT_CUDA(cublasSetStream(blas_, compute_));
+  // cuBLAS's workspace from this device's allocator (after cublasSetStream, which resets
+  // it), so that it is counted and capped like every other block and a shortage is the
+  // allocator's out-of-memory error with its figures, not cuBLAS's bare ALLOC_FAILED.
+  // The size cuBLAS recommends: 32 MiB on Hopper and later, 4 MiB before.
+  blas_workspace_bytes_ = (cc_major_ >= 9 ? size_t{32} : size_t{4}) << 20;
+  blas_workspace_ = device_allocator_->allocate(blas_workspace_bytes_, "cuBLAS workspace");
+  HT_CUDA(cublasSetWorkspace(blas_, blas_workspace_, blas_workspace_bytes_));
   // fp32 products in fp32: TF32 tensor cores would round the inputs to 10 mantissa bits,
   // far outside the 1e-5 the consistency harness allows against the CPU.
   HT_CUDA(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
@@ -81,6 +95,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(copy_);
   if (blas_) cublasDestroy(blas_);
+  if (blas_workspace_) device_allocator_->deallocate(blas_workspace_, blas_workspace_bytes_);
   if (dnn_) cudnnDestroy(dnn_);
   for (size_t i = 0; i < staging_.size(); ++i) {
     pinned_->deallocate(staging_[i], kStagingChunk);

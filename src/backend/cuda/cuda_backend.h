@@ -159,6 +159,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Allocator> pinned_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  void* blas_workspace_ = nullptr;  // from device_allocator_, counted under its cap
+  size_t blas_workspace_bytes_ = 0;
   cudnnHandle_t dnn_ = nullptr;  // convolutions and pooling, on the compute stream
 
   // Staging for copies: two pinned chunks, so that the host fills (or drains) one while

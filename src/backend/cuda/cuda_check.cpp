@@ -94,7 +94,12 @@ std::string describe(cudnnStatus_t s, const char* call, const std::string& devic
 }
 
 void check(cudaError_t e, const char* call, const std::string& device) {
-  if (e != cudaSuccess) [[unlikely]] throw Error(describe(e, call, device));
+  if (e != cudaSuccess) [[unlikely]] {
+    // Taken off the runtime's last error: a caller that catches this (a non-sticky failure,
+    // an allocation say) would otherwise see it again as the next launch's own.
+    cudaGetLastError();
+    throw Error(describe(e, call, device));
+  }
 }
 
 void check(cublasStatus_t s, const char* call, const std::string& device) {

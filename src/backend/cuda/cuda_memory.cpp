@@ -62,6 +62,13 @@ void DeviceMemory::release(void* p) {
       blocks_.erase(it);
     }
   }
+  // On this memory's device, whatever the calling thread last selected (a cache release
+  // runs before any allocation sets it; a thread with none would open a context on GPU 0).
+  // The blocks freed here come from the Allocator's cache, free only in stream order:
+  // work queued before their release may still use them, and cudaFree is not promised to
+  // wait for it. Releases are rare (a cap reached, an out-of-memory retry, the end).
+  report_free_failure(cudaSetDevice(device_), "cudaSetDevice(device)", name_);
+  report_free_failure(cudaDeviceSynchronize(), "cudaDeviceSynchronize()", name_);
   report_free_failure(cudaFree(p), "cudaFree(p)", name_);
 }
 

@@ -40,7 +40,10 @@ bool peer_copy(Backend& dst_be, void* dst, Backend& src_be, const void* src, siz
   if (d == nullptr || s == nullptr) return false;
   s->synchronize();
   const std::string where = s->device_name() + " to " + d->device_name();
-  HT_CUDA_ON(where, cudaMemcpyPeerAsync(dst, d->device(), src, s->device(), bytes, d->compute_stream()));
+  // cudaMemcpyDefault rather than cudaMemcpyPeerAsync, which takes device memory only: a
+  // host-staged tensor (pinned, mapped) is a host pointer under unified addressing.
+  HT_CUDA_ON(where, cudaSetDevice(d->device()));
+  HT_CUDA_ON(where, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, d->compute_stream()));
   HT_CUDA_ON(where, cudaStreamSynchronize(d->compute_stream()));
   return true;
 }

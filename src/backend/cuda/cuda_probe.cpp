@@ -26,7 +26,12 @@ namespace {
 void measure_copies(double& host_to_device_gb_s, double& device_to_host_gb_s) {
   const size_t bytes = size_t{64} << 20;
   void *host = nullptr, *dev = nullptr;
-  if (cudaMallocHost(&host, bytes) != cudaSuccess) return;
+  // A failure tolerated here (no room for the buffers: the rates stay 0) is cleared from
+  // the runtime's last error, else the next kernel's launch check reports it as its own.
+  if (cudaMallocHost(&host, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
   if (cudaMalloc(&dev, bytes) == cudaSuccess) {
     auto rate = [&](cudaMemcpyKind kind) {
       double best = 0;
@@ -45,6 +50,7 @@ void measure_copies(double& host_to_device_gb_s, double& device_to_host_gb_s) {
     cudaFree(dev);
   }
   cudaFreeHost(host);
+  cudaGetLastError();  // a failed cudaMalloc or copy above, tolerated (a rate of 0)
 }
 
 void check(cudaError_t e, const char* call) {
@@ -60,7 +66,16 @@ void check(cublasStatus_t s, const char* call) {
 // outside the engine's allocator, so an emulated cap does not hold them.
 struct DeviceBuffer {
   void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) { check(cudaMalloc(&p, bytes), "cudaMalloc for a benchmark buffer"); }
+  explicit DeviceBuffer(size_t bytes) {
+    if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      cudaGetLastError();
+      fail("probe: cudaMalloc of ", bytes, " bytes for a benchmark buffer failed: ", cudaGetErrorString(e), " (",
+           free, " of the device's ", total, " bytes free); expected a GPU with that much free memory");
+    }
+  }
   ~DeviceBuffer() { cudaFree(p); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -98,7 +113,10 @@ std::vector<GpuFacts> list_gpus(std::string& note) {
   }
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+      cudaGetLastError();  // skipped, not carried into the next call's error check
+      continue;
+    }
     GpuFacts g;
     g.index = i;
     g.name = p.name;
