@@ -121,7 +121,9 @@ class Executor {
   // Whether this rank has been asked to stop (a signal), sent with every step's guard
   // counts, so that every member learns of any member's request in the same step
   // (StepResult::stop_agreed). Acted on only where the step's gradient reduction spans
-  // every rank of the world (one stage, no idle rank): there it reaches them all.
+  // every rank of the world (one stage, no idle rank): there it reaches them all. On a
+  // hybrid plan under deadline AlignReplica carries it instead: a replica's ranks agree
+  // on the step they stop after, and their stages' chains end there (Run::take_deadline).
   void set_stop_request(std::function<bool()> requested) { stop_requested_ = std::move(requested); }
   // The bad-node guard's settings (config.guard; the defaults until called). Its history
   // and quarantines start afresh.

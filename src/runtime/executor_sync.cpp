@@ -327,7 +327,10 @@ void Executor::reduce_grads_deadline(StepResult& r, std::chrono::steady_clock::t
 // those behind take their stage's state at the step of the one ahead (DeadlineSync::
 // align_to) until all are at one. In the steady state that is one small message to each
 // of the replica's other ranks. The word also carries each stage's loss of the step: a
-// pipeline's loss is its last stage's, and rank 0, a first stage, records it.
+// pipeline's loss is its last stage's, and rank 0, a first stage, records it. And it
+// carries a stop request (a signal): the replica's ranks stop after the same step, so
+// that none waits on a stage that stopped alone (its other stages did, up to the peer
+// timeout, and a chain ended there read as the end of training).
 void Executor::align_replica(StepResult& r) {
   HT_CHECK(deadline_ && r.deadline && replica_group_, "executor: rank ", me(),
            " runs AlignReplica without a deadline reduction on stage ", stage_,
@@ -339,10 +342,14 @@ void Executor::align_replica(StepResult& r) {
     for (comm::StepRecord& rec : records) rec.loss_sum = 0, rec.fresh_samples = 0;
   };
   forget_loss(d.missed);
+  // Read once: every round of this agreement sends the same request, and a signal that
+  // comes after it is the next step's to agree on.
+  const bool stop_asked = stop_requested_ && stop_requested_();
+  bool stop = false;
   for (int round = 0;; ++round) {
-    char word[96];
-    std::snprintf(word, sizeof word, "%" PRId64 " %d %a %" PRId64, deadline_->step(), d.ended ? 1 : 0,
-                  d.record.loss_sum, d.record.fresh_samples);
+    char word[112];
+    std::snprintf(word, sizeof word, "%" PRId64 " %d %a %" PRId64 " %d", deadline_->step(), d.ended ? 1 : 0,
+                  d.record.loss_sum, d.record.fresh_samples, stop_asked ? 1 : 0);
     const std::vector<std::string> items =
         replica_group_->allgather(word, peer_timeout_, "the replica's step agreement (AlignReplica)");
     int64_t target = -1;
@@ -357,8 +364,10 @@ void Executor::align_replica(StepResult& r) {
       const long over = std::strtol(end, &end, 10);
       const double loss = std::strtod(end, &end);
       const int64_t fresh = std::strtoll(end, &end, 10);
+      const long asked = std::strtol(end, &end, 10);
       HT_CHECK(end && *end == '\0' && end != p, "executor: AlignReplica on rank ", me(), ": stage ", i,
-               " of replica ", replica_, " sent '", items[i], "'; expected its step, ended, loss and samples");
+               " of replica ", replica_, " sent '", items[i], "'; expected its step, ended, loss, samples and stop");
+      stop = stop || asked != 0;
       steps[i] = step;
       equal = equal && (target < 0 || step == target);
       target = std::max(target, step);
@@ -372,6 +381,7 @@ void Executor::align_replica(StepResult& r) {
     if (equal) {
       d.record.loss_sum = round == 0 ? last_loss : 0;
       d.record.fresh_samples = round == 0 ? last_fresh : 0;
+      stop_agreed_ = stop;  // at one step: every rank of the replica stops after it
       return;
     }
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began) > peer_timeout_) {

@@ -190,10 +190,12 @@ TrainSummary Run::run() {
     // One process stops at once, and logs its last window as a stop agreed by many does.
     bool stop_all = finish_due_logs(loop, done, stop_after) || r.stop_agreed || (!multi() && g_interrupted != 0);
     apply_rebalance(loop);
-    // Under deadline no exchange carries an interrupt: a rank stops at its own step when it
-    // was signalled, or where another's stop ended the chain (take_deadline): an interrupt,
-    // or --stop-after (every rank has it) reached by a rank ahead.
-    const bool deadline_stop = executor_->deadline() && (g_interrupted != 0 || deadline_ended_early_);
+    // Under deadline no reduction carries an interrupt: a rank stops at its own step when it
+    // was signalled (on a hybrid plan, at the step its replica agreed in AlignReplica), or
+    // where another's stop ended the chain (take_deadline): an interrupt, or --stop-after
+    // (every rank has it) reached by a rank ahead.
+    const bool signalled = replica_agrees_stops() ? r.stop_agreed : g_interrupted != 0;
+    const bool deadline_stop = executor_->deadline() && (signalled || deadline_ended_early_);
     // No step follows to wait through: the exchange ends here.
     const bool final_step = done == total_steps_ || stop_after || stop_all || deadline_stop;
     stop_all = log_step(loop, asked, done, done_lr, final_step) || stop_all;
@@ -206,7 +208,7 @@ TrainSummary Run::run() {
     // One process stops at once; many agree in the step's reduction (agree_stops_in_steps)
     // or on the step after a log step (every rank saw the flag in rank 0's answer).
     const bool interrupted = executor_->deadline()
-                                 ? g_interrupted != 0 || (deadline_ended_early_ && !opts_.stop_after)
+                                 ? signalled || (deadline_ended_early_ && !opts_.stop_after)
                                  : stop_all;  // one process's: the flag as read for stop_all, once
     const bool stop = interrupted || stop_after || deadline_stop;
     if (stop && !last && executor_->deadline()) {
@@ -356,11 +358,17 @@ void Run::add_to_window(Loop& loop, const StepResult& r) {
 // signalled (or the next, for a signal after its last gradients left). The log exchange
 // agrees only on the step after the next log step, train.log_every steps on (50 by
 // default): mpirun kills its ranks 1 s after passing on a Ctrl-C, and the CNN's ranks
-// took 2.5-4.7 s to reach that step. Not under local (the executor steps a group) or
-// deadline (its own chain ends the steps).
+// took 2.5-4.7 s to reach that step. Not under local (the executor steps a group). Under
+// deadline a signalled rank ends its stage's chain, which ends the others'; on a hybrid
+// plan its replica's other stages must stop with it, so their AlignReplica carries it.
 void Run::agree_stops_in_steps() {
-  if (multi() && !local_group_ && plan_.sync_policy == plan::SyncPolicy::synchronous)
+  if ((multi() && !local_group_ && plan_.sync_policy == plan::SyncPolicy::synchronous) || replica_agrees_stops())
     executor_->set_stop_request([] { return interrupt_requested(); });
+}
+
+bool Run::replica_agrees_stops() const {
+  return multi() && plan_.sync_policy == plan::SyncPolicy::deadline && plan_.stage_ranges.size() > 1 &&
+         plan_.layout.replicas.size() > 1;
 }
 
 // The rebalancer's answer to the check of a step before, which applies from the next step.

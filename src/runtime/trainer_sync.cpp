@@ -110,11 +110,9 @@ int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   // Still short of the last step on that chain: the member that ended it stopped there (an
   // interrupt, --stop-after), not at the end of training, and the job stops at that step.
   // (Taken as the end, it once wrote the step-200 weights as the checkpoint of step 2000.)
-  // One stage only: a hybrid plan's stages end their chains apart, and a rank stopped
-  // alone there leaves its replica's other stages waiting on it (not handled: the job
-  // ends at the peer timeout).
-  if (d.ended && plan_.stage_ranges.size() == 1 && executor_->deadline_step() < total_steps_)
-    deadline_ended_early_ = true;
+  // On a hybrid plan the stopping replica's ranks agreed on the step (AlignReplica), so
+  // every stage's chain ends there.
+  if (d.ended && executor_->deadline_step() < total_steps_) deadline_ended_early_ = true;
   const int64_t applied = d.ended && !deadline_ended_early_ ? total_steps_ : executor_->deadline_step();
   // Weights after that many steps: the end's where the chain ended, else those the step
   // just applied started from.

@@ -184,6 +184,7 @@ def main():
         print("final:", summary["final"])
     hybrid(scratch)
     interrupt_one(scratch)
+    interrupt_hybrid(scratch)
     return finish(scratch)
 
 
@@ -194,10 +195,36 @@ def interrupt_one(scratch):
     cluster = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_2_1_1.json")
     steps = 4000  # the signal comes about 200 steps in: far short of the end, whatever the machine
     cfg = config(os.path.join(scratch, "interrupt.json"), "deadline", steps=steps)
+    interrupt(scratch, "interrupt", cfg, cluster, steps, 2)
+
+
+def interrupt_hybrid(scratch):
+    """The same on a hybrid plan, to the last stage of the replica without rank 0: its
+    replica agrees on the step in AlignReplica, so no stage of it waits on the stopped one
+    (they did, up to the peer timeout, and a chain that ended there read as the end of
+    training on the other replica)."""
+    cluster = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_hybrid_capped_8mib.json")
+    steps = 4000
+    cfg = config(os.path.join(scratch, "interrupt-hybrid.json"), "deadline", strategy="auto", steps=steps)
+    c = load(cfg)
+    c["emulate"] = {"ranks": [{"rank": r, "memory_cap_mb": 8} for r in (1, 2, 3)]}
+    save(cfg, c)
+    plan_file = os.path.join(scratch, "interrupt-hybrid.plan.json")
+    plan = run([HETRAIN, "plan", cfg, "--cluster", cluster, "--json", plan_file])
+    if plan.returncode != 0 or load(plan_file)["strategy"] != "hybrid":
+        check("interrupt-hybrid: the fixed cluster plans a hybrid plan under deadline", False,
+              (plan.stdout + plan.stderr)[-2000:])
+        return
+    replicas = load(plan_file)["layout"]["replicas"]
+    interrupt(scratch, "interrupt-hybrid", cfg, cluster, steps, [r for r in replicas if 0 not in r][0][-1])
+
+
+def interrupt(scratch, tag, cfg, cluster, steps, stopped):
+    """Runs `cfg`, SIGTERMs rank `stopped` once rank 0 has 20 records, checks the stop and a resume."""
     c = load(cfg)
     c["train"]["log_every"] = 10
     save(cfg, c)
-    run_dir = os.path.join(scratch, "interrupt")
+    run_dir = os.path.join(scratch, tag)
     p = subprocess.Popen(["mpirun", "-np", str(RANKS), "--bind-to", "none", HETRAIN, "train", cfg, "--run-dir",
                           run_dir, "--cluster", cluster], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=ENV)
@@ -207,8 +234,8 @@ def interrupt_one(scratch):
         while time.time() < deadline and p.poll() is None and len(metrics_records(metrics)) < 20:
             time.sleep(0.05)
         pids = rank_pids(p.pid)
-        if p.poll() is None and 2 in pids:
-            os.kill(pids[2], signal.SIGTERM)
+        if p.poll() is None and stopped in pids:
+            os.kill(pids[stopped], signal.SIGTERM)
         out, err = p.communicate(timeout=300)
     finally:
         if p.poll() is None:
@@ -216,21 +243,22 @@ def interrupt_one(scratch):
             p.communicate()
     ckpts = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))
     last = int(os.path.basename(ckpts[-1])[5:13]) if ckpts else -1
-    check("interrupt: SIGTERM to rank 2 stops the job (nonzero exit) with a checkpoint short of the end",
+    check(f"{tag}: SIGTERM to rank {stopped} stops the job (nonzero exit) with a checkpoint short of the end",
           p.returncode != 0 and 0 < last < steps and not os.path.exists(os.path.join(run_dir, "summary.json")),
           f"rc {p.returncode}, checkpoints {[os.path.basename(x) for x in ckpts]}\n{err[-2000:]}")
     said = [line for line in err.splitlines()
             if any(f"{how} at step" in line for how in ("terminated", "interrupted", "stopped with the signalled rank"))]
-    check("interrupt: every rank says it stopped at the checkpoint's step, rank 2 alone that it was terminated",
+    check(f"{tag}: every rank says it stopped at the checkpoint's step, rank {stopped} alone that it was terminated",
           len(said) == RANKS and all(f"at step {last} of {steps}" in line for line in said)
-          and sum("terminated at step" in line for line in said) == 1, "\n".join(said))
+          and sum("terminated at step" in line for line in said) == 1
+          and any(f"rank {stopped}: terminated" in line for line in said), "\n".join(said))
     if not 0 < last < steps:
         return
     c["train"]["steps"] = last + 20
     save(cfg, c)
     r = subprocess.run(["mpirun", "-np", str(RANKS), "--bind-to", "none", HETRAIN, "train", cfg, "--run-dir", run_dir,
                         "--cluster", cluster, "--resume"], capture_output=True, text=True, env=ENV, timeout=300)
-    check("interrupt: --resume goes on from that checkpoint's step",
+    check(f"{tag}: --resume goes on from that checkpoint's step",
           r.returncode == 0 and f"at step {last} of {last + 20}" in r.stderr + r.stdout, (r.stdout + r.stderr)[-2000:])
 
 
