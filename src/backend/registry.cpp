@@ -3,11 +3,13 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
 
 #include "backend/cuda/cuda_module.h"
+#include "module_interface_hash.h"  // generated: src/backend/meson.build
 #include "core/error.h"
 
 // The module's entry point where the program links the module in; weak, so that hetrain,
@@ -176,6 +178,14 @@ const cuda::ModuleApi* checked(const cuda::ModuleApi* api, const std::string& wh
     why = where + " is a CUDA module of interface version " + std::to_string(api->abi) +
           "; this hetrain expects version " + std::to_string(cuda::kModuleAbi) +
           " (the module and the executable come from different builds; rebuild both from one tree)";
+    return nullptr;
+  }
+  if (api->interface_hash != cuda::kModuleInterfaceHash) {
+    char mine[24], theirs[24];
+    std::snprintf(mine, sizeof mine, "%016llx", static_cast<unsigned long long>(cuda::kModuleInterfaceHash));
+    std::snprintf(theirs, sizeof theirs, "%016llx", static_cast<unsigned long long>(api->interface_hash));
+    why = where + " was built against other backend headers (interface hash " + theirs + "; this hetrain's is " +
+          mine + "): the module and the executable come from different states of the tree; rebuild both from one";
     return nullptr;
   }
   return api;

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "module_interface_hash.h"  // generated: src/backend/meson.build
 
 namespace ht::cuda {
 
@@ -51,6 +52,7 @@ bool peer_copy(Backend& dst_be, void* dst, Backend& src_be, const void* src, siz
 ModuleApi make_api() {
   ModuleApi api;
   api.abi = kModuleAbi;
+  api.interface_hash = kModuleInterfaceHash;
   api.device_count = device_count;
   api.backend = backend;
   api.peer_copy = peer_copy;

@@ -11,8 +11,10 @@
 // executable, which exports its symbols for that (-rdynamic, src/backend/cuda/meson.build).
 //
 // Its one entry point, hetrain_cuda_module(), returns a table whose first field is the
-// interface's version; the loader refuses a module of another version (a module and an
-// executable from different builds) before reading anything else.
+// interface's version; the loader refuses a module of another version before reading
+// anything else, then one whose hash of the headers it binds to (module_interface_hash.h,
+// made by the build) is not the executable's: a module and an executable from different
+// states of those headers.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +26,9 @@
 
 namespace ht::cuda {
 
-// Bumped whenever ModuleApi or a type it names changes.
-inline constexpr int kModuleAbi = 2;
+// Bumped whenever ModuleApi changes; a change of a type it names, or of any header the
+// module binds to, changes the interface hash as well.
+inline constexpr int kModuleAbi = 3;
 // The module's file name, looked for beside the running executable.
 inline constexpr const char* kModuleFile = "hetrain-cuda.so";
 // The environment variable naming another path for it.
@@ -63,6 +66,7 @@ struct GpuTimings {
 
 struct ModuleApi {
   int abi = 0;  // kModuleAbi of the module's build; stays the first field
+  uint64_t interface_hash = 0;  // kModuleInterfaceHash of the module's build
   // GPUs the CUDA runtime sees; 0 with `why_none` set where none is usable (no driver,
   // no device).
   int (*device_count)(std::string& why_none) = nullptr;
