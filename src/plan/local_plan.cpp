@@ -190,11 +190,18 @@ double round_weight(const Plan& plan, int rank) {
 }
 
 double partial_round_weight(const Plan& plan, int rank, int64_t job_steps) {
+  return segment_weight(plan, rank, 0, job_steps);
+}
+
+double segment_weight(const Plan& plan, int rank, int64_t from, int64_t to) {
+  HT_CHECK(from >= 0 && from <= to && to <= plan.local->inner_steps, "local plan: job steps ", from, " to ", to,
+           " of a round of ", plan.local->inner_steps, "; expected 0 <= from <= to <= H");
   if (group_of_rank(plan, rank) < 0) return 0;
+  auto taken = [&](int r) { return samples_in_round(plan, r, to) - samples_in_round(plan, r, from); };
   int64_t all = 0;
-  for (const RankPlan& rp : plan.ranks) all += samples_in_round(plan, rp.rank, job_steps);
+  for (const RankPlan& rp : plan.ranks) all += taken(rp.rank);
   if (all == 0) return 0;
-  return static_cast<double>(samples_in_round(plan, rank, job_steps)) / static_cast<double>(all);
+  return static_cast<double>(taken(rank)) / static_cast<double>(all);
 }
 
 int group_of_rank(const Plan& plan, int rank) {

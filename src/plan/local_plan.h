@@ -185,6 +185,12 @@ int64_t samples_in_round(const Plan& plan, int rank, int64_t job_steps);
 // Rank `rank`'s part of the samples of a round's first `job_steps` job steps (0 when
 // idle or when none were taken): round_weight for a whole round. The parts sum to 1.
 double partial_round_weight(const Plan& plan, int rank, int64_t job_steps);
+// Rank `rank`'s part of the samples taken in job steps from..to of a round (0 <= from <=
+// to <= H; 0 when idle or when none were taken): the weight of its delta over that part
+// of the round, where the rest of a round after a flush, or a partial round after a
+// resume, is exchanged (LocalSync). segment_weight(plan, r, 0, H) equals round_weight's
+// value bit for bit, and (0, n) partial_round_weight's.
+double segment_weight(const Plan& plan, int rank, int64_t from, int64_t to);
 
 // Group g's synchronous sub-plan: its replicas only, ranks renumbered 0.. in
 // group_ranks order, global batch = the group's samples. group_plan checks the plan

@@ -130,6 +130,13 @@ void LocalSync::reset_to_weights() {
   steps_in_round_ = 0;
 }
 
+void LocalSync::begin_at(int64_t start) {
+  steps_in_round_ = 0;
+  round_from_ = static_cast<int>(start % inner_steps_);
+  start_measuring_round();
+  partial_ = round_from_ != 0;
+}
+
 namespace {
 
 // One element of the outer step (Nesterov): m = mu m + d; theta -= lr (d + mu m). At
@@ -412,7 +419,11 @@ void LocalSync::start_round() {
   const auto pass_t0 = std::chrono::steady_clock::now();
   const double pass_cpu0 = process_cpu_seconds();
   const bool step = sums_ready_;
-  const auto weight = static_cast<float>(weights_[static_cast<size_t>(world_rank_)]);
+  // By this rank's world rank (weights_ is in member order, which skips idle ranks), over
+  // the samples the groups took since the round began or since the flush or resume that
+  // left off inside it.
+  const auto weight = static_cast<float>(plan::segment_weight(plan_, world_rank_, round_from_, inner_steps_));
+  round_from_ = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     float* th = theta_[i].data();
     float* m = momentum_[i].data();
@@ -462,8 +473,9 @@ void LocalSync::flush() {
     rebase_on_outer();
   }
   if (steps_in_round_ > 0) {
-    // Weighed by the samples each group took in the partial round.
-    const float partial = static_cast<float>(plan::partial_round_weight(plan_, world_rank_, steps_in_round_));
+    // Weighed by the samples each group took since the round began or the last flush.
+    const float partial = static_cast<float>(
+        plan::segment_weight(plan_, world_rank_, round_from_, round_from_ + steps_in_round_));
     for (size_t i = 0; i < params_.size(); ++i) {
       const float* a = anchor_[i].data();
       const float* y = host_view(params_[i].second, scratch_);
@@ -483,6 +495,7 @@ void LocalSync::flush() {
     copy_into(params_[i].second, theta_[i]);
     copy_into(anchor_[i], theta_[i]);
   }
+  round_from_ += steps_in_round_;
   steps_in_round_ = 0;
   // The round in progress is measured from here: not a whole round's inner steps.
   start_measuring_round();

@@ -49,7 +49,8 @@
 //
 // flush() (collective) closes everything at once: it finishes the exchange in flight and
 // steps, exchanges the current partial round's deltas (weighed by the samples each group
-// took in it: plan::partial_round_weight) and steps again, and sets the
+// took in it since the round began or the last flush: plan::segment_weight; the round's
+// rest is weighed by its own samples at its end) and steps again, and sets the
 // weights to theta. Evaluation and checkpoints flush first, so they see one consistent
 // model; a checkpoint holds theta as the model and m as "outer.momentum.<name>".
 #pragma once
@@ -118,6 +119,10 @@ class LocalSync {
 
   // Takes the weights as they are now (loaded from a checkpoint) as theta and a.
   void reset_to_weights();
+  // Before the first job step of this run (step `start`, 0 or where it resumed): a run
+  // resumed inside a round exchanges that round's rest, weighed by the samples taken in
+  // it, and does not count it as a measured round; the measuring starts now.
+  void begin_at(int64_t start);
   std::vector<nn::NamedTensor> outer_state() const;    // "outer.momentum.<name>"
   void load_outer_state(const Checkpoint& c);           // the momentum, where it has one
 
@@ -165,6 +170,10 @@ class LocalSync {
   int inner_steps_ = 1;
   int outer_delay_ = 1;  // D (plan::LocalSync::outer_delay): the job step of a round where the last one's step lands
   int steps_in_round_ = 0;  // job steps since the round began or the last flush
+  // The job step of the round (0..H-1) where the progress not yet exchanged began: 0, or
+  // where a flush or a resume left off. Its delta is weighed by the samples the groups
+  // take from there (plan::segment_weight), not by a whole round's.
+  int round_from_ = 0;
   int64_t outer_steps_ = 0;
   bool sums_ready_ = false;  // delta_ holds sums the outer step has not taken yet
   std::string checksum_;     // of theta_; empty: not computed since theta_ last changed

@@ -153,6 +153,7 @@ TrainSummary Run::run() {
   if (root_ && opts_.resume) check_resumed_config();
   const int64_t start = opts_.resume ? restore(progress) : 0;
   if (opts_.resume) executor_->weights_loaded();
+  if (local_) local_->begin_at(start);
   if (plan_.sync_policy == plan::SyncPolicy::deadline) start_deadline(start, progress);
   if (root_) check_evaluation_fits();
   std::optional<report::MetricsLog> metrics;

@@ -8,6 +8,7 @@
 // and the two give the same outer weights bit for bit.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -282,4 +283,110 @@ TEST_CASE("local sync: one group's delta is taken as it is, whatever outer_lr an
   for (int64_t i = 0; i < kSizes[0]; ++i)
     worst = std::max(worst, std::fabs(static_cast<double>(params[0].second.data()[i]) - own[static_cast<size_t>(i)]));
   CHECK(worst <= tolerance);
+}
+
+namespace {
+
+// A plan of 4 world ranks for the weighting cases below: replica_of[r] is rank r's
+// replica (-1: idle), each replica one rank of one stage; groups over replicas.
+plan::Plan weighting_plan(const std::vector<int>& replica_of, std::vector<std::vector<int>> groups, int h,
+                          std::vector<int> steps, std::vector<int64_t> samples) {
+  plan::Plan p;
+  p.world_size = kRanks;
+  p.blocks = 1;
+  p.global_batch = 128;
+  p.stage_ranges = {{0, 1}};
+  p.sync_policy = plan::SyncPolicy::local;
+  int replicas = 0;
+  for (int r : replica_of) replicas = std::max(replicas, r + 1);
+  p.layout.replicas.resize(static_cast<size_t>(replicas));
+  for (int r = 0; r < kRanks; ++r) {
+    plan::RankPlan rp;
+    rp.rank = r;
+    rp.replica = replica_of[static_cast<size_t>(r)];
+    rp.stage = rp.replica >= 0 ? 0 : -1;
+    rp.block_end = 1;
+    rp.samples = rp.replica >= 0 ? 128 : 0;
+    p.ranks.push_back(rp);
+    if (rp.replica >= 0) p.layout.replicas[static_cast<size_t>(rp.replica)] = {r};
+  }
+  for (int i = 0; i < replicas; ++i) {
+    p.layout.samples.push_back(128);
+    p.layout.micro_batches.push_back(1);
+  }
+  p.local = plan::LocalSync{std::move(groups), h, std::move(steps), std::move(samples)};
+  p.local->outer_delay = h;
+  plan::check_local_plan(p);
+  return p;
+}
+
+config::ParallelConfig averaging() {  // outer_lr 1, no momentum: the outer weights are the weighted mean
+  config::ParallelConfig c;
+  c.outer_lr = 1.0;
+  c.outer_momentum = 0.0;
+  c.peer_timeout_s = 30;
+  c.rebalance_every = 0;
+  return c;
+}
+
+std::vector<nn::NamedTensor> zeros_param() { return {{"w", Tensor::zeros({8}, cpu_backend())}}; }
+void move_by(std::vector<nn::NamedTensor>& p, float c) {
+  for (int64_t i = 0; i < 8; ++i) p[0].second.data()[i] += c;
+}
+
+}  // namespace
+
+TEST_CASE("local sync: a delta is weighed by its own rank's samples where an idle rank sits between members") {
+  // Rank 1 idle; groups {rank 0}, {rank 2}, {rank 3} taking 64, 128 and 320 of a round's
+  // 512 samples; each moves by 1, 2 and 4 in the round. The outer weights are the mean by
+  // samples, 0.125 + 0.5 + 2.5 (a member's weight once came from another member's slot,
+  // and the last member's from past the list: 1.375).
+  comm::Communicator& world = comm::world();
+  if (world.size() != kRanks) return;
+  const plan::Plan p = weighting_plan({0, -1, 1, 2}, {{0}, {1}, {2}}, 4, {1, 1, 2}, {64, 128, 320});
+  for (const bool shared : {true, false}) {
+    CAPTURE(shared);
+    auto params = zeros_param();
+    runtime::LocalSync sync(p, params, world, averaging(), shared);
+    const float moved[] = {1, 0, 2, 4};
+    move_by(params, moved[world.rank()]);
+    for (int k = 1; k <= 4; ++k) sync.after_step(k);
+    sync.flush();
+    if (world.rank() != 1) CHECK(params[0].second.data()[0] == doctest::Approx(3.125));
+  }
+}
+
+TEST_CASE("local sync: the rest of a round after a flush or a resume is weighed by the samples taken in it") {
+  // Groups {rank 0} and {rank 1} (ranks 2, 3 idle), H 4: group 0 takes its one step in job
+  // step 1, group 1 its three in job steps 1-3. Each step moves a group's weights by 1.
+  // Job step 1, then a flush: the mean by samples, 1. Job steps 2 and 3 are group 1's
+  // alone, so whatever exchanges them (the round's end, a second flush inside the round)
+  // takes group 1's progress as it is: 3. A run resumed after job step 1 does the same
+  // from 0: 2. (Weighed as a whole round's, or as the round's first job steps', they
+  // gave 2.5, 2.33 and 1.5.)
+  comm::Communicator& world = comm::world();
+  if (world.size() != kRanks) return;
+  const plan::Plan p = weighting_plan({0, 1, -1, -1}, {{0}, {1}}, 4, {1, 3}, {128, 384});
+  const int me = world.rank();
+  for (const int variant : {0, 1, 2}) {  // 0: the round's end; 1: a second flush at job step 3; 2: resumed
+    CAPTURE(variant);
+    auto params = zeros_param();
+    runtime::LocalSync sync(p, params, world, averaging(), true);
+    if (variant == 2) {
+      sync.begin_at(1);
+    } else {
+      sync.begin_at(0);
+      if (me < 2) move_by(params, 1);
+      sync.after_step(1);
+      sync.flush();
+      if (me < 2) CHECK(params[0].second.data()[0] == doctest::Approx(1.0));
+    }
+    for (int k = 2; k <= 3; ++k) {
+      if (me == 1) move_by(params, 1);
+      sync.after_step(k);
+    }
+    if (variant != 1) sync.after_step(4);
+    sync.flush();
+    if (me < 2) CHECK(params[0].second.data()[0] == doctest::Approx(variant == 2 ? 2.0 : 3.0));
+  }
 }

@@ -286,6 +286,19 @@ TEST_CASE("local plan: a group's inner steps split n_g evenly, its replicas' sha
   // After 2 job steps group 0 took 2 steps (ceil(2 x 3 / 4)), group 1 its one.
   CHECK(samples_in_round(p, 1, 2) == 34 + 34);
   CHECK(partial_round_weight(p, 2, 2) == doctest::Approx(112.0 / (134 + 133 + 112)));
+  // A segment of the round: job steps 2..4 hold group 0's third step (133) only, so its
+  // ranks' weights are their shares of it and group 1's is 0. The whole round and its
+  // first job steps are round_weight's and partial_round_weight's values, bit for bit
+  // (a flush's weights, and a whole round's, are one computation).
+  CHECK(segment_weight(p, 0, 2, 4) == doctest::Approx(99.0 / 133));
+  CHECK(segment_weight(p, 2, 2, 4) == 0);
+  for (int r = 0; r < 3; ++r) {
+    CHECK(segment_weight(p, r, 0, 4) == round_weight(p, r));
+    CHECK(segment_weight(p, r, 0, 2) == partial_round_weight(p, r, 2));
+  }
+  CHECK(segment_weight(p, 0, 3, 3) == 0);  // nothing taken: no weight
+  CHECK_THROWS_WITH_AS(segment_weight(p, 0, 3, 2), doctest::Contains("expected 0 <= from <= to <= H"), Error);
+  CHECK_THROWS_WITH_AS(segment_weight(p, 0, 0, 5), doctest::Contains("expected 0 <= from <= to <= H"), Error);
   // The sub-plan sized for 134. Without memory figures, micro-batches no larger than the
   // nominal step's 32.
   for (RankPlan& rp : p.ranks) rp.memory = {};
