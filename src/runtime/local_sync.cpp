@@ -318,6 +318,13 @@ void LocalSync::apply_split(const plan::RoundSplit& split) {
   window_rounds_ = 0;
 }
 
+void LocalSync::resume_split(const plan::RoundSplit& split) {
+  plan_.local->group_steps = split.steps;
+  plan_.local->round_samples = split.samples;
+  plan::check_local_plan(plan_);
+  weights_ = member_weights(plan_);
+}
+
 std::optional<plan::RoundSplit> LocalSync::take_resplit() {
   std::optional<plan::RoundSplit> out;
   out.swap(taken_);

@@ -123,6 +123,9 @@ class LocalSync {
   // resumed inside a round exchanges that round's rest, weighed by the samples taken in
   // it, and does not count it as a measured round; the measuring starts now.
   void begin_at(int64_t start);
+  // On resume: the round split the checkpoint's run stepped by (checked by the caller
+  // against this plan's groups and H), from the first round on.
+  void resume_split(const plan::RoundSplit& split);
   std::vector<nn::NamedTensor> outer_state() const;    // "outer.momentum.<name>"
   void load_outer_state(const Checkpoint& c);           // the momentum, where it has one
 

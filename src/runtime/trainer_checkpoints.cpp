@@ -176,6 +176,13 @@ void Run::save(int64_t step, report::Progress& progress) {
   if (local_) {
     meta["sync_policy"] = "local";
     meta["outer_steps"] = std::to_string(local_->outer_steps());
+    // The round's split as the job steps by it now (a re-split from measurement moves it
+    // off the plan's): a resume under the same groups and H continues the sample stream
+    // by it, where the plan's split would repeat some of the round's samples and skip others.
+    meta["local.split"] = json{{"groups", plan_.local->groups},
+                               {"inner_steps", plan_.local->inner_steps},
+                               {"group_steps", plan_.local->group_steps},
+                               {"round_samples", plan_.local->round_samples}}.dump();
   }
   auto stream = [&](const std::function<void(const Tensor&)>& sink) {
     stream_optimizer_state(plan_, *executor_, model_, world_, cfg_.train.optimizer, peer_timeout(), what, sink);
@@ -205,6 +212,44 @@ void Run::save(int64_t step, report::Progress& progress) {
 }
 
 // Every rank loads its stage from the newest valid checkpoint; returns its step.
+// Under local, on resume: the split the checkpoint's run stepped by (a re-split from
+// measurement), where its groups and H are this plan's, so that the round's samples go
+// on as they were taken; else this plan's own split stands (its rounds are its own).
+void Run::resume_local_split(const Checkpoint& loaded, const std::string& text) {
+  plan::RoundSplit split;
+  std::vector<std::vector<int>> groups;
+  int64_t inner_steps = 0;
+  try {
+    const json j = json::parse(text);
+    groups = j.at("groups").get<std::vector<std::vector<int>>>();
+    inner_steps = j.at("inner_steps").get<int64_t>();
+    split.steps = j.at("group_steps").get<std::vector<int>>();
+    split.samples = j.at("round_samples").get<std::vector<int64_t>>();
+  } catch (const json::exception& e) {
+    fail("checkpoint ", loaded.path, ": metadata 'local.split': ", e.what(), " (the file is corrupt)");
+  }
+  if (groups != plan_.local->groups || inner_steps != plan_.local->inner_steps) return;
+  if (split.steps == plan_.local->group_steps && split.samples == plan_.local->round_samples) return;
+  plan::Plan trial = plan_;
+  trial.local->group_steps = split.steps;
+  trial.local->round_samples = split.samples;
+  try {
+    plan::check_local_plan(trial);
+  } catch (const Error& e) {
+    fail("checkpoint ", loaded.path, ": metadata 'local.split' does not fit this plan: ", e.what(),
+         " (the file is corrupt)");
+  }
+  plan_.local->group_steps = split.steps;
+  plan_.local->round_samples = split.samples;
+  local_->resume_split(split);
+  if (root_) {
+    std::string samples;
+    for (int64_t n : split.samples) samples += (samples.empty() ? "" : ", ") + std::to_string(n);
+    std::fprintf(stderr, "hetrain: note: local: the rounds go on by the split the checkpoint's run stepped by (the "
+                         "groups' samples a round %s), not the plan's\n", samples.c_str());
+  }
+}
+
 int64_t Run::restore(report::Progress& progress) {
   std::vector<std::string> skipped;
   std::optional<Checkpoint> loaded;
@@ -299,6 +344,7 @@ int64_t Run::restore(report::Progress& progress) {
                "; expected a count from 0 (the file is corrupt)");
       local_->set_outer_steps(outer);
     }
+    if (meta.count("local.split")) resume_local_split(*loaded, get("local.split"));
   }
   for (size_t i = 0; i < model_.size(); ++i) {
     std::string key = "random_offset.block." + std::to_string(i);

@@ -113,6 +113,7 @@ class Run {
   void take_local_resplit(const plan::RoundSplit& split, Loop& loop);
   void start_deadline(int64_t start, report::Progress& progress);
   int64_t take_deadline(StepResult& r, Loop& loop);
+  void resume_local_split(const Checkpoint& loaded, const std::string& text);
   // A hybrid plan under deadline: a signal's stop is agreed per replica (AlignReplica).
   bool replica_agrees_stops() const;
   void write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,

@@ -207,6 +207,17 @@ def main():
               [(r["step"], r["round_samples_before"], r["round_samples"]) for r in splits])
         check("the re-split is said in the progress output", "re-split from their measured speed" in s.stdout,
               s.stdout[-2000:])
+        # The checkpoint holds the split the run stepped by, and a resume under the same
+        # plan goes on by it (the plan's split would repeat some of a round's samples).
+        end = os.path.join(slow_dir, "checkpoints", "ckpt-00000060.safetensors")
+        split = json.loads(header(end).get("__metadata__", {}).get("local.split", "{}")) if os.path.exists(end) else {}
+        check("the last checkpoint holds the re-split the run stepped by", bool(splits)
+              and split.get("round_samples") == last, (split, last))
+        r = mpirun(HETRAIN, 4, ["train", resplit_path, "--plan", planned, "--run-dir", slow_dir, "--resume",
+                                "--steps", "70"], timeout=300)
+        check("a resume under the same plan goes on by the checkpoint's split, and says so", r.returncode == 0
+              and "go on by the split the checkpoint's run stepped by (the groups' samples a round "
+              + ", ".join(map(str, last)) + ")" in r.stderr, r.stderr[-2000:])
     check("with parallel.rebalance_every 0 the rounds keep the plan's split",
           not [r for r in records(run_dir) if r["type"] == "local_resplit"], run_dir)
 
