@@ -435,6 +435,17 @@ void DeadlineReduce::remember(const StepRecord& r) {
   while (history_.size() > kHistory) history_.pop_front();
 }
 
+// Whether member `from`'s contribution computed for step `c` is already in a step this
+// chain applied: a member that missed the result of the step that took it (a leader
+// stopped mid-send, a slow link) resends it to the next term's leader, which had applied
+// that result, and as a stale contribution it would count the same batch twice.
+bool DeadlineReduce::applied_before(int from, int64_t c) const {
+  for (auto r = history_.rbegin(); r != history_.rend() && r->step >= c; ++r)
+    for (const Contribution& k : r->contributors)
+      if (k.rank == from && r->step - k.staleness == c) return true;
+  return false;
+}
+
 // Applies a closed step to this rank's chain (the sum itself is the caller's to apply).
 void DeadlineReduce::apply_record(const StepRecord& r) {
   chain_[r.step] = hash_;
@@ -478,7 +489,7 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
         fresh[j] = it->second.get();
         keep = true;
       } else if (c < s && options_.max_staleness > 0 && s - c <= options_.max_staleness && chain_.count(c) &&
-                 chain_[c] == h.hash && !fresh[j]) {
+                 chain_[c] == h.hash && !fresh[j] && !applied_before(from, c)) {
         stale[j] = it->second.get();
         keep = true;
       }
@@ -538,9 +549,10 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
       c.samples = stale[k]->message.header.samples;
       c.verdict = stale[k]->message.header.verdict;
       c.staleness = s - stale[k]->message.header.step;
-      ++record.staleness_applied;
     }
     if (!given || (g.empty() && c.samples == 0)) continue;  // present, with nothing to add
+    // Counted where applied: a late empty word (present after a catch-up) adds nothing.
+    if (c.staleness > 0) ++record.staleness_applied;
     HT_CHECK(g.size() == total.size(), "deadline reduce: rank ", j, " contributed ", g.size(),
              " gradient values to step ", s, "; expected ", total.size());
     for (size_t i = 0; i < total.size(); ++i) total[i] += g[i];

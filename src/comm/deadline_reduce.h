@@ -231,6 +231,7 @@ class DeadlineReduce {
   std::vector<int64_t> sent_to_;  // messages_sent_to
   std::vector<int> missed_in_row_;  // leader: steps in a row a member's share was missing
   std::deque<StepRecord> history_;  // recent closed steps, for catch-ups' records
+  bool applied_before(int from, int64_t c) const;  // see deadline_reduce.cpp
   // Leader: per recent step, when it opened and the latest arrival of a contribution to
   // it after that (late ones included), the measure that the budget adapts to.
   std::map<int64_t, std::pair<Clock::time_point, double>> arrivals_;

@@ -153,10 +153,29 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
 
 // Every member ends on one chain (a rank behind catches up), then the replicas are
 // checked bit-identical.
+// The step every rank ended at goes with its checksum: on a plan of several stages each
+// stage's chain ends on its own, and a checkpoint of stages at different steps would
+// join weights of different steps under one step's name. Refused before it is written
+// (the newest checkpoint stays the last good one).
 void Run::finish_deadline(Loop& loop) {
   end_deadline_chain(loop);
-  const std::vector<std::string> checksums =
-      world_.allgather(executor_->parameter_checksum(), peer_timeout(), "the replicas' checksums after the last step");
+  const std::vector<std::string> items =
+      world_.allgather(std::to_string(executor_->deadline_step()) + " " + executor_->parameter_checksum(),
+                       peer_timeout(), "the replicas' checksums after the last step");
+  std::vector<std::string> checksums;
+  std::string steps;
+  bool equal = true;
+  for (size_t r = 0; r < items.size(); ++r) {
+    const size_t space = items[r].find(' ');
+    HT_CHECK(space != std::string::npos, "rank ", r, " sent '", items[r], "' at the end of its deadline chain; "
+             "expected its step and checksum");
+    const std::string step = items[r].substr(0, space);
+    checksums.push_back(items[r].substr(space + 1));
+    equal = equal && step == items[0].substr(0, items[0].find(' '));
+    steps += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " at " + step;
+  }
+  HT_CHECK(equal, "the deadline chains ended at different steps (", steps, "); expected every rank at one step "
+           "(a stop that reached the stages apart): no checkpoint of this stop is written, the newest one stands");
   check_replicas_identical(plan_, checksums, executor_->deadline_step());
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -493,4 +494,55 @@ TEST_CASE("deadline: a leader back from a stop the others trained through to the
 
 TEST_CASE("deadline: a leader stopped inside its step, back after the others' end, takes their final state") {
   run_back_after_the_end(true);
+}
+
+TEST_CASE("deadline: a contribution resent to the next term's leader is not applied again as a stale one") {
+  // Rank 0 leads; its results reach rank 2 a second late (an emulated link), so rank 2
+  // gives up on them and resends its contribution to rank 1, the next term's leader,
+  // which had already applied the step that took it. With max_staleness above 0 that
+  // resend fits the staleness window on rank 1's chain; it must not be added again. The
+  // verdict holds whatever the timing: no record of the chain names one member's
+  // contribution to one step twice.
+  Communicator& w = world();
+  REQUIRE(w.size() >= 3);
+  std::unique_ptr<Communicator> group = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the test's group");
+  if (!group) return;
+  const int me = group->rank();
+  std::vector<float> weights(64, 0.5f);
+  DeadlineOptions o;
+  o.predicted_step_s = 0.02;
+  o.slack = 0.5;
+  o.max_staleness = 10;
+  o.peer_timeout_s = 60;
+  DeadlineReduce r(*group, o, {1, 1, 1}, 0, [&] { return ReplicaState{weights, {}}; },
+                   [&](const ReplicaState& s) { weights = s.floats; });
+  REQUIRE(group->barrier(kLong) == WaitStatus::done);
+  if (me == 0) {
+    std::vector<LinkEmulation> links(3);
+    links[2].latency_s = 1.0;
+    group->set_link_emulation(links);
+  }
+  std::vector<StepRecord> records;
+  while (r.step() < 30) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    std::vector<Tensor> g{Tensor::from_vector(std::vector<float>(64, 0.01f * static_cast<float>(me + 1)), {64},
+                                              cpu_backend())};
+    DeadlineOutcome out = r.reduce(g, 1, 0.0, Clock::now());
+    for (const StepRecord& m : out.missed) records.push_back(m);
+    if (out.ended) break;
+    records.push_back(out.record);
+    if (me == 0 && r.step() == 2) group->set_link_emulation({});
+  }
+  for (const StepRecord& m : r.finish()) records.push_back(m);
+  std::set<int64_t> steps;
+  std::set<std::pair<int, int64_t>> applied;  // (member, the step its contribution was computed for)
+  int twice = 0;
+  for (const StepRecord& rec : records) {
+    if (!steps.insert(rec.step).second) continue;  // one record per step of the chain
+    for (const Contribution& c : rec.contributors)
+      if (c.samples > 0 && !applied.insert({c.rank, rec.step - c.staleness}).second) ++twice;
+  }
+  CHECK(twice == 0);
+  if (me == 0) group->set_link_emulation({});
+  REQUIRE(group->barrier(kLong) == WaitStatus::done);
 }
