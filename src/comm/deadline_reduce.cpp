@@ -350,7 +350,7 @@ void DeadlineReduce::serve_held() {
       ++it;
       continue;
     }
-    send_catch_up(it->first, it->second.first);
+    send_catch_up(it->first, it->second.first, finishing_);  // from finish: the end
     it = held_.erase(it);
   }
 }
@@ -382,7 +382,7 @@ void DeadlineReduce::handle(int from, const Message& m) {
       return;
     case catch_up_request:
       // A finished member serves one behind it too (see ahead_done_), with its final state.
-      if (leader() == rank_ || (finishing_ && h.step < step_)) send_catch_up(from, h.step, finishing_);
+      if (leader() == rank_ || finishing_) send_catch_up(from, std::min(h.step, step_), finishing_);
       return;
     case catch_up_at:
       if (leader() != rank_) return;
@@ -391,9 +391,14 @@ void DeadlineReduce::handle(int from, const Message& m) {
       missed_in_row_[static_cast<size_t>(from)] = std::max(missed_in_row_[static_cast<size_t>(from)], kWaitFor);
       return;
     case done:
-      if (!finishing_ && h.step > step_) ahead_done_ = from;
+      // A member ahead ended training (back from a stop, this rank takes its end), or a
+      // member stopped (a signal, --stop-after): the chain ends at its state, which this
+      // rank takes at once rather than leading on (the stop reached the others only when
+      // the term came round to the stopped rank, up to a patience per member).
+      if (!finishing_ && (h.step > step_ || h.samples == 1)) ahead_done_ = from;
       if (leader() != rank_) return;
       done_[from] = {h.step, h.hash};
+      if (h.samples == 1) stop_done_[from] = h.step;
       return;
     case done_ok:
       done_ok_ = h.step == step_ && h.hash == hash_;
@@ -845,16 +850,17 @@ DeadlineOutcome DeadlineReduce::align_to(int64_t target) {
   return out;
 }
 
-std::vector<StepRecord> DeadlineReduce::finish() {
+std::vector<StepRecord> DeadlineReduce::finish(FinishReason why) {
   finishing_ = true;
   ahead_done_ = -1;
+  const int64_t stop_flag = why == FinishReason::stop ? 1 : 0;
   auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(options_.peer_timeout_s));
   bool agreed = false, sent = false;
   auto wait_until = Clock::now();
   Presence presence(options_.peer_timeout_s);
   auto send_done = [&] {
-    send(leader(), word(done, step_, term_, hash_));
+    send(leader(), word(done, step_, term_, hash_, stop_flag));
     sent = true;
     done_ok_ = false;
     wait_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(patience()));
@@ -878,13 +884,24 @@ std::vector<StepRecord> DeadlineReduce::finish() {
     // A leader behind a member that ended at a later step (back from a stop that the
     // others trained through) takes that member's state, rather than sending its own older
     // one to every member as the end.
-    const auto ahead = std::find_if(done_.begin(), done_.end(), [&](const auto& d) { return d.second.first > step_; });
+    auto ahead = std::find_if(done_.begin(), done_.end(), [&](const auto& d) { return d.second.first > step_; });
+    // Finishing for a stop that reached it (not its own, not the end of training), a
+    // leader ends where the latest stopped member's state is: on a hybrid plan its own
+    // stage may have stepped past the step the stopped replica agreed on, and every stage
+    // must end at that one.
+    if (why == FinishReason::propagated && !stop_done_.empty()) {
+      const auto latest = std::max_element(stop_done_.begin(), stop_done_.end(),
+                                           [](const auto& a, const auto& b) { return a.second < b.second; });
+      const auto d = done_.find(latest->first);
+      if (d != done_.end() && d->second != std::make_pair(step_, hash_)) ahead = d;
+    }
     if (leader() == rank_ && ahead != done_.end()) {
       ask_final_state(ahead->first);
     } else if (leader() == rank_) {
-      // Members behind (still stepping, or back from a stall) catch up to the end.
+      // Members still stepping (behind, back from a stall, or on this state) are told the
+      // end: each contribution is answered with the final state.
       for (auto it = arrived_.begin(); it != arrived_.end(); it = arrived_.erase(it))
-        if (it->first.first < step_ || it->second->message.header.hash != hash_) send_catch_up(it->first.second, it->first.first, true);
+        send_catch_up(it->first.second, std::min(it->first.first, step_), true);
       agreed = true;
       for (int j = 0; j < size_; ++j) {
         if (j == rank_) continue;
@@ -941,7 +958,7 @@ std::vector<StepRecord> DeadlineReduce::finish() {
     // A later term's leader (one that suspected the last before its answer came) is still
     // collecting the reports: it has this rank's, the final state, again.
     if (term_ != reported_term && leader() != rank_) {
-      send(leader(), word(done, step_, term_, hash_));
+      send(leader(), word(done, step_, term_, hash_, stop_flag));
       reported_term = term_;
     }
     if (leader() == rank_)  // a member that asks again (its answer crossed a term change)

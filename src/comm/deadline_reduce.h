@@ -154,10 +154,17 @@ class DeadlineReduce {
   // passed. A silent leader is replaced as in reduce; bounded by peer_timeout_s.
   DeadlineOutcome align_to(int64_t target);
 
+  // Why a member finishes: the end of training; its own stop (a signal, --stop-after),
+  // whose state is where the chain ends; or a stop that reached it from another member
+  // (a chain ended short of the end, or on a hybrid plan its replica's other stage).
+  enum class FinishReason { end, stop, propagated };
   // The end of training, on every member, after its last reduce: the members agree on one
   // chain (a rank behind catches up, possibly past steps it did not run) and drain every
-  // message in flight. Returns the records of steps this rank caught up past.
-  std::vector<StepRecord> finish();
+  // message in flight. Returns the records of steps this rank caught up past. A stop's
+  // state wins: a leader that hears a stop in its steps takes the stopped member's state
+  // at once, and one finishing for a stop that reached it takes the latest stop's, so
+  // that every stage of a hybrid plan ends at the step its stopped replica agreed on.
+  std::vector<StepRecord> finish(FinishReason why = FinishReason::end);
 
   int64_t step() const { return step_; }       // the next step to reduce
   uint64_t chain_hash() const { return hash_; }
@@ -239,6 +246,7 @@ class DeadlineReduce {
 
   // Finish: members' reported (step, hash); the leader's answer.
   std::map<int, std::pair<int64_t, uint64_t>> done_;
+  std::map<int, int64_t> stop_done_;  // members that reported a stop (done with samples 1): their step
   bool done_ok_ = false;
   // In finish(): this rank's training is over, and a rank behind it may take its state.
   bool finishing_ = false;

@@ -147,10 +147,10 @@ DeadlineStep DeadlineSync::reduce(std::vector<Tensor>& grads, int64_t samples, d
   return d;
 }
 
-std::vector<comm::StepRecord> DeadlineSync::finish() {
+std::vector<comm::StepRecord> DeadlineSync::finish(comm::DeadlineReduce::FinishReason why) {
   mark_step_start();  // a final catch-up carries the streams as the last step left them
   std::vector<comm::StepRecord> out;
-  for (const comm::StepRecord& r : reduce_->finish()) out.push_back(in_world_ranks(r));
+  for (const comm::StepRecord& r : reduce_->finish(why)) out.push_back(in_world_ranks(r));
   return out;
 }
 

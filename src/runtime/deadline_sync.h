@@ -74,7 +74,7 @@ class DeadlineSync {
   // this stage's state at step `target` (or later), the records passed in world ranks.
   DeadlineStep align_to(int64_t target);
   // After the last step: one chain on every member, everything drained.
-  std::vector<comm::StepRecord> finish();
+  std::vector<comm::StepRecord> finish(comm::DeadlineReduce::FinishReason why);
   int64_t step() const { return reduce_->step(); }  // the next step to run
 
  private:

@@ -152,7 +152,8 @@ class Executor {
   int64_t deadline_step() const { return deadline_ ? deadline_->step() : -1; }
   // After the last step, on every member: one chain everywhere (a rank behind catches
   // up) and nothing left in flight; returns the steps this rank caught up past.
-  std::vector<comm::StepRecord> finish_deadline();
+  std::vector<comm::StepRecord> finish_deadline(
+      comm::DeadlineReduce::FinishReason why = comm::DeadlineReduce::FinishReason::end);
   // Every rank's string of this rank's replica (every stage of it), in stage order;
   // bounded by the peer timeout, a miss naming `what`. Under deadline on a hybrid plan
   // the replica's ranks are at one step after every step (AlignReplica) while the other

@@ -295,8 +295,8 @@ void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t firs
   reduce_.reset();
 }
 
-std::vector<comm::StepRecord> Executor::finish_deadline() {
-  return deadline_ ? deadline_->finish() : std::vector<comm::StepRecord>{};
+std::vector<comm::StepRecord> Executor::finish_deadline(comm::DeadlineReduce::FinishReason why) {
+  return deadline_ ? deadline_->finish(why) : std::vector<comm::StepRecord>{};
 }
 
 // The guard judges this rank's contribution first (one left out goes as zeros with no

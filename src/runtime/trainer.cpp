@@ -216,7 +216,9 @@ TrainSummary Run::run() {
       // Every member ends on one chain: the step saved is that chain's, where a catch-up
       // in it moved this rank on (a checkpoint labelled with the step before held a
       // later step's weights).
-      finish_deadline(loop);
+      // This rank's own stop (a signal, --stop-after); one that reached it from another
+      // rank ended its chain in take_deadline already.
+      finish_deadline(loop, FinishReason::stop);
       done = executor_->deadline_step();
     }
     if (last) {

@@ -118,8 +118,9 @@ class Run {
   bool replica_agrees_stops() const;
   void write_deadline_record(const comm::StepRecord& rec, std::optional<report::MetricsLog>& metrics,
                              report::Progress& progress);
-  void finish_deadline(Loop& loop);
-  void end_deadline_chain(Loop& loop);  // the deadline reduction's finish, once
+  using FinishReason = comm::DeadlineReduce::FinishReason;
+  void finish_deadline(Loop& loop, FinishReason why = FinishReason::end);
+  void end_deadline_chain(Loop& loop, FinishReason why);  // the deadline reduction's finish, once
 
   // trainer_logs.cpp: the log steps' exchange.
   bool finish_due_logs(Loop& loop, int64_t done, bool stop_after);

@@ -106,7 +106,7 @@ int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   // Ended with its replica's other stage, not by a catch-up to the end: its own stage
   // ends on one chain now (the leader that ended the other stage is at the end too), so
   // that the last step's checkpoint holds the end's weights.
-  if (d.ended && executor_->deadline_step() < total_steps_) end_deadline_chain(loop);
+  if (d.ended && executor_->deadline_step() < total_steps_) end_deadline_chain(loop, FinishReason::propagated);
   // Still short of the last step on that chain: the member that ended it stopped there (an
   // interrupt, --stop-after), not at the end of training, and the job stops at that step.
   // (Taken as the end, it once wrote the step-200 weights as the checkpoint of step 2000.)
@@ -126,9 +126,9 @@ int64_t Run::take_deadline(StepResult& r, Loop& loop) {
   return applied - 1;
 }
 
-void Run::end_deadline_chain(Loop& loop) {
+void Run::end_deadline_chain(Loop& loop, FinishReason why) {
   if (deadline_agreed_) return;
-  for (const comm::StepRecord& rec : executor_->finish_deadline())
+  for (const comm::StepRecord& rec : executor_->finish_deadline(why))
     write_deadline_record(rec, loop.metrics, loop.progress);
   deadline_agreed_ = true;
 }
@@ -157,8 +157,8 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
 // stage's chain ends on its own, and a checkpoint of stages at different steps would
 // join weights of different steps under one step's name. Refused before it is written
 // (the newest checkpoint stays the last good one).
-void Run::finish_deadline(Loop& loop) {
-  end_deadline_chain(loop);
+void Run::finish_deadline(Loop& loop, FinishReason why) {
+  end_deadline_chain(loop, why);
   const std::vector<std::string> items =
       world_.allgather(std::to_string(executor_->deadline_step()) + " " + executor_->parameter_checksum(),
                        peer_timeout(), "the replicas' checksums after the last step");

@@ -319,7 +319,9 @@ TEST_CASE("deadline: align_to takes the leader's state at exactly the step asked
         }
         const DeadlineOutcome o = reduce.align_to(kTarget);
         CHECK(o.caught_up);
-        CHECK_FALSE(o.ended);
+        // Ended only where the leader had finished training (ahead, it may reach kEnd
+        // before the request arrives): its answer from finish is the end's.
+        CHECK((!o.ended || reduce.step() == kEnd));
         landed = reduce.step();
         landed_crc = crc(weights);
         passed = o.missed.size();
@@ -545,4 +547,48 @@ TEST_CASE("deadline: a contribution resent to the next term's leader is not appl
   CHECK(twice == 0);
   if (me == 0) group->set_link_emulation({});
   REQUIRE(group->barrier(kLong) == WaitStatus::done);
+}
+
+TEST_CASE("deadline: a member's stop ends the chain at its step at once, the leader taking its state") {
+  // Four members, one leader (rank 0: the patience is long, so no term changes). Member
+  // 2 stops after step 5 (a signal: finish as a stop). The leader hears its `done` in
+  // the step it leads next and takes its state, so no rank applies more than one step
+  // past it, and every rank ends at step 5 on one chain. (The stop once reached the
+  // others only when the term came round to the stopped member, a patience per member:
+  // with 8 members they reached step 49, and each of those steps was thrown away.)
+  Communicator& w = world();
+  REQUIRE(w.size() >= 4);
+  constexpr int64_t kStop = 5;
+  std::unique_ptr<Communicator> group = w.split(w.rank() < 4 ? 0 : -1, w.rank(), kLong, "the test's group");
+  if (!group) return;
+  const int me = group->rank();
+  std::vector<float> weights(64, 0.5f);
+  DeadlineOptions o;
+  o.predicted_step_s = 0.02;
+  o.peer_timeout_s = 30;
+  o.min_patience_s = 10;
+  DeadlineReduce r(*group, o, std::vector<int64_t>(4, 1), 0, [&] { return ReplicaState{weights, {}}; },
+                   [&](const ReplicaState& s) { weights = s.floats; });
+  REQUIRE(group->barrier(kLong) == WaitStatus::done);
+  int64_t highest = 0;
+  bool ended = false;
+  while (r.step() < 1000) {
+    if (me == 2 && r.step() == kStop) break;
+    std::vector<Tensor> g{Tensor::from_vector(std::vector<float>(64, 0.01f * static_cast<float>(me + 1)), {64},
+                                              cpu_backend())};
+    const DeadlineOutcome out = r.reduce(g, 1, 0.0, Clock::now());
+    highest = std::max(highest, r.step());
+    if (out.ended) {
+      ended = true;
+      break;
+    }
+    const std::vector<float> sum = g[0].to_vector();
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * sum[i];
+  }
+  r.finish(me == 2 ? DeadlineReduce::FinishReason::stop : DeadlineReduce::FinishReason::propagated);
+  CHECK(r.step() == kStop);
+  CHECK(highest <= kStop + 1);
+  if (me != 2) CHECK(ended);
+  const std::vector<std::string> hashes = group->allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
+  CHECK(std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; }));
 }
