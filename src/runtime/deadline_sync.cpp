@@ -1,5 +1,7 @@
 #include "runtime/deadline_sync.h"
 
+#include <climits>
+
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -24,6 +26,19 @@ DeadlineSync::DeadlineSync(comm::Communicator& group, std::vector<int> world_ran
   o.max_staleness = parallel.max_staleness;
   o.peer_timeout_s = parallel.peer_timeout_s;
   for (int b = block_begin_; b < block_end_; ++b) offsets_.push_back(model_.block(static_cast<size_t>(b)).random_offset());
+  // A catch-up goes as one message (MPI counts are int): the stage's parameters and its
+  // float optimiser state, plus room for the step records that ride with it. Refused
+  // here, before the first step, rather than at the first catch-up hours in.
+  int64_t floats = 0;
+  for (const auto& [name, p] : params_) floats += p.numel();
+  for (const auto& [name, t] : optimizer_.state())
+    if (t.dtype() == DType::f32) floats += t.numel();
+  constexpr int64_t kRecordsRoom = int64_t{64} << 20;
+  HT_CHECK(floats * 4 + kRecordsRoom <= INT_MAX, "parallel.sync deadline: stage of blocks ", block_begin_, "..",
+           block_end_ - 1, " holds ", floats, " float32 values of parameters and optimiser state (", floats * 4,
+           " bytes), which a catch-up sends as one message; expected at most ", (INT_MAX - kRecordsRoom) / 4,
+           " (an MPI message's 2^31 - 1 bytes, less room for its step records): use more pipeline stages, or "
+           "parallel.sync sync");
   reduce_ = std::make_unique<comm::DeadlineReduce>(
       group, o, std::move(shares), first_step, [this] { return save(); },
       [this](const comm::ReplicaState& s) { load(s); });
