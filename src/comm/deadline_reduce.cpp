@@ -22,8 +22,14 @@ constexpr int kWaitFor = 2;
 // Members a leader still sends results to: a member that missed more steps in a row is
 // caught up when it returns instead (results queued for a stopped process would pile up).
 constexpr int kSendTo = 4;
-// Closed steps a leader remembers, for the records that a catch-up carries.
+// Closed steps a leader remembers, for the records that a catch-up carries: up to
+// kHistory, fewer where the members are many (each record names its contributors, 32
+// bytes each: 100,000 records of 512 members were 1.6 GB on every rank), at least
+// kMinHistory. A member back from a longer absence gets the last ones; rank 0's metrics
+// then lack the records of the steps before them.
 constexpr size_t kHistory = 100000;
+constexpr size_t kMinHistory = 1000;
+constexpr size_t kHistoryContributors = 2'000'000;
 // Full steps in the running median that adapts the budget.
 constexpr size_t kMedianOf = 9;
 // The waits' sleep between polls; a peer's message on this host ends it at once (the
@@ -437,7 +443,8 @@ void DeadlineReduce::fail_wait(const std::string& what, const std::vector<int>& 
 void DeadlineReduce::remember(const StepRecord& r) {
   while (!history_.empty() && history_.back().step >= r.step) history_.pop_back();
   history_.push_back(r);
-  while (history_.size() > kHistory) history_.pop_front();
+  const size_t keep = std::max(kMinHistory, std::min(kHistory, kHistoryContributors / static_cast<size_t>(size_)));
+  while (history_.size() > keep) history_.pop_front();
 }
 
 // Whether member `from`'s contribution computed for step `c` is already in a step this
