@@ -486,7 +486,12 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
   for (;;) {
     if (options_.while_leading) options_.while_leading();
     const uint32_t heard = doorbell_heard();  // before the poll: a ring after it ends the sleep
-    const bool any = poll();
+    // Everything queued, not one message per peer: a leader back from a stop has the
+    // others' word of a later term or of the end of training queued behind their older
+    // messages, and read a message a poll it closed steps alone before reaching it (a
+    // loaded host fits few polls in a budget).
+    bool any = false;
+    while (poll()) any = true;
     if (leader() != rank_ || ahead_done_ >= 0) return false;
     // Sort what arrived: this step's on this chain, late ones, and out-of-step senders.
     for (auto it = arrived_.begin(); it != arrived_.end();) {
