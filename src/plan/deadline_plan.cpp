@@ -58,6 +58,16 @@ void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel
              "whole optimizer state: give the ranks that memory, or set parallel.sync to sync");
   }
   if (replicas > 1) {
+    for (const RankPlan& r : plan.ranks) {
+      if (r.replica < 0) continue;
+      const double bytes = r.memory.params + r.memory.optimizer;
+      HT_CHECK(bytes <= kDeadlineCatchUpMaxBytes, "parallel.sync deadline: stage ", r.stage, " (blocks ", r.block_begin,
+               "..", r.block_end - 1, ") holds ", static_cast<int64_t>(bytes),
+               " bytes of parameters and optimizer state, which a catch-up sends as one message; expected at most ",
+               static_cast<int64_t>(kDeadlineCatchUpMaxBytes),
+               " (an MPI message's 2^31 - 1 bytes, less room for its step records): more pipeline stages, or "
+               "parallel.sync sync");
+    }
     check_deadline_ranks(plan);  // rank 0 among them: it evaluates and checkpoints from its own weights
     first_replica_rank_0(plan);
     if (hub_steps_optimizer(plan)) set_hub_steps_optimizer(plan, false);

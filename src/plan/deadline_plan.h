@@ -19,6 +19,12 @@
 namespace ht::plan {
 
 inline constexpr double kDeadlineNoteRatio = 1.5;
+// A catch-up is one message of the stage's parameters and float optimiser state (MPI
+// counts are int): at most INT_MAX bytes, less room for the step records that ride with
+// it. The planner refuses a deadline plan past it (auto then tries more stages), and the
+// runtime a plan file that is (runtime/deadline_sync.cpp).
+inline constexpr double kDeadlineRecordsRoom = 64.0 * 1024 * 1024;
+inline constexpr double kDeadlineCatchUpMaxBytes = 2147483647.0 - kDeadlineRecordsRoom;
 
 // Makes `plan` a deadline plan: sync_policy "deadline", replica 0 as the reduction's
 // first leader (the cost model charges the hub reduction that the leader runs: every
@@ -26,7 +32,8 @@ inline constexpr double kDeadlineNoteRatio = 1.5;
 // optimiser, rank 0's replica first (rank 0 evaluates and checkpoints from its own
 // weights, with no message from a rank that may be stalled), and the prediction redone
 // on the deadline lists. Throws ht::Error naming the setting and what is supported for
-// a sharded plan, or one with replicas that leaves a rank idle. Where the deadline step
+// a sharded plan, one with replicas that leaves a rank idle, or one whose stage's catch-up
+// (its parameters and optimiser state) exceeds kDeadlineCatchUpMaxBytes. Where the deadline step
 // is over kDeadlineNoteRatio x the same layout's synchronous step, a note says that the
 // leader's link sets the pace.
 void apply_deadline_sync(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);

@@ -1,12 +1,11 @@
 #include "runtime/deadline_sync.h"
 
-#include <climits>
-
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "backend/allocator.h"
 #include "core/error.h"
+#include "plan/deadline_plan.h"
 #include "runtime/guard.h"
 
 namespace ht::runtime {
@@ -33,11 +32,11 @@ DeadlineSync::DeadlineSync(comm::Communicator& group, std::vector<int> world_ran
   for (const auto& [name, p] : params_) floats += p.numel();
   for (const auto& [name, t] : optimizer_.state())
     if (t.dtype() == DType::f32) floats += t.numel();
-  constexpr int64_t kRecordsRoom = int64_t{64} << 20;
-  HT_CHECK(floats * 4 + kRecordsRoom <= INT_MAX, "parallel.sync deadline: stage of blocks ", block_begin_, "..",
-           block_end_ - 1, " holds ", floats, " float32 values of parameters and optimiser state (", floats * 4,
-           " bytes), which a catch-up sends as one message; expected at most ", (INT_MAX - kRecordsRoom) / 4,
-           " (an MPI message's 2^31 - 1 bytes, less room for its step records): use more pipeline stages, or "
+  HT_CHECK(static_cast<double>(floats) * 4 <= plan::kDeadlineCatchUpMaxBytes, "parallel.sync deadline: stage of blocks ",
+           block_begin_, "..", block_end_ - 1, " holds ", floats, " float32 values of parameters and optimiser state (",
+           floats * 4, " bytes), which a catch-up sends as one message; expected at most ",
+           static_cast<int64_t>(plan::kDeadlineCatchUpMaxBytes),
+           " bytes (an MPI message's 2^31 - 1, less room for its step records): use more pipeline stages, or "
            "parallel.sync sync");
   reduce_ = std::make_unique<comm::DeadlineReduce>(
       group, o, std::move(shares), first_step, [this] { return save(); },

@@ -123,6 +123,25 @@ TEST_CASE("deadline plan: optimizer-state sharding is refused, naming the settin
   CHECK(contains(s, "parallel.sync"));
 }
 
+TEST_CASE("deadline plan: a stage whose catch-up would not fit one MPI message is refused, naming it") {
+  // A catch-up carries the stage's parameters and optimizer state as one message; auto
+  // then tries a layout of more stages (plan_for_policy's attempts).
+  const ClusterModel c = cluster({2e13, 2e13, 1e13, 1e13}, std::vector(4, 64 * kGiB), 1e-4, 5e8);
+  const PlannerInput din = input(c, costs(c, 6), 128, "data");
+  Plan p = make_plan(din);
+  REQUIRE(p.strategy == Strategy::data);
+  Plan at_limit = p;
+  at_limit.ranks[1].memory.params = kDeadlineCatchUpMaxBytes / 3;
+  at_limit.ranks[1].memory.optimizer = 2 * kDeadlineCatchUpMaxBytes / 3;
+  CHECK_NOTHROW(apply_deadline_sync(at_limit, din.costs, din.cluster));
+  p.ranks[1].memory.params = 0.8e9;
+  p.ranks[1].memory.optimizer = 1.6e9;  // AdamW's two moments: a 200M-parameter stage
+  const std::string s = error_of([&] { apply_deadline_sync(p, din.costs, din.cluster); });
+  CHECK(contains(s, "stage 0"));
+  CHECK(contains(s, "2400000000 bytes of parameters and optimizer state"));
+  CHECK(contains(s, "more pipeline stages, or parallel.sync sync"));
+}
+
 TEST_CASE("deadline plan: rank 0's replica comes first, its share with it (it evaluates and checkpoints alone)") {
   const ClusterModel c = cluster({2e12, 8e12, 4e12, 2e12}, std::vector(4, 64 * kGiB), 1e-5, 1e10);
   const PlannerInput in = input(c, costs(c, 4), 128, "data");
