@@ -307,10 +307,7 @@ void LocalSync::take_stats() {
 }
 
 void LocalSync::apply_split(const plan::RoundSplit& split) {
-  plan_.local->group_steps = split.steps;
-  plan_.local->round_samples = split.samples;
-  plan::check_local_plan(plan_);
-  weights_ = member_weights(plan_);
+  resume_split(split);
   // The round whose stats arrive at the next round's end ran under the old split.
   skip_rounds_ = 1;
   window_inner_.assign(window_inner_.size(), 0.0);
@@ -319,9 +316,11 @@ void LocalSync::apply_split(const plan::RoundSplit& split) {
 }
 
 void LocalSync::resume_split(const plan::RoundSplit& split) {
-  plan_.local->group_steps = split.steps;
-  plan_.local->round_samples = split.samples;
-  plan::check_local_plan(plan_);
+  plan::Plan next = plan_;  // checked before it replaces the split: a refused one changes nothing
+  next.local->group_steps = split.steps;
+  next.local->round_samples = split.samples;
+  plan::check_local_plan(next);
+  plan_ = std::move(next);
   weights_ = member_weights(plan_);
 }
 

@@ -230,18 +230,14 @@ void Run::resume_local_split(const Checkpoint& loaded, const std::string& text) 
   }
   if (groups != plan_.local->groups || inner_steps != plan_.local->inner_steps) return;
   if (split.steps == plan_.local->group_steps && split.samples == plan_.local->round_samples) return;
-  plan::Plan trial = plan_;
-  trial.local->group_steps = split.steps;
-  trial.local->round_samples = split.samples;
   try {
-    plan::check_local_plan(trial);
+    local_->resume_split(split);  // checks it against the plan
   } catch (const Error& e) {
     fail("checkpoint ", loaded.path, ": metadata 'local.split' does not fit this plan: ", e.what(),
          " (the file is corrupt)");
   }
   plan_.local->group_steps = split.steps;
   plan_.local->round_samples = split.samples;
-  local_->resume_split(split);
   if (root_) {
     std::string samples;
     for (int64_t n : split.samples) samples += (samples.empty() ? "" : ", ") + std::to_string(n);

@@ -1,5 +1,6 @@
 // The run's glue to parallel.sync local (a group's inner steps, the meetings of every
 // rank) and deadline (its start, the steps a catch-up applied, the end on one chain).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -152,29 +153,27 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
 }
 
 // Every member ends on one chain (a rank behind catches up), then the replicas are
-// checked bit-identical.
-// The step every rank ended at goes with its checksum: on a plan of several stages each
-// stage's chain ends on its own, and a checkpoint of stages at different steps would
-// join weights of different steps under one step's name. Refused before it is written
-// (the newest checkpoint stays the last good one).
+// checked bit-identical. The step every rank ended at goes with its checksum: on a plan
+// of several stages each stage's chain ends on its own, and a checkpoint of stages at
+// different steps would join weights of different steps under one step's name. Refused
+// before it is written (the newest checkpoint stays the last good one).
 void Run::finish_deadline(Loop& loop, FinishReason why) {
   end_deadline_chain(loop, why);
   const std::vector<std::string> items =
       world_.allgather(std::to_string(executor_->deadline_step()) + " " + executor_->parameter_checksum(),
                        peer_timeout(), "the replicas' checksums after the last step");
-  std::vector<std::string> checksums;
-  std::string steps;
-  bool equal = true;
+  std::vector<std::string> checksums, steps;
   for (size_t r = 0; r < items.size(); ++r) {
     const size_t space = items[r].find(' ');
     HT_CHECK(space != std::string::npos, "rank ", r, " sent '", items[r], "' at the end of its deadline chain; "
              "expected its step and checksum");
-    const std::string step = items[r].substr(0, space);
+    steps.push_back(items[r].substr(0, space));
     checksums.push_back(items[r].substr(space + 1));
-    equal = equal && step == items[0].substr(0, items[0].find(' '));
-    steps += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " at " + step;
   }
-  HT_CHECK(equal, "the deadline chains ended at different steps (", steps, "); expected every rank at one step "
+  const bool equal = std::all_of(steps.begin(), steps.end(), [&](const std::string& s) { return s == steps[0]; });
+  std::string where;
+  for (size_t r = 0; r < steps.size(); ++r) where += (r ? ", rank " : "rank ") + std::to_string(r) + " at " + steps[r];
+  HT_CHECK(equal, "the deadline chains ended at different steps (", where, "); expected every rank at one step "
            "(a stop that reached the stages apart): no checkpoint of this stop is written, the newest one stands");
   check_replicas_identical(plan_, checksums, executor_->deadline_step());
 }

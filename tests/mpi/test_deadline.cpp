@@ -34,6 +34,12 @@ constexpr int kStalledAtTag = 778;
 const std::vector<int64_t> kShares{5, 3, 2};
 constexpr int64_t kGlobal = 10;
 
+// The first n world ranks' own communicator (null on the others), for a test of n members.
+std::unique_ptr<Communicator> first_ranks(int n) {
+  REQUIRE(world().size() >= n);
+  return world().split(world().rank() < n ? 0 : -1, world().rank(), kLong, "the test's group");
+}
+
 // Member j's contribution at `step` on weights `w`: the summed per-sample gradient of a
 // quadratic loss, pre-scaled by 1 / global batch as the executor scales it.
 std::vector<float> contribution(int j, int64_t step, const std::vector<float>& w) {
@@ -47,9 +53,7 @@ std::vector<float> contribution(int j, int64_t step, const std::vector<float>& w
 }
 
 void run_stall(int stalled, int64_t max_staleness) {
-  Communicator& w = world();
-  REQUIRE(w.size() >= 3);
-  std::unique_ptr<Communicator> group = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the test's group");
+  std::unique_ptr<Communicator> group = first_ranks(3);
   if (!group) return;
   const int me = group->rank();
   const int releaser = stalled == 0 ? 1 : 0;
@@ -207,9 +211,7 @@ TEST_CASE("deadline: each contribution's verdict reaches every rank in the step'
   // step, as the bad-node guard does. Every record that names a contributor must give
   // it the verdict it was sent with, on every rank; the budget is thousands of steps
   // long, so every member is in every step unless one is seconds late.
-  Communicator& w = world();
-  REQUIRE(w.size() >= 3);
-  std::unique_ptr<Communicator> group = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the test's group");
+  std::unique_ptr<Communicator> group = first_ranks(3);
   if (!group) return;
   const int me = group->rank();
   std::vector<float> weights(kN, 0.5f);
@@ -276,8 +278,6 @@ TEST_CASE("deadline: align_to takes the leader's state at exactly the step asked
   // way member 1's state is the leader's at the step it landed on, the records of the
   // steps passed come with it, and the two end identical. The budgets are seconds long
   // where the order matters, so only a rank stopped for seconds could change it.
-  Communicator& w = world();
-  REQUIRE(w.size() >= 2);
   constexpr int64_t kAsk = 3, kTarget = 8, kEnd = 16;
   constexpr int kAheadTag = 779;
   auto crc = [](const std::vector<float>& v) { return crc32_hex(crc32_update(0, v.data(), v.size() * sizeof(float))); };
@@ -285,7 +285,7 @@ TEST_CASE("deadline: align_to takes the leader's state at exactly the step asked
     CAPTURE(ahead);
     // A communicator of its own per run: nothing one run's reduction left in flight can
     // reach the next one's.
-    std::unique_ptr<Communicator> group = w.split(w.rank() < 2 ? 0 : -1, w.rank(), kLong, "the test's group");
+    std::unique_ptr<Communicator> group = first_ranks(2);
     if (!group) continue;
     const int me = group->rank();
     std::vector<float> weights(kN, 0.5f);
@@ -369,12 +369,10 @@ TEST_CASE("deadline: a member stopped past its patience reads its leader's answe
   // not there to hear: it waits on, takes the answer and the lead stays with rank 0. Its
   // patience for step 1 is max(2 x the plan's budget + 0.02, 2) = 2 s whatever the load
   // (the budget adapts only after three closed steps).
-  Communicator& w = world();
-  REQUIRE(w.size() >= 2);
   constexpr double kStop = 4;
   constexpr int64_t kEnd = 5;
   constexpr int kBig = 1 << 18;  // floats: 1 MiB
-  std::unique_ptr<Communicator> group = w.split(w.rank() < 2 ? 0 : -1, w.rank(), kLong, "the test's group");
+  std::unique_ptr<Communicator> group = first_ranks(2);
   if (!group) return;
   const int me = group->rank();
   std::vector<float> weights(kBig, 0.5f);
@@ -429,11 +427,9 @@ TEST_CASE("deadline: a member stopped past its patience reads its leader's answe
 // it must not contribute to itself (send refuses it at once: the drain at the end would
 // wait on that send until the peer timeout).
 void run_back_after_the_end(bool while_leading) {
-  Communicator& w = world();
-  REQUIRE(w.size() >= 3);
   constexpr int64_t kEnd = 12, kStopAt = 2;
   constexpr int kInFinishTag = 780;
-  std::unique_ptr<Communicator> group = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the test's group");
+  std::unique_ptr<Communicator> group = first_ranks(3);
   if (!group) return;
   const int me = group->rank();
   std::vector<float> weights(kN, 0.5f);
@@ -505,9 +501,7 @@ TEST_CASE("deadline: a contribution resent to the next term's leader is not appl
   // resend fits the staleness window on rank 1's chain; it must not be added again. The
   // verdict holds whatever the timing: no record of the chain names one member's
   // contribution to one step twice.
-  Communicator& w = world();
-  REQUIRE(w.size() >= 3);
-  std::unique_ptr<Communicator> group = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the test's group");
+  std::unique_ptr<Communicator> group = first_ranks(3);
   if (!group) return;
   const int me = group->rank();
   std::vector<float> weights(64, 0.5f);
@@ -556,10 +550,8 @@ TEST_CASE("deadline: a member's stop ends the chain at its step at once, the lea
   // past it, and every rank ends at step 5 on one chain. (The stop once reached the
   // others only when the term came round to the stopped member, a patience per member:
   // with 8 members they reached step 49, and each of those steps was thrown away.)
-  Communicator& w = world();
-  REQUIRE(w.size() >= 4);
   constexpr int64_t kStop = 5;
-  std::unique_ptr<Communicator> group = w.split(w.rank() < 4 ? 0 : -1, w.rank(), kLong, "the test's group");
+  std::unique_ptr<Communicator> group = first_ranks(4);
   if (!group) return;
   const int me = group->rank();
   std::vector<float> weights(64, 0.5f);

@@ -31,25 +31,40 @@ const std::vector<int64_t> kShares{128, 128, 64, 64};
 const std::vector<std::vector<int>> kGroups{{0}, {1}, {2, 3}};
 const std::vector<int64_t> kSizes{1000, 7};
 
-plan::Plan local_plan(int delay) {
+// A one-stage local plan over kRanks world ranks: replica_of[r] is rank r's replica
+// (-1: idle), each replica one rank; shares[r] its samples of an inner step.
+plan::Plan one_stage_plan(const std::vector<int>& replica_of, const std::vector<int64_t>& shares,
+                          plan::LocalSync local) {
   plan::Plan p;
   p.world_size = kRanks;
   p.blocks = 1;
   p.global_batch = 128;
   p.stage_ranges = {{0, 1}};
   p.sync_policy = plan::SyncPolicy::local;
+  int replicas = 0;
+  for (int r : replica_of) replicas = std::max(replicas, r + 1);
+  p.layout.replicas.resize(static_cast<size_t>(replicas));
+  p.layout.samples.resize(static_cast<size_t>(replicas));
+  p.layout.micro_batches.assign(static_cast<size_t>(replicas), 1);
   for (int r = 0; r < kRanks; ++r) {
-    p.layout.replicas.push_back({r});
-    p.layout.samples.push_back(kShares[static_cast<size_t>(r)]);
-    p.layout.micro_batches.push_back(1);
     plan::RankPlan rp;
-    rp.rank = rp.replica = r;
-    rp.stage = 0;
+    rp.rank = r;
+    rp.replica = replica_of[static_cast<size_t>(r)];
+    rp.stage = rp.replica >= 0 ? 0 : -1;
     rp.block_end = 1;
-    rp.samples = kShares[static_cast<size_t>(r)];
+    rp.samples = rp.replica >= 0 ? shares[static_cast<size_t>(r)] : 0;
     p.ranks.push_back(rp);
+    if (rp.replica < 0) continue;
+    p.layout.replicas[static_cast<size_t>(rp.replica)] = {r};
+    p.layout.samples[static_cast<size_t>(rp.replica)] = rp.samples;
   }
-  p.local = plan::LocalSync{kGroups, kH, {2, 1, 1}, {2 * 128, 128, 128}};  // whole global batches
+  p.local = std::move(local);
+  return p;
+}
+
+plan::Plan local_plan(int delay) {
+  plan::Plan p = one_stage_plan({0, 1, 2, 3}, kShares,
+                                plan::LocalSync{kGroups, kH, {2, 1, 1}, {2 * 128, 128, 128}});  // whole global batches
   p.local->outer_delay = delay;
   return p;
 }
@@ -287,34 +302,12 @@ TEST_CASE("local sync: one group's delta is taken as it is, whatever outer_lr an
 
 namespace {
 
-// A plan of 4 world ranks for the weighting cases below: replica_of[r] is rank r's
-// replica (-1: idle), each replica one rank of one stage; groups over replicas.
+// The weighting cases' plans: every replica's inner step of 128 samples, the outer step
+// at the round's end.
 plan::Plan weighting_plan(const std::vector<int>& replica_of, std::vector<std::vector<int>> groups, int h,
                           std::vector<int> steps, std::vector<int64_t> samples) {
-  plan::Plan p;
-  p.world_size = kRanks;
-  p.blocks = 1;
-  p.global_batch = 128;
-  p.stage_ranges = {{0, 1}};
-  p.sync_policy = plan::SyncPolicy::local;
-  int replicas = 0;
-  for (int r : replica_of) replicas = std::max(replicas, r + 1);
-  p.layout.replicas.resize(static_cast<size_t>(replicas));
-  for (int r = 0; r < kRanks; ++r) {
-    plan::RankPlan rp;
-    rp.rank = r;
-    rp.replica = replica_of[static_cast<size_t>(r)];
-    rp.stage = rp.replica >= 0 ? 0 : -1;
-    rp.block_end = 1;
-    rp.samples = rp.replica >= 0 ? 128 : 0;
-    p.ranks.push_back(rp);
-    if (rp.replica >= 0) p.layout.replicas[static_cast<size_t>(rp.replica)] = {r};
-  }
-  for (int i = 0; i < replicas; ++i) {
-    p.layout.samples.push_back(128);
-    p.layout.micro_batches.push_back(1);
-  }
-  p.local = plan::LocalSync{std::move(groups), h, std::move(steps), std::move(samples)};
+  plan::Plan p = one_stage_plan(replica_of, std::vector<int64_t>(kRanks, 128),
+                                plan::LocalSync{std::move(groups), h, std::move(steps), std::move(samples)});
   p.local->outer_delay = h;
   plan::check_local_plan(p);
   return p;
