@@ -171,7 +171,7 @@ void register_plan(CLI::App& app) {
                   "catalogue (default: quick-probe this job's ranks)")
       ->check(non_empty_path());
   cmd->add_option("--catalogue", args->catalogue, "Device catalogue for synth: clusters")
-      ->default_str("configs/devices.json of this build")
+      ->default_str("$HETRAIN_DEVICES, else configs/devices.json of this build")
       ->check(non_empty_path());
   CLI::Option* json_option = cmd->add_option("--json", args->json, "Write the plan here (for `hetrain train --plan`)");
   CLI::Option* svg_option = cmd->add_option("--svg", args->svg,
@@ -190,7 +190,8 @@ void register_plan(CLI::App& app) {
                   "stall:rank=R,at=T,for=S  slow:rank=R,at=T,factor=F  fail:rank=R,at=T  "
                   "link:ranks=A-B,at=T,latency=MS,bandwidth=MB_PER_S  join:device=ID,at=T (T and S in seconds of "
                   "job time)")
-      ->type_name("EVENT");
+      ->type_name("EVENT")
+      ->allow_extra_args(false);  // one event a flag: the config may follow it
   CLI::Option* what_if_option = cmd->get_option("--what-if");
   cmd->add_option("--what-if-steps", args->what_if_steps, "Steps the what-if simulator plays")
       ->needs(what_if_option)

@@ -38,7 +38,7 @@ void register_probe(CLI::App& app) {
   auto* cmd = app.add_subcommand("probe", "Fingerprint each rank's hardware, device rates and links");
   cmd->add_flag("--quick", args->quick, "Shorter measurements (under 5 s on 4 ranks), less accurate");
   CLI::Option* json_option =
-      cmd->add_option("--json", args->json, "Write the cluster fingerprint here (for `hetrain plan --cluster`)");
+      cmd->add_option("--json", args->json, "Write the cluster fingerprint here (for `hetrain plan --cluster` and `hetrain train --cluster`)");
   cmd->add_option("--model", args->model,
                   "Config whose model blocks are profiled on each rank; its emulate section applies")
       ->check(non_empty_path());

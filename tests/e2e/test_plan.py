@@ -374,6 +374,11 @@ def what_if(tmp):
     r = plan(CNN, "--cluster", RATES_4211, "--what-if", "stall:rank=1,at=5,for=5", "--what-if-steps", "2000000")
     check("--what-if-steps above a million: refused naming the range",
           r.returncode == 2 and "2000000 is out of range; expected a whole number from 1 to 1000000" in r.stderr and "what if, over" not in r.stdout, r.stderr)
+    # One event a flag: the config may come after it (CLI11 took it as a second event).
+    r = plan("--cluster", RATES_4211, "--what-if", "stall:rank=1,at=5,for=5", CNN)
+    check("--what-if before the config: the config read as the config, one event played",
+          r.returncode == 0 and "what if, over" in r.stdout and "stall:rank=1,at=5,for=5" in r.stdout,
+          r.stdout[-800:] + r.stderr[-800:])
     bad = [
         ("stall:rank=1,at=5", "--what-if stall:rank=1,at=5: missing for"),
         ("stall:rank=9,at=5,for=5", "rank 9 is not in the cluster; expected 0 to 3"),
