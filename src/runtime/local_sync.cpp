@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backend/allocator.h"
 #include "comm/shared_allreduce.h"
 #include "comm/weighted_allreduce.h"
 #include "core/cpu_time.h"
@@ -20,8 +21,13 @@ namespace {
 // The outer state (theta, momentum, anchor, delta) lives in host memory on every rank, and
 // every rank runs the same host loops over it, so a GPU rank's outer weights come out
 // bit-identical to a CPU rank's; only the parameters themselves may be on a device, and
-// cross through their backend's copies (twice a round).
-Tensor host_copy(const Tensor& t) { return Tensor::from_vector(t.to_vector(), t.shape(), cpu_backend()); }
+// cross through their backend's copies (twice a round). It is host staging: outside an
+// emulated device cap, as the plan counts it (plan/memory_fit.h's outer_state is host
+// memory), on a CPU rank too.
+Tensor host_copy(const Tensor& t) {
+  Allocator::HostStaging staging;
+  return Tensor::from_vector(t.to_vector(), t.shape(), cpu_backend());
+}
 
 bool on_host(const Tensor& t) { return t.backend().kind() == DeviceKind::cpu; }
 
@@ -99,6 +105,7 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
   resplit_ = cfg.rebalance_every > 0;
   cpu_rank_ = !params_.empty() && params_.front().second.backend().kind() == DeviceKind::cpu;
   stats_cpu_at_ = process_cpu_seconds();
+  Allocator::HostStaging staging;  // the outer state, as host_copy says
   stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())}, cpu_backend());  // host: seconds written through data()
   window_inner_.assign(plan.local->groups.size(), 0.0);
   window_pass_.assign(plan.local->groups.size(), 0.0);

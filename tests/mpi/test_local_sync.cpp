@@ -100,7 +100,12 @@ std::vector<std::string> run_rounds(bool shared_memory, double mu = 0.9, int del
     name += std::to_string(t);
     params.emplace_back(name, Tensor::from_vector(v, {kSizes[t]}, cpu_backend()));
   }
+  const size_t live = cpu_backend().allocator().live_bytes(), staged = cpu_backend().allocator().staged_bytes();
   runtime::LocalSync sync(plan, params, world, cfg, shared_memory);
+  // The outer state is host staging, outside an emulated cap, where the plan counts it
+  // (host memory): on a capped CPU rank it was charged to the cap.
+  CHECK(cpu_backend().allocator().live_bytes() == live);
+  CHECK(cpu_backend().allocator().staged_bytes() > staged);
   CHECK(sync.inner_steps() == kH);
   CHECK(sync.shared_exchange() == shared_memory);
 
