@@ -34,6 +34,11 @@ class Block : public Module {
   // ops used by forward() actually save them.
   virtual int64_t activation_bytes_per_sample() const = 0;
 
+  // Bytes per sample alive at once beyond those, at the block's fullest moment of a
+  // training step (forward or backward): the gradients in flight through its ops and
+  // the outputs its ops make and do not keep (nn/cost_model.h).
+  virtual int64_t workspace_bytes_per_sample() const = 0;
+
   // Per-sample shapes (without the batch dimension) and input dtype.
   virtual Shape sample_input_shape() const = 0;
   virtual Shape sample_output_shape() const = 0;

@@ -47,6 +47,9 @@ BlockShape ConvBlock::describe(int64_t in_channels, int64_t out_channels, int64_
   s.flops_per_sample = 2 * o * hw * c * kKernel * kKernel + o * hw + o * hw + (kPool * kPool - 1) * pooled;
   s.activation_bytes_per_sample =
       (numel(s.sample_input_shape) + o * hw) * cost::kFloatBytes + pooled * cost::kIntBytes;
+  // Backward: the pooled output's gradient (O*H'*W'), the pooling's input gradient and
+  // ReLU's (O*H*W each), the convolution's input gradient (C*H*W).
+  s.workspace_bytes_per_sample = (pooled + 2 * o * hw + numel(s.sample_input_shape)) * cost::kFloatBytes;
   return s;
 }
 

@@ -28,6 +28,15 @@
 // twice when summed, an overestimate of at most one boundary tensor per block.
 // Buffers whose size does not grow with the batch (the causal mask, T x T) are not
 // per-sample and are left out.
+//
+// Workspace bytes (one sample): what a training step holds at once beyond the kept
+// activations while the block runs, counted at its fullest moment, which is in its
+// backward: the gradient arriving at its output, and the gradients its ops make on the
+// way back while their inputs' are made (the output gradient of an op is held until the
+// op's backward returns). Outputs the forward makes and does not keep are at most that.
+// The planner adds the largest block's (times the micro-batch) to a stage's kept
+// activations, and the loss's to the last block's (plan/block_costs.h); a unit test
+// holds the sum against the allocator's measured peak of whole training steps.
 #pragma once
 
 #include <cstdint>

@@ -38,6 +38,9 @@ BlockShape DenseBlock::describe(const Shape& in_shape, int64_t out_features, boo
   s.params = cost::linear_params(in, out, true);
   s.flops_per_sample = cost::linear_flops(1, in, out, true) + (relu ? out : 0);
   s.activation_bytes_per_sample = (in + (relu ? out : 0)) * cost::kFloatBytes;
+  // Backward: the output's gradient (out), ReLU's input gradient (out) and the matmul's
+  // input gradient (in).
+  s.workspace_bytes_per_sample = ((relu ? 2 * out : out) + in) * cost::kFloatBytes;
   s.sample_input_shape = in_shape;
   s.sample_output_shape = {out};
   return s;

@@ -28,6 +28,9 @@ BlockShape LmHeadBlock::describe(int64_t dim, int64_t vocab, int64_t context) {
   s.params = cost::layernorm_params(c) + cost::linear_params(c, vocab, false);
   s.flops_per_sample = cost::kLayerNormFlopsPerValue * t * c + cost::linear_flops(t, c, vocab, false);
   s.activation_bytes_per_sample = cost::layernorm_saved_bytes(t, c) + t * c * cost::kFloatBytes;
+  // Backward: the logits' gradient (TV), the projection's input gradient and the
+  // layernorm's (TC each).
+  s.workspace_bytes_per_sample = (t * vocab + 2 * t * c) * cost::kFloatBytes;
   s.sample_input_shape = {t, c};
   s.sample_output_shape = {t, vocab};
   return s;

@@ -23,6 +23,7 @@ class LmHeadBlock : public Block {
   std::string kind() const override { return shape_.kind; }
   int64_t flops_per_sample() const override { return shape_.flops_per_sample; }
   int64_t activation_bytes_per_sample() const override { return shape_.activation_bytes_per_sample; }
+  int64_t workspace_bytes_per_sample() const override { return shape_.workspace_bytes_per_sample; }
   Shape sample_input_shape() const override { return shape_.sample_input_shape; }
   Shape sample_output_shape() const override { return shape_.sample_output_shape; }
 

@@ -37,6 +37,8 @@ BlockShape TokenEmbeddingBlock::describe(int64_t vocab, int64_t context, int64_t
   s.params = cost::embedding_params(vocab, dim) + cost::embedding_params(context, dim);
   s.flops_per_sample = tc + (drops ? tc : 0);
   s.activation_bytes_per_sample = context * cost::kIntBytes + (drops ? tc * cost::kFloatBytes : 0);
+  // Backward: the output's gradient (TC) [and the dropout's input gradient, TC].
+  s.workspace_bytes_per_sample = (drops ? 2 : 1) * tc * cost::kFloatBytes;
   s.sample_input_shape = {context};
   s.sample_output_shape = {context, dim};
   s.input_dtype = DType::i32;

@@ -86,6 +86,11 @@ BlockShape TransformerBlock::describe(int64_t dim, int64_t heads, int64_t contex
   const int64_t mlp = tc + hidden * t + hidden * t;  // fc1's input, GELU input, GELU output
   const int64_t masks = drops ? 2 * tc : 0;
   s.activation_bytes_per_sample = 2 * ln + (attention + mlp + masks) * cost::kFloatBytes;
+  // Backward, the MLP branch: the block output's gradient (TC), held for the residual,
+  // fc2's input gradient and GELU's (4TC each) and fc1's (TC); the attention branch's
+  // q, k, v gradients and the qkv gradient they make (3TC each) beside the output's and
+  // the merged heads' (TC each) come to the same 10TC.
+  s.workspace_bytes_per_sample = 10 * tc * cost::kFloatBytes;
   return s;
 }
 

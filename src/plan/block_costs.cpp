@@ -41,9 +41,17 @@ BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
     c.params.push_back(params);
     c.state_bytes.push_back(params * (kWeightBytesPerParam + kGradBytesPerParam + opt_bytes));
     c.activation_bytes.push_back(static_cast<double>(blk.activation_bytes_per_sample));
+    c.workspace_bytes.push_back(static_cast<double>(blk.workspace_bytes_per_sample));
     c.input_bytes.push_back(static_cast<double>(numel(blk.sample_input_shape) *  // i32 ids too
                                                 dtype_size(blk.input_dtype)));
     c.output_bytes.push_back(static_cast<double>(numel(blk.sample_output_shape)) * 4);  // f32
+  }
+
+  if (blocks > 0) {
+    const Shape& logits = model.blocks.back().sample_output_shape;
+    const auto values = static_cast<double>(numel(logits));
+    const double predictions = logits.empty() || logits.back() == 0 ? 1 : values / static_cast<double>(logits.back());
+    c.workspace_bytes.back() += (values + 2 * predictions) * 4;  // f32
   }
 
   c.seconds_per_sample.resize(ranks);

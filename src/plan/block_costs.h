@@ -49,6 +49,10 @@ struct BlockCosts {
   double optimizer_bytes_per_param = 0;  // see optimizer_state_bytes_per_param
   std::vector<double> state_bytes;       // [block] params + grads + optimiser state
   std::vector<double> activation_bytes;  // [block] per sample
+  // [block] per sample: the transients while it runs (nn::Block's workspace), the last
+  // block's with the loss's (it keeps the logits, one log-sum-exp and loss a prediction).
+  // Empty: none (hand-built costs).
+  std::vector<double> workspace_bytes;
   std::vector<double> input_bytes;       // [block] per sample: what it receives (and what
                                          // recomputation keeps of it)
   std::vector<double> output_bytes;      // [block] per sample: what it hands to the next

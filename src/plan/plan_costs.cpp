@@ -285,6 +285,7 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
   t.comm_overhead_seconds.assign(n, 0);
   t.activation_bytes.assign(n, 0);
   t.checkpoint_bytes.assign(n, 0);
+  t.workspace_bytes.assign(n, 0);
   for (size_t r = 0; r < n; ++r) {
     const RankPlan& rp = plan.ranks[r];
     if (rp.replica < 0) continue;
@@ -308,6 +309,7 @@ PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
     const auto mb = static_cast<double>(rp.micro_batch_size);
     t.activation_bytes[r] = mb * f.activation_bytes;
     t.checkpoint_bytes[r] = mb * f.checkpoint_bytes;
+    t.workspace_bytes[r] = mb * f.workspace_bytes;
   }
   const size_t stages = plan.stage_ranges.size();
   t.reduce_seconds.assign(stages, 0);
@@ -357,6 +359,9 @@ CostModel plan_cost_model(const Plan& plan, std::shared_ptr<const PlanCostTable>
   };
   m.checkpoint_bytes = [table](int rank, int) {
     return static_cast<int64_t>(table->checkpoint_bytes[static_cast<size_t>(rank)]);
+  };
+  m.workspace_bytes = [table](int rank, int) {
+    return static_cast<int64_t>(table->workspace_bytes[static_cast<size_t>(rank)]);
   };
   return m;
 }

@@ -118,6 +118,7 @@ struct PlanCostTable {
   std::vector<double> gather_seconds;            // [stage] GatherWeights (sharded: round 2)
   std::vector<double> activation_bytes;          // [rank] per micro-batch (largest)
   std::vector<double> checkpoint_bytes;          // [rank] per micro-batch (largest)
+  std::vector<double> workspace_bytes;           // [rank] per micro-batch (largest)
 };
 PlanCostTable plan_cost_table(const Plan& plan, const BlockCosts& costs,
                               const ClusterModel& cluster, const LinkTiers* tiers = nullptr);

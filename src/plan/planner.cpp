@@ -265,6 +265,7 @@ Candidate build(const PlannerInput& in, const LinkTiers& tiers, int stages, cons
     StagePartitionInput pin;
     pin.memory_bytes = in.costs.state_bytes;
     pin.activation_bytes = in.costs.activation_bytes;
+    pin.workspace_bytes = in.costs.workspace_bytes;
     for (int s = 0; s < stages; ++s) {
       std::vector<double> mean(static_cast<size_t>(blocks), 0);
       const DeviceModel* smallest = nullptr;

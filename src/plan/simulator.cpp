@@ -160,7 +160,10 @@ class Simulator {
     if (added > 0) {
       held_[r][key] += added;
       current_[r] += added;
-      res_.peak_activation_bytes[r] = std::max(res_.peak_activation_bytes[r], current_[r]);
+    }
+    if (in.op == Op::forward || in.op == Op::recompute || in.op == Op::backward) {
+      const int64_t transient = cost(costs_.workspace_bytes, "workspace_bytes", r, in.stage);
+      res_.peak_activation_bytes[r] = std::max(res_.peak_activation_bytes[r], current_[r] + transient);
     }
     if (in.op == Op::backward) {
       if (auto it = held_[r].find(key); it != held_[r].end()) {

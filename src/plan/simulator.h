@@ -56,6 +56,9 @@ struct CostModel {
   // What stays stashed instead when the stage recomputes (the schedule holds a Recompute
   // for that micro-batch): typically the stage's input only.
   std::function<int64_t(int rank, int stage)> checkpoint_bytes;
+  // What a Forward, Recompute or Backward of one micro-batch holds on this rank while it
+  // runs, beyond the stashes (its blocks' transients; plan/stage_memory.h).
+  std::function<int64_t(int rank, int stage)> workspace_bytes;
 };
 
 struct SimResult {
@@ -71,7 +74,8 @@ struct SimResult {
   // Memory model (kept simple on purpose): Forward of (stage, mb) adds activation_bytes,
   // or checkpoint_bytes when that micro-batch is recomputed on this rank; Recompute adds
   // activation_bytes again (the checkpoint is still held while it is rebuilt); Backward
-  // releases everything held for (stage, mb). The peak is over schedule order.
+  // releases everything held for (stage, mb); while each of the three runs, workspace_bytes
+  // more are held. The peak is over schedule order.
   std::vector<int64_t> peak_activation_bytes;
   // One compute or comm span per instruction (zero-length ones included, so spans match
   // instructions one to one) plus an "idle" span, named after the instruction waited at,

@@ -17,6 +17,7 @@ StageFootprint stage_footprint(const BlockCosts& costs, int begin, int end) {
     f.params += costs.params[b];
     f.largest_block_params = std::max(f.largest_block_params, costs.params[b]);
     f.activation_bytes += costs.activation_bytes[b];
+    if (b < costs.workspace_bytes.size()) f.workspace_bytes = std::max(f.workspace_bytes, costs.workspace_bytes[b]);
   }
   f.checkpoint_bytes = costs.input_bytes[static_cast<size_t>(begin)];
   return f;
@@ -34,9 +35,9 @@ MemoryUse stage_memory(const StageFootprint& f, const StageMemoryParams& p) {
   m.optimizer = f.params * f.optimizer_bytes_per_param * p.optimizer_shard;
   const auto k = static_cast<double>(in_flight_micro_batches(p.stage, p.stages, p.micro_batches));
   const auto mb = static_cast<double>(p.micro_batch_size);
-  m.activations = p.recompute
-                      ? k * mb * f.checkpoint_bytes + mb * f.activation_bytes
-                      : k * mb * f.activation_bytes;
+  m.activations = (p.recompute ? k * mb * f.checkpoint_bytes + mb * f.activation_bytes
+                               : k * mb * f.activation_bytes) +
+                  mb * f.workspace_bytes;
   return m;
 }
 

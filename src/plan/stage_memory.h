@@ -19,6 +19,9 @@ struct StageFootprint {
   // only its input per in-flight micro-batch and re-runs its forward right before each
   // Backward, so one micro-batch's activations are alive at a time.
   double checkpoint_bytes = 0;  // per sample: the stage's input
+  // Per sample: the largest of its blocks' workspaces (BlockCosts::workspace_bytes), alive
+  // beside the kept activations while that block runs.
+  double workspace_bytes = 0;
   double largest_block_params = 0;
 };
 StageFootprint stage_footprint(const BlockCosts& costs, int begin, int end);
@@ -36,7 +39,9 @@ struct StageMemoryParams {
 // the accumulated ones. Activations: k = min(S - s, M) micro-batches in flight (1F1B) hold
 // k * m * activation_bytes; with recomputation k * m * checkpoint_bytes plus one
 // micro-batch rebuilt, m * activation_bytes. So recomputation pays off only with more
-// than one micro-batch in flight: on pipeline stages, not in pure data parallelism.
+// than one micro-batch in flight: on pipeline stages, not in pure data parallelism. Both
+// add one micro-batch's workspace, m * workspace_bytes: the transients of the block that
+// runs (the activations field holds them).
 MemoryUse stage_memory(const StageFootprint& f, const StageMemoryParams& p);
 
 }  // namespace ht::plan

@@ -36,6 +36,9 @@ void validate(const StagePartitionInput& in) {
   }
   check_finite_nonneg(in.memory_bytes, "memory_bytes");
   check_finite_nonneg(in.activation_bytes, "activation_bytes");
+  HT_CHECK(in.workspace_bytes.empty() || in.workspace_bytes.size() == B, "stage partition: workspace_bytes has ",
+           in.workspace_bytes.size(), " entries; expected ", B, " (one per block) or none");
+  check_finite_nonneg(in.workspace_bytes, "workspace_bytes");
   HT_CHECK(in.micro_batch_size >= 1, "stage partition: micro_batch_size = ",
            in.micro_batch_size, "; expected >= 1");
   HT_CHECK(in.micro_batches >= 1, "stage partition: micro_batches = ", in.micro_batches,
@@ -56,6 +59,9 @@ struct Costs {
   int S, B;
   std::vector<std::vector<double>> time_prefix;  // [s][b]
   std::vector<double> mem_prefix, act_prefix, weight_prefix;
+  // workspace_max[k][b]: the largest workspace of blocks [b, b + 2^k), so that a range's
+  // is two lookups.
+  std::vector<std::vector<double>> workspace_max;
   // The largest weights of blocks [0, b) and of blocks [b, B): a streaming rank 0's
   // others() in O(1).
   std::vector<double> weight_max_before, weight_max_from;
@@ -75,6 +81,15 @@ struct Costs {
       act_prefix[b + 1] = act_prefix[b] + in.activation_bytes[b];
       if (in.whole_model_stage >= 0) weight_prefix[b + 1] = weight_prefix[b] + in.weight_bytes[b];
     }
+    if (!in.workspace_bytes.empty()) {
+      workspace_max.push_back(in.workspace_bytes);
+      for (size_t width = 2; width <= static_cast<size_t>(B); width *= 2) {
+        const std::vector<double>& half = workspace_max.back();
+        std::vector<double> next(static_cast<size_t>(B) - width + 1);
+        for (size_t b = 0; b < next.size(); ++b) next[b] = std::max(half[b], half[b + width / 2]);
+        workspace_max.push_back(std::move(next));
+      }
+    }
     if (in.whole_model_stage >= 0 && in.whole_model_streamed) {
       weight_max_before.assign(static_cast<size_t>(B) + 1, 0);
       weight_max_from.assign(static_cast<size_t>(B) + 1, 0);
@@ -93,7 +108,15 @@ struct Costs {
     const double held = in_flight_micro_batches(s, S, in.micro_batches) *
                         static_cast<double>(in.micro_batch_size);
     return (mem_prefix[static_cast<size_t>(j)] - mem_prefix[static_cast<size_t>(i)]) +
-           held * (act_prefix[static_cast<size_t>(j)] - act_prefix[static_cast<size_t>(i)]);
+           held * (act_prefix[static_cast<size_t>(j)] - act_prefix[static_cast<size_t>(i)]) +
+           in.micro_batch_size * workspace(i, j);
+  }
+  // The largest workspace among blocks [i, j): the transients of the block that runs.
+  double workspace(int i, int j) const {
+    if (workspace_max.empty()) return 0;
+    size_t k = 0;
+    while ((size_t{2} << k) <= static_cast<size_t>(j - i)) ++k;
+    return std::max(workspace_max[k][static_cast<size_t>(i)], workspace_max[k][static_cast<size_t>(j) - (size_t{1} << k)]);
   }
   // The other blocks' weights, which rank 0 holds on the whole-model stage: all of them,
   // or streaming them from host memory the largest.

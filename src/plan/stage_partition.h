@@ -19,6 +19,9 @@ struct StagePartitionInput {
   std::vector<std::vector<double>> compute_seconds;
   std::vector<double> memory_bytes;      // [block] parameters + gradients + optimiser state
   std::vector<double> activation_bytes;  // [block] per sample, kept until its backward
+  // [block] per sample, alive while it runs (BlockCosts::workspace_bytes); empty: none.
+  // A stage holds its largest once, per micro-batch size.
+  std::vector<double> workspace_bytes;
   std::vector<DeviceModel> devices;      // pipeline order; memory_bytes is the capacity
   int micro_batch_size = 1;
   int micro_batches = 1;  // M: micro-batches per step; bounds what 1F1B keeps in flight

@@ -48,6 +48,7 @@ void check_same(const nn::ModelShape& described, const nn::ModelShape& built, co
     CHECK(d.params == b.params);
     CHECK(d.flops_per_sample == b.flops_per_sample);
     CHECK(d.activation_bytes_per_sample == b.activation_bytes_per_sample);
+    CHECK(d.workspace_bytes_per_sample == b.workspace_bytes_per_sample);
     CHECK(d.sample_input_shape == b.sample_input_shape);
     CHECK(d.sample_output_shape == b.sample_output_shape);
     CHECK(d.input_dtype == b.input_dtype);
