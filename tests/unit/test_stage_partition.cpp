@@ -65,14 +65,15 @@ double bottleneck_of(const StagePartitionInput& in, const std::vector<std::pair<
   double worst = 0;
   fits = true;
   for (int s = 0; s < S; ++s) {
-    double t = 0, m = 0, a = 0;
+    double t = 0, m = 0, a = 0, w = 0;
     for (int b = r[static_cast<size_t>(s)].first; b < r[static_cast<size_t>(s)].second; ++b) {
       t += in.compute_seconds[static_cast<size_t>(s)][static_cast<size_t>(b)];
       m += in.memory_bytes[static_cast<size_t>(b)];
       a += in.activation_bytes[static_cast<size_t>(b)];
+      if (!in.workspace_bytes.empty()) w = std::max(w, in.workspace_bytes[static_cast<size_t>(b)]);
     }
     const int held = std::min(S - s, in.micro_batches);
-    if (m + held * in.micro_batch_size * a > in.devices[static_cast<size_t>(s)].memory_bytes)
+    if (m + held * in.micro_batch_size * a + in.micro_batch_size * w > in.devices[static_cast<size_t>(s)].memory_bytes)
       fits = false;
     worst = std::max(worst, t * in.micro_batch_size);
   }
@@ -129,6 +130,8 @@ TEST_CASE("stage partition: optimal against brute force on small random instance
     for (int b = 0; b < B; ++b) {
       in.memory_bytes.push_back(mem(rng));
       in.activation_bytes.push_back(mem(rng) / 4);
+      // Every other instance with the blocks' workspaces (a stage holds its largest once).
+      if (trial % 2 == 1) in.workspace_bytes.push_back(mem(rng) / 2);
     }
     std::vector<std::vector<std::pair<int, int>>> splits;
     std::vector<int> cuts;
@@ -176,6 +179,17 @@ TEST_CASE("stage partition: memory caps force a different split than time alone"
   CHECK(act.ranges[0] == std::pair{0, 1});
   CHECK(act.stage_memory_bytes[0] == doctest::Approx(3.0));
   CHECK(act.stage_memory_bytes[1] == doctest::Approx(3.0 + 3.0));
+  // And a block's workspace, once per stage, the largest of its blocks': with block 1's
+  // 2 bytes stage 0 cannot hold blocks 0-1 (2 + 2 > 3.5), with both at 1 it can (2 + 1).
+  in = input(4, {1, 1});
+  in.devices[0].memory_bytes = 3.5;
+  in.workspace_bytes = {1.0, 2.0, 0.0, 0.0};
+  CHECK(partition_stages(in).ranges[0] == std::pair{0, 1});
+  in.workspace_bytes = {1.0, 1.0, 0.0, 0.0};
+  const auto ws = partition_stages(in);
+  CHECK(ws.ranges[0] == std::pair{0, 2});
+  CHECK(ws.stage_memory_bytes[0] == doctest::Approx(2.0 + 1.0));
+  CHECK(ws.stage_memory_bytes[1] == doctest::Approx(2.0));
 }
 
 namespace {
