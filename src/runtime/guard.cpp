@@ -30,8 +30,11 @@ int stage_in(const nlohmann::json& layout, int rank) {
 // where the quarantine cannot be carried over (another world, other stages, other ranks).
 std::string guard_state_for(const std::string& state, const nlohmann::json& before, const nlohmann::json& after,
                             int rank, int stage, int column) {
+  // Under local a guard is of its group's members (local_groups): its state carries over
+  // only where the layout is the same, which the caller takes as it is.
   if (before.value("world", -1) != after.value("world", -2) ||
-      before.value("stages", nlohmann::json()) != after.value("stages", nlohmann::json()))
+      before.value("stages", nlohmann::json()) != after.value("stages", nlohmann::json()) ||
+      before.contains("local_groups") || after.contains("local_groups"))
     return {};
   nlohmann::json j = nlohmann::json::parse(state);
   if (stage_in(before, rank) != stage) j["norms"] = nlohmann::json::array();

@@ -46,7 +46,8 @@ int stage_in(const nlohmann::json& layout, int rank);
 // ranks (reorder_quarantine by the ranks of stage `column`, one for every stage so that
 // all reorder it alike); the norm histories, of the rank's own stage's parameter groups,
 // stand where it runs the same stage, else start afresh. Empty where the quarantine
-// cannot be carried over (another world, other stages, other ranks). Throws
+// cannot be carried over (another world, other stages, other ranks, or either layout
+// of local groups, whose guards are each of one group's members). Throws
 // nlohmann::json's errors on malformed JSON.
 std::string guard_state_for(const std::string& state, const nlohmann::json& before, const nlohmann::json& after,
                             int rank, int stage, int column);

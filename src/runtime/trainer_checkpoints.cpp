@@ -85,7 +85,10 @@ namespace trainer_run {
 // names a stage's members, a norm history a group of its parameters). A resumed run takes
 // the checkpoint's guard only over the same.
 std::string Run::guard_layout() const {
-  return json{{"world", world_.size()}, {"replicas", plan_.layout.replicas}, {"stages", plan_.stage_ranges}}.dump();
+  json layout = {{"world", world_.size()}, {"replicas", plan_.layout.replicas}, {"stages", plan_.stage_ranges}};
+  // Under local a rank's guard is of its group's members only.
+  if (plan_.local) layout["local_groups"] = plan_.local->groups;
+  return layout.dump();
 }
 
 std::map<std::string, std::string> Run::metadata(int64_t step) {

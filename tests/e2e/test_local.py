@@ -290,7 +290,43 @@ def main():
 
     interrupt(scratch, cfg, planned)
     empty_windows(scratch, cfg, planned)
+    sync_then_local(scratch, cfg, two_path)
     return finish(scratch)
+
+
+def sync_then_local(scratch, cfg, cluster):
+    """Synchronous steps first, then local from their checkpoint (the warm-up of
+    docs/architecture.md): 2 ranks under sync stop at step 12, then resume under local,
+    their link (0.1 ms, 1 GB/s in the cluster file) worth a synchronous plan of both but
+    not a local group of both. The checkpoint's guard was of the 2 ranks' replicas, a local
+    group's is of its own member: the resume failed it as a corrupt file."""
+    two = load(cluster)
+    two["links"]["latency_s"] = [[0, 1e-4], [1e-4, 0]]
+    two["links"]["bandwidth_bytes_per_s"] = [[0, 1e9], [1e9, 0]]
+    cluster = os.path.join(scratch, "cluster2_slow.json")
+    save(cluster, two)
+    synced = load(cfg)
+    synced["parallel"] = {"sync": "sync", "rebalance_every": 0}
+    sync_cfg = os.path.join(scratch, "sync_first.json")
+    save(sync_cfg, synced)
+    run_dir = os.path.join(scratch, "warm")
+    a = mpirun(HETRAIN, 2, ["train", sync_cfg, "--cluster", cluster, "--run-dir", run_dir, "--stop-after", "12"],
+               timeout=300)
+    check("2 ranks under sync stop at step 12 with a checkpoint", a.returncode == 0, a.stderr[-3000:])
+    if a.returncode == 0:
+        meta = header(os.path.join(run_dir, "checkpoints", "ckpt-00000012.safetensors"))["__metadata__"]
+        check("... both of them training (two replicas)", len(json.loads(meta["guard.layout"])["replicas"]) == 2,
+              meta.get("guard.layout"))
+    if a.returncode:
+        return
+    b = mpirun(HETRAIN, 2, ["train", cfg, "--resume", "--cluster", cluster, "--run-dir", run_dir, "--steps", "24"],
+               timeout=300)
+    check("... and resume under local to step 24", b.returncode == 0, b.stderr[-3000:])
+    if b.returncode == 0:
+        s = load(os.path.join(run_dir, "summary.json"))
+        check("the resumed run is local, in two groups, from step 12",
+              s.get("sync_policy") == "local" and s.get("groups") == [[0], [1]] and s.get("resumed_from_step") == 12
+              and s.get("steps") == 24, s)
 
 
 def empty_windows(scratch, cfg, planned):
