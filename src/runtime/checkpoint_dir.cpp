@@ -150,10 +150,15 @@ std::optional<Checkpoint> CheckpointDir::load_newest_valid(std::vector<std::stri
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
     if (!it->not_a_file.empty()) {
       problems.push_back(it->path + ": " + it->not_a_file + "; expected a checkpoint file");
+      passed_over_.insert(it->path);  // set aside when the run reaches its step, as an unreadable file
       continue;
     }
     try {
       Checkpoint c = read_checkpoint(it->path, keep_values);
+      // A copy or a rename by hand: resumed, it would train its steps again past newer ones.
+      if (const auto s = c.metadata.find("step"); s != c.metadata.end() && s->second != std::to_string(it->step))
+        throw Error(it->path + ": its metadata is of step " + s->second + ", its name of step " +
+                    std::to_string(it->step) + "; expected the step of its name");
       const std::string using_ = "; using " + fs::path(it->path).filename().string();
       for (const std::string& p : problems) skipped.push_back(p + using_);
       return c;

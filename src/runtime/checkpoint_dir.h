@@ -52,8 +52,9 @@ class CheckpointDir {
   // `all`, entries of a checkpoint's name that are not regular files too (not_a_file).
   std::vector<CheckpointFile> list(bool all = false) const;
 
-  // Reads checkpoints newest first and returns the first that verifies. Each one passed
-  // over (an entry of a checkpoint's name that is no file included) is appended to
+  // Reads checkpoints newest first and returns the first that verifies and whose metadata
+  // step (where it has one) is its name's. Each one passed over (an entry of a
+  // checkpoint's name that is no file included, later set aside as save says) is appended to
   // `skipped` as "<path>: <problem>; using <file>". Empty when there are no such entries;
   // throws ht::Error listing every attempt when none verifies.
   // keep_values as read_checkpoint's.

@@ -500,6 +500,34 @@ TEST_CASE("checkpoint dir: a resume past unreadable newer checkpoints keeps its 
   CHECK(read_checkpoint(tmp / "checkpoints/ckpt-00000098.safetensors").metadata.at("step") == "98");
 }
 
+TEST_CASE("checkpoint dir: a resume passes over a directory of a checkpoint's name and a copy of another step, and sets them aside") {
+  TempDir tmp;
+  {
+    CheckpointDir first(tmp / "checkpoints", 3);
+    for (int64_t step : {10, 20}) first.save(step, small_model(static_cast<float>(step)), {{"step", std::to_string(step)}});
+  }
+  std::filesystem::create_directory(tmp / "checkpoints/ckpt-00000030.safetensors");
+  // Step 10's checkpoint copied by hand to a later name: resumed, it trained steps 11-20
+  // again past step 20's checkpoint and wrote over it.
+  std::filesystem::copy_file(tmp / "checkpoints/ckpt-00000010.safetensors", tmp / "checkpoints/ckpt-00000040.safetensors");
+  CheckpointDir dir(tmp / "checkpoints", 3);
+  std::vector<std::string> skipped;
+  const std::optional<Checkpoint> c = dir.load_newest_valid(skipped);
+  REQUIRE(c.has_value());
+  CHECK(c->metadata.at("step") == "20");
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0].find("its metadata is of step 10, its name of step 40; expected the step of its name") != std::string::npos);
+  CHECK(skipped[1].find("a directory; expected a checkpoint file") != std::string::npos);
+  // Reaching their steps, the run moves both aside and writes its own (the directory
+  // blocked every save of its step).
+  dir.save(30, small_model(30.f), {{"step", "30"}});
+  dir.save(40, small_model(40.f), {{"step", "40"}});
+  CHECK(std::filesystem::is_directory(tmp / "checkpoints/ckpt-00000030.safetensors.unreadable"));
+  CHECK(read_checkpoint(tmp / "checkpoints/ckpt-00000040.safetensors.unreadable").metadata.at("step") == "10");
+  CHECK(read_checkpoint(tmp / "checkpoints/ckpt-00000030.safetensors").metadata.at("step") == "30");
+  CHECK(read_checkpoint(tmp / "checkpoints/ckpt-00000040.safetensors").metadata.at("step") == "40");
+}
+
 TEST_CASE("checkpoint dir: the partial writes a stopped run left are removed, nothing else") {
   TempDir tmp;
   CheckpointDir dir(tmp / "checkpoints", 3);
