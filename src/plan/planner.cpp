@@ -6,6 +6,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "core/error.h"
 #include "plan/batch_split.h"
@@ -210,6 +211,60 @@ void try_micro_batches_first(const PlannerInput& in, const LinkTiers& tiers, Pla
   c.plan = std::move(q);
 }
 
+// Where a replica's share by speed does not fit its device even with every memory
+// strategy, it takes the most samples that do and the others the rest (split_batch's
+// max_samples): a fast rank of little memory had the whole layout refused. The most is
+// found by halving, each try a whole fit (optimiser sharding couples the replicas), one
+// replica at a time, at most once each; `shares`, `p` and `shortfall` become the capped
+// split's where one is found, and stay as they were otherwise.
+void cap_shares_to_memory(const PlannerInput& in, const std::vector<std::vector<int>>& layout,
+                          const std::vector<std::pair<int, int>>& ranges, int micro_batches,
+                          std::vector<ReplicaCapacity> speed, std::vector<int64_t>& shares, Plan& p,
+                          std::optional<Shortfall>& shortfall) {
+  auto replica_of = [&](int rank) {
+    for (size_t r = 0; r < layout.size(); ++r)
+      if (std::find(layout[r].begin(), layout[r].end(), rank) != layout[r].end()) return static_cast<int>(r);
+    return -1;
+  };
+  using Split = std::tuple<std::vector<int64_t>, Plan, std::optional<Shortfall>>;
+  for (size_t round = 0; shortfall && !shortfall->host && round < layout.size(); ++round) {
+    const int r = replica_of(shortfall->rank);
+    if (r < 0 || speed[static_cast<size_t>(r)].max_samples >= 0 || shares[static_cast<size_t>(r)] <= 1) return;
+    // The split with replica r at most `most` samples, where r fits it (another replica
+    // may not: the next round's).
+    auto attempt = [&](int64_t most) -> std::optional<Split> {
+      std::vector<ReplicaCapacity> capped = speed;
+      capped[static_cast<size_t>(r)].max_samples = most;
+      bool room = false;  // whether the caps leave the batch a place
+      int64_t held = 0;
+      for (const ReplicaCapacity& x : capped) {
+        if (x.max_samples < 0) room = true;
+        else held += x.max_samples;
+      }
+      if (!room && held < in.global_batch) return std::nullopt;
+      std::vector<int64_t> s = split_batch(in.global_batch, capped);
+      Plan q = skeleton(in, layout, ranges, s, micro_batches);
+      std::optional<Shortfall> f = fit_memory(q, in.costs, in.may_shard_optimizer);
+      if (f && replica_of(f->rank) == r) return std::nullopt;
+      return Split{std::move(s), std::move(q), std::move(f)};
+    };
+    int64_t low = 0, high = shares[static_cast<size_t>(r)];  // fits at low (0: none found yet), not at high
+    std::optional<Split> best;
+    while (high - low > 1) {
+      const int64_t mid = low + (high - low) / 2;
+      if (std::optional<Split> got = attempt(mid)) {
+        low = mid;
+        best = std::move(got);
+      } else {
+        high = mid;
+      }
+    }
+    if (!best) return;
+    speed[static_cast<size_t>(r)].max_samples = low;
+    std::tie(shares, p, shortfall) = std::move(*best);
+  }
+}
+
 // A layout and its stage split made a candidate: shares by speed, the memory strategies,
 // the reduce owner and the estimate (or why it does not fit), into `c`.
 void complete(const PlannerInput& in, const LinkTiers& tiers, std::vector<std::vector<int>> layout,
@@ -225,9 +280,11 @@ void complete(const PlannerInput& in, const LinkTiers& tiers, std::vector<std::v
     }
     speed[static_cast<size_t>(r)].samples_per_s = 1 / slowest;
   }
-  const std::vector<int64_t> shares = split_batch(in.global_batch, speed);
+  std::vector<int64_t> shares = split_batch(in.global_batch, speed);
   Plan p = skeleton(in, layout, ranges, shares, micro_batches);
-  if (std::optional<Shortfall> shortfall = fit_memory(p, in.costs, in.may_shard_optimizer)) {
+  std::optional<Shortfall> shortfall = fit_memory(p, in.costs, in.may_shard_optimizer);
+  cap_shares_to_memory(in, layout, ranges, micro_batches, speed, shares, p, shortfall);
+  if (shortfall) {
     c.problem.kind = LayoutProblemKind::memory;
     c.problem.shortfall = std::move(*shortfall);
     return;

@@ -287,6 +287,22 @@ TEST_CASE("planner: in data parallelism a short rank gets more micro-batches, no
   }
 }
 
+TEST_CASE("planner: a fast rank whose memory holds fewer samples than its speed earns takes what fits, the rest go to the others") {
+  // Rank 0 twice as fast (43 of 64 samples by speed) holds its weights and gradients
+  // (16 MB) and 5 MB more: 2 samples of 2 MB at one micro-batch; more micro-batches add
+  // a block's gradients (4 MB, and 2 MB a sample: 6), and sharding leaves it no
+  // optimiser state to shed. Before, the layout was refused for rank 0's 43 samples.
+  const ClusterModel c = cluster({2e12, 1e12}, {16e6 + 5e6, 64 * kGiB});
+  const PlannerInput in = input(c, costs(c, 2), 64, "data");
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CAPTURE(p.ranks[0].micro_batches);
+  CAPTURE(p.ranks[0].optimizer_shard);
+  CHECK(p.ranks[0].samples == 2);
+  CHECK(p.ranks[0].micro_batches == 1);
+  CHECK(p.ranks[1].samples == 62);
+}
+
 TEST_CASE("planner: a share of many samples gets the least micro-batch count that fits, at most kMaxMicroBatches") {
   // As above, micro-batches of 4 fit rank 1 and 5 do not; its share of 80,000 samples
   // needs thousands of them (past the counts tried one by one: bisected).
@@ -304,10 +320,15 @@ TEST_CASE("planner: a share of many samples gets the least micro-batch count tha
   fewer.micro_batches = m - 1;
   fewer.micro_batch_size = (r.samples + m - 2) / (m - 1);
   CHECK(rank_memory(p, k, fewer).total() > r.device.memory_bytes);
-  // 400,000 samples a rank would take 100,000 micro-batches: more than a step runs.
+  // At most 2^16 micro-batches a step, and 16 samples a micro-batch between the two ranks
+  // however the optimiser state is sharded: of 84 MB a rank keeping share s of it holds
+  // 32 MB of weights and gradients, 32s MB of state, a block's 4 MB of gradients while
+  // accumulating, and 12 - 8s samples of 4 MB (the other 4 + 8s). So at most 1,048,576
+  // samples a step. (800,000 fit since shares are capped by memory: 262,144 on the rank
+  // keeping the state, 537,856 on the other.)
   const ClusterModel small = cluster({1e12, 1e12}, {4 * 1e6 * 16 + 20e6, 4 * 1e6 * 16 + 20e6});
   try {
-    make_plan(input(small, costs(small, 4), 800000, "data"));
+    make_plan(input(small, costs(small, 4), 1200000, "data"));
     FAIL("expected NoPlanFits");
   } catch (const NoPlanFits& e) {
     CHECK(contains(e.what(), "no plan fits"));
