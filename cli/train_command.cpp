@@ -274,7 +274,9 @@ void register_train(CLI::App& app) {
       ht::runtime::train(std::move(cfg), opts, std::move(plan));
     } catch (const ht::OutOfMemory& e) {
       // The plan fitted the memory it was told about; this rank holds less.
-      throw ht::Error(std::string(e.what()) + "; the plan gave this rank " +
+      // The job's first plan: a rebalance may have moved the share since (rank 0's
+      // metrics.jsonl has each).
+      throw ht::Error(std::string(e.what()) + "; the plan the job started with gave this rank " +
                       std::to_string(mine.samples) + " samples in " + std::to_string(mine.micro_batches) +
                       " micro-batches (memory strategy: " + ht::report::memory_strategies_text(mine.memory_strategies) +
                       "). Plan with this rank's real memory (`hetrain probe` reads its cap) so the " +
