@@ -1,7 +1,10 @@
 #include "runtime/run_records.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
+
+#include "core/error.h"
 
 namespace ht::runtime {
 
@@ -55,6 +58,12 @@ std::string eval_record(int64_t step, const EvalResult& r) {
   json j = {{"type", "eval"}, {"step", step}};
   for (const auto& [k, v] : r.metrics) j[k] = v;
   return j.dump();
+}
+
+void check_finite_eval(const EvalResult& r, const std::string& what) {
+  for (const auto& [k, v] : r.metrics)
+    HT_CHECK(std::isfinite(v), what, ": the model's ", k, " on the held-out data is ", v,
+             "; expected a finite value (the model diverged: lower train.optimizer.lr or set train.grad_clip)");
 }
 
 }  // namespace ht::runtime

@@ -36,4 +36,10 @@ std::string train_record(int64_t step, float lr, double loss, const std::vector<
 // {"type": "eval", step, and the evaluation's metrics}.
 std::string eval_record(int64_t step, const EvalResult& r);
 
+// Throws ht::Error where a metric of the evaluation is not finite: a diverged model
+// (weights finite but so large that the forward overflows) whose every later update the
+// guard skipped, which ended the run with "success" and a NaN loss. `what` starts the
+// message ("training diverged by step 20", "checkpoint X").
+void check_finite_eval(const EvalResult& r, const std::string& what);
+
 }  // namespace ht::runtime

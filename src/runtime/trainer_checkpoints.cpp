@@ -408,6 +408,7 @@ std::string evaluate_checkpoint(const config::Config& cfg, const std::string& pa
   model.set_training(false);
   NoGradGuard no_grad;
   EvalResult r = task->evaluate(model);
+  check_finite_eval(r, "checkpoint " + path);
   json out = {{"checkpoint", path}, {"config", cfg.name}};
   if (has_step) out["step"] = step;
   for (const auto& [k, v] : r.metrics) out[k] = v;

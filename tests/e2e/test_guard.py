@@ -108,7 +108,38 @@ def main():
     resumed(scratch, cfg, poisoned)
     deadline(scratch, acc_a)
     diverged(scratch)
+    diverged_held_out(scratch)
     return finish(scratch)
+
+
+def diverged_held_out(scratch):
+    """A tiny GPT at a learning rate of 1e9 with gradients clipped: its first steps leave
+    finite weights whose forward overflows, so the guard skips every later update and each
+    log window still holds step 1's finite loss; the run ended with exit 0 and a NaN
+    validation loss, and eval of its checkpoint printed NaN. Now the evaluation at step 10
+    ends it as diverged before that step's checkpoint, and eval refuses the step-5 one."""
+    corpus = os.path.join(scratch, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write("abcdefghij" * 500)
+    cfg = {"model": {"type": "gpt", "context": 32, "layers": 1, "heads": 2, "d_model": 32},
+           "data": {"dataset": "text", "paths": [corpus], "validation_fraction": 0.1},
+           "train": {"steps": 20, "batch_size": 8, "optimizer": {"type": "adamw", "lr": 1e9},
+                     "grad_clip": 1.0, "eval_every": 10, "eval_max_samples": 64},
+           "checkpoint": {"every": 5, "keep": 5}}
+    path = os.path.join(scratch, "diverge_gpt.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    run_dir = os.path.join(scratch, "diverge_gpt")
+    r = run([HETRAIN, "train", path, "--run-dir", run_dir, "--quiet"])
+    check("a run whose held-out loss turns non-finite fails, named as diverged at that evaluation",
+          r.returncode == 1 and "training diverged by step 10: the model's val_loss on the held-out data is" in r.stderr,
+          r.stderr[-2000:])
+    kept = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    check("... before step 10's checkpoint", kept == ["ckpt-00000005.safetensors"], kept)
+    r = run([HETRAIN, "eval", path, "--checkpoint", os.path.join(run_dir, "checkpoints", "ckpt-00000005.safetensors")])
+    check("eval of the diverged step-5 checkpoint fails, naming the loss",
+          r.returncode == 1 and "the model's val_loss on the held-out data is" in r.stderr and "expected a finite value" in r.stderr,
+          r.stderr[-2000:])
 
 
 def diverged(scratch):
