@@ -231,6 +231,9 @@ std::string read_string(const Json& v, const std::string& path, const std::strin
   if (!v.is_string()) fail_at(path, show(v) + " is not a string; expected " + what);
   std::string s = v.get<std::string>();
   if (s.empty()) fail_at(path, "\"\" is empty; expected " + what);
+  // No name or path holds one: a path would end there for the system, and a run take
+  // another file than its config records.
+  if (s.find('\0') != std::string::npos) fail_at(path, show(v) + " contains a NUL character; expected " + what);
   return s;
 }
 
