@@ -1,9 +1,11 @@
 #include "data/text_corpus.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <new>
 #include <system_error>
 
 #include <sys/stat.h>
@@ -140,7 +142,24 @@ TextCorpus load_text_corpus(const std::vector<std::string>& paths,
   TextCorpus c;
   c.files = list_corpus_files(paths, skip_suffixes);
   std::vector<uint8_t> all;
-  for (const auto& f : c.files) append_file(f, all);
+  // One byte a token, read once into one buffer that becomes the train split (below): the
+  // corpus in memory about once. Reserved from the files' sizes (a hint: procfs says 0),
+  // where growing by doubling held twice a large corpus for a moment.
+  uintmax_t sized = 0;
+  for (const auto& f : c.files) {
+    std::error_code ec;
+    const uintmax_t n = fs::file_size(f, ec);
+    if (!ec) sized += n;
+  }
+  try {
+    if (sized > 0 && sized < all.max_size()) all.reserve(static_cast<size_t>(sized));
+    for (const auto& f : c.files) append_file(f, all);
+  } catch (const std::bad_alloc&) {
+    // A bare bad_alloc, caught higher up, blamed the batch size.
+    fail("text corpus from ", join(paths), ": out of host memory reading it (", sized,
+            " bytes in its files, ", all.size(), " read); expected a corpus this machine's memory holds, one byte a "
+            "token: use fewer or smaller files");
+  }
   c.total_tokens = static_cast<int64_t>(all.size());
   HT_CHECK(c.total_tokens > 0, "text corpus is empty: ", c.files.size(), " file(s) read from ",
            join(paths));
@@ -157,15 +176,23 @@ TextCorpus load_text_corpus(const std::vector<std::string>& paths,
   // validation. A corpus made of files on different subjects (the fortune files run
   // alphabetically from "art" to "zippy") would otherwise be validated on its last
   // files alone, a different distribution from the one trained on.
+  // The train split is the buffer itself, its segments moved down over the held-out tails
+  // once those are copied out (each segment's destination is at or before its source).
   const int64_t segments = std::max<int64_t>(1, n_val / kValidationSegment);
-  c.train.reserve(static_cast<size_t>(n_train));
   c.validation.reserve(static_cast<size_t>(n_val));
   for (int64_t k = 0; k < segments; ++k) {
-    int64_t begin = c.total_tokens * k / segments, end = c.total_tokens * (k + 1) / segments;
-    int64_t held = n_val * (k + 1) / segments - n_val * k / segments;
-    c.train.insert(c.train.end(), all.begin() + begin, all.begin() + (end - held));
+    const int64_t end = c.total_tokens * (k + 1) / segments, held = n_val * (k + 1) / segments - n_val * k / segments;
     c.validation.insert(c.validation.end(), all.begin() + (end - held), all.begin() + end);
   }
+  int64_t kept = 0;
+  for (int64_t k = 0; k < segments; ++k) {
+    const int64_t begin = c.total_tokens * k / segments, end = c.total_tokens * (k + 1) / segments;
+    const int64_t held = n_val * (k + 1) / segments - n_val * k / segments, n = end - held - begin;
+    std::memmove(all.data() + kept, all.data() + begin, static_cast<size_t>(n));
+    kept += n;
+  }
+  all.resize(static_cast<size_t>(kept));
+  c.train = std::move(all);
   return c;
 }
 

@@ -478,4 +478,13 @@ TEST_CASE("data: a large corpus holds out validation text from all over it") {
     CHECK(val.find(letter) != std::string::npos);
     CHECK(train.find(letter) != std::string::npos);
   }
+  // Exactly: each file's first 12288 bytes train and its last 4096 validate, in order
+  // (the train split is the read buffer, its segments moved down over those tails).
+  std::string want_train, want_val;
+  for (char letter = 'a'; letter <= 'j'; ++letter) {
+    want_train += std::string(12288, letter);
+    want_val += std::string(4096, letter);
+  }
+  CHECK(train == want_train);
+  CHECK(val == want_val);
 }
