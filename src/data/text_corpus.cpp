@@ -1,6 +1,7 @@
 #include "data/text_corpus.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -35,15 +36,18 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 void append_file(const std::string& path, std::vector<uint8_t>& out) {
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  HT_CHECK(in.good(), "text corpus: cannot open ", path);
+  HT_CHECK(in.good(), "text corpus: cannot open ", path, ": ", errno != 0 ? std::strerror(errno) : "unknown reason",
+           "; expected a readable file");
   // To its end, not to the size stat gives: a file of procfs says 0 bytes, of sysfs a
   // page, whatever it holds.
   const size_t start = out.size();
   std::vector<char> buf(1 << 16);
   while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
     out.insert(out.end(), buf.begin(), buf.begin() + in.gcount());
-  HT_CHECK(in.eof() && !in.bad(), "text corpus: reading ", path, " failed after ", out.size() - start, " bytes");
+  HT_CHECK(in.eof() && !in.bad(), "text corpus: reading ", path, " failed after ", out.size() - start, " bytes: ",
+           errno != 0 ? std::strerror(errno) : "unknown reason", "; expected a readable file");
   // Tokenise in place: one token per byte.
   for (size_t i = start; i < out.size(); ++i) out[i] = byte_to_token(out[i]);
 }
