@@ -41,6 +41,12 @@ std::vector<int64_t> first_ranks(const plan::Plan& p) {
 
 void Rebalancer::start_check(int64_t done, int64_t total) {
   if (every_ <= 0 || done % every_ != 0 || done + 1 >= total) return;
+  // Nothing measured since the last change (every 1 or 2: the steps between were the
+  // old plan's, and the one after it is not recorded): no check. Judged on nothing, the
+  // planner's costs alone re-split the batch back to the probe's split "from measured
+  // speeds", and a trial was judged against a step of 0 s. Every rank records the same
+  // steps, so all skip alike.
+  if (window_.wall_s.empty()) return;
   HT_CHECK(!pending_, "rebalancer: the check of step ", check_step_, " was not finished before the next");
   answered_.reset();  // taken a check ago
   pending_ = world_.consult(plan::encode_measure(window_));

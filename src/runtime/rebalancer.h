@@ -53,8 +53,8 @@ class Rebalancer {
     std::string line(int64_t step) const;    // for people, after a change
   };
   // After step `done`, on every rank: when a check is due (`done` a multiple of `every`,
-  // and two steps or more left, so that its answer has a step to apply to), sends this
-  // rank's records toward rank 0.
+  // two steps or more left, so that its answer has a step to apply to, and a step
+  // recorded since the last change), sends this rank's records toward rank 0.
   void start_check(int64_t done, int64_t total);
   // After the step that follows a started check, on every rank (nullopt when none is
   // started): replaces `plan` with rank 0's decision, made here on rank 0 from the

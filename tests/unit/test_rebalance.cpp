@@ -11,7 +11,10 @@
 #include "core/stats.h"
 #include "plan/memory_fit.h"
 
+#include "comm/local_communicator.h"
 #include "plan/rebalance.h"
+#include "runtime/executor.h"
+#include "runtime/rebalancer.h"
 
 using namespace ht;
 using namespace ht::plan;
@@ -417,4 +420,36 @@ TEST_CASE("stats: under local a run's step is taken over whole rounds, each with
   CHECK(step_window(10) == 10);
   CHECK(step_window(1) == 10);
   CHECK(step_window(0) == 10);
+}
+
+TEST_CASE("rebalancer: a check with no step measured since the last change is not made") {
+  // Every 2 steps: a change at the check of step 2 (answered after step 3) clears the
+  // window, and step 4 is not recorded (it is the first of the new plan's). The check of
+  // step 4 then had nothing to go on: the planner's costs alone re-split the batch back
+  // to the probe's split, and a trial was judged against a step of 0 s.
+  comm::LocalCommunicator world;
+  int decisions = 0;
+  size_t steps_seen = 0;
+  runtime::Rebalancer rebalancer(
+      [&](const Plan& current, const std::vector<RankMeasure>& measured) {
+        ++decisions;
+        steps_seen = measured.at(0).wall_s.size();
+        Rebalance d;
+        d.plan = current;
+        d.changed = decisions == 1;  // the first check changes the plan
+        return d;
+      },
+      2, world, std::chrono::seconds(10));
+  Plan plan = runtime::single_process_plan(2, 8, 1);
+  runtime::StepResult step;
+  step.wall_s = step.compute_s = 0.01;
+  for (int64_t done = 1; done <= 7; ++done) {
+    rebalancer.record(step);
+    rebalancer.finish_check(plan);  // the trainer's order: the answer after the next step
+    rebalancer.start_check(done, 100);
+  }
+  // Checks at 2 (steps 1-2, a change), 4 (nothing since: skipped) and 6 (steps 5-6),
+  // each answered after the step that follows it.
+  CHECK(decisions == 2);
+  CHECK(steps_seen == 2);
 }
