@@ -160,9 +160,9 @@ TextCorpus load_text_corpus(const std::vector<std::string>& paths,
     for (const auto& f : c.files) append_file(f, all);
   } catch (const std::bad_alloc&) {
     // A bare bad_alloc, caught higher up, blamed the batch size.
-    fail("text corpus from ", join(paths), ": out of host memory reading it (", sized,
-            " bytes in its files, ", all.size(), " read); expected a corpus this machine's memory holds, one byte a "
-            "token: use fewer or smaller files");
+    fail("text corpus from ", join(paths), ": out of host memory reading it (", sized, " bytes in its files, ",
+         all.size(), " read); expected a corpus this machine's memory holds, one byte a token: use fewer or "
+         "smaller files");
   }
   c.total_tokens = static_cast<int64_t>(all.size());
   HT_CHECK(c.total_tokens > 0, "text corpus is empty: ", c.files.size(), " file(s) read from ",
