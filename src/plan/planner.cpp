@@ -221,14 +221,11 @@ void cap_shares_to_memory(const PlannerInput& in, const std::vector<std::vector<
                           const std::vector<std::pair<int, int>>& ranges, int micro_batches,
                           std::vector<ReplicaCapacity> speed, std::vector<int64_t>& shares, Plan& p,
                           std::optional<Shortfall>& shortfall) {
-  auto replica_of = [&](int rank) {
-    for (size_t r = 0; r < layout.size(); ++r)
-      if (std::find(layout[r].begin(), layout[r].end(), rank) != layout[r].end()) return static_cast<int>(r);
-    return -1;
-  };
+  // The skeleton numbers replicas by their row of `layout` (-1: idle).
+  auto replica_of = [](const Plan& q, int rank) { return q.ranks[static_cast<size_t>(rank)].replica; };
   using Split = std::tuple<std::vector<int64_t>, Plan, std::optional<Shortfall>>;
   for (size_t round = 0; shortfall && !shortfall->host && round < layout.size(); ++round) {
-    const int r = replica_of(shortfall->rank);
+    const int r = replica_of(p, shortfall->rank);
     if (r < 0 || speed[static_cast<size_t>(r)].max_samples >= 0 || shares[static_cast<size_t>(r)] <= 1) return;
     // The split with replica r at most `most` samples, where r fits it (another replica
     // may not: the next round's).
@@ -245,7 +242,7 @@ void cap_shares_to_memory(const PlannerInput& in, const std::vector<std::vector<
       std::vector<int64_t> s = split_batch(in.global_batch, capped);
       Plan q = skeleton(in, layout, ranges, s, micro_batches);
       std::optional<Shortfall> f = fit_memory(q, in.costs, in.may_shard_optimizer);
-      if (f && replica_of(f->rank) == r) return std::nullopt;
+      if (f && replica_of(q, f->rank) == r) return std::nullopt;
       return Split{std::move(s), std::move(q), std::move(f)};
     };
     int64_t low = 0, high = shares[static_cast<size_t>(r)];  // fits at low (0: none found yet), not at high
