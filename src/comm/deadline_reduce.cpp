@@ -868,12 +868,17 @@ std::vector<StepRecord> DeadlineReduce::finish(FinishReason why) {
   const int64_t stop_flag = why == FinishReason::stop ? 1 : 0;
   auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(options_.peer_timeout_s));
-  bool agreed = false, sent = false;
+  bool agreed = false;
+  // The term this rank last reported in: a member that hears of a later term (another
+  // member suspected the leader) reports to that term's leader at once. Reporting only
+  // after its own patience ran out, it moved the term on each time, so a leader could
+  // wait out its term without some member's report, term after term, until the timeout.
+  int64_t sent_term = -1;
   auto wait_until = Clock::now();
   Presence presence(options_.peer_timeout_s);
   auto send_done = [&] {
     send(leader(), word(done, step_, term_, hash_, stop_flag));
-    sent = true;
+    sent_term = term_;
     done_ok_ = false;
     wait_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(patience()));
     presence.armed();
@@ -938,17 +943,16 @@ std::vector<StepRecord> DeadlineReduce::finish(FinishReason why) {
     } else {
       if (catch_up_) {  // as in reduce: the leader's state, then report again
         take_catch_up();
-        sent = false;
+        sent_term = -1;
       }
       results_.clear();  // of steps this rank has finished with (or will catch up past)
       if (done_ok_) {
         agreed = true;
         break;
       }
-      if (!sent) send_done();
+      if (sent_term != term_) send_done();
       if (Clock::now() >= wait_until) {
         suspect_leader();
-        sent = false;
         continue;
       }
     }

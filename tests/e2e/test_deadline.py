@@ -193,7 +193,9 @@ def interrupt_one(scratch):
     step, and the job stops there with a checkpoint of that step (once taken for the end
     of training: rank 0 wrote the step-200 weights as the checkpoint of the last step)."""
     cluster = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_2_1_1.json")
-    steps = 4000  # the signal comes about 200 steps in: far short of the end, whatever the machine
+    # The signal comes about 20 steps in (rank 0 writes a contributions record a step): far
+    # short of the end, whatever the machine.
+    steps = 4000
     cfg = config(os.path.join(scratch, "interrupt.json"), "deadline", steps=steps)
     interrupt(scratch, "interrupt", cfg, cluster, steps, 2)
 

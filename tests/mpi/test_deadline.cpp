@@ -584,3 +584,41 @@ TEST_CASE("deadline: a member's stop ends the chain at its step at once, the lea
   const std::vector<std::string> hashes = group->allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
   CHECK(std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; }));
 }
+
+TEST_CASE("deadline: a member in finish that hears of a later term reports to its leader at once") {
+  // Three members end training together, and rank 0, the leader, is away for 4 s before
+  // it takes their reports of the end. Rank 1 (patience 1 s) suspects it and leads term
+  // 1; rank 2 (patience 30 s) hears of term 1 from rank 1's notice and must report to
+  // rank 1 then, not when its own patience runs out (which moved the term on again: with
+  // every member doing so, a leader could wait out each term without some report, and
+  // the job failed at the timeout). Rank 0 is back after 4 s, ahead of rank 2's patience
+  // by 26 s, and every rank ends in term 1.
+  std::unique_ptr<Communicator> group = first_ranks(3);
+  if (!group) return;
+  const int me = group->rank();
+  std::vector<float> weights(64, 0.5f);
+  DeadlineOptions o;
+  o.predicted_step_s = 0.02;
+  o.peer_timeout_s = 60;
+  o.min_patience_s = me == 1 ? 1 : 30;
+  DeadlineReduce r(*group, o, {1, 1, 1}, 0, [&] { return ReplicaState{weights, {}}; },
+                   [&](const ReplicaState& s) { weights = s.floats; });
+  REQUIRE(group->barrier(kLong) == WaitStatus::done);
+  while (r.step() < 3) {
+    std::vector<Tensor> g{Tensor::from_vector(std::vector<float>(64, 0.01f * static_cast<float>(me + 1)), {64},
+                                              cpu_backend())};
+    const DeadlineOutcome out = r.reduce(g, 1, 0.0, Clock::now());
+    REQUIRE_FALSE(out.ended);
+    const std::vector<float> sum = g[0].to_vector();
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * sum[i];
+  }
+  REQUIRE(r.term() == 0);
+  if (me == 0) std::this_thread::sleep_for(std::chrono::seconds(4));
+  const auto start = Clock::now();
+  r.finish();
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  CHECK_MESSAGE(r.term() == 1, "rank ", me, " ended in term ", r.term(), " after ", took, " s in finish");
+  CHECK(r.step() == 3);
+  const std::vector<std::string> hashes = group->allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
+  CHECK(std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; }));
+}
