@@ -39,6 +39,13 @@ class Block : public Module {
   // the outputs its ops make and do not keep (nn/cost_model.h).
   virtual int64_t workspace_bytes_per_sample() const = 0;
 
+  // Bytes per sample a forward without gradients (an evaluation) holds at its fullest
+  // moment beyond the block's input: its output and the op outputs alive beside it
+  // (nn/cost_model.h).
+  virtual int64_t eval_bytes_per_sample() const = 0;
+  // The same where attention is one fused kernel that stores no T x T scores (a GPU's).
+  virtual int64_t eval_fused_bytes_per_sample() const { return eval_bytes_per_sample(); }
+
   // Per-sample shapes (without the batch dimension) and input dtype.
   virtual Shape sample_input_shape() const = 0;
   virtual Shape sample_output_shape() const = 0;

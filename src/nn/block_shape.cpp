@@ -16,6 +16,8 @@ BlockShape shape_of(const Block& block) {
           block.flops_per_sample(),
           block.activation_bytes_per_sample(),
           block.workspace_bytes_per_sample(),
+          block.eval_bytes_per_sample(),
+          block.eval_fused_bytes_per_sample(),
           block.sample_input_shape(),
           block.sample_output_shape(),
           block.input_dtype()};

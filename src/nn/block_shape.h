@@ -24,6 +24,8 @@ struct BlockShape {
   int64_t flops_per_sample = 0;             // forward, the cost_model.h convention
   int64_t activation_bytes_per_sample = 0;  // what backward keeps, cost_model.h
   int64_t workspace_bytes_per_sample = 0;   // transients beyond it, cost_model.h
+  int64_t eval_bytes_per_sample = 0;        // a no-grad forward's fullest moment, cost_model.h
+  int64_t eval_fused_bytes_per_sample = 0;  // the same with a fused attention kernel (a GPU's)
   Shape sample_input_shape;                 // without the batch dimension
   Shape sample_output_shape;
   DType input_dtype = DType::f32;

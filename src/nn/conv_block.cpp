@@ -50,6 +50,11 @@ BlockShape ConvBlock::describe(int64_t in_channels, int64_t out_channels, int64_
   // Backward: the pooled output's gradient (O*H'*W'), the pooling's input gradient and
   // ReLU's (O*H*W each), the convolution's input gradient (C*H*W).
   s.workspace_bytes_per_sample = (pooled + 2 * o * hw + numel(s.sample_input_shape)) * cost::kFloatBytes;
+  // Evaluation, while pooling: the conv output (a temporary until the block returns),
+  // ReLU's, the pooled output and its int32 argmax. The convolution's unfolded columns
+  // (at most 512 KiB or one sample's, backend/cpu/cpu_window.cpp) are not per sample.
+  s.eval_bytes_per_sample = 2 * o * hw * cost::kFloatBytes + pooled * (cost::kFloatBytes + cost::kIntBytes);
+  s.eval_fused_bytes_per_sample = s.eval_bytes_per_sample;
   return s;
 }
 

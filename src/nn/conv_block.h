@@ -26,6 +26,7 @@ class ConvBlock : public Block {
   int64_t flops_per_sample() const override { return shape_.flops_per_sample; }
   int64_t activation_bytes_per_sample() const override { return shape_.activation_bytes_per_sample; }
   int64_t workspace_bytes_per_sample() const override { return shape_.workspace_bytes_per_sample; }
+  int64_t eval_bytes_per_sample() const override { return shape_.eval_bytes_per_sample; }
   Shape sample_input_shape() const override { return shape_.sample_input_shape; }
   Shape sample_output_shape() const override { return shape_.sample_output_shape; }
 

@@ -37,6 +37,12 @@
 // The planner adds the largest block's (times the micro-batch) to a stage's kept
 // activations, and the loss's to the last block's (plan/block_costs.h); a unit test
 // holds the sum against the allocator's measured peak of whole training steps.
+//
+// Evaluation bytes (one sample): what a forward without gradients holds at the block's
+// fullest moment beyond its input (which its caller holds): its output and the op
+// outputs alive beside it, a full expression's temporaries until it ends. The planner
+// takes the largest block's, with its input and the batch, as rank 0's evaluation
+// (plan/block_costs.h); a unit test holds it against the allocator's measured peak.
 #pragma once
 
 #include <cstdint>

@@ -41,6 +41,9 @@ BlockShape DenseBlock::describe(const Shape& in_shape, int64_t out_features, boo
   // Backward: the output's gradient (out), ReLU's input gradient (out) and the matmul's
   // input gradient (in).
   s.workspace_bytes_per_sample = ((relu ? 2 * out : out) + in) * cost::kFloatBytes;
+  // Evaluation: the product beside the bias add's output; with ReLU, that beside ReLU's.
+  s.eval_bytes_per_sample = 2 * out * cost::kFloatBytes;
+  s.eval_fused_bytes_per_sample = s.eval_bytes_per_sample;
   s.sample_input_shape = in_shape;
   s.sample_output_shape = {out};
   return s;

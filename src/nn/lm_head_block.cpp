@@ -31,6 +31,9 @@ BlockShape LmHeadBlock::describe(int64_t dim, int64_t vocab, int64_t context) {
   // Backward: the logits' gradient (TV), the projection's input gradient and the
   // layernorm's (TC each).
   s.workspace_bytes_per_sample = (t * vocab + 2 * t * c) * cost::kFloatBytes;
+  // Evaluation: the layernorm's output (TC) beside the logits (TV).
+  s.eval_bytes_per_sample = (t * c + t * vocab) * cost::kFloatBytes;
+  s.eval_fused_bytes_per_sample = s.eval_bytes_per_sample;
   s.sample_input_shape = {t, c};
   s.sample_output_shape = {t, vocab};
   return s;

@@ -39,6 +39,9 @@ BlockShape TokenEmbeddingBlock::describe(int64_t vocab, int64_t context, int64_t
   s.activation_bytes_per_sample = context * cost::kIntBytes + (drops ? tc * cost::kFloatBytes : 0);
   // Backward: the output's gradient (TC) [and the dropout's input gradient, TC].
   s.workspace_bytes_per_sample = (drops ? 2 : 1) * tc * cost::kFloatBytes;
+  // Evaluation: the token lookup's output beside the position add's (dropout passes it on).
+  s.eval_bytes_per_sample = 2 * tc * cost::kFloatBytes;
+  s.eval_fused_bytes_per_sample = s.eval_bytes_per_sample;
   s.sample_input_shape = {context};
   s.sample_output_shape = {context, dim};
   s.input_dtype = DType::i32;

@@ -1,5 +1,7 @@
 #include "nn/transformer_block.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "nn/block_input.h"
 #include "nn/cost_model.h"
@@ -91,6 +93,15 @@ BlockShape TransformerBlock::describe(int64_t dim, int64_t heads, int64_t contex
   // q, k, v gradients and the qkv gradient they make (3TC each) beside the output's and
   // the merged heads' (TC each) come to the same 10TC.
   s.workspace_bytes_per_sample = 10 * tc * cost::kFloatBytes;
+  // Evaluation, the fuller of two moments. Inside the attention: ln1's output (TC), the
+  // qkv buffer (3TC), its dense q, k, v (3TC), the output (TC), the rows' log-sum-exps
+  // (HT) and, as the CPU computes it, each head's T x T scores and probabilities (2HT^2;
+  // a GPU's fused kernel stores neither, for heads of up to kAttentionMaxHead = 128
+  // values, kernels/attention.cuh). In the MLP: the first residual sum and ln2's output
+  // (TC each), fc1's product and its bias add's output (4TC each).
+  s.eval_bytes_per_sample = std::max(8 * tc + h * t + 2 * h * t * t, 10 * tc) * cost::kFloatBytes;
+  s.eval_fused_bytes_per_sample =
+      c / h <= 128 ? std::max(8 * tc + h * t, 10 * tc) * cost::kFloatBytes : s.eval_bytes_per_sample;
   return s;
 }
 

@@ -1,5 +1,6 @@
 #include "plan/block_costs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -52,6 +53,17 @@ BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
     const auto values = static_cast<double>(numel(logits));
     const double predictions = logits.empty() || logits.back() == 0 ? 1 : values / static_cast<double>(logits.back());
     c.workspace_bytes.back() += (values + 2 * predictions) * 4;  // f32
+    // An evaluation holds the batch (its inputs, an int32 target a prediction) while the
+    // blocks run one after another, each beside its input, and then the loss (the logits,
+    // a log-sum-exp and a loss a prediction).
+    double fullest = (values + 2 * predictions) * 4, fused = fullest;
+    for (size_t b = 0; b < blocks; ++b) {
+      const double input = b > 0 ? c.input_bytes[b] : 0;
+      fullest = std::max(fullest, input + static_cast<double>(model.blocks[b].eval_bytes_per_sample));
+      fused = std::max(fused, input + static_cast<double>(model.blocks[b].eval_fused_bytes_per_sample));
+    }
+    c.eval_bytes_per_sample = c.input_bytes[0] + predictions * 4 + fullest;
+    c.eval_fused_bytes_per_sample = c.input_bytes[0] + predictions * 4 + fused;
   }
 
   c.seconds_per_sample.resize(ranks);

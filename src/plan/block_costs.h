@@ -53,6 +53,15 @@ struct BlockCosts {
   // block's with the loss's (it keeps the logits, one log-sum-exp and loss a prediction).
   // Empty: none (hand-built costs).
   std::vector<double> workspace_bytes;
+  // Rank 0's evaluation of the whole model between steps (runtime/trainer_evaluation.cpp):
+  // the bytes a sample adds to its fullest moment (nn/cost_model.h), and its batch,
+  // train.eval_batch_size at most eval_max_samples (0: not checked; plan/memory_fit.h).
+  double eval_bytes_per_sample = 0;
+  double eval_fused_bytes_per_sample = 0;  // on a GPU rank 0 (nn::Block's)
+  int64_t eval_batch = 0;
+  // Beside them, whatever the batch: the allocator rounds each tensor up to 64 bytes
+  // (backend/allocator.cpp), and no block holds 16 at once.
+  static constexpr double kEvalFixedBytes = 16 * 64;
   std::vector<double> input_bytes;       // [block] per sample: what it receives (and what
                                          // recomputation keeps of it)
   std::vector<double> output_bytes;      // [block] per sample: what it hands to the next

@@ -1,6 +1,7 @@
 #include "plan/memory_fit.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <string>
@@ -406,7 +407,29 @@ std::optional<Shortfall> fit_memory(Plan& plan, const BlockCosts& costs, bool ma
   }
   for (const RankPlan& rp : plan.ranks)
     if (rp.memory.total() > rp.device.memory_bytes) return shortfall_of(rp);
+  if (auto s = fit_evaluation(plan, costs)) return s;
   return fit_host_memory(plan, costs);
+}
+
+std::optional<Shortfall> fit_evaluation(const Plan& plan, const BlockCosts& costs) {
+  if (costs.eval_batch <= 0 || plan.ranks.empty() || plan.ranks.front().rank != 0) return std::nullopt;
+  const RankPlan& root = plan.ranks.front();
+  const double per_sample =
+      root.device.kind == DeviceKind::cpu ? costs.eval_bytes_per_sample : costs.eval_fused_bytes_per_sample;
+  if (!(per_sample > 0)) return std::nullopt;
+  const double kept = root.memory.params + root.memory.optimizer, capacity = root.device.memory_bytes;
+  auto need = [&](int64_t n) { return kept + static_cast<double>(n) * per_sample + BlockCosts::kEvalFixedBytes; };
+  if (need(costs.eval_batch) <= capacity) return std::nullopt;
+  Shortfall s = shortfall_of(root);
+  s.evaluation = true;
+  s.eval_batch = costs.eval_batch;
+  s.need = root.memory;
+  s.need.grads = 0;
+  s.need.activations = need(costs.eval_batch) - kept;  // the evaluation's, in their place
+  s.eval_fits =
+      std::max<int64_t>(0, static_cast<int64_t>(std::floor((capacity - kept - BlockCosts::kEvalFixedBytes) / per_sample)));
+  s.eval_fits = std::min(s.eval_fits, costs.eval_batch - 1);
+  return s;
 }
 
 }  // namespace ht::plan

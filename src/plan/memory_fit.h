@@ -70,6 +70,13 @@ std::optional<Shortfall> fit_host_memory(Plan& plan, const BlockCosts& costs);
 // keeping the most. None where no rank keeps anything beside its device's use.
 void note_host_memory(Plan& plan);
 
+// Rank 0 evaluates the whole model between steps (runtime/trainer_evaluation.cpp), in
+// batches of costs.eval_batch, holding its weights and optimiser state (gradients and
+// activations are freed by then) and costs.eval_bytes_per_sample a sample. Returns rank
+// 0's shortfall (`evaluation` set, the largest batch that fits in eval_fits) where that
+// exceeds its device's memory; nothing where it fits or eval_batch is 0.
+std::optional<Shortfall> fit_evaluation(const Plan& plan, const BlockCosts& costs);
+
 // What `rank` lacks under rank.memory (report::shortfall_text spells it).
 Shortfall shortfall_of(const RankPlan& rank);
 

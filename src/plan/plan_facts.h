@@ -94,6 +94,11 @@ struct Shortfall {
   std::string host_name;
   HostUse host_need;
   double host_others = 0;
+  // Rank 0, whose training fits, cannot evaluate the whole model in batches of
+  // eval_batch (memory_fit.h's fit_evaluation): need holds the evaluation's bytes in
+  // activations and no gradients; eval_fits is the largest batch that fits (0: none).
+  bool evaluation = false;
+  int64_t eval_batch = 0, eval_fits = 0;
 };
 
 // Why no contiguous pipeline split fits (stage_partition.h), for the first reason found.

@@ -104,6 +104,11 @@ Json shortfall_json(const Shortfall& s) {
     j["host_need"] = host_use_json(s.host_need);
     j["host_others"] = s.host_others;
   }
+  if (s.evaluation) {
+    j["evaluation"] = true;
+    j["eval_batch"] = s.eval_batch;
+    j["eval_fits"] = s.eval_fits;
+  }
   return j;
 }
 
@@ -131,6 +136,11 @@ Shortfall read_shortfall(const Json& j, const std::string& p) {
     s.host_name = text(j, p, "host_name");
     s.host_need = read_host_use(at(j, p, "host_need"), key_path(p, "host_need"));
     s.host_others = nonneg(j, p, "host_others");
+  }
+  s.evaluation = j.contains("evaluation") && read_bool(j.at("evaluation"), key_path(p, "evaluation"));
+  if (s.evaluation) {
+    s.eval_batch = read_int(at(j, p, "eval_batch"), key_path(p, "eval_batch"), 1);
+    s.eval_fits = read_int(at(j, p, "eval_fits"), key_path(p, "eval_fits"), 0);
   }
   return s;
 }

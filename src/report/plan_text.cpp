@@ -129,6 +129,14 @@ std::string shortfall_text(const plan::Shortfall& s) {
            (s.host_others > 0 ? ", beside " + format_bytes(s.host_others) + " for the host's other ranks" : std::string()) +
            "; " + format_bytes(s.host_need.total() + s.host_others - s.capacity) + " short";
   const std::string who = "rank " + std::to_string(s.rank) + " (" + s.device + ", " + format_bytes(s.capacity) + ")";
+  if (s.evaluation)  // memory_fit.h's fit_evaluation
+    return who + " trains in its memory but cannot evaluate the whole model in batches of " +
+           std::to_string(s.eval_batch) + " (train.eval_batch_size, at most eval_max_samples): " +
+           format_bytes(s.need.total()) + " (params " + format_bytes(s.need.params) + ", optimizer " +
+           format_bytes(s.need.optimizer) + ", evaluation " + format_bytes(s.need.activations) + "), " +
+           format_bytes(s.need.total() - s.capacity) + " short; " +
+           (s.eval_fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(s.eval_fits)
+                             : std::string("even one sample does not fit: rank 0 needs more memory"));
   const std::string need = format_bytes(s.need.total()) + " (" + breakdown(s.need) + "), " +
                            format_bytes(s.need.total() - s.capacity) + " short";
   if (s.idle)  // rank 0 (memory_fit.h's rank_memory)

@@ -184,7 +184,7 @@ TEST_CASE("gpu probe: a GPU rank is planned from its GPU's rates, free memory an
   // launches, the CPU's the engine's figure; an optimiser step streams (12 + 2 x 8) bytes
   // per parameter at each rank's bandwidth.
   nn::ModelShape model;
-  model.blocks.push_back({"dense", 1000000, 2000000, 4096, 0, {1024}, {1024}, DType::f32});
+  model.blocks.push_back({"dense", 1000000, 2000000, 4096, 0, 0, 0, {1024}, {1024}, DType::f32});
   const BlockCosts k = block_costs(model, c, config::OptimizerConfig{});
   CHECK(k.seconds_per_sample[0][0] == doctest::Approx(3 * 2e6 / 50000e9));
   CHECK(k.seconds_per_sample[1][0] == doctest::Approx(3 * 2e6 / 1000e9));

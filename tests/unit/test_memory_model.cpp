@@ -12,6 +12,7 @@
 #include <chrono>
 #include <string>
 
+#include "autograd/graph.h"
 #include "backend/backend.h"
 #include "comm/local_communicator.h"
 #include "config/config.h"
@@ -134,5 +135,60 @@ TEST_CASE("memory model: a plan's predicted memory holds its training steps' mea
   SUBCASE("gpt") {
     check_case(gpt, 32, 1, 1024);
     check_case(gpt, 32, 1, 80);  // too small for one micro-batch
+  }
+}
+
+namespace {
+
+// A no-grad forward of the model and the summed loss on a made-up batch of `n`, as an
+// evaluation runs (runtime/image_task.cpp, text_task.cpp): the allocator's peak from
+// before the batch is made.
+double eval_peak(const config::Config& cfg, const nn::Sequential& model, int64_t n) {
+  ShapedTask task(cfg);
+  Allocator& memory = cpu_backend().allocator();
+  const size_t before = memory.live_bytes();
+  memory.reset_peak();
+  {
+    NoGradGuard no_grad;
+    const runtime::Batch b = task.train_batch(0, n);
+    const Tensor loss = runtime::summed_loss(model.forward(b.inputs), b.targets);
+  }
+  return static_cast<double>(memory.peak_bytes() - before);
+}
+
+}  // namespace
+
+TEST_CASE("memory model: an evaluation's predicted bytes hold its measured peak, within 2%") {
+  // Per sample, so from batches where the convolution's unfolded columns (a fixed
+  // 512 KiB at most) are no longer the fullest moment.
+  const std::string models[] = {R"({"type":"mlp","hidden":[512,512]})", R"({"type":"cnn"})",
+                                R"({"type":"gpt","context":128,"layers":2,"heads":4,"d_model":128})",
+                                R"({"type":"gpt","context":32,"layers":2,"heads":2,"d_model":256,"dropout":0.1})"};
+  for (const std::string& model : models) {
+    const std::string json = R"({"model":)" + model + R"(,"data":{"dataset":")" +
+                             (model.find("gpt") != std::string::npos ? R"(text","paths":["/tmp"])" : R"(fashion_mnist")") +
+                             R"(},"train":{"steps":2,"batch_size":8,"optimizer":{"type":"adamw","lr":1e-3}}})";
+    CAPTURE(model);
+    const config::Config cfg = config::parse_config(json, "eval-memory.json");
+    const plan::BlockCosts costs = plan::block_costs(runtime::describe_model(cfg), plan::fixtures::cluster({1e10}, {1e9}),
+                                                     cfg.train.optimizer);
+    nn::Sequential m = runtime::build_model(cfg, 1);
+    m.set_training(false);
+    // A fused attention kernel (a GPU's) stores no T x T scores: less where the attention
+    // is the fullest moment (context 128, width 128), the same where the MLP is (context
+    // 32, width 256) or there is no attention.
+    if (model.find("\"context\":128") != std::string::npos)
+      CHECK(costs.eval_fused_bytes_per_sample < costs.eval_bytes_per_sample);
+    else
+      CHECK(costs.eval_fused_bytes_per_sample == costs.eval_bytes_per_sample);
+    for (int64_t n : {64, 200}) {
+      CAPTURE(n);
+      const double measured = eval_peak(cfg, m, n),
+                   predicted = static_cast<double>(n) * costs.eval_bytes_per_sample + plan::BlockCosts::kEvalFixedBytes;
+      CAPTURE(measured);
+      CAPTURE(predicted);
+      CHECK(measured <= predicted);
+      CHECK(predicted <= 1.02 * measured);  // 1 KiB of rounding beside 64 samples of 9 KB at least
+    }
   }
 }

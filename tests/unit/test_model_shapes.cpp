@@ -49,6 +49,8 @@ void check_same(const nn::ModelShape& described, const nn::ModelShape& built, co
     CHECK(d.flops_per_sample == b.flops_per_sample);
     CHECK(d.activation_bytes_per_sample == b.activation_bytes_per_sample);
     CHECK(d.workspace_bytes_per_sample == b.workspace_bytes_per_sample);
+    CHECK(d.eval_bytes_per_sample == b.eval_bytes_per_sample);
+    CHECK(d.eval_fused_bytes_per_sample == b.eval_fused_bytes_per_sample);
     CHECK(d.sample_input_shape == b.sample_input_shape);
     CHECK(d.sample_output_shape == b.sample_output_shape);
     CHECK(d.input_dtype == b.input_dtype);

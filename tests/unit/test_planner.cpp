@@ -563,6 +563,63 @@ TEST_CASE("planner: an idle rank 0 still holds the whole model's weights, which 
   }
 }
 
+TEST_CASE("planner: rank 0 must hold its evaluation's batch beside its weights and optimizer state") {
+  // One rank of 64 MB, 2 blocks of 1e6 parameters: weights 8 MB, AdamW state 16 MB, and
+  // between steps (when rank 0 evaluates) no gradients or activations. At 1 MB a sample
+  // and 1 KiB beside (BlockCosts::kEvalFixedBytes), 39 samples fit (63.0 MB and 1 KiB);
+  // 40 do not (64 MB and 1 KiB), and the refusal names the batch that fits.
+  const ClusterModel c = cluster({1e12}, {64e6});
+  BlockCosts k = costs(c, 2, 1e4);
+  k.eval_bytes_per_sample = 1e6;
+  k.eval_batch = 39;
+  const Plan p = make_plan(input(c, k, 16, "data"));
+  CHECK(p.ranks[0].memory.params + p.ranks[0].memory.optimizer == doctest::Approx(24e6));
+  CHECK(!fit_evaluation(p, k));
+  k.eval_batch = 0;  // not checked
+  CHECK(!fit_evaluation(p, k));
+  k.eval_batch = 40;
+  const std::optional<Shortfall> direct = fit_evaluation(p, k);
+  REQUIRE(direct);
+  CHECK(direct->eval_fits == 39);
+  try {
+    make_plan(input(c, k, 16, "data"));
+    FAIL("expected NoPlanFits");
+  } catch (const NoPlanFits& e) {
+    REQUIRE(e.shapes.size() == 1);
+    REQUIRE(e.shapes[0].problem.kind == LayoutProblemKind::memory);
+    const Shortfall& s = e.shapes[0].problem.shortfall;
+    CHECK(s.evaluation);
+    CHECK(s.rank == 0);
+    CHECK(s.eval_batch == 40);
+    CHECK(s.eval_fits == 39);
+    CHECK(s.need.grads == 0);
+    CHECK(s.need.total() == doctest::Approx(64e6 + 1024));
+    CHECK(report::shortfall_text(s) ==
+          "rank 0 (dev0, 61.0 MiB) trains in its memory but cannot evaluate the whole model in batches of 40 "
+          "(train.eval_batch_size, at most eval_max_samples): 61.0 MiB (params 7.6 MiB, optimizer 15.3 MiB, "
+          "evaluation 38.1 MiB), 1.0 KiB short; set train.eval_batch_size to at most 39");
+    // A plan file's shortfall keeps the evaluation's figures.
+    const Shortfall back = read_shortfalls(shortfalls_json({s}), "shortfalls").at(0);
+    CHECK(back.evaluation);
+    CHECK(back.eval_batch == 40);
+    CHECK(back.eval_fits == 39);
+    CHECK(report::shortfall_text(back) == report::shortfall_text(s));
+  }
+  // A GPU rank 0 evaluates at the fused-attention figure (nn::Block's): at 0.5 MB a
+  // sample, 40 fit.
+  ClusterModel gpu = c;
+  gpu.ranks[0].kind = DeviceKind::cuda;
+  k.eval_fused_bytes_per_sample = 0.5e6;
+  const Plan g = make_plan(input(gpu, k, 16, "data"));
+  CHECK(!fit_evaluation(g, k));
+  // Where even one sample does not fit, it says so.
+  k.eval_bytes_per_sample = 50e6;
+  const std::optional<Shortfall> none = fit_evaluation(p, k);
+  REQUIRE(none);
+  CHECK(none->eval_fits == 0);
+  CHECK(report::shortfall_text(*none).find("even one sample does not fit: rank 0 needs more memory") != std::string::npos);
+}
+
 TEST_CASE("planner: bad inputs get errors naming the numbers") {
   const ClusterModel c = cluster({1e12, 1e12, 1e12, 1e12}, std::vector(4, 64 * kGiB));
   try {

@@ -377,7 +377,7 @@ TEST_CASE("precision: under bf16 the planner prices a GPU rank's products at its
   // Two dense blocks of 1e10 forward FLOPs a sample and few parameters: GEMM-bound.
   nn::ModelShape model;
   for (int b = 0; b < 2; ++b)
-    model.blocks.push_back({"dense", 1000, 10'000'000'000, 4096, 0, {1024}, {1024}, DType::f32});
+    model.blocks.push_back({"dense", 1000, 10'000'000'000, 4096, 0, 0, 0, {1024}, {1024}, DType::f32});
   const plan::BlockCosts fp32 = plan::block_costs(model, c, config::OptimizerConfig{}, "fp32");
   const plan::BlockCosts bf16 = plan::block_costs(model, c, config::OptimizerConfig{}, "bf16");
   for (size_t b = 0; b < 2; ++b) {

@@ -85,6 +85,7 @@ class TimedBlock : public nn::Block {
   int64_t flops_per_sample() const override { return dense_.flops_per_sample(); }
   int64_t activation_bytes_per_sample() const override { return dense_.activation_bytes_per_sample(); }
   int64_t workspace_bytes_per_sample() const override { return dense_.workspace_bytes_per_sample(); }
+  int64_t eval_bytes_per_sample() const override { return dense_.eval_bytes_per_sample(); }
   Shape sample_input_shape() const override { return {4}; }
   Shape sample_output_shape() const override { return {4}; }
   std::vector<nn::NamedTensor> named_parameters() const override { return dense_.named_parameters(); }
