@@ -24,6 +24,26 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
   return block_costs(nn::shape_of(model), cluster, opt, precision);
 }
 
+double eval_bytes_per_sample(const nn::ModelShape& model, bool fused_attention) {
+  if (model.blocks.empty()) return 0;
+  const Shape& logits = model.blocks.back().sample_output_shape;
+  const auto values = static_cast<double>(numel(logits));
+  const double predictions = logits.empty() || logits.back() == 0 ? 1 : values / static_cast<double>(logits.back());
+  // The batch (its inputs, an int32 target a prediction) is held while the blocks run one
+  // after another, each beside its input, and then the loss (the logits, a log-sum-exp and
+  // a loss a prediction).
+  const nn::BlockShape& first = model.blocks.front();
+  const double batch = static_cast<double>(numel(first.sample_input_shape) * dtype_size(first.input_dtype)) + predictions * 4;
+  double fullest = (values + 2 * predictions) * 4;
+  for (size_t b = 0; b < model.blocks.size(); ++b) {
+    const nn::BlockShape& blk = model.blocks[b];
+    const double input = b > 0 ? static_cast<double>(numel(blk.sample_input_shape)) * 4 : 0;  // f32 within the model
+    fullest = std::max(fullest, input + static_cast<double>(fused_attention ? blk.eval_fused_bytes_per_sample
+                                                                            : blk.eval_bytes_per_sample));
+  }
+  return batch + fullest;
+}
+
 BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
                        const config::OptimizerConfig& opt, std::string_view precision) {
   const size_t blocks = model.size();
@@ -53,17 +73,8 @@ BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
     const auto values = static_cast<double>(numel(logits));
     const double predictions = logits.empty() || logits.back() == 0 ? 1 : values / static_cast<double>(logits.back());
     c.workspace_bytes.back() += (values + 2 * predictions) * 4;  // f32
-    // An evaluation holds the batch (its inputs, an int32 target a prediction) while the
-    // blocks run one after another, each beside its input, and then the loss (the logits,
-    // a log-sum-exp and a loss a prediction).
-    double fullest = (values + 2 * predictions) * 4, fused = fullest;
-    for (size_t b = 0; b < blocks; ++b) {
-      const double input = b > 0 ? c.input_bytes[b] : 0;
-      fullest = std::max(fullest, input + static_cast<double>(model.blocks[b].eval_bytes_per_sample));
-      fused = std::max(fused, input + static_cast<double>(model.blocks[b].eval_fused_bytes_per_sample));
-    }
-    c.eval_bytes_per_sample = c.input_bytes[0] + predictions * 4 + fullest;
-    c.eval_fused_bytes_per_sample = c.input_bytes[0] + predictions * 4 + fused;
+    c.eval_bytes_per_sample = eval_bytes_per_sample(model, false);
+    c.eval_fused_bytes_per_sample = eval_bytes_per_sample(model, true);
   }
 
   c.seconds_per_sample.resize(ranks);

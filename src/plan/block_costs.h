@@ -76,6 +76,11 @@ inline double comm_overhead_seconds(const BlockCosts& costs, size_t rank) {
   return rank < costs.comm_overhead_seconds.size() ? costs.comm_overhead_seconds[rank] : 0;
 }
 
+// The bytes a sample adds to rank 0's evaluation at its fullest moment (BlockCosts'
+// eval_bytes_per_sample), as the CPU runs attention or, with `fused_attention`, as a GPU
+// does (nn::Block's eval_fused_bytes_per_sample). 0 for an empty model.
+double eval_bytes_per_sample(const nn::ModelShape& model, bool fused_attention);
+
 // Optimiser state bytes per parameter: AdamW 8 (two fp32 moments), SGD with momentum 4
 // (one buffer), SGD without 0. An unknown type is an ht::Error.
 double optimizer_state_bytes_per_param(const config::OptimizerConfig& opt);

@@ -2,11 +2,14 @@
 // the first step that it fits rank 0's memory cap.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/graph.h"
 #include "core/units.h"
+#include "plan/block_costs.h"
 #include "runtime/stage_gather.h"
 #include "runtime/trainer_run.h"
 
@@ -31,14 +34,14 @@ class Streamed {
 
 // Rank 0 evaluates the whole model in batches of train.eval_batch_size, which under a
 // memory cap can need far more than a training step (at 1000 samples the CNN's first
-// convolution's output alone is 100 MB). So before the first step it measures no-grad
-// forwards of 4 and 8 samples (activation memory grows linearly with the batch) and
-// refuses a cap that the evaluation would exceed, with the largest batch that fits,
-// instead of failing at the first evaluation. The forward is 10% short of the whole
-// evaluation's peak at most, which adds its data batch and the loss (the CNN at 1000
-// samples: 272 MiB predicted from the forwards; 240 MiB of cap ran out, 250 held).
+// convolution's output alone is 100 MB). So before the first step it refuses a cap that
+// the evaluation would exceed, with the largest batch that fits, instead of failing at
+// the first evaluation. What it needs beside the state it holds is the larger of two
+// figures, each linear in the batch: the planner's (plan::eval_bytes_per_sample, exact
+// per sample on the CPU, so a plan that says the evaluation fits is not refused here),
+// and no-grad forwards of 4 and 8 samples measured here (their inputs included) with the
+// batch's targets, for what a device's libraries allocate beyond the planner's figure.
 void Run::check_evaluation_fits() {
-  constexpr double kMargin = 1.1;
   Backend& device = task_->device();
   Allocator& memory = device.allocator();
   if (memory.cap() == 0) return;
@@ -75,11 +78,21 @@ void Run::check_evaluation_fits() {
                          : "set train.eval_batch_size to " + std::to_string(small) + " or give rank 0 more memory");
   }
   model_.set_training(true);
+  const nn::ModelShape shape = nn::shape_of(model_);
+  const Shape& logits = shape.blocks.back().sample_output_shape;
+  const double targets =
+      logits.empty() || logits.back() == 0 ? 4 : 4 * static_cast<double>(numel(logits) / logits.back());  // int32 each
+  // need(n) = in_use + max(a + b n) over the two figures.
+  const double described = plan::eval_bytes_per_sample(shape, device.kind() != DeviceKind::cpu);
+  const std::pair<double, double> lines[] = {{plan::BlockCosts::kEvalFixedBytes, described},
+                                             {at4 - per_sample * static_cast<double>(small), per_sample + targets}};
   const double in_use = static_cast<double>(memory.live_bytes()), cap = static_cast<double>(memory.cap());
-  const double need = kMargin * (in_use + at4 + per_sample * static_cast<double>(batch - small));
+  double need = 0, fits = std::numeric_limits<double>::infinity();
+  for (const auto& [a, b] : lines) {
+    need = std::max(need, in_use + a + b * static_cast<double>(batch));
+    if (b > 0) fits = std::min(fits, std::floor((cap - in_use - a) / b));
+  }
   if (need <= cap) return;
-  const double fits =
-      per_sample > 0 ? std::floor((cap / kMargin - in_use - at4) / per_sample) + static_cast<double>(small) : 0;
   fail("rank 0 would run out of memory evaluating the whole model in batches of ", batch, ": about ",
        format_bytes(need), " with the ", format_bytes(in_use),
        " it holds for training, under its cap of ", format_bytes(cap), "; ",

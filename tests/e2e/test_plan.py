@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_util import ENV, FASHION_MNIST, ROOT, check, finish, have_fashion_mnist, load, run
+from e2e_util import ENV, FASHION_MNIST, ROOT, check, finish, have_fashion_mnist, load, mpirun, run
 from e2e_util import mpirun as mpirun_with
 
 HETRAIN = os.path.abspath(sys.argv[1])
@@ -109,6 +109,44 @@ def memory_limited(tmp):
           p["baseline"].get("fits") is False and short and short[0].get("rank") == 1
           and sum(short[0]["need"].values()) > short[0]["capacity"]
           and "baseline does not fit:\n  rank 1 (" in r.stdout and " short\n" in r.stdout, str(short))
+
+
+def evaluation_memory(tmp):
+    """Rank 0 holds an evaluation batch beside its weights and optimizer state: at 16 MiB
+    (the MLP's 7.7 MiB of them, and 9.3 KB a sample), a batch of 2000 is refused, naming
+    the largest that fits in each layout; the first one named plans. (One more may plan
+    too, in another layout, where rank 0 keeps less.) The job, under the cluster's caps,
+    agrees: it does not refuse that batch as it starts, and evaluates in it."""
+    def capped(c):
+        c["ranks"][0]["memory_cap_bytes"] = 16 << 20
+    cluster = write_cluster(os.path.join(tmp, "eval-capped.json"), CAPPED, capped)
+
+    def config_for(n):
+        return write_config(os.path.join(tmp, f"eval-{n}.json"), MLP, train={"eval_batch_size": n})
+
+    def with_batch(n):
+        return plan(config_for(n), "--cluster", cluster)
+    r = with_batch(2000)
+    said = re.search(r"rank 0 \([^)]*\) trains in its memory but cannot evaluate the whole model in batches of 2000 "
+                     r"\(train.eval_batch_size, at most eval_max_samples\): .* short; set train.eval_batch_size to at most "
+                     r"(\d+)", r.stderr)
+    check("evaluation memory: a batch rank 0 cannot hold is refused, naming the largest that fits",
+          r.returncode != 0 and said is not None, r.stderr[-1500:])
+    if said is None:
+        return
+    fits = int(said.group(1))
+    r = with_batch(fits)
+    check(f"evaluation memory: the batch it names ({fits}) plans", r.returncode == 0, r.stderr[-1500:])
+    cfg = config_for(fits)
+    c = load(cfg)
+    c["train"].update(steps=2, eval_every=1, eval_max_samples=2 * fits)
+    c["train"].pop("epochs", None)
+    c["emulate"] = {"ranks": [{"rank": 0, "memory_cap_mb": 16}, {"rank": 1, "memory_cap_mb": 8}]}
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    r = mpirun(HETRAIN, 2, ["train", cfg, "--cluster", cluster, "--run-dir", os.path.join(tmp, "eval-run"), "--quiet"])
+    check(f"evaluation memory: the job evaluates in batches of {fits} under the caps",
+          r.returncode == 0 and os.path.exists(os.path.join(tmp, "eval-run", "summary.json")), r.stderr[-1500:])
 
 
 def rates_4211(tmp):
@@ -473,6 +511,7 @@ def main():
         return finish(tmp, [f"{FASHION_MNIST} (apt-get install dataset-fashion-mnist)"])
     mixed_gpu_cpu(tmp)
     memory_limited(tmp)
+    evaluation_memory(tmp)
     rates_4211(tmp)
     bad_plans(tmp)
     dump_instructions(tmp)
