@@ -320,6 +320,12 @@ void DeadlineReduce::adopt_term(int64_t term) {
     arrived_.clear();
     held_.clear();
   }
+  // Reports of the end count in the term they were made in: a member reports again to
+  // each term's leader (finish). One kept from an earlier term may be of a state the
+  // member has since left (a later leader caught it up); a rank leading again would agree
+  // on it, and the member, refusing that end, would move the term on past every leader.
+  done_.clear();
+  stop_done_.clear();
 }
 
 // This rank has waited out its patience for the leader: on to the next term, and every
