@@ -1,5 +1,6 @@
 #include "backend/allocator.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -69,9 +70,16 @@ void* Allocator::allocate(size_t bytes, const char* what) {
     fail_as<OutOfMemory>(what, ": out of memory on ", device_, ": requested ", size, " bytes with ",
                          live_ + slack_, " bytes in use and a cap of ", cap_,
                          " bytes; expected the request to fit under the cap");
-  // Under a cap a larger block may serve only where the whole of it fits.
-  size_t block = size;
-  void* p = take_fitting(cache_, size, cap_ ? cap_ - live_ - slack_ : SIZE_MAX, block);
+  // Under a cap a larger block may serve only where the whole of it fits, and only while
+  // the blocks' bytes beyond their requests stay within slack_allowance: beyond that
+  // they counted against the cap by the run's history, past what the planner and the
+  // evaluation check compute (a batch the check found to fit ran out of memory).
+  size_t block = size, most = SIZE_MAX;
+  if (cap_) {
+    const size_t allowance = slack_allowance(cap_), spare = allowance > slack_ ? allowance - slack_ : 0;
+    most = std::min(size + spare, cap_ - live_ - slack_);
+  }
+  void* p = take_fitting(cache_, size, most, block);
   if (p) {
     cached_ -= block;
   } else {

@@ -8,7 +8,7 @@
 // block serves any request up to a quarter smaller than itself, so that the changing
 // batch sizes of a rebalanced run reuse blocks instead of adding new ones; the live and
 // peak counts are of the requests (what the planner predicts), and a cap counts the
-// whole blocks. Host staging blocks go straight back, unless the staging hook has a
+// whole blocks, with at most slack_allowance(cap) beyond the requests. Host staging blocks go straight back, unless the staging hook has a
 // `reuse` step (set_host_staging).
 #pragma once
 
@@ -65,6 +65,10 @@ class Allocator {
   size_t staged_peak_bytes() const;  // the most live at once
   void set_cap(size_t bytes);  // 0 removes the cap
   size_t cap() const;
+  // Under a cap, the most that larger blocks serving smaller requests hold beyond the
+  // requests (a 64th of the cap): live requests up to cap - slack_allowance(cap) always
+  // fit, whatever blocks served them.
+  static size_t slack_allowance(size_t cap) { return cap / 64; }
   size_t live_bytes() const;
   size_t peak_bytes() const;
   void reset_peak();

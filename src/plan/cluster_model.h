@@ -139,8 +139,11 @@ Catalogue read_catalogue(const std::string& path);
 // The share of a device's memory (or of an allocator cap) that plans made from a probe
 // may fill: a step also holds small tensors that the memory model does not count (a
 // micro-batch's input, the gradient sent back, the loss), and a pipeline planned at
-// 43.9 of a 44 MiB cap ran out of memory by a few KiB in its first step.
+// 43.9 of a 44 MiB cap ran out of memory by a few KiB in its first step. It is within the
+// cap less the allocator's allowance for blocks larger than their requests (a 64th,
+// Allocator::slack_allowance), so such blocks cannot take a plan past the cap.
 inline constexpr double kUsableMemory = 0.98;
+static_assert(kUsableMemory <= 1 - 1.0 / 64);
 
 // Kernel launches in one block's forward + backward call on a GPU, for the fixed part of a
 // call the profile did not time: a dense block with its activation launches about 8 (a

@@ -135,7 +135,7 @@ std::string shortfall_text(const plan::Shortfall& s) {
            format_bytes(s.need.total()) + " (params " + format_bytes(s.need.params) + ", optimizer " +
            format_bytes(s.need.optimizer) + ", evaluation " + format_bytes(s.need.activations) + "), " +
            format_bytes(s.need.total() - s.capacity) + " short; " +
-           (s.eval_fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(s.eval_fits)
+           (s.eval_fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(s.eval_fits) + " in this layout"
                              : std::string("even one sample does not fit: rank 0 needs more memory"));
   const std::string need = format_bytes(s.need.total()) + " (" + breakdown(s.need) + "), " +
                            format_bytes(s.need.total() - s.capacity) + " short";

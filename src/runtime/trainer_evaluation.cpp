@@ -86,7 +86,9 @@ void Run::check_evaluation_fits() {
   const double described = plan::eval_bytes_per_sample(shape, device.kind() != DeviceKind::cpu);
   const std::pair<double, double> lines[] = {{plan::BlockCosts::kEvalFixedBytes, described},
                                              {at4 - per_sample * static_cast<double>(small), per_sample + targets}};
-  const double in_use = static_cast<double>(memory.live_bytes()), cap = static_cast<double>(memory.cap());
+  // What the requests may take: blocks larger than their requests may hold the rest.
+  const double in_use = static_cast<double>(memory.live_bytes()), whole = static_cast<double>(memory.cap()),
+               cap = static_cast<double>(memory.cap() - Allocator::slack_allowance(memory.cap()));
   double need = 0, fits = std::numeric_limits<double>::infinity();
   for (const auto& [a, b] : lines) {
     need = std::max(need, in_use + a + b * static_cast<double>(batch));
@@ -94,8 +96,9 @@ void Run::check_evaluation_fits() {
   }
   if (need <= cap) return;
   fail("rank 0 would run out of memory evaluating the whole model in batches of ", batch, ": about ",
-       format_bytes(need), " with the ", format_bytes(in_use),
-       " it holds for training, under its cap of ", format_bytes(cap), "; ",
+       format_bytes(need), " with the ", format_bytes(in_use), " it holds for training, ", format_bytes(need - cap),
+       " more than the ", format_bytes(cap), " its cap of ", format_bytes(whole),
+       " leaves for them (a 64th is kept for the allocator's blocks); ",
        fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(static_cast<int64_t>(fits))
                  : std::string("even one sample does not fit: give rank 0 more memory"));
 }
@@ -114,8 +117,11 @@ std::optional<EvalResult> Run::evaluate() {
     Streamed streamed(model_, task_->device());  // the blocks of other stages, from host memory
     r = task_->evaluate(model_);
   } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
-    fail("rank 0 ran out of memory evaluating the whole model in batches of ", cfg_.train.eval_batch_size,
-         " (", e.what(), "); lower train.eval_batch_size");
+    const int64_t batch = cfg_.train.eval_max_samples > 0
+                              ? std::min(cfg_.train.eval_batch_size, cfg_.train.eval_max_samples)
+                              : cfg_.train.eval_batch_size;
+    fail("rank 0 ran out of memory evaluating the whole model in batches of ", batch, " (", e.what(),
+         "); set train.eval_batch_size below ", batch);
   }
   model_.set_training(true);
   return r;

@@ -129,7 +129,7 @@ def evaluation_memory(tmp):
     r = with_batch(2000)
     said = re.search(r"rank 0 \([^)]*\) trains in its memory but cannot evaluate the whole model in batches of 2000 "
                      r"\(train.eval_batch_size, at most eval_max_samples\): .* short; set train.eval_batch_size to at most "
-                     r"(\d+)", r.stderr)
+                     r"(\d+) in this layout", r.stderr)
     check("evaluation memory: a batch rank 0 cannot hold is refused, naming the largest that fits",
           r.returncode != 0 and said is not None, r.stderr[-1500:])
     if said is None:

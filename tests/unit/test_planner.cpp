@@ -597,7 +597,7 @@ TEST_CASE("planner: rank 0 must hold its evaluation's batch beside its weights a
     CHECK(report::shortfall_text(s) ==
           "rank 0 (dev0, 61.0 MiB) trains in its memory but cannot evaluate the whole model in batches of 40 "
           "(train.eval_batch_size, at most eval_max_samples): 61.0 MiB (params 7.6 MiB, optimizer 15.3 MiB, "
-          "evaluation 38.1 MiB), 1.0 KiB short; set train.eval_batch_size to at most 39");
+          "evaluation 38.1 MiB), 1.0 KiB short; set train.eval_batch_size to at most 39 in this layout");
     // A plan file's shortfall keeps the evaluation's figures.
     const Shortfall back = read_shortfalls(shortfalls_json({s}), "shortfalls").at(0);
     CHECK(back.evaluation);

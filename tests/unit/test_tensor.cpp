@@ -142,7 +142,7 @@ TEST_CASE("allocator: freed blocks are reused; staged blocks go straight back") 
   CHECK(raw_frees == 2);  // the destructor frees the cache
 }
 
-TEST_CASE("allocator: a cached block serves a request up to a quarter smaller, and a cap counts the whole block") {
+TEST_CASE("allocator: a cached block serves a request up to a quarter smaller; a cap counts the whole block, up to an allowance") {
   int raw_allocs = 0;
   std::vector<std::vector<char>> blocks;
   Allocator a("counting", [&](size_t n) { ++raw_allocs; return blocks.emplace_back(n).data(); }, [](void*) {});
@@ -163,16 +163,22 @@ TEST_CASE("allocator: a cached block serves a request up to a quarter smaller, a
   a.deallocate(r, 3000);
   CHECK(a.live_bytes() == 0);
 
-  // Under a cap the slack of a larger block counts: 3328 asked in a 4096 block, then 4096
-  // more fill a cap of 8192 with 7424 bytes asked, and nothing more fits.
-  a.set_cap(8192 + 3008);  // room for the cached 3008 block too, so that nothing is released
+  // Under a cap the blocks' bytes beyond their requests count, up to a 64th of the cap
+  // (Allocator::slack_allowance): at 48 KiB, 768 bytes. 3328 asked takes the 4096 block
+  // (768 beyond); 2752 asked then does not take the cached 3008 block (256 more beyond)
+  // but a block of its own. Requests up to the cap less the allowance fit, and no more.
+  a.set_cap(49152);
+  REQUIRE(Allocator::slack_allowance(49152) == 768);
   q = a.allocate(3300, "test");
   CHECK(q == big);
-  void* more = a.allocate(4096, "test");
-  CHECK(a.live_bytes() == 3328 + 4096);
-  a.set_cap(8192);
+  void* own = a.allocate(2700, "test");
+  CHECK(own != r);
+  CHECK(raw_allocs == 3);
+  void* rest = nullptr;
+  CHECK_NOTHROW(rest = a.allocate(49152 - 768 - 3328 - 2752, "test"));
   CHECK_THROWS_AS(a.allocate(64, "test"), OutOfMemory);
-  a.deallocate(more, 4096);
+  if (rest) a.deallocate(rest, 49152 - 768 - 3328 - 2752);
+  a.deallocate(own, 2700);
   a.deallocate(q, 3300);
   a.set_cap(0);
   CHECK(a.live_bytes() == 0);
