@@ -506,13 +506,22 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
   const bool root = comm::world().rank() == 0;
   const bool fresh = root && !opts.resume && !std::filesystem::exists(dir);
   const bool discardable = root && !opts.resume && !RunDir::holds_run(dir);
-  const int64_t batch = cfg.train.batch_size;
+  const int64_t batch = cfg.train.batch_size, micro_batches = cfg.train.micro_batches;
   const std::string model = cfg.model.type;
+  const bool planned = plan.has_value();
   try {
     trainer_run::Run run(std::move(cfg), opts, std::move(plan));
     return run.run();
   } catch (const OutOfMemory& e) {
     if (discardable) RunDir::discard_unused(dir, fresh);
+    // Under an emulated cap (HETRAIN_MEMORY_CAP, the config's emulate section), one
+    // process without a plan runs the config's micro-batches as they are: nothing fitted
+    // them to the cap.
+    if (!planned && (host_cap == 0 || cpu_backend().allocator().cap() != host_cap))
+      fail("rank 0 ran out of memory training the ", model, " model in ", micro_batches, " micro-batch",
+           micro_batches == 1 ? "" : "es", " of ", (batch + micro_batches - 1) / micro_batches, " samples (", e.what(),
+           "); one process without --cluster or --plan is not fitted to a memory cap: plan it with --cluster, or "
+           "raise train.micro_batches");
     if (host_cap == 0 || cpu_backend().allocator().cap() != host_cap) throw;
     fail("rank 0 ran out of host memory training the ", model, " model in batches of ", batch,
          " (train.batch_size): ", e.what(), " (the cap: this machine's available memory at the start, less ",

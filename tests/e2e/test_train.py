@@ -127,6 +127,26 @@ def evaluation_memory(tmp):
               r.returncode == 0 and os.path.exists(os.path.join(rdir, "summary.json")), r.stderr)
 
 
+def unplanned_cap(tmp):
+    """One process without a plan runs the config's micro-batches as they are: under an
+    emulated cap (9 MB) the CNN's step of 8 samples runs out of memory, and the error says
+    that nothing fitted them to the cap and what would; in 4 micro-batches it trains."""
+    cfg = {"model": {"type": "cnn", "channels": [32, 64], "fc_hidden": 128},
+           "data": {"dataset": "fashion_mnist", "dir": FASHION},
+           "train": {"steps": 2, "batch_size": 8, "optimizer": {"type": "adamw", "lr": 0.002},
+                     "eval_every": 1, "eval_batch_size": 2, "eval_max_samples": 20},
+           "checkpoint": {"every": 0, "keep": 1}}
+    cap = {"HETRAIN_MEMORY_CAP": "8991119"}
+    rdir = os.path.join(tmp, "unplanned-run")
+    r = run(["train", write_config(os.path.join(tmp, "unplanned.json"), cfg), "--run-dir", rdir, "--quiet"], cap)
+    check("unplanned cap: one process out of memory under a cap says it was not fitted to it, and how to",
+          r.returncode == 1 and "rank 0 ran out of memory training the cnn model in 1 micro-batch of 8 samples" in r.stderr
+          and "not fitted to a memory cap: plan it with --cluster, or raise train.micro_batches" in r.stderr, r.stderr)
+    cfg["train"]["micro_batches"] = 4
+    r = run(["train", write_config(os.path.join(tmp, "unplanned-4.json"), cfg), "--run-dir", rdir, "--quiet"], cap)
+    check("... in 4 micro-batches it trains under the same cap", r.returncode == 0, r.stderr)
+
+
 def changed_resume(tmp):
     """A resume continues the run's training: a changed batch size is refused by name and
     the run's recorded config kept; more steps and other evaluations are taken."""
@@ -591,6 +611,7 @@ def main():
 
         damaged_inputs(tmp, full)
         evaluation_memory(tmp)
+        unplanned_cap(tmp)
         failed_starts(tmp)
         changed_resume(tmp)
     finally:
