@@ -8,8 +8,8 @@
 // block serves any request up to a quarter smaller than itself, so that the changing
 // batch sizes of a rebalanced run reuse blocks instead of adding new ones; the live and
 // peak counts are of the requests (what the planner predicts), and a cap counts the
-// whole blocks, with at most slack_allowance(cap) beyond the requests. Host staging blocks go straight back, unless the staging hook has a
-// `reuse` step (set_host_staging).
+// whole blocks, with at most slack_allowance(cap) beyond the requests. Host staging
+// blocks go straight back, unless the staging hook has a `reuse` step (set_host_staging).
 #pragma once
 
 #include <cstddef>
