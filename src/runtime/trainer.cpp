@@ -520,8 +520,8 @@ TrainSummary train(config::Config cfg, const TrainOptions& opts,
     if (!planned && (host_cap == 0 || cpu_backend().allocator().cap() != host_cap))
       fail("rank 0 ran out of memory training the ", model, " model in ", micro_batches, " micro-batch",
            micro_batches == 1 ? "" : "es", " of ", (batch + micro_batches - 1) / micro_batches, " samples (", e.what(),
-           "); one process without --cluster or --plan is not fitted to a memory cap: plan it with --cluster, or "
-           "raise train.micro_batches");
+           "); one process run without a cluster file or a plan is not fitted to a memory cap: give it a cluster "
+           "file to plan with, or raise train.micro_batches");
     if (host_cap == 0 || cpu_backend().allocator().cap() != host_cap) throw;
     fail("rank 0 ran out of host memory training the ", model, " model in batches of ", batch,
          " (train.batch_size): ", e.what(), " (the cap: this machine's available memory at the start, less ",

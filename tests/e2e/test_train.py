@@ -141,7 +141,8 @@ def unplanned_cap(tmp):
     r = run(["train", write_config(os.path.join(tmp, "unplanned.json"), cfg), "--run-dir", rdir, "--quiet"], cap)
     check("unplanned cap: one process out of memory under a cap says it was not fitted to it, and how to",
           r.returncode == 1 and "rank 0 ran out of memory training the cnn model in 1 micro-batch of 8 samples" in r.stderr
-          and "not fitted to a memory cap: plan it with --cluster, or raise train.micro_batches" in r.stderr, r.stderr)
+          and "not fitted to a memory cap: give it a cluster file to plan with, or raise train.micro_batches" in r.stderr,
+          r.stderr)
     cfg["train"]["micro_batches"] = 4
     r = run(["train", write_config(os.path.join(tmp, "unplanned-4.json"), cfg), "--run-dir", rdir, "--quiet"], cap)
     check("... in 4 micro-batches it trains under the same cap", r.returncode == 0, r.stderr)
