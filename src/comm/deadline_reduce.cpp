@@ -922,9 +922,12 @@ std::vector<StepRecord> DeadlineReduce::finish(FinishReason why) {
       ask_final_state(ahead->first);
     } else if (leader() == rank_) {
       // Members still stepping (behind, back from a stall, or on this state) are told the
-      // end: each contribution is answered with the final state.
+      // end: each contribution is answered with the final state, and so is each request to
+      // align to a step this chain will not reach now (serve_held answers those it did).
       for (auto it = arrived_.begin(); it != arrived_.end(); it = arrived_.erase(it))
         send_catch_up(it->first.second, std::min(it->first.first, step_), true);
+      for (auto it = held_.begin(); it != held_.end(); it = held_.erase(it))
+        send_catch_up(it->first, std::min(it->second.first, step_), true);
       agreed = true;
       for (int j = 0; j < size_; ++j) {
         if (j == rank_) continue;

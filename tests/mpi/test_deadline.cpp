@@ -622,3 +622,41 @@ TEST_CASE("deadline: a member in finish that hears of a later term reports to it
   const std::vector<std::string> hashes = group->allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
   CHECK(std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; }));
 }
+
+TEST_CASE("deadline: a request to align past the end is answered with the end by a finishing leader") {
+  // Rank 0 leads 3 steps and finishes (the end of its chain); member 1, behind its
+  // replica's other stages on a hybrid plan, asks to align to step 10, which this chain
+  // will not reach. The leader answers with its final state and the end, at once: held
+  // for step 10, the request was answered by no one, and member 1 moved the lead from
+  // term to term until the peer timeout. Both end on one chain at step 3.
+  std::unique_ptr<Communicator> group = first_ranks(2);
+  if (!group) return;
+  const int me = group->rank();
+  std::vector<float> weights(64, 0.5f);
+  DeadlineOptions o;
+  o.predicted_step_s = 0.02;
+  o.peer_timeout_s = 20;
+  o.min_patience_s = 1;
+  DeadlineReduce r(*group, o, {1, 1}, 0, [&] { return ReplicaState{weights, {}}; },
+                   [&](const ReplicaState& s) { weights = s.floats; });
+  REQUIRE(group->barrier(kLong) == WaitStatus::done);
+  while (r.step() < 3) {
+    std::vector<Tensor> g{Tensor::from_vector(std::vector<float>(64, 0.01f * static_cast<float>(me + 1)), {64},
+                                              cpu_backend())};
+    const DeadlineOutcome out = r.reduce(g, 1, 0.0, Clock::now());
+    REQUIRE_FALSE(out.ended);
+    const std::vector<float> sum = g[0].to_vector();
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * sum[i];
+  }
+  const auto start = Clock::now();
+  if (me == 1) {
+    const DeadlineOutcome out = r.align_to(10);
+    CHECK(out.ended);
+  }
+  r.finish();
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  CHECK_MESSAGE(took < 10, "rank ", me, " took ", took, " s to end");
+  CHECK(r.step() == 3);
+  const std::vector<std::string> hashes = group->allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
+  CHECK(hashes[0] == hashes[1]);
+}
