@@ -8,6 +8,7 @@
 // when data.dataset is "text". Everything else defaults as in config.h.
 #include "config/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -488,6 +489,10 @@ Config parse_config(const std::string& json_text, const std::string& source_path
 
 bool dynamic_loss_scale(const TrainConfig& t) {
   return t.loss_scale.mode == "dynamic" || (t.loss_scale.mode == "auto" && t.precision == "fp16");
+}
+
+int64_t eval_batch(const TrainConfig& t) {
+  return t.eval_max_samples > 0 ? std::min(t.eval_batch_size, t.eval_max_samples) : t.eval_batch_size;
 }
 
 Config load_config(const std::string& path) {

@@ -103,6 +103,9 @@ struct TrainConfig {
 // Whether the run scales its loss dynamically: mode "dynamic", or "auto" under fp16.
 bool dynamic_loss_scale(const TrainConfig& t);
 
+// The samples of one evaluation batch: eval_batch_size, at most eval_max_samples.
+int64_t eval_batch(const TrainConfig& t);
+
 struct CheckpointConfig {
   int64_t every = 0;  // steps; 0 = only at the end
   int64_t keep = 3;   // newest checkpoints kept

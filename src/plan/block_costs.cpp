@@ -24,11 +24,17 @@ BlockCosts block_costs(const nn::Sequential& model, const ClusterModel& cluster,
   return block_costs(nn::shape_of(model), cluster, opt, precision);
 }
 
+double predictions_per_sample(const nn::ModelShape& model) {
+  if (model.blocks.empty()) return 1;
+  const Shape& logits = model.blocks.back().sample_output_shape;
+  return logits.empty() || logits.back() == 0 ? 1
+                                              : static_cast<double>(numel(logits)) / static_cast<double>(logits.back());
+}
+
 double eval_bytes_per_sample(const nn::ModelShape& model, bool fused_attention) {
   if (model.blocks.empty()) return 0;
-  const Shape& logits = model.blocks.back().sample_output_shape;
-  const auto values = static_cast<double>(numel(logits));
-  const double predictions = logits.empty() || logits.back() == 0 ? 1 : values / static_cast<double>(logits.back());
+  const auto values = static_cast<double>(numel(model.blocks.back().sample_output_shape));
+  const double predictions = predictions_per_sample(model);
   // The batch (its inputs, an int32 target a prediction) is held while the blocks run one
   // after another, each beside its input, and then the loss (the logits, a log-sum-exp and
   // a loss a prediction).
@@ -69,10 +75,8 @@ BlockCosts block_costs(const nn::ModelShape& model, const ClusterModel& cluster,
   }
 
   if (blocks > 0) {
-    const Shape& logits = model.blocks.back().sample_output_shape;
-    const auto values = static_cast<double>(numel(logits));
-    const double predictions = logits.empty() || logits.back() == 0 ? 1 : values / static_cast<double>(logits.back());
-    c.workspace_bytes.back() += (values + 2 * predictions) * 4;  // f32
+    const auto values = static_cast<double>(numel(model.blocks.back().sample_output_shape));
+    c.workspace_bytes.back() += (values + 2 * predictions_per_sample(model)) * 4;  // f32
     c.eval_bytes_per_sample = eval_bytes_per_sample(model, false);
     c.eval_fused_bytes_per_sample = eval_bytes_per_sample(model, true);
   }

@@ -76,6 +76,10 @@ inline double comm_overhead_seconds(const BlockCosts& costs, size_t rank) {
   return rank < costs.comm_overhead_seconds.size() ? costs.comm_overhead_seconds[rank] : 0;
 }
 
+// Predictions a sample makes: the logits' values over the classes (1 for a label, T for
+// a sequence).
+double predictions_per_sample(const nn::ModelShape& model);
+
 // The bytes a sample adds to rank 0's evaluation at its fullest moment (BlockCosts'
 // eval_bytes_per_sample), as the CPU runs attention or, with `fused_attention`, as a GPU
 // does (nn::Block's eval_fused_bytes_per_sample). 0 for an empty model.

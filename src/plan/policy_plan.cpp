@@ -1,6 +1,5 @@
 #include "plan/policy_plan.h"
 
-#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -16,8 +15,7 @@ using Policy = config::SyncPolicy;
 PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& model, const ClusterModel& cluster) {
   PlannerInput in;
   in.costs = block_costs(model, cluster, cfg.train.optimizer, cfg.train.precision);
-  in.costs.eval_batch = cfg.train.eval_max_samples > 0 ? std::min(cfg.train.eval_batch_size, cfg.train.eval_max_samples)
-                                                       : cfg.train.eval_batch_size;
+  in.costs.eval_batch = config::eval_batch(cfg.train);
   in.cluster = cluster;
   in.global_batch = cfg.train.batch_size;
   in.min_micro_batches = static_cast<int>(cfg.train.micro_batches);

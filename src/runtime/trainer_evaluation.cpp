@@ -45,8 +45,7 @@ void Run::check_evaluation_fits() {
   Backend& device = task_->device();
   Allocator& memory = device.allocator();
   if (memory.cap() == 0) return;
-  int64_t batch = cfg_.train.eval_batch_size;
-  if (cfg_.train.eval_max_samples > 0) batch = std::min(batch, cfg_.train.eval_max_samples);
+  const int64_t batch = config::eval_batch(cfg_.train);
   const nn::Block& first = model_.block(0);
   auto forward_bytes = [&](int64_t n) {
     Shape shape = first.sample_input_shape();
@@ -79,9 +78,7 @@ void Run::check_evaluation_fits() {
   }
   model_.set_training(true);
   const nn::ModelShape shape = nn::shape_of(model_);
-  const Shape& logits = shape.blocks.back().sample_output_shape;
-  const double targets =
-      logits.empty() || logits.back() == 0 ? 4 : 4 * static_cast<double>(numel(logits) / logits.back());  // int32 each
+  const double targets = 4 * plan::predictions_per_sample(shape);  // int32 each
   // need(n) = in_use + max(a + b n) over the two figures.
   const double described = plan::eval_bytes_per_sample(shape, device.kind() != DeviceKind::cpu);
   const std::pair<double, double> lines[] = {{plan::BlockCosts::kEvalFixedBytes, described},
@@ -117,9 +114,7 @@ std::optional<EvalResult> Run::evaluate() {
     Streamed streamed(model_, task_->device());  // the blocks of other stages, from host memory
     r = task_->evaluate(model_);
   } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
-    const int64_t batch = cfg_.train.eval_max_samples > 0
-                              ? std::min(cfg_.train.eval_batch_size, cfg_.train.eval_max_samples)
-                              : cfg_.train.eval_batch_size;
+    const int64_t batch = config::eval_batch(cfg_.train);
     fail("rank 0 ran out of memory evaluating the whole model in batches of ", batch, " (", e.what(),
          "); set train.eval_batch_size below ", batch);
   }

@@ -543,6 +543,32 @@ TEST_CASE("deadline: a contribution resent to the next term's leader is not appl
   REQUIRE(group->barrier(kLong) == WaitStatus::done);
 }
 
+namespace {
+
+// The finish tests' toy gradient: member `me`'s 0.01 (me + 1) in every one of 64 values.
+std::vector<Tensor> toy_gradient(int me) {
+  return {Tensor::from_vector(std::vector<float>(64, 0.01f * static_cast<float>(me + 1)), {64}, cpu_backend())};
+}
+
+// Steps `r` to step `until` on the toy gradients, applying each sum to `weights`.
+void step_to(DeadlineReduce& r, std::vector<float>& weights, int me, int64_t until) {
+  while (r.step() < until) {
+    std::vector<Tensor> g = toy_gradient(me);
+    const DeadlineOutcome out = r.reduce(g, 1, 0.0, Clock::now());
+    REQUIRE_FALSE(out.ended);
+    const std::vector<float> sum = g[0].to_vector();
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * sum[i];
+  }
+}
+
+// Whether every member of `group` ended on this rank's chain (collective).
+bool one_chain(Communicator& group, const DeadlineReduce& r) {
+  const std::vector<std::string> hashes = group.allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
+  return std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; });
+}
+
+}  // namespace
+
 TEST_CASE("deadline: a member's stop ends the chain at its step at once, the leader taking its state") {
   // Four members, one leader (rank 0: the patience is long, so no term changes). Member
   // 2 stops after step 5 (a signal: finish as a stop). The leader hears its `done` in
@@ -566,8 +592,7 @@ TEST_CASE("deadline: a member's stop ends the chain at its step at once, the lea
   bool ended = false;
   while (r.step() < 1000) {
     if (me == 2 && r.step() == kStop) break;
-    std::vector<Tensor> g{Tensor::from_vector(std::vector<float>(64, 0.01f * static_cast<float>(me + 1)), {64},
-                                              cpu_backend())};
+    std::vector<Tensor> g = toy_gradient(me);
     const DeadlineOutcome out = r.reduce(g, 1, 0.0, Clock::now());
     highest = std::max(highest, r.step());
     if (out.ended) {
@@ -581,8 +606,7 @@ TEST_CASE("deadline: a member's stop ends the chain at its step at once, the lea
   CHECK(r.step() == kStop);
   CHECK(highest <= kStop + 1);
   if (me != 2) CHECK(ended);
-  const std::vector<std::string> hashes = group->allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
-  CHECK(std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; }));
+  CHECK(one_chain(*group, r));
 }
 
 TEST_CASE("deadline: a member in finish that hears of a later term reports to its leader at once") {
@@ -604,14 +628,7 @@ TEST_CASE("deadline: a member in finish that hears of a later term reports to it
   DeadlineReduce r(*group, o, {1, 1, 1}, 0, [&] { return ReplicaState{weights, {}}; },
                    [&](const ReplicaState& s) { weights = s.floats; });
   REQUIRE(group->barrier(kLong) == WaitStatus::done);
-  while (r.step() < 3) {
-    std::vector<Tensor> g{Tensor::from_vector(std::vector<float>(64, 0.01f * static_cast<float>(me + 1)), {64},
-                                              cpu_backend())};
-    const DeadlineOutcome out = r.reduce(g, 1, 0.0, Clock::now());
-    REQUIRE_FALSE(out.ended);
-    const std::vector<float> sum = g[0].to_vector();
-    for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * sum[i];
-  }
+  step_to(r, weights, me, 3);
   REQUIRE(r.term() == 0);
   if (me == 0) std::this_thread::sleep_for(std::chrono::seconds(4));
   const auto start = Clock::now();
@@ -619,8 +636,7 @@ TEST_CASE("deadline: a member in finish that hears of a later term reports to it
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   CHECK_MESSAGE(r.term() == 1, "rank ", me, " ended in term ", r.term(), " after ", took, " s in finish");
   CHECK(r.step() == 3);
-  const std::vector<std::string> hashes = group->allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
-  CHECK(std::all_of(hashes.begin(), hashes.end(), [&](const std::string& h) { return h == hashes[0]; }));
+  CHECK(one_chain(*group, r));
 }
 
 TEST_CASE("deadline: a request to align past the end is answered with the end by a finishing leader") {
@@ -640,14 +656,7 @@ TEST_CASE("deadline: a request to align past the end is answered with the end by
   DeadlineReduce r(*group, o, {1, 1}, 0, [&] { return ReplicaState{weights, {}}; },
                    [&](const ReplicaState& s) { weights = s.floats; });
   REQUIRE(group->barrier(kLong) == WaitStatus::done);
-  while (r.step() < 3) {
-    std::vector<Tensor> g{Tensor::from_vector(std::vector<float>(64, 0.01f * static_cast<float>(me + 1)), {64},
-                                              cpu_backend())};
-    const DeadlineOutcome out = r.reduce(g, 1, 0.0, Clock::now());
-    REQUIRE_FALSE(out.ended);
-    const std::vector<float> sum = g[0].to_vector();
-    for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * sum[i];
-  }
+  step_to(r, weights, me, 3);
   const auto start = Clock::now();
   if (me == 1) {
     const DeadlineOutcome out = r.align_to(10);
@@ -657,6 +666,5 @@ TEST_CASE("deadline: a request to align past the end is answered with the end by
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   CHECK_MESSAGE(took < 10, "rank ", me, " took ", took, " s to end");
   CHECK(r.step() == 3);
-  const std::vector<std::string> hashes = group->allgather(std::to_string(r.chain_hash()), kLong, "the chain hashes");
-  CHECK(hashes[0] == hashes[1]);
+  CHECK(one_chain(*group, r));
 }
