@@ -668,3 +668,60 @@ TEST_CASE("deadline: a request to align past the end is answered with the end by
   CHECK(r.step() == 3);
   CHECK(one_chain(*group, r));
 }
+
+TEST_CASE("deadline: a member back from a stop, steps behind, is not waited for until it is back in step") {
+  // Three members, rank 0 leading. Member 2 is away from step 0 until the others reach
+  // step 8; back, it steps through the results queued for it and contributes to step 3,
+  // five steps behind, and is held right after that contribution until the leader has
+  // closed step 13. The budget is long (each member's step takes 5 ms, slack 10^4: 50 s
+  // and more once three steps are measured, past the 10 s peer timeout), so a leader that
+  // waited for it would fail at the timeout: a contribution steps late was taken as a slow
+  // member's (waited for again), and a catch-up sent made its receiver waited for too,
+  // which held each step after a 5 s stop to its budget until the member was back in step.
+  // It is back in step by a catch-up, and contributes samples again before the end.
+  constexpr int kGo1 = 781, kGo2 = 782;
+  constexpr int64_t kBack = 8, kHeldUntil = 13, kEnd = 40;
+  std::unique_ptr<Communicator> group = first_ranks(3);
+  if (!group) return;
+  const int me = group->rank();
+  std::vector<float> weights(64, 0.5f);
+  bool held = false;
+  DeadlineOptions o;
+  o.predicted_step_s = 1e-6;  // 10 ms budgets until three steps are measured
+  o.slack = 1e4;
+  o.peer_timeout_s = 10;
+  if (me == 2)
+    o.after_contribution = [&] {
+      if (held) return;
+      held = true;
+      char go = 0;
+      REQUIRE(group->recv_bytes(&go, 1, 0, kGo2, kLong) == WaitStatus::done);
+    };
+  DeadlineReduce r(*group, o, {1, 1, 1}, 0, [&] { return ReplicaState{weights, {}}; },
+                   [&](const ReplicaState& s) { weights = s.floats; });
+  REQUIRE(group->barrier(kLong) == WaitStatus::done);
+  if (me == 2) {
+    char go = 0;
+    REQUIRE(group->recv_bytes(&go, 1, 0, kGo1, kLong) == WaitStatus::done);
+  }
+  static const char kGo = 1;
+  bool rejoined = false;  // the leader's records: member 2 contributed samples after its hold
+  while (r.step() < kEnd) {
+    if (me == 0 && r.step() == kBack) group->send_bytes(&kGo, 1, 2, kGo1, kLong, "member 2's return");
+    if (me == 0 && r.step() == kHeldUntil) group->send_bytes(&kGo, 1, 2, kGo2, kLong, "member 2's release");
+    const auto start = Clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the step's compute
+    std::vector<Tensor> g = toy_gradient(me);
+    const DeadlineOutcome out = r.reduce(g, 1, 0.0, start);
+    REQUIRE_FALSE(out.ended);
+    for (const Contribution& c : out.record.contributors)
+      if (c.rank == 2 && c.samples > 0 && out.record.step > kHeldUntil) rejoined = true;
+    const std::vector<float> sum = g[0].to_vector();
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] -= 0.1f * sum[i];
+  }
+  r.finish();
+  CHECK(r.step() == kEnd);
+  if (me == 0) CHECK(rejoined);
+  if (me == 2) CHECK(held);
+  CHECK(one_chain(*group, r));
+}
