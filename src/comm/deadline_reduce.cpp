@@ -16,8 +16,8 @@ constexpr int kTag = 32100;
 
 // Members a leader still waits for until the budget expires: those that missed fewer
 // than this many steps in a row with nothing heard from them (a stalled one costs this
-// many budgets, then none; a slow one, whose contributions arrive at most a step late,
-// is waited for every step).
+// many budgets, then none; a slow one, whose contributions arrive fewer than kSendTo
+// steps late, is waited for every step).
 constexpr int kWaitFor = 2;
 // Members a leader still sends results to: a member that missed more steps in a row is
 // caught up when it returns instead (results queued for a stopped process would pile up).
@@ -507,11 +507,12 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
       const Header& h = it->second->message.header;
       const auto j = static_cast<size_t>(from);
       if (c > s) break;  // a later step's (from a rank ahead of this one): held
-      // A member at most a step behind is slow, not stalled: it is waited for again. One
-      // further behind (back from a stop, stepping through the results queued for it)
-      // cannot reach this step by the budget: waiting for it held each step to the budget
-      // until it had caught up (six steps after a 5 s stop).
-      if (c + 1 >= s) missed_in_row_[j] = 0;
+      // A member fewer than kSendTo steps behind is slow, not stalled: it is waited for
+      // again (the budget grows to its late arrivals). One further behind is back from a
+      // stop, stepping through the results queued for it, or too slow to be waited for:
+      // it cannot reach this step by the budget, and waiting for it held each step to the
+      // budget until it had caught up (six steps after a 5 s stop).
+      if (s - c < kSendTo) missed_in_row_[j] = 0;
       bool keep = false;
       if (c == s && h.hash == hash_) {
         fresh[j] = it->second.get();

@@ -790,11 +790,23 @@ class Play {
       }
       bool waited = false, any_missing = false, leader_silent = false;
       double last = 0, latest = 0;  // latest: the arrivals the budget adapts to, late ones included
+      // The step's close without waiting: the last arrival in time of the units not far
+      // behind. A unit whose part takes kDeadlineBehindSteps such closes or more is as far
+      // behind as one back from a stop: comm/deadline_reduce's leader waits for it only as
+      // for a silent one (kDeadlineWaitedSteps steps), and its part, a step it computed
+      // on an old state, is never in the step's sum, however long the budget has grown.
+      double fastest = std::numeric_limits<double>::infinity(), pace = 0;
+      for (const Seen& x : seen)
+        if (!x.silent) fastest = std::min(fastest, x.arrival);
+      for (const Seen& x : seen)
+        if (!x.silent && x.arrival <= step_budget && x.arrival < kDeadlineBehindSteps * fastest)
+          pace = std::max(pace, x.arrival);
+      const auto behind = [&](const Seen& x) { return !x.silent && pace > 0 && x.arrival >= kDeadlineBehindSteps * pace; };
       for (size_t u = 0; u < units.size(); ++u) {
         const Seen& x = seen[u];
         if (x.silent && !failed[u] && missed[u] == 0) returning.emplace_back(done, x.end, x.arrival);  // one send, on resuming
         if (!x.silent) latest = std::max(latest, x.arrival);
-        if (x.arrival <= step_budget && !x.silent) {
+        if (x.arrival <= step_budget && !x.silent && !behind(x)) {
           last = std::max(last, x.arrival);
           missed[u] = 0;
           continue;
@@ -802,8 +814,9 @@ class Play {
         any_missing = true;
         leader_silent = leader_silent || (x.silent && u == leader);
         dropped += units[u].samples;
-        waited = waited || !x.silent || missed[u] < kDeadlineWaitedSteps;
-        missed[u] = x.silent ? missed[u] + 1 : 0;
+        const bool unheard = x.silent || behind(x);
+        waited = waited || !unheard || missed[u] < kDeadlineWaitedSteps;
+        missed[u] = unheard ? missed[u] + 1 : 0;
       }
       double close = waited ? step_budget : last;
       if (leader_silent) {

@@ -36,8 +36,9 @@
 //    A rank whose part
 //    (its compute x factor, plus its copies and the step's common tail after the slowest
 //    arrival: the reduction) does not arrive by the budget is left out, its samples dropped. The step
-//    closes at its budget while a late rank is still waited for (a slow one always: it
-//    sends; a silent one for kDeadlineWaitedSteps steps, as comm/deadline_reduce does),
+//    closes at its budget while a late rank is still waited for (a slow one whose part is
+//    within kDeadlineBehindSteps closes of the others'; a silent one for
+//    kDeadlineWaitedSteps steps, as comm/deadline_reduce does),
 //    else when the last present rank arrives. A stalled rank is caught up when it returns
 //    (the catch-up charged nothing, as the simulator charges CatchUp); a failed one is
 //    left out for good, with no restart. On a hybrid plan the unit left out is a replica:
@@ -96,6 +97,9 @@ namespace ht::plan {
 inline constexpr double kRestartSeconds = 30;
 // Steps a deadline leader still waits for a member it has heard nothing from.
 inline constexpr int kDeadlineWaitedSteps = 2;
+// A deadline member this many steps late or more is not waited for (comm/deadline_reduce's
+// kSendTo): it is back from a stop, stepping through its queued results, or too slow.
+inline constexpr int kDeadlineBehindSteps = 4;
 // comm/deadline_reduce's budget: the median over the last kDeadlineMedianOf + 1 closed
 // steps' latest arrivals, once kDeadlineMinMeasured have closed.
 inline constexpr int kDeadlineMedianOf = 9;

@@ -175,6 +175,23 @@ TEST_CASE("a slow rank under deadline is left out until the budget has adapted t
   CHECK(sync.lost_seconds > 0);
 }
 
+TEST_CASE("a rank slowed past 4 of the others' steps under deadline is left out every step, not waited for") {
+  // Factor 20: its part is more than kDeadlineBehindSteps of the others' closes, as far
+  // behind as a rank back from a stop, which comm/deadline_reduce's leader no longer waits
+  // for but as a silent one, its first kDeadlineWaitedSteps steps to the plan's budget.
+  // Every later step closes when the others are in, at the unperturbed pace, its share
+  // dropped; waited for, as a slow rank within those steps is (above), the budget would
+  // grow to its part and the job would run at its pace.
+  const WhatIfInput in = four_equal(50, {"slow:rank=3,at=0,factor=20"});
+  const PolicyOutcome deadline = outcome(run_what_if(in), Policy::deadline);
+  const PolicyOutcome plain = outcome(run_what_if(four_equal(50, {})), Policy::deadline);
+  REQUIRE(deadline.refused.empty());
+  CHECK(deadline.steps_closed_short == 50);
+  CHECK(deadline.samples_dropped == 50 * 2);
+  const double step = plain.seconds / 50;
+  CHECK(deadline.seconds == doctest::Approx(plain.seconds + kDeadlineWaitedSteps * in.deadline_slack * step));
+}
+
 TEST_CASE("a link event re-simulates the step on the changed cluster from its time on") {
   const WhatIfInput in = four_equal(40, {"link:ranks=0-1,at=0,latency=20,bandwidth=1"});
   const PolicyOutcome sync = outcome(run_what_if(in), Policy::sync);
