@@ -59,12 +59,15 @@ TEST_CASE("planner: a cluster whose links dominate pipelines the model instead")
   const Plan dp = make_plan(input(c, costs(c, 4, 1e6, 4096), 64, "data"));
   CHECK(dp.strategy == Strategy::data);
   CHECK(dp.predicted.step_seconds > p.predicted.step_seconds);
-  // Under a dynamic loss scale (agreed within one stage group) auto plans one stage.
+  // Under a dynamic loss scale (agreed within one stage group) auto plans one stage: one
+  // rank alone, since the all-reduce costs more than the second rank's compute gives
+  // back (the two-rank data-parallel plan above is slower).
   PlannerInput one = input(c, costs(c, 4, 1e6, 4096), 64);
   one.one_stage = true;
   const Plan single = make_plan(one);
   CHECK(single.stage_ranges.size() == 1);
-  CHECK(single.predicted.step_seconds == doctest::Approx(dp.predicted.step_seconds));
+  CHECK(single.ranks[1].replica == -1);
+  CHECK(single.predicted.step_seconds < dp.predicted.step_seconds);
 }
 
 TEST_CASE("planner: hybrid layouts put like devices on one stage across replicas") {
@@ -1154,4 +1157,54 @@ TEST_CASE("planner: a plan that must be one stage (fp16, a dynamic loss scale) g
       // none fits in one stage: said so, not planned as a pipeline the job would refuse
     }
   }
+}
+
+TEST_CASE("planner: under auto equal ranks whose reduction costs more than they add leave all but one idle") {
+  // Four equal ranks on 10 MB/s links, a model of 4 x 1M parameters: the all-reduce of 16
+  // MB costs seconds where one rank's whole step is milliseconds. No rank is slower than
+  // another, so no speed step offers a count: the fastest alone is tried all the same.
+  // The rule is that of the data-parallel arithmetic: k equal ranks take C / k + A(k),
+  // A growing with k, so the best is one of them or all of them.
+  const ClusterModel c = cluster({1e13, 1e13, 1e13, 1e13}, std::vector(4, 64 * kGiB), 1e-4, 1e7);
+  const PlannerInput in = input(c, costs(c, 4, 1e6, 4096), 64);
+  const Plan p = make_plan(in);
+  check_fits_and_agrees(p, in);
+  CHECK(p.strategy == Strategy::data);
+  int used = 0;
+  for (const RankPlan& r : p.ranks) used += r.replica >= 0 ? 1 : 0;
+  CHECK(used == 1);
+  const Plan all = make_plan(input(c, costs(c, 4, 1e6, 4096), 64, "data"));
+  CHECK(p.predicted.step_seconds * 10 < all.predicted.step_seconds);
+  // Asked for data parallelism, every rank is used as asked.
+  for (const RankPlan& r : all.ranks) CHECK(r.replica >= 0);
+}
+
+TEST_CASE("planner: a fast rank 0 of little memory is short only of its evaluation, which the layout reports") {
+  // Rank 0 is 10x faster but holds 40 MB: its share by speed (909 of 1000) trains there
+  // in micro-batches (32 MB of weights, gradients and AdamW state, 20 KB a sample). Its
+  // evaluation does not fit at any share: weights and state 24 MB beside 40 samples of
+  // 1 MB. The layout's shortfall is the evaluation, with the batch that fits (15), not a
+  // training one of a share capped for it (the shares do not change what evaluating
+  // holds, so the planner does not search capped shares for it).
+  const ClusterModel c = cluster({1e13, 1e12}, {40e6, 1e9});
+  BlockCosts k = costs(c, 2, 1e4);
+  k.eval_bytes_per_sample = 1e6;
+  k.eval_batch = 40;
+  try {
+    make_plan(input(c, k, 1000, "data"));
+    FAIL("expected NoPlanFits");
+  } catch (const NoPlanFits& e) {
+    REQUIRE(e.shapes.size() == 1);
+    REQUIRE(e.shapes[0].problem.kind == LayoutProblemKind::memory);
+    const Shortfall& s = e.shapes[0].problem.shortfall;
+    CHECK(s.evaluation);
+    CHECK(s.rank == 0);
+    CHECK(s.eval_fits == 15);
+  }
+  // At the batch named, the share by speed is the plan.
+  k.eval_batch = 15;
+  const Plan p = make_plan(input(c, k, 1000, "data"));
+  REQUIRE(p.layout.samples.size() == 2);
+  CHECK(p.layout.samples[0] >= 900);
+  CHECK(p.layout.samples[0] + p.layout.samples[1] == 1000);
 }
