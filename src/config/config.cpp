@@ -53,6 +53,10 @@ Field int_field(const char* key, Variants only, int64_t& dst, int64_t min) {
   return {key, std::move(only),
           [&dst, min](const Json& v, const std::string& p) { dst = read_int(v, p, min); }};
 }
+Field int_field(const char* key, Variants only, int64_t& dst, int64_t min, int64_t max) {
+  return {key, std::move(only),
+          [&dst, min, max](const Json& v, const std::string& p) { dst = read_int(v, p, min, max); }};
+}
 Field float_field(const char* key, Variants only, float& dst, Range r) {
   return {key, std::move(only),
           [&dst, r](const Json& v, const std::string& p) { dst = read_float(v, p, r); }};
@@ -285,9 +289,11 @@ void read_parallel(const Json& j, const std::string& path, ParallelConfig& c) {
                  // At most 1e4 (the tests take 1e3: a step closes when every rank is in): past
                  // 1e12 or so the budget overflowed and every step closed short at once.
                  number("deadline_slack", c.deadline_slack, Range{0, 1e4}),
-                 int_field("max_staleness", {}, c.max_staleness, 0),
-                 int_field("local_steps", {}, c.local_steps, 0),
-                 int_field("outer_delay", {}, c.outer_delay, 0),
+                 // Counts of steps a plan holds in 32 bits (a round's H and D) or adds to a
+                 // step: 2^32 + 4 was taken as H 4, silently.
+                 int_field("max_staleness", {}, c.max_staleness, 0, kMaxStepCount),
+                 int_field("local_steps", {}, c.local_steps, 0, kMaxStepCount),
+                 int_field("outer_delay", {}, c.outer_delay, 0, kMaxStepCount),
                  number("outer_lr", c.outer_lr, Range::above(0)),
                  number("outer_momentum", c.outer_momentum, Range::closed_open(0, 1))});
   // A setting of another policy than the one asked for would do nothing, silently; a
@@ -331,9 +337,15 @@ void read_guard(const Json& j, const std::string& path, GuardConfig& g) {
                     if (g.norm_ratio > 0 && g.norm_ratio <= 1)
                       fail_at(p, show(v) + " would leave out ordinary steps; expected 0 (no norm check) or a ratio above 1");
                   }},
-                 int_field("window", {}, g.window, 2),
-                 int_field("quarantine_after", {}, g.quarantine_after, 1),
-                 int_field("quarantine_steps", {}, g.quarantine_steps, 1)});
+                 int_field("window", {}, g.window, 2, kMaxStepCount),
+                 int_field("quarantine_after", {}, g.quarantine_after, 1, kMaxStepCount),
+                 // Added to a step: 2^63 - 1 wrapped, and the quarantine never held.
+                 int_field("quarantine_steps", {}, g.quarantine_steps, 1, kMaxStepCount)});
+  // Offences are counted over the last `window` steps, at most one a step.
+  if (g.quarantine_after > g.window)
+    fail_at(key_path(path, "quarantine_after"), std::to_string(g.quarantine_after) + " offences within a window of " +
+                                                    std::to_string(g.window) +
+                                                    " steps (guard.window) can never happen; expected at most the window");
 }
 
 void read_run(const Json& j, const std::string& path, RunConfig& r) {

@@ -145,6 +145,11 @@ const char* to_string(SyncPolicy s);  // "sync", "deadline", "local"
 std::vector<std::string> sync_policy_names();
 std::optional<SyncPolicy> parse_sync_policy(std::string_view s);
 
+// The most a setting that counts steps may be (parallel.local_steps, outer_delay,
+// max_staleness; the guard's window and counts): a round's H and D are held in 32 bits,
+// and a count is added to a step.
+inline constexpr int64_t kMaxStepCount = 1'000'000'000;
+
 // How the work is split over the ranks of an mpirun job.
 struct ParallelConfig {
   ParallelStrategy strategy = ParallelStrategy::automatic;

@@ -189,6 +189,14 @@ int64_t read_int(const Json& v, const std::string& path, int64_t min) {
   return x;
 }
 
+int64_t read_int(const Json& v, const std::string& path, int64_t min, int64_t max) {
+  const int64_t x = read_int(v, path, min);
+  if (x > max)
+    fail_at(path, show(v) + " is out of range; expected an integer from " + std::to_string(min) + " to " +
+                      std::to_string(max));
+  return x;
+}
+
 uint64_t read_uint(const Json& v, const std::string& path) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
   const std::string expect = "an integer from 0 to 18446744073709551615";

@@ -76,6 +76,8 @@ struct Range {
 
 // Integers reject booleans and fractions; a float with an integral value (1e4) is fine.
 int64_t read_int(const Json& v, const std::string& path, int64_t min);
+// The same, at most `max` (a count that the code holds in fewer bits, or adds to a step).
+int64_t read_int(const Json& v, const std::string& path, int64_t min, int64_t max);
 uint64_t read_uint(const Json& v, const std::string& path);
 double read_double(const Json& v, const std::string& path, const Range& r);
 // Checked after conversion, so 1e-50 (0 as a float) fails "> 0" and 1e300 fails.

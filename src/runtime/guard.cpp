@@ -169,6 +169,15 @@ std::vector<int> Quarantine::record(const std::vector<Verdict>& verdicts) {
     o.clear();
     now.push_back(static_cast<int>(m));
   }
+  // Every member quarantined: no step keeps a contribution until one is released, so the
+  // job would run on, training nothing, and end as if it had trained. Every member
+  // records the same verdicts, so every one of them stops here alike.
+  if (!now.empty() && std::all_of(release_.begin(), release_.end(), [&](int64_t r) { return step_ + 1 < r; }))
+    fail("the bad-node guard has quarantined every one of the ", release_.size(),
+         " contributions to this stage by step ", step_,
+         " (each non-finite or a gradient-norm outlier guard.quarantine_after times within guard.window steps): "
+         "no step would keep a sample; expected at least one rank training (the model or the data is likely "
+         "broken: lower train.optimizer.lr or set train.grad_clip, or raise guard.norm_ratio)");
   return now;
 }
 

@@ -48,6 +48,7 @@ RunDir RunDir::open(const std::string& path, bool resume) {
   fs::create_directories(path, ec);
   HT_CHECK(!ec, "cannot create run directory '", path, "': ", ec.message());
   HT_CHECK(fs::is_directory(path), "run directory '", path, "' exists but is not a directory");
+  const bool had_checkpoints = fs::exists(rd.checkpoints(), ec);
   fs::create_directories(rd.checkpoints(), ec);
   HT_CHECK(!ec, "cannot create '", rd.checkpoints(), "': ", ec.message());
   // Prove writability now rather than after the first hour of training, with a file of
@@ -58,6 +59,7 @@ RunDir RunDir::open(const std::string& path, bool resume) {
   ::close(fd);
   ::unlink(probe.c_str());
   std::string holder;
+  const bool had_lock_file = fs::exists(rd.file(kLockFile), ec);
   rd.lock_fd_ = take_lock(path, holder);
   if (rd.lock_fd_ < 0)
     fail("run directory '", path, "' is in use by another hetrain process (",
@@ -74,8 +76,13 @@ RunDir RunDir::open(const std::string& path, bool resume) {
   // A new run writes these: a directory holding any of them holds a run, or files of the
   // user's that the run would overwrite.
   if (!resume)
-    if (const std::string held = held_by(path); !held.empty())
+    if (const std::string held = held_by(path); !held.empty()) {
+      // Refused, it leaves the directory as it found it: no lock file or empty
+      // checkpoints/ of its own behind.
+      if (!had_lock_file) ::unlink(rd.file(kLockFile).c_str());
+      if (!had_checkpoints) fs::remove(rd.checkpoints(), ec);
       fail_as<RunDirInUse>("run directory '", path, "' already holds a run (", held, ")");
+    }
   return rd;
 }
 

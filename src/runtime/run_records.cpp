@@ -60,10 +60,15 @@ std::string eval_record(int64_t step, const EvalResult& r) {
   return j.dump();
 }
 
-void check_finite_eval(const EvalResult& r, const std::string& what) {
+std::string divergence_advice(bool local) {
+  return local ? "lower train.optimizer.lr or parallel.outer_lr, or set train.grad_clip"
+               : "lower train.optimizer.lr or set train.grad_clip";
+}
+
+void check_finite_eval(const EvalResult& r, const std::string& what, const std::string& advice) {
   for (const auto& [k, v] : r.metrics)
     HT_CHECK(std::isfinite(v), what, ": the model's ", k, " on the held-out data is ", v,
-             "; expected a finite value (the model diverged: lower train.optimizer.lr or set train.grad_clip)");
+             "; expected a finite value (the model diverged: ", advice, ")");
 }
 
 }  // namespace ht::runtime

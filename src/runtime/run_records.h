@@ -40,6 +40,10 @@ std::string eval_record(int64_t step, const EvalResult& r);
 // (weights finite but so large that the forward overflows) whose every later update the
 // guard skipped, which ended the run with "success" and a NaN loss. `what` starts the
 // message ("training diverged by step 20", "checkpoint X").
-void check_finite_eval(const EvalResult& r, const std::string& what);
+// What to change where training diverged: the learning rates that move the weights (under
+// local the outer step's too: parallel.outer_lr 1e30 was blamed on the inner rate), or clipping.
+std::string divergence_advice(bool local);
+void check_finite_eval(const EvalResult& r, const std::string& what,
+                       const std::string& advice = divergence_advice(false));
 
 }  // namespace ht::runtime

@@ -405,7 +405,7 @@ void Run::evaluate_at(Loop& loop, int64_t done) {
   loop.metrics->write(eval_record(done, *r));
   loop.progress.note("step " + std::to_string(done) + ": " + r->line);
   // Before this step's checkpoint, which would hold the diverged model.
-  check_finite_eval(*r, "training diverged by step " + std::to_string(done));
+  check_finite_eval(*r, "training diverged by step " + std::to_string(done), divergence_advice(local_ != nullptr));
 }
 
 // After the checkpoint of a stop before the last step: Ctrl-C fails as Interrupted, a
@@ -449,7 +449,8 @@ TrainSummary Run::finish(Loop& loop) {
   if (root_) {
     loop.metrics->write(eval_record(total_steps_, *final_eval));
     loop.progress.note("final (step " + std::to_string(total_steps_) + "): " + final_eval->line);
-    check_finite_eval(*final_eval, "training diverged by step " + std::to_string(total_steps_));
+    check_finite_eval(*final_eval, "training diverged by step " + std::to_string(total_steps_),
+                      divergence_advice(local_ != nullptr));
     write_summary(loop.start, wall, loop.trained_s, loop.step_walls, *final_eval);
   }
   return {total_steps_, wall, cfg_.run.dir};

@@ -143,7 +143,7 @@ std::map<std::string, std::string> Run::metadata(int64_t step) {
     const json offsets = json::parse(all[r]);
     HT_CHECK(offsets["loss_finite"].get<bool>(), "not writing the checkpoint of step ", step, ": rank ", r,
              "'s loss in that step is not finite, so the model may be poisoned; the newest checkpoint in ",
-             checkpoints_.dir(), " stays the newest valid one (lower train.optimizer.lr or set train.grad_clip)");
+             checkpoints_.dir(), " stays the newest valid one (", divergence_advice(local_ != nullptr), ")");
     // Every rank's guard, where every rank's item came (not under deadline, whose leader
     // carries the quarantine in its records and catches up a returning rank with it).
     if (every_rank) m["guard.rank." + std::to_string(r)] = offsets["guard"].get<std::string>();

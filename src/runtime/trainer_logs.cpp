@@ -202,10 +202,10 @@ void Run::report_guard(int64_t step, const GuardEvent& e, std::optional<report::
 double Run::check_loss(double loss_sum, int64_t samples, int64_t done) const {
   HT_CHECK(samples > 0, "training diverged by step ", done,
            ": no sample's loss was finite since the last check (every contribution was left out); expected a "
-           "finite loss (lower train.optimizer.lr or set train.grad_clip)");
+           "finite loss (", divergence_advice(local_ != nullptr), ")");
   const double mean = loss_sum / static_cast<double>(samples * task_->predictions_per_sample());
   HT_CHECK(std::isfinite(mean), "training diverged by step ", done, ": the loss is ", mean,
-           "; expected a finite value (lower train.optimizer.lr or set train.grad_clip)");
+           "; expected a finite value (", divergence_advice(local_ != nullptr), ")");
   return mean;
 }
 

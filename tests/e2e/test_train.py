@@ -410,6 +410,8 @@ def damaged_inputs(tmp, full):
           and open(os.path.join(users, "config.json")).read() == '{"mine": true}', r.stderr)
     check("... and a file named as hetrain's old write probe is left alone",
           open(os.path.join(users, ".write-test")).read() == "precious")
+    check("... and nothing of the refused run's is left there (no lock file, no checkpoints/)",
+          sorted(os.listdir(users)) == [".write-test", "config.json"], str(sorted(os.listdir(users))))
 
     # Plan files edited by hand: no replica, or another batch than the config's.
     planned = os.path.join(tmp, "mlp-plan.json")

@@ -299,3 +299,19 @@ TEST_CASE("guard: sum_of_squares is the sum in double to 1e-5, finite for finite
   CHECK(std::isinf(sum_of_squares(tensor(inf))));
   CHECK(sum_of_squares(tensor({})) == 0);
 }
+
+TEST_CASE("guard: quarantining every member fails naming it, where the job would train nothing on") {
+  Quarantine q(guard_config(10, 4, 2, 3), 2);
+  using V = Verdict;
+  const V k = V::kept, n = V::non_finite;
+  CHECK(q.record({n, k}).empty());
+  CHECK(q.record({n, n}) == std::vector<int>{0});  // member 0 quarantined; member 1 trains
+  CHECK(q.quarantined(0));
+  try {
+    q.record({V::quarantined, n});  // member 1's second offence: none would be left
+    FAIL("expected an error");
+  } catch (const ht::Error& e) {
+    CHECK(std::string(e.what()).find("quarantined every one of the 2 contributions to this stage by step 3") !=
+          std::string::npos);
+  }
+}
