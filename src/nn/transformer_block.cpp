@@ -100,8 +100,11 @@ BlockShape TransformerBlock::describe(int64_t dim, int64_t heads, int64_t contex
   // values, kernels/attention.cuh). In the MLP: the first residual sum and ln2's output
   // (TC each), fc1's product and its bias add's output (4TC each).
   s.eval_bytes_per_sample = std::max(8 * tc + h * t + 2 * h * t * t, 10 * tc) * cost::kFloatBytes;
+  // Wider heads take the attention composed from ops on a GPU too (ops/attention_ops.cpp),
+  // which holds the scores, their masked copy and the probabilities at once: 3HT^2.
   s.eval_fused_bytes_per_sample =
-      c / h <= 128 ? std::max(8 * tc + h * t, 10 * tc) * cost::kFloatBytes : s.eval_bytes_per_sample;
+      (c / h <= 128 ? std::max(8 * tc + h * t, 10 * tc) : std::max(8 * tc + h * t + 3 * h * t * t, 10 * tc)) *
+      cost::kFloatBytes;
   return s;
 }
 

@@ -192,3 +192,25 @@ TEST_CASE("memory model: an evaluation's predicted bytes hold its measured peak,
     }
   }
 }
+
+TEST_CASE("memory model: heads wider than the fused attention takes are charged the composition's 3HT^2 on a GPU") {
+  // d_model 512 in 2 heads of 256 (past kAttentionMaxHead, 128), context 1024: the GPU
+  // composes the attention from ops, which holds the scores, their masked copy and the
+  // probabilities at once, a third more than the CPU's 2HT^2 (its own kernel keeps the
+  // scores and probabilities). Per block and sample: 8TC + HT + 3HT^2 floats against the
+  // CPU's 8TC + HT + 2HT^2.
+  const config::Config cfg = config::parse_config(
+      R"({"model":{"type":"gpt","context":1024,"layers":1,"heads":2,"d_model":512},"data":{"dataset":"text","paths":["/tmp"]},)"
+      R"("train":{"steps":2,"batch_size":8,"optimizer":{"type":"adamw","lr":1e-3}}})",
+      "wide-heads.json");
+  const nn::ModelShape shape = runtime::describe_model(cfg);
+  const double t = 1024, c = 512, h = 2, tc = t * c, ht = h * t;
+  bool seen = false;
+  for (const nn::BlockShape& b : shape.blocks) {
+    if (b.eval_fused_bytes_per_sample == b.eval_bytes_per_sample) continue;  // no attention
+    CHECK(b.eval_bytes_per_sample == doctest::Approx((8 * tc + ht + 2 * ht * t) * 4));
+    CHECK(b.eval_fused_bytes_per_sample == doctest::Approx((8 * tc + ht + 3 * ht * t) * 4));
+    seen = true;
+  }
+  CHECK(seen);
+}
