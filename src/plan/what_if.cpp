@@ -266,6 +266,23 @@ class Play {
     return f;
   }
 
+  // Under deadline on one stage: how much longer rank r's contribution to the leader and
+  // the leader's result back take over their link in `changed` than in `base` (0 for the
+  // leader, and for a link no slower).
+  double own_link_change(const Plan& plan, const ClusterModel& base, const ClusterModel& changed, size_t r) const {
+    const auto owner = static_cast<size_t>(std::max(plan.layout.reduce_owner, 0));
+    const auto leader = static_cast<size_t>(plan.layout.replicas[owner][0]);
+    if (r == leader || plan.ranks[r].replica < 0) return 0;
+    double params = 0;
+    for (double n : phase_.costs().params) params += n;
+    const double bytes = params * kGradBytesPerParam;
+    const auto both_ways = [&](const ClusterModel& c) {
+      const double bw = c.links.bandwidth(r, leader);
+      return 2 * (c.links.latency(r, leader) + (bw > 0 ? bytes / bw : 0));
+    };
+    return std::max(0.0, both_ways(changed) - both_ways(base));
+  }
+
   const StepParts& parts(double t) {
     const std::string key = state_key(t);
     const auto hit = cache_.find(key);
@@ -320,7 +337,12 @@ class Play {
       }
       p.round_extra = std::max(0.0, job_step * plan.local->inner_steps - slowest_round);
     } else if (policy_ == Policy::deadline && !pure_pipeline(plan)) {
-      const SimResult sim = simulate_with(plan, phase_.costs(), cluster, {});
+      // On one stage a changed link moves only its own ranks' exchange with the leader:
+      // the step's common tail is the unchanged cluster's, and each rank's arrival takes
+      // its own link's change (charged the whole reduction at a 1 MB/s link to one
+      // member, every member's samples were left out).
+      const bool one_stage = plan.stage_ranges.size() == 1;
+      const SimResult sim = simulate_with(plan, phase_.costs(), one_stage ? phase_.cluster() : cluster, {});
       p.step = sim.step_seconds;
       p.busy = sim.busy_seconds;
       p.copy.assign(plan.ranks.size(), 0.0);
@@ -329,9 +351,10 @@ class Play {
           p.copy[r] = deadline_member_copy_seconds(plan, plan.layout, phase_.costs(),
                                                    static_cast<size_t>(plan.ranks[r].stage),
                                                    static_cast<size_t>(plan.ranks[r].replica));
-      if (plan.stage_ranges.size() == 1) {
+      if (one_stage) {
         p.arrival.resize(plan.ranks.size());
-        for (size_t r = 0; r < plan.ranks.size(); ++r) p.arrival[r] = p.busy[r] * factors[r];
+        for (size_t r = 0; r < plan.ranks.size(); ++r)
+          p.arrival[r] = p.busy[r] * factors[r] + (links ? own_link_change(plan, phase_.cluster(), cluster, r) : 0);
         p.tail = p.step - *std::max_element(p.busy.begin(), p.busy.end());
       } else {
         const std::vector<double> plain = reduction_arrivals(sim, plan.ranks.size());

@@ -204,6 +204,22 @@ TEST_CASE("a link event re-simulates the step on the changed cluster from its ti
   CHECK(sync.seconds == doctest::Approx(40 * slow_step));
 }
 
+TEST_CASE("deadline: a slow link to one member leaves that member out, not every member") {
+  // Rank 1's link to the leader (rank 0) at 1 MB/s: its 16 MB gradient and the sum back
+  // take 32 s, far past 4 of the others' closes, so it is waited for as a silent member
+  // (its first 2 steps to the plan's budget) and then left out; the other members' links
+  // are as they were, and their samples are kept. Charging the whole reduction at the
+  // slow link left every member out (384 of 384 samples dropped in a review's run).
+  const WhatIfInput in = four_equal(3, {"link:ranks=0-1,at=0,latency=0,bandwidth=1"});
+  const PolicyOutcome deadline = outcome(run_what_if(in), Policy::deadline);
+  const PolicyOutcome plain = outcome(run_what_if(four_equal(3, {})), Policy::deadline);
+  REQUIRE(deadline.refused.empty());
+  CHECK(deadline.samples_dropped == 3 * 2);
+  CHECK(deadline.steps_closed_short == 3);
+  const double step = plain.seconds / 3;
+  CHECK(deadline.seconds == doctest::Approx(plain.seconds + kDeadlineWaitedSteps * in.deadline_slack * step));
+}
+
 TEST_CASE("a stall holds local's one group as it holds sync") {
   // Equal ranks on fast links form one group, whose rounds the stall holds: S exactly.
   const WhatIfInput in = four_equal(120, {"stall:rank=0,at=3,for=4"});
@@ -378,20 +394,21 @@ TEST_CASE("a join with no checkpoint after it before the end never joins, and sa
 }
 
 TEST_CASE("deadline's budget follows the median of the last steps' arrivals, as the leader's does") {
-  // A link made slow from the start lengthens every rank's part past the plan's budget:
-  // the first kDeadlineMinMeasured steps close short for every member, then the budget is
-  // 1.5x the measured step and none is.
-  WhatIfInput in = four_equal(40, {"link:ranks=0-1,at=0,latency=40,bandwidth=1"});
+  // Every rank slowed 4x from the start: every part is past the plan's budget, so the
+  // first kDeadlineMinMeasured steps close short for every member (at that budget), then
+  // the budget is 1.5x the measured step and none is. (A slow link lengthens only its own
+  // member's part: the test below.)
+  WhatIfInput in = four_equal(40, {"slow:rank=0,at=0,factor=4", "slow:rank=1,at=0,factor=4",
+                                   "slow:rank=2,at=0,factor=4", "slow:rank=3,at=0,factor=4"});
   const PolicyOutcome deadline = outcome(run_what_if(in), Policy::deadline);
   REQUIRE(deadline.refused.empty());
   const Plan plan = plan_for_policy(in.planner, Policy::deadline, 0);
-  ClusterModel changed = in.planner.cluster;
-  fx::set_latency(changed, 0, 1, 0.040);
-  fx::set_bandwidth(changed, 0, 1, 1e6);
-  const double slow = simulate_plan(plan, in.planner.costs, changed).step_seconds;
+  const SimResult sim = simulate_plan(plan, in.planner.costs, in.planner.cluster);
+  const double slow = sim.step_seconds + 3 * *std::max_element(sim.busy_seconds.begin(), sim.busy_seconds.end());
   const double first = plan.predicted.step_seconds * (1 + in.deadline_slack);
   REQUIRE(slow > first);
   CHECK(deadline.steps_closed_short == kDeadlineMinMeasured);
+  CHECK(deadline.samples_dropped == kDeadlineMinMeasured * 8);
   CHECK(deadline.seconds == doctest::Approx(kDeadlineMinMeasured * first + (40 - kDeadlineMinMeasured) * slow));
 }
 
