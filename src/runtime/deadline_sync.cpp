@@ -177,6 +177,8 @@ std::string DeadlineLog::add(const comm::StepRecord& r) {
   closed_short_ += r.closed_short ? 1 : 0;
   samples_dropped_ += r.samples_dropped;
   stale_ += r.staleness_applied;
+  for (const comm::Contribution& c : r.contributors)
+    if (c.staleness > 0) stale_samples_ += c.samples;
   led_elsewhere_ += r.leader != 0 ? 1 : 0;
   window_loss_ += r.loss_sum;
   window_samples_ += r.fresh_samples;

@@ -114,10 +114,13 @@ class DeadlineLog {
   std::string short_line(const comm::StepRecord& r) const;
   std::string summary() const;  // a JSON object: the counts
   int64_t samples_dropped() const { return samples_dropped_; }
+  // The samples of late contributions applied (max_staleness): counted as dropped by the
+  // step they were late for, trained by the step that applied them.
+  int64_t stale_samples() const { return stale_samples_; }
 
  private:
   int64_t steps_ = 0, closed_short_ = 0, samples_dropped_ = 0, stale_ = 0, catch_ups_ = 0, led_elsewhere_ = 0;
-  int64_t alignments_ = 0;
+  int64_t alignments_ = 0, stale_samples_ = 0;
   double window_loss_ = 0, last_loss_sum_ = 0;
   int64_t last_loss_samples_ = 0;
   int64_t window_samples_ = 0;

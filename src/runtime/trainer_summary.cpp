@@ -59,7 +59,7 @@ void Run::write_summary(int64_t start, double wall, double trained, const std::v
   // Samples/s counts the samples that entered a gradient: a deadline step's dropped shares
   // and the guard's exclusions were drawn from the stream but trained nothing.
   int64_t trained_samples = (total_steps_ - start) * cfg_.train.batch_size - guard_totals_.samples;
-  if (executor_->deadline()) trained_samples -= deadline_log_.samples_dropped();
+  if (executor_->deadline()) trained_samples += deadline_log_.stale_samples() - deadline_log_.samples_dropped();
   json summary = {{"config", cfg_.name},
                   {"steps", total_steps_},
                   {"samples", total_steps_ * cfg_.train.batch_size},

@@ -10,6 +10,7 @@
 
 #include "comm/local_communicator.h"
 #include "models/models.h"
+#include "runtime/deadline_sync.h"
 #include "runtime/executor.h"
 #include "runtime/fault_injection.h"
 #include "runtime/guard.h"
@@ -314,4 +315,29 @@ TEST_CASE("guard: quarantining every member fails naming it, where the job would
     CHECK(std::string(e.what()).find("quarantined every one of the 2 contributions to this stage by step 3") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("deadline log: a late contribution applied is trained, though its own step counted it dropped") {
+  // Step 5 closed without rank 2's 16 samples (dropped); step 6 applied them, a step
+  // stale, in place of its own (dropped in turn). The trainer's count of samples trained
+  // takes them back: 96 drawn, 32 dropped, 16 of those applied late.
+  ht::runtime::DeadlineLog log;
+  ht::comm::StepRecord late;
+  late.step = 5;
+  late.contributors = {{0, 48, 0}};
+  late.samples = late.fresh_samples = 48;
+  late.samples_dropped = 16;
+  late.closed_short = true;
+  ht::comm::StepRecord applied;
+  applied.step = 6;
+  applied.contributors = {{0, 48, 0}, {2, 16, 1}};
+  applied.samples = 64;
+  applied.fresh_samples = 48;
+  applied.samples_dropped = 16;
+  applied.closed_short = true;
+  applied.staleness_applied = 1;
+  CHECK_FALSE(log.add(late).empty());
+  CHECK_FALSE(log.add(applied).empty());
+  CHECK(log.samples_dropped() == 32);
+  CHECK(log.stale_samples() == 16);
 }
