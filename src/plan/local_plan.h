@@ -38,6 +38,9 @@
 // smallest within kNearBestRound of that: a group's steps start from weights that lack
 // the others' last round, and that staleness grows with H (the MLP at 0.8/0.4/0.2/0.2
 // ended within 0.866-0.8705 for H 10 to 32 with the sample-weighted mean, sync 0.877).
+// That least count takes the exchange at whole batches a group, each member owning an
+// equal part; split by speed, a fast member owns most of it, and where the split's
+// exchange outlasts the round, the least is raised to hide it (at most kMaxRoundSteps).
 // parallel.local_steps overrides it (at least one step per group).
 //
 // Idle ranks. As in a synchronous plan, the slowest ranks may be left out (idle: no

@@ -15,6 +15,8 @@
 #include "plan/memory_fit.h"
 #include "plan/plan_json.h"
 #include "plan/planner.h"
+#include "plan/policy_plan.h"
+#include "runtime/task.h"
 #include "report/local_sync_text.h"
 #include "report/plan_table.h"
 
@@ -354,7 +356,8 @@ TEST_CASE("local plan: parallel.local_steps sets H; a slower link needs a larger
   const PlannerInput slow = input(c, mlp_costs(c), 128);
   const std::optional<Plan> p = local_plan_for(slow, make_plan(slow), config::SyncPolicy::local, 0);
   REQUIRE(p);
-  CHECK(p->local->groups.size() == 4);
+  // (Over these links two groups are predicted faster than four: 9.5 against 11.8 ms a
+  // step. Each takes the H that hides its exchange.)
   CHECK(p->local->inner_steps > h);
   CHECK(p->local->inner_steps * p->predicted.step_seconds >= kHideFactor * p->local->outer_exchange_seconds * 0.999);
 }
@@ -508,7 +511,9 @@ TEST_CASE("local plan: leaving the rank behind a slow link idle does not take a 
 
 TEST_CASE("local plan: the outer synchronisation is every member's list, and the simulator charges it") {
   ClusterModel c = throttled();
-  c.links = Links::uniform(4, 0.01, 12.5e6);  // every link at 10 ms and 100 Mbit/s
+  // Every link at 10 ms and 400 Mbit/s: four groups hide their exchange under H 29 (at
+  // 100 Mbit/s two are predicted faster).
+  c.links = Links::uniform(4, 0.01, 50e6);
   const PlannerInput in = input(c, mlp_costs(c), 128);
   const Plan sync = make_plan(in);
   const Plan hidden = *local_plan_for(in, sync, config::SyncPolicy::local, 0);
@@ -550,7 +555,7 @@ TEST_CASE("local plan: the outer synchronisation is every member's list, and the
 
 TEST_CASE("local plan: --trace and --svg draw one round as the ranks run it: the groups' steps and the outer list") {
   ClusterModel c = throttled();
-  c.links = Links::uniform(4, 0.01, 12.5e6);  // an exchange that takes steps to hide
+  c.links = Links::uniform(4, 0.01, 50e6);  // an exchange that takes steps to hide, four groups
   const PlannerInput in = input(c, mlp_costs(c), 128);
   const Plan sync = make_plan(in);
   Plan p = *local_plan_for(in, sync, config::SyncPolicy::local, 0);
@@ -834,4 +839,26 @@ TEST_CASE("local plan: a CPU rank's round splits into inner and outer by CPU tim
   CHECK(cpu_round_seconds(0.0, 0.0, 0.100, 0.0).inner == 0.0);
   CHECK(cpu_round_seconds(0.010, 0.0, 0.050, 0.050).inner == 0.0);
   CHECK(cpu_round_seconds(0.010, 0.0, 0.050, 0.060).outer == 0.0);
+}
+
+
+TEST_CASE("local plan: a faster rank added beside four equal ones makes the plan no slower") {
+  // The MLP on four rtx3060 and an h100 (datasheet figures): each inner step costs a
+  // GPU's fixed call costs whatever its samples, so a 5-step round cost as little per
+  // step as any, and the h100 took 636 of its 640 samples; split so, the h100 moved most
+  // of the exchange, 0.86 ms against a 0.29 ms round, and the plan ran at 184 us a step,
+  // slower than the four rtx3060 alone (84 us) or three beside the h100 (70 us). Its H
+  // is now lengthened until the split's exchange is hidden.
+  const config::Config cfg = config::load_config((source_root() / "configs/fashion_mnist_mlp.json").string());
+  auto step = [&](const std::string& spec) {
+    const ClusterModel c = cluster_from_synth(spec, default_catalogue_path());
+    const PlannerInput in = planner_input_for(cfg, runtime::describe_model(cfg), c);
+    const std::optional<Plan> p = local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
+    REQUIRE(p);
+    CHECK(p->local->inner_steps * p->predicted.step_seconds >= kHideFactor * p->local->outer_exchange_seconds * 0.999);
+    return p->predicted.step_seconds;
+  };
+  const double five = step("synth:4xrtx3060,1xh100");
+  CHECK(five <= step("synth:3xrtx3060,1xh100"));
+  CHECK(five <= step("synth:4xrtx3060"));
 }
