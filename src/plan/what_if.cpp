@@ -588,11 +588,21 @@ class Play {
     done = checkpoint;
     span_all(since, at, WhatIfSpanKind::lost);
     span_all(at, at + kRestartSeconds, WhatIfSpanKind::restart);
-    replan_without(together);
     // Devices waiting to join by the restart's end come in with it: the job is re-planned
-    // anyway (they waited for a checkpoint, and the failure restarts from one).
+    // anyway (they waited for a checkpoint, and the failure restarts from one). One plan
+    // over the ranks left and those joining: the ranks left alone may have none (local
+    // needs two groups) that the joining ones give.
     const std::vector<int> joins = take_joins_by(at + kRestartSeconds);
-    if (!joins.empty()) replan_with(joins);
+    if (joins.empty()) {
+      replan_without(together);
+    } else {
+      std::vector<bool> gone(phase_.ids.size(), false);
+      for (int f : together) gone[static_cast<size_t>(phase_.index_of(events_[static_cast<size_t>(f)].rank))] = true;
+      HT_CHECK(std::find(gone.begin(), gone.end(), false) != gone.end(), "what-if: ", specs_of(together), " leave",
+               together.size() > 1 ? "" : "s", " no rank to restart on");
+      drop_failed(gone);
+      replan_with(joins);
+    }
     const std::string specs = specs_of(together);
     // The re-plan is of the ranks left as first given: a slow factor or link change in
     // force is played from then on but not planned around.

@@ -363,6 +363,28 @@ TEST_CASE("a join re-plans at the next checkpoint boundary, after a restart, wit
   CHECK(two.seconds == doctest::Approx(10 * step + kRestartSeconds + 90 * step6));
 }
 
+TEST_CASE("a failure's restart takes a waiting join into the one re-plan, where the ranks left alone have none") {
+  // Three of four ranks fail at one time while a fourth device waits to join: local on the
+  // one rank left has no plan (it steps groups beside one another), with the joined one
+  // it has. The re-plan was of the ranks left first, and local was not played at all.
+  WhatIfInput in = four_equal(100, {});
+  const double step = plan_for_policy(in.planner, Policy::sync, 0).predicted.step_seconds;
+  const std::string at = std::to_string(2.5 * step);
+  in.events = {parse_what_if_event("join:device=cpu-16c,at=" + std::to_string(1.5 * step)),
+               parse_what_if_event("fail:rank=1,at=" + at), parse_what_if_event("fail:rank=2,at=" + at),
+               parse_what_if_event("fail:rank=3,at=" + at)};
+  can_join(in);
+  const WhatIfResult r = run_what_if(in);
+  for (Policy p : {Policy::sync, Policy::local}) {
+    const PolicyOutcome o = outcome(r, p);
+    CAPTURE(static_cast<int>(p));
+    REQUIRE(o.refused.empty());
+    CHECK(std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) { return contains(n, "on 2 ranks"); }));
+    CHECK(std::any_of(o.notes.begin(), o.notes.end(),
+                      [](const std::string& n) { return contains(n, "joined with the restart after"); }));
+  }
+}
+
 TEST_CASE("a join with no checkpoint after it before the end never joins, and says so") {
   WhatIfInput in = four_equal(100, {});
   in.catalogue_path = default_catalogue_path();
