@@ -495,6 +495,15 @@ Config parse_config(const std::string& json_text, const std::string& source_path
                                        " is not built; expected strategy \"auto\" or \"data\" (auto then plans "
                                        "data-parallel replicas of the whole model)");
   }
+  // Under local the trainer leaves out the guard's norm check (an outer step moves a
+  // group's weights by a round's progress, so the next gradients' norms are no outliers):
+  // a ratio asked for would do nothing, silently. Its default is no setting.
+  if (c.parallel.sync == SyncPolicy::local && doc.contains("guard") && doc["guard"].contains("norm_ratio") &&
+      c.guard.norm_ratio != GuardConfig{}.norm_ratio && c.guard.norm_ratio != 0)
+    fail_at("guard.norm_ratio", show(doc["guard"]["norm_ratio"]) +
+                                    " is a setting of the norm check, which parallel.sync \"local\" leaves out (an "
+                                    "outer step moves a group's weights by a whole round's progress); expected it "
+                                    "only with \"sync\" or \"deadline\" (the non-finite check runs under every policy)");
   if (c.run.dir.empty()) c.run.dir = "runs/" + c.name;
   return c;
 }
