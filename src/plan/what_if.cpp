@@ -845,7 +845,9 @@ class Play {
           continue;
         }
         any_missing = true;
-        leader_silent = leader_silent || (x.silent && u == leader);
+        // A leader far behind (slowed past kDeadlineBehindSteps closes) is as silent to its
+        // members: their patience runs out, and the next member leads.
+        leader_silent = leader_silent || ((x.silent || behind(x)) && u == leader);
         dropped += units[u].samples;
         const bool unheard = x.silent || behind(x);
         waited = waited || !unheard || missed[u] < kDeadlineWaitedSteps;

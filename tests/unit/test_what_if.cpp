@@ -190,6 +190,14 @@ TEST_CASE("a rank slowed past 4 of the others' steps under deadline is left out 
   CHECK(deadline.samples_dropped == 50 * 2);
   const double step = plain.seconds / 50;
   CHECK(deadline.seconds == doctest::Approx(plain.seconds + kDeadlineWaitedSteps * in.deadline_slack * step));
+  // The leader so slowed is as silent to its members: the next rank leads, and the slow
+  // one's share is left out every step.
+  const PolicyOutcome led = outcome(run_what_if(four_equal(50, {"slow:rank=0,at=0,factor=20"})), Policy::deadline);
+  REQUIRE(led.refused.empty());
+  CHECK(led.samples_dropped == 50 * 2);
+  CHECK(std::any_of(led.notes.begin(), led.notes.end(), [](const std::string& n) {
+    return n.find("the leader (rank 0) fell silent at step 0: rank 1 leads from then on") != std::string::npos;
+  }));
 }
 
 TEST_CASE("a link event re-simulates the step on the changed cluster from its time on") {
