@@ -93,6 +93,20 @@ TEST_CASE("planner: hybrid layouts put like devices on one stage across replicas
 
 namespace {
 
+// The shortfall of a plan refused over its one layout for memory (FAILs where a plan is
+// made, or where it is refused otherwise).
+Shortfall only_memory_shortfall(const PlannerInput& in) {
+  try {
+    make_plan(in);
+  } catch (const NoPlanFits& e) {
+    REQUIRE(e.shapes.size() == 1);
+    REQUIRE(e.shapes[0].problem.kind == LayoutProblemKind::memory);
+    return e.shapes[0].problem.shortfall;
+  }
+  FAIL("expected NoPlanFits");
+  return {};
+}
+
 // Two replicas of two stages (blocks 0-1 and 2-3), 32 samples each in 2 micro-batches;
 // rank 0 (replica 0, stage 0) holds `memory`, the others plenty.
 Plan hybrid_skeleton(double memory) {
@@ -584,30 +598,23 @@ TEST_CASE("planner: rank 0 must hold its evaluation's batch beside its weights a
   const std::optional<Shortfall> direct = fit_evaluation(p, k);
   REQUIRE(direct);
   CHECK(direct->eval_fits == 39);
-  try {
-    make_plan(input(c, k, 16, "data"));
-    FAIL("expected NoPlanFits");
-  } catch (const NoPlanFits& e) {
-    REQUIRE(e.shapes.size() == 1);
-    REQUIRE(e.shapes[0].problem.kind == LayoutProblemKind::memory);
-    const Shortfall& s = e.shapes[0].problem.shortfall;
-    CHECK(s.evaluation);
-    CHECK(s.rank == 0);
-    CHECK(s.eval_batch == 40);
-    CHECK(s.eval_fits == 39);
-    CHECK(s.need.grads == 0);
-    CHECK(s.need.total() == doctest::Approx(64e6 + 1024));
-    CHECK(report::shortfall_text(s) ==
-          "rank 0 (dev0, 61.0 MiB) trains in its memory but cannot evaluate the whole model in batches of 40 "
-          "(train.eval_batch_size, at most eval_max_samples): 61.0 MiB (params 7.6 MiB, optimizer 15.3 MiB, "
-          "evaluation 38.1 MiB), 1.0 KiB short; set train.eval_batch_size to at most 39 in this layout");
-    // A plan file's shortfall keeps the evaluation's figures.
-    const Shortfall back = read_shortfalls(shortfalls_json({s}), "shortfalls").at(0);
-    CHECK(back.evaluation);
-    CHECK(back.eval_batch == 40);
-    CHECK(back.eval_fits == 39);
-    CHECK(report::shortfall_text(back) == report::shortfall_text(s));
-  }
+  const Shortfall s = only_memory_shortfall(input(c, k, 16, "data"));
+  CHECK(s.evaluation);
+  CHECK(s.rank == 0);
+  CHECK(s.eval_batch == 40);
+  CHECK(s.eval_fits == 39);
+  CHECK(s.need.grads == 0);
+  CHECK(s.need.total() == doctest::Approx(64e6 + 1024));
+  CHECK(report::shortfall_text(s) ==
+        "rank 0 (dev0, 61.0 MiB) trains in its memory but cannot evaluate the whole model in batches of 40 "
+        "(train.eval_batch_size, at most eval_max_samples): 61.0 MiB (params 7.6 MiB, optimizer 15.3 MiB, "
+        "evaluation 38.1 MiB), 1.0 KiB short; set train.eval_batch_size to at most 39 in this layout");
+  // A plan file's shortfall keeps the evaluation's figures.
+  const Shortfall back = read_shortfalls(shortfalls_json({s}), "shortfalls").at(0);
+  CHECK(back.evaluation);
+  CHECK(back.eval_batch == 40);
+  CHECK(back.eval_fits == 39);
+  CHECK(report::shortfall_text(back) == report::shortfall_text(s));
   // A GPU rank 0 evaluates at the fused-attention figure (nn::Block's): at 0.5 MB a
   // sample, 40 fit.
   ClusterModel gpu = c;
@@ -1190,17 +1197,10 @@ TEST_CASE("planner: a fast rank 0 of little memory is short only of its evaluati
   BlockCosts k = costs(c, 2, 1e4);
   k.eval_bytes_per_sample = 1e6;
   k.eval_batch = 40;
-  try {
-    make_plan(input(c, k, 1000, "data"));
-    FAIL("expected NoPlanFits");
-  } catch (const NoPlanFits& e) {
-    REQUIRE(e.shapes.size() == 1);
-    REQUIRE(e.shapes[0].problem.kind == LayoutProblemKind::memory);
-    const Shortfall& s = e.shapes[0].problem.shortfall;
-    CHECK(s.evaluation);
-    CHECK(s.rank == 0);
-    CHECK(s.eval_fits == 15);
-  }
+  const Shortfall s = only_memory_shortfall(input(c, k, 1000, "data"));
+  CHECK(s.evaluation);
+  CHECK(s.rank == 0);
+  CHECK(s.eval_fits == 15);
   // At the batch named, the share by speed is the plan.
   k.eval_batch = 15;
   const Plan p = make_plan(input(c, k, 1000, "data"));
