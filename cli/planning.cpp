@@ -78,7 +78,9 @@ Planned plan_for(const ht::config::Config& cfg, const ht::plan::ClusterModel& cl
   const bool deadline = cfg.parallel.sync == ht::config::SyncPolicy::deadline;
   Planned out{ht::plan::plan_for_policy(in, deadline ? ht::config::SyncPolicy::deadline : ht::config::SyncPolicy::sync, 0),
               in.costs, 0, 0, std::nullopt};
-  if (deadline) all_ranks = false;  // no rebalancing under deadline: the steps never wait for every rank
+  // Under deadline the leaders' re-splits move shares alone (runtime/deadline_rebalance.h):
+  // no idle rank is tried.
+  if (deadline) all_ranks = false;
   if (auto local = ht::plan::local_plan_for(in, out.plan, cfg.parallel.sync, cfg.parallel.local_steps)) {
     ht::plan::apply_outer_delay(*local, in.costs, in.cluster, cfg.parallel.outer_delay);
     out.plan = std::move(*local);

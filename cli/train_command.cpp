@@ -21,12 +21,14 @@
 #include "core/error.h"
 #include "plan/deadline_plan.h"
 #include "plan/plan_json.h"
+#include "plan/policy_plan.h"
 #include "plan/rebalance.h"
 #include "report/plan_table.h"
 #include "report/plan_text.h"
 #include "report/progress.h"
 #include "runtime/fault_injection.h"
 #include "runtime/run_dir.h"
+#include "runtime/task.h"
 #include "runtime/trainer.h"
 
 namespace hetrain_cli {
@@ -146,8 +148,14 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
   JobPlan job{ht::plan::plan_from_json(plan_text, "the plan from rank 0"), {}};
   if (cfg.parallel.rebalance_every > 0 && !job.plan.local) {
     const bool move_shares = cfg.parallel.strategy != ht::config::ParallelStrategy::equal;
+    // Under deadline the step's leader decides, and any member may lead: every rank has
+    // the costs. Its records carry shares alone: no micro-batch trial, no idle ranks tried.
+    const bool deadline = job.plan.sync_policy == ht::plan::SyncPolicy::deadline;
+    if (deadline && world.rank() != 0)
+      costs = ht::plan::planner_input_for(cfg, ht::runtime::describe_model(cfg), cluster).costs;
+    if (deadline) all_ranks.reset();
     auto tuner = std::make_shared<ht::plan::ShareTuner>(job.plan, std::move(costs), cluster,
-                                                        move_shares, std::move(all_ranks));
+                                                        move_shares, std::move(all_ranks), !deadline);
     job.rebalance = [tuner](const ht::plan::Plan& current, const std::vector<ht::plan::RankMeasure>& measured) {
       return tuner->check(current, measured);
     };

@@ -95,12 +95,13 @@ void put_record(std::vector<int64_t>& out, const StepRecord& r) {
   std::memcpy(&loss_bits, &r.loss_sum, sizeof loss_bits);
   out.insert(out.end(), {r.step, r.term, r.leader, r.samples, r.fresh_samples, r.samples_dropped,
                          r.closed_short ? 1 : 0, r.staleness_applied, loss_bits,
-                         static_cast<int64_t>(r.contributors.size())});
+                         static_cast<int64_t>(r.contributors.size()), static_cast<int64_t>(r.shares.size())});
   for (const Contribution& c : r.contributors) out.insert(out.end(), {c.rank, c.samples, c.staleness, c.verdict});
+  out.insert(out.end(), r.shares.begin(), r.shares.end());
 }
 
 StepRecord take_record(const std::vector<int64_t>& in, size_t& at) {
-  HT_CHECK(at + 10 <= in.size(), "deadline reduce: a step record is cut short at ", at, " of ", in.size());
+  HT_CHECK(at + 11 <= in.size(), "deadline reduce: a step record is cut short at ", at, " of ", in.size());
   StepRecord r;
   r.step = in[at];
   r.term = in[at + 1];
@@ -111,12 +112,15 @@ StepRecord take_record(const std::vector<int64_t>& in, size_t& at) {
   r.closed_short = in[at + 6] != 0;
   r.staleness_applied = in[at + 7];
   std::memcpy(&r.loss_sum, &in[at + 8], sizeof r.loss_sum);
-  const int64_t n = in[at + 9];
-  at += 10;
-  HT_CHECK(n >= 0 && at + 4 * static_cast<size_t>(n) <= in.size(), "deadline reduce: a step record of ", n,
-           " contributors is cut short");
+  const int64_t n = in[at + 9], n_shares = in[at + 10];
+  at += 11;
+  HT_CHECK(n >= 0 && n_shares >= 0 && at + 4 * static_cast<size_t>(n) + static_cast<size_t>(n_shares) <= in.size(),
+           "deadline reduce: a step record of ", n, " contributors and ", n_shares, " shares is cut short");
   for (int64_t i = 0; i < n; ++i, at += 4)
     r.contributors.push_back({static_cast<int>(in[at]), in[at + 1], in[at + 2], in[at + 3]});
+  const auto from = in.begin() + static_cast<std::ptrdiff_t>(at);
+  r.shares.assign(from, from + static_cast<std::ptrdiff_t>(n_shares));
+  at += static_cast<size_t>(n_shares);
   return r;
 }
 
@@ -288,6 +292,7 @@ void DeadlineReduce::send_catch_up(int dst, int64_t since, bool final) {
     if (r.step >= since) records.push_back(&r);
   ints.push_back(static_cast<int64_t>(records.size()));
   for (const StepRecord* r : records) put_record(ints, *r);
+  ints.insert(ints.end(), shares_.begin(), shares_.end());  // those of step_, which the receiver goes on from
   Header h;
   h.kind = catch_up;
   h.samples = final ? 1 : 0;
@@ -386,6 +391,11 @@ void DeadlineReduce::handle(int from, const Message& m) {
       if (leader() != rank_) return;
       if (auto a = arrivals_.find(h.step); a != arrivals_.end() && m.n_floats > 0)
         a->second.second = std::max(a->second.second, std::chrono::duration<double>(Clock::now() - a->second.first).count());
+      if (options_.on_report && !m.ints.empty()) {
+        std::vector<double> measures(m.ints.size());
+        std::memcpy(measures.data(), m.ints.data(), m.ints.size() * sizeof(double));
+        options_.on_report(from, h.step, measures);
+      }
       arrived_[{h.step, from}] = std::make_unique<Pending>(Pending{from, m});
       return;
     case result:
@@ -471,6 +481,8 @@ void DeadlineReduce::apply_record(const StepRecord& r) {
   chain_[r.step] = hash_;
   while (chain_.size() > static_cast<size_t>(options_.max_staleness) + 2) chain_.erase(chain_.begin());
   hash_ = mix_step_hash(hash_, r.step, r.term, r.leader, r.contributors);
+  for (int64_t n : r.shares) hash_ = mix(hash_, static_cast<uint64_t>(n));
+  if (!r.shares.empty()) shares_ = r.shares;
   step_ = r.step + 1;
   remember(r);
 }
@@ -605,6 +617,17 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
     if (j != rank_) missed_in_row_[k] = present ? 0 : missed_in_row_[k] + 1;
   }
   record.closed_short = !every;
+  if (options_.reshare) {
+    std::vector<int64_t> next = options_.reshare(s, shares_);
+    int64_t before = 0, after = 0;
+    for (int64_t n : shares_) before += n;
+    for (int64_t n : next) after += n;
+    HT_CHECK(next.empty() || (next.size() == shares_.size() && after == before &&
+                              std::all_of(next.begin(), next.end(), [](int64_t n) { return n >= 0; })),
+             "deadline reduce: a re-split of ", next.size(), " shares summing to ", after, "; expected ",
+             shares_.size(), " shares of 0 or more summing to the global batch's ", before);
+    if (next != shares_) record.shares = std::move(next);
+  }
   for (auto it = arrived_.begin(); it != arrived_.end();)  // used, or now late for good
     it = it->first.first <= s ? arrived_.erase(it) : std::next(it);
   sum.swap(total);
@@ -647,6 +670,10 @@ void DeadlineReduce::take_catch_up() {
     if (r.step >= step_) missed_.push_back(r);
     remember(r);
   }
+  HT_CHECK(m.ints.size() == at + shares_.size(), "deadline reduce: a catch-up from rank ", catch_up_->from, " holds ",
+           m.ints.size() - std::min(at, m.ints.size()), " values after its records; expected the ", shares_.size(),
+           " members' shares");
+  shares_.assign(m.ints.begin() + static_cast<std::ptrdiff_t>(at), m.ints.end());
   state.floats.assign(m.floats().begin(), m.floats().end());
   load_(state);
   step_ = m.header.step;
@@ -705,10 +732,14 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
   h.verdict = verdict;
   h.hash = my_base;
   h.loss = loss_sum;
+  h.n_ints = static_cast<int64_t>(report_.size());  // the measures, as 8-byte words
   h.n_floats = static_cast<int64_t>(n);
-  contribution_ = std::make_shared<std::vector<char>>(sizeof h + n * 4);
+  const size_t words = report_.size() * 8;
+  contribution_ = std::make_shared<std::vector<char>>(sizeof h + words + n * 4);
   std::memcpy(contribution_->data(), &h, sizeof h);
-  gather(grads, reinterpret_cast<float*>(contribution_->data() + sizeof h));  // aligned: see Message
+  if (words) std::memcpy(contribution_->data() + sizeof h, report_.data(), words);
+  gather(grads, reinterpret_cast<float*>(contribution_->data() + sizeof h + words));  // aligned: see Message
+  bool reported = false;  // this rank's own measures, to itself as leader
   int64_t sent_term = -1;  // the term whose leader has this rank's contribution
   const int64_t entry_term = term_;
   auto wait_until = Clock::now();
@@ -776,6 +807,10 @@ DeadlineOutcome DeadlineReduce::reduce(std::vector<Tensor>& grads, int64_t sampl
     if (leader() == rank_) {
       StepRecord record;
       std::vector<float> sum;
+      if (options_.on_report && !report_.empty() && !reported) {
+        options_.on_report(rank_, my_step, report_);
+        reported = true;
+      }
       if (own_is_current()) {
         record.contributors.push_back({rank_, samples, 0, verdict});
         record.loss_sum = loss_sum;

@@ -44,6 +44,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,14 @@ struct DeadlineOptions {
   std::function<void()> after_contribution;
   // A test's seam: runs before each poll of a step this rank leads (null: nothing).
   std::function<void()> while_leading;
+  // Re-splitting the global batch while the steps go on (parallel.rebalance_every): no
+  // exchange may wait for every member, so a member's measures travel with its
+  // contributions and the leader's decision with a step's record. On the leader: every
+  // contribution that reaches it with measures (set_report; its own too) is passed to
+  // on_report(member, step, measures); at each step it closes, reshare(step, shares in
+  // force) returns the members' shares from the next step on, or nothing to keep them.
+  std::function<void(int member, int64_t step, std::span<const double> measures)> on_report;
+  std::function<std::vector<int64_t>(int64_t step, const std::vector<int64_t>& shares)> reshare;
 };
 
 // Weights, optimiser state and anything else a replica must hold identically, flattened.
@@ -98,6 +107,9 @@ struct StepRecord {
   int64_t samples_dropped = 0;
   bool closed_short = false;    // some member's share was missing
   int64_t staleness_applied = 0;  // stale contributions in the sum
+  // Non-empty: the members' shares of the global batch from the next step on (the
+  // leader's re-split, DeadlineOptions::reshare), which every rank applying it takes.
+  std::vector<int64_t> shares;
 };
 
 struct DeadlineOutcome {
@@ -167,6 +179,12 @@ class DeadlineReduce {
   std::vector<StepRecord> finish(FinishReason why = FinishReason::end);
 
   int64_t step() const { return step_; }       // the next step to reduce
+  // The members' shares of the global batch for step(): the constructor's, or the last
+  // re-split this rank's chain applied (or a catch-up brought).
+  const std::vector<int64_t>& shares() const { return shares_; }
+  // This rank's measures (opaque here: DeadlineOptions::on_report), sent with its next
+  // contributions until replaced.
+  void set_report(std::vector<double> measures) { report_ = std::move(measures); }
   uint64_t chain_hash() const { return hash_; }
   int64_t term() const { return term_; }
   // Messages this rank has sent to member `peer` (results, notices, catch-ups, its own
@@ -207,6 +225,7 @@ class DeadlineReduce {
   Communicator& comm_;
   DeadlineOptions options_;
   std::vector<int64_t> shares_;
+  std::vector<double> report_;  // set_report's
   SaveState save_;
   LoadState load_;
   int rank_, size_, tag_;

@@ -153,6 +153,19 @@ Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs) {
   return p;
 }
 
+Plan with_shares(const Plan& original, const std::vector<int64_t>& shares) {
+  int64_t total = 0;
+  for (int64_t n : shares) total += n;
+  HT_CHECK(shares.size() == original.layout.replicas.size() && total == original.global_batch &&
+               std::all_of(shares.begin(), shares.end(), [](int64_t n) { return n >= 1; }),
+           "with_shares: ", shares.size(), " shares summing to ", total, " for ", original.layout.replicas.size(),
+           " replicas; expected one of at least 1 per replica, summing to the global batch ", original.global_batch);
+  Plan p = original;
+  for (size_t r = 0; r < shares.size(); ++r) set_share(p, original, r, shares[r]);
+  sync_rank_shares(p);
+  return p;
+}
+
 double measured_step_seconds(const std::vector<RankMeasure>& measured) {
   double slowest = 0;
   for (const RankMeasure& m : measured) slowest = std::max(slowest, median(m.wall_s));

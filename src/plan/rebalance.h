@@ -80,6 +80,12 @@ BlockCosts calibrated_costs(const Plan& plan, const BlockCosts& costs, const Clu
 // (the plan as first made), at most the share.
 Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs);
 
+// `original` with the replicas' shares set to `shares` (one per replica, summing to the
+// global batch), micro-batch counts as there (at most the share): the plan a re-split
+// carried by shares alone (parallel.sync deadline's records) runs. Errors (ht::Error):
+// another count of shares, another sum, or a share under 1.
+Plan with_shares(const Plan& original, const std::vector<int64_t>& shares);
+
 // The window's step: the slowest rank's median step (ranks' steps are not aligned in
 // time, so a per-step maximum would add up their noise).
 double measured_step_seconds(const std::vector<RankMeasure>& measured);

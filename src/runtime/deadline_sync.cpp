@@ -14,9 +14,9 @@ DeadlineSync::DeadlineSync(comm::Communicator& group, std::vector<int> world_ran
                            const std::vector<nn::NamedTensor>& params, optim::Optimizer& optimizer,
                            nn::Sequential& model, int block_begin, int block_end,
                            const config::ParallelConfig& parallel, double predicted_step_s, int64_t first_step,
-                           ExtraReplicaState extra)
+                           ExtraReplicaState extra, std::unique_ptr<DeadlineRebalancer> rebalancer)
     : world_rank_of_(std::move(world_rank_of)), params_(params), optimizer_(optimizer), model_(model),
-      block_begin_(block_begin), block_end_(block_end), extra_(std::move(extra)) {
+      block_begin_(block_begin), block_end_(block_end), extra_(std::move(extra)), rebalancer_(std::move(rebalancer)) {
   comm::DeadlineOptions o;
   // A plan without a prediction (one made by hand) starts from a tenth of a second; the
   // budget adapts to the measured steps from the third on.
@@ -24,6 +24,12 @@ DeadlineSync::DeadlineSync(comm::Communicator& group, std::vector<int> world_ran
   o.slack = parallel.deadline_slack;
   o.max_staleness = parallel.max_staleness;
   o.peer_timeout_s = parallel.peer_timeout_s;
+  if (rebalancer_) {
+    o.on_report = [this](int member, int64_t, std::span<const double> row) {
+      rebalancer_->report(member, row, reduce_->shares());
+    };
+    o.reshare = [this](int64_t step, const std::vector<int64_t>& shares) { return rebalancer_->decide(step, shares); };
+  }
   for (int b = block_begin_; b < block_end_; ++b) offsets_.push_back(model_.block(static_cast<size_t>(b)).random_offset());
   // A catch-up goes as one message (MPI counts are int): the stage's parameters and its
   // float optimiser state, plus room for the step records that ride with it. Refused

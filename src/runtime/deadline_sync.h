@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "nn/block.h"
 #include "optim/optimizer.h"
+#include "runtime/deadline_rebalance.h"
 
 namespace ht::runtime {
 
@@ -58,7 +59,8 @@ class DeadlineSync {
   DeadlineSync(comm::Communicator& group, std::vector<int> world_rank_of, std::vector<int64_t> shares,
                const std::vector<nn::NamedTensor>& params, optim::Optimizer& optimizer, nn::Sequential& model,
                int block_begin, int block_end, const config::ParallelConfig& parallel, double predicted_step_s,
-               int64_t first_step, ExtraReplicaState extra = {});
+               int64_t first_step, ExtraReplicaState extra = {},
+               std::unique_ptr<DeadlineRebalancer> rebalancer = nullptr);
   ~DeadlineSync();
 
   // Op::catch_up: the step's start. `take`: a catch-up already sent is taken now (on one
@@ -76,6 +78,15 @@ class DeadlineSync {
   // After the last step: one chain on every member, everything drained.
   std::vector<comm::StepRecord> finish(comm::DeadlineReduce::FinishReason why);
   int64_t step() const { return reduce_->step(); }  // the next step to run
+  // The members' shares of the global batch for step() (a re-split moves them: see
+  // DeadlineRebalancer), in member order.
+  const std::vector<int64_t>& shares() const { return reduce_->shares(); }
+  // This rank's measures of its last step (DeadlineRebalancer::row), sent with its next
+  // contributions; nothing without a rebalancer.
+  void set_report(std::vector<double> row) {
+    if (rebalancer_) reduce_->set_report(std::move(row));
+  }
+  bool rebalances() const { return rebalancer_ != nullptr; }
 
  private:
   comm::ReplicaState save() const;
@@ -92,6 +103,7 @@ class DeadlineSync {
   int block_begin_, block_end_;
   std::vector<uint64_t> offsets_;  // the blocks' dropout streams at this step's start
   ExtraReplicaState extra_;
+  std::unique_ptr<DeadlineRebalancer> rebalancer_;  // before reduce_, whose hooks call it
   std::unique_ptr<comm::DeadlineReduce> reduce_;
 };
 

@@ -317,7 +317,9 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   r.start_s = comm::clock_seconds(start);
   if (const double stall = faults_ ? faults_->take_stall() : 0; stall > 0)  // --inject stall: before any instruction
     std::this_thread::sleep_for(std::chrono::duration<double>(stall));
-  for (const plan::Instruction& in : schedule_) {
+  // By index: a catch-up that brings other shares replaces the list (take_deadline_shares).
+  for (size_t i = 0; i < schedule_.size(); ++i) {
+    const plan::Instruction in = schedule_[i];
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     bool comm = false;
@@ -368,6 +370,13 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
           const int64_t before = deadline_->step();
           deadline_->catch_up(stages_ == 1);
           first += (deadline_->step() - before) * plan_.global_batch;
+          // The catch-up brought another split (a re-split this rank missed): this step
+          // runs it, from its list's instruction after CatchUp, the first in both lists.
+          if (take_deadline_shares()) {
+            HT_CHECK(i == 0 && !schedule_.empty() && schedule_[0].op == plan::Op::catch_up, "executor: rank ", me(),
+                     " took new shares at a CatchUp that is not the first instruction of both lists");
+            r.micro_batches = layout_.micro_batches[static_cast<size_t>(replica_)];
+          }
         }
         break;
       case plan::Op::align_replica:
@@ -428,6 +437,14 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   r.update_skipped = skip_update_;
   r.stop_agreed = stop_agreed_;
   r.wall_s = seconds_since(start);
+  if (deadline_ && deadline_->rebalances()) {
+    // What this step measured goes with the next contributions; a re-split the step's
+    // record carried runs from the next step.
+    deadline_->set_report(DeadlineRebalancer::row(r.compute_s - r.optimizer_s, r.optimizer_s, r.wall_s, r.reduce_s,
+                                                  r.work_cpu_s, r.optimizer_cpu_s, r.comm_cpu_s, r.micro_batches,
+                                                  layout_.samples[static_cast<size_t>(replica_)]));
+    take_deadline_shares();
+  }
   return r;
 }
 

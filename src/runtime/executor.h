@@ -80,6 +80,17 @@ struct StepResult {
   std::optional<DeadlineStep> deadline;
 };
 
+// Re-splits under deadline (runtime/deadline_rebalance.h): with `decide` and
+// parallel.rebalance_every above 0, on a one-stage plan, the members' shares move by the
+// leaders' re-splits; the executor runs each from the step it applies to, handing
+// `replace_plan` the plan with those shares first (the plan it was made with, which the
+// caller replaces). None within two steps of `total_steps`.
+struct DeadlineResplits {
+  RebalanceFn decide;
+  std::function<void(plan::Plan)> replace_plan;
+  int64_t total_steps = 0;
+};
+
 class Executor {
  public:
   // `model` is the whole model built from the config's seed, identical on every rank;
@@ -146,8 +157,9 @@ class Executor {
   // budget expires. `first_step` is the step the run starts at (every member passes the
   // same), `lr_at` the learning rate of a step (a rank that catches up steps with the
   // step it applies, not the one it was asked for). No-op on a stage without replicas.
+  // Re-splits under deadline: see DeadlineResplits.
   void use_deadline(const config::ParallelConfig& parallel, int64_t first_step,
-                    std::function<float(int64_t)> lr_at);
+                    std::function<float(int64_t)> lr_at, DeadlineResplits resplits = DeadlineResplits{});
   bool deadline() const { return deadline_ != nullptr; }
   int64_t deadline_step() const { return deadline_ ? deadline_->step() : -1; }
   // After the last step, on every member: one chain everywhere (a rank behind catches
@@ -198,6 +210,9 @@ class Executor {
   void share_weights();     // a hub that steps the optimiser: see executor_sync.cpp
   Shape boundary_shape(int mb, bool input) const;
   void take_shares();  // this rank's plan, schedule and sample offsets from plan_
+  // Under deadline with re-splits: the shares the reduction's chain has for the next step,
+  // when they are not plan_'s, replace the plan (replace_plan_) and are taken; whether so.
+  bool take_deadline_shares();
   void use_layout(bool trial);  // this step's layout_, schedule and sample offsets
   // This rank in the job's world, for messages: under parallel.sync local world_ is the
   // group's communicator, whose ranks are not the ones a user sees.
@@ -260,6 +275,8 @@ class Executor {
   bool skip_update_ = false;
   std::unique_ptr<DeadlineSync> deadline_;  // parallel.sync deadline, replicated stages
   std::function<float(int64_t)> lr_at_;
+  std::function<void(plan::Plan)> replace_plan_;    // under deadline with re-splits
+  std::optional<plan::Plan> deadline_first_plan_;  // the plan whose micro-batch counts they keep
 };
 
 // Throws when two replicas of one stage report different checksums (one per world rank,

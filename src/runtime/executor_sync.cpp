@@ -277,7 +277,7 @@ void Executor::optimizer_step(float lr) {
 }
 
 void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t first_step,
-                            std::function<float(int64_t)> lr_at) {
+                            std::function<float(int64_t)> lr_at, DeadlineResplits resplits) {
   if (!active() || stage_group_->size() < 2) return;
   HT_CHECK(shards_.empty() && !shared_weights_, "executor: parallel.sync deadline on stage ", stage_,
            ", whose optimizer state is sharded or whose weights are the hub's; the planner refuses such plans");
@@ -288,11 +288,28 @@ void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t firs
   // So does the loss scale, which every member updates from the same verdicts.
   ExtraReplicaState guard{[this] { return deadline_guard_state(); },
                           [this](const int64_t* ints, size_t n) { restore_deadline_guard_state(ints, n); }};
+  // Re-splits on one stage only: a hybrid plan's stages reduce on chains of their own,
+  // which would have to agree on the step a replica's share changes.
+  std::unique_ptr<DeadlineRebalancer> rebalancer;
+  if (resplits.decide && resplits.replace_plan && parallel.rebalance_every > 0 && stages_ == 1) {
+    rebalancer = std::make_unique<DeadlineRebalancer>(std::move(resplits.decide), parallel.rebalance_every, plan_,
+                                                      world_rank_of, resplits.total_steps);
+    replace_plan_ = std::move(resplits.replace_plan);
+    deadline_first_plan_ = plan_;
+  }
   deadline_ = std::make_unique<DeadlineSync>(*stage_group_, std::move(world_rank_of), plan_.layout.samples, params_,
                                              *opt_, model_, rank_plan_.block_begin, rank_plan_.block_end, parallel,
-                                             plan_.predicted.step_seconds, first_step, std::move(guard));
+                                             plan_.predicted.step_seconds, first_step, std::move(guard),
+                                             std::move(rebalancer));
   lr_at_ = std::move(lr_at);
   reduce_.reset();
+}
+
+bool Executor::take_deadline_shares() {
+  if (!deadline_ || !deadline_->rebalances() || deadline_->shares() == plan_.layout.samples) return false;
+  replace_plan_(plan::with_shares(*deadline_first_plan_, deadline_->shares()));
+  take_shares();
+  return true;
 }
 
 std::vector<comm::StepRecord> Executor::finish_deadline(comm::DeadlineReduce::FinishReason why) {

@@ -17,15 +17,12 @@
 #include "comm/communicator.h"
 #include "plan/plan.h"
 #include "plan/rebalance.h"
+#include "runtime/deadline_rebalance.h"
 #include "runtime/executor.h"
 
 namespace ht::runtime {
 
-// The planner's decision (plan::ShareTuner::check, bound to the job's costs, cluster and
-// first plan; the runtime does not link the planner, the command that planned the job
-// supplies it). Called on rank 0 only.
-using RebalanceFn = std::function<plan::Rebalance(const plan::Plan& current,
-                                                  const std::vector<plan::RankMeasure>& measured)>;
+// RebalanceFn (runtime/deadline_rebalance.h): called on rank 0 only.
 
 class Rebalancer {
  public:

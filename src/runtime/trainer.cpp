@@ -113,7 +113,8 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
       local_group_(plan_.local ? LocalGroup::make(plan_, world_, peer_timeout()) : nullptr),
       executor_(std::make_unique<Executor>(local_group_ ? local_group_->plan : plan_, model_, *task_,
                                            local_group_ ? *local_group_->comm : world_, cfg_.train, peer_timeout())),
-      // Under deadline the steps never wait for every rank, so nothing rebalances them.
+      // Under deadline no exchange may wait for every rank: the steps' leaders re-split
+      // instead, through the records (runtime/deadline_rebalance.h, start_deadline).
       rebalancer_(plan_.sync_policy == plan::SyncPolicy::deadline ? RebalanceFn{} : opts.rebalance, cfg_.parallel.rebalance_every,
                   world_, peer_timeout()),
       planned_step_s_(plan_.predicted.step_seconds),

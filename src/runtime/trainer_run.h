@@ -172,6 +172,7 @@ class Run {
   optim::LrSchedule schedule_;
   FaultInjector faults_;  // --inject's, for this rank
   DeadlineLog deadline_log_;  // under parallel.sync deadline
+  std::vector<int64_t> deadline_shares_;  // the replicas' shares as rank 0's records last set them
   bool deadline_agreed_ = false;  // this rank's deadline reduction has ended on one chain
   // Under deadline: a member ended the chain before the last step (it was interrupted:
   // its finish caught this rank up to where it ended), so the job stops there.

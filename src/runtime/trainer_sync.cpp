@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/units.h"
 #include "core/wall_time.h"
 #include "plan/local_plan.h"
 #include "runtime/trainer_run.h"
@@ -77,7 +78,10 @@ void Run::take_local_resplit(const plan::RoundSplit& split, Loop& loop) {
 
 // parallel.sync deadline: the stage's reduction closes at its budget (runtime/deadline_sync.h).
 void Run::start_deadline(int64_t start, report::Progress& progress) {
-  executor_->use_deadline(cfg_.parallel, start, [this](int64_t s) { return schedule_.at(s); });
+  // The plan's shares move with the leaders' re-splits (the executor's plan is plan_).
+  executor_->use_deadline(cfg_.parallel, start, [this](int64_t s) { return schedule_.at(s); },
+                          {opts_.rebalance, [this](plan::Plan p) { plan_ = std::move(p); }, total_steps_});
+  deadline_shares_ = plan_.layout.samples;
   if (executor_->deadline())
     progress.note("parallel.sync deadline: a step closes at " + std::to_string(1 + cfg_.parallel.deadline_slack) +
                   " x the step's measured median (the plan's " + std::to_string(plan_.predicted.step_seconds) +
@@ -142,6 +146,20 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
   const std::string record = deadline_log_.add(rec);
   if (!metrics || record.empty()) return;
   metrics->write(record);
+  if (!rec.shares.empty()) {  // a leader's re-split, from the next step on
+    metrics->write(nlohmann::json{{"type", "rebalance"},
+                                  {"step", rec.step + 1},
+                                  {"sync_policy", "deadline"},
+                                  {"changed", true},
+                                  {"leader", rec.leader},
+                                  {"shares_before", deadline_shares_},
+                                  {"shares", rec.shares}}
+                       .dump());
+    progress.note("step " + std::to_string(rec.step + 1) + ": rebalanced the replicas' shares from measured speeds "
+                  "(rank " + std::to_string(rec.leader) + " leading): " + join(deadline_shares_, "/") + " -> " +
+                  join(rec.shares, "/"));
+    deadline_shares_ = rec.shares;
+  }
   for (const comm::Contribution& c : rec.contributors) {
     if (c.staleness != 0 || c.verdict == static_cast<int64_t>(Verdict::kept) || c.rank < 0 ||
         c.rank >= static_cast<int>(plan_.ranks.size()))

@@ -1,0 +1,76 @@
+#include "runtime/deadline_rebalance.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "plan/rebalance_message.h"
+
+namespace ht::runtime {
+
+namespace {
+constexpr size_t kRowSize = 9;
+// As Rebalancer's: the steps of at most this many checks (a 0.2 rank's median step moves
+// by about 5% between windows of 10 steps).
+constexpr int64_t kWindowChecks = 3;
+}  // namespace
+
+DeadlineRebalancer::DeadlineRebalancer(RebalanceFn decide, int64_t every, plan::Plan first,
+                                       std::vector<int> world_rank_of, int64_t total_steps)
+    : decide_(std::move(decide)),
+      every_(decide_ ? every : 0),
+      total_steps_(total_steps),
+      first_(std::move(first)),
+      world_rank_of_(std::move(world_rank_of)),
+      window_(world_rank_of_.size()) {
+  HT_CHECK(world_rank_of_.size() == first_.layout.replicas.size(), "deadline rebalancing: ", world_rank_of_.size(),
+           " members for a plan of ", first_.layout.replicas.size(), " replicas; expected one member per replica");
+}
+
+std::vector<double> DeadlineRebalancer::row(double work_s, double optimizer_s, double wall_s, double reduce_s,
+                                            double work_cpu_s, double optimizer_cpu_s, double comm_cpu_s,
+                                            int micro_batches, int64_t samples) {
+  return {work_s,     optimizer_s, wall_s, reduce_s, work_cpu_s, optimizer_cpu_s, comm_cpu_s,
+          static_cast<double>(micro_batches), static_cast<double>(samples)};
+}
+
+void DeadlineRebalancer::report(int member, std::span<const double> row, const std::vector<int64_t>& shares) {
+  // A row of another size (not this build's) or of a member out of range says nothing.
+  if (every_ <= 0 || row.size() != kRowSize || member < 0 || static_cast<size_t>(member) >= window_.size() ||
+      shares.size() != window_.size() || row[8] != static_cast<double>(shares[static_cast<size_t>(member)]) ||
+      row[2] <= 0)
+    return;
+  plan::RankMeasure& w = window_[static_cast<size_t>(member)];
+  w.work_s.push_back(row[0]);
+  w.optimizer_s.push_back(row[1]);
+  w.wall_s.push_back(row[2]);
+  w.reduce_s.push_back(row[3]);
+  w.work_cpu_s.push_back(row[4]);
+  w.optimizer_cpu_s.push_back(row[5]);
+  w.comm_cpu_s.push_back(row[6]);
+  w.micro_batches.push_back(row[7]);
+  const auto keep = static_cast<size_t>(kWindowChecks * every_);
+  for (std::vector<double>* v : plan::measure_series(w))
+    if (v->size() > keep) v->erase(v->begin(), v->end() - static_cast<std::ptrdiff_t>(keep));
+}
+
+std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<int64_t>& shares) {
+  if (every_ <= 0 || (step + 1) % every_ != 0 || step + 2 >= total_steps_ || shares.size() != window_.size())
+    return {};
+  for (const plan::RankMeasure& w : window_)
+    if (w.wall_s.size() < kMinSteps) return {};
+  std::vector<plan::RankMeasure> measured(first_.ranks.size());
+  for (size_t m = 0; m < window_.size(); ++m) measured[static_cast<size_t>(world_rank_of_[m])] = window_[m];
+  const plan::Rebalance d = decide_(plan::with_shares(first_, shares), measured);
+  // A replica left no sample would be an idle one, which a re-split by shares alone does
+  // not make (the ranks would have to leave the reduction).
+  const std::vector<int64_t>& next = d.plan.layout.samples;
+  if (!d.changed || d.relayout || next == shares ||
+      std::any_of(next.begin(), next.end(), [](int64_t n) { return n < 1; }) ||
+      d.plan.layout.micro_batches != plan::with_shares(first_, next).layout.micro_batches)
+    return {};
+  // The steps measured so far ran the old shares.
+  for (plan::RankMeasure& w : window_) w = {};
+  return next;
+}
+
+}  // namespace ht::runtime

@@ -1,0 +1,61 @@
+// Rebalancing under parallel.sync deadline, on a one-stage plan. The steps never wait
+// for every rank, so no exchange may gather the measures as Rebalancer's consult does:
+// each member's contributions carry the measures of its last step (comm::DeadlineOptions::
+// on_report), the leader keeps a window per member of the steps it ran at its current
+// share, and every `every` steps, once every member has kMinSteps in its window, asks
+// the decision made under sync (plan::ShareTuner, with no micro-batch trials and no
+// ranks brought in, bound by the command). A re-split goes out in the step's record and
+// every rank runs it from the next step (comm::DeadlineReduce applies it to its chain;
+// the executor takes it). A member stalled or left out reports nothing, and no re-split
+// is made while its window is short: a stop is for the deadline to ride out, not a
+// change of speed. A new leader starts its windows empty.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "plan/plan.h"
+#include "plan/rebalance.h"
+
+namespace ht::runtime {
+
+// The planner's decision (plan::ShareTuner::check, bound to the job's costs, cluster and
+// first plan; the runtime does not link the planner, the command that planned the job
+// supplies it).
+using RebalanceFn = std::function<plan::Rebalance(const plan::Plan& current,
+                                                  const std::vector<plan::RankMeasure>& measured)>;
+
+class DeadlineRebalancer {
+ public:
+  // Steps of a member measured at its current share that a check needs.
+  static constexpr size_t kMinSteps = 3;
+  // `first`: the plan as the job started (its micro-batch counts stay); `world_rank_of[m]`
+  // is member m's world rank; `total_steps`: the job's, past which no re-split would run.
+  DeadlineRebalancer(RebalanceFn decide, int64_t every, plan::Plan first, std::vector<int> world_rank_of,
+                     int64_t total_steps);
+
+  // One step's measures as a member sends them: its work (loading, forward, backward),
+  // optimiser step, whole step and reduction in seconds, its CPU seconds in the work, the
+  // optimiser step and the communication, its micro-batches and samples.
+  static std::vector<double> row(double work_s, double optimizer_s, double wall_s, double reduce_s, double work_cpu_s,
+                                 double optimizer_cpu_s, double comm_cpu_s, int micro_batches, int64_t samples);
+  // On the leader: member `member`'s row; kept when it ran at its share in `shares` (the
+  // shares in force), else dropped (a step of the shares before a re-split).
+  void report(int member, std::span<const double> row, const std::vector<int64_t>& shares);
+  // On the leader, closing step `step` under `shares`: the shares from the next step on,
+  // or nothing to keep them (always nothing within two steps of the end, as under sync:
+  // a re-split needs a step to run in).
+  std::vector<int64_t> decide(int64_t step, const std::vector<int64_t>& shares);
+
+ private:
+  RebalanceFn decide_;
+  int64_t every_;
+  int64_t total_steps_;
+  plan::Plan first_;
+  std::vector<int> world_rank_of_;
+  std::vector<plan::RankMeasure> window_;  // per member
+};
+
+}  // namespace ht::runtime
