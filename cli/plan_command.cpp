@@ -99,6 +99,7 @@ void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& 
   in.log_every = cfg.train.log_every;
   in.deadline_slack = cfg.parallel.deadline_slack;
   in.local_steps = cfg.parallel.local_steps;
+  in.rebalance_every = cfg.parallel.rebalance_every;
   in.events = std::move(events);
   const auto start = std::chrono::steady_clock::now();
   const ht::plan::WhatIfResult result = ht::plan::run_what_if(in);

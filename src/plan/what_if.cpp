@@ -6,12 +6,15 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "core/units.h"
 #include "plan/deadline_plan.h"
 #include "plan/plan_costs.h"
+#include "plan/rebalance.h"
 #include "plan/simulator.h"
 
 namespace ht::plan {
@@ -41,6 +44,7 @@ struct Phase {
   const ClusterModel& cluster() const { return *cluster_ptr; }
   std::vector<int> ids;
   int version = 0;
+  double started_s = 0;  // when its job started (a restart's end): its re-splits count from then
 
   void set_ids(std::vector<int> v) {
     ids = std::move(v);
@@ -72,6 +76,9 @@ struct StepParts {
   std::vector<double> group_steps;
   std::vector<double> plain_group_steps;  // without the slow factors
   double round_extra = 0;
+  // Re-split (parallel.rebalance_every): each rank's samples a step in the plan played;
+  // empty: the plan's.
+  std::vector<int64_t> rank_samples;
 };
 
 SimResult simulate_with(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
@@ -222,10 +229,13 @@ class Play {
     }
   }
 
-  std::string state_key(double t) const {
+  std::string state_key(double t) {
     std::string k = std::to_string(phase_.version) + ":";
-    for (const WhatIfEvent& e : events_)
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const WhatIfEvent& e = events_[i];
       if (e.kind == WhatIfKind::slow || e.kind == WhatIfKind::link) k += in_force(e, t) ? '1' : '0';
+      if (e.kind == WhatIfKind::slow && in_force(e, t) && resplits() && t >= settle_time(i)) k += 's';
+    }
     // Only link events read gone_ (cluster_at): without one it cannot change a step.
     if (has_links_)
       for (size_t i = 0; i < gone_.size(); ++i)
@@ -266,6 +276,55 @@ class Play {
     return f;
   }
 
+  // Whether the job re-splits its batch by measured speed (what_if.h): not under local,
+  // whose rounds the play keeps as planned.
+  bool resplits() const {
+    const Plan& plan = phase_.plan;
+    return in_.rebalance_every > 0 && policy_ != Policy::local && plan.layout.replicas.size() > 1 &&
+           in_.planner.strategy != config::ParallelStrategy::equal &&
+           (policy_ == Policy::sync || plan.stage_ranges.size() == 1);
+  }
+
+  // When slow event i's re-split runs, in the current job (infinity while it is found:
+  // at the factor's start it is not yet in).
+  double settle_time(size_t i) {
+    const auto key = std::make_pair(phase_.version, i);
+    if (const auto it = settle_.find(key); it != settle_.end()) return it->second;
+    const double from = std::max(events_[i].at_s, phase_.started_s);
+    settle_[key] = std::numeric_limits<double>::infinity();
+    const StepParts& p = parts(from);
+    double step = p.step;  // deadline: the latest part, which its budget grows to
+    for (size_t r = 0; r < p.arrival.size(); ++r) step = std::max(step, p.arrival[r] + p.copy[r] + p.tail);
+    const double at = from + static_cast<double>(kRebalanceLagChecks * in_.rebalance_every + 2) * step;
+    settle_[key] = at;
+    return at;
+  }
+
+  // The slow factors whose re-split runs at t (1 elsewhere).
+  std::vector<double> settled_factors_at(double t) {
+    std::vector<double> f(phase_.ids.size(), 1.0);
+    if (!resplits()) return f;
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const WhatIfEvent& e = events_[i];
+      if (e.kind != WhatIfKind::slow || !in_force(e, t)) continue;
+      const int r = phase_.index_of(e.rank);
+      if (r >= 0 && t >= settle_time(i)) f[static_cast<size_t>(r)] = e.factor;
+    }
+    return f;
+  }
+
+  // The phase's plan re-split over its costs slowed by `factors` (plan/rebalance.h).
+  Plan resplit_for(const std::vector<double>& factors) const {
+    BlockCosts c = phase_.costs();
+    for (size_t r = 0; r < factors.size(); ++r) {
+      if (factors[r] == 1) continue;
+      for (auto* row : {&c.seconds_per_sample, &c.call_seconds, &c.step_seconds})
+        if (r < row->size())
+          for (double& x : (*row)[r]) x *= factors[r];
+    }
+    return resplit(phase_.plan, phase_.plan, c);
+  }
+
   // Under deadline on one stage: how much longer rank r's contribution to the leader and
   // the leader's result back take over their link in `changed` than in `base` (0 for the
   // leader, and for a link no slower).
@@ -292,7 +351,12 @@ class Play {
     const ClusterModel changed = links ? cluster_at(t) : ClusterModel{};
     const ClusterModel& cluster = links ? changed : phase_.cluster();
     const std::vector<double> factors = factors_at(t);
-    const Plan& plan = phase_.plan;
+    const std::vector<double> settled = settled_factors_at(t);
+    std::optional<Plan> moved;
+    if (std::any_of(settled.begin(), settled.end(), [](double f) { return f != 1; })) moved = resplit_for(settled);
+    const Plan& plan = moved ? *moved : phase_.plan;
+    if (moved)
+      for (const RankPlan& rp : plan.ranks) p.rank_samples.push_back(rp.replica >= 0 ? rp.samples : 0);
     if (policy_ == Policy::local) {
       const int groups = static_cast<int>(plan.local->groups.size());
       double slowest_round = 0;
@@ -421,12 +485,14 @@ class Play {
   // Until when after t no event can change a step: the first start of a slow factor or a
   // link change after t, and of a stall (of a rank that trains), failure or join not yet
   // spent (one already due, or a join waiting for its checkpoint, gives t: not quiet).
-  double quiet_until(double t) const {
+  double quiet_until(double t) {
     double until = std::numeric_limits<double>::infinity();
     for (size_t i = 0; i < events_.size(); ++i) {
       const WhatIfEvent& e = events_[i];
       if (e.kind == WhatIfKind::slow || e.kind == WhatIfKind::link) {
         if (e.at_s > t) until = std::min(until, e.at_s);
+        else if (e.kind == WhatIfKind::slow && resplits() && settle_time(i) > t)
+          until = std::min(until, settle_time(i));
       } else if (!used_[i]) {
         const int r = phase_.index_of(e.rank);
         // An idle rank's stall holds no step (held_end skips it); where the play is sync's
@@ -551,6 +617,7 @@ class Play {
     // trains: a slow device that joins sets the pace).
     const double before = phase_.plan.predicted.step_seconds;
     replan_with(joins);
+    phase_.started_s = t + kRestartSeconds;
     const double after = phase_.plan.predicted.step_seconds;
     for (int j : joins)
       out_.notes.push_back(events_[static_cast<size_t>(j)].spec + ": joined at the checkpoint of step " +
@@ -603,6 +670,7 @@ class Play {
       drop_failed(gone);
       replan_with(joins);
     }
+    phase_.started_s = at + kRestartSeconds;
     const std::string specs = specs_of(together);
     // The re-plan is of the ranks left as first given: a slow factor or link change in
     // force is played from then on but not planned around.
@@ -848,7 +916,10 @@ class Play {
         // A leader far behind (slowed past kDeadlineBehindSteps closes) is as silent to its
         // members: their patience runs out, and the next member leads.
         leader_silent = leader_silent || ((x.silent || behind(x)) && u == leader);
-        dropped += units[u].samples;
+        // A re-split moved the shares: one stage's unit is its rank, with the share played.
+        dropped += p.rank_samples.empty() || units[u].ranks.size() != 1
+                       ? units[u].samples
+                       : p.rank_samples[static_cast<size_t>(units[u].ranks.front())];
         const bool unheard = x.silent || behind(x);
         waited = waited || !unheard || missed[u] < kDeadlineWaitedSteps;
         missed[u] = unheard ? missed[u] + 1 : 0;
@@ -1036,6 +1107,7 @@ class Play {
   std::vector<bool> gone_;
   bool has_links_ = false;
   std::map<std::string, StepParts> cache_;
+  std::map<std::pair<int, size_t>, double> settle_;  // (phase version, slow event): settle_time
   int joined_ = 0;
   bool record_ = false;   // the timeline: only for the play with the events
   std::vector<int> last_;  // per lane, its last span in out_.timeline (-1: none)

@@ -46,6 +46,15 @@
 //    simulated with the slow factors, plus its copies and the tail), a stall of any of its
 //    ranks holds all of them, and its whole share is dropped once per step. A pure
 //    pipeline has no stand-in for a stage: it waits as sync does.
+//  - Re-splits (parallel.rebalance_every above 0): under sync with more than one replica
+//    (shares that may move: not strategy equal), and under deadline on one stage, the job
+//    re-splits the global batch by measured speed (runtime/rebalancer.h,
+//    runtime/deadline_rebalance.h). A slow factor's re-split is played from
+//    kRebalanceLagChecks x rebalance_every + 2 steps (of the step slowed, not yet
+//    re-split) after the factor begins, or after the job's restart: the windows' medians
+//    turn once half of their steps (up to three checks' worth) are slowed, the next check
+//    takes it, and its answer runs two steps later. The re-split is plan/rebalance.h's
+//    over the costs with the factors applied; what it plays is that plan, slowed.
 //  - local: the plan is one auto's bounds accept (bounded_local_plan: at most
 //    kMaxRoundSteps groups and steps a round; groups of one class each where the search
 //    leaves too many ranks alone), or the policy is refused saying why. Each group plays
@@ -100,6 +109,8 @@ inline constexpr int kDeadlineWaitedSteps = 2;
 // A deadline member this many steps late or more is not waited for (comm/deadline_reduce's
 // kSendTo): it is back from a stop, stepping through its queued results, or too slow.
 inline constexpr int kDeadlineBehindSteps = 4;
+// Checks of parallel.rebalance_every steps before a slow factor's re-split (see above).
+inline constexpr int64_t kRebalanceLagChecks = 2;
 // comm/deadline_reduce's budget: the median over the last kDeadlineMedianOf + 1 closed
 // steps' latest arrivals, once kDeadlineMinMeasured have closed.
 inline constexpr int kDeadlineMedianOf = 9;
@@ -155,6 +166,7 @@ struct WhatIfInput {
   int64_t log_every = 50;             // train.log_every: sync's log exchanges (idle ranks' stalls)
   double deadline_slack = 0.5;
   int64_t local_steps = 0;            // parallel.local_steps
+  int64_t rebalance_every = 0;        // parallel.rebalance_every: 0 plays no re-split
   std::vector<WhatIfEvent> events;
 };
 

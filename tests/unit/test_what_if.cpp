@@ -12,6 +12,8 @@
 #include "error_message.h"
 #include "plan/local_plan.h"
 #include "plan/plan_costs.h"
+#include "plan/planner.h"
+#include "plan/rebalance.h"
 #include "plan/stage_memory.h"
 #include "plan/simulator.h"
 #include "plan/what_if.h"
@@ -173,6 +175,46 @@ TEST_CASE("a slow rank under deadline is left out until the budget has adapted t
   const PolicyOutcome sync = outcome(r, Policy::sync);
   CHECK(sync.samples_dropped == 0);
   CHECK(sync.lost_seconds > 0);
+}
+
+TEST_CASE("with rebalance_every, a slow rank's share is re-split after the checks' lag, under sync and deadline") {
+  // Rank 3 slowed 4x from the start. With rebalance_every 0 sync runs every step at the
+  // slowed step S1. With 10, the job re-splits the batch by measured speed after
+  // kRebalanceLagChecks x 10 + 2 steps of S1, and from then on runs the re-split plan,
+  // slowed: plan/rebalance.h's resplit over the costs with rank 3's x4, whose predicted
+  // step on those costs is S2 < S1. Under equal shares no re-split is played.
+  constexpr int64_t kSteps = 200, kEvery = 10;
+  WhatIfInput in = four_equal(kSteps, {"slow:rank=3,at=0,factor=4"});
+  const PolicyOutcome held = outcome(run_what_if(in), Policy::sync);
+  in.rebalance_every = kEvery;
+  const WhatIfResult r = run_what_if(in);
+  const PolicyOutcome sync = outcome(r, Policy::sync);
+  REQUIRE((held.refused.empty() && sync.refused.empty()));
+  const double s1 = held.seconds / kSteps;
+  const Plan plan = plan_for_policy(in.planner, Policy::sync, 0);
+  BlockCosts slowed = in.planner.costs;
+  for (auto* row : {&slowed.seconds_per_sample, &slowed.call_seconds, &slowed.step_seconds})
+    for (double& x : (*row)[3]) x *= 4;
+  Plan moved = resplit(plan, plan, slowed);
+  REQUIRE(moved.layout.samples != plan.layout.samples);
+  CHECK(moved.layout.samples[3] < plan.layout.samples[3]);
+  predict_plan(moved, slowed, in.planner.cluster);
+  const double s2 = moved.predicted.step_seconds;
+  REQUIRE(s2 < s1);
+  const int64_t lag = kRebalanceLagChecks * kEvery + 2;
+  CHECK(sync.seconds == doctest::Approx(lag * s1 + (kSteps - lag) * s2));
+  // Deadline re-splits too: it no longer runs at the slowed rank's pace.
+  const PolicyOutcome deadline = outcome(r, Policy::deadline);
+  in.rebalance_every = 0;
+  const PolicyOutcome deadline_held = outcome(run_what_if(in), Policy::deadline);
+  REQUIRE((deadline.refused.empty() && deadline_held.refused.empty()));
+  CHECK(deadline.lost_seconds < 0.5 * deadline_held.lost_seconds);
+  // An equal split never moves (strategy equal: the ShareTuner keeps the shares).
+  WhatIfInput equal = four_equal(kSteps, {"slow:rank=3,at=0,factor=4"});
+  equal.planner.strategy = ht::config::ParallelStrategy::equal;
+  const PolicyOutcome eq_held = outcome(run_what_if(equal), Policy::sync);
+  equal.rebalance_every = kEvery;
+  CHECK(outcome(run_what_if(equal), Policy::sync).seconds == doctest::Approx(eq_held.seconds));
 }
 
 TEST_CASE("a rank slowed past 4 of the others' steps under deadline is left out every step, not waited for") {
