@@ -79,6 +79,7 @@ struct StepParts {
   // Re-split (parallel.rebalance_every): each rank's samples a step in the plan played;
   // empty: the plan's.
   std::vector<int64_t> rank_samples;
+  std::shared_ptr<const Plan> plan;  // the plan played where re-split (local: its round's split)
 };
 
 SimResult simulate_with(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster,
@@ -234,7 +235,7 @@ class Play {
     for (size_t i = 0; i < events_.size(); ++i) {
       const WhatIfEvent& e = events_[i];
       if (e.kind == WhatIfKind::slow || e.kind == WhatIfKind::link) k += in_force(e, t) ? '1' : '0';
-      if (e.kind == WhatIfKind::slow && in_force(e, t) && resplits() && t >= settle_time(i)) k += 's';
+      if (e.kind == WhatIfKind::slow && in_force(e, t) && resplits() && settle_clock(t) >= settle_time(i)) k += 's';
     }
     // Only link events read gone_ (cluster_at): without one it cannot change a step.
     if (has_links_)
@@ -276,14 +277,19 @@ class Play {
     return f;
   }
 
-  // Whether the job re-splits its batch by measured speed (what_if.h): not under local,
-  // whose rounds the play keeps as planned.
+  // Whether the job re-splits its batch by measured speed (what_if.h): under local its
+  // rounds, where there is more than one group.
   bool resplits() const {
     const Plan& plan = phase_.plan;
-    return in_.rebalance_every > 0 && policy_ != Policy::local && plan.layout.replicas.size() > 1 &&
-           in_.planner.strategy != config::ParallelStrategy::equal &&
+    if (in_.rebalance_every <= 0) return false;
+    if (policy_ == Policy::local) return plan.local && plan.local->groups.size() > 1;
+    return plan.layout.replicas.size() > 1 && in_.planner.strategy != config::ParallelStrategy::equal &&
            (policy_ == Policy::sync || plan.stage_ranges.size() == 1);
   }
+
+  // The time whose re-splits a state at t has: under local its round's start (every
+  // group of a round runs one split), which run_local sets; t elsewhere.
+  double settle_clock(double t) const { return policy_ == Policy::local && round_start_ >= 0 ? round_start_ : t; }
 
   // When slow event i's re-split runs, in the current job (infinity while it is found:
   // at the factor's start it is not yet in).
@@ -292,10 +298,24 @@ class Play {
     if (const auto it = settle_.find(key); it != settle_.end()) return it->second;
     const double from = std::max(events_[i].at_s, phase_.started_s);
     settle_[key] = std::numeric_limits<double>::infinity();
+    const double round_start = round_start_;
+    round_start_ = from;
     const StepParts& p = parts(from);
-    double step = p.step;  // deadline: the latest part, which its budget grows to
-    for (size_t r = 0; r < p.arrival.size(); ++r) step = std::max(step, p.arrival[r] + p.copy[r] + p.tail);
-    const double at = from + static_cast<double>(kRebalanceLagChecks * in_.rebalance_every + 2) * step;
+    round_start_ = round_start;
+    double at = from;
+    if (policy_ == Policy::local) {
+      // Rounds: the window of kResplitRounds rounds' means, the round after a change left
+      // out, and the answer taken at an exchange (runtime/local_sync.h).
+      const Plan& plan = p.plan ? *p.plan : phase_.plan;
+      double round = 0;
+      for (size_t g = 0; g < p.group_steps.size(); ++g)
+        round = std::max(round, p.group_steps[g] * plan.local->group_steps[g]);
+      at += static_cast<double>(kResplitRounds + 2) * (round + p.round_extra);
+    } else {
+      double step = p.step;  // deadline: the latest part, which its budget grows to
+      for (size_t r = 0; r < p.arrival.size(); ++r) step = std::max(step, p.arrival[r] + p.copy[r] + p.tail);
+      at += static_cast<double>(kRebalanceLagChecks * in_.rebalance_every + 2) * step;
+    }
     settle_[key] = at;
     return at;
   }
@@ -308,7 +328,7 @@ class Play {
       const WhatIfEvent& e = events_[i];
       if (e.kind != WhatIfKind::slow || !in_force(e, t)) continue;
       const int r = phase_.index_of(e.rank);
-      if (r >= 0 && t >= settle_time(i)) f[static_cast<size_t>(r)] = e.factor;
+      if (r >= 0 && settle_clock(t) >= settle_time(i)) f[static_cast<size_t>(r)] = e.factor;
     }
     return f;
   }
@@ -322,7 +342,15 @@ class Play {
         if (r < row->size())
           for (double& x : (*row)[r]) x *= factors[r];
     }
-    return resplit(phase_.plan, phase_.plan, c);
+    if (policy_ != Policy::local) return resplit(phase_.plan, phase_.plan, c);
+    // local: the round's split by the slowed groups' costs, its groups and H as planned
+    // (plan/local_plan.h's resplit_from_measured, from the costs instead of a window).
+    Plan p = phase_.plan;
+    const RoundSplit split =
+        split_round(p.local->inner_steps, p.global_batch, group_costs(p, c, phase_.cluster()));
+    p.local->group_steps = split.steps;
+    p.local->round_samples = split.samples;
+    return p;
   }
 
   // Under deadline on one stage: how much longer rank r's contribution to the leader and
@@ -354,8 +382,9 @@ class Play {
     const std::vector<double> settled = settled_factors_at(t);
     std::optional<Plan> moved;
     if (std::any_of(settled.begin(), settled.end(), [](double f) { return f != 1; })) moved = resplit_for(settled);
-    const Plan& plan = moved ? *moved : phase_.plan;
-    if (moved)
+    if (moved) p.plan = std::make_shared<const Plan>(std::move(*moved));
+    const Plan& plan = p.plan ? *p.plan : phase_.plan;
+    if (p.plan)
       for (const RankPlan& rp : plan.ranks) p.rank_samples.push_back(rp.replica >= 0 ? rp.samples : 0);
     if (policy_ == Policy::local) {
       const int groups = static_cast<int>(plan.local->groups.size());
@@ -1005,7 +1034,11 @@ class Play {
       }
     };
     while (done < in_.steps) {
-      const Plan& plan = phase_.plan;
+      // The round's split: the plan's, or a re-split in force at its start (settle_clock).
+      round_start_ = *std::min_element(clock.begin(), clock.end());
+      const StepParts& at_start = parts(round_start_);
+      const std::shared_ptr<const Plan> round_plan = at_start.plan;
+      const Plan& plan = round_plan ? *round_plan : phase_.plan;
       const int64_t round = std::min<int64_t>(plan.local->inner_steps, in_.steps - done);
       std::vector<double> next(clock.size()), ends(clock.size()), works(clock.size()), starts(clock.size()),
           reach(clock.size());
@@ -1108,6 +1141,7 @@ class Play {
   bool has_links_ = false;
   std::map<std::string, StepParts> cache_;
   std::map<std::pair<int, size_t>, double> settle_;  // (phase version, slow event): settle_time
+  double round_start_ = -1;  // local: the start of the round being played (settle_clock)
   int joined_ = 0;
   bool record_ = false;   // the timeline: only for the play with the events
   std::vector<int> last_;  // per lane, its last span in out_.timeline (-1: none)

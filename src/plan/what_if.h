@@ -54,7 +54,11 @@
 //    re-split) after the factor begins, or after the job's restart: the windows' medians
 //    turn once half of their steps (up to three checks' worth) are slowed, the next check
 //    takes it, and its answer runs two steps later. The re-split is plan/rebalance.h's
-//    over the costs with the factors applied; what it plays is that plan, slowed.
+//    over the costs with the factors applied; what it plays is that plan, slowed. Under
+//    local (more than one group) the rounds re-split (runtime/local_sync.h): from
+//    kResplitRounds + 2 rounds after the factor begins, plan/local_plan.h's split_round
+//    over the groups' costs with the factors applied, the same split for every group of
+//    a round (the one in force at the round's start).
 //  - local: the plan is one auto's bounds accept (bounded_local_plan: at most
 //    kMaxRoundSteps groups and steps a round; groups of one class each where the search
 //    leaves too many ranks alone), or the policy is refused saying why. Each group plays

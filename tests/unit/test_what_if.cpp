@@ -552,6 +552,32 @@ TEST_CASE("local drops no sample: a group held longer than a round is waited for
   CHECK(contains(local.notes.back(), "1 group rounds held by an event were waited for"));
 }
 
+TEST_CASE("local with rebalance_every: a slowed group's rounds are re-split by the slowed costs after the lag") {
+  // Rank 0 (group 0, most of each round's samples) slowed 3x from the start. Without
+  // re-splits every round waits for its slowed steps; with parallel.rebalance_every above
+  // 0 the rounds re-split from kResplitRounds + 2 rounds on (the runtime's window, the
+  // round left out after a change, the exchange that carries it): split_round over the
+  // groups' costs with rank 0's x3, which gives group 0 fewer samples, and the job loses
+  // less.
+  WhatIfInput in = four_groups(8 * 40);
+  in.events = {parse_what_if_event("slow:rank=0,at=0,factor=3")};
+  const PolicyOutcome held = outcome(run_what_if(in), Policy::local);
+  in.rebalance_every = 10;
+  const PolicyOutcome moved = outcome(run_what_if(in), Policy::local);
+  REQUIRE((held.refused.empty() && moved.refused.empty()));
+  const Rounds r = rounds_of(in);
+  REQUIRE(r.plan.local->groups.size() == 4);
+  BlockCosts slowed = in.planner.costs;
+  for (auto* row : {&slowed.seconds_per_sample, &slowed.call_seconds, &slowed.step_seconds})
+    for (double& x : (*row)[0]) x *= 3;
+  const RoundSplit split = split_round(r.plan.local->inner_steps, r.plan.global_batch,
+                                       group_costs(r.plan, slowed, in.planner.cluster));
+  REQUIRE(split.samples[0] < r.plan.local->round_samples[0]);
+  CHECK(moved.lost_seconds < 0.75 * held.lost_seconds);
+  CHECK(moved.lost_seconds > 0);
+  MESSAGE("lost: ", held.lost_seconds, " s with the plan's split, ", moved.lost_seconds, " s re-split");
+}
+
 TEST_CASE("local: a group held past the next round's outer step is waited for there; a shorter hold at the final flush") {
   WhatIfInput in = four_groups(8 * 20 + 3);
   // The outer step a job step into the next round where the exchange allows
