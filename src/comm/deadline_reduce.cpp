@@ -114,7 +114,9 @@ StepRecord take_record(const std::vector<int64_t>& in, size_t& at) {
   std::memcpy(&r.loss_sum, &in[at + 8], sizeof r.loss_sum);
   const int64_t n = in[at + 9], n_shares = in[at + 10];
   at += 11;
-  HT_CHECK(n >= 0 && n_shares >= 0 && at + 4 * static_cast<size_t>(n) + static_cast<size_t>(n_shares) <= in.size(),
+  const size_t left = in.size() - at;  // compared without sums that a corrupt count could overflow
+  HT_CHECK(n >= 0 && static_cast<uint64_t>(n) <= left / 4 && n_shares >= 0 &&
+               static_cast<uint64_t>(n_shares) <= left - 4 * static_cast<size_t>(n),
            "deadline reduce: a step record of ", n, " contributors and ", n_shares, " shares is cut short");
   for (int64_t i = 0; i < n; ++i, at += 4)
     r.contributors.push_back({static_cast<int>(in[at]), in[at + 1], in[at + 2], in[at + 3]});
@@ -480,6 +482,8 @@ bool DeadlineReduce::applied_before(int from, int64_t c) const {
 void DeadlineReduce::apply_record(const StepRecord& r) {
   chain_[r.step] = hash_;
   while (chain_.size() > static_cast<size_t>(options_.max_staleness) + 2) chain_.erase(chain_.begin());
+  HT_CHECK(r.shares.empty() || r.shares.size() == shares_.size(), "deadline reduce: the record of step ", r.step,
+           " re-splits into ", r.shares.size(), " shares; expected one per member (", shares_.size(), ")");
   hash_ = mix_step_hash(hash_, r.step, r.term, r.leader, r.contributors);
   for (int64_t n : r.shares) hash_ = mix(hash_, static_cast<uint64_t>(n));
   if (!r.shares.empty()) shares_ = r.shares;
@@ -617,17 +621,11 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
     if (j != rank_) missed_in_row_[k] = present ? 0 : missed_in_row_[k] + 1;
   }
   record.closed_short = !every;
-  if (options_.reshare) {
-    std::vector<int64_t> next = options_.reshare(s, shares_);
-    int64_t before = 0, after = 0;
-    for (int64_t n : shares_) before += n;
-    for (int64_t n : next) after += n;
-    HT_CHECK(next.empty() || (next.size() == shares_.size() && after == before &&
-                              std::all_of(next.begin(), next.end(), [](int64_t n) { return n >= 0; })),
-             "deadline reduce: a re-split of ", next.size(), " shares summing to ", after, "; expected ",
-             shares_.size(), " shares of 0 or more summing to the global batch's ", before);
-    if (next != shares_) record.shares = std::move(next);
-  }
+  // The re-split this rank decided after closing the step before, where it led that one
+  // too under the same shares (another leader's steps between may have moved them).
+  if (!pending_shares_.empty() && pending_term_ == term_ && pending_step_ == s && pending_base_ == shares_)
+    record.shares = pending_shares_;
+  pending_shares_.clear();
   for (auto it = arrived_.begin(); it != arrived_.end();)  // used, or now late for good
     it = it->first.first <= s ? arrived_.erase(it) : std::next(it);
   sum.swap(total);
@@ -652,6 +650,25 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
     }
   }
   apply_record(record);
+  // A re-split is decided once the result is on its way (the decision simulates plans,
+  // which the members' patience should not have to cover), and rides with the next
+  // step's record.
+  if (options_.reshare) {
+    std::vector<int64_t> next = options_.reshare(s, shares_);
+    int64_t before = 0, after = 0;
+    for (int64_t n : shares_) before += n;
+    for (int64_t n : next) after += n;
+    HT_CHECK(next.empty() || (next.size() == shares_.size() && after == before &&
+                              std::all_of(next.begin(), next.end(), [](int64_t n) { return n >= 1; })),
+             "deadline reduce: a re-split of ", next.size(), " shares summing to ", after, "; expected ",
+             shares_.size(), " shares of 1 or more summing to the global batch's ", before);
+    if (!next.empty() && next != shares_) {
+      pending_shares_ = std::move(next);
+      pending_term_ = term_;
+      pending_step_ = s + 1;
+      pending_base_ = shares_;
+    }
+  }
   return true;
 }
 

@@ -71,8 +71,9 @@ struct DeadlineOptions {
   // exchange may wait for every member, so a member's measures travel with its
   // contributions and the leader's decision with a step's record. On the leader: every
   // contribution that reaches it with measures (set_report; its own too) is passed to
-  // on_report(member, step, measures); at each step it closes, reshare(step, shares in
-  // force) returns the members' shares from the next step on, or nothing to keep them.
+  // on_report(member, step, measures); after each step s it closes (its result sent),
+  // reshare(s, shares in force) returns new shares or nothing; new ones ride with the
+  // record of s + 1, when this rank closes that step too, and run from s + 2.
   std::function<void(int member, int64_t step, std::span<const double> measures)> on_report;
   std::function<std::vector<int64_t>(int64_t step, const std::vector<int64_t>& shares)> reshare;
 };
@@ -226,6 +227,10 @@ class DeadlineReduce {
   DeadlineOptions options_;
   std::vector<int64_t> shares_;
   std::vector<double> report_;  // set_report's
+  // A re-split decided after closing a step, for the record of pending_step_ when this
+  // rank closes it in pending_term_ under pending_base_.
+  std::vector<int64_t> pending_shares_, pending_base_;
+  int64_t pending_term_ = -1, pending_step_ = -1;
   SaveState save_;
   LoadState load_;
   int rank_, size_, tag_;

@@ -205,6 +205,17 @@ ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bo
 }
 
 Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>& measured) {
+  // The change a check judges is the one this tuner returned last: under deadline another
+  // rank's tuner may have decided the shares running now (it led meanwhile), and judging
+  // those against this tuner's measured step before its own change would undo or keep
+  // the wrong one.
+  if (before_change_ && current.layout.samples != returned_) before_change_.reset();
+  Rebalance out = check_once(current, measured);
+  if (out.changed) returned_ = out.plan.layout.samples;
+  return out;
+}
+
+Rebalance ShareTuner::check_once(const Plan& current, const std::vector<RankMeasure>& measured) {
   const BlockCosts calibrated = calibrated_costs(current, costs_, cluster_, measured);
   const std::vector<double> reduce = measured_reduce_seconds(current, measured);
   Rebalance out;

@@ -146,6 +146,8 @@ class ShareTuner {
   Rebalance check(const Plan& current, const std::vector<RankMeasure>& measured);
 
  private:
+  Rebalance check_once(const Plan& current, const std::vector<RankMeasure>& measured);
+  std::vector<int64_t> returned_;  // the shares of the last change returned
   Plan original_;
   BlockCosts costs_;
   ClusterModel cluster_;

@@ -21,7 +21,8 @@ DeadlineRebalancer::DeadlineRebalancer(RebalanceFn decide, int64_t every, plan::
       total_steps_(total_steps),
       first_(std::move(first)),
       world_rank_of_(std::move(world_rank_of)),
-      window_(world_rank_of_.size()) {
+      window_(world_rank_of_.size()),
+      steps_(world_rank_of_.size()) {
   HT_CHECK(world_rank_of_.size() == first_.layout.replicas.size(), "deadline rebalancing: ", world_rank_of_.size(),
            " members for a plan of ", first_.layout.replicas.size(), " replicas; expected one member per replica");
 }
@@ -33,13 +34,22 @@ std::vector<double> DeadlineRebalancer::row(double work_s, double optimizer_s, d
           static_cast<double>(micro_batches), static_cast<double>(samples)};
 }
 
-void DeadlineRebalancer::report(int member, std::span<const double> row, const std::vector<int64_t>& shares) {
+void DeadlineRebalancer::restart(const std::vector<int64_t>& shares) {
+  for (plan::RankMeasure& w : window_) w = {};
+  for (std::vector<int64_t>& s : steps_) s.clear();
+  window_shares_ = shares;
+}
+
+void DeadlineRebalancer::report(int member, int64_t step, std::span<const double> row,
+                                const std::vector<int64_t>& shares) {
   // A row of another size (not this build's) or of a member out of range says nothing.
   if (every_ <= 0 || row.size() != kRowSize || member < 0 || static_cast<size_t>(member) >= window_.size() ||
       shares.size() != window_.size() || row[8] != static_cast<double>(shares[static_cast<size_t>(member)]) ||
       row[2] <= 0)
     return;
+  if (shares != window_shares_) restart(shares);  // another leader's re-split: rows of the old shares
   plan::RankMeasure& w = window_[static_cast<size_t>(member)];
+  steps_[static_cast<size_t>(member)].push_back(step);
   w.work_s.push_back(row[0]);
   w.optimizer_s.push_back(row[1]);
   w.wall_s.push_back(row[2]);
@@ -49,13 +59,30 @@ void DeadlineRebalancer::report(int member, std::span<const double> row, const s
   w.comm_cpu_s.push_back(row[6]);
   w.micro_batches.push_back(row[7]);
   const auto keep = static_cast<size_t>(kWindowChecks * every_);
+  std::vector<int64_t>& s = steps_[static_cast<size_t>(member)];
+  if (s.size() > keep) s.erase(s.begin(), s.end() - static_cast<std::ptrdiff_t>(keep));
   for (std::vector<double>* v : plan::measure_series(w))
     if (v->size() > keep) v->erase(v->begin(), v->end() - static_cast<std::ptrdiff_t>(keep));
 }
 
 std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<int64_t>& shares) {
-  if (every_ <= 0 || (step + 1) % every_ != 0 || step + 2 >= total_steps_ || shares.size() != window_.size())
-    return {};
+  if (every_ <= 0 || shares.size() != window_.size()) return {};
+  // Leading again after another rank led: what this rank measured before is of another
+  // spell (and its tuner's last change may not be the one running).
+  if (step != last_close_ + 1 || shares != window_shares_) restart(shares);
+  last_close_ = step;
+  if ((step + 1) % every_ != 0 || step + 3 >= total_steps_) return {};
+  // Rows older than the windows' span are of a member that has sent none since (stopped,
+  // or left out): it is not measured now.
+  const int64_t oldest = step - kWindowChecks * every_;
+  for (size_t m = 0; m < window_.size(); ++m) {
+    std::vector<int64_t>& s = steps_[m];
+    const auto stale = static_cast<std::ptrdiff_t>(
+        std::find_if(s.begin(), s.end(), [&](int64_t k) { return k >= oldest; }) - s.begin());
+    if (stale == 0) continue;
+    s.erase(s.begin(), s.begin() + stale);
+    for (std::vector<double>* v : plan::measure_series(window_[m])) v->erase(v->begin(), v->begin() + stale);
+  }
   for (const plan::RankMeasure& w : window_)
     if (w.wall_s.size() < kMinSteps) return {};
   std::vector<plan::RankMeasure> measured(first_.ranks.size());
@@ -68,8 +95,11 @@ std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<
       std::any_of(next.begin(), next.end(), [](int64_t n) { return n < 1; }) ||
       d.plan.layout.micro_batches != plan::with_shares(first_, next).layout.micro_batches)
     return {};
-  // The steps measured so far ran the old shares.
+  // The steps measured so far ran the old shares (restart at the next call, which sees
+  // the shares unchanged until the record carrying these is applied: the windows are
+  // emptied now, so that no row of the old shares counts in between).
   for (plan::RankMeasure& w : window_) w = {};
+  for (std::vector<int64_t>& s : steps_) s.clear();
   return next;
 }
 

@@ -4,11 +4,13 @@
 // on_report), the leader keeps a window per member of the steps it ran at its current
 // share, and every `every` steps, once every member has kMinSteps in its window, asks
 // the decision made under sync (plan::ShareTuner, with no micro-batch trials and no
-// ranks brought in, bound by the command). A re-split goes out in the step's record and
-// every rank runs it from the next step (comm::DeadlineReduce applies it to its chain;
-// the executor takes it). A member stalled or left out reports nothing, and no re-split
-// is made while its window is short: a stop is for the deadline to ride out, not a
-// change of speed. A new leader starts its windows empty.
+// ranks brought in, bound by the command). A re-split goes out in the next step's record
+// and every rank runs it from the step after (comm::DeadlineReduce applies it to its
+// chain; the executor takes it). A window keeps the steps of the last kWindowChecks
+// checks' span, so a member stalled or left out has none left within about that span,
+// and no re-split is made while its window is short: a stop is for the deadline to ride
+// out, not a change of speed. Windows start afresh when the shares change (whoever
+// decided it) and when this rank leads again after another has.
 #pragma once
 
 #include <cstdint>
@@ -41,12 +43,13 @@ class DeadlineRebalancer {
   // optimiser step and the communication, its micro-batches and samples.
   static std::vector<double> row(double work_s, double optimizer_s, double wall_s, double reduce_s, double work_cpu_s,
                                  double optimizer_cpu_s, double comm_cpu_s, int micro_batches, int64_t samples);
-  // On the leader: member `member`'s row; kept when it ran at its share in `shares` (the
-  // shares in force), else dropped (a step of the shares before a re-split).
-  void report(int member, std::span<const double> row, const std::vector<int64_t>& shares);
-  // On the leader, closing step `step` under `shares`: the shares from the next step on,
-  // or nothing to keep them (always nothing within two steps of the end, as under sync:
-  // a re-split needs a step to run in).
+  // On the leader: member `member`'s row, sent with its contribution to `step`; kept when
+  // it ran at its share in `shares` (the shares in force), else dropped (a step of the
+  // shares before a re-split).
+  void report(int member, int64_t step, std::span<const double> row, const std::vector<int64_t>& shares);
+  // On the leader, after closing step `step` (`shares` in force from the next): the
+  // shares from step + 2 on, or nothing to keep them (always nothing within three steps
+  // of the end: a re-split needs a step to run in).
   std::vector<int64_t> decide(int64_t step, const std::vector<int64_t>& shares);
 
  private:
@@ -55,7 +58,11 @@ class DeadlineRebalancer {
   int64_t total_steps_;
   plan::Plan first_;
   std::vector<int> world_rank_of_;
+  void restart(const std::vector<int64_t>& shares);  // empty windows, of `shares`
   std::vector<plan::RankMeasure> window_;  // per member
+  std::vector<std::vector<int64_t>> steps_;  // per member, the step of each row
+  std::vector<int64_t> window_shares_;       // the shares the windows' rows ran
+  int64_t last_close_ = -2;                  // the last step this rank closed
 };
 
 }  // namespace ht::runtime

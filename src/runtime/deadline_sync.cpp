@@ -25,8 +25,8 @@ DeadlineSync::DeadlineSync(comm::Communicator& group, std::vector<int> world_ran
   o.max_staleness = parallel.max_staleness;
   o.peer_timeout_s = parallel.peer_timeout_s;
   if (rebalancer_) {
-    o.on_report = [this](int member, int64_t, std::span<const double> row) {
-      rebalancer_->report(member, row, reduce_->shares());
+    o.on_report = [this](int member, int64_t step, std::span<const double> row) {
+      rebalancer_->report(member, step, row, reduce_->shares());
     };
     o.reshare = [this](int64_t step, const std::vector<int64_t>& shares) { return rebalancer_->decide(step, shares); };
   }

@@ -146,6 +146,16 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
   const std::string record = deadline_log_.add(rec);
   if (!metrics || record.empty()) return;
   metrics->write(record);
+  for (const comm::Contribution& c : rec.contributors) {
+    if (c.staleness != 0 || c.verdict == static_cast<int64_t>(Verdict::kept) || c.rank < 0 ||
+        c.rank >= static_cast<int>(plan_.ranks.size()))
+      continue;
+    // The share in force in that step: the executor has taken a re-split the record
+    // carries for the next step already.
+    const int replica = plan_.ranks[static_cast<size_t>(c.rank)].replica;
+    const int64_t share = replica >= 0 ? deadline_shares_[static_cast<size_t>(replica)] : 0;
+    report_guard(rec.step + 1, GuardEvent{c.rank, 0, static_cast<Verdict>(c.verdict), share, 0}, metrics);
+  }
   if (!rec.shares.empty()) {  // a leader's re-split, from the next step on
     metrics->write(nlohmann::json{{"type", "rebalance"},
                                   {"step", rec.step + 1},
@@ -159,14 +169,6 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
                   "(rank " + std::to_string(rec.leader) + " leading): " + join(deadline_shares_, "/") + " -> " +
                   join(rec.shares, "/"));
     deadline_shares_ = rec.shares;
-  }
-  for (const comm::Contribution& c : rec.contributors) {
-    if (c.staleness != 0 || c.verdict == static_cast<int64_t>(Verdict::kept) || c.rank < 0 ||
-        c.rank >= static_cast<int>(plan_.ranks.size()))
-      continue;
-    const int replica = plan_.ranks[static_cast<size_t>(c.rank)].replica;
-    const int64_t share = replica >= 0 ? plan_.layout.samples[static_cast<size_t>(replica)] : 0;
-    report_guard(rec.step + 1, GuardEvent{c.rank, 0, static_cast<Verdict>(c.verdict), share, 0}, metrics);
   }
 }
 

@@ -213,6 +213,25 @@ TEST_CASE("rebalance: the tuner moves shares, undoes a move that measured slower
   CHECK(tuner.check(r.plan, slower1).plan.layout.samples == std::vector<int64_t>{80, 20});
 }
 
+TEST_CASE("rebalance: a tuner judges only its own change: with other shares running it undoes nothing") {
+  // Under deadline any member may lead, each with its own tuner. This one moved to 67 / 33;
+  // then another leader's tuner moved the job to 60 / 40, which measured slower than this
+  // tuner's step before its own move. Judged as its own change, that was undone (back to
+  // 50 / 50, and 60 / 40 rejected for good); it is not this tuner's change, so nothing is
+  // undone, and the shares move from the running ones by measured speed as usual.
+  TwoEqual t;
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true, std::nullopt, false);
+  const std::vector<RankMeasure> slow1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.20, 0, 0.30, 0)};
+  REQUIRE(tuner.check(t.plan, slow1).plan.layout.samples == std::vector<int64_t>{67, 33});
+  Plan other = t.plan;
+  other.layout.samples = {60, 40};
+  for (RankPlan& rp : other.ranks) rp.samples = rp.micro_batch_size = other.layout.samples[static_cast<size_t>(rp.replica)];
+  const std::vector<RankMeasure> worse{steady(9, 0.12, 0, 0.36, 0), steady(9, 0.16, 0, 0.36, 0)};
+  const Rebalance r = tuner.check(other, worse);
+  CHECK_FALSE(r.reverted);
+  CHECK(r.plan.layout.samples != std::vector<int64_t>{50, 50});
+}
+
 TEST_CASE("rebalance: a move that measured faster stays; equal never moves but is recalibrated") {
   TwoEqual t;
   ShareTuner tuner(t.plan, t.in.costs, t.c, true, std::nullopt, false);
