@@ -166,6 +166,15 @@ Plan with_shares(const Plan& original, const std::vector<int64_t>& shares) {
   return p;
 }
 
+std::vector<double> seconds_per_sample_of(const Plan& plan, const BlockCosts& costs) {
+  std::vector<double> out(plan.ranks.size(), 0.0);
+  for (const RankPlan& rp : plan.ranks)
+    if (rp.replica >= 0)
+      out[static_cast<size_t>(rp.rank)] = sum(costs.seconds_per_sample[static_cast<size_t>(rp.rank)], rp.block_begin,
+                                              rp.block_end);
+  return out;
+}
+
 double measured_step_seconds(const std::vector<RankMeasure>& measured) {
   double slowest = 0;
   for (const RankMeasure& m : measured) slowest = std::max(slowest, median(m.wall_s));
@@ -215,6 +224,15 @@ Rebalance ShareTuner::check(const Plan& current, const std::vector<RankMeasure>&
   return out;
 }
 
+bool ShareTuner::speeds_moved(const Plan& current, const BlockCosts& calibrated) const {
+  const std::vector<double> now = seconds_per_sample_of(current, calibrated);
+  for (size_t r = 0; r < now.size() && r < per_sample_at_change_.size(); ++r) {
+    const double a = now[r], b = per_sample_at_change_[r];
+    if (a > 0 && b > 0 && std::max(a / b, b / a) > 1 + kSpeedChange) return true;
+  }
+  return false;
+}
+
 Rebalance ShareTuner::check_once(const Plan& current, const std::vector<RankMeasure>& measured) {
   const BlockCosts calibrated = calibrated_costs(current, costs_, cluster_, measured);
   const std::vector<double> reduce = measured_reduce_seconds(current, measured);
@@ -227,7 +245,14 @@ Rebalance ShareTuner::check_once(const Plan& current, const std::vector<RankMeas
   if (before_change_) {
     std::optional<Plan> before = std::move(before_change_);
     before_change_.reset();
-    if (out.measured_step_s > (1 + kRebalanceMinGain) * step_before_change_) {
+    // A rank whose own time per sample moved by more than kSpeedChange since the change
+    // (a card that throttles, a slowed rank) made the step slower, not the change: the
+    // shares move on from the speeds measured now instead (undone, the change was kept
+    // from the ranks that no longer had the speed it was made for, five checks long).
+    const bool speed_changed =
+        before->layout.replicas == current.layout.replicas && speeds_moved(current, calibrated);
+    if (out.measured_step_s > (1 + kRebalanceMinGain) * step_before_change_ && !speed_changed) {
+      per_sample_at_change_ = seconds_per_sample_of(current, calibrated);  // the speeds the settling is of
       rejected_.insert(current.layout.samples);
       out.relayout = before->layout.replicas != current.layout.replicas;
       if (out.relayout) original_ = std::move(*original_before_trial_);
@@ -270,10 +295,13 @@ Rebalance ShareTuner::check_once(const Plan& current, const std::vector<RankMeas
     }
     original_.layout.micro_batches[r] = tried;
   }
-  if (settle_ > 0) {
+  // Settling after an undone change, unless a rank's speed has moved since: then the
+  // shares follow it now (a card that throttled during the settling waited five checks).
+  if (settle_ > 0 && !speeds_moved(current, calibrated)) {
     --settle_;
     return out;
   }
+  settle_ = 0;
   if (!move_shares_) return out;
   const Plan& now = out.plan;  // the current plan, its micro-batch trial ended
   if (now.layout.replicas.size() >= 2) {
@@ -285,6 +313,7 @@ Rebalance ShareTuner::check_once(const Plan& current, const std::vector<RankMeas
         left_ = now.layout.samples;
         before_change_ = out.plan;
         step_before_change_ = out.measured_step_s;
+        per_sample_at_change_ = seconds_per_sample_of(now, calibrated);
         out.plan = std::move(next);
         out.changed = true;
         return out;

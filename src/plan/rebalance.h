@@ -35,6 +35,13 @@ inline constexpr double kResplitMinGain = 0.01;
 // After undoing a change that made the step slower, this many checks pass before the
 // next change is tried: each try costs a window at the slower split.
 inline constexpr int kSettleChecks = 5;
+// A change is not undone for a slower step when some rank's own time per sample (its
+// calibrated cost) moved by more than this since the change: the rank's speed changed
+// (a card throttled, a rank was slowed), which the next re-split follows. Undone, a
+// re-split made just before a rank slowed 3x was blamed for the slow-down, and the
+// shares moved off the slowed rank five checks late (docs/architecture.md). Likewise
+// the checks of settling after an undone change end early when a speed moved so.
+inline constexpr double kSpeedChange = 0.25;
 // Ranks the plan left idle are tried once, at the first check, when the plan over all
 // ranks was predicted at most this much slower: the quick probe behind that choice is
 // short and noisy (twice it left two CNN ranks idle on CPU quotas 0.8/0.4/0.2/0.2, and the
@@ -85,6 +92,10 @@ Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs);
 // carried by shares alone (parallel.sync deadline's records) runs. Errors (ht::Error):
 // another count of shares, another sum, or a share under 1.
 Plan with_shares(const Plan& original, const std::vector<int64_t>& shares);
+
+// Each rank's forward + backward seconds per sample under `costs` over its stage's blocks
+// (0 for an idle rank).
+std::vector<double> seconds_per_sample_of(const Plan& plan, const BlockCosts& costs);
 
 // The window's step: the slowest rank's median step (ranks' steps are not aligned in
 // time, so a per-step maximum would add up their noise).
@@ -147,6 +158,9 @@ class ShareTuner {
 
  private:
   Rebalance check_once(const Plan& current, const std::vector<RankMeasure>& measured);
+  // Whether some rank's calibrated time per sample moved by more than kSpeedChange from
+  // per_sample_at_change_ (the last change's, or the last undoing's).
+  bool speeds_moved(const Plan& current, const BlockCosts& calibrated) const;
   std::vector<int64_t> returned_;  // the shares of the last change returned
   Plan original_;
   BlockCosts costs_;
@@ -157,6 +171,7 @@ class ShareTuner {
   std::optional<Plan> original_before_trial_;  // original_ while all_ranks_ is tried
   std::optional<Plan> before_change_;  // the plan the last change replaced
   double step_before_change_ = 0;      // and its measured step
+  std::vector<double> per_sample_at_change_;  // each rank's calibrated seconds a sample then
   std::vector<int64_t> left_;          // the shares the last re-split left
   std::set<std::vector<int64_t>> rejected_;
   int settle_ = 0;  // checks left before the next try

@@ -72,16 +72,16 @@ std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<
   if (step != last_close_ + 1 || shares != window_shares_) restart(shares);
   last_close_ = step;
   if ((step + 1) % every_ != 0 || step + 3 >= total_steps_) return {};
-  // Rows older than the windows' span are of a member that has sent none since (stopped,
-  // or left out): it is not measured now.
+  // A member whose last row is older than the windows' span has sent none since: it is
+  // away (stopped), and its window is emptied. One that still sends, however slowly (a
+  // rank too slow to be waited for sends a contribution every few of the others' steps,
+  // and an empty word after each catch-up), keeps its rows, older ones too: they are
+  // what would move samples off it.
   const int64_t oldest = step - kWindowChecks * every_;
   for (size_t m = 0; m < window_.size(); ++m) {
-    std::vector<int64_t>& s = steps_[m];
-    const auto stale = static_cast<std::ptrdiff_t>(
-        std::find_if(s.begin(), s.end(), [&](int64_t k) { return k >= oldest; }) - s.begin());
-    if (stale == 0) continue;
-    s.erase(s.begin(), s.begin() + stale);
-    for (std::vector<double>* v : plan::measure_series(window_[m])) v->erase(v->begin(), v->begin() + stale);
+    if (steps_[m].empty() || steps_[m].back() >= oldest) continue;
+    steps_[m].clear();
+    window_[m] = {};
   }
   for (const plan::RankMeasure& w : window_)
     if (w.wall_s.size() < kMinSteps) return {};

@@ -6,10 +6,11 @@
 // the decision made under sync (plan::ShareTuner, with no micro-batch trials and no
 // ranks brought in, bound by the command). A re-split goes out in the next step's record
 // and every rank runs it from the step after (comm::DeadlineReduce applies it to its
-// chain; the executor takes it). A window keeps the steps of the last kWindowChecks
-// checks' span, so a member stalled or left out has none left within about that span,
-// and no re-split is made while its window is short: a stop is for the deadline to ride
-// out, not a change of speed. Windows start afresh when the shares change (whoever
+// chain; the executor takes it). A window keeps its member's last kWindowChecks checks'
+// worth of steps; one whose member has sent none for that span of steps (stopped) is
+// emptied, and no re-split is made while a window is short: a stop is for the deadline
+// to ride out, not a change of speed. A member too slow to be waited for still sends
+// its measures with its late contributions, and is re-split. Windows start afresh when the shares change (whoever
 // decided it) and when this rank leads again after another has.
 #pragma once
 

@@ -156,16 +156,18 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
     const int64_t share = replica >= 0 ? deadline_shares_[static_cast<size_t>(replica)] : 0;
     report_guard(rec.step + 1, GuardEvent{c.rank, 0, static_cast<Verdict>(c.verdict), share, 0}, metrics);
   }
-  if (!rec.shares.empty()) {  // a leader's re-split, from the next step on
+  // A leader's re-split: it runs from the step after this record's, the one whose
+  // `contributions` record says rec.step + 2 (records count steps from 1).
+  if (!rec.shares.empty()) {
     metrics->write(nlohmann::json{{"type", "rebalance"},
-                                  {"step", rec.step + 1},
+                                  {"step", rec.step + 2},
                                   {"sync_policy", "deadline"},
                                   {"changed", true},
                                   {"leader", rec.leader},
                                   {"shares_before", deadline_shares_},
                                   {"shares", rec.shares}}
                        .dump());
-    progress.note("step " + std::to_string(rec.step + 1) + ": rebalanced the replicas' shares from measured speeds "
+    progress.note("step " + std::to_string(rec.step + 2) + ": rebalanced the replicas' shares from measured speeds "
                   "(rank " + std::to_string(rec.leader) + " leading): " + join(deadline_shares_, "/") + " -> " +
                   join(rec.shares, "/"));
     deadline_shares_ = rec.shares;

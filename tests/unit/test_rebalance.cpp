@@ -213,6 +213,41 @@ TEST_CASE("rebalance: the tuner moves shares, undoes a move that measured slower
   CHECK(tuner.check(r.plan, slower1).plan.layout.samples == std::vector<int64_t>{80, 20});
 }
 
+TEST_CASE("rebalance: a slower step after a change is not undone when a rank's own speed changed; shares move on") {
+  // The tuner moves to 67 / 33 (rank 1 at 4 ms a sample against rank 0's 2 ms). Then rank
+  // 1 slows 3x (12 ms a sample: 0.40 s for its 33): the step measures slower than before
+  // the change, but for the slow-down, which the change did not cause. Undone, the shares
+  // would go back to 50 / 50, the worst split for the slowed rank, for kSettleChecks
+  // checks; kept, they move on from the speeds measured now.
+  TwoEqual t;
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true, std::nullopt, false);
+  const std::vector<RankMeasure> slow1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.20, 0, 0.30, 0)};
+  const Plan moved = tuner.check(t.plan, slow1).plan;
+  REQUIRE(moved.layout.samples == std::vector<int64_t>{67, 33});
+  const std::vector<RankMeasure> throttled{steady(9, 0.134, 0, 0.45, 0), steady(9, 0.40, 0, 0.45, 0)};
+  const Rebalance r = tuner.check(moved, throttled);
+  CHECK_FALSE(r.reverted);
+  CHECK(r.changed);
+  CHECK(r.plan.layout.samples[1] < 20);  // about 1 : 6
+}
+
+TEST_CASE("rebalance: the settling after an undone change ends when a rank's speed moves") {
+  // As above to the undoing (67 / 33 measured slower: back to 50 / 50, settling for
+  // kSettleChecks checks). Then rank 1 slows 3x (12 ms a sample, 0.60 s for its 50): the
+  // next check re-splits at once, where the settling would have kept 50 / 50 five checks.
+  TwoEqual t;
+  ShareTuner tuner(t.plan, t.in.costs, t.c, true, std::nullopt, false);
+  const std::vector<RankMeasure> slow1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.20, 0, 0.30, 0)};
+  const Plan moved = tuner.check(t.plan, slow1).plan;
+  const std::vector<RankMeasure> worse{steady(9, 0.13, 0, 0.36, 0), steady(9, 0.13, 0, 0.36, 0)};
+  const Rebalance undone = tuner.check(moved, worse);
+  REQUIRE(undone.reverted);
+  const std::vector<RankMeasure> throttled{steady(9, 0.10, 0, 0.62, 0), steady(9, 0.60, 0, 0.62, 0)};
+  const Rebalance r = tuner.check(undone.plan, throttled);
+  CHECK(r.changed);
+  CHECK(r.plan.layout.samples[1] < 20);
+}
+
 TEST_CASE("rebalance: a tuner judges only its own change: with other shares running it undoes nothing") {
   // Under deadline any member may lead, each with its own tuner. This one moved to 67 / 33;
   // then another leader's tuner moved the job to 60 / 40, which measured slower than this
