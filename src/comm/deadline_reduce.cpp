@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <span>
 
 #include "comm/doorbell.h"
@@ -655,13 +656,14 @@ bool DeadlineReduce::lead_step(std::vector<float>& sum, Clock::time_point opened
   // step's record.
   if (options_.reshare) {
     std::vector<int64_t> next = options_.reshare(s, shares_);
-    int64_t before = 0, after = 0;
-    for (int64_t n : shares_) before += n;
-    for (int64_t n : next) after += n;
-    HT_CHECK(next.empty() || (next.size() == shares_.size() && after == before &&
-                              std::all_of(next.begin(), next.end(), [](int64_t n) { return n >= 1; })),
-             "deadline reduce: a re-split of ", next.size(), " shares summing to ", after, "; expected ",
-             shares_.size(), " shares of 1 or more summing to the global batch's ", before);
+    if (!next.empty()) {
+      const int64_t before = std::accumulate(shares_.begin(), shares_.end(), int64_t{0});
+      const int64_t after = std::accumulate(next.begin(), next.end(), int64_t{0});
+      HT_CHECK(next.size() == shares_.size() && after == before &&
+                   std::all_of(next.begin(), next.end(), [](int64_t n) { return n >= 1; }),
+               "deadline reduce: a re-split of ", next.size(), " shares summing to ", after, "; expected ",
+               shares_.size(), " shares of 1 or more summing to the global batch's ", before);
+    }
     if (!next.empty() && next != shares_) {
       pending_shares_ = std::move(next);
       pending_term_ = term_;

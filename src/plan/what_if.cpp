@@ -380,9 +380,8 @@ class Play {
     const ClusterModel& cluster = links ? changed : phase_.cluster();
     const std::vector<double> factors = factors_at(t);
     const std::vector<double> settled = settled_factors_at(t);
-    std::optional<Plan> moved;
-    if (std::any_of(settled.begin(), settled.end(), [](double f) { return f != 1; })) moved = resplit_for(settled);
-    if (moved) p.plan = std::make_shared<const Plan>(std::move(*moved));
+    if (std::any_of(settled.begin(), settled.end(), [](double f) { return f != 1; }))
+      p.plan = std::make_shared<const Plan>(resplit_for(settled));
     const Plan& plan = p.plan ? *p.plan : phase_.plan;
     if (p.plan)
       for (const RankPlan& rp : plan.ranks) p.rank_samples.push_back(rp.replica >= 0 ? rp.samples : 0);

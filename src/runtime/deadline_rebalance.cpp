@@ -95,11 +95,9 @@ std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<
       std::any_of(next.begin(), next.end(), [](int64_t n) { return n < 1; }) ||
       d.plan.layout.micro_batches != plan::with_shares(first_, next).layout.micro_batches)
     return {};
-  // The steps measured so far ran the old shares (restart at the next call, which sees
-  // the shares unchanged until the record carrying these is applied: the windows are
-  // emptied now, so that no row of the old shares counts in between).
-  for (plan::RankMeasure& w : window_) w = {};
-  for (std::vector<int64_t>& s : steps_) s.clear();
+  // The steps measured so far ran the old shares; so do those until the record carrying
+  // these is applied (which restarts the windows again): none of them counts.
+  restart(shares);
   return next;
 }
 

@@ -52,6 +52,8 @@ class DeadlineRebalancer {
   // shares from step + 2 on, or nothing to keep them (always nothing within three steps
   // of the end: a re-split needs a step to run in).
   std::vector<int64_t> decide(int64_t step, const std::vector<int64_t>& shares);
+  // The job's first plan with `shares` (its micro-batch counts, at most each share).
+  plan::Plan plan_with(const std::vector<int64_t>& shares) const { return plan::with_shares(first_, shares); }
 
  private:
   RebalanceFn decide_;

@@ -87,6 +87,8 @@ class DeadlineSync {
     if (rebalancer_) reduce_->set_report(std::move(row));
   }
   bool rebalances() const { return rebalancer_ != nullptr; }
+  // With a rebalancer: the plan that runs shares() (DeadlineRebalancer::plan_with).
+  plan::Plan plan_for_shares() const { return rebalancer_->plan_with(shares()); }
 
  private:
   comm::ReplicaState save() const;

@@ -275,8 +275,7 @@ class Executor {
   bool skip_update_ = false;
   std::unique_ptr<DeadlineSync> deadline_;  // parallel.sync deadline, replicated stages
   std::function<float(int64_t)> lr_at_;
-  std::function<void(plan::Plan)> replace_plan_;    // under deadline with re-splits
-  std::optional<plan::Plan> deadline_first_plan_;  // the plan whose micro-batch counts they keep
+  std::function<void(plan::Plan)> replace_plan_;  // under deadline with re-splits
 };
 
 // Throws when two replicas of one stage report different checksums (one per world rank,

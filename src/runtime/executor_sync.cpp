@@ -295,7 +295,6 @@ void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t firs
     rebalancer = std::make_unique<DeadlineRebalancer>(std::move(resplits.decide), parallel.rebalance_every, plan_,
                                                       world_rank_of, resplits.total_steps);
     replace_plan_ = std::move(resplits.replace_plan);
-    deadline_first_plan_ = plan_;
   }
   deadline_ = std::make_unique<DeadlineSync>(*stage_group_, std::move(world_rank_of), plan_.layout.samples, params_,
                                              *opt_, model_, rank_plan_.block_begin, rank_plan_.block_end, parallel,
@@ -307,7 +306,7 @@ void Executor::use_deadline(const config::ParallelConfig& parallel, int64_t firs
 
 bool Executor::take_deadline_shares() {
   if (!deadline_ || !deadline_->rebalances() || deadline_->shares() == plan_.layout.samples) return false;
-  replace_plan_(plan::with_shares(*deadline_first_plan_, deadline_->shares()));
+  replace_plan_(deadline_->plan_for_shares());
   take_shares();
   return true;
 }
