@@ -1,6 +1,7 @@
 #include "plan/rebalance.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 
@@ -9,6 +10,7 @@
 #include "plan/batch_split.h"
 #include "plan/memory_fit.h"
 #include "plan/planner.h"
+#include "plan/rebalance_message.h"
 
 namespace ht::plan {
 
@@ -179,6 +181,18 @@ double measured_step_seconds(const std::vector<RankMeasure>& measured) {
   double slowest = 0;
   for (const RankMeasure& m : measured) slowest = std::max(slowest, median(m.wall_s));
   return slowest;
+}
+
+bool drop_steps_before_speed_change(RankMeasure& m, size_t recent, size_t least) {
+  const size_t n = m.work_s.size();
+  if (recent < std::max<size_t>(least, 1) || n < recent + kMinSpeedSteps) return false;
+  const auto cut = static_cast<std::ptrdiff_t>(n - recent);
+  const double before = median(std::vector<double>(m.work_s.begin(), m.work_s.begin() + cut));
+  const double after = median(std::vector<double>(m.work_s.begin() + cut, m.work_s.end()));
+  if (!(before > 0) || std::abs(after - before) <= kSpeedChange * before) return false;
+  for (std::vector<double>* v : measure_series(m))
+    if (v->size() == n) v->erase(v->begin(), v->begin() + cut);
+  return true;
 }
 
 std::vector<double> measured_reduce_seconds(const Plan& plan, const std::vector<RankMeasure>& measured) {

@@ -101,6 +101,17 @@ std::vector<double> seconds_per_sample_of(const Plan& plan, const BlockCosts& co
 // time, so a per-step maximum would add up their noise).
 double measured_step_seconds(const std::vector<RankMeasure>& measured);
 
+// A rank whose speed changed inside a window (a card throttled, a rank was slowed or
+// freed): when the median work of its last `recent` steps is more than kSpeedChange
+// away from the median of its steps before them, those earlier steps are dropped from
+// every series, so that the check sees the new speed alone. A window of three checks
+// otherwise still held two checks of the old speed at the first check after a 3x
+// slow-down, its median the old one, and the shares moved a check later. The steps
+// before need kMinSpeedSteps, the recent ones `least` (a rank too slow to send more
+// under parallel.sync deadline sends fewer). Returns whether steps were dropped.
+inline constexpr size_t kMinSpeedSteps = 3;
+bool drop_steps_before_speed_change(RankMeasure& m, size_t recent, size_t least = kMinSpeedSteps);
+
 // Per stage: what ReduceGrads took, measured. Ranks wait in it for the group's last
 // member, so a step's cost is the least time any member spent in it; the median over
 // the window's steps. -1 for a stage without measurements.

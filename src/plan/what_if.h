@@ -51,9 +51,11 @@
 //    re-splits the global batch by measured speed (runtime/rebalancer.h,
 //    runtime/deadline_rebalance.h). A slow factor's re-split is played from
 //    kRebalanceLagChecks x rebalance_every + 2 steps (of the step slowed, not yet
-//    re-split) after the factor begins, or after the job's restart: the windows' medians
-//    turn once half of their steps (up to three checks' worth) are slowed, the next check
-//    takes it, and its answer runs two steps later. The re-split is plan/rebalance.h's
+//    re-split) after the factor begins, or after the job's restart: a rank's window is
+//    judged on its new speed alone at the first check whose steps since the check
+//    before are more than half slowed (plan::drop_steps_before_speed_change), from half
+//    a check to a check and a half after the factor begins, and its answer runs two
+//    steps later. The re-split is plan/rebalance.h's
 //    over the costs with the factors applied; what it plays is that plan, slowed. Under
 //    local (more than one group) the rounds re-split (runtime/local_sync.h): from
 //    kResplitRounds + 2 rounds after the factor begins, plan/local_plan.h's split_round
@@ -114,7 +116,7 @@ inline constexpr int kDeadlineWaitedSteps = 2;
 // kSendTo): it is back from a stop, stepping through its queued results, or too slow.
 inline constexpr int kDeadlineBehindSteps = 4;
 // Checks of parallel.rebalance_every steps before a slow factor's re-split (see above).
-inline constexpr int64_t kRebalanceLagChecks = 2;
+inline constexpr int64_t kRebalanceLagChecks = 1;
 // comm/deadline_reduce's budget: the median over the last kDeadlineMedianOf + 1 closed
 // steps' latest arrivals, once kDeadlineMinMeasured have closed.
 inline constexpr int kDeadlineMedianOf = 9;

@@ -34,10 +34,11 @@ std::vector<double> DeadlineRebalancer::row(double work_s, double optimizer_s, d
           static_cast<double>(micro_batches), static_cast<double>(samples)};
 }
 
-void DeadlineRebalancer::restart(const std::vector<int64_t>& shares) {
+void DeadlineRebalancer::restart(const std::vector<int64_t>& shares, int64_t step) {
   for (plan::RankMeasure& w : window_) w = {};
   for (std::vector<int64_t>& s : steps_) s.clear();
   window_shares_ = shares;
+  restarted_at_ = step;
 }
 
 void DeadlineRebalancer::report(int member, int64_t step, std::span<const double> row,
@@ -47,7 +48,7 @@ void DeadlineRebalancer::report(int member, int64_t step, std::span<const double
       shares.size() != window_.size() || row[8] != static_cast<double>(shares[static_cast<size_t>(member)]) ||
       row[2] <= 0)
     return;
-  if (shares != window_shares_) restart(shares);  // another leader's re-split: rows of the old shares
+  if (shares != window_shares_) restart(shares, step);  // another leader's re-split: rows of the old shares
   plan::RankMeasure& w = window_[static_cast<size_t>(member)];
   steps_[static_cast<size_t>(member)].push_back(step);
   w.work_s.push_back(row[0]);
@@ -69,7 +70,7 @@ std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<
   if (every_ <= 0 || shares.size() != window_.size()) return {};
   // Leading again after another rank led: what this rank measured before is of another
   // spell (and its tuner's last change may not be the one running).
-  if (step != last_close_ + 1 || shares != window_shares_) restart(shares);
+  if (step != last_close_ + 1 || shares != window_shares_) restart(shares, step);
   last_close_ = step;
   if ((step + 1) % every_ != 0 || step + 3 >= total_steps_) return {};
   // A member whose last row is older than the windows' span has sent none since: it is
@@ -83,8 +84,23 @@ std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<
     steps_[m].clear();
     window_[m] = {};
   }
-  for (const plan::RankMeasure& w : window_)
-    if (w.wall_s.size() < kMinSteps) return {};
+  // A member that sent fewer than kMinSteps rows since the last check, but some, while
+  // the windows had 2 x kMinSteps steps to fill, is too slow to send more: a rank slowed
+  // 3x, left out of most steps, sent one row in the 8 steps after a re-split. It is
+  // judged on what it sent, where a short window would block the check (and its rows
+  // of before the slow-down, the change the speed test needs at least kMinSteps to see,
+  // would hold its median): its shares moved a check or two later.
+  const bool filled = step - restarted_at_ >= static_cast<int64_t>(2 * kMinSteps);
+  for (size_t m = 0; m < window_.size(); ++m) {
+    std::vector<int64_t>& s = steps_[m];
+    const auto recent = static_cast<size_t>(
+        std::count_if(s.begin(), s.end(), [&](int64_t at) { return at > step - every_; }));
+    const bool sparse = filled && recent > 0 && recent < kMinSteps;
+    // Whose speed changed since the last check is judged on its steps since then.
+    if (plan::drop_steps_before_speed_change(window_[m], recent, sparse ? 1 : plan::kMinSpeedSteps))
+      s.erase(s.begin(), s.end() - static_cast<std::ptrdiff_t>(recent));
+    if (window_[m].wall_s.size() < kMinSteps && !sparse) return {};
+  }
   std::vector<plan::RankMeasure> measured(first_.ranks.size());
   for (size_t m = 0; m < window_.size(); ++m) measured[static_cast<size_t>(world_rank_of_[m])] = window_[m];
   const plan::Rebalance d = decide_(plan::with_shares(first_, shares), measured);
@@ -97,7 +113,7 @@ std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<
     return {};
   // The steps measured so far ran the old shares; so do those until the record carrying
   // these is applied (which restarts the windows again): none of them counts.
-  restart(shares);
+  restart(shares, step);
   return next;
 }
 

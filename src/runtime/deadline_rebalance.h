@@ -7,10 +7,13 @@
 // ranks brought in, bound by the command). A re-split goes out in the next step's record
 // and every rank runs it from the step after (comm::DeadlineReduce applies it to its
 // chain; the executor takes it). A window keeps its member's last kWindowChecks checks'
-// worth of steps; one whose member has sent none for that span of steps (stopped) is
-// emptied, and no re-split is made while a window is short: a stop is for the deadline
-// to ride out, not a change of speed. A member too slow to be waited for still sends
-// its measures with its late contributions, and is re-split. Windows start afresh when the shares change (whoever
+// worth of steps (those since the last check alone where its speed moved:
+// plan::drop_steps_before_speed_change); one whose member has sent none for that span
+// of steps (stopped) is emptied, and no re-split is made while a window is short: a
+// stop is for the deadline to ride out, not a change of speed. A member too slow to be
+// waited for still sends its measures with its late contributions, and is re-split: on
+// fewer than kMinSteps when it sent one since the last check while the windows had
+// 2 x kMinSteps steps to fill. Windows start afresh when the shares change (whoever
 // decided it) and when this rank leads again after another has.
 #pragma once
 
@@ -61,11 +64,12 @@ class DeadlineRebalancer {
   int64_t total_steps_;
   plan::Plan first_;
   std::vector<int> world_rank_of_;
-  void restart(const std::vector<int64_t>& shares);  // empty windows, of `shares`
+  void restart(const std::vector<int64_t>& shares, int64_t step);  // empty windows, of `shares`, from `step`
   std::vector<plan::RankMeasure> window_;  // per member
   std::vector<std::vector<int64_t>> steps_;  // per member, the step of each row
   std::vector<int64_t> window_shares_;       // the shares the windows' rows ran
   int64_t last_close_ = -2;                  // the last step this rank closed
+  int64_t restarted_at_ = 0;                 // the step the windows last started afresh at
 };
 
 }  // namespace ht::runtime

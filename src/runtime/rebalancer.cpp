@@ -47,6 +47,7 @@ void Rebalancer::start_check(int64_t done, int64_t total) {
   // speeds", and a trial was judged against a step of 0 s. Every rank records the same
   // steps, so all skip alike.
   if (window_.wall_s.empty()) return;
+  plan::drop_steps_before_speed_change(window_, static_cast<size_t>(every_));  // the steps since the last check
   HT_CHECK(!pending_, "rebalancer: the check of step ", check_step_, " was not finished before the next");
   answered_.reset();  // taken a check ago
   pending_ = world_.consult(plan::encode_measure(window_));

@@ -14,6 +14,7 @@
 #include "comm/local_communicator.h"
 #include "plan/rebalance.h"
 #include "runtime/executor.h"
+#include "runtime/deadline_rebalance.h"
 #include "runtime/rebalancer.h"
 
 using namespace ht;
@@ -506,4 +507,167 @@ TEST_CASE("rebalancer: a check with no step measured since the last change is no
   // each answered after the step that follows it.
   CHECK(decisions == 2);
   CHECK(steps_seen == 2);
+}
+
+TEST_CASE("rebalance: a window drops the steps before its rank's speed changed, and keeps noise") {
+  // 20 steps at 10 ms, then 10 at 30 ms (a card throttled 3x after step 20).
+  auto window = [](double before, double after) {
+    RankMeasure m = steady(20, before, 0.001, before + 0.002, 0.0005);
+    const RankMeasure late = steady(10, after, 0.002, after + 0.002, 0.0005);
+    for (size_t s = 0; s < m.work_s.size(); ++s) m.work_cpu_s.push_back(0.5 * before);
+    for (size_t s = 0; s < late.work_s.size(); ++s) {
+      m.work_s.push_back(late.work_s[s]);
+      m.optimizer_s.push_back(late.optimizer_s[s]);
+      m.wall_s.push_back(late.wall_s[s]);
+      m.reduce_s.push_back(late.reduce_s[s]);
+      m.work_cpu_s.push_back(0.5 * after);
+    }
+    return m;
+  };
+  SUBCASE("3x slower: only the 10 steps since the change stay, in every series") {
+    RankMeasure m = window(0.010, 0.030);
+    CHECK(drop_steps_before_speed_change(m, 10));
+    CHECK(m.work_s == std::vector<double>(10, 0.030));
+    CHECK(m.optimizer_s == std::vector<double>(10, 0.002));
+    CHECK(m.wall_s == std::vector<double>(10, 0.032));
+    CHECK(m.work_cpu_s == std::vector<double>(10, 0.015));
+    CHECK(m.optimizer_cpu_s.empty());  // not measured: stays empty
+    CHECK(median(m.work_s) == 0.030);
+  }
+  SUBCASE("3x faster likewise") {
+    RankMeasure m = window(0.030, 0.010);
+    CHECK(drop_steps_before_speed_change(m, 10));
+    CHECK(m.work_s.size() == 10);
+  }
+  SUBCASE("a move within kSpeedChange is noise: every step stays") {
+    RankMeasure m = window(0.010, 0.010 * (1 + 0.9 * kSpeedChange));
+    CHECK_FALSE(drop_steps_before_speed_change(m, 10));
+    CHECK(m.work_s.size() == 30);
+    m = window(0.010, 0.010 * (1 - 0.9 * kSpeedChange));
+    CHECK_FALSE(drop_steps_before_speed_change(m, 10));
+  }
+  SUBCASE("too few steps on either side judge nothing") {
+    RankMeasure m = window(0.010, 0.030);
+    CHECK_FALSE(drop_steps_before_speed_change(m, kMinSpeedSteps - 1));
+    CHECK_FALSE(drop_steps_before_speed_change(m, 30 - kMinSpeedSteps + 1));
+    CHECK(m.work_s.size() == 30);
+  }
+}
+
+TEST_CASE("rebalancer: the first check after a rank's speed changed sees its new speed alone") {
+  // Every 10 steps; steps 1-20 at 10 ms, 21-30 at 30 ms. The window keeps three checks'
+  // steps, so the check of step 30 held 19 steps at 10 ms (step 1 is not recorded) and 10
+  // at 30 ms: its median was the old speed.
+  comm::LocalCommunicator world;
+  std::vector<double> seen;
+  runtime::Rebalancer rebalancer(
+      [&](const Plan& current, const std::vector<RankMeasure>& measured) {
+        seen = measured.at(0).work_s;
+        Rebalance d;
+        d.plan = current;
+        return d;
+      },
+      10, world, std::chrono::seconds(10));
+  Plan plan = runtime::single_process_plan(2, 8, 1);
+  for (int64_t done = 1; done <= 31; ++done) {
+    runtime::StepResult step;
+    step.compute_s = done <= 20 ? 0.010 : 0.030;
+    step.wall_s = step.compute_s + 0.001;
+    rebalancer.record(step);
+    rebalancer.finish_check(plan);
+    rebalancer.start_check(done, 100);
+  }
+  CHECK(seen == std::vector<double>(10, 0.030));
+}
+
+TEST_CASE("deadline rebalancer: a member whose speed changed is judged on its steps since the last check") {
+  TwoEqual t;
+  std::vector<RankMeasure> seen;
+  runtime::DeadlineRebalancer rebalancer(
+      [&](const Plan& current, const std::vector<RankMeasure>& measured) {
+        seen = measured;
+        Rebalance d;
+        d.plan = current;
+        return d;
+      },
+      10, t.plan, {0, 1}, 1000);
+  const std::vector<int64_t> shares = t.plan.layout.samples;
+  for (int64_t s = 0; s < 30; ++s) {
+    const double slowed = s < 20 ? 0.010 : 0.030;
+    for (int member = 0; member < 2; ++member) {
+      const double work = member == 1 ? slowed : 0.010;
+      const std::vector<double> row = runtime::DeadlineRebalancer::row(
+          work, 0.001, work + 0.002, 0.001, work, 0.001, 0.0001, 1, shares[static_cast<size_t>(member)]);
+      rebalancer.report(member, s, row, shares);
+    }
+    rebalancer.decide(s, shares);
+  }
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[1].work_s == std::vector<double>(10, 0.030));  // steps 20-29
+  CHECK(seen[0].work_s.size() == 29);                        // steps 1-29: unchanged, all kept
+}
+
+TEST_CASE("deadline rebalancer: a member too slow to send kMinSteps rows a check is judged on those it sent") {
+  // Member 1 is slowed 3x after step 20 and left out of most steps: it sends rows for
+  // steps 22 and 27 only. Before, its window kept its 19 rows of before the slow-down
+  // (the speed test needs kMinSteps recent rows): the check of step 29 saw the old speed.
+  // After a re-split its window would be short and block every check.
+  TwoEqual t;
+  std::vector<RankMeasure> seen;
+  int checks = 0;
+  runtime::DeadlineRebalancer rebalancer(
+      [&](const Plan& current, const std::vector<RankMeasure>& measured) {
+        seen = measured;
+        ++checks;
+        Rebalance d;
+        d.plan = current;
+        return d;
+      },
+      10, t.plan, {0, 1}, 1000);
+  const std::vector<int64_t> shares = t.plan.layout.samples;
+  auto report = [&](int member, int64_t s, double work) {
+    rebalancer.report(member, s,
+                      runtime::DeadlineRebalancer::row(work, 0.001, work + 0.002, 0.001, work, 0.001, 0.0001, 1,
+                                                       shares[static_cast<size_t>(member)]),
+                      shares);
+  };
+  for (int64_t s = 0; s < 30; ++s) {
+    report(0, s, 0.010);
+    if (s < 20) report(1, s, 0.010);
+    if (s == 22 || s == 27) report(1, s, 0.030);
+    rebalancer.decide(s, shares);
+  }
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[1].work_s == std::vector<double>(2, 0.030));
+  const int before = checks;
+  // Once the others ran 2 x kMinSteps steps since a restart, one row a check suffices;
+  // a member with no row since the last check (away) still blocks it.
+  runtime::DeadlineRebalancer fresh(
+      [&](const Plan& current, const std::vector<RankMeasure>&) {
+        ++checks;
+        Rebalance d;
+        d.plan = current;
+        return d;
+      },
+      10, t.plan, {0, 1}, 1000);
+  for (int64_t s = 0; s < 20; ++s) {
+    fresh.report(0, s, runtime::DeadlineRebalancer::row(0.01, 0.001, 0.012, 0.001, 0.01, 0.001, 0.0001, 1, shares[0]),
+                 shares);
+    if (s == 5) fresh.report(1, s, runtime::DeadlineRebalancer::row(0.03, 0.001, 0.032, 0.001, 0.03, 0.001, 0.0001, 1,
+                                                                     shares[1]),
+                             shares);
+    if (s == 17) fresh.report(1, s, runtime::DeadlineRebalancer::row(0.03, 0.001, 0.032, 0.001, 0.03, 0.001, 0.0001, 1,
+                                                                      shares[1]),
+                              shares);
+    fresh.decide(s, shares);
+  }
+  // Step 9: member 1's one row (step 5) is since the last check: judged. Step 19: its
+  // row of step 17 likewise.
+  CHECK(checks == before + 2);
+  for (int64_t s = 20; s < 30; ++s) {
+    fresh.report(0, s, runtime::DeadlineRebalancer::row(0.01, 0.001, 0.012, 0.001, 0.01, 0.001, 0.0001, 1, shares[0]),
+                 shares);
+    fresh.decide(s, shares);
+  }
+  CHECK(checks == before + 2);  // step 29: nothing from member 1 since step 19
 }
