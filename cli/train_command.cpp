@@ -1,6 +1,7 @@
 // `hetrain train`: one process, or every rank of an MPI job executing a plan; and
 // `hetrain eval` (one process).
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <chrono>
@@ -26,6 +27,8 @@
 #include "report/plan_table.h"
 #include "report/plan_text.h"
 #include "report/progress.h"
+#include "runtime/checkpoint.h"
+#include "runtime/checkpoint_dir.h"
 #include "runtime/fault_injection.h"
 #include "runtime/run_dir.h"
 #include "runtime/task.h"
@@ -67,6 +70,59 @@ void check_same_config(ht::comm::Communicator& world, const ht::config::Config& 
       throw ht::config::ConfigError("the ranks disagree on the config: rank 0 has " + hashes[0] +
                                     " and rank " + std::to_string(r) + " has " + hashes[r] +
                                     " (hash and file); expected every rank to train the same config");
+}
+
+// On --resume, where the job rebalances (its shares move off the plan's as it measures):
+// the shares and micro-batch counts the newest checkpoint's run stepped by, where its
+// layout (world, replicas, stages) is this plan's and they fit (plan::
+// with_resumed_shares), so that the resumed job need not find them again; else the
+// plan's, a note saying why. A hint only (the checkpoint's header, unverified): the
+// gradient is the same sum whatever the split, and a checkpoint the resume then passes
+// over as unreadable costs only the shares.
+void resume_shares(const ht::config::Config& cfg, ht::plan::Plan& plan, const ht::plan::BlockCosts& costs,
+                   const ht::plan::ClusterModel& cluster) {
+  // Where the checks move shares: not an equal split, nor a deadline plan of stages.
+  if (plan.local || plan.layout.replicas.size() < 2 || plan.strategy == ht::plan::Strategy::equal ||
+      (plan.sync_policy == ht::plan::SyncPolicy::deadline && plan.stage_ranges.size() > 1))
+    return;
+  const std::vector<ht::runtime::CheckpointFile> files =
+      ht::runtime::CheckpointDir(cfg.run.dir + "/checkpoints").list();
+  if (files.empty()) return;
+  std::map<std::string, std::string> meta;
+  try {
+    meta = ht::runtime::read_checkpoint_metadata(files.back().path);
+  } catch (const ht::Error&) {
+    return;  // the resume names it, and passes it over
+  }
+  const auto it = meta.find("shares");
+  if (it == meta.end()) return;
+  auto note = [&](const std::string& why) {
+    std::fprintf(stderr, "hetrain: note: the plan's shares, not those of %s: %s\n", files.back().path.c_str(),
+                 why.c_str());
+  };
+  try {
+    const nlohmann::json j = nlohmann::json::parse(it->second);
+    const nlohmann::json layout = {
+        {"world", plan.world_size}, {"replicas", plan.layout.replicas}, {"stages", plan.stage_ranges}};
+    if (j.at("layout") != layout) {
+      note("its layout " + j.at("layout").dump() + " is not this plan's " + layout.dump());
+      return;
+    }
+    const auto shares = j.at("samples").get<std::vector<int64_t>>();
+    const auto micro = j.at("micro_batches").get<std::vector<int>>();
+    if (shares == plan.layout.samples && micro == plan.layout.micro_batches) return;
+    plan = ht::plan::with_resumed_shares(plan, shares, micro, costs, cluster);
+    std::string text;
+    for (size_t r = 0; r < shares.size(); ++r)
+      text += (r ? "/" : "") + std::to_string(shares[r]) +
+              (micro[r] > 1 ? " (" + std::to_string(micro[r]) + " micro-batches)" : "");
+    std::fprintf(stderr, "hetrain: note: resuming with the shares %s stepped by: %s samples per replica\n",
+                 files.back().path.c_str(), text.c_str());
+  } catch (const nlohmann::json::exception& e) {
+    note(std::string("its metadata 'shares' is malformed (") + e.what() + ")");
+  } catch (const ht::Error& e) {
+    note(e.what());
+  }
 }
 
 // The plan every rank executes: a plan file (checked against this job and config) run
@@ -138,6 +194,7 @@ JobPlan plan_for_job(const TrainArgs& a, const ht::config::Config& cfg, ht::comm
   std::optional<ht::plan::Plan> all_ranks;
   if (world.rank() == 0) {
     Planned planned = plan_for(cfg, cluster, true);
+    if (a.resume && cfg.parallel.rebalance_every > 0) resume_shares(cfg, planned.plan, planned.costs, cluster);
     text = ht::plan::plan_to_json(planned.plan);
     costs = std::move(planned.costs);
     all_ranks = std::move(planned.all_ranks);

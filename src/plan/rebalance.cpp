@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/stats.h"
+#include "core/units.h"
 #include "plan/batch_split.h"
 #include "plan/memory_fit.h"
 #include "plan/planner.h"
@@ -165,6 +166,29 @@ Plan with_shares(const Plan& original, const std::vector<int64_t>& shares) {
   Plan p = original;
   for (size_t r = 0; r < shares.size(); ++r) set_share(p, original, r, shares[r]);
   sync_rank_shares(p);
+  return p;
+}
+
+Plan with_resumed_shares(const Plan& plan, const std::vector<int64_t>& shares, const std::vector<int>& micro_batches,
+                         const BlockCosts& costs, const ClusterModel& cluster) {
+  Plan p = with_shares(plan, shares);
+  HT_CHECK(micro_batches.size() == shares.size(), micro_batches.size(), " micro-batch counts for ", shares.size(),
+           " replicas; expected one per replica");
+  for (size_t r = 0; r < shares.size(); ++r) {
+    HT_CHECK(micro_batches[r] >= p.layout.micro_batches[r] && micro_batches[r] <= shares[r], "replica ", r, "'s ",
+             micro_batches[r], " micro-batches for its ", shares[r], " samples; expected ", p.layout.micro_batches[r],
+             " (the plan's) to ", shares[r]);
+    p.layout.micro_batches[r] = micro_batches[r];
+  }
+  recount_memory(p, costs);
+  for (size_t r = 0; r < shares.size(); ++r)
+    for (int rank : p.layout.replicas[r]) {
+      const RankPlan& rp = p.ranks[static_cast<size_t>(rank)];
+      HT_CHECK(rp.memory.total() <= rp.device.memory_bytes, "replica ", r, "'s ", shares[r], " samples in ",
+               micro_batches[r], " micro-batches need ", format_bytes(rp.memory.total()), " on rank ", rank,
+               ", which holds ", format_bytes(rp.device.memory_bytes));
+    }
+  predict_plan(p, costs, cluster);
   return p;
 }
 

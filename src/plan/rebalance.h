@@ -93,6 +93,15 @@ Plan resplit(const Plan& plan, const Plan& original, const BlockCosts& costs);
 // another count of shares, another sum, or a share under 1.
 Plan with_shares(const Plan& original, const std::vector<int64_t>& shares);
 
+// `plan` with the shares (one per replica) and micro-batch counts that a checkpoint's
+// run stepped by, predicted over `costs` and `cluster`: what a resumed job starts from,
+// so that it need not find them again. Each count is at least the plan's (a kept
+// micro-batch trial's finer count) and at most its share, and every rank of each replica
+// must hold its share in memory. Errors (ht::Error, naming what does not fit): as
+// with_shares, or a count or share outside those bounds.
+Plan with_resumed_shares(const Plan& plan, const std::vector<int64_t>& shares, const std::vector<int>& micro_batches,
+                         const BlockCosts& costs, const ClusterModel& cluster);
+
 // Each rank's forward + backward seconds per sample under `costs` over its stage's blocks
 // (0 for an idle rank).
 std::vector<double> seconds_per_sample_of(const Plan& plan, const BlockCosts& costs);

@@ -176,6 +176,13 @@ void Run::save(int64_t step, report::Progress& progress) {
     meta["loss_scale_log2"] = std::to_string(ls->log2_scale());
     meta["loss_scale_clean_steps"] = std::to_string(ls->clean_steps());
   }
+  // The shares (and micro-batch counts) the job steps by now, which rebalancing moves off
+  // the plan's: a resume over the same layout starts from them (the command's
+  // resumed_shares), not from the plan's, which the checks would move again.
+  if (!local_ && plan_.layout.replicas.size() > 1)
+    meta["shares"] = json{{"layout", json::parse(guard_layout())},
+                          {"samples", plan_.layout.samples},
+                          {"micro_batches", plan_.layout.micro_batches}}.dump();
   if (local_) {
     meta["sync_policy"] = "local";
     meta["outer_steps"] = std::to_string(local_->outer_steps());

@@ -206,13 +206,31 @@ def rebalance(scratch):
     cfg["train"].update(eval_every=0, log_every=20)
     save(cfg_path, cfg)
     run_dir = os.path.join(scratch, "run-rebalance")
-    p = mpirun(HETRAIN, RANKS, ["train", cfg_path, "--cluster", cluster, "--run-dir", run_dir,
-                                "--inject", "slow:rank=1,at=20,factor=4"], timeout=240)
-    check("rebalance: the deadline run with rank 1 slowed 4x completes (replicas bit-identical)", p.returncode == 0,
+    # In two invocations: stopped after step 120, then resumed, which starts from the
+    # shares the checkpoint's run stepped by, not the plan's.
+    args = ["train", cfg_path, "--cluster", cluster, "--run-dir", run_dir, "--inject", "slow:rank=1,at=20,factor=4"]
+    p = mpirun(HETRAIN, RANKS, args + ["--stop-after", "120"], timeout=240)
+    check("rebalance: the deadline run with rank 1 slowed 4x stops after step 120", p.returncode == 0,
           (p.stdout + p.stderr)[-3000:])
     if p.returncode != 0:
         return
+    first = metrics_records(os.path.join(run_dir, "metrics.jsonl"))
+    p = mpirun(HETRAIN, RANKS, args + ["--resume"], timeout=240)
+    check("rebalance: resumed, it completes (replicas bit-identical)", p.returncode == 0, (p.stdout + p.stderr)[-3000:])
+    if p.returncode != 0:
+        return
     records = metrics_records(os.path.join(run_dir, "metrics.jsonl"))
+    before = [r for r in first if r["type"] == "rebalance" and r["step"] <= 121]
+    resumed = next((r for r in records if r["type"] == "contributions" and r["step"] == 121), None)
+    if before and resumed:
+        ran = {c[0]: c[1] for c in resumed["contributors"] if c[2] == 0}
+        check("rebalance: the resumed run starts from the shares the first one stepped by at its checkpoint "
+              "(not the plan's 64/32/16/16)",
+              before[-1]["shares"] != [64, 32, 16, 16] and all(n == before[-1]["shares"][k] for k, n in ran.items())
+              and "resuming with the shares" in p.stderr, (before[-1], resumed, p.stderr[-1500:]))
+    else:
+        check("rebalance: a re-split before the stop, and a contributions record of step 121", False,
+              (before, resumed))
     splits = [r for r in records if r["type"] == "rebalance"]
     check("rebalance: the leaders' re-splits are recorded as deadline's",
           splits and all(r.get("sync_policy") == "deadline" and sum(r["shares"]) == 128 for r in splits), splits[:3])

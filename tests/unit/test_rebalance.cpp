@@ -671,3 +671,29 @@ TEST_CASE("deadline rebalancer: a member too slow to send kMinSteps rows a check
   }
   CHECK(checks == before + 2);  // step 29: nothing from member 1 since step 19
 }
+
+TEST_CASE("rebalance: a resumed job starts from the checkpoint's shares where they fit, and refuses those that do not") {
+  TwoEqual t;
+  const Plan p = with_resumed_shares(t.plan, {70, 30}, {2, 1}, t.in.costs, t.c);
+  CHECK(p.layout.samples == std::vector<int64_t>{70, 30});
+  CHECK(p.layout.micro_batches == std::vector<int>{2, 1});
+  CHECK(p.ranks[0].samples == 70);
+  CHECK(p.ranks[0].micro_batch_size == 35);
+  // Predicted again: rank 0's 70 samples set the pace, 7/5 of the even split's.
+  CHECK(p.predicted.step_seconds > 1.3 * t.plan.predicted.step_seconds);
+  CHECK(error_of([&] { with_resumed_shares(t.plan, {70, 20}, {1, 1}, t.in.costs, t.c); })
+            .find("summing to 90") != std::string::npos);
+  CHECK(error_of([&] { with_resumed_shares(t.plan, {70, 30}, {1}, t.in.costs, t.c); })
+            .find("1 micro-batch counts for 2 replicas") != std::string::npos);
+  CHECK(error_of([&] { with_resumed_shares(t.plan, {70, 30}, {71, 1}, t.in.costs, t.c); })
+            .find("replica 0's 71 micro-batches for its 70 samples; expected 1 (the plan's) to 70") != std::string::npos);
+  CHECK(error_of([&] { with_resumed_shares(t.plan, {70, 30}, {0, 1}, t.in.costs, t.c); })
+            .find("replica 0's 0 micro-batches") != std::string::npos);
+  // Rank 0 holding 60 samples' worth at most: 70 in one micro-batch do not fit, in two they do.
+  TwoEqual small;
+  small.plan.ranks[0].device.memory_bytes =
+      rank_memory(with_shares(small.plan, {60, 40}), small.in.costs, with_shares(small.plan, {60, 40}).ranks[0]).total();
+  CHECK(error_of([&] { with_resumed_shares(small.plan, {70, 30}, {1, 1}, small.in.costs, small.c); })
+            .find("replica 0's 70 samples in 1 micro-batches need") != std::string::npos);
+  CHECK(with_resumed_shares(small.plan, {70, 30}, {2, 1}, small.in.costs, small.c).layout.samples[0] == 70);
+}
