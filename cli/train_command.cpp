@@ -1,7 +1,6 @@
 // `hetrain train`: one process, or every rank of an MPI job executing a plan; and
 // `hetrain eval` (one process).
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,10 +23,10 @@
 #include "plan/plan_json.h"
 #include "plan/policy_plan.h"
 #include "plan/rebalance.h"
+#include "plan/resumed_shares.h"
 #include "report/plan_table.h"
 #include "report/plan_text.h"
 #include "report/progress.h"
-#include "runtime/checkpoint.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/fault_injection.h"
 #include "runtime/run_dir.h"
@@ -73,55 +72,43 @@ void check_same_config(ht::comm::Communicator& world, const ht::config::Config& 
 }
 
 // On --resume, where the job rebalances (its shares move off the plan's as it measures):
-// the shares and micro-batch counts the newest checkpoint's run stepped by, where its
-// layout (world, replicas, stages) is this plan's and they fit (plan::
-// with_resumed_shares), so that the resumed job need not find them again; else the
-// plan's, a note saying why. A hint only (the checkpoint's header, unverified): the
-// gradient is the same sum whatever the split, and a checkpoint the resume then passes
-// over as unreadable costs only the shares.
+// the shares and micro-batch counts that the checkpoint it resumes from (the newest that
+// verifies, as the resume picks it) holds, where its world and stages are this plan's,
+// each of its replicas is one of this plan's (a new probe may order equal ranks
+// otherwise: the shares follow the ranks) and they fit (plan::with_resumed_shares), so
+// that the resumed job need not find them again; else the plan's, a note saying why.
+// Rank 0 verifies that checkpoint here and again in the resume (its whole file read
+// twice), so that the shares are never those of a file the resume passes over.
 void resume_shares(const ht::config::Config& cfg, ht::plan::Plan& plan, const ht::plan::BlockCosts& costs,
                    const ht::plan::ClusterModel& cluster) {
   // Where the checks move shares: not an equal split, nor a deadline plan of stages.
   if (plan.local || plan.layout.replicas.size() < 2 || plan.strategy == ht::plan::Strategy::equal ||
       (plan.sync_policy == ht::plan::SyncPolicy::deadline && plan.stage_ranges.size() > 1))
     return;
-  const std::vector<ht::runtime::CheckpointFile> files =
-      ht::runtime::CheckpointDir(cfg.run.dir + "/checkpoints").list();
-  if (files.empty()) return;
-  std::map<std::string, std::string> meta;
+  std::optional<ht::runtime::Checkpoint> loaded;
   try {
-    meta = ht::runtime::read_checkpoint_metadata(files.back().path);
+    std::vector<std::string> skipped;  // the resume warns of each
+    loaded = ht::runtime::CheckpointDir(cfg.run.dir + "/checkpoints").load_newest_valid(skipped, false);
   } catch (const ht::Error&) {
-    return;  // the resume names it, and passes it over
+    return;  // none verifies: the resume says so
   }
-  const auto it = meta.find("shares");
-  if (it == meta.end()) return;
-  auto note = [&](const std::string& why) {
-    std::fprintf(stderr, "hetrain: note: the plan's shares, not those of %s: %s\n", files.back().path.c_str(),
-                 why.c_str());
-  };
+  if (!loaded) return;
+  const auto it = loaded->metadata.find("shares");
+  if (it == loaded->metadata.end()) return;
   try {
-    const nlohmann::json j = nlohmann::json::parse(it->second);
-    const nlohmann::json layout = {
-        {"world", plan.world_size}, {"replicas", plan.layout.replicas}, {"stages", plan.stage_ranges}};
-    if (j.at("layout") != layout) {
-      note("its layout " + j.at("layout").dump() + " is not this plan's " + layout.dump());
-      return;
-    }
-    const auto shares = j.at("samples").get<std::vector<int64_t>>();
-    const auto micro = j.at("micro_batches").get<std::vector<int>>();
-    if (shares == plan.layout.samples && micro == plan.layout.micro_batches) return;
-    plan = ht::plan::with_resumed_shares(plan, shares, micro, costs, cluster);
+    const ht::plan::ResumedShares got = ht::plan::shares_for_plan(plan, it->second);
+    if (got.samples == plan.layout.samples && got.micro_batches == plan.layout.micro_batches) return;
+    plan = ht::plan::with_resumed_shares(plan, got.samples, got.micro_batches, costs, cluster);
     std::string text;
-    for (size_t r = 0; r < shares.size(); ++r)
-      text += (r ? "/" : "") + std::to_string(shares[r]) +
-              (micro[r] > 1 ? " (" + std::to_string(micro[r]) + " micro-batches)" : "");
-    std::fprintf(stderr, "hetrain: note: resuming with the shares %s stepped by: %s samples per replica\n",
-                 files.back().path.c_str(), text.c_str());
-  } catch (const nlohmann::json::exception& e) {
-    note(std::string("its metadata 'shares' is malformed (") + e.what() + ")");
+    for (size_t r = 0; r < got.samples.size(); ++r)
+      text += (r ? "/" : "") + std::to_string(got.samples[r]) +
+              (got.micro_batches[r] > 1 ? " in " + std::to_string(got.micro_batches[r]) : "");
+    std::fprintf(stderr,
+                 "hetrain: note: resuming with the shares %s holds: %s samples per replica (in micro-batches where "
+                 "more than one)\n",
+                 loaded->path.c_str(), text.c_str());
   } catch (const ht::Error& e) {
-    note(e.what());
+    std::fprintf(stderr, "hetrain: note: the plan's shares, not those of %s: %s\n", loaded->path.c_str(), e.what());
   }
 }
 

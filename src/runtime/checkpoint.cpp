@@ -68,51 +68,32 @@ size_t crc_digits_at(const std::string& header) {
 
 // The body of read_checkpoint; errors here describe the problem and the caller prefixes
 // the file name once.
-// A checkpoint file opened and its header parsed (not yet verified: the checksum covers
-// the data too).
-struct OpenedHeader {
-  Fd f{-1};
-  struct stat sb {};
-  uint64_t size = 0;
-  unsigned char len[st::kLengthBytes] = {};
-  std::string text;  // the header as written
-  st::Header h;
-};
-
-void open_header(const std::string& path, OpenedHeader& o) {
+Checkpoint read_unprefixed(const std::string& path, bool keep_values) {
   // Non-blocking, so that opening a FIFO returns at once and is refused below instead of
   // waiting for a writer (no effect on a regular file's reads).
-  o.f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (o.f.fd < 0) fail("cannot open: ", std::system_category().message(errno));
-  if (::fstat(o.f.fd, &o.sb) != 0) fail("cannot stat: ", std::system_category().message(errno));
-  HT_CHECK(S_ISREG(o.sb.st_mode), "not a regular file (a ",
-           S_ISDIR(o.sb.st_mode) ? "directory" : S_ISFIFO(o.sb.st_mode) ? "pipe" : "special file",
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+  if (f.fd < 0) fail("cannot open: ", std::system_category().message(errno));
+  struct stat sb {};
+  if (::fstat(f.fd, &sb) != 0) fail("cannot stat: ", std::system_category().message(errno));
+  HT_CHECK(S_ISREG(sb.st_mode), "not a regular file (a ",
+           S_ISDIR(sb.st_mode) ? "directory" : S_ISFIFO(sb.st_mode) ? "pipe" : "special file",
            "); expected a checkpoint file written by hetrain train");
-  o.size = static_cast<uint64_t>(o.sb.st_size);
-  HT_CHECK(o.size >= st::kLengthBytes, "truncated: the file has ", o.size,
+  const uint64_t size = static_cast<uint64_t>(sb.st_size);
+  HT_CHECK(size >= st::kLengthBytes, "truncated: the file has ", size,
            " bytes, less than the 8-byte header length field");
-  read_exact(o.f.fd, 0, o.len, sizeof o.len, "header length");
-  const uint64_t n = st::decode_length(o.len);
+
+  unsigned char len[st::kLengthBytes];
+  read_exact(f.fd, 0, len, sizeof len, "header length");
+  const uint64_t n = st::decode_length(len);
   HT_CHECK(n <= st::kMaxHeaderBytes, "header length field says ", n,
            " bytes, over the limit of ", st::kMaxHeaderBytes, " (corrupt or not safetensors)");
-  HT_CHECK(n <= o.size - st::kLengthBytes, "truncated: header length field says ", n,
-           " bytes, but the file has only ", o.size - st::kLengthBytes, " bytes after it");
-  o.text.assign(n, '\0');
-  read_exact(o.f.fd, st::kLengthBytes, o.text.data(), n, "header");
-  o.h = st::parse_header(o.text, o.size - st::kLengthBytes - n);
-}
+  HT_CHECK(n <= size - st::kLengthBytes, "truncated: header length field says ", n,
+           " bytes, but the file has only ", size - st::kLengthBytes, " bytes after it");
 
-Checkpoint read_unprefixed(const std::string& path, bool keep_values) {
-  OpenedHeader o;
-  open_header(path, o);
-  Fd& f = o.f;
-  const struct stat& sb = o.sb;
-  const uint64_t size = o.size;
-  const unsigned char* len = o.len;
-  const std::string& text = o.text;
-  const uint64_t n = text.size();
+  std::string text(n, '\0');
+  read_exact(f.fd, st::kLengthBytes, text.data(), n, "header");
   const uint64_t data_bytes = size - st::kLengthBytes - n;
-  st::Header& h = o.h;
+  st::Header h = st::parse_header(text, data_bytes);
 
   auto fmt = h.metadata.find(kFormatKey);
   HT_CHECK(fmt != h.metadata.end(), "no \"", kFormatKey,
@@ -136,7 +117,7 @@ Checkpoint read_unprefixed(const std::string& path, bool keep_values) {
   const size_t at = crc_digits_at(text);
   std::string zeroed = text;
   zeroed.replace(at, 8, crc32_hex(0));
-  uint32_t got = crc32_update(0, len, st::kLengthBytes);
+  uint32_t got = crc32_update(0, len, sizeof len);
   got = crc32_update(got, zeroed.data(), zeroed.size());
 
   Checkpoint ck;
@@ -358,18 +339,6 @@ Tensor Checkpoint::get(const std::string& name) const {
     fail_as<CheckpointReadError>("checkpoint ", path, ": tensor '", name, "': ", e.what());
   }
   return t;
-}
-
-std::map<std::string, std::string> read_checkpoint_metadata(const std::string& path) {
-  try {
-    OpenedHeader o;
-    open_header(path, o);
-    o.h.metadata.erase(kFormatKey);
-    o.h.metadata.erase(kCrcKey);
-    return std::move(o.h.metadata);
-  } catch (const Error& e) {
-    fail("checkpoint ", path, ": ", e.what());
-  }
 }
 
 Checkpoint read_checkpoint(const std::string& path, bool keep_values) {

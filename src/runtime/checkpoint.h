@@ -107,13 +107,6 @@ void write_checkpoint(const std::string& path, const std::vector<nn::NamedTensor
 // memory holds what it loads, a tensor at a time.
 Checkpoint read_checkpoint(const std::string& path, bool keep_values = true);
 
-// The metadata of the checkpoint at `path` (reserved keys removed) from its header
-// alone: the rest of the file is not read, so nothing is verified but the header's
-// layout. For a hint that nothing else depends on (a resumed job's starting shares),
-// where verifying a large checkpoint twice would cost its whole read again. Any problem
-// -> ht::Error "checkpoint <path>: <what is wrong>".
-std::map<std::string, std::string> read_checkpoint_metadata(const std::string& path);
-
 // Copies the checkpoint's values into `into` (e.g. a model's parameters) in place, so the
 // tensors keep their identity and backend. Only checkpoint tensors whose names start
 // with `prefix` take part ("model." loads the weights and ignores "optim." state); names

@@ -84,18 +84,19 @@ std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<
     steps_[m].clear();
     window_[m] = {};
   }
-  // A member that sent fewer than kMinSteps rows since the last check, but some, while
-  // the windows had 2 x kMinSteps steps to fill, is too slow to send more: a rank slowed
-  // 3x, left out of most steps, sent one row in the 8 steps after a re-split. It is
-  // judged on what it sent, where a short window would block the check (and its rows
-  // of before the slow-down, the change the speed test needs at least kMinSteps to see,
-  // would hold its median): its shares moved a check or two later.
+  // A member that sent fewer than kMinSteps rows, but some, while the windows had
+  // 2 x kMinSteps steps to fill, is too slow to send more: a rank slowed 3x, left out of
+  // most steps, sent one row in the 8 steps after a re-split, and one slowed 16x one in
+  // 16 to 32 steps. It is judged on what it sent, where a short window would block the
+  // check (the 16x one was never re-split) and its rows of before the slow-down (the
+  // speed test needs kMinSteps recent ones to drop them) would hold its median. A
+  // stopped member's rows are its speed before the stop, which moves nothing off it.
   const bool filled = step - restarted_at_ >= static_cast<int64_t>(2 * kMinSteps);
   for (size_t m = 0; m < window_.size(); ++m) {
     std::vector<int64_t>& s = steps_[m];
     const auto recent = static_cast<size_t>(
         std::count_if(s.begin(), s.end(), [&](int64_t at) { return at > step - every_; }));
-    const bool sparse = filled && recent > 0 && recent < kMinSteps;
+    const bool sparse = filled && !s.empty() && recent < kMinSteps;
     // Whose speed changed since the last check is judged on its steps since then.
     if (plan::drop_steps_before_speed_change(window_[m], recent, sparse ? 1 : plan::kMinSpeedSteps))
       s.erase(s.begin(), s.end() - static_cast<std::ptrdiff_t>(recent));

@@ -17,6 +17,7 @@
 #include "backend/registry.h"
 #include "core/threads.h"
 #include "data/image_dataset.h"
+#include "plan/resumed_shares.h"
 #include "runtime/checkpoint.h"
 #include "runtime/stage_gather.h"
 #include "runtime/trainer_run.h"
@@ -177,12 +178,9 @@ void Run::save(int64_t step, report::Progress& progress) {
     meta["loss_scale_clean_steps"] = std::to_string(ls->clean_steps());
   }
   // The shares (and micro-batch counts) the job steps by now, which rebalancing moves off
-  // the plan's: a resume over the same layout starts from them (the command's
-  // resumed_shares), not from the plan's, which the checks would move again.
-  if (!local_ && plan_.layout.replicas.size() > 1)
-    meta["shares"] = json{{"layout", json::parse(guard_layout())},
-                          {"samples", plan_.layout.samples},
-                          {"micro_batches", plan_.layout.micro_batches}}.dump();
+  // the plan's: a resume over the same layout starts from them (plan/resumed_shares.h),
+  // not from the plan's, which the checks would move again.
+  if (!local_ && plan_.layout.replicas.size() > 1) meta["shares"] = plan::shares_metadata(plan_);
   if (local_) {
     meta["sync_policy"] = "local";
     meta["outer_steps"] = std::to_string(local_->outer_steps());

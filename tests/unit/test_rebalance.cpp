@@ -13,6 +13,7 @@
 
 #include "comm/local_communicator.h"
 #include "plan/rebalance.h"
+#include "plan/resumed_shares.h"
 #include "runtime/executor.h"
 #include "runtime/deadline_rebalance.h"
 #include "runtime/rebalancer.h"
@@ -611,7 +612,8 @@ TEST_CASE("deadline rebalancer: a member too slow to send kMinSteps rows a check
   // Member 1 is slowed 3x after step 20 and left out of most steps: it sends rows for
   // steps 22 and 27 only. Before, its window kept its 19 rows of before the slow-down
   // (the speed test needs kMinSteps recent rows): the check of step 29 saw the old speed.
-  // After a re-split its window would be short and block every check.
+  // After a re-split its window would be short and block every check until it had sent
+  // kMinSteps rows (a member slowed 16x: never).
   TwoEqual t;
   std::vector<RankMeasure> seen;
   int checks = 0;
@@ -661,15 +663,17 @@ TEST_CASE("deadline rebalancer: a member too slow to send kMinSteps rows a check
                               shares);
     fresh.decide(s, shares);
   }
-  // Step 9: member 1's one row (step 5) is since the last check: judged. Step 19: its
-  // row of step 17 likewise.
+  // Step 9: member 1's one row (step 5) is judged. Step 19: its rows of steps 5 and 17.
   CHECK(checks == before + 2);
-  for (int64_t s = 20; s < 30; ++s) {
+  // Nothing from member 1 after step 17: its rows stand while they are within the
+  // windows' span (three checks), and then it is away, its window emptied: no check.
+  for (int64_t s = 20; s < 50; ++s) {
     fresh.report(0, s, runtime::DeadlineRebalancer::row(0.01, 0.001, 0.012, 0.001, 0.01, 0.001, 0.0001, 1, shares[0]),
                  shares);
     fresh.decide(s, shares);
+    if (s == 39) CHECK(checks == before + 4);
   }
-  CHECK(checks == before + 2);  // step 29: nothing from member 1 since step 19
+  CHECK(checks == before + 4);  // step 49: step 17 is older than 49 - 30
 }
 
 TEST_CASE("rebalance: a resumed job starts from the checkpoint's shares where they fit, and refuses those that do not") {
@@ -696,4 +700,44 @@ TEST_CASE("rebalance: a resumed job starts from the checkpoint's shares where th
   CHECK(error_of([&] { with_resumed_shares(small.plan, {70, 30}, {1, 1}, small.in.costs, small.c); })
             .find("replica 0's 70 samples in 1 micro-batches need") != std::string::npos);
   CHECK(with_resumed_shares(small.plan, {70, 30}, {2, 1}, small.in.costs, small.c).layout.samples[0] == 70);
+}
+
+TEST_CASE("rebalance: a checkpoint's shares follow the ranks into a resumed plan, and bad ones are named") {
+  TwoEqual t;
+  Plan ran = with_shares(t.plan, {70, 30});
+  ran.layout.micro_batches = {2, 1};
+  const std::string text = shares_metadata(ran);
+  ResumedShares got = shares_for_plan(t.plan, text);
+  CHECK(got.samples == std::vector<int64_t>{70, 30});
+  CHECK(got.micro_batches == std::vector<int>{2, 1});
+  // A new probe ordering the ranks' replicas otherwise: each takes its ranks' share.
+  Plan swapped = t.plan;
+  std::swap(swapped.layout.replicas[0], swapped.layout.replicas[1]);
+  got = shares_for_plan(swapped, text);
+  CHECK(got.samples == std::vector<int64_t>{30, 70});
+  CHECK(got.micro_batches == std::vector<int>{1, 2});
+  // In a micro-batch trial the count before it is kept: the tried one is not judged.
+  Plan trial = ran;
+  trial.layout.micro_batches = {8, 1};
+  trial.layout.alternate_micro_batches = {2, 0};
+  CHECK(shares_for_plan(t.plan, shares_metadata(trial)).micro_batches == std::vector<int>{2, 1});
+  auto why = [&](const std::string& bad) { return error_of([&] { shares_for_plan(t.plan, bad); }); };
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = text;
+    const size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    return s.replace(at, from.size(), to);
+  };
+  CHECK(why("{").find("metadata 'shares'") != std::string::npos);
+  CHECK(why(std::string(70000, '[') + std::string(70000, ']')).find("nesting reaches level") != std::string::npos);
+  CHECK(why(with("\"world\":2", "\"world\":4")).find("another world or other stages") != std::string::npos);
+  CHECK(why(with("[[0],[1]]", "[[0],[2]]")).find("its replicas are not this plan's") != std::string::npos);
+  CHECK(why(with("[70,30]", "[70,30,1]")).find("not of 2 replicas") != std::string::npos);
+  CHECK(why(with("[70,30]", "[0,100]")).find("shares.samples[0]") != std::string::npos);
+  CHECK(why(with("[70,30]", "[-1,101]")).find("shares.samples[0]") != std::string::npos);
+  CHECK(why(with("[70,30]", "[70.5,29.5]")).find("shares.samples[0]") != std::string::npos);
+  CHECK(why(with("[70,30]", "[9223372036854775807,30]")).find("shares.samples[0]") != std::string::npos);
+  CHECK(why(with("[2,1]", "[71,1]")).find("shares.micro_batches[0]") != std::string::npos);
+  CHECK(why(with("[2,1]", "[2,0]")).find("shares.micro_batches[1]") != std::string::npos);
+  CHECK(why(with("[2,1]", "[2,4294967297]")).find("shares.micro_batches[1]") != std::string::npos);
 }
