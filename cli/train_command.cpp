@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -96,7 +97,12 @@ void resume_shares(const ht::config::Config& cfg, ht::plan::Plan& plan, const ht
   const auto it = loaded->metadata.find("shares");
   if (it == loaded->metadata.end()) return;
   try {
-    const ht::plan::ResumedShares got = ht::plan::shares_for_plan(plan, it->second);
+    ht::plan::ResumedShares got = ht::plan::shares_for_plan(plan, it->second);
+    // train.micro_batches set: its counts are the user's (a resume may lower them), not
+    // the checkpoint's, which trials may have made finer.
+    if (cfg.train.micro_batches != 1)
+      for (size_t r = 0; r < got.samples.size(); ++r)
+        got.micro_batches[r] = static_cast<int>(std::min<int64_t>(plan.layout.micro_batches[r], got.samples[r]));
     if (got.samples == plan.layout.samples && got.micro_batches == plan.layout.micro_batches) return;
     plan = ht::plan::with_resumed_shares(plan, got.samples, got.micro_batches, costs, cluster);
     std::string text;

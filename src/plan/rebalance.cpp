@@ -227,12 +227,16 @@ std::vector<double> measured_reduce_seconds(const Plan& plan, const std::vector<
     size_t steps = SIZE_MAX;
     for (const auto& replica : plan.layout.replicas)
       steps = std::min(steps, measured[static_cast<size_t>(replica[s])].reduce_s.size());
+    // Aligned from the end: every window ends at the check's step, and one may be shorter
+    // (drop_steps_before_speed_change trims a rank's alone).
     std::vector<double> least(steps, -1);
-    for (const auto& replica : plan.layout.replicas)
+    for (const auto& replica : plan.layout.replicas) {
+      const std::vector<double>& mine = measured[static_cast<size_t>(replica[s])].reduce_s;
       for (size_t k = 0; k < steps; ++k) {
-        const double t = measured[static_cast<size_t>(replica[s])].reduce_s[k];
+        const double t = mine[mine.size() - steps + k];
         least[k] = least[k] < 0 ? t : std::min(least[k], t);
       }
+    }
     out.push_back(least.empty() ? -1 : median(std::move(least)));
   }
   return out;

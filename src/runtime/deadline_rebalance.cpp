@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/stats.h"
 #include "plan/rebalance_message.h"
 
 namespace ht::runtime {
@@ -48,7 +49,19 @@ void DeadlineRebalancer::report(int member, int64_t step, std::span<const double
       shares.size() != window_.size() || row[8] != static_cast<double>(shares[static_cast<size_t>(member)]) ||
       row[2] <= 0)
     return;
-  if (shares != window_shares_) restart(shares, step);  // another leader's re-split: rows of the old shares
+  // Another leader's re-split: rows of the old shares. The windows start at this rank's
+  // next step (a late row's own step may be far older).
+  if (shares != window_shares_) restart(shares, last_close_ + 1);
+  // A step longer than the windows' span of the job's steps held a stop (SIGSTOP, a
+  // stalled host): a member silent that long is away (decide), and the row of the step
+  // the stop fell in, sent once it is back, is not its speed. Kept, one such row (5 s
+  // among 10 ms ones) was a sparse member's whole window, and the check moved its share
+  // to almost nothing. The job's step is the median wall of the last rows of any member.
+  if (recent_walls_.size() >= kMinSteps &&
+      row[0] > static_cast<double>(kWindowChecks * every_) * median(recent_walls_))
+    return;
+  recent_walls_.push_back(row[2]);
+  if (recent_walls_.size() > kRecentWalls) recent_walls_.erase(recent_walls_.begin());
   plan::RankMeasure& w = window_[static_cast<size_t>(member)];
   steps_[static_cast<size_t>(member)].push_back(step);
   w.work_s.push_back(row[0]);

@@ -10,7 +10,8 @@
 // worth of steps (those since the last check alone where its speed moved:
 // plan::drop_steps_before_speed_change); one whose member has sent none for that span
 // of steps (stopped) is emptied, and no re-split is made while a window is short: a
-// stop is for the deadline to ride out, not a change of speed. A member too slow to be
+// stop is for the deadline to ride out, not a change of speed (nor is the row of the
+// step a stop fell in, longer than that span, kept). A member too slow to be
 // waited for still sends its measures with its late contributions, and is re-split: on
 // fewer than kMinSteps when it sent one since the last check while the windows had
 // 2 x kMinSteps steps to fill. Windows start afresh when the shares change (whoever
@@ -70,6 +71,8 @@ class DeadlineRebalancer {
   std::vector<int64_t> window_shares_;       // the shares the windows' rows ran
   int64_t last_close_ = -2;                  // the last step this rank closed
   int64_t restarted_at_ = 0;                 // the step the windows last started afresh at
+  static constexpr size_t kRecentWalls = 32;
+  std::vector<double> recent_walls_;         // the wall of the last rows kept, any member's
 };
 
 }  // namespace ht::runtime

@@ -159,11 +159,14 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
   // A leader's re-split: it runs from the step after this record's, the one whose
   // `contributions` record says rec.step + 2 (records count steps from 1).
   if (!rec.shares.empty()) {
+    std::vector<int> ranks;  // each replica's first rank, as sync's records name them
+    for (const auto& replica : plan_.layout.replicas) ranks.push_back(replica.front());
     metrics->write(nlohmann::json{{"type", "rebalance"},
                                   {"step", rec.step + 2},
                                   {"sync_policy", "deadline"},
                                   {"changed", true},
                                   {"leader", rec.leader},
+                                  {"ranks", ranks},
                                   {"shares_before", deadline_shares_},
                                   {"shares", rec.shares}}
                        .dump());

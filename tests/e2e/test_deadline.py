@@ -223,7 +223,7 @@ def rebalance(scratch):
     before = [r for r in first if r["type"] == "rebalance" and r["step"] <= 121]
     resumed = next((r for r in records if r["type"] == "contributions" and r["step"] == 121), None)
     if before and resumed:
-        ran = {c[0]: c[1] for c in resumed["contributors"] if c[2] == 0}
+        ran = {c[0]: c[1] for c in resumed["contributors"] if c[2] == 0 and c[1] > 0}
         check("rebalance: the resumed run starts from the shares the first one stepped by at its checkpoint "
               "(not the plan's 64/32/16/16)",
               before[-1]["shares"] != [64, 32, 16, 16] and all(n == before[-1]["shares"][k] for k, n in ran.items())
@@ -233,7 +233,8 @@ def rebalance(scratch):
               (before, resumed))
     splits = [r for r in records if r["type"] == "rebalance"]
     check("rebalance: the leaders' re-splits are recorded as deadline's",
-          splits and all(r.get("sync_policy") == "deadline" and sum(r["shares"]) == 128 for r in splits), splits[:3])
+          splits and all(r.get("sync_policy") == "deadline" and sum(r["shares"]) == 128 and r.get("ranks") == [0, 1, 2, 3]
+                         for r in splits), splits[:3])
     if not splits:
         return
     # A later check may undo a re-split whose measured step came out slower (the

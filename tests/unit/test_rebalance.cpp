@@ -84,6 +84,11 @@ TEST_CASE("rebalance: calibration scales each rank's costs to what it measured")
   noisy[1].wall_s.assign(5, 0.5);  // a slower rank sets the step
   CHECK(measured_step_seconds(noisy) == doctest::Approx(0.5));
   CHECK(measured_reduce_seconds(t.plan, {RankMeasure{}, RankMeasure{}}) == std::vector<double>{-1});
+  // Windows of unequal length (one trimmed at a speed change) pair their last steps:
+  // both end at the check's step.
+  RankMeasure longer = steady(10, 0.1, 0, 0.4, 0.030), shorter = steady(10, 0.1, 0, 0.4, 0.020);
+  for (int k = 0; k < 10; ++k) longer.reduce_s.push_back(0.001), longer.work_s.push_back(0.1);
+  CHECK(measured_reduce_seconds(t.plan, {longer, shorter}) == std::vector<double>{0.001});
   CHECK(error_of([&] { calibrated_costs(t.plan, t.in.costs, t.c, {m[0]}); }).find("1 measurements for 2 ranks") !=
         std::string::npos);
 }
@@ -740,4 +745,36 @@ TEST_CASE("rebalance: a checkpoint's shares follow the ranks into a resumed plan
   CHECK(why(with("[2,1]", "[71,1]")).find("shares.micro_batches[0]") != std::string::npos);
   CHECK(why(with("[2,1]", "[2,0]")).find("shares.micro_batches[1]") != std::string::npos);
   CHECK(why(with("[2,1]", "[2,4294967297]")).find("shares.micro_batches[1]") != std::string::npos);
+}
+
+TEST_CASE("deadline rebalancer: the row of a step a stop fell in is not a member's speed") {
+  // Member 1 steps at 10 ms to step 23, is stopped, and its first row back (step 38)
+  // holds the 5 s of the stop. Kept, it was the member's only row since the last check,
+  // the speed test dropped the others for it, and the check moved its share to ~1.
+  TwoEqual t;
+  std::vector<RankMeasure> seen;
+  runtime::DeadlineRebalancer rebalancer(
+      [&](const Plan& current, const std::vector<RankMeasure>& measured) {
+        seen = measured;
+        Rebalance d;
+        d.plan = current;
+        return d;
+      },
+      10, t.plan, {0, 1}, 1000);
+  const std::vector<int64_t> shares = t.plan.layout.samples;
+  auto report = [&](int member, int64_t s, double work) {
+    rebalancer.report(member, s,
+                      runtime::DeadlineRebalancer::row(work, 0.001, work + 0.002, 0.001, work, 0.001, 0.0001, 1,
+                                                       shares[static_cast<size_t>(member)]),
+                      shares);
+  };
+  for (int64_t s = 0; s < 40; ++s) {
+    report(0, s, 0.010);
+    if (s < 24) report(1, s, 0.010);
+    if (s == 38) report(1, s, 5.0);
+    rebalancer.decide(s, shares);
+  }
+  REQUIRE(seen.size() == 2);
+  CHECK_FALSE(seen[1].work_s.empty());
+  CHECK(std::all_of(seen[1].work_s.begin(), seen[1].work_s.end(), [](double w) { return w == 0.010; }));
 }
