@@ -55,8 +55,8 @@
 //    judged on its new speed alone at the first check whose steps since the check
 //    before are more than half slowed (plan::drop_steps_before_speed_change), from half
 //    a check to a check and a half after the factor begins, and its answer runs two
-//    steps later. The re-split is plan/rebalance.h's
-//    over the costs with the factors applied; what it plays is that plan, slowed. Under
+//    steps later. The re-split is plan/rebalance.h's over the costs with the factors
+//    applied; what it plays is that plan, slowed. Under
 //    local (more than one group) the rounds re-split (runtime/local_sync.h): from
 //    kResplitRounds + 2 rounds after the factor begins, plan/local_plan.h's split_round
 //    over the groups' costs with the factors applied, the same split for every group of

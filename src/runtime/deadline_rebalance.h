@@ -13,8 +13,8 @@
 // stop is for the deadline to ride out, not a change of speed (nor is the row of the
 // step a stop fell in, longer than that span, kept). A member too slow to be
 // waited for still sends its measures with its late contributions, and is re-split: on
-// fewer than kMinSteps when it sent one since the last check while the windows had
-// 2 x kMinSteps steps to fill. Windows start afresh when the shares change (whoever
+// fewer than kMinSteps rows, once the windows have had 2 x kMinSteps steps to fill.
+// Windows start afresh when the shares change (whoever
 // decided it) and when this rank leads again after another has.
 #pragma once
 
