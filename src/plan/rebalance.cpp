@@ -174,6 +174,11 @@ Plan with_resumed_shares(const Plan& plan, const std::vector<int64_t>& shares, c
   Plan p = with_shares(plan, shares);
   HT_CHECK(micro_batches.size() == shares.size(), micro_batches.size(), " micro-batch counts for ", shares.size(),
            " replicas; expected one per replica");
+  for (size_t r = 0; r < shares.size(); ++r)
+    HT_CHECK(shares[r] >= std::min(plan.layout.samples[r], kMinMicroBatchSamples), "replica ", r, "'s share of ",
+             shares[r], " samples is below ", kMinMicroBatchSamples,
+             ": a rank measured at so few samples is measured by its fixed costs, and the checks would not give it "
+             "samples back should it be faster now");
   for (size_t r = 0; r < shares.size(); ++r) {
     HT_CHECK(micro_batches[r] >= p.layout.micro_batches[r] && micro_batches[r] <= shares[r], "replica ", r, "'s ",
              micro_batches[r], " micro-batches for its ", shares[r], " samples; expected ", p.layout.micro_batches[r],

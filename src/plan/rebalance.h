@@ -97,8 +97,12 @@ Plan with_shares(const Plan& original, const std::vector<int64_t>& shares);
 // run stepped by, predicted over `costs` and `cluster`: what a resumed job starts from,
 // so that it need not find them again. Each count is at least the plan's (a kept
 // micro-batch trial's finer count) and at most its share, and every rank of each replica
-// must hold its share in memory. Errors (ht::Error, naming what does not fit): as
-// with_shares, or a count or share outside those bounds.
+// must hold its share in memory. A share under kMinMicroBatchSamples (where the plan's
+// is not) is refused: at a few samples a rank's step is its fixed costs, which the
+// calibration takes for its speed per sample, so the checks never give it samples back
+// (a rank re-split to 1 sample while slowed 4x, resumed unslowed, kept 1 sample for 240
+// steps). Errors (ht::Error, naming what does not fit): as with_shares, or a count or
+// share outside those bounds.
 Plan with_resumed_shares(const Plan& plan, const std::vector<int64_t>& shares, const std::vector<int>& micro_batches,
                          const BlockCosts& costs, const ClusterModel& cluster);
 

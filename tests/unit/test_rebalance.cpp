@@ -698,6 +698,10 @@ TEST_CASE("rebalance: a resumed job starts from the checkpoint's shares where th
             .find("replica 0's 71 micro-batches for its 70 samples; expected 1 (the plan's) to 70") != std::string::npos);
   CHECK(error_of([&] { with_resumed_shares(t.plan, {70, 30}, {0, 1}, t.in.costs, t.c); })
             .find("replica 0's 0 micro-batches") != std::string::npos);
+  // A share of a few samples would hold its rank there: measured by its fixed costs.
+  CHECK(error_of([&] { with_resumed_shares(t.plan, {93, 7}, {1, 1}, t.in.costs, t.c); })
+            .find("replica 1's share of 7 samples is below 8") != std::string::npos);
+  CHECK(with_resumed_shares(t.plan, {92, 8}, {1, 1}, t.in.costs, t.c).layout.samples[1] == 8);
   // Rank 0 holding 60 samples' worth at most: 70 in one micro-batch do not fit, in two they do.
   TwoEqual small;
   small.plan.ranks[0].device.memory_bytes =
