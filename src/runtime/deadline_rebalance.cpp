@@ -102,19 +102,14 @@ std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<
   // most steps, sent one row in the 8 steps after a re-split, and one slowed 16x one in
   // 16 to 32 steps. It is judged on what it sent, where a short window would block the
   // check (the 16x one was never re-split) and its rows of before the slow-down (the
-  // speed test needs kMinSteps recent ones to drop them) would hold its median.
-  // A member that sent nothing in the last check's steps (at least 2 x kMinSteps) is
-  // stopped, or too slow to send in that time: no check is made (before, a check in a
-  // stop's first three checks' span judged the stopped member on its rows of before).
-  const int64_t silent_after = step - std::max<int64_t>(every_, 2 * kMinSteps);
-  for (const std::vector<int64_t>& s : steps_)
-    if (s.empty() || s.back() <= silent_after) return {};
+  // speed test needs kMinSteps recent ones to drop them) would hold its median. A
+  // stopped member's rows are its speed before the stop, which moves nothing off it.
   const bool filled = step - restarted_at_ >= static_cast<int64_t>(2 * kMinSteps);
   for (size_t m = 0; m < window_.size(); ++m) {
     std::vector<int64_t>& s = steps_[m];
     const auto recent = static_cast<size_t>(
         std::count_if(s.begin(), s.end(), [&](int64_t at) { return at > step - every_; }));
-    const bool sparse = filled && recent < kMinSteps;
+    const bool sparse = filled && !s.empty() && recent < kMinSteps;
     // Whose speed changed since the last check is judged on its steps since then.
     if (plan::drop_steps_before_speed_change(window_[m], recent, sparse ? 1 : plan::kMinSpeedSteps))
       s.erase(s.begin(), s.end() - static_cast<std::ptrdiff_t>(recent));

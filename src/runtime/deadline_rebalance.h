@@ -9,10 +9,9 @@
 // chain; the executor takes it). A window keeps its member's last kWindowChecks checks'
 // worth of steps (those since the last check alone where its speed moved:
 // plan::drop_steps_before_speed_change); one whose member has sent none for that span
-// of steps (stopped) is emptied, and no re-split is made while a window is short or a
-// member has sent none in the last check's steps: a stop is for the deadline to ride
-// out, not a change of speed (nor is the row of the step a stop fell in, longer than
-// that span, kept). A member too slow to be
+// of steps (stopped) is emptied, and no re-split is made while a window is short: a
+// stop is for the deadline to ride out, not a change of speed (nor is the row of the
+// step a stop fell in, longer than that span, kept). A member too slow to be
 // waited for still sends its measures with its late contributions, and is re-split: on
 // fewer than kMinSteps rows, once the windows have had 2 x kMinSteps steps to fill.
 // Windows start afresh when the shares change (whoever
