@@ -57,8 +57,11 @@ void DeadlineRebalancer::report(int member, int64_t step, std::span<const double
   // the stop fell in, sent once it is back, is not its speed. Kept, one such row (5 s
   // among 10 ms ones) was a sparse member's whole window, and the check moved its share
   // to almost nothing. The job's step is the median wall of the last rows of any member.
+  // (The median, a copy and a sort, only for a row past the bound over the least wall.)
+  const double span = static_cast<double>(kWindowChecks * every_);
   if (recent_walls_.size() >= kMinSteps &&
-      row[0] > static_cast<double>(kWindowChecks * every_) * median(recent_walls_))
+      row[0] > span * *std::min_element(recent_walls_.begin(), recent_walls_.end()) &&
+      row[0] > span * median(recent_walls_))
     return;
   recent_walls_.push_back(row[2]);
   if (recent_walls_.size() > kRecentWalls) recent_walls_.erase(recent_walls_.begin());

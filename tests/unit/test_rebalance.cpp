@@ -58,6 +58,31 @@ struct TwoEqual {
   Plan plan = make_plan(in);
 };
 
+// A deadline leader over TwoEqual's two members, checking every 10 steps, whose decision
+// keeps the shares and records what it was given.
+struct DeadlineLeader {
+  TwoEqual t;
+  std::vector<int64_t> shares = t.plan.layout.samples;
+  std::vector<RankMeasure> seen;  // the last check's windows, by rank
+  int checks = 0;
+  runtime::DeadlineRebalancer rebalancer{[this](const Plan& current, const std::vector<RankMeasure>& measured) {
+                                           seen = measured;
+                                           ++checks;
+                                           Rebalance d;
+                                           d.plan = current;
+                                           return d;
+                                         },
+                                         10, t.plan, {0, 1}, 1000};
+  // Member `member`'s step `step` at `work` seconds of work, at its share.
+  void report(int member, int64_t step, double work) {
+    rebalancer.report(member, step,
+                      runtime::DeadlineRebalancer::row(work, 0.001, work + 0.002, 0.001, work, 0.001, 0.0001, 1,
+                                                       shares[static_cast<size_t>(member)]),
+                      shares);
+  }
+  void close(int64_t step) { rebalancer.decide(step, shares); }
+};
+
 }  // namespace
 
 TEST_CASE("rebalance: calibration scales each rank's costs to what it measured") {
@@ -587,30 +612,15 @@ TEST_CASE("rebalancer: the first check after a rank's speed changed sees its new
 }
 
 TEST_CASE("deadline rebalancer: a member whose speed changed is judged on its steps since the last check") {
-  TwoEqual t;
-  std::vector<RankMeasure> seen;
-  runtime::DeadlineRebalancer rebalancer(
-      [&](const Plan& current, const std::vector<RankMeasure>& measured) {
-        seen = measured;
-        Rebalance d;
-        d.plan = current;
-        return d;
-      },
-      10, t.plan, {0, 1}, 1000);
-  const std::vector<int64_t> shares = t.plan.layout.samples;
+  DeadlineLeader l;
   for (int64_t s = 0; s < 30; ++s) {
-    const double slowed = s < 20 ? 0.010 : 0.030;
-    for (int member = 0; member < 2; ++member) {
-      const double work = member == 1 ? slowed : 0.010;
-      const std::vector<double> row = runtime::DeadlineRebalancer::row(
-          work, 0.001, work + 0.002, 0.001, work, 0.001, 0.0001, 1, shares[static_cast<size_t>(member)]);
-      rebalancer.report(member, s, row, shares);
-    }
-    rebalancer.decide(s, shares);
+    l.report(0, s, 0.010);
+    l.report(1, s, s < 20 ? 0.010 : 0.030);
+    l.close(s);
   }
-  REQUIRE(seen.size() == 2);
-  CHECK(seen[1].work_s == std::vector<double>(10, 0.030));  // steps 20-29
-  CHECK(seen[0].work_s.size() == 29);                        // steps 1-29: unchanged, all kept
+  REQUIRE(l.seen.size() == 2);
+  CHECK(l.seen[1].work_s == std::vector<double>(10, 0.030));  // steps 20-29
+  CHECK(l.seen[0].work_s.size() == 29);                        // steps 1-29: unchanged, all kept
 }
 
 TEST_CASE("deadline rebalancer: a member too slow to send kMinSteps rows a check is judged on those it sent") {
@@ -619,66 +629,32 @@ TEST_CASE("deadline rebalancer: a member too slow to send kMinSteps rows a check
   // (the speed test needs kMinSteps recent rows): the check of step 29 saw the old speed.
   // After a re-split its window would be short and block every check until it had sent
   // kMinSteps rows (a member slowed 16x: never).
-  TwoEqual t;
-  std::vector<RankMeasure> seen;
-  int checks = 0;
-  runtime::DeadlineRebalancer rebalancer(
-      [&](const Plan& current, const std::vector<RankMeasure>& measured) {
-        seen = measured;
-        ++checks;
-        Rebalance d;
-        d.plan = current;
-        return d;
-      },
-      10, t.plan, {0, 1}, 1000);
-  const std::vector<int64_t> shares = t.plan.layout.samples;
-  auto report = [&](int member, int64_t s, double work) {
-    rebalancer.report(member, s,
-                      runtime::DeadlineRebalancer::row(work, 0.001, work + 0.002, 0.001, work, 0.001, 0.0001, 1,
-                                                       shares[static_cast<size_t>(member)]),
-                      shares);
-  };
+  DeadlineLeader l;
   for (int64_t s = 0; s < 30; ++s) {
-    report(0, s, 0.010);
-    if (s < 20) report(1, s, 0.010);
-    if (s == 22 || s == 27) report(1, s, 0.030);
-    rebalancer.decide(s, shares);
+    l.report(0, s, 0.010);
+    if (s < 20) l.report(1, s, 0.010);
+    if (s == 22 || s == 27) l.report(1, s, 0.030);
+    l.close(s);
   }
-  REQUIRE(seen.size() == 2);
-  CHECK(seen[1].work_s == std::vector<double>(2, 0.030));
-  const int before = checks;
-  // Once the others ran 2 x kMinSteps steps since a restart, one row a check suffices;
-  // a member with no row since the last check (away) still blocks it.
-  runtime::DeadlineRebalancer fresh(
-      [&](const Plan& current, const std::vector<RankMeasure>&) {
-        ++checks;
-        Rebalance d;
-        d.plan = current;
-        return d;
-      },
-      10, t.plan, {0, 1}, 1000);
+  REQUIRE(l.seen.size() == 2);
+  CHECK(l.seen[1].work_s == std::vector<double>(2, 0.030));
+  // Once the windows had 2 x kMinSteps steps since they started, one row suffices.
+  DeadlineLeader fresh;
   for (int64_t s = 0; s < 20; ++s) {
-    fresh.report(0, s, runtime::DeadlineRebalancer::row(0.01, 0.001, 0.012, 0.001, 0.01, 0.001, 0.0001, 1, shares[0]),
-                 shares);
-    if (s == 5) fresh.report(1, s, runtime::DeadlineRebalancer::row(0.03, 0.001, 0.032, 0.001, 0.03, 0.001, 0.0001, 1,
-                                                                     shares[1]),
-                             shares);
-    if (s == 17) fresh.report(1, s, runtime::DeadlineRebalancer::row(0.03, 0.001, 0.032, 0.001, 0.03, 0.001, 0.0001, 1,
-                                                                      shares[1]),
-                              shares);
-    fresh.decide(s, shares);
+    fresh.report(0, s, 0.010);
+    if (s == 5 || s == 17) fresh.report(1, s, 0.030);
+    fresh.close(s);
   }
   // Step 9: member 1's one row (step 5) is judged. Step 19: its rows of steps 5 and 17.
-  CHECK(checks == before + 2);
+  CHECK(fresh.checks == 2);
   // Nothing from member 1 after step 17: its rows stand while they are within the
   // windows' span (three checks), and then it is away, its window emptied: no check.
   for (int64_t s = 20; s < 50; ++s) {
-    fresh.report(0, s, runtime::DeadlineRebalancer::row(0.01, 0.001, 0.012, 0.001, 0.01, 0.001, 0.0001, 1, shares[0]),
-                 shares);
-    fresh.decide(s, shares);
-    if (s == 39) CHECK(checks == before + 4);
+    fresh.report(0, s, 0.010);
+    fresh.close(s);
+    if (s == 39) CHECK(fresh.checks == 4);
   }
-  CHECK(checks == before + 4);  // step 49: step 17 is older than 49 - 30
+  CHECK(fresh.checks == 4);  // step 49: step 17 is older than 49 - 30
 }
 
 TEST_CASE("rebalance: a resumed job starts from the checkpoint's shares where they fit, and refuses those that do not") {
@@ -755,30 +731,14 @@ TEST_CASE("deadline rebalancer: the row of a step a stop fell in is not a member
   // Member 1 steps at 10 ms to step 23, is stopped, and its first row back (step 38)
   // holds the 5 s of the stop. Kept, it was the member's only row since the last check,
   // the speed test dropped the others for it, and the check moved its share to ~1.
-  TwoEqual t;
-  std::vector<RankMeasure> seen;
-  runtime::DeadlineRebalancer rebalancer(
-      [&](const Plan& current, const std::vector<RankMeasure>& measured) {
-        seen = measured;
-        Rebalance d;
-        d.plan = current;
-        return d;
-      },
-      10, t.plan, {0, 1}, 1000);
-  const std::vector<int64_t> shares = t.plan.layout.samples;
-  auto report = [&](int member, int64_t s, double work) {
-    rebalancer.report(member, s,
-                      runtime::DeadlineRebalancer::row(work, 0.001, work + 0.002, 0.001, work, 0.001, 0.0001, 1,
-                                                       shares[static_cast<size_t>(member)]),
-                      shares);
-  };
+  DeadlineLeader l;
   for (int64_t s = 0; s < 40; ++s) {
-    report(0, s, 0.010);
-    if (s < 24) report(1, s, 0.010);
-    if (s == 38) report(1, s, 5.0);
-    rebalancer.decide(s, shares);
+    l.report(0, s, 0.010);
+    if (s < 24) l.report(1, s, 0.010);
+    if (s == 38) l.report(1, s, 5.0);
+    l.close(s);
   }
-  REQUIRE(seen.size() == 2);
-  CHECK_FALSE(seen[1].work_s.empty());
-  CHECK(std::all_of(seen[1].work_s.begin(), seen[1].work_s.end(), [](double w) { return w == 0.010; }));
+  REQUIRE(l.seen.size() == 2);
+  CHECK_FALSE(l.seen[1].work_s.empty());
+  CHECK(std::all_of(l.seen[1].work_s.begin(), l.seen[1].work_s.end(), [](double w) { return w == 0.010; }));
 }
