@@ -238,7 +238,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--timeline", args->timeline, "Write one step's measured timeline here (Chrome trace JSON)");
   cmd->add_option("--inject", args->inject,
                   "Testing aid, repeatable: stall:rank=R,at=STEP,for=SECONDS | nan:rank=R,at=STEP[,steps=N] | "
-                  "slow:rank=R,at=STEP,factor=F | scale:rank=R,at=STEP,factor=F[,steps=N] (see docs/faults.md)")
+                  "slow:rank=R,at=STEP,factor=F[,steps=N] | scale:rank=R,at=STEP,factor=F[,steps=N] (see docs/faults.md)")
       ->allow_extra_args(false);
   cmd->callback([args, seed, steps, stop_after, run_dir] {
     // Training runs on the devices it is started on; a synth: cluster describes others, so

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -53,7 +54,7 @@ Fault parse_fault(const std::string& spec) {
   const std::map<FaultKind, std::vector<std::string>> allowed = {  // in the order messages list them
       {FaultKind::stall, {"at", "for", "rank"}},
       {FaultKind::nan, {"at", "rank", "steps"}},
-      {FaultKind::slow, {"at", "factor", "rank"}},
+      {FaultKind::slow, {"at", "factor", "rank", "steps"}},
       {FaultKind::scale, {"at", "factor", "rank", "steps"}}};
   const std::map<FaultKind, std::set<std::string>> required = {
       {FaultKind::stall, {"rank", "at", "for"}},
@@ -63,6 +64,9 @@ Fault parse_fault(const std::string& spec) {
   const std::vector<std::string>& keys = allowed.at(f.kind);
   std::string keys_text;
   for (const std::string& k : keys) keys_text += (keys_text.empty() ? "" : ", ") + k;
+  // A slow-down lasts to the job's end unless `steps` bounds it (a card that throttles
+  // for a while and recovers).
+  if (f.kind == FaultKind::slow) f.steps = std::numeric_limits<int64_t>::max();
   std::set<std::string> seen;
   for (const auto& [key, value] : config::spec_fields("fault", spec, keys, keys_text)) {
     seen.insert(key);
@@ -117,13 +121,13 @@ void FaultInjector::begin_step(int64_t step) {
         if (f.at >= 1 && f.at >= first_step_ && f.at <= step && !slept_[i]) due_.push_back(i);
         break;
       case FaultKind::nan:
-        if (step >= f.at && step < f.at + f.steps) poison_ = true;
+        if (step >= f.at && step - f.at < f.steps) poison_ = true;
         break;
       case FaultKind::slow:
-        if (step >= f.at) factor_ *= f.factor;
+        if (step >= f.at && step - f.at < f.steps) factor_ *= f.factor;
         break;
       case FaultKind::scale:
-        if (step >= f.at && step < f.at + f.steps) scale_ *= f.factor;
+        if (step >= f.at && step - f.at < f.steps) scale_ *= f.factor;
         break;
     }
   }

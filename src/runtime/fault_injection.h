@@ -7,7 +7,8 @@
 //   stall:rank=R,at=STEP,for=SECONDS   rank R sleeps SECONDS at the start of step STEP;
 //                                      at=0: before MPI start-up (the bounded start, watchdog.h)
 //   nan:rank=R,at=STEP[,steps=N]       rank R's gradient holds a NaN in steps STEP..STEP+N-1
-//   slow:rank=R,at=STEP,factor=F       from step STEP on, rank R's compute takes F times as long
+//   slow:rank=R,at=STEP,factor=F[,steps=N]  rank R's compute takes F times as long in steps
+//                                      STEP..STEP+N-1 (no steps: to the job's end)
 //   scale:rank=R,at=STEP,factor=F[,steps=N]  rank R's gradient is F times what it computed in
 //                                      steps STEP..STEP+N-1: finite garbage, for the guard's norm check
 #pragma once
@@ -30,7 +31,7 @@ struct Fault {
   int rank = 0;
   int64_t at = 1;       // the first step it acts in (1-based, as in metrics.jsonl; a stall's 0: before start-up)
   double seconds = 0;   // stall
-  int64_t steps = 1;    // nan, scale: how many consecutive steps
+  int64_t steps = 1;    // nan, scale, slow: how many consecutive steps (slow: unbounded by default)
   double factor = 1;    // slow, scale: >= 1
   std::string spec;     // as given, for messages
 };

@@ -54,6 +54,15 @@ TEST_CASE("a fault acts on its rank in its steps only") {
   CHECK(stalled == std::vector<int64_t>{4});
   CHECK(poisoned == std::vector<int64_t>{10, 11, 12});
   CHECK(slowed == std::vector<int64_t>{6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  // A bounded slow-down (a card that throttles and recovers): steps 3..5 only, and two
+  // at once multiply.
+  FaultInjector bounded({parse_fault("slow:rank=2,at=3,factor=4,steps=3"), parse_fault("slow:rank=2,at=5,factor=2")}, 2);
+  std::vector<double> factors;
+  for (int64_t step = 1; step <= 7; ++step) {
+    bounded.begin_step(step);
+    factors.push_back(bounded.slow_factor());
+  }
+  CHECK(factors == std::vector<double>{1, 1, 4, 4, 8, 2, 2});
   one.begin_step(4);
   CHECK(one.take_stall() == 0);  // slept once, at step 4
   // Under local a job step may run no executor step on this rank: a stall due then is
