@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 
+#include "config/config.h"
 #include "core/error.h"
 #include "plan/batch_split.h"
 #include "plan/memory_fit.h"
@@ -675,8 +676,11 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   const double ideal = 1 / rate;
   int h = 0;
   if (local_steps > 0) {
-    HT_CHECK(local_steps >= static_cast<int64_t>(n), "parallel.local_steps ", local_steps, " is below the plan's ", n,
-             " local groups; expected at least ", n, " (every group takes at least one inner step a round)");
+    // A config that does not fit the plan made for it: rejected as a config is (exit 2).
+    if (local_steps < static_cast<int64_t>(n))
+      throw config::ConfigError("parallel.local_steps " + std::to_string(local_steps) + " is below the plan's " +
+                                std::to_string(n) + " local groups; expected at least " + std::to_string(n) +
+                                " (every group takes at least one inner step a round)");
     h = static_cast<int>(local_steps);
   } else {
     const int least = std::max(static_cast<int>(n), static_cast<int>(std::ceil(kHideFactor * exchange / ideal)));

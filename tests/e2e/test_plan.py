@@ -351,6 +351,12 @@ def local_trace(tmp):
     # ts and dur are printed in microseconds, each rounded: the ends agree to a microsecond.
     check("--trace of a local plan: the round is H predicted steps long",
           round_s > 0 and abs(end - round_s) <= 1e-6 + 1e-9 * round_s, f"trace ends {end} s, H x step {round_s} s")
+    # parallel.local_steps below the plan's group count is a config that does not fit it.
+    few = write_config(os.path.join(tmp, "mlp-local-h2.json"), MLP, parallel={"sync": "local", "local_steps": 2})
+    r = plan(few, "--cluster", cluster)
+    check("parallel.local_steps below the plan's groups: exit 2 naming it and the count",
+          r.returncode == 2 and "config error: parallel.local_steps 2 is below the plan's 4 local groups" in r.stderr,
+          f"exit {r.returncode}: {r.stderr[-800:]}")
 
 
 def own_ranks():
