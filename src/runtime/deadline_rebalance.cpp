@@ -23,7 +23,8 @@ DeadlineRebalancer::DeadlineRebalancer(RebalanceFn decide, int64_t every, plan::
       first_(std::move(first)),
       world_rank_of_(std::move(world_rank_of)),
       window_(world_rank_of_.size()),
-      steps_(world_rank_of_.size()) {
+      steps_(world_rank_of_.size()),
+      held_(world_rank_of_.size()) {
   HT_CHECK(world_rank_of_.size() == first_.layout.replicas.size(), "deadline rebalancing: ", world_rank_of_.size(),
            " members for a plan of ", first_.layout.replicas.size(), " replicas; expected one member per replica");
 }
@@ -38,11 +39,12 @@ std::vector<double> DeadlineRebalancer::row(double work_s, double optimizer_s, d
 void DeadlineRebalancer::restart(const std::vector<int64_t>& shares, int64_t step) {
   for (plan::RankMeasure& w : window_) w = {};
   for (std::vector<int64_t>& s : steps_) s.clear();
+  for (std::vector<double>& h : held_) h.clear();
   window_shares_ = shares;
   restarted_at_ = step;
 }
 
-void DeadlineRebalancer::report(int member, int64_t step, std::span<const double> row,
+void DeadlineRebalancer::report(int member, int64_t /*step*/, std::span<const double> row,
                                 const std::vector<int64_t>& shares) {
   // A row of another size (not this build's) or of a member out of range says nothing.
   if (every_ <= 0 || row.size() != kRowSize || member < 0 || static_cast<size_t>(member) >= window_.size() ||
@@ -52,21 +54,41 @@ void DeadlineRebalancer::report(int member, int64_t step, std::span<const double
   // Another leader's re-split: rows of the old shares. The windows start at this rank's
   // next step (a late row's own step may be far older).
   if (shares != window_shares_) restart(shares, last_close_ + 1);
-  // A step longer than the windows' span of the job's steps held a stop (SIGSTOP, a
-  // stalled host): a member silent that long is away (decide), and the row of the step
-  // the stop fell in, sent once it is back, is not its speed. Kept, one such row (5 s
-  // among 10 ms ones) was a sparse member's whole window, and the check moved its share
-  // to almost nothing. The job's step is the median wall of the last rows of any member.
+  const auto m = static_cast<size_t>(member);
+  // A step longer than the windows' span of the job's steps may have held a stop
+  // (SIGSTOP, a stalled host), and the row of the step the stop fell in, sent once the
+  // member is back, is not its speed: kept, one such row (5 s among 10 ms ones) was a
+  // sparse member's whole window, and the check moved its share to almost nothing. Such
+  // a row is held until the member's next: another as long says the member is that slow
+  // (a rank slowed 40x), and both count; a shorter one, that it was a stop, and the held
+  // row is dropped. The job's step is the median wall of the last rows of any member.
   // (The median, a copy and a sort, only for a row past the bound over the least wall.)
   const double span = static_cast<double>(kWindowChecks * every_);
-  if (recent_walls_.size() >= kMinSteps &&
-      row[0] > span * *std::min_element(recent_walls_.begin(), recent_walls_.end()) &&
-      row[0] > span * median(recent_walls_))
+  const bool long_step = recent_walls_.size() >= kMinSteps &&
+                         row[0] > span * *std::min_element(recent_walls_.begin(), recent_walls_.end()) &&
+                         row[0] > span * median(recent_walls_);
+  if (long_step && held_[m].empty()) {
+    held_[m].assign(row.begin(), row.end());
     return;
+  }
+  if (!long_step) held_[m].clear();
+  if (!held_[m].empty()) {
+    const std::vector<double> held = std::move(held_[m]);
+    held_[m].clear();
+    keep(m, held);
+  }
+  keep(m, row);
+}
+
+void DeadlineRebalancer::keep(size_t m, std::span<const double> row) {
   recent_walls_.push_back(row[2]);
   if (recent_walls_.size() > kRecentWalls) recent_walls_.erase(recent_walls_.begin());
-  plan::RankMeasure& w = window_[static_cast<size_t>(member)];
-  steps_[static_cast<size_t>(member)].push_back(step);
+  plan::RankMeasure& w = window_[m];
+  // A row counts from the step it arrived in, not the one it was for: a member too slow
+  // to be waited for sends its row with a contribution many steps late, and counted by
+  // that step its rows were never "since the last check", nor recent enough not to be
+  // taken for a stopped member's.
+  steps_[m].push_back(last_close_ + 1);
   w.work_s.push_back(row[0]);
   w.optimizer_s.push_back(row[1]);
   w.wall_s.push_back(row[2]);
@@ -75,11 +97,11 @@ void DeadlineRebalancer::report(int member, int64_t step, std::span<const double
   w.optimizer_cpu_s.push_back(row[5]);
   w.comm_cpu_s.push_back(row[6]);
   w.micro_batches.push_back(row[7]);
-  const auto keep = static_cast<size_t>(kWindowChecks * every_);
-  std::vector<int64_t>& s = steps_[static_cast<size_t>(member)];
-  if (s.size() > keep) s.erase(s.begin(), s.end() - static_cast<std::ptrdiff_t>(keep));
+  const auto most = static_cast<size_t>(kWindowChecks * every_);
+  std::vector<int64_t>& s = steps_[m];
+  if (s.size() > most) s.erase(s.begin(), s.end() - static_cast<std::ptrdiff_t>(most));
   for (std::vector<double>* v : plan::measure_series(w))
-    if (v->size() > keep) v->erase(v->begin(), v->end() - static_cast<std::ptrdiff_t>(keep));
+    if (v->size() > most) v->erase(v->begin(), v->end() - static_cast<std::ptrdiff_t>(most));
 }
 
 std::vector<int64_t> DeadlineRebalancer::decide(int64_t step, const std::vector<int64_t>& shares) {

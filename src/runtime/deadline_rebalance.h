@@ -11,7 +11,8 @@
 // plan::drop_steps_before_speed_change); one whose member has sent none for that span
 // of steps (stopped) is emptied, and no re-split is made while a window is short: a
 // stop is for the deadline to ride out, not a change of speed (nor is the row of the
-// step a stop fell in, longer than that span, kept). A member too slow to be
+// step a stop fell in, longer than that span, kept, unless the member's next row is as
+// long: then it is that slow). Rows count from the step they arrive in. A member too slow to be
 // waited for still sends its measures with its late contributions, and is re-split: on
 // fewer than kMinSteps rows, once the windows have had 2 x kMinSteps steps to fill.
 // Windows start afresh when the shares change (whoever
@@ -50,7 +51,8 @@ class DeadlineRebalancer {
                                  double optimizer_cpu_s, double comm_cpu_s, int micro_batches, int64_t samples);
   // On the leader: member `member`'s row, sent with its contribution to `step`; kept when
   // it ran at its share in `shares` (the shares in force), else dropped (a step of the
-  // shares before a re-split).
+  // shares before a re-split). It counts from the step this rank closes next, where it
+  // arrived (a slow member's contribution, and its row, may arrive many steps late).
   void report(int member, int64_t step, std::span<const double> row, const std::vector<int64_t>& shares);
   // On the leader, after closing step `step` (`shares` in force from the next): the
   // shares from step + 2 on, or nothing to keep them (always nothing within three steps
@@ -67,7 +69,9 @@ class DeadlineRebalancer {
   std::vector<int> world_rank_of_;
   void restart(const std::vector<int64_t>& shares, int64_t step);  // empty windows, of `shares`, from `step`
   std::vector<plan::RankMeasure> window_;  // per member
-  std::vector<std::vector<int64_t>> steps_;  // per member, the step of each row
+  void keep(size_t member, std::span<const double> row);  // into the member's window
+  std::vector<std::vector<int64_t>> steps_;  // per member, the step each row arrived in
+  std::vector<std::vector<double>> held_;    // per member, a row past the stop bound, until its next
   std::vector<int64_t> window_shares_;       // the shares the windows' rows ran
   int64_t last_close_ = -2;                  // the last step this rank closed
   int64_t restarted_at_ = 0;                 // the step the windows last started afresh at

@@ -3,6 +3,7 @@
 // tuner's keep / undo / settle decisions.
 #include <doctest/doctest.h>
 
+#include <map>
 #include <optional>
 
 #include "tests/unit/error_message.h"
@@ -731,14 +732,50 @@ TEST_CASE("deadline rebalancer: the row of a step a stop fell in is not a member
   // Member 1 steps at 10 ms to step 23, is stopped, and its first row back (step 38)
   // holds the 5 s of the stop. Kept, it was the member's only row since the last check,
   // the speed test dropped the others for it, and the check moved its share to ~1.
+  // Held until its next row, which is its old speed again: dropped then.
   DeadlineLeader l;
-  for (int64_t s = 0; s < 40; ++s) {
+  for (int64_t s = 0; s < 50; ++s) {
     l.report(0, s, 0.010);
-    if (s < 24) l.report(1, s, 0.010);
+    if (s < 24 || s > 38) l.report(1, s, 0.010);
     if (s == 38) l.report(1, s, 5.0);
     l.close(s);
+    if (s == 39 || s == 49) {
+      REQUIRE(l.seen.size() == 2);
+      CHECK_FALSE(l.seen[1].work_s.empty());
+      CHECK(std::all_of(l.seen[1].work_s.begin(), l.seen[1].work_s.end(), [](double w) { return w == 0.010; }));
+    }
   }
-  REQUIRE(l.seen.size() == 2);
-  CHECK_FALSE(l.seen[1].work_s.empty());
-  CHECK(std::all_of(l.seen[1].work_s.begin(), l.seen[1].work_s.end(), [](double w) { return w == 0.010; }));
+  CHECK(l.checks == 5);
+}
+
+TEST_CASE("deadline rebalancer: a slow member's late rows count where they arrive, not at the step they were for") {
+  // Member 1 slowed after step 20: each of its steps spans `lag` of the others', and
+  // its row, sent with its late contribution, arrives `lag` steps after the step it was
+  // for. Counted by that step, no row was ever since the last check: its rows of before
+  // the slow-down were never dropped and held its median (the CNN's rank slowed 16x
+  // moved 62 steps late), and a member slowed past the windows' span (30 steps) was taken
+  // for stopped, its window emptied at every check, and never re-split.
+  for (const int64_t lag : {16, 40}) {
+    CAPTURE(lag);
+    DeadlineLeader l;
+    std::map<int64_t, double> slow_seen;  // member 1's median work at each check from step 20
+    for (int64_t s = 0; s < 20 + 3 * lag; ++s) {
+      l.report(0, s, 0.010);
+      if (s < 20) l.report(1, s, 0.010);
+      // The contribution to step f (f = 20, 20 + lag, ...) arrives while step f + lag closes.
+      if (s >= 20 + lag && (s - 20) % lag == 0) l.report(1, s - lag, 0.010 * static_cast<double>(lag));
+      const int before = l.checks;
+      l.close(s);
+      if (l.checks > before && s >= 20) slow_seen[s] = l.seen[1].work_s.empty() ? 0 : median(l.seen[1].work_s);
+    }
+    // The check after the first late row arrived (step 20 + lag) judges member 1 on it;
+    // a row past the stop bound (30 x the 12 ms steps) once the second as long arrives.
+    const int64_t arrived = 0.010 * static_cast<double>(lag) > 30 * 0.012 ? 20 + 2 * lag : 20 + lag;
+    const int64_t first = arrived / 10 * 10 + 9;
+    REQUIRE(slow_seen.count(first));
+    CHECK(slow_seen[first] == 0.010 * static_cast<double>(lag));
+    // And so does every later check: a member that sends is not away.
+    for (const auto& [step, work] : slow_seen)
+      if (step > first) CHECK(work == 0.010 * static_cast<double>(lag));
+  }
 }
