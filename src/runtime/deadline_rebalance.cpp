@@ -39,7 +39,12 @@ std::vector<double> DeadlineRebalancer::row(double work_s, double optimizer_s, d
 void DeadlineRebalancer::restart(const std::vector<int64_t>& shares, int64_t step) {
   for (plan::RankMeasure& w : window_) w = {};
   for (std::vector<int64_t>& s : steps_) s.clear();
-  for (std::vector<double>& h : held_) h.clear();
+  // A held row (a step past the stop bound, waiting for the member's next) stands where
+  // the member's share stays: a member slowed 40x sends a row every 80 steps or so, and
+  // the checks' re-splits of the others' shares in between had it wait for two rows in a
+  // row without one, so that it was re-split in one run and never in another.
+  for (size_t m = 0; m < held_.size(); ++m)
+    if (!held_[m].empty() && (m >= shares.size() || held_[m][8] != static_cast<double>(shares[m]))) held_[m].clear();
   window_shares_ = shares;
   restarted_at_ = step;
 }

@@ -779,3 +779,22 @@ TEST_CASE("deadline rebalancer: a slow member's late rows count where they arriv
       if (step > first) CHECK(work == 0.010 * static_cast<double>(lag));
   }
 }
+
+TEST_CASE("deadline rebalancer: a held row stands through a restart that leaves its member's share") {
+  // Member 1 slowed 40x after step 20 sends a row past the stop bound every 40 steps. Its
+  // first (arriving at step 60) is held; the windows restart at step 76 (this rank leads
+  // again after another closed step 75), its share unchanged; its second row (step 100)
+  // is kept with the held one, and the check of step 109 judges it. Cleared at the
+  // restart, the held row had it wait for a third (step 140): a member this slow, whose
+  // windows the others' re-splits restart every few checks, was re-split in one run and
+  // never in another.
+  DeadlineLeader l;
+  for (int64_t s = 0; s < 110; ++s) {
+    l.report(0, s, 0.010);
+    if (s < 20) l.report(1, s, 0.010);
+    if (s == 60 || s == 100) l.report(1, s - 40, 0.400);
+    if (s != 75) l.close(s);
+  }
+  REQUIRE(l.seen.size() == 2);
+  CHECK(l.seen[1].work_s == std::vector<double>(2, 0.400));
+}
