@@ -23,6 +23,10 @@ namespace {
 int64_t int_field(const std::string& spec, const std::string& key, const std::string& text, int64_t min) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  // A whole number past int64's range is a number, out of range, not "not an integer".
+  if (ec == std::errc::result_out_of_range && end == text.data() + text.size())
+    reject(spec, key + "=" + text + " is out of range; expected an integer from " + std::to_string(min) + " to " +
+                     std::to_string(std::numeric_limits<int64_t>::max()));
   if (ec != std::errc() || end != text.data() + text.size())
     reject(spec, key + "=" + text + " is not an integer; expected an integer of at least " + std::to_string(min));
   if (v < min)

@@ -104,6 +104,9 @@ TEST_CASE("bad fault specs are one-line errors naming the spec, field, value and
       {"nan", "fault nan: missing field "},
       {"stall:rank=1,at=2,for=-1", "fault stall:rank=1,at=2,for=-1: for=-1 is out of range; expected seconds from 0 to 1e6"},
       {"stall:rank=1,at=2,for=1e308", "fault stall:rank=1,at=2,for=1e308: for=1e308 is out of range; expected seconds from 0 to 1e6"},
+      {"slow:rank=1,at=2,factor=2,steps=99999999999999999999",
+       "fault slow:rank=1,at=2,factor=2,steps=99999999999999999999: steps=99999999999999999999 is out of range; "
+       "expected an integer from 1 to 9223372036854775807"},
       {"slow:rank=1,at=2,factor=0.5",
        "fault slow:rank=1,at=2,factor=0.5: factor=0.5 is out of range; expected a factor from 1 to 1e6"},
       {"slow:rank=1,at=2,factor=2e6", "fault slow:rank=1,at=2,factor=2e6: factor=2e6 is out of range; expected a factor from 1 to 1e6"},
