@@ -1,5 +1,5 @@
 // The cluster fingerprint: what `hetrain probe --json FILE` writes and what the planner
-// (`hetrain plan --cluster FILE`) reads. The schema is in the README ("Cluster file").
+// (`hetrain plan --cluster FILE`) reads. The schema is in docs/formats.md ("Cluster file").
 #pragma once
 
 #include <optional>
