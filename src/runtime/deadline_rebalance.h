@@ -12,7 +12,8 @@
 // of steps (stopped) is emptied, and no re-split is made while a window is short: a
 // stop is for the deadline to ride out, not a change of speed (nor is the row of the
 // step a stop fell in, longer than that span, kept, unless the member's next row is as
-// long: then it is that slow). Rows count from the step they arrive in. A member too slow to be
+// long: then it is that slow), and the windows start afresh when it sends again. Rows
+// count from the step they arrive in. A member too slow to be
 // waited for still sends its measures with its late contributions, and is re-split: on
 // fewer than kMinSteps rows, once the windows have had 2 x kMinSteps steps to fill.
 // Windows start afresh when the shares change (whoever
@@ -72,6 +73,7 @@ class DeadlineRebalancer {
   void keep(size_t member, std::span<const double> row);  // into the member's window
   std::vector<std::vector<int64_t>> steps_;  // per member, the step each row arrived in
   std::vector<std::vector<double>> held_;    // per member, a row past the stop bound, until its next
+  std::vector<bool> away_;                   // per member, its window emptied as away, until it sends again
   std::vector<int64_t> window_shares_;       // the shares the windows' rows ran
   int64_t last_close_ = -2;                  // the last step this rank closed
   int64_t restarted_at_ = 0;                 // the step the windows last started afresh at

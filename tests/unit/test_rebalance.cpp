@@ -798,3 +798,20 @@ TEST_CASE("deadline rebalancer: a held row stands through a restart that leaves 
   REQUIRE(l.seen.size() == 2);
   CHECK(l.seen[1].work_s == std::vector<double>(2, 0.400));
 }
+
+TEST_CASE("deadline rebalancer: the windows start afresh when a member back from away sends again") {
+  // Member 1 is stopped from step 20 to 70; member 0, meanwhile beside a stopped rank, steps
+  // at 8 ms, and at 10 ms again once member 1 is back. A check that mixed member 0's rows
+  // of the stop with member 1's first rows back moved shares that the next check moved
+  // back.
+  DeadlineLeader l;
+  for (int64_t s = 0; s < 80; ++s) {
+    l.report(0, s, s >= 20 && s < 71 ? 0.008 : 0.010);
+    if (s < 20 || s > 70) l.report(1, s, 0.010);
+    if (s == 70) l.report(1, s, 5.0);  // the step the stop fell in: held, then dropped
+    l.close(s);
+  }
+  REQUIRE(l.seen.size() == 2);
+  CHECK(l.seen[0].work_s == std::vector<double>(8, 0.010));  // steps 72-79
+  CHECK(l.seen[1].work_s == std::vector<double>(9, 0.010));  // steps 71-79
+}
