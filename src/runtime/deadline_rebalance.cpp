@@ -1,6 +1,7 @@
 #include "runtime/deadline_rebalance.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "core/stats.h"
@@ -45,7 +46,7 @@ void DeadlineRebalancer::restart(const std::vector<int64_t>& shares, int64_t ste
   // the checks' re-splits of the others' shares in between had it wait for two rows in a
   // row without one, so that it was re-split in one run and never in another.
   for (size_t m = 0; m < held_.size(); ++m)
-    if (!held_[m].empty() && (m >= shares.size() || held_[m][8] != static_cast<double>(shares[m]))) held_[m].clear();
+    if (!held_[m].empty() && held_[m][8] != static_cast<double>(shares[m])) held_[m].clear();
   window_shares_ = shares;
   restarted_at_ = step;
 }
@@ -73,15 +74,13 @@ void DeadlineRebalancer::report(int member, int64_t /*step*/, std::span<const do
   const bool long_step = recent_walls_.size() >= kMinSteps &&
                          row[0] > span * *std::min_element(recent_walls_.begin(), recent_walls_.end()) &&
                          row[0] > span * median(recent_walls_);
-  if (long_step && held_[m].empty()) {
+  if (!long_step) {
+    held_[m].clear();
+  } else if (held_[m].empty()) {
     held_[m].assign(row.begin(), row.end());
     return;
-  }
-  if (!long_step) held_[m].clear();
-  if (!held_[m].empty()) {
-    const std::vector<double> held = std::move(held_[m]);
-    held_[m].clear();
-    keep(m, held);
+  } else {
+    keep(m, std::exchange(held_[m], {}));
   }
   keep(m, row);
 }
