@@ -307,7 +307,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   events_.clear();
   verdict_ = Verdict::kept;
   skip_update_ = false;
-  stop_agreed_ = false;
+  stop_signal_ = 0;
   step_scale_ = loss_scale_ ? loss_scale_->scale() : 1.0;
   if (stage_group_->size() > 1) ensure_quarantine();
   if (stage_group_->size() > 1 && !deadline_)
@@ -435,7 +435,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
   r.loss_samples = lost ? 0 : loss_samples_;
   r.guard_events = std::move(events_);
   r.update_skipped = skip_update_;
-  r.stop_agreed = stop_agreed_;
+  r.stop_signal = stop_signal_;
   r.wall_s = seconds_since(start);
   if (deadline_ && deadline_->rebalances()) {
     // What this step measured goes with the next contributions; a re-split the step's

@@ -72,9 +72,11 @@ struct StepResult {
   // reported by the first member of each stage group (every member knows them).
   std::vector<GuardEvent> guard_events;
   bool update_skipped = false;  // no contribution of some group kept: the optimiser did not step
-  // Some member of the step's gradient reduction asked to stop in it (set_stop_request):
-  // the same on every rank, so all stop after this step.
-  bool stop_agreed = false;
+  // Nonzero where some member of the step's gradient reduction asked to stop in it
+  // (set_stop_request): the signal it was asked with (SIGTERM over SIGINT where members
+  // were given both), the same on every rank, so all stop after this step and exit with
+  // one status.
+  int stop_signal = 0;
   // Under parallel.sync deadline: the step this rank applied (which may differ from the
   // one it was asked for, after a catch-up) and who contributed to it.
   std::optional<DeadlineStep> deadline;
@@ -129,13 +131,13 @@ class Executor {
   // Called between a step's instructions and between its blocks' forward and backward
   // calls: under local, the outer exchange moves along there (runtime/local_sync.h).
   void set_poll(std::function<void()> poll) { poll_ = std::move(poll); }
-  // Whether this rank has been asked to stop (a signal), sent with every step's guard
+  // The signal that asked this rank to stop (0: none), sent with every step's guard
   // counts, so that every member learns of any member's request in the same step
-  // (StepResult::stop_agreed). Acted on only where the step's gradient reduction spans
+  // (StepResult::stop_signal). Acted on only where the step's gradient reduction spans
   // every rank of the world (one stage, no idle rank): there it reaches them all. On a
   // hybrid plan under deadline AlignReplica carries it instead: a replica's ranks agree
   // on the step they stop after, and their stages' chains end there (Run::take_deadline).
-  void set_stop_request(std::function<bool()> requested) { stop_requested_ = std::move(requested); }
+  void set_stop_request(std::function<int()> requested) { stop_requested_ = std::move(requested); }
   // The bad-node guard's settings (config.guard; the defaults until called). Its history
   // and quarantines start afresh.
   void set_guard(const config::GuardConfig& guard);
@@ -257,8 +259,8 @@ class Executor {
   int64_t loss_samples_ = 0;  // the samples loss_sum_ holds
   const FaultInjector* faults_ = nullptr;
   std::function<void()> poll_;
-  std::function<bool()> stop_requested_;
-  bool stop_agreed_ = false;  // this step's (set_stop_request)
+  std::function<int()> stop_requested_;
+  int stop_signal_ = 0;  // this step's agreed stop, its signal (set_stop_request)
   // The bad-node guard (runtime/guard.h). In a pipeline each stage's replicas judge their
   // own part of the gradient, so one stage may leave out a replica that another keeps,
   // and a stage without replicas skips its own update alone; a NaN sent back across a

@@ -22,6 +22,7 @@
 #include "comm/shared_memory.h"
 #include "comm/weighted_allreduce.h"
 #include "core/error.h"
+#include "core/stop_signal.h"
 #include "ops/ops.h"
 #include "optim/grad_clip.h"
 
@@ -125,8 +126,10 @@ std::vector<Tensor> Executor::final_grads(size_t begin, size_t end) {
 // This rank's verdict on parameters [begin, end)'s gradients `grads`; a contribution left
 // out becomes zeros. Its counts: [samples kept, then one verdict per member of the
 // stage group, this rank's in its own slot, then 1 where this rank asks to stop
-// (set_stop_request)], so that their sum tells every member the samples kept, each
-// member's verdict and whether any asked to stop.
+// (set_stop_request), then 1 where it was asked with SIGTERM], so that their sum tells
+// every member the samples kept, each member's verdict, whether any asked to stop and
+// with which signal (two counts, not the signals' sum: a sum of signal numbers does
+// not say which were given).
 void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
   const int members = stage_group_->size(), me = stage_group_->rank();
   const int64_t samples = layout_.samples[static_cast<size_t>(replica_)];
@@ -147,10 +150,12 @@ void Executor::judge(std::vector<Tensor>& grads, size_t begin, size_t end) {
       p.set_grad(grads[k]);
     }
   }
-  Tensor c = Tensor::zeros({2 + members}, cpu_backend());  // host: written through data() here
+  Tensor c = Tensor::zeros({3 + members}, cpu_backend());  // host: written through data() here
   c.data()[0] = v == Verdict::kept ? static_cast<float>(samples) : 0.f;
   c.data()[1 + me] = static_cast<float>(static_cast<int>(v));
-  c.data()[1 + members] = stop_requested_ && stop_requested_() ? 1.f : 0.f;
+  const int asked = stop_requested_ ? stop_requested_() : 0;
+  c.data()[1 + members] = asked != 0 ? 1.f : 0.f;
+  c.data()[2 + members] = asked == SIGTERM ? 1.f : 0.f;
   counts_.push_back(c);
   groups_.emplace_back(begin, end);
 }
@@ -170,7 +175,7 @@ void Executor::settle_guard() {
     if (c[0] <= 0) skip_update_ = true;
     // Every member reads the same sums; only where the group is the whole world does the
     // request reach every rank in this step.
-    if (c[1 + members] > 0 && members == world_.size()) stop_agreed_ = true;
+    if (c[1 + members] > 0 && members == world_.size()) stop_signal_ = c[2 + members] > 0 ? SIGTERM : SIGINT;
     std::vector<Tensor> sums;
     for (size_t i = groups_[g].first; i < groups_[g].second; ++i) sums.push_back(params_[i].second.grad());
     rescale_to_kept(sums, plan_.global_batch, c[0]);
@@ -360,12 +365,12 @@ void Executor::align_replica(StepResult& r) {
   forget_loss(d.missed);
   // Read once: every round of this agreement sends the same request, and a signal that
   // comes after it is the next step's to agree on.
-  const bool stop_asked = stop_requested_ && stop_requested_();
-  bool stop = false;
+  const int stop_asked = stop_requested_ ? stop_requested_() : 0;
+  int stop = 0;
   for (int round = 0;; ++round) {
     char word[112];
     std::snprintf(word, sizeof word, "%" PRId64 " %d %a %" PRId64 " %d", deadline_->step(), d.ended ? 1 : 0,
-                  d.record.loss_sum, d.record.fresh_samples, stop_asked ? 1 : 0);
+                  d.record.loss_sum, d.record.fresh_samples, stop_asked);
     const std::vector<std::string> items =
         replica_group_->allgather(word, peer_timeout_, "the replica's step agreement (AlignReplica)");
     int64_t target = -1;
@@ -383,7 +388,10 @@ void Executor::align_replica(StepResult& r) {
       const long asked = std::strtol(end, &end, 10);
       HT_CHECK(end && *end == '\0' && end != p, "executor: AlignReplica on rank ", me(), ": stage ", i,
                " of replica ", replica_, " sent '", items[i], "'; expected its step, ended, loss, samples and stop");
-      stop = stop || asked != 0;
+      HT_CHECK(asked == 0 || asked == SIGINT || asked == SIGTERM, "executor: AlignReplica on rank ", me(),
+               ": stage ", i, " of replica ", replica_, " asked to stop with signal ", asked,
+               "; expected 0, SIGINT or SIGTERM");
+      stop = stronger_stop(stop, static_cast<int>(asked));
       steps[i] = step;
       equal = equal && (target < 0 || step == target);
       target = std::max(target, step);
@@ -397,7 +405,7 @@ void Executor::align_replica(StepResult& r) {
     if (equal) {
       d.record.loss_sum = round == 0 ? last_loss : 0;
       d.record.fresh_samples = round == 0 ? last_fresh : 0;
-      stop_agreed_ = stop;  // at one step: every rank of the replica stops after it
+      stop_signal_ = stop;  // at one step: every rank of the replica stops after it
       return;
     }
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began) > peer_timeout_) {

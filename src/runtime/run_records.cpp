@@ -15,14 +15,14 @@ std::string Window::to_text() const {
   for (const auto& [step, e] : guard)
     events.push_back({step, e.rank, e.stage, static_cast<int>(e.verdict), e.samples, e.quarantine_steps});
   return json{{"loss_sum", loss_sum}, {"loss_samples", loss_samples}, {"compute_s", compute_s}, {"comm_s", comm_s},
-              {"wall_s", wall_s},     {"interrupted", interrupted}, {"checksum", checksum},
+              {"wall_s", wall_s},     {"stop_signal", stop_signal}, {"checksum", checksum},
               {"guard", events}}
       .dump();
 }
 
 Window Window::from_text(const std::string& text) {
   const json j = json::parse(text);
-  Window w{j["loss_sum"], j["compute_s"], j["comm_s"], j["wall_s"], j["loss_samples"], j["interrupted"], j["checksum"], {}};
+  Window w{j["loss_sum"], j["compute_s"], j["comm_s"], j["wall_s"], j["loss_samples"], j["stop_signal"], j["checksum"], {}};
   for (const json& e : j.value("guard", json::array()))
     w.guard.emplace_back(e[0].get<int64_t>(), GuardEvent{e[1], e[2], static_cast<Verdict>(e[3].get<int>()), e[4], e[5]});
   return w;

@@ -16,7 +16,7 @@ namespace ht::runtime {
 struct Window {
   double loss_sum = 0, compute_s = 0, comm_s = 0, wall_s = 0;
   int64_t loss_samples = 0;  // the samples loss_sum is over (StepResult::loss_samples)
-  bool interrupted = false;
+  int stop_signal = 0;  // the signal that asked this rank to stop, 0: none
   std::string checksum;  // of the rank's parameters after the window's last step
   // The bad-node guard's events in the window's steps, each with its step (1-based).
   std::vector<std::pair<int64_t, GuardEvent>> guard;

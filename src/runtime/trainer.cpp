@@ -97,7 +97,7 @@ nn::Sequential build_in_host_staging(const Task& task, uint64_t seed, const std:
 
 }  // namespace
 
-bool interrupt_requested() { return g_interrupted != 0; }
+int interrupt_signal() { return g_interrupted; }
 
 Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan> plan)
     : cfg_(std::move(cfg)),
@@ -190,13 +190,14 @@ TrainSummary Run::run() {
     if (!multi() && r.loss_samples > 0) loop.last_loss = check_loss(r.loss_sum, r.loss_samples, done);
     const bool stop_after = opts_.stop_after && done - start >= *opts_.stop_after;
     // One process stops at once, and logs its last window as a stop agreed by many does.
-    bool stop_all = finish_due_logs(loop, done, stop_after) || r.stop_agreed || (!multi() && g_interrupted != 0);
+    agreed_signal_ = stronger_stop(agreed_signal_, r.stop_signal);
+    bool stop_all = finish_due_logs(loop, done, stop_after) || r.stop_signal != 0 || (!multi() && g_interrupted != 0);
     apply_rebalance(loop);
     // Under deadline no reduction carries an interrupt: a rank stops at its own step when it
     // was signalled (on a hybrid plan, at the step its replica agreed in AlignReplica), or
     // where another's stop ended the chain (take_deadline): an interrupt, or --stop-after
     // (every rank has it) reached by a rank ahead.
-    const bool signalled = replica_agrees_stops() ? r.stop_agreed : g_interrupted != 0;
+    const bool signalled = replica_agrees_stops() ? r.stop_signal != 0 : g_interrupted != 0;
     const bool deadline_stop = executor_->deadline() && (signalled || deadline_ended_early_);
     // No step follows to wait through: the exchange ends here.
     const bool final_step = done == total_steps_ || stop_after || stop_all || deadline_stop;
@@ -367,7 +368,7 @@ void Run::add_to_window(Loop& loop, const StepResult& r) {
 // plan its replica's other stages must stop with it, so their AlignReplica carries it.
 void Run::agree_stops_in_steps() {
   if ((multi() && !local_group_ && plan_.sync_policy == plan::SyncPolicy::synchronous) || replica_agrees_stops())
-    executor_->set_stop_request([] { return interrupt_requested(); });
+    executor_->set_stop_request([] { return interrupt_signal(); });
 }
 
 bool Run::replica_agrees_stops() const {
@@ -424,14 +425,19 @@ TrainSummary Run::stopped(Loop& loop, int64_t done, bool interrupted) {
     // chain at, this one); the others may get here while it still writes, so they do not
     // say it was saved (a rank 0 stopped in the write left only a .tmp file behind them).
     // A rank that was not signalled stopped on another's word: it says so, rather than
-    // that it was interrupted itself.
-    const std::string how = sig == SIGTERM ? "terminated" : sig != 0 ? "interrupted" : "stopped with the signalled rank";
+    // that it was interrupted itself, and which signal its status is of.
+    const int agreed = stronger_stop(sig, agreed_signal_);
+    const std::string how = sig == SIGTERM ? "terminated"
+                            : sig != 0     ? "interrupted"
+                                           : std::string("stopped with the signalled rank (") +
+                                                 (agreed == SIGTERM ? "SIGTERM" : "SIGINT") + ")";
     const std::string what = how + " at step " +
                              std::to_string(done) + " of " + std::to_string(total_steps_) +
                              (root_ ? "; a checkpoint was saved" : "; rank 0 writes the checkpoint of this step") +
                              resume_hint();
-    // The shell's status for the signal: 130 for SIGINT, 143 for SIGTERM.
-    const int status = 128 + (sig == SIGTERM ? SIGTERM : SIGINT);
+    // The shell's status for the signal: 130 for SIGINT, 143 for SIGTERM; on a rank that
+    // stopped on another's word, that rank's (where its stop carried the signal).
+    const int status = stop_status(agreed);
     // Under deadline too: every member ended its chain at this step (finish_deadline).
     if (multi()) throw InterruptedTogether(what, status);
     throw Interrupted(what, status);

@@ -62,7 +62,7 @@ bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final
     return false;
   }
   if (done % cfg_.train.log_every != 0 && done != total_steps_ && !final_step) return false;
-  loop.window.interrupted = interrupt_requested();
+  loop.window.stop_signal = interrupt_signal();
   if (multi() && !local_) loop.window.checksum = executor_->parameter_checksum();
   // Under local a CRC of the whole model costs a throttled rank a good part of a
   // round: the outer weights are compared where the ranks meet and every tenth log step.
@@ -142,7 +142,8 @@ bool Run::finish_log(Loop& loop, PendingLog& p) {
   for (const Window& w : ranks) {
     loss_sum += w.loss_sum;
     loss_samples += w.loss_samples;
-    interrupted = interrupted || w.interrupted;
+    interrupted = interrupted || w.stop_signal != 0;
+    agreed_signal_ = stronger_stop(agreed_signal_, w.stop_signal);
   }
   bool left_out = false;
   for (const Window& w : ranks) {

@@ -23,6 +23,7 @@
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "core/stop_signal.h"
 #include "optim/lr_schedule.h"
 #include "plan/plan.h"
 #include "report/metrics_log.h"
@@ -42,8 +43,9 @@ namespace ht::runtime::trainer_run {
 
 using Clock = std::chrono::steady_clock;
 
-// Whether Ctrl-C came since the run started (trainer.cpp's handler sets it).
-bool interrupt_requested();
+// The signal that asked this rank to stop since the run started (SIGINT, SIGTERM; 0:
+// none; trainer.cpp's handler sets it).
+int interrupt_signal();
 
 class Run {
  public:
@@ -177,6 +179,9 @@ class Run {
   // Under deadline: a member ended the chain before the last step (it was interrupted:
   // its finish caught this rank up to where it ended), so the job stops there.
   bool deadline_ended_early_ = false;
+  // The signal of a stop agreed with the other ranks (core/stop_signal.h): a rank that
+  // stops on another's word exits with that rank's status.
+  int agreed_signal_ = 0;
   double last_loss_sum_ = 0;  // this rank's, of the last step
   report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines
   struct {

@@ -182,18 +182,25 @@ void Run::write_deadline_record(const comm::StepRecord& rec, std::optional<repor
 // of several stages each stage's chain ends on its own, and a checkpoint of stages at
 // different steps would join weights of different steps under one step's name. Refused
 // before it is written (the newest checkpoint stays the last good one).
+// Each rank's signal goes with them, so that a rank whose chain another's stop ended
+// exits with that rank's status.
 void Run::finish_deadline(Loop& loop, FinishReason why) {
   end_deadline_chain(loop, why);
-  const std::vector<std::string> items =
-      world_.allgather(std::to_string(executor_->deadline_step()) + " " + executor_->parameter_checksum(),
-                       peer_timeout(), "the replicas' checksums after the last step");
+  const std::vector<std::string> items = world_.allgather(
+      std::to_string(interrupt_signal()) + " " + std::to_string(executor_->deadline_step()) + " " +
+          executor_->parameter_checksum(),
+      peer_timeout(), "the replicas' checksums after the last step");
   std::vector<std::string> checksums, steps;
   for (size_t r = 0; r < items.size(); ++r) {
-    const size_t space = items[r].find(' ');
-    HT_CHECK(space != std::string::npos, "rank ", r, " sent '", items[r], "' at the end of its deadline chain; "
-             "expected its step and checksum");
-    steps.push_back(items[r].substr(0, space));
-    checksums.push_back(items[r].substr(space + 1));
+    const std::string& item = items[r];
+    const size_t first = item.find(' '), second = first == std::string::npos ? first : item.find(' ', first + 1);
+    const std::string sig = item.substr(0, first);
+    HT_CHECK(second != std::string::npos && (sig == "0" || sig == std::to_string(SIGINT) || sig == std::to_string(SIGTERM)),
+             "rank ", r, " sent '", item, "' at the end of its deadline chain; expected its signal (0, ", SIGINT,
+             " or ", SIGTERM, "), its step and its checksum");
+    agreed_signal_ = stronger_stop(agreed_signal_, std::stoi(sig));
+    steps.push_back(item.substr(first + 1, second - first - 1));
+    checksums.push_back(item.substr(second + 1));
   }
   const bool equal = std::all_of(steps.begin(), steps.end(), [&](const std::string& s) { return s == steps[0]; });
   std::string where;

@@ -341,11 +341,13 @@ def interrupt(scratch, tag, cfg, cluster, steps, stopped):
             p.communicate()
     ckpts = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.safetensors")))
     last = int(os.path.basename(ckpts[-1])[5:13]) if ckpts else -1
-    check(f"{tag}: SIGTERM to rank {stopped} stops the job (nonzero exit) with a checkpoint short of the end",
-          p.returncode != 0 and 0 < last < steps and not os.path.exists(os.path.join(run_dir, "summary.json")),
+    check(f"{tag}: SIGTERM to rank {stopped} stops the job (exit 143 on every rank: the end's exchange carries "
+          f"the signal) with a checkpoint short of the end",
+          p.returncode == 143 and 0 < last < steps and not os.path.exists(os.path.join(run_dir, "summary.json")),
           f"rc {p.returncode}, checkpoints {[os.path.basename(x) for x in ckpts]}\n{err[-2000:]}")
     said = [line for line in err.splitlines()
-            if any(f"{how} at step" in line for how in ("terminated", "interrupted", "stopped with the signalled rank"))]
+            if any(f"{how} at step" in line
+                   for how in ("terminated", "interrupted", "stopped with the signalled rank (SIGTERM)"))]
     check(f"{tag}: every rank says it stopped at the checkpoint's step, rank {stopped} alone that it was terminated",
           len(said) == RANKS and all(f"at step {last} of {steps}" in line for line in said)
           and sum("terminated at step" in line for line in said) == 1

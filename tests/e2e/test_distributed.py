@@ -125,9 +125,10 @@ def capped_stop_resume(tmp, name, cap_mb, **sections):
 
 def signal_stop(tmp, equal):
     """SIGTERM to rank 1 alone of a data-parallel job whose log steps lie far apart: the
-    request travels in the step's gradient reduction, so both ranks stop at one step soon
-    after (the log exchange would agree only after the next log step, 100,000 steps on),
-    rank 0 saves that step with its last window logged, and --resume goes on from it."""
+    request travels in the step's gradient reduction, with its signal, so both ranks stop
+    at one step soon after (the log exchange would agree only after the next log step,
+    100,000 steps on) and exit 143, rank 0 saves that step with its last window logged,
+    and --resume goes on from it."""
     d = os.path.join(tmp, "signalled")
     cfg = config(os.path.join(tmp, "signalled.json"), 200000,
                  train={"log_every": 100000, "eval_every": 20, "eval_max_samples": 100})
@@ -152,13 +153,17 @@ def signal_stop(tmp, equal):
         os.killpg(job.pid, signal.SIGKILL)  # mpirun and its ranks
         _, err = job.communicate()
         err += "\n(still running 120 s after the signal)"
-    steps = [int(x) for x in re.findall(r"(?:terminated|interrupted|stopped with the signalled rank) at step (\d+) of", err)]
+    steps = [int(x) for x in re.findall(r"(?:terminated|interrupted|stopped with the signalled rank \(SIG[A-Z]+\)) at step (\d+) of", err)]
     stop = steps[0] if steps else None
     check("a signal to rank 1 of a data-parallel job: both ranks stop at one step, long before the next log step",
           len(steps) == 2 and len(set(steps)) == 1 and stop < 100000 and job.returncode != 0, err[-1500:])
-    check("... rank 1 says it was terminated, rank 0 that it stopped with the signalled rank",
+    check("... rank 1 says it was terminated, rank 0 that it stopped with the signalled rank, with SIGTERM's status",
           len(re.findall(r"terminated at step", err)) == 1
-          and len(re.findall(r"stopped with the signalled rank at step", err)) == 1, err[-1500:])
+          and len(re.findall(r"stopped with the signalled rank \(SIGTERM\) at step", err)) == 1, err[-1500:])
+    # The reduction carries the signal too: rank 0 exits with SIGTERM's status as rank 1
+    # does (it exited 130, Ctrl-C's, and mpirun reports the first nonzero status).
+    check("... the job exits 143, SIGTERM's status, whichever rank ends first", job.returncode == 143,
+          f"exit {job.returncode}\n{err[-1500:]}")
     train = [x for x in records(d) if x["type"] == "train"] if stop else []
     check("... rank 0 saves that step, its window logged",
           stop is not None and os.path.exists(os.path.join(d, "checkpoints", f"ckpt-{stop:08d}.safetensors"))

@@ -5,8 +5,8 @@ alone, ranks 2 and 3 one synchronous group; the plan `hetrain plan` makes for th
 steps, stop with a checkpoint at step 30, and resume on 2 ranks, which plan local for
 themselves, to step 60. The loss falls; the records and the summary carry the policy,
 the groups, H and the outer step count; the checkpoint holds the outer weights and the
-outer momentum; the resumed run ends with a trained model. Ctrl-C reaching every rank
-mid-run stops them all at one step, with that step's checkpoint.
+outer momentum; the resumed run ends with a trained model. SIGTERM to one rank mid-run
+stops them all at one step, each with SIGTERM's status, with that step's checkpoint.
 
 Every log step the trainer compares all ranks' outer-weight checksums and ends the job
 when they differ, so each run succeeding is the check that they stay bit-identical.
@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, mpirun, records, run, save
+from e2e_util import ENV, ROOT, check, finish, have_fashion_mnist, load, mpirun, rank_pids, records, run, save
 
 HETRAIN = os.path.abspath(sys.argv[1])
 CLUSTER = os.path.join(ROOT, "tests", "e2e", "clusters", "cpu_4_2_1_1.json")
@@ -53,27 +53,13 @@ def header(path):
         return json.loads(f.read(n))
 
 
-def rank_pids(run_dir):
-    """The pids of the hetrain ranks training into `run_dir` (their command lines name it)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0].endswith(b"hetrain") and run_dir.encode() in cmd:
-            pids.append(int(d))
-    return pids
-
-
 def interrupt(scratch, cfg, planned):
-    """Ctrl-C reaches every rank of a local job mid-run. Rank 0 answers a round's logs a
-    round end before the others take the answers (trainer_logs.cpp), so it must hold the
-    stop an answer carries until they take it: every rank stops at one step and ends
-    through MPI_Finalize, the job exits 130, and that step's checkpoint is the newest."""
+    """SIGTERM to rank 2 alone of a local job mid-run (a scheduler's, or `kill`): its stop
+    travels in its log window to rank 0, which answers a round's logs a round end before
+    the others take the answers (trainer_logs.cpp), so it must hold the stop an answer
+    carries until they take it. Every rank stops at one step and ends through
+    MPI_Finalize, each with SIGTERM's status (the signal goes with the stop: the others
+    exited 130, Ctrl-C's), and that step's checkpoint is the newest."""
     long_cfg = load(cfg)
     long_cfg["train"]["steps"] = 100000
     long_cfg["checkpoint"] = {"every": 50000, "keep": 2}
@@ -93,28 +79,31 @@ def interrupt(scratch, cfg, planned):
                 stepping = any(r["type"] == "train" and r["step"] >= 100 for r in records(run_dir))
             except (OSError, ValueError, KeyError):
                 pass
-        pids = rank_pids(run_dir)
+        pids = rank_pids(job.pid)  # mpirun's children only: the ranks this test started
         check("the long local job is stepping past step 100 with 4 ranks", stepping and len(pids) == 4, pids)
-        for pid in pids:  # only the ranks this test started
-            os.kill(pid, signal.SIGINT)
+        if 2 in pids:
+            os.kill(pids[2], signal.SIGTERM)
         try:
             rc = job.wait(timeout=120)
         except subprocess.TimeoutExpired:
             rc = None
-        check("the job ends within 120 s of Ctrl-C", rc is not None)
+        check("the job ends within 120 s of the SIGTERM", rc is not None)
     finally:
         if job.poll() is None:
-            for pid in rank_pids(run_dir):
+            for pid in rank_pids(job.pid).values():
                 os.kill(pid, signal.SIGKILL)
             job.kill()
             job.wait()
     with open(out_path) as f:
         text = f.read()
-    steps = [int(m) for m in re.findall(r"interrupted at step (\d+) of", text)]
-    check("Ctrl-C ends the job with status 130", rc == 130, text[-2000:])
+    steps = [int(m) for m in re.findall(r"(?:terminated|stopped with the signalled rank \(SIGTERM\)) at step (\d+) of", text)]
+    check("SIGTERM to one rank ends the job with SIGTERM's status, 143, on every rank", rc == 143, text[-2000:])
     # Each rank ends through MPI_Finalize (no abort: cli/main.cpp), so every one says so.
-    check("every rank says it stopped, all at one step", len(steps) == 4 and len(set(steps)) == 1,
-          (steps, text[-2000:]))
+    # Per rank, as mpirun's status is the first rank's to end (rank 2's, often).
+    check("every rank says it stopped, all at one step, rank 2 alone that it was terminated, the others with "
+          "SIGTERM's status",
+          len(steps) == 4 and len(set(steps)) == 1 and len(re.findall(r"rank 2: terminated at step", text)) == 1
+          and len(re.findall(r"stopped with the signalled rank \(SIGTERM\) at step", text)) == 3, (steps, text[-2000:]))
     if steps:
         saved = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
         check("that step's checkpoint is the newest", saved and saved[-1] == f"ckpt-{steps[0]:08d}.safetensors", saved)

@@ -19,6 +19,7 @@
 #include <numeric>
 
 #include <cmath>
+#include <csignal>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,19 +55,22 @@ config::TrainConfig train_config() {
   return t;
 }
 
+// One replica per share on ranks 0, 1, ...; the ranks past them idle. Rank 0 in two
+// micro-batches, the others in one.
 plan::Plan three_replicas(const std::vector<int64_t>& shares = kShares) {
   plan::Plan p;
   p.world_size = 4;
   p.blocks = static_cast<int>(kWidths.size()) - 1;
   p.global_batch = std::accumulate(shares.begin(), shares.end(), int64_t{0});
   p.stage_ranges = {{0, p.blocks}};
-  p.layout.replicas = {{0}, {1}, {2}};
   p.layout.samples = shares;
-  p.layout.micro_batches = {2, 1, 1};
-  p.layout.recompute.assign(3, std::vector<bool>(1, false));
+  p.layout.micro_batches.assign(shares.size(), 1);
+  p.layout.micro_batches[0] = 2;
+  p.layout.recompute.assign(shares.size(), std::vector<bool>(1, false));
   p.ranks.resize(4);
   for (int k = 0; k < 4; ++k) p.ranks[static_cast<size_t>(k)].rank = k;
-  for (size_t r = 0; r < 3; ++r) {
+  for (size_t r = 0; r < shares.size(); ++r) {
+    p.layout.replicas.push_back({static_cast<int>(r)});
     plan::RankPlan& rp = p.ranks[r];
     rp.replica = rp.stage = 0;
     rp.replica = static_cast<int>(r);
@@ -263,5 +267,31 @@ TEST_CASE("guard: a gradient 1000 times its usual norm is left out as an outlier
     State after = gather_state(p, ex, model);
     if (world.rank() == 0) check_step(before, after, step, garbage ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2}, shares);
     before = std::move(after);
+  }
+}
+
+// A signal's stop travels in the step's guard counts where the reduction spans every
+// rank: every rank learns of it in that step, and with which signal, SIGTERM over SIGINT
+// where ranks were given both, so that every rank exits with one status (a rank that
+// stopped on another's word exited 130 after a SIGTERM elsewhere).
+TEST_CASE("guard counts: a stop asked on some ranks reaches every rank in that step, with the stronger signal") {
+  comm::Communicator& world = comm::world();
+  REQUIRE(world.size() == 4);
+  const plan::Plan p = three_replicas({9, 5, 10, 6});
+  ht::testing::SyntheticMlpTask task = make_task();
+  nn::Sequential model = task.build_model(11);
+  config::TrainConfig t = train_config();
+  t.batch_size = p.global_batch;
+  runtime::Executor ex(p, model, task, world, t, mpi_test::kLong);
+  // Step by step, the signal each rank asks with: none; SIGINT on rank 1 and SIGTERM on
+  // rank 2; SIGINT on rank 3 alone; SIGTERM on rank 0 alone.
+  const int asked[4][4] = {{0, 0, 0, 0}, {0, SIGINT, SIGTERM, 0}, {0, 0, 0, SIGINT}, {SIGTERM, 0, 0, 0}};
+  const int agreed[4] = {0, SIGTERM, SIGINT, SIGTERM};
+  int step = 0;
+  ex.set_stop_request([&] { return asked[step][world.rank()]; });
+  for (; step < 4; ++step) {
+    CAPTURE(step);
+    const runtime::StepResult r = ex.step(step * p.global_batch, kLr, false);
+    CHECK(r.stop_signal == agreed[step]);
   }
 }
