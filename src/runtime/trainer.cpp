@@ -313,6 +313,12 @@ void Run::announce(int64_t start, report::Progress& progress) {
       std::fprintf(stderr, "hetrain: warning: testing aid %s acts before this run's first step (%lld): it does not act\n",
                    f.spec.c_str(), static_cast<long long>(start + 1));
   }
+  // A round longer than the run (a parallel.local_steps set by hand, a short run): the
+  // groups take the inner steps of its first job steps and one outer step at the end.
+  if (local_ && local_->inner_steps() > total_steps_ - start)
+    progress.note("local: a round is " + std::to_string(local_->inner_steps()) + " job steps, more than the " +
+                  std::to_string(total_steps_ - start) + " this run takes: it trains one partial round, its outer "
+                  "step at the end");
   if (executor_->shares_weights())
     progress.note("weights: the replicas compute with the hub's, in shared memory; only word of an update travels");
   else if (!executor_->why_weights_apart().empty())
