@@ -133,7 +133,10 @@ class FixedBatchTask final : public runtime::Task {
              " samples; the workload's batch is ", w_.input.shape()[0]);
     return {w_.input, w_.labels};
   }
-  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
+  int64_t eval_chunks() const override { return 0; }
+  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
+  size_t eval_sums_per_chunk() const override { return 1; }
+  runtime::EvalResult eval_result(const std::vector<double>&) const override { return {}; }
 
  private:
   const Workload& w_;

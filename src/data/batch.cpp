@@ -88,6 +88,11 @@ bool ImageEvalIterator::next(ImageBatch& out) {
   return true;
 }
 
+void ImageEvalIterator::seek_chunk(int64_t chunk) {
+  HT_CHECK(chunk >= 0, "ImageEvalIterator: chunk ", chunk, "; expected >= 0");
+  pos_ = std::min(total_, chunk > total_ / batch_size_ ? total_ : chunk * batch_size_);
+}
+
 TextEvalIterator::TextEvalIterator(std::span<const uint8_t> tokens, int64_t context,
                                    int64_t batch_size, int64_t max_samples, Backend& be)
     : tokens_(tokens), context_(context), batch_size_(batch_size), total_(0), be_(be) {
@@ -97,6 +102,11 @@ TextEvalIterator::TextEvalIterator(std::span<const uint8_t> tokens, int64_t cont
   HT_CHECK(t >= context + 1, "TextEvalIterator: ", t, " tokens cannot hold one window of ",
            context + 1, " (context + 1)");
   total_ = capped((t - 1) / context, max_samples, "TextEvalIterator");
+}
+
+void TextEvalIterator::seek_chunk(int64_t chunk) {
+  HT_CHECK(chunk >= 0, "TextEvalIterator: chunk ", chunk, "; expected >= 0");
+  pos_ = std::min(total_, chunk > total_ / batch_size_ ? total_ : chunk * batch_size_);
 }
 
 bool TextEvalIterator::next(TextBatch& out) {

@@ -52,7 +52,10 @@ class ImageEvalIterator {
   // Fills `out` with the next chunk; false once the split is exhausted.
   bool next(ImageBatch& out);
   void reset() { pos_ = 0; }
+  // From chunk `chunk` on (0-based, as next() numbers them; past the last: none left).
+  void seek_chunk(int64_t chunk);
   int64_t total() const { return total_; }
+  int64_t chunks() const { return (total_ + batch_size_ - 1) / batch_size_; }
 
  private:
   const ImageDataset& ds_;
@@ -71,7 +74,9 @@ class TextEvalIterator {
                    int64_t max_samples, Backend& be);
   bool next(TextBatch& out);
   void reset() { pos_ = 0; }
+  void seek_chunk(int64_t chunk);  // as ImageEvalIterator's
   int64_t total() const { return total_; }  // windows
+  int64_t chunks() const { return (total_ + batch_size_ - 1) / batch_size_; }
 
  private:
   std::span<const uint8_t> tokens_;

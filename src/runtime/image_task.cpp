@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "data/batch.h"
+#include "core/error.h"
 #include "data/image_dataset.h"
 #include "ops/ops.h"
 #include "runtime/image_task.h"
@@ -23,17 +24,23 @@ Batch ImageTask::train_batch(int64_t first, int64_t count) {
   return {b.inputs, b.labels};
 }
 
-EvalResult ImageTask::evaluate(const nn::Sequential& model) const {
-  data::ImageEvalIterator it(data_.test, cfg_.train.eval_batch_size, cfg_.train.eval_max_samples,
-                           device());
+int64_t ImageTask::eval_chunks() const {
+  return data::ImageEvalIterator(data_.test, cfg_.train.eval_batch_size, cfg_.train.eval_max_samples, device()).chunks();
+}
+
+// Each chunk's summed loss, correct predictions and images.
+std::vector<double> ImageTask::evaluate_chunks(const nn::Sequential& model, int64_t first, int64_t end) const {
+  data::ImageEvalIterator it(data_.test, cfg_.train.eval_batch_size, cfg_.train.eval_max_samples, device());
+  it.seek_chunk(first);
   data::ImageBatch b;
-  double loss = 0, correct = 0, seen = 0;
-  while (it.next(b)) {
+  std::vector<double> sums;
+  for (int64_t chunk = first; chunk < end && it.next(b); ++chunk) {
     Tensor logits = model.forward(b.inputs);  // (n, classes)
-    loss += summed_loss(logits, b.labels).item();
+    const double loss = summed_loss(logits, b.labels).item();
     std::vector<float> l = logits.to_vector();
     std::vector<int32_t> y = b.labels.to_ints();
     int64_t classes = logits.size(1);
+    double correct = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       const float* row = l.data() + i * classes;
       int64_t best = 0;
@@ -41,8 +48,15 @@ EvalResult ImageTask::evaluate(const nn::Sequential& model) const {
         if (row[c] > row[best]) best = c;
       correct += best == y[i];
     }
-    seen += static_cast<double>(y.size());
+    sums.insert(sums.end(), {loss, correct, static_cast<double>(y.size())});
   }
+  return sums;
+}
+
+EvalResult ImageTask::eval_result(const std::vector<double>& sums) const {
+  HT_CHECK(sums.size() % 3 == 0, "ImageTask: ", sums.size(), " evaluation sums; expected 3 a chunk");
+  double loss = 0, correct = 0, seen = 0;
+  for (size_t k = 0; k < sums.size(); k += 3) loss += sums[k], correct += sums[k + 1], seen += sums[k + 2];
   EvalResult r;
   r.metrics = {{"test_accuracy", correct / seen}, {"test_loss", loss / seen},
                {"test_samples", seen}};

@@ -39,8 +39,20 @@ class Task {
   // The samples at stream positions [first, first + count) of the stream seeded by
   // train.seed: a pure function of the positions, so any consumer can take any share.
   virtual Batch train_batch(int64_t first, int64_t count) = 0;
-  // The held-out set (capped by train.eval_max_samples), in eval_batch_size chunks.
-  virtual EvalResult evaluate(const nn::Sequential& model) const = 0;
+  // The held-out set (capped by train.eval_max_samples), in eval_batch_size chunks, which
+  // ranks holding the same weights may share (runtime/trainer_evaluation.cpp): how many
+  // chunks there are;
+  virtual int64_t eval_chunks() const = 0;
+  // chunks [first, end)'s sums, eval_sums_per_chunk() of them a chunk, in chunk order;
+  virtual std::vector<double> evaluate_chunks(const nn::Sequential& model, int64_t first, int64_t end) const = 0;
+  virtual size_t eval_sums_per_chunk() const = 0;
+  // and the metrics of every chunk's sums, in chunk order, added up in that order: the
+  // same figures, to the bit, however the chunks were shared out.
+  virtual EvalResult eval_result(const std::vector<double>& sums) const = 0;
+  // The whole held-out set, on this process.
+  EvalResult evaluate(const nn::Sequential& model) const {
+    return eval_result(evaluate_chunks(model, 0, eval_chunks()));
+  }
 
  protected:
   explicit Task(Backend& device) : device_(device) {}

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/error.h"
 #include "data/batch.h"
 #include "ops/ops.h"
 
@@ -30,15 +31,29 @@ Batch TextTask::train_batch(int64_t first, int64_t count) {
   return {b.inputs, b.targets};
 }
 
-EvalResult TextTask::evaluate(const nn::Sequential& model) const {
+int64_t TextTask::eval_chunks() const {
+  return data::TextEvalIterator(corpus_.validation, cfg_.model.context, cfg_.train.eval_batch_size,
+                                cfg_.train.eval_max_samples, device())
+      .chunks();
+}
+
+// Each chunk's summed loss (nats) and predicted tokens.
+std::vector<double> TextTask::evaluate_chunks(const nn::Sequential& model, int64_t first, int64_t end) const {
   data::TextEvalIterator it(corpus_.validation, cfg_.model.context, cfg_.train.eval_batch_size,
                             cfg_.train.eval_max_samples, device());
+  it.seek_chunk(first);
   data::TextBatch b;
+  std::vector<double> sums;
+  for (int64_t chunk = first; chunk < end && it.next(b); ++chunk)
+    sums.insert(sums.end(), {static_cast<double>(summed_loss(model.forward(b.inputs), b.targets).item()),
+                             static_cast<double>(b.targets.numel())});
+  return sums;
+}
+
+EvalResult TextTask::eval_result(const std::vector<double>& sums) const {
+  HT_CHECK(sums.size() % 2 == 0, "TextTask: ", sums.size(), " evaluation sums; expected 2 a chunk");
   double nats = 0, tokens = 0;
-  while (it.next(b)) {
-    nats += summed_loss(model.forward(b.inputs), b.targets).item();
-    tokens += static_cast<double>(b.targets.numel());
-  }
+  for (size_t k = 0; k < sums.size(); k += 2) nats += sums[k], tokens += sums[k + 1];
   // One token per byte (data/text_corpus.h), so bits per token are bits per byte.
   double loss = nats / tokens, bpb = loss / std::log(2.0);
   EvalResult r;

@@ -16,7 +16,10 @@ class TextTask final : public Task {
   int64_t train_size() const override;
   int64_t predictions_per_sample() const override { return cfg_.model.context; }
   Batch train_batch(int64_t first, int64_t count) override;
-  EvalResult evaluate(const nn::Sequential& model) const override;
+  int64_t eval_chunks() const override;
+  std::vector<double> evaluate_chunks(const nn::Sequential& model, int64_t first, int64_t end) const override;
+  size_t eval_sums_per_chunk() const override { return 2; }
+  EvalResult eval_result(const std::vector<double>& sums) const override;
 
  private:
   const config::Config& cfg_;

@@ -156,7 +156,7 @@ TrainSummary Run::run() {
   if (opts_.resume) executor_->weights_loaded();
   if (local_) local_->begin_at(start);
   if (plan_.sync_policy == plan::SyncPolicy::deadline) start_deadline(start, progress);
-  if (root_) check_evaluation_fits();
+  share_evaluation();
   std::optional<report::MetricsLog> metrics;
   if (root_) open_run_files(start, metrics);
   announce(start, progress);
@@ -392,6 +392,7 @@ void Run::apply_rebalance(Loop& loop) {
   if (o->relayout && !faults_.empty()) executor_->inject(&faults_);
   if (o->relayout) executor_->set_guard(cfg_.guard);
   if (o->relayout) agree_stops_in_steps();
+  if (o->relayout) plan_evaluation();
   if (o->changed) loop.step_walls.clear();  // the measured step is the current shares'
   if (root_) {
     loop.metrics->write(o->record(rebalancer_.check_step()));

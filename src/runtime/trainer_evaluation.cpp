@@ -1,7 +1,10 @@
-// Rank 0's evaluation of the whole model during and after training, and the check before
-// the first step that it fits rank 0's memory cap.
+// The evaluation of the whole model during and after training (rank 0's, with a part of
+// the held-out set on each rank that holds the same weights), and the check before the
+// first step that it fits the memory caps.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
@@ -10,6 +13,7 @@
 #include "autograd/graph.h"
 #include "core/units.h"
 #include "plan/block_costs.h"
+#include "plan/local_plan.h"
 #include "runtime/stage_gather.h"
 #include "runtime/trainer_run.h"
 
@@ -41,10 +45,10 @@ class Streamed {
 // per sample on the CPU, so a plan that says the evaluation fits is not refused here),
 // and no-grad forwards of 4 and 8 samples measured here (their inputs included) with the
 // batch's targets, for what a device's libraries allocate beyond the planner's figure.
-void Run::check_evaluation_fits() {
+std::string Run::evaluation_misfit() {
   Backend& device = task_->device();
   Allocator& memory = device.allocator();
-  if (memory.cap() == 0) return;
+  if (memory.cap() == 0) return "";
   const int64_t batch = config::eval_batch(cfg_.train);
   const nn::Block& first = model_.block(0);
   auto forward_bytes = [&](int64_t n) {
@@ -71,10 +75,11 @@ void Run::check_evaluation_fits() {
     trying = second;
     per_sample = second > small ? (forward_bytes(second) - at4) / static_cast<double>(second - small) : 0;
   } catch (const OutOfMemory& e) {
-    fail("rank 0 cannot evaluate the whole model in batches of even ", trying, " samples under its cap (", e.what(),
-         "); ",
-         trying == small ? std::string("give rank 0 more memory")
-                         : "set train.eval_batch_size to " + std::to_string(small) + " or give rank 0 more memory");
+    model_.set_training(true);
+    return "rank 0 cannot evaluate the whole model in batches of even " + std::to_string(trying) +
+           " samples under its cap (" + e.what() + "); " +
+           (trying == small ? std::string("give rank 0 more memory")
+                            : "set train.eval_batch_size to " + std::to_string(small) + " or give rank 0 more memory");
   }
   model_.set_training(true);
   const nn::ModelShape shape = nn::shape_of(model_);
@@ -91,35 +96,146 @@ void Run::check_evaluation_fits() {
     need = std::max(need, in_use + a + b * static_cast<double>(batch));
     if (b > 0) fits = std::min(fits, std::floor((cap - in_use - a) / b));
   }
-  if (need <= cap) return;
-  fail("rank 0 would run out of memory evaluating the whole model in batches of ", batch, ": about ",
-       format_bytes(need), " with the ", format_bytes(in_use), " it holds for training, ", format_bytes(need - cap),
-       " more than the ", format_bytes(cap), " its cap of ", format_bytes(whole),
-       " leaves for them (a 64th is kept for the allocator's blocks); ",
-       fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(static_cast<int64_t>(fits))
-                 : std::string("even one sample does not fit: give rank 0 more memory"));
+  if (need <= cap) return "";
+  return "rank 0 would run out of memory evaluating the whole model in batches of " + std::to_string(batch) +
+         ": about " + format_bytes(need) + " with the " + format_bytes(in_use) + " it holds for training, " +
+         format_bytes(need - cap) + " more than the " + format_bytes(cap) + " its cap of " + format_bytes(whole) +
+         " leaves for them (a 64th is kept for the allocator's blocks); " +
+         (fits >= 1 ? "set train.eval_batch_size to at most " + std::to_string(static_cast<int64_t>(fits))
+                    : std::string("even one sample does not fit: give rank 0 more memory"));
 }
 
+// Collective, before the first step. Every rank that holds the whole model's weights at
+// an evaluation, the same as rank 0's, takes a part of the held-out set's chunks (of
+// train.eval_batch_size samples), by its share of the training (its speed, as the plan
+// has it): under local every rank of a group (the flush gives each the outer weights),
+// and under sync the replicas of a one-stage plan without optimiser shards
+// (bit-identical, as every log step checks; a shard's owner alone holds its newest
+// weights until the next step gathers them). Rank 0 alone under deadline (a member may
+// be steps behind when rank 0 evaluates), on a pipeline, and in one process. A rank
+// whose memory cap the evaluation would exceed leaves its part to the others; rank 0's
+// misfit ends the job, naming the batch that would fit. Each chunk is computed as one
+// process computes it and rank 0 adds the chunks' sums up in chunk order, so the
+// figures do not depend on how the chunks were shared out.
+void Run::share_evaluation() {
+  eval_parts_.clear();
+  eval_able_.clear();
+  if (!multi()) {
+    if (const std::string misfit = evaluation_misfit(); !misfit.empty()) fail(misfit);
+    return;
+  }
+  const int me = world_.rank();
+  const bool holds = eval_weights()[static_cast<size_t>(me)] > 0;
+  // Measured only where the rank holds the whole model (another stage's rank has let
+  // the other blocks' weights go).
+  const std::string misfit = root_ || holds ? evaluation_misfit() : "";
+  const std::vector<std::string> able = world_.allgather(holds && misfit.empty() ? "1" : "0", peer_timeout(),
+                                                         "whether each rank can evaluate a part of the held-out set");
+  if (root_ && !misfit.empty()) fail(misfit);
+  for (const std::string& a : able) eval_able_.push_back(a == "1");
+  plan_evaluation();
+}
 
-// Collective. Rank 0 evaluates the whole model (gathered from the stages); others get
-// nothing.
+// Each world rank's share of the training where it holds the whole model's weights at an
+// evaluation under the current plan (share_evaluation), else 0.
+std::vector<double> Run::eval_weights() const {
+  std::vector<double> weights(static_cast<size_t>(world_.size()), 0.0);
+  if (local_) {
+    weights = plan::round_weights(plan_);
+  } else if (plan_.sync_policy == plan::SyncPolicy::synchronous && plan::replicates_whole_model(plan_)) {
+    for (const plan::RankPlan& rp : plan_.ranks)
+      if (rp.replica >= 0)
+        weights[static_cast<size_t>(rp.rank)] = static_cast<double>(plan_.layout.samples[static_cast<size_t>(rp.replica)]);
+  }
+  weights.resize(static_cast<size_t>(world_.size()), 0.0);
+  return weights;
+}
+
+// eval_parts_ from the current plan, among the ranks that could evaluate when the job
+// started; again after a relayout, on every rank alike, so that a rank the new plan
+// leaves idle (its weights no longer kept up) evaluates nothing. Each chunk in turn goes
+// to the rank that would end it first at its share's pace (the lowest rank of a tie), so
+// that sharing never ends later than rank 0 alone would: the two chunks of 2,000 images
+// at 0.8/0.4/0.2/0.2 stay on rank 0, where a split by share alone gave one to the rank
+// at 0.4, which took as long over it as rank 0 over both. The counts then become
+// consecutive ranges, in rank order.
+void Run::plan_evaluation() {
+  eval_parts_.clear();
+  if (eval_able_.empty()) return;
+  std::vector<double> weights = eval_weights();
+  const size_t n = weights.size();
+  for (size_t r = 0; r < n; ++r)
+    if (!eval_able_[r]) weights[r] = 0;
+  std::vector<int64_t> count(n, 0);
+  const int64_t chunks = task_->eval_chunks();
+  for (int64_t c = 0; c < chunks; ++c) {
+    size_t best = n;
+    double best_end = 0;
+    for (size_t r = 0; r < n; ++r) {
+      if (weights[r] <= 0) continue;
+      const double end = static_cast<double>(count[r] + 1) / weights[r];
+      if (best == n || end < best_end) best = r, best_end = end;
+    }
+    if (best == n) return;  // no rank holds the weights: rank 0 alone, as gathered
+    ++count[best];
+  }
+  if (count[0] == chunks) return;  // rank 0 alone
+  eval_parts_.assign(n + 1, 0);
+  for (size_t r = 0; r < n; ++r) eval_parts_[r + 1] = eval_parts_[r] + count[r];
+}
+
+// Collective. Rank 0 evaluates the whole model (gathered from the stages), with the
+// ranks share_evaluation chose each taking its part; others get nothing.
 std::optional<EvalResult> Run::evaluate() {
   if (local_) local_->flush();  // every rank then holds the outer weights
   else if (multi()) gather_to_root(plan_, *executor_, model_, world_, cfg_.train.optimizer, false, peer_timeout(), "the evaluation gather");
-  if (!root_) return std::nullopt;
-  model_.set_training(false);
-  EvalResult r;
-  try {
-    NoGradGuard no_grad;
-    Streamed streamed(model_, task_->device());  // the blocks of other stages, from host memory
-    r = task_->evaluate(model_);
-  } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
-    const int64_t batch = config::eval_batch(cfg_.train);
-    fail("rank 0 ran out of memory evaluating the whole model in batches of ", batch, " (", e.what(),
-         "); set train.eval_batch_size below ", batch);
+  const int me = world_.rank();
+  const bool shared = !eval_parts_.empty();
+  const int64_t first = shared ? eval_parts_[static_cast<size_t>(me)] : 0,
+                end = shared ? eval_parts_[static_cast<size_t>(me) + 1] : task_->eval_chunks();
+  if (!root_ && !shared) return std::nullopt;
+  std::vector<double> sums;
+  if (end > first) {
+    model_.set_training(false);
+    try {
+      NoGradGuard no_grad;
+      Streamed streamed(model_, task_->device());  // the blocks of other stages, from host memory
+      sums = task_->evaluate_chunks(model_, first, end);
+    } catch (const OutOfMemory& e) {  // not the plan's to fix: say what is
+      const int64_t batch = config::eval_batch(cfg_.train);
+      fail("rank ", me, " ran out of memory evaluating the whole model in batches of ", batch, " (", e.what(),
+           "); set train.eval_batch_size below ", batch);
+    }
+    model_.set_training(true);
   }
-  model_.set_training(true);
-  return r;
+  if (!shared) return task_->eval_result(sums);
+  std::string mine;
+  char text[40];
+  for (double v : sums) {
+    std::snprintf(text, sizeof text, "%a ", v);  // exact: the chunks' sums as computed
+    mine += text;
+  }
+  const std::vector<std::string> parts =
+      world_.allgather(mine, peer_timeout(), "the evaluation's parts of the held-out set");
+  if (!root_) return std::nullopt;
+  std::vector<double> all;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    const size_t expected = static_cast<size_t>(eval_parts_[r + 1] - eval_parts_[r]) * task_->eval_sums_per_chunk();
+    const size_t before = all.size();
+    const char* p = parts[r].c_str();
+    for (;;) {
+      while (*p == ' ') ++p;
+      char* next = nullptr;
+      const double v = std::strtod(p, &next);
+      if (next == p) break;
+      all.push_back(v);
+      p = next;
+    }
+    HT_CHECK(all.size() - before == expected && *p == '\0', "rank ", r, " sent ", all.size() - before,
+             " sums for its part of the evaluation (chunks ", eval_parts_[r], " to ", eval_parts_[r + 1],
+             "); expected ", expected);
+  }
+  return task_->eval_result(all);
 }
 
 }  // namespace ht::runtime::trainer_run

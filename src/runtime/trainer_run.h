@@ -134,7 +134,10 @@ class Run {
   double check_loss(double loss_sum, int64_t samples, int64_t done) const;
 
   // trainer_evaluation.cpp
-  void check_evaluation_fits();
+  std::string evaluation_misfit();
+  void share_evaluation();
+  std::vector<double> eval_weights() const;
+  void plan_evaluation();
   std::optional<EvalResult> evaluate();
 
   // trainer_checkpoints.cpp
@@ -182,6 +185,10 @@ class Run {
   // The signal of a stop agreed with the other ranks (core/stop_signal.h): a rank that
   // stops on another's word exits with that rank's status.
   int agreed_signal_ = 0;
+  // The held-out set's chunks each world rank evaluates: [eval_parts_[r], eval_parts_[r +
+  // 1]); empty where rank 0 evaluates alone (share_evaluation).
+  std::vector<int64_t> eval_parts_;
+  std::vector<bool> eval_able_;  // per world rank: could evaluate a part when the job started
   double last_loss_sum_ = 0;  // this rank's, of the last step
   report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines
   struct {

@@ -87,6 +87,10 @@ void Run::write_summary(int64_t start, double wall, double trained, const std::v
       rank_shares.push_back(rp.replica >= 0 ? plan_.layout.samples[static_cast<size_t>(rp.replica)] : 0);
     summary["rank_shares"] = rank_shares;
     summary["shared_weights"] = executor_->shares_weights();  // rank 0's stage
+    std::vector<int64_t> eval_chunks(static_cast<size_t>(world_.size()), 0);  // each evaluation's, per rank
+    if (eval_parts_.empty()) eval_chunks[0] = task_->eval_chunks();
+    for (size_t r = 0; r + 1 < eval_parts_.size(); ++r) eval_chunks[r] = eval_parts_[r + 1] - eval_parts_[r];
+    summary["eval_chunks"] = eval_chunks;
     // Over windows of 10 steps: under a CPU quota one step runs in a burst and the next
     // waits out the period, so single steps scatter in two groups and their median (7.0
     // ms for the MLP's 0.8 rank) missed its mean (6.4 ms). Under local, whole rounds

@@ -212,6 +212,16 @@ def main():
     check("2 ranks: summary has the world, the strategy (data parallel on equal ranks), predicted and measured step",
           s.get("ranks") == 2 and s.get("strategy") == "data"
           and s.get("predicted_step_s", 0) > 0 and s.get("measured_step_s", 0) > 0, str(s))
+    # Both ranks hold the weights, so each evaluates one of the two chunks of 1,000 images;
+    # rank 0 adds the chunks' sums up as one process does: one process's figures, to the
+    # bit (every process here at one thread, as the ranks).
+    final = os.path.join(out, "checkpoints", "ckpt-00000040.safetensors")
+    e = run([HETRAIN, "eval", cfg, "--checkpoint", final]) if os.path.exists(final) else None
+    alone = json.loads(e.stdout.strip().splitlines()[-1]) if e and e.returncode == 0 else {}
+    check("2 ranks: the final evaluation is shared (a chunk each) and equals hetrain eval of the last checkpoint",
+          s.get("eval_chunks") == [1, 1] and alone and all(s["final"].get(k) == alone.get(k)
+                                                           for k in ("test_accuracy", "test_loss", "test_samples")),
+          (s.get("eval_chunks"), s.get("final"), alone, e.stderr[-500:] if e else "no checkpoint"))
     check("2 ranks: the plan is kept in the run directory",
           os.path.exists(os.path.join(out, "plan.json")) and load(os.path.join(out, "plan.json"))["world_size"] == 2)
     records = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))] if r.returncode == 0 else []

@@ -103,12 +103,14 @@ def final_evaluation_stall(scratch):
     """Rank 1 stopped while rank 0 runs the final evaluation (the CNN on 10,000 images, a
     few seconds), rank 1 waiting at the job's end meanwhile: rank 0 names it. Its arrival
     had gone out before the stop, and the end was left to MPI_Finalize's watchdog, which
-    names no rank. Returns what could not be checked ([] or a reason)."""
+    names no rank. A pipeline of two stages, so that rank 0 evaluates alone (replicas
+    would share the evaluation, and rank 1 would be stopped in that instead). Returns
+    what could not be checked ([] or a reason)."""
     cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_cnn.json"))
     cfg["train"].pop("epochs")
     cfg["train"].update(steps=6, eval_every=0, eval_max_samples=10000, log_every=2)
     cfg["checkpoint"] = {"every": 0, "keep": 1}
-    cfg["parallel"] = {"strategy": "equal", "sync": "sync", "peer_timeout_s": PEER_TIMEOUT_S, "rebalance_every": 0}
+    cfg["parallel"] = {"strategy": "pipeline", "sync": "sync", "peer_timeout_s": PEER_TIMEOUT_S, "rebalance_every": 0}
     run_dir = os.path.join(scratch, "final-run")
     cfg["run"] = {"dir": run_dir}
     path = os.path.join(scratch, "cnn-final.json")

@@ -50,7 +50,10 @@ class SyntheticMlpTask : public runtime::Task {
     }
     return {Tensor::from_vector(x, {count, in}, cpu_backend()), Tensor::from_ints(y, {count}, cpu_backend())};
   }
-  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
+  int64_t eval_chunks() const override { return 0; }
+  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
+  size_t eval_sums_per_chunk() const override { return 1; }
+  runtime::EvalResult eval_result(const std::vector<double>&) const override { return {}; }
 
  private:
   std::vector<int64_t> widths_;

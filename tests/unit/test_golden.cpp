@@ -118,7 +118,10 @@ class FixtureTask : public runtime::Task {
     return {contiguous(slice(inputs_, 0, first, first + count)).to(device()),
             contiguous(slice(targets_, 0, first, first + count)).to(device())};
   }
-  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
+  int64_t eval_chunks() const override { return 0; }
+  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
+  size_t eval_sums_per_chunk() const override { return 1; }
+  runtime::EvalResult eval_result(const std::vector<double>&) const override { return {}; }
 
  private:
   const Fixture& f_;

@@ -53,7 +53,10 @@ class ShapedTask : public runtime::Task {
     for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>((static_cast<size_t>(first) + i) % 10);
     return {Tensor::from_vector(x, in, cpu_backend()), Tensor::from_ints(y, {count}, cpu_backend())};
   }
-  runtime::EvalResult evaluate(const nn::Sequential&) const override { return {}; }
+  int64_t eval_chunks() const override { return 0; }
+  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
+  size_t eval_sums_per_chunk() const override { return 1; }
+  runtime::EvalResult eval_result(const std::vector<double>&) const override { return {}; }
 
  private:
   bool tokens() const { return cfg_.model.type == "gpt"; }
