@@ -120,6 +120,8 @@ std::string Run::evaluation_misfit() {
 void Run::share_evaluation() {
   eval_parts_.clear();
   eval_able_.clear();
+  eval_members_.clear();
+  eval_comm_.reset();
   if (!multi()) {
     if (const std::string misfit = evaluation_misfit(); !misfit.empty()) fail(misfit);
     return;
@@ -133,6 +135,15 @@ void Run::share_evaluation() {
                                                          "whether each rank can evaluate a part of the held-out set");
   if (root_ && !misfit.empty()) fail(misfit);
   for (const std::string& a : able) eval_able_.push_back(a == "1");
+  if (std::find(eval_able_.begin() + 1, eval_able_.end(), true) == eval_able_.end()) {
+    eval_able_.clear();  // rank 0 alone, as gathered
+    return;
+  }
+  for (int r = 0; r < world_.size(); ++r)
+    if (r == 0 || eval_able_[static_cast<size_t>(r)]) eval_members_.push_back(r);
+  const bool member = root_ || eval_able_[static_cast<size_t>(me)];
+  eval_comm_ = world_.split(member ? 0 : 1, me, peer_timeout(), "the ranks that share the evaluation");
+  if (!member) eval_comm_.reset();
   plan_evaluation();
 }
 
@@ -209,6 +220,7 @@ std::optional<EvalResult> Run::evaluate() {
     model_.set_training(true);
   }
   if (!shared) return task_->eval_result(sums);
+  if (!eval_comm_) return std::nullopt;  // no part (plan_evaluation gives parts to members alone)
   std::string mine;
   char text[40];
   for (double v : sums) {
@@ -216,13 +228,14 @@ std::optional<EvalResult> Run::evaluate() {
     mine += text;
   }
   const std::vector<std::string> parts =
-      world_.allgather(mine, peer_timeout(), "the evaluation's parts of the held-out set");
+      eval_comm_->allgather(mine, peer_timeout(), "the evaluation's parts of the held-out set");
   if (!root_) return std::nullopt;
   std::vector<double> all;
-  for (size_t r = 0; r < parts.size(); ++r) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto r = static_cast<size_t>(eval_members_[i]);
     const size_t expected = static_cast<size_t>(eval_parts_[r + 1] - eval_parts_[r]) * task_->eval_sums_per_chunk();
     const size_t before = all.size();
-    const char* p = parts[r].c_str();
+    const char* p = parts[i].c_str();
     for (;;) {
       while (*p == ' ') ++p;
       char* next = nullptr;

@@ -189,6 +189,17 @@ def main():
                             "--inject", "slow:rank=0,at=1,factor=16"], timeout=300)
     check("4 ranks train with rank 0 slowed 16x", s.returncode == 0, s.stderr[-3000:])
     if s.returncode == 0:
+        # Every rank holds the outer weights after the final flush, so the groups share the
+        # final evaluation (two chunks of 1,000 images: ranks 0 and 1 one each); rank 0
+        # adds the chunks' sums up as one process does: hetrain eval's figures, to the bit.
+        summary = load(os.path.join(slow_dir, "summary.json"))
+        end = os.path.join(slow_dir, "checkpoints", "ckpt-00000060.safetensors")
+        e = run([HETRAIN, "eval", resplit_path, "--checkpoint", end]) if os.path.exists(end) else None
+        alone = json.loads(e.stdout.strip().splitlines()[-1]) if e and e.returncode == 0 else {}
+        check("the groups share the final evaluation, which equals hetrain eval of the last checkpoint",
+              summary.get("eval_chunks") == [1, 1, 0, 0] and alone
+              and all(summary["final"].get(k) == alone.get(k) for k in ("test_accuracy", "test_loss", "test_samples")),
+              (summary.get("eval_chunks"), summary.get("final"), alone, e.stderr[-500:] if e else "no checkpoint"))
         splits = [r for r in records(slow_dir) if r["type"] == "local_resplit"]
         last = splits[-1]["round_samples"] if splits else []
         check("the rounds re-split from measurement: rank 0's group ends with fewer samples than rank 1's",
