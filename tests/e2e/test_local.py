@@ -233,6 +233,15 @@ def main():
         check("... and so does the progress output", "step 5: rank 1 left out of the step" in n.stdout,
               n.stdout[-2000:])
 
+    # A run shorter than a round (H job steps): one partial round, its outer step at the
+    # end, which the start says.
+    short_dir = os.path.join(scratch, "short")
+    q = mpirun(HETRAIN, 4, ["train", cfg, "--plan", planned, "--run-dir", short_dir, "--steps", str(H - 1)],
+               timeout=300)
+    check(f"a run of {H - 1} steps under a round of {H}: trains, and says it is one partial round",
+          q.returncode == 0 and f"local: a round is {H} job steps, more than the {H - 1} this run takes: it trains one "
+          "partial round, its outer step at the end" in q.stdout + q.stderr, (q.stdout + q.stderr)[-2000:])
+
     # The first two ranks of the fixed cluster: a plan that does not depend on this host's load.
     two = load(CLUSTER)
     two["world_size"] = 2
