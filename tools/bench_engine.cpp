@@ -122,9 +122,9 @@ double forward_flops_per_sample(const nn::Sequential& model) {
 }
 
 // The executor's data source: the workload's one batch at every stream position.
-class FixedBatchTask final : public runtime::Task {
+class FixedBatchTask final : public runtime::TrainingOnlyTask {
  public:
-  explicit FixedBatchTask(const Workload& w) : Task(w.input.backend()), w_(w) {}
+  explicit FixedBatchTask(const Workload& w) : TrainingOnlyTask(w.input.backend()), w_(w) {}
   nn::Sequential build_model(uint64_t) const override { return w_.build(); }
   int64_t train_size() const override { return w_.input.shape()[0]; }
   int64_t predictions_per_sample() const override { return w_.predictions_per_sample; }
@@ -133,10 +133,6 @@ class FixedBatchTask final : public runtime::Task {
              " samples; the workload's batch is ", w_.input.shape()[0]);
     return {w_.input, w_.labels};
   }
-  int64_t eval_chunks() const override { return 0; }
-  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
-  size_t eval_sums_per_chunk() const override { return 1; }
-  runtime::EvalResult eval_result(const std::vector<double>&) const override { return {}; }
 
  private:
   const Workload& w_;

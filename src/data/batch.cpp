@@ -14,6 +14,13 @@ int64_t capped(int64_t available, int64_t max_samples, const char* what) {
   return max_samples == 0 ? available : std::min(available, max_samples);
 }
 
+// Where chunk `chunk` of `batch` items starts among `total` (0-based; past the last: the
+// end, none left).
+int64_t chunk_start(int64_t chunk, int64_t batch, int64_t total, const char* what) {
+  HT_CHECK(chunk >= 0, what, ": chunk ", chunk, "; expected >= 0");
+  return chunk > total / batch ? total : std::min(total, chunk * batch);
+}
+
 }  // namespace
 
 ImageBatch make_image_batch(const ImageDataset& ds, std::span<const int64_t> indices,
@@ -88,10 +95,7 @@ bool ImageEvalIterator::next(ImageBatch& out) {
   return true;
 }
 
-void ImageEvalIterator::seek_chunk(int64_t chunk) {
-  HT_CHECK(chunk >= 0, "ImageEvalIterator: chunk ", chunk, "; expected >= 0");
-  pos_ = std::min(total_, chunk > total_ / batch_size_ ? total_ : chunk * batch_size_);
-}
+void ImageEvalIterator::seek_chunk(int64_t chunk) { pos_ = chunk_start(chunk, batch_size_, total_, "ImageEvalIterator"); }
 
 TextEvalIterator::TextEvalIterator(std::span<const uint8_t> tokens, int64_t context,
                                    int64_t batch_size, int64_t max_samples, Backend& be)
@@ -104,10 +108,7 @@ TextEvalIterator::TextEvalIterator(std::span<const uint8_t> tokens, int64_t cont
   total_ = capped((t - 1) / context, max_samples, "TextEvalIterator");
 }
 
-void TextEvalIterator::seek_chunk(int64_t chunk) {
-  HT_CHECK(chunk >= 0, "TextEvalIterator: chunk ", chunk, "; expected >= 0");
-  pos_ = std::min(total_, chunk > total_ / batch_size_ ? total_ : chunk * batch_size_);
-}
+void TextEvalIterator::seek_chunk(int64_t chunk) { pos_ = chunk_start(chunk, batch_size_, total_, "TextEvalIterator"); }
 
 bool TextEvalIterator::next(TextBatch& out) {
   if (pos_ >= total_) return false;

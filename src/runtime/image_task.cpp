@@ -1,8 +1,8 @@
 // Image classification on Fashion-MNIST with the MLP or the CNN.
 #include <cstdio>
 
-#include "data/batch.h"
 #include "core/error.h"
+#include "data/batch.h"
 #include "data/image_dataset.h"
 #include "ops/ops.h"
 #include "runtime/image_task.h"

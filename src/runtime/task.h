@@ -61,6 +61,19 @@ class Task {
   Backend& device_;
 };
 
+// A task that is trained and never evaluated (the tests' and benchmarks' workloads): its
+// held-out set is empty.
+class TrainingOnlyTask : public Task {
+ public:
+  int64_t eval_chunks() const override { return 0; }
+  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
+  size_t eval_sums_per_chunk() const override { return 1; }
+  EvalResult eval_result(const std::vector<double>&) const override { return {}; }
+
+ protected:
+  using Task::Task;
+};
+
 // The config's model (MLP, CNN or GPT) with fresh weights from `seed`, built without
 // touching any data: the tasks build theirs with it, and so do the golden fixtures.
 nn::Sequential build_model(const config::Config& cfg, uint64_t seed);

@@ -120,7 +120,6 @@ std::string Run::evaluation_misfit() {
 void Run::share_evaluation() {
   eval_parts_.clear();
   eval_able_.clear();
-  eval_members_.clear();
   eval_comm_.reset();
   if (!multi()) {
     if (const std::string misfit = evaluation_misfit(); !misfit.empty()) fail(misfit);
@@ -139,8 +138,6 @@ void Run::share_evaluation() {
     eval_able_.clear();  // rank 0 alone, as gathered
     return;
   }
-  for (int r = 0; r < world_.size(); ++r)
-    if (r == 0 || eval_able_[static_cast<size_t>(r)]) eval_members_.push_back(r);
   const bool member = root_ || eval_able_[static_cast<size_t>(me)];
   eval_comm_ = world_.split(member ? 0 : 1, me, peer_timeout(), "the ranks that share the evaluation");
   if (!member) eval_comm_.reset();
@@ -230,11 +227,10 @@ std::optional<EvalResult> Run::evaluate() {
   const std::vector<std::string> parts =
       eval_comm_->allgather(mine, peer_timeout(), "the evaluation's parts of the held-out set");
   if (!root_) return std::nullopt;
+  // The members' parts in world-rank order, which is chunk order: the ranks outside
+  // the communicator have no part.
   std::vector<double> all;
   for (size_t i = 0; i < parts.size(); ++i) {
-    const auto r = static_cast<size_t>(eval_members_[i]);
-    const size_t expected = static_cast<size_t>(eval_parts_[r + 1] - eval_parts_[r]) * task_->eval_sums_per_chunk();
-    const size_t before = all.size();
     const char* p = parts[i].c_str();
     for (;;) {
       while (*p == ' ') ++p;
@@ -244,10 +240,12 @@ std::optional<EvalResult> Run::evaluate() {
       all.push_back(v);
       p = next;
     }
-    HT_CHECK(all.size() - before == expected && *p == '\0', "rank ", r, " sent ", all.size() - before,
-             " sums for its part of the evaluation (chunks ", eval_parts_[r], " to ", eval_parts_[r + 1],
-             "); expected ", expected);
+    HT_CHECK(*p == '\0', "rank ", eval_comm_->world_rank(static_cast<int>(i)), " sent '", parts[i],
+             "' for its part of the evaluation; expected its chunks' sums");
   }
+  const size_t expected = static_cast<size_t>(task_->eval_chunks()) * task_->eval_sums_per_chunk();
+  HT_CHECK(all.size() == expected, "the ranks sharing the evaluation sent ", all.size(), " sums; expected ",
+           expected, " (", task_->eval_sums_per_chunk(), " for each of ", task_->eval_chunks(), " chunks)");
   return task_->eval_result(all);
 }
 

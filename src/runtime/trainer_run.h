@@ -189,9 +189,8 @@ class Run {
   // 1]); empty where rank 0 evaluates alone (share_evaluation).
   std::vector<int64_t> eval_parts_;
   std::vector<bool> eval_able_;  // per world rank: could evaluate a part when the job started
-  // Those ranks and rank 0 (world ranks, in order), and their communicator, on them alone:
-  // a rank left out (behind a slow link, say) takes no part in an evaluation's exchange.
-  std::vector<int> eval_members_;
+  // Those ranks' and rank 0's communicator (in world-rank order), on them alone: a rank
+  // left out (behind a slow link, say) takes no part in an evaluation's exchange.
   std::unique_ptr<comm::Communicator> eval_comm_;
   double last_loss_sum_ = 0;  // this rank's, of the last step
   report::Progress* progress_ = nullptr;  // run()'s, for the guard's lines

@@ -21,11 +21,11 @@ struct SyntheticData {
   int64_t label_stride = 7;
 };
 
-class SyntheticMlpTask : public runtime::Task {
+class SyntheticMlpTask : public runtime::TrainingOnlyTask {
  public:
   // widths: input, the hidden layers, classes.
   SyntheticMlpTask(std::vector<int64_t> widths, SyntheticData data)
-      : Task(cpu_backend()), widths_(std::move(widths)), data_(data) {}
+      : TrainingOnlyTask(cpu_backend()), widths_(std::move(widths)), data_(data) {}
 
   nn::Sequential build_model(uint64_t seed) const override {
     models::MlpSpec spec;
@@ -50,10 +50,6 @@ class SyntheticMlpTask : public runtime::Task {
     }
     return {Tensor::from_vector(x, {count, in}, cpu_backend()), Tensor::from_ints(y, {count}, cpu_backend())};
   }
-  int64_t eval_chunks() const override { return 0; }
-  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
-  size_t eval_sums_per_chunk() const override { return 1; }
-  runtime::EvalResult eval_result(const std::vector<double>&) const override { return {}; }
 
  private:
   std::vector<int64_t> widths_;

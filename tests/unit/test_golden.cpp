@@ -102,10 +102,10 @@ Fixture read_fixture(const std::string& name) {
 }
 
 // The fixture's batches by stream position: rows [first, first + count).
-class FixtureTask : public runtime::Task {
+class FixtureTask : public runtime::TrainingOnlyTask {
  public:
   explicit FixtureTask(const Fixture& f)
-      : Task(golden_device()), f_(f), inputs_(f.at("batch.inputs")), targets_(f.at("batch.targets")) {}
+      : TrainingOnlyTask(golden_device()), f_(f), inputs_(f.at("batch.inputs")), targets_(f.at("batch.targets")) {}
 
   nn::Sequential build_model(uint64_t) const override { return golden::build_model(f_.cfg); }
   int64_t train_size() const override { return inputs_.shape()[0]; }
@@ -118,10 +118,6 @@ class FixtureTask : public runtime::Task {
     return {contiguous(slice(inputs_, 0, first, first + count)).to(device()),
             contiguous(slice(targets_, 0, first, first + count)).to(device())};
   }
-  int64_t eval_chunks() const override { return 0; }
-  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
-  size_t eval_sums_per_chunk() const override { return 1; }
-  runtime::EvalResult eval_result(const std::vector<double>&) const override { return {}; }
 
  private:
   const Fixture& f_;

@@ -28,10 +28,10 @@ namespace {
 
 // The config's model on made-up batches of its input's shape: images (or flat
 // pixels) and labels, or token ids and next-token ids.
-class ShapedTask : public runtime::Task {
+class ShapedTask : public runtime::TrainingOnlyTask {
  public:
   explicit ShapedTask(config::Config cfg)
-      : Task(cpu_backend()), cfg_(std::move(cfg)), shape_(runtime::describe_model(cfg_)) {}
+      : TrainingOnlyTask(cpu_backend()), cfg_(std::move(cfg)), shape_(runtime::describe_model(cfg_)) {}
   nn::Sequential build_model(uint64_t seed) const override { return runtime::build_model(cfg_, seed); }
   int64_t train_size() const override { return 1 << 20; }
   int64_t predictions_per_sample() const override { return tokens() ? cfg_.model.context : 1; }
@@ -53,10 +53,6 @@ class ShapedTask : public runtime::Task {
     for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>((static_cast<size_t>(first) + i) % 10);
     return {Tensor::from_vector(x, in, cpu_backend()), Tensor::from_ints(y, {count}, cpu_backend())};
   }
-  int64_t eval_chunks() const override { return 0; }
-  std::vector<double> evaluate_chunks(const nn::Sequential&, int64_t, int64_t) const override { return {}; }
-  size_t eval_sums_per_chunk() const override { return 1; }
-  runtime::EvalResult eval_result(const std::vector<double>&) const override { return {}; }
 
  private:
   bool tokens() const { return cfg_.model.type == "gpt"; }
