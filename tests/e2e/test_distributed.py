@@ -200,6 +200,17 @@ def main():
     r = mpirun(2, ["probe", "--quick", "--json", probed, "--model", os.path.join(ROOT, "configs", "fashion_mnist_mlp.json")])
     check("probe of two ranks", r.returncode == 0, r.stderr[-1500:])
 
+    # A config every rank rejects alike is said once, by rank 0: the others wait before
+    # saying it, and the launcher ends them on rank 0's exit.
+    bad = os.path.join(tmp, "bad.json")
+    with open(bad, "w") as f:
+        json.dump(dict(load(cfg), train=dict(load(cfg)["train"], batch_size="x")), f)
+    r = mpirun(4, ["train", bad, "--run-dir", os.path.join(tmp, "bad-run")])
+    said = [l for l in r.stderr.splitlines() if "config error" in l]
+    check("4 ranks, a rejected config: exit 2, said once, by rank 0, naming the key",
+          r.returncode == 2 and len(said) == 1 and said[0].startswith("hetrain: rank 0: config error: train.batch_size")
+          and not os.path.exists(os.path.join(tmp, "bad-run")), (r.returncode, r.stderr[-1000:]))
+
     # A planned 2-rank run and everything it leaves behind, planned on two equal ranks
     # (fixed_cluster: a live probe under load may plan anything, one rank alone included).
     equal = fixed_cluster(probed, (1, 1), os.path.join(tmp, "equal.json"))
