@@ -200,7 +200,7 @@ LocalPlanResult plan_of_groups(const LocalPlanInput& in, const std::vector<int>&
   p.local = l;
   // A parallel.local_steps below the groups is refused here (not worked round by leaving
   // ranks idle): the setting is what is wrong.
-  predict_local(p, in.costs, in.cluster, in.sync_step_seconds, in.local_steps);
+  predict_local(p, in.costs, in.cluster, in.sync_step_seconds, in.local_steps, in.flush_every);
   if (const std::optional<Shortfall> s = fit_host_memory(p, in.costs)) {
     out.problem = "rank " + std::to_string(s->rank) + " (" + s->device + ") cannot keep the outer state (" +
                   format_bytes(s->host_need.outer_state) + ": the model's weights 4 times) beside " +
@@ -460,6 +460,7 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
   li.cluster = in.cluster;
   li.sync_step_seconds = sync_plan.predicted.step_seconds;
   li.local_steps = local_steps;
+  li.flush_every = in.flush_every;
   // Auto takes local only where a round needs at most kMaxRoundSteps steps: every group
   // needs a step a round, and longer rounds grow the staleness past what was measured.
   if (!wanted) li.most_groups = kMaxRoundSteps;
@@ -505,6 +506,7 @@ LocalPlanResult bounded_local_plan(const PlannerInput& in, const Plan& sync_plan
   li.cluster = in.cluster;
   li.sync_step_seconds = sync_plan.predicted.step_seconds;
   li.local_steps = local_steps;
+  li.flush_every = in.flush_every;
   li.most_groups = kMaxRoundSteps;
   PlannerInput data = in;
   data.strategy = config::ParallelStrategy::data;

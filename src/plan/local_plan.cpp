@@ -307,15 +307,19 @@ RoundSplit split_round(int round_steps, int64_t global_batch, const std::vector<
   return out;
 }
 
-int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& groups, int least) {
+int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& groups, int least, int64_t align) {
   HT_CHECK(least >= static_cast<int>(groups.size()), "local plan: at least ", least, " steps a round for ",
            groups.size(), " groups; expected one per group at least");
   const int most = std::max(least, kMaxRoundSteps);
   std::vector<double> cost;
   for (int c = least; c <= most; ++c) cost.push_back(split_round(c, global_batch, groups).seconds / c);
   const double best = *std::min_element(cost.begin(), cost.end());
+  const auto near = [&](int c) { return cost[static_cast<size_t>(c - least)] <= (1 + kNearBestRound) * best; };
+  if (align > 0)
+    for (int c = least; c <= most; ++c)
+      if (align % c == 0 && near(c)) return c;
   int c = least;
-  while (cost[static_cast<size_t>(c - least)] > (1 + kNearBestRound) * best) ++c;
+  while (!near(c)) ++c;
   return c;
 }
 
@@ -652,7 +656,7 @@ std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, co
 }
 
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
-                   int64_t local_steps) {
+                   int64_t local_steps, int64_t flush_every) {
   LocalSync& l = *plan.local;
   const size_t n = l.groups.size();
   const int64_t batch = plan.global_batch;
@@ -684,7 +688,7 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
     h = static_cast<int>(local_steps);
   } else {
     const int least = std::max(static_cast<int>(n), static_cast<int>(std::ceil(kHideFactor * exchange / ideal)));
-    h = choose_round_steps(batch, cost, least);
+    h = choose_round_steps(batch, cost, least, flush_every);
   }
   RoundSplit split = split_round(h, batch, cost);
   l.inner_steps = h;
@@ -701,7 +705,7 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
     if (per_step > 0 && kHideFactor * split_exchange > split.seconds) {
       const int least = std::max(h + 1, static_cast<int>(std::min<double>(
                                             kMaxRoundSteps, std::ceil(kHideFactor * split_exchange / per_step))));
-      h = choose_round_steps(batch, cost, least);
+      h = choose_round_steps(batch, cost, least, flush_every);
       split = split_round(h, batch, cost);
       l.inner_steps = h;
       l.group_steps = split.steps;
@@ -726,6 +730,7 @@ void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& clus
   // the outer step at the round's end (apply_outer_delay may bring it sooner).
   l.outer_exchange_seconds = exchange_seconds(plan, costs, cluster, &tiers);
   l.outer_delay = h;
+  l.round_align = flush_every > 0 && flush_every % h == 0 ? flush_every : 0;
   const SimResult outer = simulate(outer_sync_schedules(plan), outer_sync_cost_model(plan, costs, cluster, inner, &tiers));
   const double job_step = inner + outer.step_seconds / h;
   plan.predicted.step_seconds = job_step;

@@ -41,6 +41,13 @@
 // That least count takes the exchange at whole batches a group, each member owning an
 // equal part; split by speed, a fast member owns most of it, and where the split's
 // exchange outlasts the round, the least is raised to hide it (at most kMaxRoundSteps).
+// Where the run evaluates or checkpoints during training (every PlannerInput::flush_every
+// steps), H is the smallest of the counts within kNearBestRound that divides that, where
+// one does: each evaluation and checkpoint flushes the rounds (runtime/local_sync.h), and
+// at a round's end that is the exchange already in flight alone, where inside a round it
+// is a second exchange of the round so far, and the rounds cut short there are not
+// measured for a re-split (on the MLP at 0.8/0.4/0.2/0.2, evaluating every 50 steps, H 25
+// in place of 18 took 38 ms an evaluation in place of 51: docs/architecture.md).
 // parallel.local_steps overrides it (at least one step per group).
 //
 // Idle ranks. As in a synchronous plan, the slowest ranks may be left out (idle: no
@@ -135,8 +142,9 @@ RoundSplit split_round(int round_steps, int64_t global_batch, const std::vector<
 // Each group's costs for split_round, from its sub-plan predicted at one global batch
 // and at half of it (the fixed part and the part per sample of a step), and its outer work.
 std::vector<GroupCost> group_costs(const Plan& plan, const BlockCosts& costs, const ClusterModel& cluster);
-// H as described above, from `least` (which the exchange and the group count set).
-int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& groups, int least);
+// H as described above, from `least` (which the exchange and the group count set); the
+// smallest divisor of `align` (> 0) among the counts near the cheapest, where there is one.
+int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& groups, int least, int64_t align = 0);
 
 // Re-splitting from measured rounds (runtime/local_sync.h). A running job measures, per
 // group, the seconds its slowest rank spent in a round's inner steps and in its outer
@@ -214,6 +222,7 @@ struct LocalPlanInput {
   // The best synchronous plan, for the gain.
   double sync_step_seconds = 0;
   int64_t local_steps = 0;  // parallel.local_steps; 0: chosen
+  int64_t flush_every = 0;  // PlannerInput::flush_every: what H is chosen to divide where it can
   size_t most_groups = 0;   // more groups than this: no plan (auto's kMaxRoundSteps); 0: any
 };
 
@@ -239,9 +248,10 @@ std::optional<Plan> local_plan_for(const PlannerInput& in, const Plan& sync_plan
 
 // Fills a local plan's prediction: each group's sub-plan simulated on its own schedules
 // (the slowest paces the inner step), the outer exchange, H, and the gain. `local_steps`
-// 0 chooses H.
+// 0 chooses H, a divisor of `flush_every` where one is near the cheapest (above);
+// LocalSync::round_align says whether H divides it, given or chosen.
 void predict_local(Plan& plan, const BlockCosts& costs, const ClusterModel& cluster, double sync_step_seconds,
-                   int64_t local_steps);
+                   int64_t local_steps, int64_t flush_every = 0);
 
 // parallel.outer_delay on a local plan that predict_local made: 0 or at least H, the
 // outer step at the round's end; else the requested job step, or later where the

@@ -96,6 +96,9 @@ struct LocalSync {
   // its outer step taken, 1..H (H: at the next round's end, before that round's exchange
   // starts; parallel.outer_delay asks for less, plan/local_plan.h's apply_outer_delay).
   int outer_delay = 0;
+  // The job steps between the run's evaluations and checkpoints that H divides, so that
+  // each lands at a round's end (plan/local_plan.h); 0: none asked, or none in reach.
+  int64_t round_align = 0;
   double outer_exchange_seconds = 0;     // predicted all-reduce of the deltas, per round
   double sync_step_seconds = 0;          // the best synchronous plan's predicted step
   double gain = 0;                       // predicted samples/s over that plan's

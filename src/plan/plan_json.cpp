@@ -21,6 +21,7 @@ Json local_json(const LocalSync& l) {
           {"group_steps", l.group_steps},
           {"round_samples", l.round_samples},
           {"outer_delay", l.outer_delay},
+          {"round_align", l.round_align},
           {"outer_exchange_seconds", l.outer_exchange_seconds},
           {"sync_step_seconds", l.sync_step_seconds},
           {"gain", l.gain}};
@@ -43,6 +44,14 @@ LocalSync read_local(const Json& j, const std::string& p) {
   l.outer_delay = j.contains("outer_delay")
                       ? static_cast<int>(read_int(at(j, p, "outer_delay"), key_path(p, "outer_delay"), 1))
                       : l.inner_steps;
+  // Without it no round was aligned (what it says to people alone).
+  if (j.contains("round_align")) {
+    l.round_align = read_int(at(j, p, "round_align"), key_path(p, "round_align"), 0);
+    if (l.round_align % l.inner_steps != 0)
+      fail_at(key_path(p, "round_align"), std::to_string(l.round_align) + " is not a multiple of inner_steps " +
+                                              std::to_string(l.inner_steps) +
+                                              "; expected 0 or the steps between evaluations that H divides");
+  }
   l.outer_exchange_seconds = nonneg(j, p, "outer_exchange_seconds");
   l.sync_step_seconds = nonneg(j, p, "sync_step_seconds");
   l.gain = nonneg(j, p, "gain");

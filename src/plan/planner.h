@@ -68,6 +68,10 @@ struct PlannerInput {
   // Plans of one stage only (no pipeline): a dynamic loss scale is agreed within one
   // stage group (train.loss_scale, runtime/executor_sync.cpp).
   bool one_stage = false;
+  // The job steps between the run's evaluations and checkpoints (their gcd; 0: neither
+  // comes during training), which a local plan's rounds end at where they can
+  // (plan/local_plan.h, H).
+  int64_t flush_every = 0;
   std::string config_name, config_hash;
 };
 

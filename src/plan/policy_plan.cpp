@@ -1,5 +1,6 @@
 #include "plan/policy_plan.h"
 
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -25,6 +26,7 @@ PlannerInput planner_input_for(const config::Config& cfg, const nn::ModelShape& 
   in.one_stage = config::dynamic_loss_scale(cfg.train);
   in.config_name = cfg.name;
   in.config_hash = config::plan_hash(cfg);
+  in.flush_every = std::gcd(cfg.train.eval_every, cfg.checkpoint.every);  // gcd(x, 0) = x
   return in;
 }
 

@@ -424,7 +424,8 @@ class Play {
       double job_step = plan.predicted.step_seconds;
       if (links) {  // the outer exchange crosses the changed links too
         Plan again = plan;
-        predict_local(again, phase_.costs(), cluster, plan.local->sync_step_seconds, plan.local->inner_steps);
+        predict_local(again, phase_.costs(), cluster, plan.local->sync_step_seconds, plan.local->inner_steps,
+                      plan.local->round_align);
         job_step = again.predicted.step_seconds;
       }
       p.round_extra = std::max(0.0, job_step * plan.local->inner_steps - slowest_round);
@@ -573,6 +574,7 @@ class Play {
     pin.one_stage = in_.planner.one_stage;
     pin.config_name = in_.planner.config_name;
     pin.config_hash = in_.planner.config_hash;
+    pin.flush_every = in_.planner.flush_every;
     Phase next;
     next.plan = plan_for_policy(pin, policy_, in_.local_steps);
     next.costs_ptr = std::make_shared<const BlockCosts>(costs);

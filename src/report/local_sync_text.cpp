@@ -82,6 +82,13 @@ std::string local_sync_text(const plan::Plan& plan) {
                   l.inner_steps, lands.c_str(), format_seconds(l.outer_exchange_seconds).c_str(),
                   format_seconds(l.outer_delay * plan.predicted.step_seconds).c_str());
   out += line;
+  if (l.round_align > 0) {
+    std::snprintf(line, sizeof line,
+                  "  a round ends at each of the run's evaluations and checkpoints (every %lld steps), where the groups meet "
+                  "anyway: none cuts a round short\n",
+                  static_cast<long long>(l.round_align));
+    out += line;
+  }
   std::snprintf(line, sizeof line, "  predicted step %s, %.0f samples/s: %.2fx the best synchronous plan (step %s)\n",
                 format_seconds(plan.predicted.step_seconds).c_str(), plan.predicted.samples_per_s, l.gain,
                 format_seconds(l.sync_step_seconds).c_str());

@@ -362,6 +362,32 @@ TEST_CASE("local plan: parallel.local_steps sets H; a slower link needs a larger
   CHECK(p->local->inner_steps * p->predicted.step_seconds >= kHideFactor * p->local->outer_exchange_seconds * 0.999);
 }
 
+TEST_CASE("local plan: rounds end at the run's evaluations and checkpoints where a count near the cheapest divides them") {
+  const ClusterModel c = throttled();
+  PlannerInput in = input(c, mlp_costs(c), 128);
+  const Plan sync = make_plan(in);
+  const Plan free = *local_plan_for(in, sync, config::SyncPolicy::local, 0);
+  CHECK(free.local->round_align == 0);
+  CHECK(free.local->inner_steps == 12);
+  // 12 is the smallest count within kNearBestRound of the cheapest a job step here, and 20
+  // and 25 are within it too: the smallest near count that divides the interval, else 12
+  // as before (10 and 101: no near count does).
+  const std::vector<std::pair<int64_t, int>> cases{{24, 12}, {20, 20}, {50, 25}, {1000, 20}, {10, 12}, {101, 12}};
+  for (const auto& [every, want] : cases) {
+    in.flush_every = every;
+    const Plan p = *local_plan_for(in, sync, config::SyncPolicy::local, 0);
+    CAPTURE(every);
+    CHECK(p.local->inner_steps == want);
+    CHECK(p.local->round_align == (every % want == 0 ? every : 0));
+    CHECK(p.predicted.step_seconds <= free.predicted.step_seconds * (1 + kNearBestRound));
+  }
+  // A given local_steps stands; round_align says whether it divides them.
+  in.flush_every = 50;
+  CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 10)->local->round_align == 50);
+  CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 7)->local->round_align == 0);
+  CHECK(local_plan_for(in, sync, config::SyncPolicy::local, 7)->local->inner_steps == 7);
+}
+
 TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent ones") {
   const ClusterModel c = throttled();
   const PlannerInput in = input(c, mlp_costs(c), 128);
@@ -374,6 +400,7 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   CHECK(back.local->group_steps == p.local->group_steps);
   CHECK(back.local->round_samples == p.local->round_samples);
   CHECK(back.local->outer_delay == p.local->outer_delay);
+  CHECK(back.local->round_align == p.local->round_align);
   CHECK(back.local->gain == doctest::Approx(p.local->gain));
 
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
@@ -406,6 +433,19 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   // A file without outer_delay takes the outer step at the next round's end.
   j["local"].erase("outer_delay");
   CHECK(plan_from_json(j.dump(), "plan.json").local->outer_delay == p.local->inner_steps);
+  // round_align: 0 or a multiple of H; a file without it aligned nothing.
+  j = nlohmann::ordered_json::parse(text);
+  j["local"]["round_align"] = 4 * p.local->inner_steps;
+  CHECK(plan_from_json(j.dump(), "plan.json").local->round_align == 4 * p.local->inner_steps);
+  for (const int64_t bad : {int64_t{-1}, int64_t{4} * p.local->inner_steps + 1}) {
+    j["local"]["round_align"] = bad;
+    CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("local.round_align") != std::string::npos);
+  }
+  j["local"]["round_align"] = 4 * p.local->inner_steps + 1;
+  CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("is not a multiple of inner_steps") !=
+        std::string::npos);
+  j["local"].erase("round_align");
+  CHECK(plan_from_json(j.dump(), "plan.json").local->round_align == 0);
   // A file without round_samples means whole global batches.
   j = nlohmann::ordered_json::parse(text);
   j["local"].erase("round_samples");
@@ -783,6 +823,13 @@ TEST_CASE("local plan: H is the cheapest round per job step up to kMaxRoundSteps
   CHECK(split_round(28, 1, passes).seconds == doctest::Approx(16));
   CHECK(split_round(27, 1, passes).seconds == doctest::Approx(16));
   CHECK(choose_round_steps(1, passes, 2) == 28);
+  // Evaluations every `align` steps: the smallest count near the cheapest that divides it
+  // (30 and 32 are: 0.5667 and 0.5625), else the choice above (50's divisors 25 and 10
+  // cost 0.64 and 0.7 a step: none is near).
+  CHECK(choose_round_steps(1, passes, 2, 30) == 30);
+  CHECK(choose_round_steps(1, passes, 2, 32) == 32);
+  CHECK(choose_round_steps(1, passes, 2, 56) == 28);
+  CHECK(choose_round_steps(1, passes, 2, 50) == 28);
   // An exchange that needs more than kMaxRoundSteps gets its least count.
   CHECK(choose_round_steps(1, passes, kMaxRoundSteps + 8) == kMaxRoundSteps + 8);
   CHECK(error_of([] { choose_round_steps(1, {{0, 1, 0, 1}, {0, 1, 0, 1}, {0, 1, 0, 1}}, 2); })
