@@ -8,6 +8,7 @@
 #include "tests/unit/source_root.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <nlohmann/json.hpp>
 
@@ -380,6 +381,21 @@ TEST_CASE("local plan: rounds end at the run's evaluations and checkpoints where
     CHECK(p.local->inner_steps == want);
     CHECK(p.local->round_align == (every % want == 0 ? every : 0));
     CHECK(p.predicted.step_seconds <= free.predicted.step_seconds * (1 + kNearBestRound));
+    // `hetrain plan` says so where they do.
+    const bool said = report::local_sync_text(p).find("a round ends at each of the run's evaluations and checkpoints (every " +
+                                                      std::to_string(every) + " steps)") != std::string::npos;
+    CHECK(said == (p.local->round_align > 0));
+  }
+  // The interval is the config's: every evaluation and checkpoint during training flushes.
+  config::Config cfg = config::load_config((source_root() / "configs/fashion_mnist_mlp.json").string());
+  const nn::ModelShape model = runtime::describe_model(cfg);
+  for (const auto& [eval, ckpt, want] : std::vector<std::array<int64_t, 3>>{{1000, 1000, 1000}, {50, 0, 50},
+                                                                             {0, 40, 40}, {600, 1000, 200}, {0, 0, 0}}) {
+    cfg.train.eval_every = eval;
+    cfg.checkpoint.every = ckpt;
+    CAPTURE(eval);
+    CAPTURE(ckpt);
+    CHECK(planner_input_for(cfg, model, c).flush_every == want);
   }
   // A given local_steps stands; round_align says whether it divides them.
   in.flush_every = 50;
