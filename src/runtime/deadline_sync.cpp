@@ -206,10 +206,9 @@ std::string DeadlineLog::add(const comm::StepRecord& r) {
   return line;
 }
 
-double DeadlineLog::take_window_loss(int64_t predictions_per_sample) {
-  const double mean = window_samples_ > 0
-                          ? window_loss_ / static_cast<double>(window_samples_ * predictions_per_sample)
-                          : std::nan("");
+std::optional<double> DeadlineLog::take_window_loss(int64_t predictions_per_sample) {
+  std::optional<double> mean;
+  if (window_samples_ > 0) mean = window_loss_ / static_cast<double>(window_samples_ * predictions_per_sample);
   window_loss_ = 0;
   window_samples_ = 0;
   return mean;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/deadline_reduce.h"
@@ -119,9 +120,11 @@ class DeadlineLog {
   std::string add(const comm::StepRecord& r);
   void caught_up() { ++catch_ups_; }
   void aligned() { ++alignments_; }  // moved on to its replica's other stages (AlignReplica)
-  // The mean loss per prediction over the fresh samples since the last call (NaN when
-  // none arrived), and the window starts afresh.
-  double take_window_loss(int64_t predictions_per_sample);
+  // The mean loss per prediction over the fresh samples since the last call, and the
+  // window starts afresh. None where none arrived: on a hybrid plan the steps rank 0
+  // caught up past, or realigned its replica to, bring it no loss (Executor::align_replica),
+  // and a window can hold only those.
+  std::optional<double> take_window_loss(int64_t predictions_per_sample);
   double last_loss_sum() const { return last_loss_sum_; }
   int64_t last_loss_samples() const { return last_loss_samples_; }  // the fresh samples it is over
   // A line for people when a step closes short after one that did not, else "".

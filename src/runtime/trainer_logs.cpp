@@ -6,6 +6,7 @@
 #include <cmath>
 #include <deque>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,11 +52,14 @@ bool Run::log_step(Loop& loop, int64_t asked, int64_t done, float lr, bool final
   // the resumed run will not log again.
   if (executor_->deadline() &&
       (done / cfg_.train.log_every > asked / cfg_.train.log_every || done == total_steps_ || final_step)) {
-    loop.last_loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
+    // A window that brought no loss leaves it out of its record (the progress line keeps
+    // the last one known).
+    const std::optional<double> loss = deadline_log_.take_window_loss(task_->predictions_per_sample());
+    if (loss) loop.last_loss = *loss;
     log_line(loop, done, lr, seconds_since(loop.t0));
     if (loop.metrics) {
-      json r{{"type", "train"}, {"step", done}, {"lr", lr}, {"loss", loop.last_loss},
-             {"sync_policy", "deadline"}, {"wall_s", seconds_since(loop.t0)}};
+      json r{{"type", "train"}, {"step", done}, {"lr", lr}, {"sync_policy", "deadline"}, {"wall_s", seconds_since(loop.t0)}};
+      if (loss) r["loss"] = *loss;
       if (const DynamicLossScale* ls = executor_->loss_scale()) r["loss_scale"] = ls->scale();
       loop.metrics->write(r.dump());
     }

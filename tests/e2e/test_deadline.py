@@ -402,9 +402,13 @@ def hybrid(scratch):
     check("hybrid: a step closed short dropped a replica's whole share",
           all(r["samples_dropped"] == 64 for r in steps if r["closed_short"]),
           [r["samples_dropped"] for r in steps if r["closed_short"]][:10])
-    losses = [r["loss"] for r in records if r["type"] == "train"]
-    check("hybrid: every logged loss is finite, the last below the first", losses and all(
-        math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses)
+    # A window whose steps rank 0 only caught up past or realigned its replica to brought
+    # it no loss, and its record leaves the loss out (never null).
+    train = [r for r in records if r["type"] == "train"]
+    losses = [r["loss"] for r in train if "loss" in r]
+    check("hybrid: every loss logged is a finite number, most windows log one, the last below the first",
+          losses and all(isinstance(x, float) and math.isfinite(x) for x in losses)
+          and 2 * len(losses) >= len(train) and losses[-1] < losses[0], [r.get("loss", "-") for r in train])
     summary = load(os.path.join(run_dir, "summary.json"))
     d = summary.get("deadline", {})
     check("hybrid: the summary counts rank 0's catch-ups (>= 1)", d.get("catch_ups", 0) >= 1, d)

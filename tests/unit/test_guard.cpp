@@ -340,4 +340,21 @@ TEST_CASE("deadline log: a late contribution applied is trained, though its own 
   CHECK_FALSE(log.add(applied).empty());
   CHECK(log.samples_dropped() == 32);
   CHECK(log.stale_samples() == 16);
+  // The window's loss is over its fresh samples (96, two predictions each), and a window
+  // that brought none has no loss: a hybrid plan's rank 0 caught up past its steps, or
+  // realigned to them, and holds none of their losses (the trainer's record leaves it out).
+  late.loss_sum = 19.2, applied.loss_sum = 9.6;
+  ht::runtime::DeadlineLog windows;
+  windows.add(late);
+  windows.add(applied);
+  const std::optional<double> both = windows.take_window_loss(2);
+  REQUIRE(both);
+  CHECK(*both == doctest::Approx(28.8 / 192).epsilon(1e-12));
+  CHECK_FALSE(windows.take_window_loss(2));
+  ht::comm::StepRecord caught_up_past;
+  caught_up_past.step = 7;
+  caught_up_past.contributors = {{1, 64, 0}};
+  caught_up_past.samples = 64;  // fresh_samples 0 and loss_sum 0: the loss forgotten
+  windows.add(caught_up_past);
+  CHECK_FALSE(windows.take_window_loss(2));
 }
