@@ -29,18 +29,18 @@ namespace {
 // rank returns, to end through MPI_Finalize: Open MPI 4's launcher can crash taking
 // several ranks' aborts at once.
 //
-// A rejected config or option (`same_everywhere`) is, in the common case, the same on
-// every rank, each having read the same file or command line: a rank other than 0 waits
-// kSameErrorGraceS before it says so, so that the launcher, ending the job on rank 0's
-// exit with the same message, leaves one copy where every rank printed one. A rank whose
-// error is its own (a device entry of its own, a file only its host lacks) still says it,
-// that much later.
+// A rejected config or option (status 2; a signal's status is 130 or 143) is, in the
+// common case, the same on every rank, each having read the same file or command line:
+// a rank other than 0 waits kSameErrorGraceS before it says so, so that the launcher,
+// ending the job on rank 0's exit with the same message, leaves one copy where every rank
+// printed one. A rank whose error is its own (a device entry of its own, a file only its
+// host lacks) still says it, that much later.
 constexpr auto kSameErrorGraceS = std::chrono::seconds(3);
 
-int finish(int status, const char* kind, const char* what, bool end_all = true, bool same_everywhere = false) {
+int finish(int status, const char* kind, const char* what, bool end_all = true) {
   const ht::comm::Launch l = ht::comm::launch();
   const bool multi = l.launched && l.size != 1;  // size 0: not known, so possibly many
-  if (multi && same_everywhere && l.rank != 0) std::this_thread::sleep_for(kSameErrorGraceS);
+  if (multi && status == 2 && l.rank != 0) std::this_thread::sleep_for(kSameErrorGraceS);
   // Messages about peers (a peer timeout) begin with the rank that reports them.
   const std::string own = "rank " + std::to_string(l.rank) + ": ";
   if (multi && std::string_view(what).substr(0, own.size()) == own) what += own.size();
@@ -73,10 +73,10 @@ int main(int argc, char** argv) {
     // a rejected config: status 2 and one line, whatever CLI11's own code for it.
     if (e.get_exit_code() == 0) return app.exit(e);
     const std::string what = std::string(e.what()) + " (see 'hetrain --help' and 'hetrain COMMAND --help')";
-    return finish(2, "option error: ", what.c_str(), true, true);
+    return finish(2, "option error: ", what.c_str());
   } catch (const ht::config::ConfigError& e) {
     // A rejected config: nothing was started, and the exit status says so.
-    return finish(2, "config error: ", e.what(), true, true);
+    return finish(2, "config error: ", e.what());
   } catch (const ht::runtime::RunDirInUse& e) {
     const std::string what = std::string(e.what()) + "; pass --resume to continue it, or --run-dir to start a new one";
     return finish(1, "error: ", what.c_str());
