@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -195,6 +196,10 @@ int64_t read_int(const Json& v, const std::string& path, int64_t min, int64_t ma
     fail_at(path, show(v) + " is out of range; expected an integer from " + std::to_string(min) + " to " +
                       std::to_string(max));
   return x;
+}
+
+int read_int32(const Json& v, const std::string& path, int64_t min) {
+  return static_cast<int>(read_int(v, path, min, std::numeric_limits<int>::max()));
 }
 
 uint64_t read_uint(const Json& v, const std::string& path) {

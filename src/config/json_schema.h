@@ -78,6 +78,8 @@ struct Range {
 int64_t read_int(const Json& v, const std::string& path, int64_t min);
 // The same, at most `max` (a count that the code holds in fewer bits, or adds to a step).
 int64_t read_int(const Json& v, const std::string& path, int64_t min, int64_t max);
+// The same, held in an int: at most INT_MAX, where a cast would wrap 2^32 to 0.
+int read_int32(const Json& v, const std::string& path, int64_t min);
 uint64_t read_uint(const Json& v, const std::string& path);
 double read_double(const Json& v, const std::string& path, const Range& r);
 // Checked after conversion, so 1e-50 (0 as a float) fails "> 0" and 1e300 fails.

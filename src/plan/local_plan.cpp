@@ -391,17 +391,24 @@ void check_local_plan(const Plan& plan) {
            "; expected 1 to inner_steps ", l.inner_steps, " (the job steps into a round where the last round's outer step lands)");
   HT_CHECK(l.round_samples.size() == l.groups.size(), "local plan: round_samples has ", l.round_samples.size(),
            " entries for ", l.groups.size(), " groups; expected one per group");
+  // A plan file's counts may be anything: the round's total and the groups' sum are
+  // checked for overflow before they are compared.
+  int64_t total = 0;
+  HT_CHECK(!__builtin_mul_overflow(static_cast<int64_t>(l.inner_steps), plan.global_batch, &total),
+           "local plan: inner_steps ", l.inner_steps, " x global batch ", plan.global_batch,
+           " samples a round passes 2^63; expected a round a job can take");
   int64_t taken = 0;
   for (size_t g = 0; g < l.groups.size(); ++g) {
     const int64_t least = static_cast<int64_t>(l.group_steps[g]) * static_cast<int64_t>(l.groups[g].size());
     HT_CHECK(l.round_samples[g] >= least, "local plan: group ", g, " takes ", l.round_samples[g],
              " samples a round in ", l.group_steps[g], " inner steps over ", l.groups[g].size(),
              " replicas; expected at least ", least, " (one sample per replica and step)");
-    taken += l.round_samples[g];
+    HT_CHECK(l.round_samples[g] <= total && !__builtin_add_overflow(taken, l.round_samples[g], &taken),
+             "local plan: group ", g, " takes ", l.round_samples[g], " samples a round; expected the groups to take ",
+             total, " in all (inner_steps x global batch)");
   }
-  HT_CHECK(taken == static_cast<int64_t>(l.inner_steps) * plan.global_batch, "local plan: the groups take ", taken,
-           " samples a round; expected inner_steps x global batch = ",
-           static_cast<int64_t>(l.inner_steps) * plan.global_batch);
+  HT_CHECK(taken == total, "local plan: the groups take ", taken,
+           " samples a round; expected inner_steps x global batch = ", total);
 }
 
 Plan group_plan(const Plan& plan, int group) {

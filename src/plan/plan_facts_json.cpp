@@ -1,5 +1,7 @@
 #include "plan/plan_facts_json.h"
 
+#include <limits>
+
 #include "plan/plan_json_fields.h"
 
 namespace ht::plan {
@@ -119,7 +121,7 @@ Shortfall read_shortfall(const Json& j, const std::string& p) {
   s.capacity = nonneg(j, p, "capacity");
   s.stage = integer(j, p, "stage", -1);
   const auto blocks = read_int_array(at(j, p, "blocks"), key_path(p, "blocks"), 0);
-  if (blocks.size() != 2 || blocks[0] > blocks[1] || blocks[1] > (int64_t{1} << 31))
+  if (blocks.size() != 2 || blocks[0] > blocks[1] || blocks[1] > std::numeric_limits<int>::max())
     fail_at(key_path(p, "blocks"), show(at(j, p, "blocks")) + " is not a [begin, end) pair; expected two block indices");
   s.block_begin = static_cast<int>(blocks[0]);
   s.block_end = static_cast<int>(blocks[1]);
@@ -177,7 +179,7 @@ LayoutProblem read_problem(const Json& j, const std::string& p) {
 }
 
 std::vector<int> read_ranks(const Json& v, const std::string& p) {
-  return list<int>(v, p, [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 0)); });
+  return list<int>(v, p, [](const Json& x, const std::string& q) { return read_int32(x, q, 0); });
 }
 
 }  // namespace

@@ -29,12 +29,12 @@ Json local_json(const LocalSync& l) {
 
 LocalSync read_local(const Json& j, const std::string& p) {
   LocalSync l;
-  auto ints = [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 0)); };
+  auto ints = [](const Json& x, const std::string& q) { return read_int32(x, q, 0); };
   l.groups = list<std::vector<int>>(array(j, p, "groups"), key_path(p, "groups"),
                                     [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
-  l.inner_steps = static_cast<int>(read_int(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1));
+  l.inner_steps = read_int32(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1);
   l.group_steps = list<int>(array(j, p, "group_steps"), key_path(p, "group_steps"),
-                            [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 1)); });
+                            [](const Json& x, const std::string& q) { return read_int32(x, q, 1); });
   // A file without it (written before groups took samples by speed) means whole global
   // batches: H_g of them (plan_from_json fills that in, knowing the batch).
   if (j.contains("round_samples"))
@@ -42,7 +42,7 @@ LocalSync read_local(const Json& j, const std::string& p) {
                                     [](const Json& x, const std::string& q) { return read_int(x, q, 1); });
   // Without it the outer step lands at the next round's end.
   l.outer_delay = j.contains("outer_delay")
-                      ? static_cast<int>(read_int(at(j, p, "outer_delay"), key_path(p, "outer_delay"), 1))
+                      ? read_int32(at(j, p, "outer_delay"), key_path(p, "outer_delay"), 1)
                       : l.inner_steps;
   // Without it no round was aligned (what it says to people alone).
   if (j.contains("round_align")) {
@@ -128,7 +128,7 @@ std::vector<std::vector<double>> matrix(const Json& obj, const std::string& path
 
 PipelineLayout read_layout(const Json& j, const std::string& p) {
   PipelineLayout l;
-  auto ints = [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 0)); };
+  auto ints = [](const Json& x, const std::string& q) { return read_int32(x, q, 0); };
   l.replicas = list<std::vector<int>>(array(j, p, "replicas"), key_path(p, "replicas"),
                                       [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
   l.samples = read_int_array(array(j, p, "samples"), key_path(p, "samples"), 1);
@@ -164,7 +164,7 @@ PipelineLayout read_layout(const Json& j, const std::string& p) {
   }
   if (j.contains("alternate_micro_batches"))  // only while a micro-batch trial runs
     l.alternate_micro_batches = list<int>(array(j, p, "alternate_micro_batches"), key_path(p, "alternate_micro_batches"),
-                                          [](const Json& x, const std::string& q) { return static_cast<int>(read_int(x, q, 0)); });
+                                          [](const Json& x, const std::string& q) { return read_int32(x, q, 0); });
   return l;
 }
 
@@ -174,9 +174,9 @@ Prediction read_prediction(const Json& j, const std::string& p) {
 
 std::vector<std::pair<int, int>> read_ranges(const Json& j, const std::string& p) {
   return list<std::pair<int, int>>(j, p, [](const Json& r, const std::string& q) {
-    const auto v = read_int_array(r, q, 0);
+    const auto v = list<int>(r, q, [](const Json& x, const std::string& i) { return read_int32(x, i, 0); });
     if (v.size() != 2) fail_at(q, show(r) + " is not a [begin, end) pair; expected two block indices");
-    return std::pair<int, int>(static_cast<int>(v[0]), static_cast<int>(v[1]));
+    return std::pair<int, int>(v[0], v[1]);
   });
 }
 

@@ -20,7 +20,7 @@ inline double nonneg(const Json& obj, const std::string& path, const char* key) 
                                      config::schema::Range::at_least(0));
 }
 inline int integer(const Json& obj, const std::string& path, const char* key, int64_t min) {
-  return static_cast<int>(config::schema::read_int(at(obj, path, key), config::schema::key_path(path, key), min));
+  return config::schema::read_int32(at(obj, path, key), config::schema::key_path(path, key), min);
 }
 inline std::string text(const Json& obj, const std::string& path, const char* key) {
   const Json& v = at(obj, path, key);

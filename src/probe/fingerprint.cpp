@@ -89,18 +89,18 @@ uint64_t memory_size(const Json& obj, const std::string& path) {
 RankFingerprint parse_rank(const Json& j, const std::string& path) {
   expect_object(j, path, "an object describing one rank");
   RankFingerprint r;
-  r.rank = static_cast<int>(read_int(require(j, path, "rank", "the rank number"), key_path(path, "rank"), 0));
-  r.local_rank = static_cast<int>(read_int(require(j, path, "local_rank", "an integer >= 0"),
-                                           key_path(path, "local_rank"), 0));
+  r.rank = read_int32(require(j, path, "rank", "the rank number"), key_path(path, "rank"), 0);
+  r.local_rank = read_int32(require(j, path, "local_rank", "an integer >= 0"),
+                                           key_path(path, "local_rank"), 0);
   const std::string hp = key_path(path, "host");
   const Json& h = require(j, path, "host", "an object");
   expect_object(h, hp, "an object describing the host");
   r.host.host = read_string(require(h, hp, "host", "a host name"), key_path(hp, "host"), "a host name");
   r.host.cpu_model = read_string(require(h, hp, "cpu_model", "a string"), key_path(hp, "cpu_model"), "a string");
-  r.host.physical_cores = static_cast<int>(read_int(require(h, hp, "physical_cores", "an integer"),
-                                                    key_path(hp, "physical_cores"), 0));
-  r.host.hardware_threads = static_cast<int>(read_int(require(h, hp, "hardware_threads", "an integer"),
-                                                      key_path(hp, "hardware_threads"), 0));
+  r.host.physical_cores = read_int32(require(h, hp, "physical_cores", "an integer"),
+                                                    key_path(hp, "physical_cores"), 0);
+  r.host.hardware_threads = read_int32(require(h, hp, "hardware_threads", "an integer"),
+                                                      key_path(hp, "hardware_threads"), 0);
   r.host.memory_total = memory_size(h, hp);
   r.host.memory_available = memory_part(h, hp, "memory_available_bytes", r.host.memory_total, "the host's");
   const std::string gp = key_path(hp, "gpus");
@@ -110,13 +110,13 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     const std::string p = index_path(gp, i);
     expect_object(gpus[i], p, "an object describing one GPU");
     GpuInfo g;
-    g.index = static_cast<int>(read_int(require(gpus[i], p, "index", "an integer"), key_path(p, "index"), 0));
+    g.index = read_int32(require(gpus[i], p, "index", "an integer"), key_path(p, "index"), 0);
     g.name = read_string(require(gpus[i], p, "name", "a string"), key_path(p, "name"), "the GPU's name");
     std::string cc = read_string(require(gpus[i], p, "compute_capability", "\"major.minor\""),
                                  key_path(p, "compute_capability"), "\"major.minor\"");
     if (std::sscanf(cc.c_str(), "%d.%d", &g.compute_major, &g.compute_minor) != 2)
       fail_at(key_path(p, "compute_capability"), show(Json(cc)) + " is not a version; expected \"major.minor\"");
-    g.sm_count = static_cast<int>(read_int(require(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1));
+    g.sm_count = read_int32(require(gpus[i], p, "sm_count", "an integer"), key_path(p, "sm_count"), 1);
     g.memory_total = memory_size(gpus[i], p);
     g.memory_free = memory_part(gpus[i], p, "memory_free_bytes", g.memory_total, "the GPU's");
     g.host_to_device_gb_s = read_double(require(gpus[i], p, "host_to_device_gb_s", "GB/s"),
@@ -138,7 +138,7 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   // A GPU rank's model is its GPU's: with none listed it would be planned as the host's CPU.
   if (r.device == DeviceKind::cuda && r.host.gpus.empty())
     fail_at(key_path(dp, "kind"), "\"cuda\" but host.gpus is empty; expected the host to list the rank's GPU");
-  r.threads = static_cast<int>(read_int(require(d, dp, "threads", "an integer >= 1"), key_path(dp, "threads"), 1));
+  r.threads = read_int32(require(d, dp, "threads", "an integer >= 1"), key_path(dp, "threads"), 1);
   r.rates.sgemm_gflops = positive(d, dp, "sgemm_gflops");
   r.rates.sgemm_size = read_int(require(d, dp, "sgemm_size", "an integer"), key_path(dp, "sgemm_size"), 1);
   r.rates.memory_bandwidth_gb_s = positive(d, dp, "memory_bandwidth_gb_s");

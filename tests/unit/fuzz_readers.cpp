@@ -17,6 +17,7 @@
 #include "plan/cluster_model.h"
 #include "plan/plan_json.h"
 #include "plan/planner.h"
+#include "plan/policy_plan.h"
 #include "probe/fingerprint.h"
 #include "runtime/checkpoint.h"
 #include "tensor/tensor.h"
@@ -240,6 +241,20 @@ std::string plan_seed() {
   return plan::plan_to_json(plan::make_plan(in));
 }
 
+// A plan under one of the other sync policies: the MLP over four unequal CPUs, under
+// local (its groups, round and outer step: the section check_local_plan reads) or
+// deadline (its reduction instructions), so that mutations reach those readers too.
+std::string policy_plan_seed(config::SyncPolicy policy) {
+  plan::PlannerInput in;
+  in.cluster = plan::cluster_from_synth("synth:1xcpu-32c,1xcpu-16c,2xcpu-8c", plan::default_catalogue_path());
+  const nn::Sequential model = models::build_mlp({}, 1);
+  in.costs = plan::block_costs(model, in.cluster, config::OptimizerConfig{});
+  in.global_batch = 128;
+  in.strategy = config::ParallelStrategy::data;
+  in.flush_every = 50;
+  return plan::plan_to_json(plan::plan_for_policy(in, policy, 0));
+}
+
 // The same plan carrying one of every structured fact the file stores (each memory step,
 // note and problem kind, a baseline shortfall), so that mutations reach their readers.
 std::string plan_facts_seed() {
@@ -334,6 +349,10 @@ std::vector<Reader> all_readers(const std::string& scratch_dir) {
   r.push_back({"plan", plan_seed(), true,
                through_file(dir + "plan.json", [](const std::string& p) { plan::read_plan(p); }), as_is});
   r.push_back({"plan-facts", plan_facts_seed(), true,
+               through_file(dir + "plan.json", [](const std::string& p) { plan::read_plan(p); }), as_is});
+  r.push_back({"plan-local", policy_plan_seed(config::SyncPolicy::local), true,
+               through_file(dir + "plan.json", [](const std::string& p) { plan::read_plan(p); }), as_is});
+  r.push_back({"plan-deadline", policy_plan_seed(config::SyncPolicy::deadline), true,
                through_file(dir + "plan.json", [](const std::string& p) { plan::read_plan(p); }), as_is});
   r.push_back({"catalogue", slurp(catalogue), true,
                through_file(dir + "devices.json", [](const std::string& p) { plan::read_catalogue(p); }),

@@ -76,6 +76,8 @@ TEST_CASE("fuzz: config reader (GPT config)") { fuzz("config-text_gpt_tiny"); }
 TEST_CASE("fuzz: cluster file reader") { fuzz("cluster"); }
 TEST_CASE("fuzz: plan file reader") { fuzz("plan"); }
 TEST_CASE("fuzz: plan file reader (every note, memory step and problem kind)") { fuzz("plan-facts"); }
+TEST_CASE("fuzz: plan file reader (a local plan: groups, round, outer step)") { fuzz("plan-local"); }
+TEST_CASE("fuzz: plan file reader (a deadline plan)") { fuzz("plan-deadline"); }
 TEST_CASE("fuzz: device catalogue reader") { fuzz("catalogue"); }
 TEST_CASE("fuzz: IDX images") { fuzz("idx-images"); }
 TEST_CASE("fuzz: IDX labels") { fuzz("idx-labels"); }

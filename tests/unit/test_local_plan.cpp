@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <numeric>
 #include <nlohmann/json.hpp>
 
@@ -441,6 +442,23 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   j = nlohmann::ordered_json::parse(text);
   j["local"]["round_samples"][1] = 0;
   CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("local.round_samples[1]") != std::string::npos);
+  // Counts past an int are refused by name, not wrapped (2^32 read as 0 was a division by
+  // zero), and round samples that would overflow their sum are refused (found by
+  // tools/fuzz-readers).
+  j = nlohmann::ordered_json::parse(text);
+  j["local"]["inner_steps"] = int64_t{1} << 32;
+  CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("local.inner_steps") != std::string::npos);
+  j = nlohmann::ordered_json::parse(text);
+  j["local"]["round_align"] = 0;
+  j["local"]["inner_steps"] = (int64_t{1} << 32) + p.local->inner_steps;
+  CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("local.inner_steps") != std::string::npos);
+  j = nlohmann::ordered_json::parse(text);
+  j["local"]["groups"][0][0] = (int64_t{1} << 32);
+  CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("local.groups[0][0]") != std::string::npos);
+  j = nlohmann::ordered_json::parse(text);
+  j["local"]["round_samples"][1] = std::numeric_limits<int64_t>::max();
+  CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("group 1 takes 9223372036854775807 samples") !=
+        std::string::npos);
   j = nlohmann::ordered_json::parse(text);
   for (const int bad : {0, p.local->inner_steps + 1}) {
     j["local"]["outer_delay"] = bad;
