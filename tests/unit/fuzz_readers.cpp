@@ -315,6 +315,34 @@ std::string plan_facts_seed() {
   return plan::plan_to_json(p);
 }
 
+// A config with every section and most settings given, under local or deadline (each
+// policy's own settings are a config error under the other), so that mutations reach the
+// readers of parallel, guard, run, emulate and the loss scale, which the configs in
+// configs/ leave out.
+std::string full_config_seed(const std::string& parallel) {
+  return R"({
+  "description": "every section, for the reader fuzz",
+  "device": "cpu",
+  "model": {"type": "mlp", "hidden": [64, 32]},
+  "data": {"dataset": "fashion_mnist", "dir": "/usr/share/datasets/fashion-mnist"},
+  "train": {
+    "steps": 100, "batch_size": 64, "seed": 7, "micro_batches": 2, "grad_clip": 1.0,
+    "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.01, "eps": 1e-8},
+    "schedule": {"type": "cosine", "warmup_steps": 10, "min_lr": 1e-5},
+    "eval_every": 50, "eval_max_samples": 1000, "eval_batch_size": 250, "log_every": 10,
+    "precision": "fp32",
+    "loss_scale": {"mode": "dynamic", "initial": 1024, "min": 1, "max": 65536, "growth_interval": 100}
+  },
+  "checkpoint": {"every": 50, "keep": 2},
+  "parallel": )" + parallel + R"(,
+  "guard": {"norm_ratio": 0, "window": 10, "quarantine_after": 3, "quarantine_steps": 20},
+  "run": {"dir": "runs/full"},
+  "emulate": {"ranks": [{"rank": 0, "latency_ms": 1, "bandwidth_mb_s": 100, "memory_cap_mb": 512},
+                        {"rank": 1, "memory_cap_mb": 256}]}
+}
+)";
+}
+
 std::string checkpoint_seed(const std::string& scratch) {
   runtime::write_checkpoint(scratch,
                             {{"model.w", Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, cpu_backend())},
@@ -342,6 +370,14 @@ std::vector<Reader> all_readers(const std::string& scratch_dir) {
     r.push_back({std::string("config-") + name, slurp(configs_dir() / (std::string(name) + ".json")), true,
                  through_file(dir + "config.json", [](const std::string& p) { config::load_config(p); }),
                  as_is});
+  for (const auto& [name, parallel] :
+       {std::pair<const char*, const char*>{"config-full-local",
+                                            R"({"strategy": "auto", "sync": "local", "local_steps": 10, "outer_delay": 5,
+          "outer_lr": 1.2, "outer_momentum": 0.5, "peer_timeout_s": 30, "rebalance_every": 20})"},
+        {"config-full-deadline", R"({"strategy": "data", "sync": "deadline", "deadline_slack": 0.5, "max_staleness": 2,
+          "peer_timeout_s": 30, "rebalance_every": 20})"}})
+    r.push_back({name, full_config_seed(parallel), true,
+                 through_file(dir + "config.json", [](const std::string& p) { config::load_config(p); }), as_is});
   r.push_back({"cluster", cluster_seed(), true,
                through_file(dir + "cluster.json",
                             [catalogue](const std::string& p) { plan::load_cluster_model(p, catalogue); }),

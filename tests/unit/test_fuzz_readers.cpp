@@ -73,6 +73,8 @@ void fuzz(const std::string& name) {
 
 TEST_CASE("fuzz: config reader (MLP config)") { fuzz("config-fashion_mnist_mlp"); }
 TEST_CASE("fuzz: config reader (GPT config)") { fuzz("config-text_gpt_tiny"); }
+TEST_CASE("fuzz: config reader (every section, under local)") { fuzz("config-full-local"); }
+TEST_CASE("fuzz: config reader (every section, under deadline)") { fuzz("config-full-deadline"); }
 TEST_CASE("fuzz: cluster file reader") { fuzz("cluster"); }
 TEST_CASE("fuzz: plan file reader") { fuzz("plan"); }
 TEST_CASE("fuzz: plan file reader (every note, memory step and problem kind)") { fuzz("plan-facts"); }
