@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "config/json_schema.h"
+#include "config/spec_fields.h"
 #include "core/error.h"
 #include "core/stats.h"
 
@@ -134,7 +135,8 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 [[noreturn]] void spec_error(const std::string& spec, const std::string& token, const std::string& problem) {
-  throw config::ConfigError("cluster spec \"" + spec + "\": \"" + token + "\" " + problem);
+  throw config::ConfigError("cluster spec \"" + config::spec_text(spec, 80) + "\": \"" + config::spec_text(token) + "\" " +
+                            problem);
 }
 
 }  // namespace
@@ -312,7 +314,7 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
     auto [ptr, ec] = std::from_chars(b, e, count);
     if (ptr == b) spec_error(spec, tok, "has no count; expected COUNTxDEVICE, e.g. 8xrtx3060");
     if (ec != std::errc() || count < 1 || count > kMaxSynthRanks)
-      spec_error(spec, tok, "has count " + std::string(b, ptr) + "; expected a count in [1, " +
+      spec_error(spec, tok, "has count " + config::spec_text(std::string(b, ptr)) + "; expected a count in [1, " +
                                 std::to_string(kMaxSynthRanks) + "]");
     if (ptr == e || *ptr != 'x') spec_error(spec, tok, "has no 'x' after the count; expected COUNTxDEVICE, e.g. 8xrtx3060");
     std::string id(ptr + 1, e);
@@ -359,7 +361,7 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
   for (const auto& [count, id] : items) {
     auto dev = std::find_if(cat.devices.begin(), cat.devices.end(), [&](const CatalogueDevice& d) { return d.id == id; });
     if (dev == cat.devices.end())
-      spec_error(spec, std::to_string(count) + "x" + id, "names an unknown device \"" + id + "\"" + hint(id, device_ids) +
+      spec_error(spec, std::to_string(count) + "x" + id, "names an unknown device \"" + config::spec_text(id) + "\"" + hint(id, device_ids) +
                                                            "; known devices: " + join(device_ids));
     // kUsableMemory of the datasheet's memory, as of a probed device's: the same hardware
     // plans alike as a synth: spec and as a cluster file (a card at 100% of its nominal

@@ -18,8 +18,10 @@
 #include "plan/plan_json.h"
 #include "plan/planner.h"
 #include "plan/policy_plan.h"
+#include "plan/what_if.h"
 #include "probe/fingerprint.h"
 #include "runtime/checkpoint.h"
+#include "runtime/fault_injection.h"
 #include "tensor/tensor.h"
 #include "tests/unit/probe_fixtures.h"
 
@@ -393,6 +395,14 @@ std::vector<Reader> all_readers(const std::string& scratch_dir) {
   r.push_back({"catalogue", slurp(catalogue), true,
                through_file(dir + "devices.json", [](const std::string& p) { plan::read_catalogue(p); }),
                as_is});
+  // The options that carry a little language of their own: `train --inject`,
+  // `plan --what-if` and `--cluster synth:`.
+  r.push_back({"option-inject", "slow:rank=1,at=20,factor=2.5", false,
+               [](const std::string& b) { runtime::parse_fault(b); }, as_is});
+  r.push_back({"option-what-if", "link:ranks=0-1,at=3,latency=50,bandwidth=6.25", false,
+               [](const std::string& b) { plan::parse_what_if_event(b); }, as_is});
+  r.push_back({"option-synth", "synth:2xrtx3060,1xrtx4090,2xcpu-16c@pcie", false,
+               [catalogue](const std::string& b) { plan::cluster_from_synth(b, catalogue); }, as_is});
   r.push_back({"idx-images", idx_images_seed(), false,
                [](const std::string& b) {
                  data::parse_idx_images(std::vector<uint8_t>(b.begin(), b.end()), "images.idx");

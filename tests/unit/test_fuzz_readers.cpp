@@ -81,6 +81,9 @@ TEST_CASE("fuzz: plan file reader (every note, memory step and problem kind)") {
 TEST_CASE("fuzz: plan file reader (a local plan: groups, round, outer step)") { fuzz("plan-local"); }
 TEST_CASE("fuzz: plan file reader (a deadline plan)") { fuzz("plan-deadline"); }
 TEST_CASE("fuzz: device catalogue reader") { fuzz("catalogue"); }
+TEST_CASE("fuzz: train --inject's fault spec") { fuzz("option-inject"); }
+TEST_CASE("fuzz: plan --what-if's event spec") { fuzz("option-what-if"); }
+TEST_CASE("fuzz: --cluster synth: spec") { fuzz("option-synth"); }
 TEST_CASE("fuzz: IDX images") { fuzz("idx-images"); }
 TEST_CASE("fuzz: IDX labels") { fuzz("idx-labels"); }
 TEST_CASE("fuzz: gzipped IDX file") { fuzz("idx-gzip"); }
