@@ -35,8 +35,8 @@ std::vector<SpecField> spec_fields(const std::string& what, const std::string& s
     pos = comma + 1;
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0)
-      reject("field '" + spec_text(item) + "' is not key=value; expected the fields of " + spec_text(kind) + " (" + allowed_text +
-             ") as key=value, comma-separated");
+      reject("field '" + spec_text(item) + "' is not key=value; expected the fields of " + spec_text(kind) + " (" +
+             allowed_text + ") as key=value, comma-separated");
     SpecField f{item.substr(0, eq), item.substr(eq + 1)};
     if (std::find(allowed.begin(), allowed.end(), f.key) == allowed.end())
       reject("unknown field '" + spec_text(f.key) + "' for " + spec_text(kind) + "; expected " + allowed_text);

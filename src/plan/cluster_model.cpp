@@ -361,8 +361,9 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
   for (const auto& [count, id] : items) {
     auto dev = std::find_if(cat.devices.begin(), cat.devices.end(), [&](const CatalogueDevice& d) { return d.id == id; });
     if (dev == cat.devices.end())
-      spec_error(spec, std::to_string(count) + "x" + id, "names an unknown device \"" + config::spec_text(id) + "\"" + hint(id, device_ids) +
-                                                           "; known devices: " + join(device_ids));
+      spec_error(spec, std::to_string(count) + "x" + id,
+                 "names an unknown device \"" + config::spec_text(id) + "\"" + hint(id, device_ids) +
+                     "; known devices: " + join(device_ids));
     // kUsableMemory of the datasheet's memory, as of a probed device's: the same hardware
     // plans alike as a synth: spec and as a cluster file (a card at 100% of its nominal
     // memory was planned full, which its CUDA context alone rules out).

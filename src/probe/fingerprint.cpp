@@ -90,17 +90,16 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
   expect_object(j, path, "an object describing one rank");
   RankFingerprint r;
   r.rank = read_int32(require(j, path, "rank", "the rank number"), key_path(path, "rank"), 0);
-  r.local_rank = read_int32(require(j, path, "local_rank", "an integer >= 0"),
-                                           key_path(path, "local_rank"), 0);
+  r.local_rank = read_int32(require(j, path, "local_rank", "an integer >= 0"), key_path(path, "local_rank"), 0);
   const std::string hp = key_path(path, "host");
   const Json& h = require(j, path, "host", "an object");
   expect_object(h, hp, "an object describing the host");
   r.host.host = read_string(require(h, hp, "host", "a host name"), key_path(hp, "host"), "a host name");
   r.host.cpu_model = read_string(require(h, hp, "cpu_model", "a string"), key_path(hp, "cpu_model"), "a string");
-  r.host.physical_cores = read_int32(require(h, hp, "physical_cores", "an integer"),
-                                                    key_path(hp, "physical_cores"), 0);
-  r.host.hardware_threads = read_int32(require(h, hp, "hardware_threads", "an integer"),
-                                                      key_path(hp, "hardware_threads"), 0);
+  r.host.physical_cores =
+      read_int32(require(h, hp, "physical_cores", "an integer"), key_path(hp, "physical_cores"), 0);
+  r.host.hardware_threads =
+      read_int32(require(h, hp, "hardware_threads", "an integer"), key_path(hp, "hardware_threads"), 0);
   r.host.memory_total = memory_size(h, hp);
   r.host.memory_available = memory_part(h, hp, "memory_available_bytes", r.host.memory_total, "the host's");
   const std::string gp = key_path(hp, "gpus");
