@@ -298,6 +298,23 @@ Plan plan_from_json(const std::string& text_in, const std::string& source) {
   }
 }
 
+std::optional<RoundSplit> read_local_split(const std::string& text, const Plan& plan) {
+  HT_CHECK(plan.local, "read_local_split: the plan has no local groups");
+  const std::string p = "local.split";
+  const Json j = parse_document(text, p);
+  expect_object(j, p, "the split's groups, inner_steps, group_steps and round_samples");
+  auto ints = [](const Json& x, const std::string& q) { return read_int32(x, q, 0); };
+  const auto groups = list<std::vector<int>>(array(j, p, "groups"), key_path(p, "groups"),
+                                             [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
+  const int64_t inner_steps = read_int(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1);
+  if (groups != plan.local->groups || inner_steps != plan.local->inner_steps) return std::nullopt;
+  RoundSplit split;
+  split.steps = list<int>(array(j, p, "group_steps"), key_path(p, "group_steps"),
+                          [](const Json& x, const std::string& q) { return read_int32(x, q, 1); });
+  split.samples = read_int_array(array(j, p, "round_samples"), key_path(p, "round_samples"), 1);
+  return split;
+}
+
 Plan read_plan(const std::string& path) {
   const std::string text = config::schema::read_document_file(path, std::string("a plan file (") + kPlanFormat + ")");
   return plan_from_json(text, path);

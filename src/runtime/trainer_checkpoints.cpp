@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "backend/registry.h"
 #include "core/threads.h"
 #include "data/image_dataset.h"
+#include "plan/plan_json.h"
 #include "plan/resumed_shares.h"
 #include "runtime/checkpoint.h"
 #include "runtime/stage_gather.h"
@@ -224,19 +226,14 @@ void Run::save(int64_t step, report::Progress& progress) {
 // measurement), where its groups and H are this plan's, so that the round's samples go
 // on as they were taken; else this plan's own split stands (its rounds are its own).
 void Run::resume_local_split(const Checkpoint& loaded, const std::string& text) {
-  plan::RoundSplit split;
-  std::vector<std::vector<int>> groups;
-  int64_t inner_steps = 0;
+  std::optional<plan::RoundSplit> recorded;
   try {
-    const json j = json::parse(text);
-    groups = j.at("groups").get<std::vector<std::vector<int>>>();
-    inner_steps = j.at("inner_steps").get<int64_t>();
-    split.steps = j.at("group_steps").get<std::vector<int>>();
-    split.samples = j.at("round_samples").get<std::vector<int64_t>>();
-  } catch (const json::exception& e) {
+    recorded = plan::read_local_split(text, plan_);
+  } catch (const Error& e) {  // a config error's status (2) would blame the config
     fail("checkpoint ", loaded.path, ": metadata 'local.split': ", e.what(), " (the file is corrupt)");
   }
-  if (groups != plan_.local->groups || inner_steps != plan_.local->inner_steps) return;
+  if (!recorded) return;
+  const plan::RoundSplit& split = *recorded;
   if (split.steps == plan_.local->group_steps && split.samples == plan_.local->round_samples) return;
   try {
     local_->resume_split(split);  // checks it against the plan

@@ -11,6 +11,7 @@
 #include <array>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "plan/local_plan.h"
@@ -491,6 +492,46 @@ TEST_CASE("local plan: the plan file carries the groups and refuses inconsistent
   j["ranks"][0]["samples"] = 127;
   CHECK(error_of([&] { plan_from_json(j.dump(), "plan.json"); }).find("group 0's replicas take 127 samples") !=
         std::string::npos);
+}
+
+TEST_CASE("local plan: a checkpoint's recorded split is read for this plan's groups and H only, its counts unwrapped") {
+  const ClusterModel c = throttled();
+  const PlannerInput in = input(c, mlp_costs(c), 128);
+  const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 0);
+  const LocalSync& l = *p.local;
+  REQUIRE(l.groups.size() >= 2);
+  // As the checkpoint writes it (trainer_checkpoints.cpp), with another split.
+  std::vector<int64_t> samples = l.round_samples;
+  ++samples[0];
+  --samples[1];
+  const nlohmann::json recorded = {
+      {"groups", l.groups}, {"inner_steps", l.inner_steps}, {"group_steps", l.group_steps}, {"round_samples", samples}};
+  const std::optional<RoundSplit> back = read_local_split(recorded.dump(), p);
+  REQUIRE(back);
+  CHECK(back->steps == l.group_steps);
+  CHECK(back->samples == samples);
+  // Another plan's groups or H: its rounds are its own.
+  nlohmann::json j = recorded;
+  j["inner_steps"] = l.inner_steps + 1;
+  CHECK_FALSE(read_local_split(j.dump(), p));
+  j = recorded;
+  j["groups"][0].push_back(99);
+  CHECK_FALSE(read_local_split(j.dump(), p));
+  // A count past an int is refused by name: wrapped, 2^32 + H_g would read as H_g, and a
+  // group replica of 2^32 as replica 0.
+  j = recorded;
+  j["group_steps"][1] = (int64_t{1} << 32) + l.group_steps[1];
+  CHECK(error_of([&] { read_local_split(j.dump(), p); }).find("local.split.group_steps[1]") != std::string::npos);
+  j = recorded;
+  j["groups"][0][0] = (int64_t{1} << 32) + l.groups[0][0];
+  CHECK(error_of([&] { read_local_split(j.dump(), p); }).find("local.split.groups[0][0]") != std::string::npos);
+  j = recorded;
+  j["round_samples"][0] = 0;
+  CHECK(error_of([&] { read_local_split(j.dump(), p); }).find("local.split.round_samples[0]") != std::string::npos);
+  j = recorded;
+  j.erase("group_steps");
+  CHECK(error_of([&] { read_local_split(j.dump(), p); }).find("group_steps") != std::string::npos);
+  CHECK_FALSE(error_of([&] { read_local_split("[1, 2", p); }).empty());
 }
 
 TEST_CASE("local plan: a rank whose one-sample step outlasts the others' rounds is left idle") {
