@@ -36,6 +36,13 @@ std::string guard_state_for(const std::string& state, const nlohmann::json& befo
       before.value("stages", nlohmann::json()) != after.value("stages", nlohmann::json()) ||
       before.contains("local_groups") || after.contains("local_groups"))
     return {};
+  // The checkpoint's layout names world ranks: each one is checked to be one, since
+  // nlohmann's get<int> would wrap 2^32 + 1 to rank 1 and carry a quarantine to it.
+  const int64_t world = before.at("world").get<int64_t>();
+  for (const nlohmann::json& replica : before.at("replicas"))
+    for (const nlohmann::json& r : replica)
+      HT_CHECK(r.is_number_integer() && r.get<int64_t>() >= 0 && r.get<int64_t>() < world, "guard.layout: replica rank ",
+               r.dump(), "; expected a world rank, 0 to ", world - 1);
   nlohmann::json j = nlohmann::json::parse(state);
   if (stage_in(before, rank) != stage) j["norms"] = nlohmann::json::array();
   if (j.contains("quarantine")) {

@@ -16,6 +16,7 @@
 #include "runtime/guard.h"
 #include "runtime/task.h"
 #include "tests/harness/synthetic_task.h"
+#include "tests/unit/error_message.h"
 
 using namespace ht;
 using namespace ht::runtime;
@@ -155,6 +156,13 @@ TEST_CASE("guard: a checkpoint's guard state for another order of the replicas, 
   // were of stage 0's parameter groups (kept, a group's norms were judged against another
   // stage's, and a stage of one replica could leave every step out).
   CHECK(guard_state_for(state, before, crossed, 0, 1, 0).empty());
+  // A checkpoint's rank past an int is refused, not wrapped onto rank 1 (which would take
+  // the quarantine), as is one outside the world.
+  for (const json bad : {json((int64_t{1} << 32) + 1), json(4), json(-1), json("1")}) {
+    json odd = before;
+    odd["replicas"][1][0] = bad;
+    CHECK(contains(error_of([&] { guard_state_for(state, odd, swapped, 0, 0, 0); }), "guard.layout: replica rank"));
+  }
   const std::string norms = json{{"norms", {{0, {1.0, 2.0}}}}}.dump();
   CHECK(json::parse(guard_state_for(norms, before, crossed, 0, 1, 1))["norms"].empty());
   CHECK(json::parse(guard_state_for(norms, before, crossed, 2, 0, 0))["norms"].empty());
