@@ -367,8 +367,13 @@ ClusterModel cluster_from_synth(const std::string& spec, const std::string& cata
     // kUsableMemory of the datasheet's memory, as of a probed device's: the same hardware
     // plans alike as a synth: spec and as a cluster file (a card at 100% of its nominal
     // memory was planned full, which its CUDA context alone rules out).
-    DeviceModel m{dev->id, dev->name, dev->kind, dev->fp32_tflops * 1e12 * dev->efficiency,
-                  dev->memory_gb * kGiB * kUsableMemory, dev->memory_bandwidth_gb_s * 1e9, false};
+    DeviceModel m;
+    m.id = dev->id;
+    m.name = dev->name;
+    m.kind = dev->kind;
+    m.flops = dev->fp32_tflops * 1e12 * dev->efficiency;
+    m.memory_bytes = dev->memory_gb * kGiB * kUsableMemory;
+    m.memory_bandwidth = dev->memory_bandwidth_gb_s * 1e9;
     m.bf16_flops = bf16_gemm_flops(0, &*dev);
     c.ranks.insert(c.ranks.end(), static_cast<size_t>(count), m);
   }
