@@ -135,8 +135,8 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 [[noreturn]] void spec_error(const std::string& spec, const std::string& token, const std::string& problem) {
-  throw config::ConfigError("cluster spec \"" + config::spec_text(spec, 80) + "\": \"" + config::spec_text(token) + "\" " +
-                            problem);
+  throw config::ConfigError("cluster spec \"" + config::spec_text(spec, 80) + "\": \"" + config::spec_text(token) +
+                            "\" " + problem);
 }
 
 }  // namespace

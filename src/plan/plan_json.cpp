@@ -15,6 +15,13 @@ using namespace json_fields;
 
 namespace {
 
+// Rows of non-negative ints (groups of replicas, replicas of ranks), each bounded to an int.
+std::vector<std::vector<int>> int_rows(const Json& v, const std::string& path) {
+  return list<std::vector<int>>(v, path, [](const Json& row, const std::string& q) {
+    return list<int>(row, q, [](const Json& x, const std::string& r) { return read_int32(x, r, 0); });
+  });
+}
+
 Json local_json(const LocalSync& l) {
   return {{"groups", l.groups},
           {"inner_steps", l.inner_steps},
@@ -29,9 +36,7 @@ Json local_json(const LocalSync& l) {
 
 LocalSync read_local(const Json& j, const std::string& p) {
   LocalSync l;
-  auto ints = [](const Json& x, const std::string& q) { return read_int32(x, q, 0); };
-  l.groups = list<std::vector<int>>(array(j, p, "groups"), key_path(p, "groups"),
-                                    [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
+  l.groups = int_rows(array(j, p, "groups"), key_path(p, "groups"));
   l.inner_steps = read_int32(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1);
   l.group_steps = list<int>(array(j, p, "group_steps"), key_path(p, "group_steps"),
                             [](const Json& x, const std::string& q) { return read_int32(x, q, 1); });
@@ -128,9 +133,7 @@ std::vector<std::vector<double>> matrix(const Json& obj, const std::string& path
 
 PipelineLayout read_layout(const Json& j, const std::string& p) {
   PipelineLayout l;
-  auto ints = [](const Json& x, const std::string& q) { return read_int32(x, q, 0); };
-  l.replicas = list<std::vector<int>>(array(j, p, "replicas"), key_path(p, "replicas"),
-                                      [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
+  l.replicas = int_rows(array(j, p, "replicas"), key_path(p, "replicas"));
   l.samples = read_int_array(array(j, p, "samples"), key_path(p, "samples"), 1);
   // The schedules are built from these counts before anything else is cross-checked, so
   // they are bounded here: at most one micro-batch per sample, and no more than
@@ -303,9 +306,7 @@ std::optional<RoundSplit> read_local_split(const std::string& text, const Plan& 
   const std::string p = "local.split";
   const Json j = parse_document(text, p);
   expect_object(j, p, "the split's groups, inner_steps, group_steps and round_samples");
-  auto ints = [](const Json& x, const std::string& q) { return read_int32(x, q, 0); };
-  const auto groups = list<std::vector<int>>(array(j, p, "groups"), key_path(p, "groups"),
-                                             [&](const Json& row, const std::string& q) { return list<int>(row, q, ints); });
+  const auto groups = int_rows(array(j, p, "groups"), key_path(p, "groups"));
   const int64_t inner_steps = read_int(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1);
   if (groups != plan.local->groups || inner_steps != plan.local->inner_steps) return std::nullopt;
   RoundSplit split;

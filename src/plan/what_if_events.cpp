@@ -23,9 +23,10 @@ int rank_value(const std::string& spec, const std::string& key, const std::strin
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   // All digits but past an int: out of range, not malformed.
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size())
-    reject(spec, key + "=" + config::spec_text(text) + " is out of range; expected a rank of the cluster (an integer of at least 0)");
+    reject(spec, config::field_text(key, text) +
+                     " is out of range; expected a rank of the cluster (an integer of at least 0)");
   if (ec != std::errc() || end != text.data() + text.size() || v < 0)
-    reject(spec, key + "=" + config::spec_text(text) + " is not a rank; expected an integer of at least 0");
+    reject(spec, config::field_text(key, text) + " is not a rank; expected an integer of at least 0");
   return v;
 }
 
@@ -36,9 +37,9 @@ double real_value(const std::string& spec, const std::string& key, const std::st
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
-    reject(spec, key + "=" + config::spec_text(text) + " is not a number; expected " + expected);
+    reject(spec, config::field_text(key, text) + " is not a number; expected " + expected);
   if (v < min || (above_min && v == min) || v > max)
-    reject(spec, key + "=" + config::spec_text(text) + " is out of range; expected " + expected);
+    reject(spec, config::field_text(key, text) + " is out of range; expected " + expected);
   return v;
 }
 
@@ -83,11 +84,12 @@ WhatIfEvent parse_what_if_event(const std::string& spec) {
     } else if (key == "ranks") {
       const size_t dash = value.find('-');
       if (dash == std::string::npos || dash == 0 || value.find('-', dash + 1) != std::string::npos)
-        reject(spec, "ranks=" + config::spec_text(value) +
+        reject(spec, config::field_text("ranks", value) +
                          " is not a rank pair; expected A-B, the two ranks (at least 0) the link joins (e.g. 0-3)");
       e.rank = rank_value(spec, key, value.substr(0, dash));
       e.peer = rank_value(spec, key, value.substr(dash + 1));
-      if (e.rank == e.peer) reject(spec, "ranks=" + config::spec_text(value) + " joins a rank to itself; expected two different ranks");
+      if (e.rank == e.peer)
+        reject(spec, config::field_text("ranks", value) + " joins a rank to itself; expected two different ranks");
     } else if (key == "at") {
       e.at_s = real_value(spec, key, value, 0, false, kMaxEventSeconds, "seconds of job time, from 0 to 1e9");
     } else if (key == "for") {
@@ -131,7 +133,8 @@ void check_what_if_events(const std::vector<WhatIfEvent>& events, size_t world_s
                                      [&](const CatalogueDevice& d) { return d.id == e.device; });
       std::string ids;
       for (const CatalogueDevice& d : catalogue.devices) ids += (ids.empty() ? "" : ", ") + d.id;
-      if (!known) reject(e.spec, "device=" + config::spec_text(e.device) + " is not in the catalogue; expected one of " + ids);
+      if (!known)
+        reject(e.spec, config::field_text("device", e.device) + " is not in the catalogue; expected one of " + ids);
       continue;
     }
     check_rank(e, e.rank);

@@ -25,12 +25,13 @@ int64_t int_field(const std::string& spec, const std::string& key, const std::st
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   // A whole number past int64's range is a number, out of range, not "not an integer".
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size())
-    reject(spec, key + "=" + config::spec_text(text) + " is out of range; expected an integer from " + std::to_string(min) + " to " +
-                     std::to_string(std::numeric_limits<int64_t>::max()));
+    reject(spec, config::field_text(key, text) + " is out of range; expected an integer from " + std::to_string(min) +
+                     " to " + std::to_string(std::numeric_limits<int64_t>::max()));
   if (ec != std::errc() || end != text.data() + text.size())
-    reject(spec, key + "=" + config::spec_text(text) + " is not an integer; expected an integer of at least " + std::to_string(min));
+    reject(spec, config::field_text(key, text) + " is not an integer; expected an integer of at least " +
+                     std::to_string(min));
   if (v < min)
-    reject(spec, key + "=" + config::spec_text(text) + " is out of range; expected at least " + std::to_string(min));
+    reject(spec, config::field_text(key, text) + " is out of range; expected at least " + std::to_string(min));
   return v;
 }
 
@@ -39,8 +40,8 @@ double real_field(const std::string& spec, const std::string& key, const std::st
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
-    reject(spec, key + "=" + config::spec_text(text) + " is not a number; expected " + expected);
-  if (v < min || v > max) reject(spec, key + "=" + config::spec_text(text) + " is out of range; expected " + expected);
+    reject(spec, config::field_text(key, text) + " is not a number; expected " + expected);
+  if (v < min || v > max) reject(spec, config::field_text(key, text) + " is out of range; expected " + expected);
   return v;
 }
 
@@ -54,7 +55,9 @@ Fault parse_fault(const std::string& spec) {
   else if (kind == "nan") f.kind = FaultKind::nan;
   else if (kind == "slow") f.kind = FaultKind::slow;
   else if (kind == "scale") f.kind = FaultKind::scale;
-  else reject(spec, "unknown kind '" + config::spec_text(kind) + "'; expected stall, nan, slow or scale (e.g. stall:rank=1,at=10,for=5)");
+  else
+    reject(spec, "unknown kind '" + config::spec_text(kind) +
+                     "'; expected stall, nan, slow or scale (e.g. stall:rank=1,at=10,for=5)");
   const std::map<FaultKind, std::vector<std::string>> allowed = {  // in the order messages list them
       {FaultKind::stall, {"at", "for", "rank"}},
       {FaultKind::nan, {"at", "rank", "steps"}},
@@ -77,7 +80,8 @@ Fault parse_fault(const std::string& spec) {
     if (key == "rank") {
       const int64_t r = int_field(spec, key, value, 0);
       // Any real job is far smaller; the world's size is checked by check_fault_ranks.
-      if (r > (1 << 20)) reject(spec, "rank=" + config::spec_text(value) + " is out of range; expected a rank of this job");
+      if (r > (1 << 20))
+        reject(spec, config::field_text("rank", value) + " is out of range; expected a rank of this job");
       f.rank = static_cast<int>(r);
     } else if (key == "at") f.at = int_field(spec, key, value, f.kind == FaultKind::stall ? 0 : 1);
     else if (key == "steps") f.steps = int_field(spec, key, value, 1);

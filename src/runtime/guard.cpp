@@ -41,8 +41,8 @@ std::string guard_state_for(const std::string& state, const nlohmann::json& befo
   const int64_t world = before.at("world").get<int64_t>();
   for (const nlohmann::json& replica : before.at("replicas"))
     for (const nlohmann::json& r : replica)
-      HT_CHECK(r.is_number_integer() && r.get<int64_t>() >= 0 && r.get<int64_t>() < world, "guard.layout: replica rank ",
-               r.dump(), "; expected a world rank, 0 to ", world - 1);
+      HT_CHECK(r.is_number_integer() && r.get<int64_t>() >= 0 && r.get<int64_t>() < world,
+               "guard.layout: replica rank ", r.dump(), "; expected a world rank, 0 to ", world - 1);
   nlohmann::json j = nlohmann::json::parse(state);
   if (stage_in(before, rank) != stage) j["norms"] = nlohmann::json::array();
   if (j.contains("quarantine")) {

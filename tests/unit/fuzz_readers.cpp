@@ -231,28 +231,27 @@ std::string idx_labels_seed() {
 // A probe file of two ranks, one with a GPU and a CPU quota, with block timings.
 std::string cluster_seed() { return probe::cluster_to_json(test_fixtures::two_rank_probe()); }
 
+// The planner's input for `model` over a synth: cluster, forced data-parallel.
+plan::PlannerInput seed_input(const std::string& synth, const nn::Sequential& model, int64_t batch) {
+  plan::PlannerInput in;
+  in.cluster = plan::cluster_from_synth(synth, plan::default_catalogue_path());
+  in.costs = plan::block_costs(model, in.cluster, config::OptimizerConfig{});
+  in.global_batch = batch;
+  in.strategy = config::ParallelStrategy::data;
+  return in;
+}
+
 // A planner plan: the CNN over a GPU and two CPUs forced data-parallel, so every rank
 // has a share and a schedule.
 std::string plan_seed() {
-  plan::PlannerInput in;
-  in.cluster = plan::cluster_from_synth("synth:1xrtx4090,2xcpu-16c", plan::default_catalogue_path());
-  const nn::Sequential model = models::build_cnn({}, 1);
-  in.costs = plan::block_costs(model, in.cluster, config::OptimizerConfig{});
-  in.global_batch = 64;
-  in.strategy = config::ParallelStrategy::data;
-  return plan::plan_to_json(plan::make_plan(in));
+  return plan::plan_to_json(plan::make_plan(seed_input("synth:1xrtx4090,2xcpu-16c", models::build_cnn({}, 1), 64)));
 }
 
 // A plan under one of the other sync policies: the MLP over four unequal CPUs, under
 // local (its groups, round and outer step: the section check_local_plan reads) or
 // deadline (its reduction instructions), so that mutations reach those readers too.
 std::string policy_plan_seed(config::SyncPolicy policy) {
-  plan::PlannerInput in;
-  in.cluster = plan::cluster_from_synth("synth:1xcpu-32c,1xcpu-16c,2xcpu-8c", plan::default_catalogue_path());
-  const nn::Sequential model = models::build_mlp({}, 1);
-  in.costs = plan::block_costs(model, in.cluster, config::OptimizerConfig{});
-  in.global_batch = 128;
-  in.strategy = config::ParallelStrategy::data;
+  plan::PlannerInput in = seed_input("synth:1xcpu-32c,1xcpu-16c,2xcpu-8c", models::build_mlp({}, 1), 128);
   in.flush_every = 50;
   return plan::plan_to_json(plan::plan_for_policy(in, policy, 0));
 }
