@@ -282,7 +282,12 @@ std::vector<std::vector<const RankPlan*>> ranks_by_host(const Plan& plan) {
   std::map<std::string, size_t> index;
   for (const RankPlan& rp : plan.ranks) {
     if (!(rp.device.host_memory_bytes > 0)) continue;
-    const std::string key = rp.device.host.empty() ? std::string(1, '\0') + std::to_string(rp.rank) : rp.device.host;
+    // A rank without a host name is a host of its own: a key no host name can be.
+    std::string key = rp.device.host;
+    if (key.empty()) {
+      key.push_back('\0');
+      key += std::to_string(rp.rank);
+    }
     const auto [it, fresh] = index.try_emplace(key, out.size());
     if (fresh) out.emplace_back();
     out[it->second].push_back(&rp);

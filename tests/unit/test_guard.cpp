@@ -158,7 +158,7 @@ TEST_CASE("guard: a checkpoint's guard state for another order of the replicas, 
   CHECK(guard_state_for(state, before, crossed, 0, 1, 0).empty());
   // A checkpoint's rank past an int is refused, not wrapped onto rank 1 (which would take
   // the quarantine), as is one outside the world.
-  for (const json bad : {json((int64_t{1} << 32) + 1), json(4), json(-1), json("1")}) {
+  for (const json& bad : {json((int64_t{1} << 32) + 1), json(4), json(-1), json("1")}) {
     json odd = before;
     odd["replicas"][1][0] = bad;
     CHECK(contains(error_of([&] { guard_state_for(state, odd, swapped, 0, 0, 0); }), "guard.layout: replica rank"));

@@ -840,7 +840,8 @@ namespace {
 WhatIfInput throttled(size_t n, int64_t per, int64_t steps) {
   ClusterModel c = fx::cluster(std::vector<double>(n, 2e12), std::vector<double>(n, 64 * fx::kGiB));
   for (DeviceModel& d : c.ranks) {
-    d.id = d.name = "C";
+    d.id = std::string("C");
+    d.name = d.id;
     d.cpu_quota = 0.2;
     d.cpu_quota_period_s = 0.01;
   }
