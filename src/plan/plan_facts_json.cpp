@@ -179,7 +179,7 @@ LayoutProblem read_problem(const Json& j, const std::string& p) {
 }
 
 std::vector<int> read_ranks(const Json& v, const std::string& p) {
-  return list<int>(v, p, [](const Json& x, const std::string& q) { return read_int32(x, q, 0); });
+  return int_list(v, p, 0);
 }
 
 }  // namespace

@@ -17,9 +17,7 @@ namespace {
 
 // Rows of non-negative ints (groups of replicas, replicas of ranks), each bounded to an int.
 std::vector<std::vector<int>> int_rows(const Json& v, const std::string& path) {
-  return list<std::vector<int>>(v, path, [](const Json& row, const std::string& q) {
-    return list<int>(row, q, [](const Json& x, const std::string& r) { return read_int32(x, r, 0); });
-  });
+  return list<std::vector<int>>(v, path, [](const Json& row, const std::string& q) { return int_list(row, q, 0); });
 }
 
 Json local_json(const LocalSync& l) {
@@ -38,8 +36,7 @@ LocalSync read_local(const Json& j, const std::string& p) {
   LocalSync l;
   l.groups = int_rows(array(j, p, "groups"), key_path(p, "groups"));
   l.inner_steps = read_int32(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1);
-  l.group_steps = list<int>(array(j, p, "group_steps"), key_path(p, "group_steps"),
-                            [](const Json& x, const std::string& q) { return read_int32(x, q, 1); });
+  l.group_steps = int_list(array(j, p, "group_steps"), key_path(p, "group_steps"), 1);
   // A file without it (written before groups took samples by speed) means whole global
   // batches: H_g of them (plan_from_json fills that in, knowing the batch).
   if (j.contains("round_samples"))
@@ -166,8 +163,8 @@ PipelineLayout read_layout(const Json& j, const std::string& p) {
     l.reduce_owner = static_cast<int>(owner);
   }
   if (j.contains("alternate_micro_batches"))  // only while a micro-batch trial runs
-    l.alternate_micro_batches = list<int>(array(j, p, "alternate_micro_batches"), key_path(p, "alternate_micro_batches"),
-                                          [](const Json& x, const std::string& q) { return read_int32(x, q, 0); });
+    l.alternate_micro_batches =
+        int_list(array(j, p, "alternate_micro_batches"), key_path(p, "alternate_micro_batches"), 0);
   return l;
 }
 
@@ -177,7 +174,7 @@ Prediction read_prediction(const Json& j, const std::string& p) {
 
 std::vector<std::pair<int, int>> read_ranges(const Json& j, const std::string& p) {
   return list<std::pair<int, int>>(j, p, [](const Json& r, const std::string& q) {
-    const auto v = list<int>(r, q, [](const Json& x, const std::string& i) { return read_int32(x, i, 0); });
+    const std::vector<int> v = int_list(r, q, 0);
     if (v.size() != 2) fail_at(q, show(r) + " is not a [begin, end) pair; expected two block indices");
     return std::pair<int, int>(v[0], v[1]);
   });
@@ -310,8 +307,7 @@ std::optional<RoundSplit> read_local_split(const std::string& text, const Plan& 
   const int64_t inner_steps = read_int(at(j, p, "inner_steps"), key_path(p, "inner_steps"), 1);
   if (groups != plan.local->groups || inner_steps != plan.local->inner_steps) return std::nullopt;
   RoundSplit split;
-  split.steps = list<int>(array(j, p, "group_steps"), key_path(p, "group_steps"),
-                          [](const Json& x, const std::string& q) { return read_int32(x, q, 1); });
+  split.steps = int_list(array(j, p, "group_steps"), key_path(p, "group_steps"), 1);
   split.samples = read_int_array(array(j, p, "round_samples"), key_path(p, "round_samples"), 1);
   return split;
 }

@@ -45,4 +45,10 @@ std::vector<T> list(const Json& v, const std::string& path, Read read) {
   return out;
 }
 
+// A list of ints, each at least `min` and at most INT_MAX (read_int32: never wrapped).
+inline std::vector<int> int_list(const Json& v, const std::string& path, int64_t min) {
+  return list<int>(v, path,
+                   [min](const Json& x, const std::string& q) { return config::schema::read_int32(x, q, min); });
+}
+
 }  // namespace ht::plan::json_fields
