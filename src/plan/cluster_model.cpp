@@ -232,6 +232,15 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catal
   // Ranks on one host share its RAM; giving each the whole host would over-commit it.
   std::map<std::string, int> ranks_on_host;
   for (const auto& r : fp.ranks) ++ranks_on_host[r.host.host];
+  // The cores the CPU ranks of each host ask for, against the cores it has (0: unknown).
+  std::map<std::string, double> cpu_demand;
+  std::map<std::string, int> cores;
+  for (const auto& r : fp.ranks) {
+    if (r.device != DeviceKind::cpu) continue;
+    const double q = r.cpu_quota.fraction;
+    cpu_demand[r.host.host] += q > 0 && q < r.threads ? q : std::max(r.threads, 1);
+    cores[r.host.host] = r.host.physical_cores;
+  }
   bool any_blocks = false;
   for (const auto& r : fp.ranks) {
     DeviceModel d;
@@ -266,6 +275,11 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catal
     d.host = r.host.host;
     d.host_memory_bytes = kUsableMemory * static_cast<double>(r.host.memory_total);
     d.device_in_host = r.device == DeviceKind::cpu && r.memory_cap == 0;
+    if (r.device == DeviceKind::cpu) {
+      const int n = cores[r.host.host];
+      // A hundredth over: quotas summing to the cores exactly, as printed and read back.
+      d.cores_shared = n > 0 && cpu_demand[r.host.host] > n + 0.01;
+    }
     // The allocator cap is what the engine enforces (and how a small device is emulated).
     if (r.memory_cap > 0) d.memory_bytes = static_cast<double>(r.memory_cap);
     d.memory_bytes *= kUsableMemory;

@@ -39,6 +39,10 @@ struct DeviceModel {
   std::string host;
   double host_memory_bytes = 0;
   bool device_in_host = false;  // its device is that memory: a CPU rank without a cap
+  // A CPU rank of a host whose CPU ranks ask for more than its cores (each its threads, or
+  // its CPU quota where it has one): the kernel's scheduler time-slices them, so a rank's
+  // speed moves from one stretch of steps to the next (rebalance.h's ShareTuner).
+  bool cores_shared = false;
 
   // What tables and messages call the device: the id, or the name where there is none.
   const std::string& label() const { return id.empty() ? name : id; }

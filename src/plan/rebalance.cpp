@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <utility>
 
 #include "core/error.h"
 #include "core/stats.h"
@@ -254,6 +255,9 @@ ShareTuner::ShareTuner(Plan original, BlockCosts costs, ClusterModel cluster, bo
       cluster_(std::move(cluster)),
       move_shares_(move_shares),
       micro_batch_trials_(micro_batch_trials) {
+  for (const RankPlan& r : original_.ranks)
+    if (static_cast<size_t>(r.rank) < cluster_.ranks.size())
+      cores_shared_ = cores_shared_ || cluster_.ranks[static_cast<size_t>(r.rank)].cores_shared;
   if (all_ranks && has_idle_ranks(original_) && move_shares_ && replicates_whole_model(original_) &&
       replicates_whole_model(*all_ranks) && all_ranks->world_size == original_.world_size &&
       all_ranks->predicted.step_seconds <= (1 + kIdleTrialMargin) * original_.predicted.step_seconds)
@@ -280,7 +284,25 @@ bool ShareTuner::speeds_moved(const Plan& current, const BlockCosts& calibrated)
   return false;
 }
 
+namespace {
+
+// Whether every replica's share moves the same way (up, down or not at all) from `now`
+// to `a` as to `b`.
+bool same_moves(const std::vector<int64_t>& now, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  if (a.size() != now.size() || b.size() != now.size()) return false;
+  auto sign = [](int64_t d) { return (d > 0) - (d < 0); };
+  for (size_t r = 0; r < now.size(); ++r)
+    if (sign(a[r] - now[r]) != sign(b[r] - now[r])) return false;
+  return true;
+}
+
+}  // namespace
+
 Rebalance ShareTuner::check_once(const Plan& current, const std::vector<RankMeasure>& measured) {
+  // A re-split held back on shared cores counts only where the very next check asks again.
+  std::vector<int64_t> asked = std::move(asked_);
+  const int asked_in_a_row = std::exchange(asked_in_a_row_, 0);
+  asked_.clear();
   const BlockCosts calibrated = calibrated_costs(current, costs_, cluster_, measured);
   const std::vector<double> reduce = measured_reduce_seconds(current, measured);
   Rebalance out;
@@ -357,6 +379,12 @@ Rebalance ShareTuner::check_once(const Plan& current, const std::vector<RankMeas
       predict_plan(next, calibrated, cluster_, reduce);
       const double gain = next.layout.samples == left_ ? kRebalanceMinGain : kResplitMinGain;
       if (next.predicted.step_seconds < (1 - gain) * out.current_step_s) {
+        const int in_a_row = same_moves(now.layout.samples, asked, next.layout.samples) ? asked_in_a_row + 1 : 1;
+        if (cores_shared_ && in_a_row < kSharedCoreChecks) {
+          asked_ = next.layout.samples;
+          asked_in_a_row_ = in_a_row;
+          return out;  // nor a micro-batch trial, judged on the speeds this check doubts
+        }
         left_ = now.layout.samples;
         before_change_ = out.plan;
         step_before_change_ = out.measured_step_s;

@@ -42,6 +42,13 @@ inline constexpr int kSettleChecks = 5;
 // shares moved off the slowed rank five checks late (docs/architecture.md). Likewise
 // the checks of settling after an undone change end early when a speed moved so.
 inline constexpr double kSpeedChange = 0.25;
+// Where the cluster's CPU ranks share cores (DeviceModel::cores_shared), a re-split is
+// taken only when two checks in a row asked for it, each replica's share moving the same
+// way in both: the scheduler slows one rank and then another for tens of steps at a
+// time, and a check's window sees whichever it slowed. Taken at the first check, four
+// equal data-parallel ranks of the MLP on a 2-core machine made 73-78 changes in 100
+// checks and ended at shares such as 57/19/26/26 (docs/architecture.md).
+inline constexpr int kSharedCoreChecks = 2;
 // Ranks the plan left idle are tried once, at the first check, when the plan over all
 // ranks was predicted at most this much slower: the quick probe behind that choice is
 // short and noisy (twice it left two CNN ranks idle on CPU quotas 0.8/0.4/0.2/0.2, and the
@@ -144,7 +151,8 @@ struct Rebalance {
 
 // The checks of one job. Each calibrates the costs (compute and ReduceGrads from the
 // measurements), predicts the current plan with them and, when `move_shares` and there
-// is more than one replica, takes the re-split if predicted kResplitMinGain faster.
+// is more than one replica, takes the re-split if predicted kResplitMinGain faster (where
+// cores are shared, at the kSharedCoreChecks-th check in a row that asks for it).
 // A change that made the measured step kRebalanceMinGain slower is undone at the next check,
 // never tried again, and no other change follows for kSettleChecks checks: the
 // simulator cannot see everything (a rank under a CPU quota that finishes its share
@@ -197,6 +205,9 @@ class ShareTuner {
   double step_before_change_ = 0;      // and its measured step
   std::vector<double> per_sample_at_change_;  // each rank's calibrated seconds a sample then
   std::vector<int64_t> left_;          // the shares the last re-split left
+  bool cores_shared_ = false;          // some active rank's host time-slices its cores
+  std::vector<int64_t> asked_;         // the re-split the last check asked for and held back
+  int asked_in_a_row_ = 0;             // how many checks in a row asked for it
   std::set<std::vector<int64_t>> rejected_;
   int settle_ = 0;  // checks left before the next try
   struct MicroBatchTrial {

@@ -310,3 +310,50 @@ TEST_CASE("links by site: tables that do not cover the sites named are refused b
   CHECK(message([] { Links::uniform(2, 1, 1).set_latency(1, 1, 0); }) ==
         "links: latency from rank 1 to rank 1 of 2; expected two different ranks of the cluster");
 }
+
+TEST_CASE("cluster: a host's CPU ranks share its cores where they ask for more than it has") {
+  probe::RankFingerprint cpu;
+  cpu.device = DeviceKind::cpu;
+  cpu.host.host = "a", cpu.host.cpu_model = "EPYC", cpu.host.memory_total = 1ull << 34, cpu.host.physical_cores = 2;
+  cpu.rates = {50, 1024, 10};
+  auto job = [&](const std::vector<double>& quotas, const std::vector<int>& threads) {
+    probe::ClusterFingerprint fp;
+    for (size_t i = 0; i < threads.size(); ++i) {
+      probe::RankFingerprint r = cpu;
+      r.rank = r.local_rank = static_cast<int>(i);
+      r.threads = threads[i];
+      r.cpu_quota.fraction = quotas.empty() ? 0 : quotas[i];
+      r.cpu_quota.period_s = quotas.empty() ? 0 : 0.01;
+      fp.ranks.push_back(r);
+    }
+    const auto n = threads.size();
+    fp.links.latency_s.assign(n, std::vector<double>(n, 1e-6));
+    fp.links.bandwidth_bytes_per_s.assign(n, std::vector<double>(n, 1e10));
+    for (size_t i = 0; i < n; ++i) fp.links.latency_s[i][i] = fp.links.bandwidth_bytes_per_s[i][i] = 0;
+    std::vector<bool> shared;
+    for (const DeviceModel& d : cluster_from_probe(fp).ranks) shared.push_back(d.cores_shared);
+    return shared;
+  };
+  CHECK(job({}, {1, 1}) == std::vector<bool>{false, false});            // one core each
+  CHECK(job({}, {1, 1, 1}) == std::vector<bool>{true, true, true});      // three on two cores
+  CHECK(job({}, {2, 1}) == std::vector<bool>{true, true});               // three threads on two
+  CHECK(job({0.8, 0.4, 0.2, 0.2}, {1, 1, 1, 1}) == std::vector<bool>(4, false));  // 1.6 of 2 cores
+  CHECK(job({0.8, 0.8, 0.2, 0.2}, {1, 1, 1, 1}) == std::vector<bool>(4, false));  // exactly 2
+  CHECK(job({0.8, 0.8, 0.4, 0.2}, {1, 1, 1, 1}) == std::vector<bool>(4, true));   // 2.2
+  cpu.host.physical_cores = 0;  // not known: nothing is assumed
+  CHECK(job({}, {1, 1, 1}) == std::vector<bool>{false, false, false});
+  // Ranks of another host and GPU ranks do not count against this host's cores.
+  probe::ClusterFingerprint fp;
+  for (int i = 0; i < 4; ++i) {
+    probe::RankFingerprint r = cpu;
+    r.host.physical_cores = 2;
+    r.rank = i;
+    if (i == 2) r.host.host = "b";
+    if (i == 3) r.device = DeviceKind::cuda;
+    fp.ranks.push_back(r);
+  }
+  fp.links.latency_s.assign(4, std::vector<double>(4, 1e-6));
+  fp.links.bandwidth_bytes_per_s.assign(4, std::vector<double>(4, 1e10));
+  for (size_t i = 0; i < 4; ++i) fp.links.latency_s[i][i] = fp.links.bandwidth_bytes_per_s[i][i] = 0;
+  for (const DeviceModel& d : cluster_from_probe(fp).ranks) CHECK_FALSE(d.cores_shared);
+}

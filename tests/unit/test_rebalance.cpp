@@ -342,6 +342,37 @@ TEST_CASE("rebalance: a re-split predicted 1% faster is taken; one back to the s
   CHECK(r.plan.layout.samples == std::vector<int64_t>{48, 52});
 }
 
+TEST_CASE("rebalance: where cores are shared a re-split waits for a second check asking the same moves") {
+  TwoEqual t;
+  ClusterModel shared = t.c;
+  for (DeviceModel& d : shared.ranks) d.cores_shared = true;
+  ShareTuner tuner(t.plan, t.in.costs, shared, true, std::nullopt, false);
+  const std::vector<RankMeasure> slow1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.20, 0, 0.30, 0)};
+  const std::vector<RankMeasure> slow0{steady(9, 0.20, 0, 0.30, 0), steady(9, 0.10, 0, 0.30, 0)};
+  // The first check that asks is held back; a second in a row asking the same way moves,
+  // to the split this check's measurements give.
+  Rebalance r = tuner.check(t.plan, slow1);
+  CHECK_FALSE(r.changed);
+  CHECK(r.plan.layout.samples == std::vector<int64_t>{50, 50});
+  const std::vector<RankMeasure> slower1{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.40, 0, 0.30, 0)};
+  r = tuner.check(t.plan, slower1);
+  REQUIRE(r.changed);
+  CHECK(r.plan.layout.samples == std::vector<int64_t>{80, 20});
+  // Rank 0 slow in one window, rank 1 in the next: the asks disagree, and nothing moves.
+  ShareTuner flip(t.plan, t.in.costs, shared, true, std::nullopt, false);
+  for (int i = 0; i < 6; ++i) CHECK_FALSE(flip.check(t.plan, i % 2 ? slow1 : slow0).changed);
+  // A check between that asks for nothing starts the count again.
+  const std::vector<RankMeasure> even{steady(9, 0.10, 0, 0.30, 0), steady(9, 0.10, 0, 0.30, 0)};
+  ShareTuner gap(t.plan, t.in.costs, shared, true, std::nullopt, false);
+  CHECK_FALSE(gap.check(t.plan, slow1).changed);
+  CHECK_FALSE(gap.check(t.plan, even).changed);
+  CHECK_FALSE(gap.check(t.plan, slow1).changed);
+  CHECK(gap.check(t.plan, slow1).plan.layout.samples == std::vector<int64_t>{67, 33});
+  // Cores of its own: the first check moves (the case above).
+  ShareTuner own(t.plan, t.in.costs, t.c, true, std::nullopt, false);
+  CHECK(own.check(t.plan, slow1).plan.layout.samples == std::vector<int64_t>{67, 33});
+}
+
 TEST_CASE("rebalance: micro-batch trials alternate the counts step by step and keep the faster per sample") {
   TwoEqual t;
   const std::vector<RankMeasure> even{steady(9, 0.15, 0, 0.30, 0), steady(9, 0.15, 0, 0.30, 0)};
