@@ -37,6 +37,7 @@ ht::plan::ClusterModel cluster_for(const std::string& arg, const std::string& ca
       c.block_seconds.clear();
       c.block_step_seconds.clear();
       c.block_call_seconds.clear();
+      for (ht::plan::DeviceModel& d : c.ranks) d.gradient_bandwidth = 0;  // measured at that model's size
     }
     return c;
   }

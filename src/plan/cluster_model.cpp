@@ -248,6 +248,7 @@ ClusterModel cluster_from_probe(const probe::ClusterFingerprint& fp, const Catal
     d.measured = true;
     d.flops = r.rates.sgemm_gflops * 1e9;
     d.memory_bandwidth = r.rates.memory_bandwidth_gb_s * 1e9;
+    d.gradient_bandwidth = r.gradient_bandwidth_gb_s * 1e9;
     d.cpu_quota = r.cpu_quota.fraction;
     d.cpu_quota_period_s = r.cpu_quota.period_s;
     const auto& gpus = r.host.gpus;
@@ -401,6 +402,7 @@ namespace {
 bool same_device(const DeviceModel& a, const DeviceModel& b) {
   return a.id == b.id && a.name == b.name && a.kind == b.kind && a.flops == b.flops &&
          a.memory_bytes == b.memory_bytes && a.memory_bandwidth == b.memory_bandwidth &&
+         a.gradient_bandwidth == b.gradient_bandwidth && a.cores_shared == b.cores_shared &&
          a.measured == b.measured && a.cpu_quota == b.cpu_quota && a.cpu_quota_period_s == b.cpu_quota_period_s &&
          a.call_seconds == b.call_seconds && a.bf16_flops == b.bf16_flops &&
          a.host == b.host && a.host_memory_bytes == b.host_memory_bytes && a.device_in_host == b.device_in_host;

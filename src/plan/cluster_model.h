@@ -22,6 +22,9 @@ struct DeviceModel {
   double flops = 0;   // effective fp32 FLOP/s used for planning
   double memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes/s
+  // Bytes/s of a pass over buffers of the profiled model's parameter count, where a
+  // cache may hold them (the probe's gradient_bandwidth_gb_s); 0: not measured.
+  double gradient_bandwidth = 0;
   bool measured = false;        // from a probe, not a datasheet
   // A cgroup CPU limit the probe found: this fraction of a core per period (0 = none).
   double cpu_quota = 0, cpu_quota_period_s = 0;
@@ -46,6 +49,8 @@ struct DeviceModel {
 
   // What tables and messages call the device: the id, or the name where there is none.
   const std::string& label() const { return id.empty() ? name : id; }
+  // What a copy of the model's gradient (or weights, or deltas) runs at.
+  double copy_bandwidth() const { return gradient_bandwidth > 0 ? gradient_bandwidth : memory_bandwidth; }
 };
 
 // The links of a cluster's ranks, one way: latency (s) and bandwidth (bytes/s), 0 from a

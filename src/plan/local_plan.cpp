@@ -461,7 +461,7 @@ double exchange_seconds(const Plan& plan, const BlockCosts& costs, const Cluster
 }
 
 double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
-  const double bw = plan.ranks[static_cast<size_t>(rank)].device.memory_bandwidth;
+  const double bw = plan.ranks[static_cast<size_t>(rank)].device.copy_bandwidth();
   return bw > 0 ? total_params(costs) * kOuterBytesPerParam / bw : 0;
 }
 
@@ -509,7 +509,7 @@ std::vector<char> carries_exchange(const Plan& plan, const ClusterModel& cluster
 double outer_work_seconds(const Plan& plan, const BlockCosts& costs, int rank, const std::vector<char>& carries,
                           size_t members) {
   double s = update_seconds(plan, costs, rank);
-  const double bw = plan.ranks[static_cast<size_t>(rank)].device.memory_bandwidth;
+  const double bw = plan.ranks[static_cast<size_t>(rank)].device.copy_bandwidth();
   if (carries[static_cast<size_t>(rank)] && bw > 0 && members > 0) {
     const auto m = static_cast<double>(members);
     s += total_params(costs) * 4 * (m + 1) / m / bw;

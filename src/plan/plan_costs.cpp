@@ -221,7 +221,7 @@ double gradient_passes_seconds(const Plan& plan, const PipelineLayout& layout, c
                                size_t k, double passes) {
   const auto [begin, end] = plan.stage_ranges[s];
   const double bytes = stage_footprint(costs, begin, end).params * kGradBytesPerParam;
-  const double bw = plan.ranks[static_cast<size_t>(layout.replicas[k][s])].device.memory_bandwidth;
+  const double bw = plan.ranks[static_cast<size_t>(layout.replicas[k][s])].device.copy_bandwidth();
   return bw > 0 ? passes * bytes / bw : 0.0;
 }
 

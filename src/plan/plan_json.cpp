@@ -90,6 +90,7 @@ Json device_json(const DeviceModel& d) {
     j["host_memory_bytes"] = d.host_memory_bytes;
   }
   if (d.device_in_host) j["device_in_host"] = true;
+  if (d.gradient_bandwidth > 0) j["gradient_bandwidth"] = d.gradient_bandwidth;
   return j;
 }
 
@@ -199,6 +200,7 @@ RankPlan read_rank(const Json& j, const std::string& p) {
     r.device.host_memory_bytes = nonneg(d, dp, "host_memory_bytes");
   }
   r.device.device_in_host = d.contains("device_in_host") && read_bool(d.at("device_in_host"), key_path(dp, "device_in_host"));
+  if (d.contains("gradient_bandwidth")) r.device.gradient_bandwidth = nonneg(d, dp, "gradient_bandwidth");  // optional
   r.replica = integer(j, p, "replica", -1);
   r.stage = integer(j, p, "stage", -1);
   const auto blocks = read_ranges(Json::array({at(j, p, "blocks")}), key_path(p, "blocks"));

@@ -61,6 +61,7 @@ Json rank_json(const RankFingerprint& r) {
   }
   if (r.cpu_quota.fraction > 0)
     j["cpu_quota"] = {{"fraction", r.cpu_quota.fraction}, {"period_s", r.cpu_quota.period_s}};
+  if (r.gradient_bandwidth_gb_s > 0) j["gradient_bandwidth_gb_s"] = r.gradient_bandwidth_gb_s;
   return j;
 }
 
@@ -187,6 +188,14 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     expect_object(*q, qp, "an object with fraction and period_s");
     r.cpu_quota.fraction = positive(*q, qp, "fraction");
     r.cpu_quota.period_s = positive(*q, qp, "period_s");
+  }
+  // Optional: files from before it, and ranks probed without a model, have none.
+  if (j.contains("gradient_bandwidth_gb_s")) {
+    if (r.blocks.empty())
+      fail_at(key_path(path, "gradient_bandwidth_gb_s"),
+              show(j["gradient_bandwidth_gb_s"]) + " is given for a rank with no block profile; expected it only "
+              "beside the blocks of the model it was measured for (hetrain probe --model)");
+    r.gradient_bandwidth_gb_s = positive(j, path, "gradient_bandwidth_gb_s");
   }
   return r;
 }

@@ -31,6 +31,9 @@ struct RankFingerprint {
   uint64_t memory_cap = 0;      // engine allocator cap in bytes (0 = none)
   CpuQuota cpu_quota;           // optional in files
   std::vector<BlockTiming> blocks;  // with --model: per-block profile on this device
+  // With --model, a CPU rank: the triad's GB/s over arrays of the model's parameter count
+  // (microbench.h's triad_gb_s), what copies of its gradient run at; 0 = not measured.
+  double gradient_bandwidth_gb_s = 0;
   std::vector<std::string> emulation;  // what about this rank is emulated, in words
 };
 

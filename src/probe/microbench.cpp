@@ -74,18 +74,21 @@ DeviceRates measure_device(double seconds) {
   const GemmArgs g = GemmArgs::square(a.data(), b.data(), c.data(), n);
   r.sgemm_gflops = 2.0 * n * n * n / run_for(seconds / 2, 3, [&] { be.gemm(g); }) / 1e9;
 
-  // 3 x 32 MiB: far beyond any last-level cache.
-  const size_t len = size_t{8} << 20;
-  std::vector<float> x(len, 1.f), y(len, 2.f), z(len, 0.f);
-  const double pass = run_for(seconds / 2, 3, [&] {
+  r.memory_bandwidth_gb_s = triad_gb_s(kStreamFloats, seconds / 2);
+  return r;
+}
+
+double triad_gb_s(size_t floats, double seconds) {
+  HT_CHECK(floats > 0, "triad_gb_s: no floats to pass over");
+  std::vector<float> x(floats, 1.f), y(floats, 2.f), z(floats, 0.f);
+  const double pass = run_for(seconds, 3, [&] {
     float* __restrict zp = z.data();
     const float* __restrict xp = x.data();
     const float* __restrict yp = y.data();
 #pragma omp simd
-    for (size_t i = 0; i < len; ++i) zp[i] = xp[i] + 0.5f * yp[i];
+    for (size_t i = 0; i < floats; ++i) zp[i] = xp[i] + 0.5f * yp[i];
   });
-  r.memory_bandwidth_gb_s = 3.0 * len * sizeof(float) / pass / 1e9;
-  return r;
+  return 3.0 * static_cast<double>(floats) * sizeof(float) / pass / 1e9;
 }
 
 std::vector<BlockTiming> profile_blocks(const nn::Sequential& model, int64_t small, int64_t large,

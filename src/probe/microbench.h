@@ -29,6 +29,15 @@ struct DeviceRates {
 // The CPU's rates (the backend's gemm on this host, the triad).
 DeviceRates measure_device(double seconds_per_benchmark);
 
+// The streaming triad's arrays: 3 x 32 MiB, far beyond any last-level cache.
+inline constexpr size_t kStreamFloats = size_t{8} << 20;
+
+// GB/s of the triad z = x + 0.5 y over three arrays of `floats` floats each (three
+// passes a call), the median call over `seconds`. Arrays that fit a cache run at its
+// speed: over a 2.7 MB gradient's size, 64 GB/s on a 2-core AMD EPYC whose streaming
+// triad ran at 19 (four processes at once: 64 against 9).
+double triad_gb_s(size_t floats, double seconds);
+
 struct BlockTiming {
   std::string kind;
   double fwd_bwd_s_per_sample = 0;  // forward + backward of the block alone, per sample

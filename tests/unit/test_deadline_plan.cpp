@@ -182,6 +182,16 @@ TEST_CASE("deadline plan: the reduction is charged its copies at each rank's mem
   const double with = plan_cost_table(p, in.costs, in.cluster).reduce_seconds[0];
   const double without = plan_cost_table(sync, in.costs, in.cluster).reduce_seconds[0];
   CHECK(with - without == doctest::Approx(want).epsilon(1e-9));
+  // Where the probe timed passes over buffers of the model's size (a cache may hold them),
+  // the copies are charged at that rate: the leader's at 32 GB/s; through a plan file too.
+  Plan cached = p;
+  cached.ranks[0].device.gradient_bandwidth = 32e9;
+  const double leader = 17 * bytes / 32e9;
+  CHECK(deadline_copy_seconds(cached, cached.layout, in.costs, 0) == doctest::Approx(slowest_member + leader).epsilon(1e-12));
+  const Plan read = plan_from_json(plan_to_json(cached), "the test's plan");
+  CHECK(read.ranks[0].device.gradient_bandwidth == 32e9);
+  CHECK(read.ranks[1].device.gradient_bandwidth == 0);
+  CHECK(deadline_copy_seconds(read, read.layout, in.costs, 0) == doctest::Approx(slowest_member + leader).epsilon(1e-12));
   // No bandwidth measured: nothing charged.
   ClusterModel unmeasured = in.cluster;
   for (DeviceModel& d : unmeasured.ranks) d.memory_bandwidth = 0;

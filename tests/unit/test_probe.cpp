@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "models/models.h"
+#include "plan/cluster_model.h"
 #include "nn/dense_block.h"
 #include "probe/fingerprint.h"
 #include "probe/link_matrix.h"
@@ -151,6 +152,7 @@ std::string error_for(const std::string& text, std::optional<int> world = std::n
 TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by name") {
   ClusterFingerprint probed = test_fixtures::two_rank_probe();
   probed.model_signature = "8b09e915";
+  probed.ranks[0].gradient_bandwidth_gb_s = 64.5;
   std::string good = cluster_to_json(probed);
   std::string path = write_temp(good);
   ClusterFingerprint back = read_cluster(path, 2);
@@ -164,6 +166,11 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   CHECK(back.ranks[0].cpu_quota.fraction == doctest::Approx(0.25));
   CHECK(back.ranks[0].cpu_quota.period_s == doctest::Approx(0.01));
   CHECK(back.ranks[1].cpu_quota.fraction == 0);  // written only where there is a quota
+  CHECK(back.ranks[0].gradient_bandwidth_gb_s == doctest::Approx(64.5));
+  CHECK(back.ranks[1].gradient_bandwidth_gb_s == 0);  // written only where measured
+  CHECK(ht::plan::cluster_from_probe(back).ranks[0].gradient_bandwidth == doctest::Approx(64.5e9));
+  CHECK(ht::plan::cluster_from_probe(back).ranks[0].copy_bandwidth() == doctest::Approx(64.5e9));
+  CHECK(ht::plan::cluster_from_probe(back).ranks[1].copy_bandwidth() == doctest::Approx(back.ranks[1].rates.memory_bandwidth_gb_s * 1e9));
   CHECK(back.links.bandwidth_bytes_per_s[0][1] == doctest::Approx(5e9));
   REQUIRE(back.ranks[1].host.gpus.size() == 1);
   CHECK(back.ranks[1].host.gpus[0].name == "NVIDIA H200");
@@ -217,6 +224,13 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
   twin["ranks"][0]["blocks"][0]["index"] = 3;
   CHECK(error_for(twin.dump()).find("ranks[0].blocks[0].index: 3 is not this entry's place; expected 0") !=
         std::string::npos);
+  nlohmann::json gradient = nlohmann::json::parse(good);
+  gradient["ranks"][0]["gradient_bandwidth_gb_s"] = -2;
+  CHECK(error_for(gradient.dump()).find("ranks[0].gradient_bandwidth_gb_s: -2") != std::string::npos);
+  gradient = nlohmann::json::parse(good);
+  gradient["ranks"][0]["blocks"] = nlohmann::json::array();  // a rate at a model's size, but no model
+  CHECK(error_for(gradient.dump()).find("ranks[0].gradient_bandwidth_gb_s: 64.5 is given for a rank with no block "
+                                        "profile") != std::string::npos);
   std::string no_file = error_for("{}");
   CHECK(no_file.find("format") != std::string::npos);
 }
