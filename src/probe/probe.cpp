@@ -193,6 +193,8 @@ std::string format_cluster(const ClusterFingerprint& c) {
     for (size_t i = 0; i < r.blocks.size(); ++i)
       out << "\n  " << i << " " << r.blocks[i].kind << " " << fmt("%.1f us", r.blocks[i].fwd_bwd_s_per_sample * 1e6)
           << " + " << fmt("%.1f us", r.blocks[i].fwd_bwd_s_per_call * 1e6);
+    if (r.gradient_bandwidth_gb_s > 0)
+      out << "\n  copies of the model's gradient (triad over its size) " << fmt("%.1f GB/s", r.gradient_bandwidth_gb_s);
     out << "\n";
   }
   size_t n = c.ranks.size();

@@ -136,7 +136,8 @@ def live_with_model(tmp):
           and all(len(x["blocks"]) == 4 and all(is_num(b["fwd_bwd_s_per_sample"], True) for b in x["blocks"])
                   for x in c["ranks"]) and "block profile" in r.stdout, r.stderr[-2000:])
     check("--model times a CPU rank's passes over buffers of the model's size",
-          r.returncode == 0 and all(is_num(x.get("gradient_bandwidth_gb_s"), True) for x in c["ranks"]),
+          r.returncode == 0 and all(is_num(x.get("gradient_bandwidth_gb_s"), True) for x in c["ranks"])
+          and "copies of the model's gradient (triad over its size)" in r.stdout,
           str([x.get("gradient_bandwidth_gb_s") for x in c["ranks"]]))
 
     # Under a memory cap the probe's own tensors (the whole model, one block's gradients and
