@@ -49,7 +49,7 @@ struct DeviceModel {
 
   // What tables and messages call the device: the id, or the name where there is none.
   const std::string& label() const { return id.empty() ? name : id; }
-  // What a copy of the model's gradient (or weights, or deltas) runs at.
+  // What a pass over the model's gradient runs at (a deadline reduction's copies).
   double copy_bandwidth() const { return gradient_bandwidth > 0 ? gradient_bandwidth : memory_bandwidth; }
 };
 

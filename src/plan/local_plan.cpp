@@ -460,8 +460,13 @@ double exchange_seconds(const Plan& plan, const BlockCosts& costs, const Cluster
   return weighted_allreduce_seconds(cluster, members, weights, total_params(costs) * kGradBytesPerParam, tiers);
 }
 
+// At the streaming rate: the outer step's arrays (the outer weights, their momentum, the
+// deltas, the inner weights and the exchange's buffers) are more than the probe's
+// gradient-sized triad holds in a cache. Charged at the triad's rate, the MLP's rounds at
+// quotas 0.8/0.4/0.2/0.2 fell from 25 to 10 steps and its samples/s from 0.87-0.99 to
+// 0.82 of the ranks' standalone sum (tools/bench-faults --cases local, one run, 2026-12-07).
 double update_seconds(const Plan& plan, const BlockCosts& costs, int rank) {
-  const double bw = plan.ranks[static_cast<size_t>(rank)].device.copy_bandwidth();
+  const double bw = plan.ranks[static_cast<size_t>(rank)].device.memory_bandwidth;
   return bw > 0 ? total_params(costs) * kOuterBytesPerParam / bw : 0;
 }
 
@@ -509,7 +514,7 @@ std::vector<char> carries_exchange(const Plan& plan, const ClusterModel& cluster
 double outer_work_seconds(const Plan& plan, const BlockCosts& costs, int rank, const std::vector<char>& carries,
                           size_t members) {
   double s = update_seconds(plan, costs, rank);
-  const double bw = plan.ranks[static_cast<size_t>(rank)].device.copy_bandwidth();
+  const double bw = plan.ranks[static_cast<size_t>(rank)].device.memory_bandwidth;
   if (carries[static_cast<size_t>(rank)] && bw > 0 && members > 0) {
     const auto m = static_cast<double>(members);
     s += total_params(costs) * 4 * (m + 1) / m / bw;

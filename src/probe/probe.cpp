@@ -110,10 +110,10 @@ ClusterFingerprint run_probe(comm::Communicator& comm, const ProbeOptions& opts)
     me.blocks = profile_blocks(model, small,
                                std::clamp<int64_t>(std::llround(std::min(2 * share, batch)), small, 512),
                                opts.quick ? 0.2 : 1.0, opts.model->train.optimizer, be);
-    // The copies of a gradient (a deadline leader's sums, the local outer step's deltas)
-    // pass over buffers of the model's size, which a cache may hold: the streaming triad
-    // charged the MLP's 2.7 MB at a seventh of the speed it ran at (microbench.h). A GPU
-    // rank's copies cross to the host, at a bandwidth this does not measure.
+    // A deadline reduction's copies of the gradient pass over buffers of the model's size,
+    // which a cache may hold: the streaming triad charged the MLP's 2.7 MB at a seventh of
+    // the speed it ran at (microbench.h). A GPU rank's copies cross to the host, at a
+    // bandwidth this does not measure.
     if (!gpu) {
       size_t params = 0;
       for (const auto& [name, p] : model.named_parameters()) params += static_cast<size_t>(p.numel());
