@@ -194,7 +194,7 @@ RankFingerprint parse_rank(const Json& j, const std::string& path) {
     if (r.blocks.empty())
       fail_at(key_path(path, "gradient_bandwidth_gb_s"),
               show(j["gradient_bandwidth_gb_s"]) + " is given for a rank with no block profile; expected it only "
-              "beside the blocks of the model it was measured for (hetrain probe --model)");
+              "beside the blocks of the model it was measured for (a probe that profiled a model)");
     r.gradient_bandwidth_gb_s = positive(j, path, "gradient_bandwidth_gb_s");
   }
   return r;
