@@ -3,6 +3,8 @@
 // emulation model.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -46,8 +48,33 @@ using Deadline = std::optional<Clock::time_point>;
 // deadline from now. Timeouts beyond a year are taken as none (now + s could overflow).
 Deadline deadline_from(Timeout timeout, const char* op);
 
+// Time this process did not run does not count against its peers. A wait that finds
+// kOwnStallGap or more between two of its polls (this rank was stopped, SIGSTOP, or not
+// scheduled: its own pauses are at most a millisecond) moves its deadline on by the gap.
+// Else a rank continued after a stop longer than the peer timeout found its deadline
+// passed at once and named a peer that had been waiting for it (a data-parallel rank
+// stopped 8 s under a 5 s timeout named rank 0 as it woke). Work inside a poll (an
+// all-reduce's sums of its part) moves it on too: that was not the peers' time either,
+// and it is finite, so the wait stays bounded by the timeout of time this rank ran and
+// waited. The deadline policy's waits do the same with their patience (Presence in
+// deadline_reduce.cpp).
+inline constexpr auto kOwnStallGap = std::chrono::milliseconds(500);
+class OwnStall {
+ public:
+  // Once per poll.
+  void forgive(Deadline& deadline) {
+    const auto now = Clock::now();
+    const Clock::duration gap = now - last_;
+    last_ = now;
+    if (deadline && gap >= kOwnStallGap) *deadline += gap;
+  }
+
+ private:
+  Clock::time_point last_ = Clock::now();
+};
+
 // Calls `done` until it returns true (done) or the deadline passes (timed_out); `done`
-// is always called at least once. Spins briefly, then sleeps 20 us doubling to 1 ms
+// is always called at least once; a gap in the polls is forgiven (OwnStall). Spins briefly, then sleeps 20 us doubling to 1 ms
 // (backoff_pauses) between polls: waiting ranks would otherwise take the core that a
 // computing rank on the same machine needs (OpenMPI's own waits spin). A ring of the
 // doorbell (a peer on this host sent or received something) ends a sleep early and
@@ -86,9 +113,11 @@ template <class Done>
 WaitStatus poll_until(Done&& done, Deadline deadline) {
   int polls = 0;
   std::chrono::microseconds pause = backoff_pauses().min;
+  OwnStall own;
   for (;;) {
     const uint32_t heard = doorbell_heard();
     if (done()) return WaitStatus::done;
+    own.forgive(deadline);
     if (deadline && Clock::now() >= *deadline) return WaitStatus::timed_out;
     backoff_sleep(polls, pause, deadline, heard);
   }

@@ -82,8 +82,9 @@ WaitStatus Request::spin(Timeout timeout) {
   if (!impl_) return WaitStatus::done;
   Deadline deadline = deadline_from(timeout, "Request::spin");
   if (impl_->cancelled()) return WaitStatus::timed_out;
+  OwnStall own;
   while (!impl_->test())
-    if (deadline && Clock::now() > *deadline) {
+    if (own.forgive(deadline); deadline && Clock::now() > *deadline) {
       if (impl_->expire()) return WaitStatus::done;
       drop_wait_ = Timeout(0);
       return WaitStatus::timed_out;

@@ -255,7 +255,8 @@ WaitStatus OverlappedAllreduce::drain(Timeout timeout) { return poll(timeout, tr
 // polling to sleeps of up to 1 ms (backoff_pauses), so a throttled rank keeps its
 // quota; a ring of the doorbell (doorbell.h) ends a sleep at once.
 WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
-  const Deadline deadline = deadline_from(timeout, "OverlappedAllreduce");
+  Deadline deadline = deadline_from(timeout, "OverlappedAllreduce");
+  OwnStall own;
   auto pause = std::chrono::microseconds(0);
   auto summed = [](const std::unique_ptr<Pending>& x) { return x->state == Pending::scattered; };
   for (;;) {
@@ -263,6 +264,7 @@ WaitStatus OverlappedAllreduce::poll(Timeout timeout, bool sends) {
     const bool moved = progress();
     if (std::all_of(pending_.begin(), pending_.end(), summed) && (!sends || outgoing_.empty()))
       return WaitStatus::done;
+    own.forgive(deadline);
     if (deadline && Clock::now() > *deadline) return WaitStatus::timed_out;
     const BackoffPauses limits = backoff_pauses();
     if (moved) pause = std::chrono::microseconds(0);

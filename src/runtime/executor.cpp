@@ -150,6 +150,24 @@ Executor::~Executor() {
   }
 }
 
+// The neighbour may itself have been waiting, for a stage further along that stalled: in
+// a pipeline 0-1-2 with rank 1 stopped, rank 0's SendGrad to rank 2 (a rendezvous send
+// waits for the receive) named rank 2, which was waiting for rank 1. So the replica's
+// ranks, which time out within a step of each other, take a roll call, and the neighbour
+// is named only where it is absent from it, or where no one is.
+void Executor::fail_neighbour(int peer, const std::string& what) {
+  const int neighbour = world_.world_rank(peer);
+  std::vector<int> absent;
+  if (replica_group_ && replica_group_->size() > 1) absent = comm::absent_after(*replica_group_, peer_timeout_);
+  std::vector<int> stalled{neighbour};
+  std::string waited = what;
+  if (!absent.empty() && std::find(absent.begin(), absent.end(), neighbour) == absent.end()) {
+    stalled = absent;
+    waited += " (with rank " + std::to_string(neighbour) + ", which answered a roll call and waits too)";
+  }
+  fail_as<comm::PeerTimeout>(comm::peer_timeout_message(me(), stalled, waited, peer_timeout_));
+}
+
 void Executor::take_shares() {
   rank_plan_ = plan_.ranks[static_cast<size_t>(world_.rank())];
   const auto rank = static_cast<size_t>(world_.rank());
@@ -325,8 +343,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
     bool comm = false;
     auto what = [&] { return std::string(plan::op_name(in.op)) + " of micro-batch " + std::to_string(in.micro_batch); };
     auto wait = [&](comm::WaitStatus s) {
-      if (s != comm::WaitStatus::done)
-        fail_as<comm::PeerTimeout>(comm::peer_timeout_message(me(), {world_.world_rank(in.peer)}, what(), peer_timeout_));
+      if (s != comm::WaitStatus::done) fail_neighbour(in.peer, what());
     };
     switch (in.op) {
       case plan::Op::load_micro_batch: load(in.micro_batch, first); break;
@@ -335,7 +352,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
       case plan::Op::backward: backward(in.micro_batch); break;
       case plan::Op::send_activation:
         comm = true;
-        world_.send(live_.at(in.micro_batch).output, in.peer, kTagActivation, peer_timeout_, what());
+        wait(world_.isend(live_.at(in.micro_batch).output, in.peer, kTagActivation).wait(peer_timeout_));
         break;
       case plan::Op::recv_activation: {
         comm = true;
@@ -346,7 +363,7 @@ StepResult Executor::step(int64_t first, float lr, bool record_spans) {
       }
       case plan::Op::send_grad:
         comm = true;
-        world_.send(live_.at(in.micro_batch).grad_input, in.peer, kTagGrad, peer_timeout_, what());
+        wait(world_.isend(live_.at(in.micro_batch).grad_input, in.peer, kTagGrad).wait(peer_timeout_));
         live_.erase(in.micro_batch);
         break;
       case plan::Op::recv_grad: {

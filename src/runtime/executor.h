@@ -216,6 +216,9 @@ class Executor {
   // when they are not plan_'s, replace the plan (replace_plan_) and are taken; whether so.
   bool take_deadline_shares();
   void use_layout(bool trial);  // this step's layout_, schedule and sample offsets
+  // A pipeline neighbour (`peer`, of world_) that did not answer within the peer timeout:
+  // raises comm::PeerTimeout naming who stalled (see executor.cpp).
+  [[noreturn]] void fail_neighbour(int peer, const std::string& what);
   // This rank in the job's world, for messages: under parallel.sync local world_ is the
   // group's communicator, whose ranks are not the ones a user sees.
   int me() const { return world_.world_rank(world_.rank()); }

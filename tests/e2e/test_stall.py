@@ -7,6 +7,9 @@ line naming rank 1 (whichever wait rank 0 was in: the gradient sums, the log
 consultation or a checkpoint's exchange). The newest checkpoint must still load
 (`hetrain eval`): checkpoints are written whole or not at all.
 
+A pipeline of three stages with its middle rank stopped: each rank that reports names
+that rank alone (a stage whose neighbour waits too takes a roll call first).
+
 Then a rank that stalls before MPI start-up (`--inject stall:rank=1,at=0,for=...`: it
 sleeps before MPI_Init, so rank 0 waits inside Open MPI's start-up, a call that cannot
 time out): the job must end within the bound, rank 0 naming MPI start-up and the peer
@@ -161,6 +164,56 @@ def final_evaluation_stall(scratch):
     return missing
 
 
+def pipeline_stall(scratch):
+    """A pipeline of three stages with its middle rank stopped: every rank that reports
+    names it, and no other. The stage beside the stopped one that waits on the third (a
+    send to it, taken only once that one receives) had named the third, which was
+    waiting too; a roll call of the replica's ranks now says who is absent."""
+    cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
+    cfg["model"]["hidden"] = [64, 64]
+    cfg["train"].pop("epochs")
+    cfg["train"].update(steps=100000, batch_size=64, eval_every=0, log_every=10)
+    cfg["train"]["schedule"] = {"type": "constant"}
+    cfg["checkpoint"] = {"every": 5, "keep": 3}
+    cfg["parallel"] = {"strategy": "pipeline", "sync": "sync", "peer_timeout_s": PEER_TIMEOUT_S, "rebalance_every": 0}
+    run_dir = os.path.join(scratch, "pipeline-run")
+    cfg["run"] = {"dir": run_dir}
+    path = os.path.join(scratch, "mlp-pipeline.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    with open(os.path.join(scratch, "pipeline.log"), "w+") as log:
+        job = subprocess.Popen(["mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none", HETRAIN, "train", path],
+                               stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+        stopped = None
+        try:
+            start = time.monotonic()
+            while not checkpoints(run_dir) and job.poll() is None and time.monotonic() - start < START_BOUND_S:
+                time.sleep(0.2)
+            ranks = rank_pids(job.pid)
+            check("a 3-stage pipeline runs and writes a checkpoint", job.poll() is None and 1 in ranks,
+                  f"exit {job.poll()}, ranks {ranks}")
+            if job.poll() is not None or 1 not in ranks:
+                return
+            stopped = ranks[1]
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                status = job.wait(timeout=STOP_BOUND_S)
+            except subprocess.TimeoutExpired:
+                status = None
+            log.seek(0)
+            text = log.read()
+            check("its middle rank stopped: the job ends, nonzero", status not in (None, 0), f"exit {status}")
+            named = re.findall(r"hetrain: rank (\d+): error: no word from ranks? ([0-9, ]+) after", text)
+            check("... a rank names the stopped one", named, text[-2000:])
+            check("... and every rank that reports names rank 1 alone", all(who == "1" for _, who in named),
+                  "\n".join(l for l in text.splitlines() if "error:" in l))
+            for l in text.splitlines():
+                if "error: no word" in l:
+                    print("  " + l.strip())
+        finally:
+            end_job(job, stopped)
+
+
 def main():
     if not have_fashion_mnist():
         print("SKIP: Fashion-MNIST is not installed")
@@ -203,6 +256,7 @@ def main():
         end_job(job, stopped)
         log.close()
     startup_stall(cfg, scratch)
+    pipeline_stall(scratch)
     missing = final_evaluation_stall(scratch)
     newest = checkpoints(run_dir)[-1:]
     check("no partial checkpoint is left in the run directory",

@@ -9,10 +9,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/deadline_reduce.h"
@@ -85,6 +87,40 @@ TEST_CASE("waits: a receive from a stopped rank times out") {
     CHECK(g.recv_bytes(&x, sizeof x, 1, 5, kShort) == WaitStatus::timed_out);
     CHECK(seconds_since(t0) >= kShort.count());
   });
+}
+
+TEST_CASE("waits: a rank stopped inside its own wait past the timeout waits on once continued") {
+  // Rank 1 waits (2 s) for rank 2's message; rank 0 stops rank 1 inside that wait for
+  // longer than its timeout, continues it, and only then lets rank 2 send. The time rank
+  // 1 was stopped is not rank 2's delay: its wait must take the message, where it had
+  // woken with its deadline passed and named rank 2.
+  constexpr Timeout kWait{2.0};
+  Communicator& w = world();
+  REQUIRE(w.size() >= 3);
+  const std::vector<pid_t>& pids = world_pids();
+  std::unique_ptr<Communicator> g = w.split(w.rank() < 3 ? 0 : -1, w.rank(), kLong, "the case's three ranks");
+  if (g) {
+    int word = 0;
+    if (g->rank() == 1) {
+      g->send_bytes(&word, sizeof word, 0, 11, kLong, "word that the wait begins");
+      int x = 0;
+      CHECK(g->recv_bytes(&x, sizeof x, 2, 12, kWait) == WaitStatus::done);
+      CHECK(x == 42);
+    } else if (g->rank() == 0) {
+      REQUIRE(g->recv_bytes(&word, sizeof word, 1, 11, kLong) == WaitStatus::done);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      REQUIRE(kill(pids[1], SIGSTOP) == 0);
+      while (!is_stopped(pids[1])) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::duration<double>(kWait.count() + 0.5));
+      REQUIRE(kill(pids[1], SIGCONT) == 0);
+      g->send_bytes(&word, sizeof word, 2, 13, kLong, "word that rank 1 runs again");
+    } else {
+      REQUIRE(g->recv_bytes(&word, sizeof word, 0, 13, kLong) == WaitStatus::done);
+      const int x = 42;
+      g->send_bytes(&x, sizeof x, 1, 12, kLong, "the awaited message");
+    }
+  }
+  REQUIRE(w.barrier(kLong) == WaitStatus::done);
 }
 
 TEST_CASE("waits: a receive whose sender stopped mid-message is abandoned, and the wait times out") {
