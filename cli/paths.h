@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "runtime/run_dir.h"
 
 namespace hetrain_cli {
 
@@ -48,8 +49,33 @@ inline CLI::Validator non_empty_path() {
       "", "non_empty_path");
 }
 
+// What of a run's state `output` would replace, or "": a run directory's lock (a second
+// run could then share the directory), one of a run's own files, anything in a run's
+// checkpoints/, or a checkpoint anywhere (.safetensors that exists). A trace written over
+// the checkpoint being resumed from left no valid one behind. Symbolic links are followed.
+inline std::string run_state_at(const std::string& output) {
+  namespace fs = std::filesystem;
+  using ht::runtime::RunDir;
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(output, ec), ec);
+  if (ec || p.empty()) return {};
+  const fs::path dir = p.parent_path();
+  auto run_dir = [](const fs::path& d) {
+    std::error_code e;
+    return !d.empty() && (fs::exists(d / RunDir::kLockFile, e) || RunDir::holds_run(d.string()));
+  };
+  if (p.filename() == RunDir::kLockFile) return "a run directory's lock file";
+  if (run_dir(dir))
+    for (const char* name : RunDir::kRunFiles)
+      if (p.filename() == name) return std::string("the run's ") + name + " (the run directory " + dir.string() + ")";
+  if (dir.filename() == "checkpoints" && run_dir(dir.parent_path()))
+    return "in the checkpoints of the run in " + dir.parent_path().string();
+  if (p.extension() == ".safetensors" && fs::exists(p, ec)) return "a checkpoint";
+  return {};
+}
+
 // Throws ConfigError unless every given output ({flag, path}; empty paths are skipped)
-// can be written: its directory exists, it is a regular file where it exists (the file
+// can be written: it replaces no run's state (run_state_at), its directory exists, it is a regular file where it exists (the file
 // is written beside it and renamed over it, which would replace a device such as
 // /dev/null, a pipe or a socket with a plain file), and no two name one file (one would
 // silently replace the other's output).
@@ -61,6 +87,9 @@ inline void check_outputs(const std::vector<std::pair<std::string, std::string>>
     std::error_code ec;
     if (fs::is_directory(path, ec))
       throw ht::config::ConfigError(flag + " " + path + ": is a directory; expected a file path");
+    if (const std::string state = run_state_at(path); !state.empty())
+      throw ht::config::ConfigError(flag + " " + path + ": is " + state +
+                                    ", which writing there would replace; expected a path outside a run's state");
     if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
       throw ht::config::ConfigError(flag + " " + path +
                                     ": is not a regular file (a device, pipe or socket), which writing there would "

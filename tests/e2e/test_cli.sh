@@ -91,6 +91,32 @@ for bad in "--json ''" "--json $tl_dir/missing/f.json"; do
   check "probe $bad: refused before probing (exit 2, one line naming the option)" \
     test $rc -eq 2 -a "$(wc -l <<<"$err")" -eq 1 -a -n "$(grep -- '^hetrain: config error: --json' <<<"$err")"
 done
+# No output replaces a run's state: its lock (a second run could share the directory),
+# its own files, its checkpoints, or a checkpoint anywhere, through a link too. A user's
+# own file in a run directory may be written.
+run=$tl_dir/run-state
+mkdir -p "$run/checkpoints"
+printf 'lock' >"$run/.hetrain.lock"
+printf '{}\n' >"$run/metrics.jsonl"
+printf 'checkpoint bytes' >"$run/checkpoints/ckpt-00000005.safetensors"
+printf 'checkpoint bytes' >"$tl_dir/kept.safetensors"
+ln -s "$run/checkpoints/ckpt-00000005.safetensors" "$tl_dir/link.json"
+before=$(cat "$run/.hetrain.lock" "$run/metrics.jsonl" "$run/checkpoints/ckpt-00000005.safetensors" "$tl_dir/kept.safetensors" | md5sum)
+for bad in "plan $plan_cfg --cluster synth:2xrtx3060 --json $run/checkpoints/ckpt-00000005.safetensors" \
+           "plan $plan_cfg --cluster synth:2xrtx3060 --trace $run/.hetrain.lock" \
+           "plan $plan_cfg --cluster synth:2xrtx3060 --svg $run/metrics.jsonl" \
+           "plan $plan_cfg --cluster synth:2xrtx3060 --json $tl_dir/link.json" \
+           "plan $plan_cfg --cluster synth:2xrtx3060 --json $tl_dir/kept.safetensors" \
+           "probe --quick --json $run/checkpoints/new.json" \
+           "train $plan_cfg --run-dir $tl_dir/other-run --timeline $run/checkpoints/ckpt-00000005.safetensors"; do
+  err=$("$hetrain" $bad 2>&1); rc=$?
+  check "${bad%% *} ${bad##* }: refused with exit 2, a run's state named" \
+    test $rc -eq 2 -a -n "$(grep -- 'which writing there would replace; expected a path outside a run' <<<"$err")"
+done
+after=$(cat "$run/.hetrain.lock" "$run/metrics.jsonl" "$run/checkpoints/ckpt-00000005.safetensors" "$tl_dir/kept.safetensors" | md5sum)
+check "... and every file of the run state is as it was" test "$before" = "$after" -a ! -e "$run/checkpoints/new.json"
+"$hetrain" plan "$plan_cfg" --cluster synth:2xrtx3060 --json "$run/my-plan.json" >/dev/null 2>&1; rc=$?
+check "a user's own file in a run directory is written" test $rc -eq 0 -a -s "$run/my-plan.json"
 rm -rf "$tl_dir"
 "$hetrain" --help >/dev/null; rc=$?
 check "--help exits 0" test $rc -eq 0
