@@ -24,6 +24,7 @@ class AdamW : public Optimizer {
   const AdamWOptions& options() const { return options_; }  // .lr is the initial lr
 
  protected:
+  bool slot_nonnegative(size_t k) const override { return k == 1; }  // exp_avg_sq
   void update(size_t index, const Tensor& param, const Tensor& grad, int64_t updates) override;
   void update_group(const std::vector<size_t>& indices, const std::vector<Tensor>& grads,
                     int64_t updates) override;

@@ -167,6 +167,25 @@ void Optimizer::load_state(const StateSource& source) {
   std::vector<int64_t> updates(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) updates[i] = read_counter(params_[i].first + ".step");
   int64_t steps = read_counter("step");
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (updates[i] > steps)
+      fail_as<StateValueError>(what_, ": load_state: counter '", params_[i].first, ".step' is ", updates[i],
+                               ", above the optimiser's step count ", steps,
+                               "; expected at most one update of a parameter a step");
+
+  // The values a slot must keep, before anything changes (a bad one leaves the state as
+  // it was): read here and again to copy, so that one tensor is held at a time, as a
+  // resume reads the state (a model's whole exp_avg_sq is its size again).
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (size_t k = 0; k < slot_names_.size(); ++k) {
+      if (!slot_nonnegative(k)) continue;
+      const std::string name = params_[i].first + "." + slot_names_[k];
+      const std::vector<float> host = source.read(name).to_vector();
+      for (size_t j = 0; j < host.size(); ++j)
+        if (!(host[j] >= 0))
+          fail_as<StateValueError>(what_, ": load_state: '", name, "' holds ", host[j], " at element ", j,
+                                   "; expected values >= 0");
+    }
 
   // All checked: now copy, one tensor at a time. Going through the host lets the source
   // live on any backend.

@@ -17,9 +17,17 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "nn/module.h"
 
 namespace ht::optim {
+
+// A state that load_state refuses for its values, not its form: a slot that must not be
+// negative and is, a parameter updated more often than the optimiser stepped. Apart from
+// a mismatch of form (another optimiser's state), which callers report as such.
+struct StateValueError : Error {
+  using Error::Error;
+};
 
 class Optimizer {
  public:
@@ -41,6 +49,8 @@ class Optimizer {
   std::vector<nn::NamedTensor> state() const;
   // Copies `state` into this optimiser's buffers, from any backend. The names and
   // shapes must match state() exactly; everything is checked before anything changes.
+  // Values it refuses (slot_nonnegative, a parameter's count above the step count) raise
+  // StateValueError.
   void load_state(const std::vector<nn::NamedTensor>& state);
   // The same from a source that reads each tensor when asked, so that one is held at a
   // time (a resume reads the state from the checkpoint file): `shape` says a tensor's
@@ -58,6 +68,10 @@ class Optimizer {
   Optimizer(std::vector<nn::NamedTensor> params, float lr, const char* what,
             std::vector<std::string> slots);
 
+  // Whether slot k (of the slots given to the constructor) holds values that are never
+  // negative, which load_state checks (AdamW's exp_avg_sq: a square's running mean; a
+  // negative one took the square root of it to NaN on the first update).
+  virtual bool slot_nonnegative(size_t /*k*/) const { return false; }
   // Applies one update to params()[index]; `grad` is dense and on the parameter's
   // backend, and `updates` counts this one (1 on the first update of that parameter).
   virtual void update(size_t index, const Tensor& param, const Tensor& grad,

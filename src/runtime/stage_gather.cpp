@@ -207,6 +207,8 @@ void load_stage(const Checkpoint& checkpoint, const Executor& executor) {
     throw;
   } catch (const CheckpointReadError&) {
     throw;
+  } catch (const optim::StateValueError& e) {
+    fail("checkpoint ", checkpoint.path, ": its optimizer state is refused (", e.what(), "; the file is corrupt)");
   } catch (const Error& e) {  // the optimizer names the state it lacks; say whose it is
     fail("checkpoint ", checkpoint.path, ": its optimizer state does not fit this config's optimizer (",
          e.what(), "); expected a checkpoint of the same train.optimizer.type");

@@ -292,6 +292,13 @@ int64_t Run::restore(report::Progress& progress) {
   }
   load_into(prefixed("model.", weights), *loaded, "model.");
   load_stage(*loaded, *executor_);
+  // Training takes at most one optimiser step a job step (none where the guard or the
+  // loss scale skips one): a count past the checkpoint's step is a damaged file, which
+  // had failed only at the next checkpoint, its int32 counter run past.
+  if (const optim::Optimizer* opt = executor_->active() ? executor_->optimizer() : nullptr; opt && meta.count("step"))
+    HT_CHECK(opt->step_count() <= get_int("step"), "checkpoint ", loaded->path, ": its optimizer state counts ",
+             opt->step_count(), " steps, past the checkpoint's step ", get_int("step"),
+             "; expected at most one optimizer step a training step (the file is corrupt)");
   if (meta.count("loss_scale_log2") && executor_->loss_scale()) {
     const int64_t log2 = get_int("loss_scale_log2");
     HT_CHECK(log2 >= -1000 && log2 <= 1000, "checkpoint ", loaded->path, ": metadata 'loss_scale_log2' is ", log2,

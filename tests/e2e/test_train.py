@@ -326,6 +326,27 @@ def resign(path, old, new):
         f.write(data[:8] + head + data[8 + n:])
 
 
+def set_element(path, suffix, fmt, value):
+    """Sets element 0 of the first tensor whose name ends with `suffix` to `value`
+    (struct format `fmt`) and signs the file again, as resign does; returns its name."""
+    import struct
+    import zlib
+    data = bytearray(open(path, "rb").read())
+    n = int.from_bytes(data[:8], "little")
+    table = json.loads(bytes(data[8:8 + n]))
+    name = next(k for k in table if k.endswith(suffix))
+    begin = 8 + n + table[name]["data_offsets"][0]
+    data[begin:begin + 4] = struct.pack("<" + fmt, value)
+    head = bytes(data[8:8 + n])
+    at = head.index(b'"hetrain.crc32":"') + len(b'"hetrain.crc32":"')
+    head = head[:at] + b"00000000" + head[at + 8:]
+    crc = zlib.crc32(bytes(data[:8]) + head + bytes(data[8 + n:])) & 0xFFFFFFFF
+    head = head[:at] + f"{crc:08x}".encode() + head[at + 8:]
+    with open(path, "wb") as f:
+        f.write(bytes(data[:8]) + head + bytes(data[8 + n:]))
+    return name
+
+
 def damaged_inputs(tmp, full):
     """What a failure or an odd file leaves behind is refused or repaired, never a crash,
     a hang or a broken record: a metrics line cut short, a config file name that is not
@@ -449,6 +470,23 @@ def damaged_inputs(tmp, full):
     r = run(["eval", path, "--checkpoint", ckpt(bad_step, 10)])
     check("a signed checkpoint naming another model: eval refuses it, naming both",
           r.returncode == 1 and "holds a cnn model but the config builds a mlp model" in r.stderr, r.stderr)
+
+    # Signed optimiser state that training cannot produce: a resume names the checkpoint
+    # and the value, where it had trained on NaN weights (a negative exp_avg_sq) or failed
+    # only at the next checkpoint, its counter run past int32 (a step count far ahead).
+    bad_state = os.path.join(tmp, "mlp-bad-state")
+    r = run(["train", path, "--run-dir", bad_state, "--quiet", "--stop-after", "10"])
+    name = set_element(ckpt(bad_state, 10), ".exp_avg_sq", "f", -1.0)
+    r = run(["train", path, "--run-dir", bad_state, "--resume", "--quiet"])
+    check("a signed checkpoint with a negative exp_avg_sq: resume exits 1 naming the file, the tensor and the value",
+          r.returncode == 1 and "ckpt-00000010.safetensors: its optimizer state is refused" in r.stderr
+          and f"'{name[len('optim.'):]}' holds -1 at element 0; expected values >= 0" in r.stderr, r.stderr[-800:])
+    r = run(["train", path, "--run-dir", bad_state + "-step", "--quiet", "--stop-after", "10"])
+    set_element(ckpt(bad_state + "-step", 10), "optim.step", "i", 2147483647)
+    r = run(["train", path, "--run-dir", bad_state + "-step", "--resume", "--quiet"])
+    check("a signed checkpoint whose optimizer counts 2^31 - 1 steps at step 10: resume exits 1 naming both",
+          r.returncode == 1 and "ckpt-00000010.safetensors" in r.stderr
+          and "optimizer state counts 2147483647 steps, past the checkpoint's step 10" in r.stderr, r.stderr[-800:])
 
     # A signed checkpoint holding a NaN: eval refuses it; resume passes over it to the one
     # before (it trained on, and then could never checkpoint again).

@@ -297,6 +297,47 @@ TEST_CASE("optim/state names and load_state mismatches") {
   CHECK(opt.step_count() == 0);
 }
 
+TEST_CASE("optim/load_state refuses a negative exp_avg_sq and a parameter updated more often than stepped") {
+  Tensor w = make_param(), b = Tensor::zeros({3}, cpu_backend()).set_requires_grad();
+  AdamW opt({{"fc.weight", w}, {"fc.bias", b}});
+  auto with = [&](std::vector<std::pair<std::string, Tensor>> changes) {
+    auto s = opt.state();
+    for (auto& [n, x] : s)
+      for (const auto& [name, t] : changes)
+        if (n == name) x = t;
+    return s;
+  };
+  const Tensor five = Tensor::from_ints({5}, {1}, cpu_backend());
+  // A negative mean of squares (sqrt of it is NaN on the next update): refused by its
+  // value, as a StateValueError, and nothing is loaded, the exp_avg before it included.
+  auto negative = with({{"step", five},
+                        {"fc.weight.exp_avg", Tensor::full({2, 2}, 1.f, cpu_backend())},
+                        {"fc.bias.exp_avg_sq", Tensor::from_vector({0.f, -1.f, 0.f}, {3}, cpu_backend())}});
+  bool value_error = false;
+  try {
+    opt.load_state(negative);
+  } catch (const optim::StateValueError& e) {
+    value_error = true;
+    CHECK(contains(e.what(), "AdamW: load_state: 'fc.bias.exp_avg_sq' holds -1 at element 1; expected values >= 0"));
+  }
+  CHECK(value_error);
+  check_close(opt.state()[0].second, {0.0, 0.0, 0.0, 0.0});
+  CHECK(opt.step_count() == 0);
+  // A NaN is not >= 0 either.
+  CHECK(contains(error_of([&] {
+                   opt.load_state(with({{"fc.weight.exp_avg_sq", Tensor::full({2, 2}, NAN, cpu_backend())}}));
+                 }),
+                 "'fc.weight.exp_avg_sq' holds nan at element 0"));
+  // exp_avg may be negative (a mean of gradients).
+  opt.load_state(with({{"step", five}, {"fc.weight.exp_avg", Tensor::full({2, 2}, -1.f, cpu_backend())}}));
+  CHECK(opt.step_count() == 5);
+  // A parameter's count above the step count.
+  CHECK(contains(error_of([&] {
+                   opt.load_state(with({{"step", five}, {"fc.weight.step", Tensor::from_ints({6}, {1}, cpu_backend())}}));
+                 }),
+                 "counter 'fc.weight.step' is 6, above the optimiser's step count 5"));
+}
+
 TEST_CASE("optim/load_state from a source reads one tensor at a time, and none before all is checked") {
   Tensor w = make_param(), b = Tensor::zeros({3}, cpu_backend()).set_requires_grad();
   AdamW opt({{"fc.weight", w}, {"fc.bias", b}});
@@ -331,7 +372,13 @@ TEST_CASE("optim/load_state from a source reads one tensor at a time, and none b
   CHECK(opt.step_count() == 3);
   for (const auto& [name, t] : opt.state())
     if (t.dtype() == DType::f32) CHECK(t.to_vector() == saved.at(name).to_vector());
-  CHECK(reads.size() == saved.size());
+  // Each tensor once, and exp_avg_sq twice: checked (>= 0) before anything changes, then
+  // read again to copy, so that none is held past its read.
+  for (const auto& [name, t] : saved) {
+    const bool checked = name.size() > 11 && name.compare(name.size() - 11, 11, ".exp_avg_sq") == 0;
+    CHECK_MESSAGE(std::count(reads.begin(), reads.end(), name) == (checked ? 2 : 1), name);
+  }
+  CHECK(reads.size() == saved.size() + 2);
   REQUIRE(!live.empty());
   CHECK(*std::max_element(live.begin(), live.end()) == *std::min_element(live.begin(), live.end()));
 }
