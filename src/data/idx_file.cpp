@@ -100,7 +100,9 @@ size_t initial_capacity(const std::string& path) {
 
 std::vector<uint8_t> read_gzip_file(const std::string& path, uint64_t limit, bool* more) {
   std::error_code ec;
-  HT_CHECK(std::filesystem::is_regular_file(path, ec), path, ": file not found");
+  HT_CHECK(std::filesystem::is_regular_file(path, ec), path,
+           std::filesystem::exists(path, ec) ? ": is not a regular file; expected a gzip-compressed IDX file"
+                                             : ": file not found");
   errno = 0;
   GzCloser gz{gzopen(path.c_str(), "rb")};
   HT_CHECK(gz.f != nullptr, path, ": cannot open: ",

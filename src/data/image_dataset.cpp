@@ -50,12 +50,23 @@ ImageDataset load_fashion_mnist_split(const std::string& images_path,
 FashionMnist load_fashion_mnist(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  HT_CHECK(fs::is_directory(dir, ec), "Fashion-MNIST directory ", dir, " not found; ",
-           kInstallHint);
+  // What is there, where it is not what was expected: "not found" for a file that exists
+  // sent a user looking for a missing package.
+  const auto what_is = [](const fs::path& p, const char* expected) -> std::string {
+    std::error_code e;
+    const fs::file_status st = fs::status(p, e);
+    if (!fs::exists(st)) return "not found";
+    const char* is = fs::is_directory(st)      ? "is a directory"
+                     : fs::is_regular_file(st) ? "is a regular file"
+                                               : "is not a regular file (a device, pipe or socket)";
+    return std::string(is) + "; expected " + expected;
+  };
+  HT_CHECK(fs::is_directory(dir, ec), "Fashion-MNIST directory ", dir, " ",
+           what_is(dir, "a directory holding the four IDX files"), "; ", kInstallHint);
   const fs::path d(dir);
   const auto file = [&](const char* name) {
     const std::string p = (d / name).string();
-    HT_CHECK(fs::is_regular_file(p, ec), "Fashion-MNIST file ", p, " not found; ",
+    HT_CHECK(fs::is_regular_file(p, ec), "Fashion-MNIST file ", p, " ", what_is(p, "a regular file"), "; ",
              kInstallHint);
     return p;
   };

@@ -207,6 +207,17 @@ TEST_CASE("data: broken IDX files give errors naming the file and the problem") 
                          doctest::Contains("install it with: apt-get install dataset-fashion-mnist"),
                          Error);
   }
+  SUBCASE("a directory that is a file, and a file that is a directory, are said to be so, not missing") {
+    const std::string plain = d.file("plain");
+    std::ofstream(plain) << "x";
+    CHECK_THROWS_WITH_AS(load_fashion_mnist(plain),
+                         doctest::Contains((plain + " is a regular file; expected a directory holding").c_str()), Error);
+    fs::remove(d.file("t10k-images-idx3-ubyte.gz"));
+    fs::create_directory(d.file("t10k-images-idx3-ubyte.gz"));
+    expect_error(d.file("t10k-images-idx3-ubyte.gz"), "is a directory; expected a regular file");
+    CHECK_THROWS_WITH_AS(read_gzip_file(d.file("t10k-images-idx3-ubyte.gz")),
+                         doctest::Contains("is not a regular file; expected a gzip-compressed IDX file"), Error);
+  }
   SUBCASE("the gzip reader alone names a missing file") {
     CHECK_THROWS_WITH_AS(read_gzip_file(d.file("absent.gz")),
                          doctest::Contains((d.file("absent.gz") + ": file not found").c_str()), Error);
