@@ -244,7 +244,7 @@ namespace {
 
 ClusterFingerprint parse_cluster(const Json& j, const std::string& path,
                                  std::optional<int> expected_world_size) {
-  expect_object(j, "", "a cluster file (an object with format, world_size, ranks and links)");
+  expect_object(j, "(top level)", "a cluster file (an object with format, world_size, ranks and links)");
   std::string format = read_string(require(j, "", "format", kClusterFormat), "format", kClusterFormat);
   if (format != kClusterFormat)
     fail_at("format", show(j["format"]) + " is not a known cluster format; expected \"" +
@@ -275,8 +275,26 @@ ClusterFingerprint parse_cluster(const Json& j, const std::string& path,
     fail_at("ranks", "has " + std::to_string(ranks.is_array() ? ranks.size() : 0) +
                          " entries; expected world_size = " + std::to_string(n));
   std::map<std::pair<std::string, int>, size_t> local_ranks;  // (host, local rank) -> rank
+  std::optional<size_t> profiled;  // the first rank with a block profile
   for (size_t i = 0; i < n; ++i) {
     c.ranks.push_back(parse_rank(ranks[i], index_path("ranks", i)));
+    // Every profile is of the one model: one rank's blocks apart from the others' is an
+    // edited file, which the planner had taken for another model (and dropped every
+    // rank's profile, saying only that the signature differed).
+    if (const std::vector<BlockTiming>& b = c.ranks.back().blocks; !b.empty()) {
+      if (!profiled) profiled = i;
+      const std::vector<BlockTiming>& first = c.ranks[*profiled].blocks;
+      const std::string bp = key_path(index_path("ranks", i), "blocks");
+      if (b.size() != first.size())
+        fail_at(bp, "has " + std::to_string(b.size()) + " blocks where rank " + std::to_string(*profiled) + " has " +
+                        std::to_string(first.size()) + "; expected every rank's profile of the one model");
+      for (size_t k = 0; k < b.size(); ++k)
+        if (b[k].kind != first[k].kind)
+          fail_at(key_path(index_path(bp, k), "kind"), show(ranks[i]["blocks"][k]["kind"]) + " where rank " +
+                                                           std::to_string(*profiled) + "'s block " + std::to_string(k) +
+                                                           " is \"" + first[k].kind +
+                                                           "\"; expected every rank's profile of the one model");
+    }
     if (c.ranks.back().rank != static_cast<int>(i))
       fail_at(key_path(index_path("ranks", i), "rank"),
               std::to_string(c.ranks.back().rank) + " is out of order; expected " + std::to_string(i));

@@ -148,6 +148,14 @@ Run::Run(config::Config cfg, const TrainOptions& opts, std::optional<plan::Plan>
 
 TrainSummary Run::run() {
   report::Progress progress(report::Progress::detect(opts_.quiet || !root_, opts_.terminal), total_steps_);
+  // On stderr, --quiet or not: a warm-up as long as the run (one of a longer config run
+  // with --steps, say) trains at a fraction of train.lr throughout, which its accuracy
+  // alone would not explain. Not an error: a short trial of a long config is a use.
+  if (root_ && cfg_.train.schedule.type == "cosine" && cfg_.train.schedule.warmup_steps >= total_steps_)
+    std::fprintf(stderr,
+                 "hetrain: warning: train.schedule.warmup_steps %lld is not below the run's %lld steps: the learning "
+                 "rate stays under train.optimizer.lr throughout\n",
+                 static_cast<long long>(cfg_.train.schedule.warmup_steps), static_cast<long long>(total_steps_));
   progress_ = &progress;
   // Before the checkpoint is read: a changed model, seed or optimiser is then refused as
   // the config error it is, naming the setting, not as a checkpoint that does not fit.

@@ -471,6 +471,14 @@ def damaged_inputs(tmp, full):
     check("a signed checkpoint naming another model: eval refuses it, naming both",
           r.returncode == 1 and "holds a cnn model but the config builds a mlp model" in r.stderr, r.stderr)
 
+    # A warm-up as long as the run (the config's 3 steps, run for 3) is said on stderr,
+    # --quiet or not; one step more and it is not.
+    r = run(["train", path, "--run-dir", os.path.join(tmp, "mlp-warmup"), "--quiet", "--steps", "3"])
+    check("a warm-up as long as the run: trained, with a warning naming both counts",
+          r.returncode == 0 and "train.schedule.warmup_steps 3 is not below the run's 3 steps" in r.stderr, r.stderr)
+    r = run(["train", path, "--run-dir", os.path.join(tmp, "mlp-warmup-4"), "--quiet", "--steps", "4"])
+    check("... and none where it ends before the run", r.returncode == 0 and "warmup_steps" not in r.stderr, r.stderr)
+
     # Signed optimiser state that training cannot produce: a resume names the checkpoint
     # and the value, where it had trained on NaN weights (a negative exp_avg_sq) or failed
     # only at the next checkpoint, its counter run past int32 (a step count far ahead).

@@ -233,6 +233,27 @@ TEST_CASE("probe: a cluster file round-trips and malformed ones are refused by n
                                         "profile") != std::string::npos);
   std::string no_file = error_for("{}");
   CHECK(no_file.find("format") != std::string::npos);
+  CHECK(error_for("[1, 2]").find("(top level): [1,2] is an array; expected a cluster file") != std::string::npos);
+  // Every rank's profile is of the one model: a block more, or another kind, is refused.
+  nlohmann::json blocks = nlohmann::json::parse(good);
+  REQUIRE(blocks["ranks"][1]["blocks"].size() == blocks["ranks"][0]["blocks"].size());
+  REQUIRE(!blocks["ranks"][1]["blocks"].empty());
+  blocks["ranks"][1]["blocks"].push_back(blocks["ranks"][1]["blocks"][0]);
+  blocks["ranks"][1]["blocks"].back().erase("index");
+  const size_t b0 = blocks["ranks"][0]["blocks"].size();
+  CHECK(error_for(blocks.dump()).find("ranks[1].blocks: has " + std::to_string(b0 + 1) + " blocks where rank 0 has " +
+                                      std::to_string(b0) + "; expected every rank's profile of the one model") !=
+        std::string::npos);
+  blocks = nlohmann::json::parse(good);
+  blocks["ranks"][1]["blocks"][0]["kind"] = "conv_relu";
+  CHECK(error_for(blocks.dump()).find("ranks[1].blocks[0].kind: \"conv_relu\" where rank 0's block 0 is") !=
+        std::string::npos);
+  blocks = nlohmann::json::parse(good);
+  blocks["ranks"][0]["blocks"] = nlohmann::json::array();  // a rank without a profile: the others' stand
+  blocks["ranks"][0].erase("gradient_bandwidth_gb_s");
+  const std::string unprofiled = write_temp(blocks.dump());
+  CHECK(read_cluster(unprofiled).ranks[1].blocks.size() == b0);
+  std::filesystem::remove(unprofiled);
 }
 
 TEST_CASE("probe: the cgroup CPU quota reads as none or a positive fraction and period") {
