@@ -35,6 +35,27 @@ inline void check_not_an_input(const std::string& flag, const std::string& outpu
                                     "), which writing there would replace; expected another path");
 }
 
+// Every option of `cmd` that takes a value refuses one of `cmd`'s own option names as
+// that value: CLI11 takes the word after an option as its value, so `--run-dir -q` (the
+// directory forgotten) trained 3,750 steps into ./-q, and `--inject --run-dir D` was
+// refused as "D not expected". Call once every option is registered. A path that begins
+// with a dash is still written as ./-q.
+inline void refuse_option_names_as_values(CLI::App* cmd) {
+  for (CLI::Option* o : cmd->get_options()) {
+    if (o->get_type_size_min() <= 0) continue;  // a flag
+    o->check(CLI::Validator(
+        [cmd](std::string& text) -> std::string {
+          if (text.size() < 2 || text[0] != '-') return "";
+          for (const CLI::Option* other : cmd->get_options())
+            if (other->check_name(text))
+              return "'" + text + "' is an option of this command, not a value: its value is missing" +
+                     (text[1] == '-' ? std::string() : " (a path that begins with a dash is written ./" + text + ")");
+          return "";
+        },
+        "", "not_an_option_name"));
+  }
+}
+
 // Throws ConfigError when an output option was given an empty path (it would write
 // nothing, silently).
 inline void check_given_path(const std::string& flag, bool given, const std::string& path) {

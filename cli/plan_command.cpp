@@ -199,6 +199,7 @@ void register_plan(CLI::App& app) {
       ->default_val(ht::plan::kDefaultWhatIfSteps)
       ->transform(whole_number<int64_t>(1, ht::plan::kMaxWhatIfSteps))
       ->type_name("N");
+  refuse_option_names_as_values(cmd);
   cmd->callback([args, json_option, svg_option, trace_option] {
     for (const CLI::Option* o : {json_option, svg_option, trace_option})
       check_given_path(o->get_name(), o->count() > 0, o->as<std::string>());

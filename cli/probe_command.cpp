@@ -46,6 +46,7 @@ void register_probe(CLI::App& app) {
                   "What each rank probes and trains on: cpu, cuda (the GPU of its local rank), cuda:N or auto; "
                   "or one per world rank, comma-separated (cuda,cpu,cpu: a job of GPU and CPU ranks)")
       ->capture_default_str();
+  refuse_option_names_as_values(cmd);
   cmd->callback([args, json_option] {
     // Before the probe's seconds of work: an output that cannot be written fails now.
     check_given_path("--json", json_option->count() > 0, args->json);

@@ -240,6 +240,7 @@ void register_train(CLI::App& app) {
                   "Testing aid, repeatable: stall:rank=R,at=STEP,for=SECONDS | nan:rank=R,at=STEP[,steps=N] | "
                   "slow:rank=R,at=STEP,factor=F[,steps=N] | scale:rank=R,at=STEP,factor=F[,steps=N] (see docs/faults.md)")
       ->allow_extra_args(false);
+  refuse_option_names_as_values(cmd);
   cmd->callback([args, seed, steps, stop_after, run_dir] {
     // Training runs on the devices it is started on; a synth: cluster describes others, so
     // a plan over it would give these ranks work sized for hardware they are not.
@@ -351,6 +352,7 @@ void register_eval(CLI::App& app) {
       ->required()
       ->check(non_empty_path());
   cmd->add_option("--checkpoint", *checkpoint, "Checkpoint file (.safetensors)")->required()->check(non_empty_path());
+  refuse_option_names_as_values(cmd);
   cmd->callback([config, checkpoint] {
     // Refused before MPI is up where the launcher says how many ranks there are: every
     // rank then exits on its own, where aborting MPI from all at once upsets the launcher.

@@ -73,6 +73,16 @@ for bad in "--seed -1" "--steps 99999999999999999999999" "--stop-after ''" "--st
   err=$(eval "\"\$hetrain\" train \"$(dirname "$0")/../../configs/fashion_mnist_mlp.json\" $bad" 2>&1); rc=$?
   check "train $bad: refused with exit 2 naming the option" test $rc -eq 2 -a -n "$(grep -- "${bad%% *}" <<<"$err")"
 done
+plan_cfg="$(dirname "$0")/../../configs/fashion_mnist_mlp.json"
+# An option's value forgotten: the next option is not taken as it.
+for bad in "train $plan_cfg --run-dir -q" "train $plan_cfg --inject --run-dir x" "plan $plan_cfg --json --svg" \
+           "probe --json -h"; do
+  err=$("$hetrain" $bad 2>&1); rc=$?
+  check "$bad: refused (exit 2): the option's value is missing" \
+    test $rc -eq 2 -a -n "$(grep -- "is an option of this command, not a value: its value is missing" <<<"$err")"
+done
+test ! -e ./-q -a ! -e ./x
+check "... and nothing was written" test $? -eq 0
 tl_dir=$(mktemp -d)
 for bad in "--timeline $tl_dir" "--timeline $tl_dir/missing/t.json" "--run-dir ''"; do
   err=$(eval "\"\$hetrain\" train \"$(dirname "$0")/../../configs/fashion_mnist_mlp.json\" --run-dir $tl_dir/run $bad" 2>&1); rc=$?
