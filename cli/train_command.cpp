@@ -60,16 +60,28 @@ bool stdout_reaches_terminal() {
       STDOUT_FILENO, launched ? "/proc/" + std::to_string(getppid()) + "/fd/1" : std::string());
 }
 
-// Every rank must train the same config: compare the resolved configs' hashes.
-void check_same_config(ht::comm::Communicator& world, const ht::config::Config& cfg) {
-  const std::vector<std::string> hashes = world.allgather(ht::config::config_hash(cfg) + " " + cfg.source_path,
-                                                          ht::comm::Timeout(cfg.parallel.peer_timeout_s),
-                                                          "the config check (every rank's config hash)");
-  for (size_t r = 1; r < hashes.size(); ++r)
-    if (hashes[r] != hashes[0])
-      throw ht::config::ConfigError("the ranks disagree on the config: rank 0 has " + hashes[0] +
-                                    " and rank " + std::to_string(r) + " has " + hashes[r] +
+// Every rank must train the same config, with the same options that act on every rank
+// (`options`): compare the resolved configs' hashes, and those options as written. Ranks
+// started with different command lines (mpirun's `:`), one with --resume and one
+// without, were found only as replicas that diverged, steps later.
+void check_same_config(ht::comm::Communicator& world, const ht::config::Config& cfg, const std::string& options) {
+  const std::vector<std::string> items =
+      world.allgather(ht::config::config_hash(cfg) + " " + cfg.source_path + "\n" + options,
+                      ht::comm::Timeout(cfg.parallel.peer_timeout_s), "the config check (every rank's config hash)");
+  auto part = [](const std::string& item, bool second) {
+    const size_t cut = item.find('\n');
+    return second ? item.substr(cut + 1) : item.substr(0, cut);
+  };
+  for (size_t r = 1; r < items.size(); ++r) {
+    if (part(items[r], false) != part(items[0], false))
+      throw ht::config::ConfigError("the ranks disagree on the config: rank 0 has " + part(items[0], false) +
+                                    " and rank " + std::to_string(r) + " has " + part(items[r], false) +
                                     " (hash and file); expected every rank to train the same config");
+    if (part(items[r], true) != part(items[0], true))
+      throw ht::config::ConfigError("the ranks disagree on the options: rank 0 has '" + part(items[0], true) +
+                                    "' and rank " + std::to_string(r) + " has '" + part(items[r], true) +
+                                    "'; expected every rank started with the same options");
+  }
 }
 
 // On --resume, where the job rebalances (its shares move off the plan's as it measures):
@@ -322,7 +334,16 @@ void register_train(CLI::App& app) {
       ht::runtime::train(std::move(cfg), opts);
       return;
     }
-    check_same_config(world, cfg);
+    {
+      std::string options;  // those that act on every rank; --timeline and -q are rank 0's
+      if (args->resume) options += " --resume";
+      if (stop_after->count()) options += " --stop-after " + std::to_string(args->stop_after);
+      // Whether given, not the path: a host may keep the file elsewhere.
+      if (!args->plan.empty()) options += " --plan FILE";
+      if (!args->cluster.empty()) options += " --cluster FILE";
+      for (const std::string& spec : args->inject) options += " --inject " + spec;
+      check_same_config(world, cfg, options.empty() ? options : options.substr(1));
+    }
     JobPlan job = plan_for_job(*args, cfg, world);
     ht::plan::Plan& plan = job.plan;
     opts.plan_json = ht::plan::plan_to_json(plan);

@@ -428,6 +428,11 @@ def main():
              ":", "-np", "1", HETRAIN, "train", other, "--run-dir", os.path.join(tmp, "x3"), "-q"])
     check("ranks with different configs: refused naming the ranks",
           r.returncode != 0 and "the ranks disagree on the config: rank 0 has" in r.stderr, r.stderr[-800:])
+    r = run(["mpirun", "--bind-to", "none", "-np", "1", HETRAIN, "train", cfg, "--run-dir", os.path.join(tmp, "x6"), "-q",
+             "--resume", ":", "-np", "1", HETRAIN, "train", cfg, "--run-dir", os.path.join(tmp, "x6"), "-q"])
+    check("ranks with different options (--resume on rank 0 only): refused at the start, naming both, nothing written",
+          r.returncode == 2 and "the ranks disagree on the options: rank 0 has '--resume' and rank 1 has ''" in r.stderr
+          and not os.path.exists(os.path.join(tmp, "x6")), r.stderr[-800:])
     t0 = time.monotonic()
     r = run(["mpirun", "--bind-to", "none", "-np", "1", HETRAIN, "train", cfg, "--run-dir", os.path.join(tmp, "x4"),
              "-q", "--plan", plan2, ":", "-np", "1", "-x", "HETRAIN_MEMORY_CAP=200000", HETRAIN, "train", cfg,
