@@ -96,10 +96,10 @@ inline std::string run_state_at(const std::string& output) {
 }
 
 // Throws ConfigError unless every given output ({flag, path}; empty paths are skipped)
-// can be written: it replaces no run's state (run_state_at), its directory exists, it is a regular file where it exists (the file
-// is written beside it and renamed over it, which would replace a device such as
-// /dev/null, a pipe or a socket with a plain file), and no two name one file (one would
-// silently replace the other's output).
+// can be written: it replaces no run's state (run_state_at), its directory exists, it is
+// a regular file where it exists (the file is written beside it and renamed over it,
+// which would replace a device such as /dev/null, a pipe or a socket with a plain file),
+// and no two name one file (one would silently replace the other's output).
 inline void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
   namespace fs = std::filesystem;
   for (size_t i = 0; i < outputs.size(); ++i) {

@@ -3,7 +3,6 @@
 // emulation model.
 #pragma once
 
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -74,11 +73,11 @@ class OwnStall {
 };
 
 // Calls `done` until it returns true (done) or the deadline passes (timed_out); `done`
-// is always called at least once; a gap in the polls is forgiven (OwnStall). Spins briefly, then sleeps 20 us doubling to 1 ms
-// (backoff_pauses) between polls: waiting ranks would otherwise take the core that a
-// computing rank on the same machine needs (OpenMPI's own waits spin). A ring of the
-// doorbell (a peer on this host sent or received something) ends a sleep early and
-// starts the backoff over.
+// is always called at least once, and a gap between polls is forgiven (OwnStall). Spins
+// briefly, then sleeps 20 us doubling to 1 ms (backoff_pauses) between polls: waiting
+// ranks would otherwise take the core that a computing rank on the same machine needs
+// (OpenMPI's own waits spin). A ring of the doorbell (a peer on this host sent or
+// received something) ends a sleep early and starts the backoff over.
 template <class Done>
 WaitStatus poll_until(Done&& done, Deadline deadline);
 
