@@ -330,6 +330,23 @@ RoundSeconds cpu_round_seconds(double cpu_s, double outer_cpu_s, double wall_s, 
   return {busy * (1 - outer), busy * outer};
 }
 
+std::vector<double> window_medians(const std::vector<std::vector<double>>& rounds) {
+  HT_CHECK(!rounds.empty(), "window_medians: no rounds");
+  const size_t n = rounds.front().size();
+  std::vector<double> out(n);
+  for (size_t g = 0; g < n; ++g) {
+    std::vector<double> v;
+    for (const std::vector<double>& r : rounds) {
+      HT_CHECK(r.size() == n, "window_medians: a round of ", r.size(), " groups beside one of ", n);
+      v.push_back(r[g]);
+    }
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    out[g] = v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+  }
+  return out;
+}
+
 std::optional<RoundSplit> resplit_from_measured(const Plan& plan, const std::vector<double>& inner_seconds,
                                                 const std::vector<double>& pass_seconds) {
   const LocalSync& l = *plan.local;

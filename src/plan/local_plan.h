@@ -148,13 +148,18 @@ int choose_round_steps(int64_t global_batch, const std::vector<GroupCost>& group
 
 // Re-splitting from measured rounds (runtime/local_sync.h). A running job measures, per
 // group, the seconds its slowest rank spent in a round's inner steps and in its outer
-// pass (means over kResplitRounds rounds). resplit_from_measured gives the split of the
-// same H that ends the groups' rounds together at those speeds (a group's inner seconds
-// taken in proportion to its samples), when it is predicted to end the latest round
-// kResplitGain sooner than the split the rounds were measured under; otherwise nothing
-// (noise does not move samples back and forth).
+// pass (medians over kResplitRounds rounds: window_medians). resplit_from_measured gives
+// the split of the same H that ends the groups' rounds together at those speeds (a
+// group's inner seconds taken in proportion to its samples), when it is predicted to end
+// the latest round kResplitGain sooner than the split the rounds were measured under;
+// otherwise nothing (noise does not move samples back and forth).
 inline constexpr int kResplitRounds = 3;
 inline constexpr double kResplitGain = 0.03;
+// Each group's median over a window's rounds (rounds[k][g]; every round one value a
+// group). A round held up by a stall of one of its ranks is no change of speed: the
+// mean of three took a 4 s stall for a group 80 times slower and left it 1 sample of a
+// round's 1,280 for 60 steps; one such round of three moves no median.
+std::vector<double> window_medians(const std::vector<std::vector<double>>& rounds);
 std::optional<RoundSplit> resplit_from_measured(const Plan& plan, const std::vector<double>& inner_seconds,
                                                 const std::vector<double>& pass_seconds);
 // A CPU rank's round, split into inner steps and outer work by the CPU time each took:

@@ -304,7 +304,7 @@ class Play {
     round_start_ = round_start;
     double at = from;
     if (policy_ == Policy::local) {
-      // Rounds: the window of kResplitRounds rounds' means, the round after a change left
+      // Rounds: the window of kResplitRounds rounds' medians, the round after a change left
       // out, and the answer taken at an exchange (runtime/local_sync.h).
       const Plan& plan = p.plan ? *p.plan : phase_.plan;
       double round = 0;

@@ -107,8 +107,6 @@ LocalSync::LocalSync(const plan::Plan& plan, std::vector<nn::NamedTensor> params
   stats_cpu_at_ = process_cpu_seconds();
   Allocator::HostStaging staging;  // the outer state, as host_copy says
   stats_ = Tensor::zeros({2 * static_cast<int64_t>(plan.ranks.size())}, cpu_backend());  // host: seconds written through data()
-  window_inner_.assign(plan.local->groups.size(), 0.0);
-  window_pass_.assign(plan.local->groups.size(), 0.0);
   if (shared_memory && member_ && outer_->size() > 1) {  // collective over the members
     std::vector<int64_t> sizes;
     for (const auto& [name, p] : params_) sizes.push_back(p.numel());
@@ -298,28 +296,20 @@ void LocalSync::take_stats() {
     inner[static_cast<size_t>(g)] = std::max(inner[static_cast<size_t>(g)], in);
     pass[static_cast<size_t>(g)] = std::max(pass[static_cast<size_t>(g)], out);
   }
-  for (size_t g = 0; g < groups; ++g) {
-    window_inner_[g] += inner[g];
-    window_pass_[g] += pass[g];
-  }
-  if (++window_rounds_ < plan::kResplitRounds) return;
-  for (size_t g = 0; g < groups; ++g) {
-    window_inner_[g] /= window_rounds_;
-    window_pass_[g] /= window_rounds_;
-  }
-  pending_ = plan::resplit_from_measured(plan_, window_inner_, window_pass_);
-  window_inner_.assign(groups, 0.0);
-  window_pass_.assign(groups, 0.0);
-  window_rounds_ = 0;
+  window_inner_.push_back(std::move(inner));
+  window_pass_.push_back(std::move(pass));
+  if (static_cast<int>(window_inner_.size()) < plan::kResplitRounds) return;
+  pending_ = plan::resplit_from_measured(plan_, plan::window_medians(window_inner_), plan::window_medians(window_pass_));
+  window_inner_.clear();
+  window_pass_.clear();
 }
 
 void LocalSync::apply_split(const plan::RoundSplit& split) {
   resume_split(split);
   // The round whose stats arrive at the next round's end ran under the old split.
   skip_rounds_ = 1;
-  window_inner_.assign(window_inner_.size(), 0.0);
-  window_pass_.assign(window_pass_.size(), 0.0);
-  window_rounds_ = 0;
+  window_inner_.clear();
+  window_pass_.clear();
 }
 
 void LocalSync::resume_split(const plan::RoundSplit& split) {

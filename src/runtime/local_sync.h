@@ -39,7 +39,7 @@
 // inner steps and in its outer work (the pass, and moving the exchange along between
 // steps, which on a throttled rank costs more than the pass; not the wait for the sums); the sums (exact: every other slot is 0) reach
 // every rank bit-identical with the deltas', so every rank takes the same decision from
-// them: the mean of kResplitRounds rounds per group (its slowest rank's), and a split of
+// them: the median of kResplitRounds rounds per group (its slowest rank's), and a split of
 // the round that ends the groups together at the measured speeds where it pays. The new
 // split applies from the next round on every rank at once (take_resplit hands it to the
 // trainer, which steps by it); rounds measured under the old split, and partial rounds
@@ -204,8 +204,7 @@ class LocalSync {
   double stats_cpu_at_ = 0;
   bool partial_ = false;          // the round in progress began at a flush
   int skip_rounds_ = 0;           // stats to come that were measured under an old split
-  std::vector<double> window_inner_, window_pass_;  // per group, summed over window_rounds_
-  int window_rounds_ = 0;
+  std::vector<std::vector<double>> window_inner_, window_pass_;  // per round of the window, per group
   std::optional<plan::RoundSplit> pending_, taken_;  // decided; applied, not yet handed over
 };
 

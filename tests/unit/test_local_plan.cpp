@@ -946,6 +946,26 @@ TEST_CASE("local plan: a re-split from measured rounds moves samples from a grou
         std::string::npos);
 }
 
+TEST_CASE("local plan: a window's rounds are taken by each group's median, so one stalled round moves nothing") {
+  // Three rounds of four groups; group 1's second round held up by a 4 s stall.
+  const std::vector<std::vector<double>> rounds{{1.0, 0.05, 2.0, 3.0}, {1.2, 4.05, 2.0, 1.0}, {0.8, 0.06, 2.0, 2.0}};
+  const std::vector<double> m = window_medians(rounds);
+  CHECK(m == std::vector<double>{1.0, 0.06, 2.0, 2.0});
+  CHECK(window_medians({{1.0, 2.0}, {3.0, 4.0}}) == std::vector<double>{2.0, 3.0});  // even: the middle two's mean
+  CHECK(error_of([] { window_medians({}); }).find("no rounds") != std::string::npos);
+  CHECK(error_of([] { window_medians({{1.0}, {1.0, 2.0}}); }).find("a round of 2 groups beside one of 1") !=
+        std::string::npos);
+  // The stalled group's rounds, taken by their median, ask for no re-split of a plan whose
+  // groups ended together at those speeds; by their mean (2.33 s) they had.
+  const ClusterModel c = fixed_4_2_1_1();
+  const PlannerInput in = input(c, fixed_model(c), 128);
+  const Plan p = *local_plan_for(in, make_plan(in), config::SyncPolicy::local, 8);
+  const std::vector<std::vector<double>> even{{1.0, 1.0, 1.0, 1.0}, {1.0, 5.0, 1.0, 1.0}, {1.0, 1.0, 1.0, 1.0}};
+  const std::vector<double> zero(4, 0.0);
+  CHECK(!resplit_from_measured(p, window_medians(even), zero));
+  CHECK(resplit_from_measured(p, {1.0, (1.0 + 5.0 + 1.0) / 3, 1.0, 1.0}, zero));
+}
+
 TEST_CASE("local plan: a CPU rank's round splits into inner and outer by CPU time, its waits left out") {
   // 100 ms of round, 20 of them waiting on peers: 80 ms working or runnable, of which the
   // outer work had 2 of the 40 CPU ms, so 4 ms, whatever wall clock its polls took.
