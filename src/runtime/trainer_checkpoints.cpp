@@ -314,8 +314,11 @@ int64_t Run::restore(report::Progress& progress) {
   // of this layout's stages), or the same world and stages with the replicas in another
   // order (a new probe's plan: the quarantine follows the ranks); over another one the
   // guard starts afresh, which rank 0 says where it drops a quarantine.
+  // A deadline run's checkpoint holds rank 0's quarantine alone, which every member
+  // applied: a run under another policy takes it as deadline's members do (it had
+  // dropped it without a word).
   std::string key = "guard.rank." + std::to_string(world_.rank());
-  if (!meta.count(key) && plan_.sync_policy == plan::SyncPolicy::deadline) key = "guard.quarantine";
+  if (!meta.count(key)) key = "guard.quarantine";
   if (meta.count(key) && meta.count("guard.layout")) {
     std::string state = get(key);
     bool held = false;  // the checkpoint's quarantine holds an offence or a release step

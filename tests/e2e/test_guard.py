@@ -271,6 +271,18 @@ def deadline(scratch, accuracy):
           after == list(range(16, q + 11)), after)
     check("deadline resumed: the resumed invocation's summary names the rank it held in quarantine",
           load(os.path.join(stopped, "summary.json"))["guard"]["quarantined_ranks"] == [1])
+    # The same stop resumed under sync: the checkpoint holds rank 0's quarantine alone,
+    # which the sync run takes as deadline's members do (it had dropped it without a word).
+    to_sync = os.path.join(scratch, "deadline-then-sync")
+    inject = ["--inject", "nan:rank=1,at=10,steps=11"]
+    a = mpirun(HETRAIN, RANKS, ["train", cfg, "--run-dir", to_sync, "--stop-after", "15"] + inject, timeout=300)
+    b = mpirun(HETRAIN, RANKS, ["train", config(os.path.join(scratch, "mlp-then-sync.json"), "sync"), "--run-dir",
+                                to_sync, "--resume"] + inject, timeout=300)
+    after = [x["step"] for x in records(to_sync) if x["type"] == "guard" and x.get("reason") == "quarantined"
+             and x["step"] > 15]
+    check(f"deadline resumed under sync: rank 1 is still left out as quarantined in steps 16-{q + 10}",
+          a.returncode == 0 and b.returncode == 0 and after == list(range(16, q + 11)),
+          (after, (a.stderr + b.stderr)[-1500:]))
     reordered(scratch, cfg, q)
 
 
