@@ -105,7 +105,12 @@ int64_t fitting_micro_batch(const Plan& plan, int replica) {
     // Activations grow with the micro-batch (stage_memory), nothing else does.
     if (rp.micro_batch_size < 1 || rp.memory.activations <= 0 || rp.device.memory_bytes <= 0) return largest;
     const double per_sample = rp.memory.activations / static_cast<double>(rp.micro_batch_size);
-    const double room = rp.device.memory_bytes - rp.memory.total();
+    // A CPU rank computing in its host's memory keeps the rest of its host use there too
+    // (the outer state, 4.5 GiB of a laptop's 15.7 GiB for GPT-2 350M), as the groups'
+    // micro-batches were fitted (local_groups.cpp): without it a laptop's inner steps were
+    // sized at 6 samples a micro-batch where 4 fit.
+    double room = rp.device.memory_bytes - rp.memory.total();
+    if (rp.device.device_in_host) room -= rp.host.total() - rp.host.device;
     const auto extra = room > 0 ? static_cast<int64_t>(std::min(room / per_sample, 1e15)) : 0;
     most = std::min(most, rp.micro_batch_size + extra);
   }

@@ -326,6 +326,17 @@ TEST_CASE("local plan: a group's inner steps split n_g evenly, its replicas' sha
   CHECK(fitting_micro_batch(p, 1) > 134);
   size_group_step(sub, p, 0, 134);
   CHECK(sub.layout.micro_batches == std::vector<int>{3, 1});  // ceil(100 / 40), 34 in one
+  // A CPU rank computing in its host's memory keeps its host use there too: 5 MB of outer
+  // state (and 1 MB of other weights) leave 2 MB, 2 samples; its own device use, counted
+  // in host.device, is not taken twice. A rank with a device of its own is not touched.
+  p.ranks[0].host.outer_state = 5e6;
+  p.ranks[0].host.other_weights = 1e6;
+  p.ranks[0].host.device = 42e6;
+  CHECK(fitting_micro_batch(p, 0) == 40);
+  p.ranks[0].device.device_in_host = true;
+  CHECK(fitting_micro_batch(p, 0) == 34);
+  p.ranks[0].host = {};
+  p.ranks[0].device.device_in_host = false;
   // A rank already over its memory keeps the nominal micro-batch, never a smaller one.
   p.ranks[0].device.memory_bytes = 30e6;
   CHECK(fitting_micro_batch(p, 0) == 32);
