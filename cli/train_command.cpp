@@ -25,6 +25,7 @@
 #include "plan/policy_plan.h"
 #include "plan/rebalance.h"
 #include "plan/resumed_shares.h"
+#include "report/local_sync_text.h"
 #include "report/plan_table.h"
 #include "report/plan_text.h"
 #include "report/progress.h"
@@ -348,7 +349,9 @@ void register_train(CLI::App& app) {
     ht::plan::Plan& plan = job.plan;
     opts.plan_json = ht::plan::plan_to_json(plan);
     opts.rebalance = std::move(job.rebalance);
-    if (world.rank() == 0 && !args->quiet) std::printf("%s\n", ht::report::format_plan(plan).c_str());
+    // The groups' section too, which the table's share column points to under local.
+    if (world.rank() == 0 && !args->quiet)
+      std::printf("%s%s\n", ht::report::format_plan(plan).c_str(), ht::report::local_sync_text(plan).c_str());
     const ht::plan::RankPlan mine = plan.ranks[static_cast<size_t>(world.rank())];
     try {
       ht::runtime::train(std::move(cfg), opts, std::move(plan));

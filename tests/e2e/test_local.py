@@ -207,6 +207,8 @@ def main():
               [(r["step"], r["round_samples_before"], r["round_samples"]) for r in splits])
         check("the re-split is said in the progress output", "re-split from their measured speed" in s.stdout,
               s.stdout[-2000:])
+        check("train prints the groups' section that the plan table's share column points to",
+              "under sync: local below" in s.stdout and "sync: local (DiLoCo)" in s.stdout, s.stdout[:3000])
         # The checkpoint holds the split the run stepped by, and a resume under the same
         # plan goes on by it (the plan's split would repeat some of a round's samples).
         end = os.path.join(slow_dir, "checkpoints", "ckpt-00000060.safetensors")
