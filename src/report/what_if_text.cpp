@@ -45,11 +45,14 @@ std::string what_if_text(const plan::WhatIfResult& result, const std::vector<pla
     if (!p.plan_shape.empty()) out += "  " + name + ": plays " + p.plan_shape + "\n";
     for (const std::string& n : p.notes) out += "  " + name + ": " + n + "\n";
     // Time gained, not lost: a re-plan (after a failure or a join) found a faster plan than
-    // the one the job began with, or deadline closed its steps without a failed rank's part.
+    // the one the job began with, or deadline closed its steps without the part of a rank
+    // that failed, stalled or slowed, which had set their pace (a slow factor of 100 gave
+    // -46 s, where the note blamed a re-plan or a failure that had not happened).
     if (p.refused.empty() && p.lost_seconds < 0)
       out += "  " + name + ": lost to events is negative: the job ran " + format_seconds(-p.lost_seconds) +
              " faster than without them (a re-plan found a faster plan than the first, whose search is a "
-             "heuristic, or deadline stopped waiting for a failed rank's part)\n";
+             "heuristic, or deadline closed steps without the part of a rank that failed, stalled or slowed, "
+             "which had set their pace)\n";
   }
   // An event timed after the job's end changes nothing: say so, or a stall of seconds
   // that "costs 0" reads as a prediction.
