@@ -100,6 +100,7 @@ void print_what_if(const ht::config::Config& cfg, const ht::plan::ClusterModel& 
   in.deadline_slack = cfg.parallel.deadline_slack;
   in.local_steps = cfg.parallel.local_steps;
   in.rebalance_every = cfg.parallel.rebalance_every;
+  in.peer_timeout_s = cfg.parallel.peer_timeout_s;
   in.events = std::move(events);
   const auto start = std::chrono::steady_clock::now();
   const ht::plan::WhatIfResult result = ht::plan::run_what_if(in);

@@ -1181,6 +1181,16 @@ WhatIfResult run_what_if(const WhatIfInput& in) {
     // Two plays that differ only in how their sums of thousands of steps round: none lost
     // (a join that changed nothing showed "-0.0 µs" and a note that the job ran faster).
     if (std::fabs(out.lost_seconds) <= 1e-9 * std::max(out.seconds, plain.seconds)) out.lost_seconds = 0;
+    // The play waits a stall through; a job waits for a peer no longer than the timeout
+    // (a 40 s stall under an 8 s timeout was shown as 40 s lost where the job ended).
+    // Deadline rides a stall out, except in a pipeline, which it plays as sync does.
+    const bool waits = policy != Policy::deadline || start.plan.stage_ranges.size() > 1;
+    for (const WhatIfEvent& e : in.events)
+      if (waits && e.kind == WhatIfKind::stall && in.peer_timeout_s > 0 && e.for_s > in.peer_timeout_s &&
+          e.at_s < out.seconds)
+        out.notes.push_back(e.spec + ": outlasts parallel.peer_timeout_s (" + number("%g", in.peer_timeout_s) +
+                            " s): where this policy waits for rank " + std::to_string(e.rank) +
+                            ", a job ends there with an error naming it; played through as a wait");
     result.policies.push_back(std::move(out));
   }
   return result;

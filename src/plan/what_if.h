@@ -173,6 +173,10 @@ struct WhatIfInput {
   double deadline_slack = 0.5;
   int64_t local_steps = 0;            // parallel.local_steps
   int64_t rebalance_every = 0;        // parallel.rebalance_every: 0 plays no re-split
+  // parallel.peer_timeout_s; 0: not known. A stall longer than it, under a policy that
+  // waits for the stalled rank (sync, local, a pipeline under deadline), ends a real job
+  // with an error naming the rank: the play waits it through, and a note says so.
+  double peer_timeout_s = 0;
   std::vector<WhatIfEvent> events;
 };
 

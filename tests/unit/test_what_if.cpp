@@ -105,6 +105,29 @@ TEST_CASE("a stall of S seconds costs sync S, and deadline about nothing, with S
                                                   deadline.seconds));
 }
 
+TEST_CASE("a stall past parallel.peer_timeout_s is noted where the policy waits for the rank, not under deadline") {
+  WhatIfInput in = four_equal(200, {"stall:rank=1,at=10,for=5"});
+  auto noted = [](const PolicyOutcome& o) {
+    return std::any_of(o.notes.begin(), o.notes.end(), [](const std::string& n) {
+      return n.find("stall:rank=1,at=10,for=5: outlasts parallel.peer_timeout_s (4 s): where this policy waits for "
+                    "rank 1, a job ends there with an error naming it") != std::string::npos;
+    });
+  };
+  in.peer_timeout_s = 4;
+  WhatIfResult r = run_what_if(in);
+  CHECK(noted(outcome(r, Policy::sync)));
+  CHECK(noted(outcome(r, Policy::local)));
+  REQUIRE(outcome(r, Policy::deadline).refused.empty());
+  CHECK(!noted(outcome(r, Policy::deadline)));  // one stage: it closes steps without the rank
+  CHECK(outcome(r, Policy::sync).lost_seconds >= 5 - 1e-9);  // still played through
+  in.peer_timeout_s = 5;  // not past it
+  r = run_what_if(in);
+  CHECK(!noted(outcome(r, Policy::sync)));
+  in.peer_timeout_s = 0;  // not known
+  r = run_what_if(in);
+  CHECK(!noted(outcome(r, Policy::sync)));
+}
+
 TEST_CASE("a failure under sync loses the steps since the checkpoint and the restart, then runs re-planned") {
   WhatIfInput in = four_equal(100, {});
   const Plan plan = plan_for_policy(in.planner, Policy::sync, 0);
