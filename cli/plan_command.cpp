@@ -130,14 +130,21 @@ void print_schedule(const ht::plan::Plan& plan, int rank) {
   if (plan.local) {  // its group's sub-plan every step, the outer synchronisation every H
     const int g = ht::plan::group_of_rank(plan, rank);
     ht::plan::Schedule inner;
+    int64_t samples = 0;
     if (g >= 0) {
       const std::vector<int> ranks = ht::plan::group_ranks(plan, g);
       const auto at = static_cast<size_t>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
-      inner = ht::plan::plan_schedules(ht::plan::group_plan(plan, g))[at];
+      // Sized as the executor sizes the round's first inner step (its group's samples
+      // over its steps, micro-batches as large as memory holds), not at the nominal
+      // global batch, whose list showed 24 micro-batches where the step runs 27 of 11.
+      ht::plan::Plan sub = ht::plan::group_plan(plan, g);
+      samples = ht::plan::inner_step_samples(plan, g, 0);
+      ht::plan::size_group_step(sub, plan, g, samples);
+      inner = ht::plan::plan_schedules(sub)[at];
     }
     const ht::plan::Schedule outer = ht::plan::outer_sync_schedules(plan)[static_cast<size_t>(rank)];
     const std::string of_group =
-        g >= 0 ? " of group " + std::to_string(g) + " (" +
+        g >= 0 ? " of group " + std::to_string(g) + " (the round's first, " + std::to_string(samples) + " samples; " +
                      std::to_string(plan.local->group_steps[static_cast<size_t>(g)]) + " a round), peers numbered within it"
                : "";
     std::printf("instructions of rank %d, one inner step%s (%zu):\n%s", rank, of_group.c_str(),

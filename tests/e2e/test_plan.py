@@ -486,6 +486,24 @@ def planning_example_strategies(tmp):
                                                 if s.get("kind") == "micro_batches"]) for x in ranks]
     check("planning example: every rank's micro-batch strategy names the count it runs",
           ranks and all(m == [n] if n > 1 else m == [] for _, n, m in steps), steps)
+    # --dump of a local plan lists the inner step the executor runs, sized as the table's
+    # share column says (its micro-batches): it listed the nominal step's 24 where the
+    # rtx4090 runs 27 of 11, and the laptop, whose host keeps the outer state, 3 of 6
+    # where 4 of 4 fit.
+    for rank in (3, 4):
+        d = plan(os.path.join(ROOT, "configs", "planning", "gpt2_350m.json"), "--cluster",
+                 os.path.join(ROOT, "configs", "planning", "clusters", "home_lab.json"), "--dump", str(rank))
+        row = re.search(rf"^{rank}\s.*?\s(\d+) \((\d+)x(\d+)\)\s", d.stdout, re.M)
+        head = re.search(rf"^instructions of rank {rank}, one inner step of group \d+ \(the round's first, (\d+) "
+                         r"samples;.*\((\d+)\):\n", d.stdout, re.M)
+        listed = d.stdout[head.end():].splitlines()[:int(head.group(2))] if head else []
+        forwards = sum(1 for x in listed if x.startswith("Forward "))
+        check(f"--dump {rank} of the planning example's local plan: the inner step of the share column",
+              d.returncode == 0 and row and head and head.group(1) == row.group(1) and forwards == int(row.group(2)),
+              (row.groups() if row else None, head.groups() if head else None, forwards, d.stdout[-600:]))
+    row4 = re.search(r"^4\s.*?\s(\d+) \((\d+)x(\d+)\)\s", d.stdout, re.M)
+    check("... the laptop's micro-batches fit beside the outer state its host keeps (at most 4 samples)",
+          row4 and int(row4.group(3)) <= 4, row4.groups() if row4 else d.stdout[:1500])
 
 
 def other_models_profile(tmp):
