@@ -41,8 +41,11 @@ Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps)
     // Under auto, a data-parallel plan first: every replica holds the whole model, so any
     // rank's stall costs only its own share. Where none fits, the planner's own choice
     // over every rank (a hybrid plan survives a stalled rank too, at the cost of its
-    // replica's share), and last a pipeline over some of them (it waits for a stalled
-    // stage, as under sync, and its idle ranks keep with it as under sync).
+    // replica's share), then a pipeline over every rank (the planner's choice is one
+    // layout, whose stage may be too large to catch up: GPT-2 350M on two rtx3060 and
+    // an rtx4090 had no plan where strategy pipeline gave one), and last a pipeline over
+    // some of them (it waits for a stalled stage, as under sync, and its idle ranks keep
+    // with it as under sync).
     if (own.strategy == config::ParallelStrategy::automatic) {
       std::string why_not;
       // apply_deadline_sync refuses replicas beside idle ranks (check_deadline_ranks), so
@@ -58,11 +61,13 @@ Plan plan_for_policy(const PlannerInput& in, Policy policy, int64_t local_steps)
           return std::nullopt;
         }
       };
-      PlannerInput data = own, some = own;
+      PlannerInput data = own, pipeline = own, some = own;
       data.strategy = config::ParallelStrategy::data;
+      pipeline.strategy = config::ParallelStrategy::pipeline;
       some.use_every_rank = false;
       if (auto p = attempt(data)) return std::move(*p);
       if (auto p = attempt(own)) return std::move(*p);
+      if (auto p = attempt(pipeline)) return std::move(*p);
       if (auto p = attempt(some)) return std::move(*p);
       fail("parallel.sync deadline: no plan in which every rank trains and keeps its stage's whole optimizer "
            "state, nor a pipeline over some of them: ", why_not);

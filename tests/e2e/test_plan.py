@@ -506,6 +506,19 @@ def planning_example_strategies(tmp):
           row4 and int(row4.group(3)) <= 4, row4.groups() if row4 else d.stdout[:1500])
 
 
+def deadline_auto_pipeline(tmp):
+    """parallel.sync deadline under strategy auto tries a pipeline over every rank where
+    the planner's one layout cannot catch up: GPT-2 350M on two rtx3060 and an rtx4090
+    had no plan, where strategy pipeline gave a 3-stage one."""
+    cfg = write_config(os.path.join(tmp, "gpt2-350m-deadline.json"), os.path.join(ROOT, "configs", "planning",
+                                                                                  "gpt2_350m.json"),
+                       parallel={"sync": "deadline"})
+    r = plan(cfg, "--cluster", "synth:2xrtx3060,1xrtx4090")
+    check("deadline under auto: a pipeline over every rank where the planner's layout cannot catch up",
+          r.returncode == 0 and re.search(r"^strategy:\s+pipeline: 3 stages", r.stdout, re.M)
+          and re.search(r"^sync policy:\s+deadline", r.stdout, re.M), r.stdout[:1500] + r.stderr[-1500:])
+
+
 def other_models_profile(tmp):
     """A probe file profiled with --model of one config: its block times plan that model;
     another model with blocks of the same kinds (a wider MLP) is planned from the file's
@@ -543,6 +556,7 @@ def main():
     own_ranks()
     other_models_profile(tmp)
     planning_example_strategies(tmp)
+    deadline_auto_pipeline(tmp)
     return finish(tmp)
 
 
