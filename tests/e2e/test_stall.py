@@ -39,14 +39,14 @@ STOP_BOUND_S = 20 * PEER_TIMEOUT_S
 START_BOUND_S = 240  # the job starting and writing its first checkpoint
 
 
-def config(path, run_dir):
+def config(path, run_dir, strategy="equal", hidden=(64,)):
     cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
-    cfg["model"]["hidden"] = [64]
+    cfg["model"]["hidden"] = list(hidden)
     cfg["train"].pop("epochs")
     cfg["train"].update(steps=100000, batch_size=64, eval_every=0, log_every=10)
     cfg["train"]["schedule"] = {"type": "constant"}
     cfg["checkpoint"] = {"every": 5, "keep": 3}
-    cfg["parallel"] = {"strategy": "equal", "sync": "sync", "peer_timeout_s": PEER_TIMEOUT_S,
+    cfg["parallel"] = {"strategy": strategy, "sync": "sync", "peer_timeout_s": PEER_TIMEOUT_S,
                        "rebalance_every": 0}
     cfg["run"] = {"dir": run_dir}
     with open(path, "w") as f:
@@ -72,6 +72,28 @@ def end_job(job, stopped):
         except ProcessLookupError:
             pass
     job.wait()
+
+
+def stop_rank_1(job, run_dir, what):
+    """Once `job` has written a checkpoint into `run_dir` (checked as `what`), stops its
+    rank 1 with SIGSTOP and waits at most STOP_BOUND_S for the job to end. Returns rank 1's
+    pid (None where the job could not be stopped so), the job's exit status (None: still
+    running) and the seconds from the stop."""
+    start = time.monotonic()
+    while not checkpoints(run_dir) and job.poll() is None and time.monotonic() - start < START_BOUND_S:
+        time.sleep(0.2)
+    ranks = rank_pids(job.pid)
+    check(what, job.poll() is None and checkpoints(run_dir) and 1 in ranks,
+          f"exit {job.poll()}, checkpoints {checkpoints(run_dir)}, ranks {ranks}")
+    if job.poll() is not None or 1 not in ranks:
+        return None, None, 0.0
+    os.kill(ranks[1], signal.SIGSTOP)
+    t_stop = time.monotonic()
+    try:
+        status = job.wait(timeout=STOP_BOUND_S)
+    except subprocess.TimeoutExpired:
+        status = None
+    return ranks[1], status, time.monotonic() - t_stop
 
 
 def startup_stall(cfg, scratch):
@@ -169,37 +191,16 @@ def pipeline_stall(scratch):
     names it, and no other. The stage beside the stopped one that waits on the third (a
     send to it, taken only once that one receives) had named the third, which was
     waiting too; a roll call of the replica's ranks now says who is absent."""
-    cfg = load(os.path.join(ROOT, "configs", "fashion_mnist_mlp.json"))
-    cfg["model"]["hidden"] = [64, 64]
-    cfg["train"].pop("epochs")
-    cfg["train"].update(steps=100000, batch_size=64, eval_every=0, log_every=10)
-    cfg["train"]["schedule"] = {"type": "constant"}
-    cfg["checkpoint"] = {"every": 5, "keep": 3}
-    cfg["parallel"] = {"strategy": "pipeline", "sync": "sync", "peer_timeout_s": PEER_TIMEOUT_S, "rebalance_every": 0}
     run_dir = os.path.join(scratch, "pipeline-run")
-    cfg["run"] = {"dir": run_dir}
-    path = os.path.join(scratch, "mlp-pipeline.json")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
+    path = config(os.path.join(scratch, "mlp-pipeline.json"), run_dir, "pipeline", (64, 64))
     with open(os.path.join(scratch, "pipeline.log"), "w+") as log:
         job = subprocess.Popen(["mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none", HETRAIN, "train", path],
                                stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
         stopped = None
         try:
-            start = time.monotonic()
-            while not checkpoints(run_dir) and job.poll() is None and time.monotonic() - start < START_BOUND_S:
-                time.sleep(0.2)
-            ranks = rank_pids(job.pid)
-            check("a 3-stage pipeline runs and writes a checkpoint", job.poll() is None and 1 in ranks,
-                  f"exit {job.poll()}, ranks {ranks}")
-            if job.poll() is not None or 1 not in ranks:
+            stopped, status, _ = stop_rank_1(job, run_dir, "a 3-stage pipeline runs and writes a checkpoint")
+            if stopped is None:
                 return
-            stopped = ranks[1]
-            os.kill(stopped, signal.SIGSTOP)
-            try:
-                status = job.wait(timeout=STOP_BOUND_S)
-            except subprocess.TimeoutExpired:
-                status = None
             log.seek(0)
             text = log.read()
             check("its middle rank stopped: the job ends, nonzero", status not in (None, 0), f"exit {status}")
@@ -226,21 +227,8 @@ def main():
                            stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
     stopped = None
     try:
-        start = time.monotonic()
-        while not checkpoints(run_dir) and job.poll() is None and time.monotonic() - start < START_BOUND_S:
-            time.sleep(0.2)
-        ranks = rank_pids(job.pid)
-        check("the job runs and writes a checkpoint", job.poll() is None and checkpoints(run_dir) and 1 in ranks,
-              f"exit {job.poll()}, checkpoints {checkpoints(run_dir)}, ranks {ranks}")
-        if job.poll() is None and 1 in ranks:
-            stopped = ranks[1]
-            os.kill(stopped, signal.SIGSTOP)
-            t_stop = time.monotonic()
-            try:
-                status = job.wait(timeout=STOP_BOUND_S)
-            except subprocess.TimeoutExpired:
-                status = None
-            took = time.monotonic() - t_stop
+        stopped, status, took = stop_rank_1(job, run_dir, "the job runs and writes a checkpoint")
+        if stopped is not None:
             check(f"the job ends within {STOP_BOUND_S} s of rank 1's stop", status is not None,
                   f"still running after {took:.1f} s")
             check("the job's exit status is nonzero", status not in (None, 0), f"exit {status}")

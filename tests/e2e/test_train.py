@@ -293,14 +293,12 @@ def without_datasets(tmp):
           r.returncode == 2 and "the cluster file would be unused" in r.stderr, r.stderr)
 
 
-def poison(path):
-    """Sets the checkpoint's first float to NaN and signs the file again: damage its
-    checksum cannot see (or another writer's file)."""
+def write_signed(path, data, head):
+    """Writes a checkpoint of `data`'s length prefix and data section with header `head`
+    (of the same length), signed as the writer does: crc32 over the file with its own 8
+    digits zeroed. Damage its checksum cannot see (or another writer's file)."""
     import zlib
-    data = bytearray(open(path, "rb").read())
     n = int.from_bytes(data[:8], "little")
-    data[8 + n:8 + n + 4] = b"\x00\x00\xc0\x7f"  # a quiet NaN, little-endian
-    head = bytes(data[8:8 + n])
     at = head.index(b'"hetrain.crc32":"') + len(b'"hetrain.crc32":"')
     head = head[:at] + b"00000000" + head[at + 8:]
     crc = zlib.crc32(bytes(data[:8]) + head + bytes(data[8 + n:])) & 0xFFFFFFFF
@@ -309,41 +307,35 @@ def poison(path):
         f.write(bytes(data[:8]) + head + bytes(data[8 + n:]))
 
 
+def poison(path):
+    """Sets the checkpoint's first float to NaN and signs the file again."""
+    data = bytearray(open(path, "rb").read())
+    n = int.from_bytes(data[:8], "little")
+    data[8 + n:8 + n + 4] = b"\x00\x00\xc0\x7f"  # a quiet NaN, little-endian
+    write_signed(path, data, bytes(data[8:8 + n]))
+
+
 def resign(path, old, new):
     """Replaces `old` by `new` (the same length) in a checkpoint's header text and signs it
-    again as the writer does (crc32 over the file with its own 8 digits zeroed)."""
-    import zlib
+    again."""
     data = open(path, "rb").read()
     n = int.from_bytes(data[:8], "little")
     head = data[8:8 + n]
     assert len(old) == len(new) and head.count(old) == 1, (old, new)
-    head = head.replace(old, new)
-    at = head.index(b'"hetrain.crc32":"') + len(b'"hetrain.crc32":"')
-    head = head[:at] + b"00000000" + head[at + 8:]
-    crc = zlib.crc32(data[:8] + head + data[8 + n:]) & 0xFFFFFFFF
-    head = head[:at] + f"{crc:08x}".encode() + head[at + 8:]
-    with open(path, "wb") as f:
-        f.write(data[:8] + head + data[8 + n:])
+    write_signed(path, data, head.replace(old, new))
 
 
 def set_element(path, suffix, fmt, value):
     """Sets element 0 of the first tensor whose name ends with `suffix` to `value`
-    (struct format `fmt`) and signs the file again, as resign does; returns its name."""
+    (struct format `fmt`) and signs the file again; returns its name."""
     import struct
-    import zlib
     data = bytearray(open(path, "rb").read())
     n = int.from_bytes(data[:8], "little")
     table = json.loads(bytes(data[8:8 + n]))
     name = next(k for k in table if k.endswith(suffix))
     begin = 8 + n + table[name]["data_offsets"][0]
     data[begin:begin + 4] = struct.pack("<" + fmt, value)
-    head = bytes(data[8:8 + n])
-    at = head.index(b'"hetrain.crc32":"') + len(b'"hetrain.crc32":"')
-    head = head[:at] + b"00000000" + head[at + 8:]
-    crc = zlib.crc32(bytes(data[:8]) + head + bytes(data[8 + n:])) & 0xFFFFFFFF
-    head = head[:at] + f"{crc:08x}".encode() + head[at + 8:]
-    with open(path, "wb") as f:
-        f.write(bytes(data[:8]) + head + bytes(data[8 + n:]))
+    write_signed(path, data, bytes(data[8:8 + n]))
     return name
 
 
